@@ -1,0 +1,39 @@
+# Kompaktor — `make help` lists the targets.
+SHELL := /bin/bash
+VENV  ?= .venv
+PY    := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: help install test demo lint bench crds clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server; }
+	@java -version 2>&1 | grep -Eq 'version "(1[7-9]|[2-9][0-9])' || { apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless; }
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+install: $(STAMP) ## virtualenv in .venv with the package and dev extras; redis-server and Java 17 via apt-get when missing
+
+test: $(STAMP) ## run the whole test suite (unit, redis, spark, operator, chart)
+	$(PY) -m pytest -q
+
+demo: $(STAMP) ## run the main job locally: embedded Redis, coordinator, autoscaled compactors, continuous ingest, verification
+	$(VENV)/bin/kompaktor demo
+
+lint: $(STAMP) ## ruff
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check . || true
+
+crds: $(STAMP) ## regenerate crds/ from the pydantic models
+	$(VENV)/bin/kompaktor crds --out crds
+
+bench: $(STAMP) ## benchmarks: planner, queues, merge engines, end-to-end ingest
+	$(PY) -m bench.run
+
+clean: ## remove the virtualenv and caches
+	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,156 @@
+"""Client operations over the metadata store and storage: write (flush) entries, bulk import
+sorted files, and scan the merged view of a table or row range."""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from kompaktor.errors import BadFileError, KompaktorError
+from kompaktor.iterators import IteratorSettings, merged_view
+from kompaktor.keys import Entry, sort_key
+from kompaktor.sortedfile import PREFIXES, FileInfo, SortedFileWriter, iter_entries, read_info
+from kompaktor.storage import Storage
+from kompaktor.store import MetadataStore, Tablet
+
+MAX_VERSIONS_PROP = "table.iterator.versions"
+
+
+def file_order_key(path: str) -> str:
+    """Files of a tablet oldest first: names are a prefix letter then a global sequence number."""
+    return posixpath.basename(path)[1:]
+
+
+def max_versions(props: dict[str, str]) -> int:
+    raw = props.get(MAX_VERSIONS_PROP, "1")
+    try:
+        n = int(raw)
+    except ValueError:
+        raise KompaktorError(f"table property {MAX_VERSIONS_PROP}={raw!r} is not an integer") from None
+    if n < 1:
+        raise KompaktorError(f"table property {MAX_VERSIONS_PROP} must be >= 1, got {n}")
+    return n
+
+
+def to_file_meta(info: FileInfo):
+    from kompaktor.store import FileMeta
+
+    return FileMeta(info.size, info.entries, info.deletes, info.first_row, info.last_row)
+
+
+@dataclass
+class Client:
+    store: MetadataStore
+    storage: Storage
+
+    def new_file_path(self, tid: str, origin: str) -> str:
+        """A fresh, unique relative path for a file of table ``tid``; origin is flush, import,
+        partial or full (the F/I/C/A prefix)."""
+        seq = self.store.next_seq("file")
+        return f"tables/{tid}/{PREFIXES[origin]}{seq:010x}.parquet"
+
+    # -- writing -----------------------------------------------------------------------------
+    def flush(self, table: str, entries: Iterable[Entry]) -> list[str]:
+        """Write entries as one new sorted file per tablet they fall in (like a minor
+        compaction) and register each with its tablet. Returns the new files."""
+        tid = self.store.table_id(table)
+        tablets = self.store.tablets(tid)
+        ordered = sorted(entries, key=sort_key)
+        per_tablet: dict[str, list[Entry]] = {}
+        i = 0
+        for t in tablets:
+            chunk = []
+            while i < len(ordered) and (t.end is None or ordered[i].row <= t.end):
+                chunk.append(ordered[i])
+                i += 1
+            if chunk:
+                per_tablet[t.id] = chunk
+        written: dict[str, FileInfo] = {}
+        try:
+            for _tablet_id, chunk in per_tablet.items():
+                w = SortedFileWriter(self.storage, self.new_file_path(tid, "flush"))
+                try:
+                    w.write_entries(chunk)
+                    info = w.commit()
+                except BaseException:
+                    w.abort()
+                    raise
+                written[info.path] = info
+            self.store.add_files(table, {p: to_file_meta(i) for p, i in written.items()}, allow_offline=False)
+        except BaseException:
+            for p in written:
+                self.storage.delete(p)
+            raise
+        return sorted(written)
+
+    def import_files(self, table: str, sources: list[str]) -> list[str]:
+        """Bulk import: validate every source (schema, key order), copy it into storage under an
+        ``I`` name, then register all of them in one mutation. Any refusal changes nothing."""
+        tid = self.store.table_id(table)
+        if not sources:
+            raise KompaktorError("no files to import")
+        staged: list[SortedFileWriter] = []
+        done: dict[str, FileInfo] = {}
+        try:
+            for src in sources:
+                w = SortedFileWriter(self.storage, self.new_file_path(tid, "import"))
+                staged.append(w)
+                for batch in _read_foreign(src):
+                    w.write_table(pa.Table.from_batches([batch]))
+            for w in staged:
+                info = w.commit()
+                done[info.path] = info
+            self.store.add_files(table, {p: to_file_meta(i) for p, i in done.items()})
+        except BaseException:
+            for w in staged:
+                w.abort()
+            for p in done:
+                self.storage.delete(p)
+            raise
+        return sorted(done)
+
+    # -- reading -----------------------------------------------------------------------------
+    def tablet_sources(self, t: Tablet, start: bytes | None = None, end: bytes | None = None
+                       ) -> list[Iterator[Entry]]:
+        lo = t.prev
+        hi = t.end if end is None or (t.end is not None and t.end <= end) else end
+        srcs = []
+        for path in sorted(t.files, key=file_order_key):
+            it = iter_entries(self.storage, path, lo, hi)
+            if start is not None and (lo is None or lo < start):
+                it = (e for e in it if e.row >= start)
+            srcs.append(it)
+        return srcs
+
+    def scan(self, table: str, start: bytes | None = None, end: bytes | None = None) -> Iterator[Entry]:
+        """The merged view of rows in [start, end] (inclusive; None = unbounded), in key order."""
+        info = self.store.table(table)
+        settings = IteratorSettings(max_versions=max_versions(info.props))
+        for t in self.store.tablets_in_range(info.id, start, end):
+            yield from merged_view(self.tablet_sources(t, start, end), settings)
+
+
+def _read_foreign(src: str) -> Iterator[pa.RecordBatch]:
+    """Batches of a user's Parquet file (local path or filesystem URI)."""
+    try:
+        if "://" in src:
+            fs, path = pafs.FileSystem.from_uri(src)
+        else:
+            fs, path = pafs.LocalFileSystem(), posixpath.abspath(src)
+        f = fs.open_input_file(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise BadFileError(f"{src}: cannot open: {exc}") from exc
+    with f:
+        try:
+            pf = pq.ParquetFile(f)
+            yield from pf.iter_batches(batch_size=65536)
+        except (OSError, pa.ArrowException) as exc:
+            raise BadFileError(f"{src}: not a readable Parquet file: {exc}") from exc
+
+
+__all__ = ["Client", "file_order_key", "max_versions", "read_info"]

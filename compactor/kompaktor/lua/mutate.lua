@@ -1,0 +1,197 @@
+-- Kompaktor conditional mutation, evaluated atomically inside Redis.
+-- ARGV[1] = JSON {now, table?, table_conds?, table_ops?, tablets = [{id, conds, ops}]}
+-- Every condition of every tablet is checked first; only if all hold are the ops applied.
+-- Returns JSON {ok=true, versions=[...]} or {ok=false, cond=..., tablet=..., detail=...}.
+local P = 'kz:'
+local spec = cjson.decode(ARGV[1])
+
+local function fail(cond, tablet, detail)
+  return cjson.encode({ok = false, cond = cond, tablet = tablet or '', detail = detail or ''})
+end
+
+local function isnull(v) return v == nil or v == cjson.null end
+
+local function running_files(doc)
+  local s = {}
+  if doc.running then
+    for _, r in pairs(doc.running) do
+      for _, f in ipairs(r.files) do s[f] = true end
+    end
+  end
+  return s
+end
+
+local function sel_set(doc)
+  local s = {}
+  if not isnull(doc.sel) then
+    for _, f in ipairs(doc.sel.files) do s[f] = true end
+  end
+  return s
+end
+
+-- table conditions
+local tk = nil
+if not isnull(spec.table) then
+  tk = P .. 'table:' .. spec.table
+  for _, c in ipairs(spec.table_conds or {}) do
+    local name = c[1]
+    if name == 'exists' then
+      if redis.call('EXISTS', tk) == 0 then return fail('table exists', '', spec.table) end
+    elseif name == 'absent' then
+      if redis.call('EXISTS', tk) == 1 then return fail('table absent', '', spec.table) end
+      if redis.call('HEXISTS', P .. 'tables', c[2]) == 1 then return fail('table name free', '', c[2]) end
+    elseif name == 'state_in' then
+      local st = redis.call('HGET', tk, 'state')
+      local okst = false
+      for _, want in ipairs(c[2]) do if st == want then okst = true end end
+      if not okst then return fail('table state', '', 'table ' .. spec.table .. ' is ' .. tostring(st)) end
+    else
+      return fail('unknown table condition', '', name)
+    end
+  end
+end
+
+-- tablet conditions
+local docs = {}
+for i, t in ipairs(spec.tablets or {}) do
+  local raw = redis.call('GET', P .. 'tablet:' .. t.id)
+  local doc = nil
+  if raw then doc = cjson.decode(raw) end
+  for _, c in ipairs(t.conds or {}) do
+    local name = c[1]
+    if name == 'absent' then
+      if doc then return fail('tablet absent', t.id) end
+    elseif not doc then
+      return fail('tablet exists', t.id, 'tablet ' .. t.id .. ' no longer exists')
+    elseif name == 'exists' then
+      -- ok
+    elseif name == 'files_present' then
+      for _, f in ipairs(c[2]) do
+        if isnull(doc.files[f]) then return fail('files present', t.id, f) end
+      end
+    elseif name == 'files_free' then
+      local rf = running_files(doc)
+      for _, f in ipairs(c[2]) do
+        if rf[f] then return fail('files not compacting', t.id, f) end
+      end
+    elseif name == 'ecid' then
+      if isnull(doc.running[c[2]]) then return fail('compaction registered', t.id, c[2]) end
+    elseif name == 'no_running' then
+      if next(doc.running) ~= nil then return fail('no running compactions', t.id) end
+    elseif name == 'no_op' then
+      if not isnull(doc.op) then return fail('no operation in progress', t.id, doc.op) end
+    elseif name == 'no_hold' then
+      if not isnull(doc.hold) then return fail('no user compaction pending', t.id, doc.hold) end
+    elseif name == 'hold_is' then
+      if doc.hold ~= c[2] then return fail('user compaction pending', t.id, tostring(c[2])) end
+    elseif name == 'no_selection' then
+      if not isnull(doc.sel) then return fail('no selection', t.id, doc.sel.id) end
+    elseif name == 'selection_is' then
+      if isnull(doc.sel) or doc.sel.id ~= c[2] then return fail('selection', t.id, tostring(c[2])) end
+    elseif name == 'files_in_selection' then
+      local s = sel_set(doc)
+      for _, f in ipairs(c[2]) do
+        if not s[f] then return fail('files selected', t.id, f) end
+      end
+    elseif name == 'files_not_selected' then
+      local s = sel_set(doc)
+      for _, f in ipairs(c[2]) do
+        if s[f] then return fail('files not selected', t.id, f) end
+      end
+    elseif name == 'version' then
+      if doc.v ~= c[2] then return fail('tablet unchanged', t.id, 'version ' .. tostring(doc.v)) end
+    else
+      return fail('unknown condition', t.id, name)
+    end
+  end
+  docs[i] = doc
+end
+
+-- table ops
+local function touch_all_tablets(tid)
+  local ends = redis.call('ZRANGE', P .. 'table:' .. tid .. ':tablets', 0, -1)
+  for _, e in ipairs(ends) do redis.call('SADD', P .. 'dirty', tid .. ';' .. e) end
+end
+for _, op in ipairs(spec.table_ops or {}) do
+  local name = op[1]
+  if name == 'create' then
+    redis.call('HSET', tk, 'name', op[2], 'state', 'ONLINE', 'props', op[3], 'created', tostring(spec.now))
+    redis.call('HSET', P .. 'tables', op[2], spec.table)
+  elseif name == 'set_state' then
+    redis.call('HSET', tk, 'state', op[2])
+    touch_all_tablets(spec.table)
+  elseif name == 'set_prop' then
+    local props = cjson.decode(redis.call('HGET', tk, 'props') or '{}')
+    if isnull(op[3]) then props[op[2]] = nil else props[op[2]] = op[3] end
+    if next(props) == nil then redis.call('HSET', tk, 'props', '{}')
+    else redis.call('HSET', tk, 'props', cjson.encode(props)) end
+    touch_all_tablets(spec.table)
+  elseif name == 'unname' then
+    redis.call('HDEL', P .. 'tables', op[2])
+  end
+end
+
+-- tablet ops
+local versions = {}
+for i, t in ipairs(spec.tablets or {}) do
+  local doc = docs[i]
+  local key = P .. 'tablet:' .. t.id
+  local deleted = false
+  for _, op in ipairs(t.ops or {}) do
+    local name = op[1]
+    if name == 'create' then
+      doc = op[2]
+      doc.v = 0
+      redis.call('ZADD', P .. 'table:' .. doc.table .. ':tablets', 0, op[3])
+    elseif name == 'delete' then
+      for ecid, _ in pairs(doc.running) do redis.call('HDEL', P .. 'running', ecid) end
+      redis.call('ZREM', P .. 'table:' .. doc.table .. ':tablets', op[2])
+      deleted = true
+    elseif name == 'add_files' then
+      for f, meta in pairs(op[2]) do doc.files[f] = meta end
+    elseif name == 'remove_files' then
+      for _, f in ipairs(op[2]) do doc.files[f] = nil end
+    elseif name == 'add_running' then
+      doc.running[op[2]] = op[3]
+      redis.call('HSET', P .. 'running', op[2], t.id)
+    elseif name == 'remove_running' then
+      doc.running[op[2]] = nil
+      redis.call('HDEL', P .. 'running', op[2])
+    elseif name == 'set_selection' then
+      doc.sel = op[2]
+    elseif name == 'clear_selection' then
+      doc.sel = nil
+    elseif name == 'selection_replace' then
+      local drop = {}
+      for _, f in ipairs(op[2]) do drop[f] = true end
+      local keep = {}
+      for _, f in ipairs(doc.sel.files) do if not drop[f] then table.insert(keep, f) end end
+      table.insert(keep, op[3])
+      doc.sel.files = keep
+      doc.sel.done = (doc.sel.done or 0) + 1
+    elseif name == 'set_hold' then
+      doc.hold = op[2]
+    elseif name == 'clear_hold' then
+      doc.hold = nil
+    elseif name == 'set_op' then
+      doc.op = op[2]
+    elseif name == 'clear_op' then
+      doc.op = nil
+    elseif name == 'set_range' then
+      doc.prev = op[2]
+    end
+  end
+  if deleted then
+    redis.call('DEL', key)
+    redis.call('SREM', P .. 'dirty', t.id)
+    versions[i] = -1
+  elseif doc and #(t.ops or {}) > 0 then
+    doc.v = (doc.v or 0) + 1
+    redis.call('SET', key, cjson.encode(doc))
+    redis.call('SADD', P .. 'dirty', t.id)
+    versions[i] = doc.v
+  else
+    versions[i] = doc and doc.v or -1
+  end
+end
+return cjson.encode({ok = true, versions = versions})

@@ -1,0 +1,79 @@
+"""Where data files live: one ``pyarrow.fs`` filesystem and a root, from a URI.
+
+A plain path (or ``file://``) is a local directory; ``s3://bucket/prefix`` and
+``hdfs://namenode/prefix`` go through the same code. Files are named by paths relative to the
+root, which is what the metadata store records.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from dataclasses import dataclass
+
+import pyarrow.fs as pafs
+
+DEFAULT_STORAGE = os.path.join(os.path.expanduser("~"), ".local", "share", "kompaktor", "files")
+TMP_PREFIX = "_tmp_"
+
+
+def default_storage_uri() -> str:
+    return os.environ.get("KOMPAKTOR_STORAGE") or DEFAULT_STORAGE
+
+
+@dataclass(frozen=True)
+class Storage:
+    uri: str
+    fs: pafs.FileSystem
+    root: str
+
+    @classmethod
+    def from_uri(cls, uri: str | None = None) -> Storage:
+        uri = uri or default_storage_uri()
+        if "://" not in uri:
+            root = os.path.abspath(uri)
+            os.makedirs(root, exist_ok=True)
+            return cls(uri=root, fs=pafs.LocalFileSystem(), root=root)
+        fs, root = pafs.FileSystem.from_uri(uri)
+        if isinstance(fs, pafs.LocalFileSystem):
+            os.makedirs(root, exist_ok=True)
+        return cls(uri=uri, fs=fs, root=root.rstrip("/"))
+
+    def path(self, rel: str) -> str:
+        """Absolute path inside the filesystem for a path relative to the root."""
+        return posixpath.join(self.root, rel)
+
+    def ensure_dir(self, rel_dir: str) -> None:
+        self.fs.create_dir(self.path(rel_dir), recursive=True)
+
+    def exists(self, rel: str) -> bool:
+        return self.fs.get_file_info(self.path(rel)).type != pafs.FileType.NotFound
+
+    def size(self, rel: str) -> int:
+        info = self.fs.get_file_info(self.path(rel))
+        if info.type == pafs.FileType.NotFound:
+            raise FileNotFoundError(self.path(rel))
+        return int(info.size)
+
+    def move(self, src_rel: str, dst_rel: str) -> None:
+        """Atomic on local and HDFS filesystems (rename); copy-then-delete on object stores,
+        where visibility is decided by the metadata store anyway."""
+        self.fs.move(self.path(src_rel), self.path(dst_rel))
+
+    def delete(self, rel: str) -> bool:
+        try:
+            self.fs.delete_file(self.path(rel))
+        except FileNotFoundError:
+            return False
+        return True
+
+    def list_files(self, rel_dir: str) -> list[tuple[str, float]]:
+        """(relative path, modification time in seconds) of every file under a directory."""
+        sel = pafs.FileSelector(self.path(rel_dir), recursive=True, allow_not_found=True)
+        out = []
+        for info in self.fs.get_file_info(sel):
+            if info.type == pafs.FileType.File:
+                rel = posixpath.relpath(info.path, self.root)
+                mtime = info.mtime.timestamp() if info.mtime is not None else 0.0
+                out.append((rel, mtime))
+        return sorted(out)

@@ -1,0 +1,1 @@
+"""Kompaktor's Kubernetes operator: custom resources, reconcile, autoscaling decisions."""
