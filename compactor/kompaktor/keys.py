@@ -8,6 +8,7 @@ so :func:`sort_key` is exact; Arrow and Spark are held to the same order by prop
 
 from __future__ import annotations
 
+import itertools
 from typing import NamedTuple
 
 INT64_MIN = -(2**63)
@@ -48,7 +49,7 @@ ARROW_SORT_KEYS: list[tuple[str, str]] = [
 
 
 def is_sorted(entries: list[Entry]) -> bool:
-    return all(sort_key(a) <= sort_key(b) for a, b in zip(entries, entries[1:], strict=False))
+    return all(sort_key(a) <= sort_key(b) for a, b in itertools.pairwise(entries))
 
 
 def encode_row(row: bytes | None) -> str | None:
