@@ -1,0 +1,165 @@
+"""The CRD models: defaults, validation a person can act on, conversion to the core's configs."""
+
+from __future__ import annotations
+
+import pytest
+from kompaktor_operator import models as m
+from pydantic import ValidationError
+
+
+def test_service_defaults_match_the_planner_defaults() -> None:
+    spec = m.CompactionServiceSpec()
+    assert (spec.ratio, spec.max_open, spec.max_files_per_tablet, spec.lowest_ratio) == (3.0, 10, 15, 1.1)
+    assert [(t.name, t.max_size, t.compactor_group) for t in spec.tiers] == [("default", None, "default")]
+    assert spec.tables == ["*"] and spec.kinds == ["SYSTEM", "USER", "SELECTOR"]
+
+
+def test_camel_case_on_the_wire_and_frozen() -> None:
+    spec = m.CompactionServiceSpec.model_validate(
+        {"maxOpen": 5, "tiers": [{"name": "small", "maxSize": "32Mi", "compactorGroup": "small"},
+                                 {"name": "large", "compactorGroup": "large"}]})
+    assert spec.max_open == 5
+    assert spec.to_wire()["tiers"][0] == {"name": "small", "maxSize": "32Mi", "compactorGroup": "small"}
+    with pytest.raises(ValidationError):
+        spec.max_open = 3  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("spec", "words"),
+    [
+        ({"ratio": 0.5}, "ratio"),
+        ({"maxOpen": 1}, "maxOpen"),
+        ({"unknown": 1}, "Extra inputs"),
+        ({"tiers": []}, "tiers"),
+        ({"tiers": [{"name": "a", "compactorGroup": "a"}, {"name": "b", "maxSize": "1Gi", "compactorGroup": "b"}]},
+         "only the last tier may be unbounded"),
+        ({"tiers": [{"name": "a", "maxSize": "1Gi", "compactorGroup": "a"},
+                    {"name": "b", "maxSize": "1G", "compactorGroup": "b"}]}, "larger than the previous"),
+        ({"tiers": [{"name": "a", "maxSize": "1Gi", "compactorGroup": "a"},
+                    {"name": "a", "compactorGroup": "b"}]}, "repeated: a"),
+        ({"tiers": [{"name": "a", "maxSize": "lots", "compactorGroup": "a"}]}, "not a Kubernetes quantity"),
+        ({"tiers": [{"name": "a", "maxSize": 0, "compactorGroup": "a"}]}, "greater than zero"),
+        ({"tiers": [{"name": "a", "compactorGroup": "Not_A_Name"}]}, "DNS label"),
+        ({"kinds": ["SYSTEM", "SYSTEM"]}, "twice"),
+        ({"kinds": ["MINOR"]}, "kinds"),
+    ],
+)
+def test_service_validation_says_what_is_wrong(spec: dict, words: str) -> None:
+    with pytest.raises(ValidationError) as err:
+        m.CompactionServiceSpec.model_validate(spec)
+    text = m.explain(err.value) + str(err.value)
+    assert words in text
+
+
+def test_quantity_keeps_its_kubernetes_meaning() -> None:
+    pytest.importorskip("kompaktor.sizes")
+    spec = m.CompactionServiceSpec.model_validate(
+        {"tiers": [{"name": "s", "maxSize": "32M", "compactorGroup": "s"},
+                   {"name": "m", "maxSize": "32Mi", "compactorGroup": "m"},
+                   {"name": "l", "maxSize": 2**40, "compactorGroup": "l"}]})
+    assert [t.max_size_bytes() for t in spec.tiers] == [32_000_000, 33_554_432, 2**40]
+
+
+@pytest.mark.parametrize(
+    ("spec", "words"),
+    [
+        ({"minReplicas": 5, "maxReplicas": 2}, "larger than maxReplicas"),
+        ({"minReplicas": 0}, "needs autoscaler: keda"),
+        ({"autoscaler": "cpu"}, "autoscaler"),
+        ({"jobsPerReplica": 0}, "jobsPerReplica"),
+        ({"podAnnotations": {"kopf.zalando.org/last-handled-configuration": "x"}}, "reserved"),
+        ({"spark": {"driverMemory": "2 gigs"}}, "driverMemory"),
+        ({"resources": {"requests": {"cpu": "two"}}}, "quantity"),
+    ],
+)
+def test_group_validation_says_what_is_wrong(spec: dict, words: str) -> None:
+    with pytest.raises(ValidationError) as err:
+        m.CompactorGroupSpec.model_validate(spec)
+    assert words in m.explain(err.value) + str(err.value)
+
+
+def test_keda_and_none_allow_zero_and_desired_is_clamped() -> None:
+    keda = m.CompactorGroupSpec.model_validate({"autoscaler": "keda", "minReplicas": 0, "maxReplicas": 4})
+    assert keda.desired_replicas() == 0
+    assert keda.model_copy(update={"replicas": 9}).desired_replicas() == 4
+    fixed = m.CompactorGroupSpec.model_validate({"autoscaler": "none", "minReplicas": 2, "replicas": 1})
+    assert fixed.desired_replicas() == 2
+
+
+def test_compaction_spec_range_and_iterators() -> None:
+    spec = m.CompactionSpec.model_validate(
+        {"table": "ci", "startRow": "a", "endRow": "m",
+         "iterators": {"ageOff": {"ttlSeconds": 60}, "rowFilter": {"regex": "^tmp_"}}})
+    assert spec.row_bytes() == (b"a", b"m")
+    assert spec.iterator_config() == {"ageoff_ttl_ms": 60_000, "row_regex": "^tmp_"}
+    assert m.CompactionSpec(table="t").iterator_config() == {}
+    with pytest.raises(ValidationError, match="must sort before"):
+        m.CompactionSpec.model_validate({"table": "ci", "startRow": "m", "endRow": "a"})
+    with pytest.raises(ValidationError, match="does not compile"):
+        m.CompactionSpec.model_validate({"table": "ci", "iterators": {"rowFilter": {"regex": "("}}})
+
+
+def test_phase_terminal() -> None:
+    assert m.CompactionPhase.SUCCEEDED.terminal and not m.CompactionPhase.RUNNING.terminal
+
+
+DOCS = """
+apiVersion: kompaktor.io/v1alpha1
+kind: CompactionService
+metadata: {name: cs1}
+spec:
+  tiers:
+  - {name: small, maxSize: 32Mi, compactorGroup: small}
+  - {name: large, compactorGroup: large}
+---
+apiVersion: kompaktor.io/v1alpha1
+kind: CompactorGroup
+metadata: {name: small}
+spec: {minReplicas: 1, maxReplicas: 4, jobsPerReplica: 2, drainGraceSeconds: 30}
+---
+---
+apiVersion: kompaktor.io/v1alpha1
+kind: Compaction
+metadata: {name: c1}
+spec: {table: ci}
+"""
+
+
+def test_load_documents() -> None:
+    docs = m.load_documents(DOCS)
+    assert [type(d).__name__ for d in docs] == ["CompactionService", "CompactorGroup", "Compaction"]
+    assert docs[0].name == "cs1" and docs[1].spec.jobs_per_replica == 2
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n", "apiVersion must be kompaktor.io/v1alpha1"),
+        ("apiVersion: kompaktor.io/v1alpha1\nkind: Table\nmetadata: {name: x}\n", "kind 'Table'"),
+        ("apiVersion: kompaktor.io/v1alpha1\nkind: CompactorGroup\nmetadata: {name: g}\nspec: {maxReplicas: 0}\n",
+         "document 1 (CompactorGroup g): spec.maxReplicas"),
+        ("apiVersion: kompaktor.io/v1alpha1\nkind: CompactorGroup\nmetadata: {name: Big_Name}\n", "metadata.name"),
+        ("- a\n- b\n", "expected a mapping"),
+        ("a: [\n", "not valid YAML"),
+    ],
+)
+def test_load_documents_errors(text: str, words: str) -> None:
+    with pytest.raises(m.DocumentError) as err:
+        m.load_documents(text)
+    assert words in str(err.value)
+
+
+def test_conversion_to_core_configs() -> None:
+    services = pytest.importorskip("kompaktor.services")
+    svc, group = m.load_documents(DOCS)[:2]
+    cfg = m.to_service_config(svc.name, svc.spec)
+    assert isinstance(cfg, services.ServiceConfig)
+    assert cfg.tiers == (services.Tier("small", 33_554_432, "small"), services.Tier("large", None, "large"))
+    assert (cfg.ratio, cfg.max_open, cfg.tables, cfg.kinds) == (3.0, 10, ("*",), ("SYSTEM", "USER", "SELECTOR"))
+    gcfg = m.to_group_config(group.name, group.spec)
+    assert isinstance(gcfg, services.GroupConfig)
+    assert (gcfg.name, gcfg.min_replicas, gcfg.max_replicas, gcfg.jobs_per_replica, gcfg.drain_grace_seconds) == (
+        "small", 1, 4, 2, 30)
+    assert gcfg.spark_master == "local[*]" and dict(gcfg.spark_conf) == {}
+    services_, groups = m.configs(m.load_documents(DOCS))
+    assert [s.name for s in services_] == ["cs1"] and [g.name for g in groups] == ["small"]
