@@ -81,3 +81,15 @@ def end_token(end: bytes | None) -> str:
 
 def tablet_id(tid: str, end: bytes | None) -> str:
     return f"{tid};{end_token(end)}"
+
+
+def running_group_key(group: str) -> str:
+    return f"{PREFIX}rgroup:{group}"  # set of ECIDs running in a group (maintained by mutate.lua)
+
+
+def ucomp_done_key(cid: str) -> str:
+    return f"{PREFIX}ucomp:{cid}:done"  # set of tablet ids finished for a user compaction
+
+
+def queue_ages_key(group: str) -> str:
+    return f"{PREFIX}queue:{group}:ages"  # sorted set: tablet id -> time its jobs were added (ms)

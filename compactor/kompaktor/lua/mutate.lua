@@ -74,6 +74,16 @@ for i, t in ipairs(spec.tablets or {}) do
       for _, f in ipairs(c[2]) do
         if rf[f] then return fail('files not compacting', t.id, f) end
       end
+    elseif name == 'files_exactly' then
+      local want = {}
+      local n = 0
+      for _, f in ipairs(c[2]) do want[f] = true; n = n + 1 end
+      local m = 0
+      for f, _ in pairs(doc.files) do
+        if not want[f] then return fail('files unchanged', t.id, 'new file ' .. f) end
+        m = m + 1
+      end
+      if m ~= n then return fail('files unchanged', t.id, 'a file is gone') end
     elseif name == 'ecid' then
       if isnull(doc.running[c[2]]) then return fail('compaction registered', t.id, c[2]) end
     elseif name == 'no_running' then
@@ -144,7 +154,10 @@ for i, t in ipairs(spec.tablets or {}) do
       doc.v = 0
       redis.call('ZADD', P .. 'table:' .. doc.table .. ':tablets', 0, op[3])
     elseif name == 'delete' then
-      for ecid, _ in pairs(doc.running) do redis.call('HDEL', P .. 'running', ecid) end
+      for ecid, r in pairs(doc.running) do
+        redis.call('HDEL', P .. 'running', ecid)
+        redis.call('SREM', P .. 'rgroup:' .. r.group, ecid)
+      end
       redis.call('ZREM', P .. 'table:' .. doc.table .. ':tablets', op[2])
       deleted = true
     elseif name == 'add_files' then
@@ -154,7 +167,10 @@ for i, t in ipairs(spec.tablets or {}) do
     elseif name == 'add_running' then
       doc.running[op[2]] = op[3]
       redis.call('HSET', P .. 'running', op[2], t.id)
+      redis.call('SADD', P .. 'rgroup:' .. op[3].group, op[2])
     elseif name == 'remove_running' then
+      local r = doc.running[op[2]]
+      if r and not isnull(r) then redis.call('SREM', P .. 'rgroup:' .. r.group, op[2]) end
       doc.running[op[2]] = nil
       redis.call('HDEL', P .. 'running', op[2])
     elseif name == 'set_selection' then
@@ -166,9 +182,11 @@ for i, t in ipairs(spec.tablets or {}) do
       for _, f in ipairs(op[2]) do drop[f] = true end
       local keep = {}
       for _, f in ipairs(doc.sel.files) do if not drop[f] then table.insert(keep, f) end end
-      table.insert(keep, op[3])
+      if not isnull(op[3]) then table.insert(keep, op[3]) end
       doc.sel.files = keep
       doc.sel.done = (doc.sel.done or 0) + 1
+    elseif name == 'ucomp_done' then
+      redis.call('SADD', P .. 'ucomp:' .. op[2] .. ':done', t.id)
     elseif name == 'set_hold' then
       doc.hold = op[2]
     elseif name == 'clear_hold' then
