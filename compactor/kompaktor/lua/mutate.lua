@@ -29,8 +29,16 @@ local function sel_set(doc)
   return s
 end
 
--- table conditions
+-- Every op name must be listed here (a new op: add it, else mutations using it are rejected as
+-- 'unknown operation'); ops are validated before any write, see the tablet conditions below.
+local TABLET_OPS = {create = true, delete = true, add_files = true, remove_files = true, add_running = true,
+  remove_running = true, set_selection = true, clear_selection = true, selection_replace = true,
+  ucomp_done = true, set_hold = true, clear_hold = true, set_op = true, clear_op = true, set_range = true}
+local TABLE_OPS = {create = true, set_state = true, set_prop = true, unname = true}
+
+-- table conditions (and table ops checked before anything is written)
 local tk = nil
+if #(spec.table_ops or {}) > 0 and isnull(spec.table) then return fail('table given', '', 'table ops need a table') end
 if not isnull(spec.table) then
   tk = P .. 'table:' .. spec.table
   for _, c in ipairs(spec.table_conds or {}) do
@@ -47,6 +55,16 @@ if not isnull(spec.table) then
       if not okst then return fail('table state', '', 'table ' .. spec.table .. ' is ' .. tostring(st)) end
     else
       return fail('unknown table condition', '', name)
+    end
+  end
+  local exists = redis.call('EXISTS', tk) == 1
+  for _, op in ipairs(spec.table_ops or {}) do
+    if not TABLE_OPS[op[1]] then return fail('unknown operation', '', tostring(op[1])) end
+    if op[1] == 'create' then
+      if exists then return fail('table absent', '', spec.table) end
+      exists = true
+    elseif not exists then
+      return fail('table exists', '', spec.table)
     end
   end
 end
@@ -112,6 +130,29 @@ for i, t in ipairs(spec.tablets or {}) do
       if doc.v ~= c[2] then return fail('tablet unchanged', t.id, 'version ' .. tostring(doc.v)) end
     else
       return fail('unknown condition', t.id, name)
+    end
+  end
+  -- the ops must be known and apply to a tablet that exists (or is created here): a Lua error
+  -- half-way through the writes below would leave the mutation half-applied.
+  local have, has_sel = doc ~= nil, doc ~= nil and not isnull(doc.sel)
+  for _, op in ipairs(t.ops or {}) do
+    local name = op[1]
+    if not TABLET_OPS[name] then return fail('unknown operation', t.id, tostring(name)) end
+    if name == 'create' then
+      if have then return fail('tablet absent', t.id) end
+      have = true
+    elseif not have then
+      return fail('tablet exists', t.id, 'tablet ' .. t.id .. ' does not exist')
+    elseif name == 'delete' then
+      have = false
+    elseif name == 'set_selection' then
+      has_sel = true
+    elseif name == 'clear_selection' then
+      has_sel = false
+    elseif name == 'selection_replace' and not has_sel then
+      return fail('selection', t.id, 'no selection to update')
+    elseif name == 'add_running' and (type(op[3]) ~= 'table' or type(op[3].group) ~= 'string') then
+      return fail('bad operation', t.id, 'add_running needs a compaction with a group')
     end
   end
   docs[i] = doc
