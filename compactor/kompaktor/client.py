@@ -98,7 +98,7 @@ class Client:
         done: dict[str, FileInfo] = {}
         try:
             for src in sources:
-                w = SortedFileWriter(self.storage, self.new_file_path(tid, "import"))
+                w = SortedFileWriter(self.storage, self.new_file_path(tid, "import"), source=src)
                 staged.append(w)
                 for batch in _read_foreign(src):
                     w.write_table(pa.Table.from_batches([batch]))

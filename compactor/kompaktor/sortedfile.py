@@ -102,8 +102,14 @@ def _key_at(table: pa.Table, i: int) -> tuple:
     return sort_key(Entry(*(table.column(n)[i].as_py() for n in COLUMNS)))
 
 
-def check_sorted(table: pa.Table, source: str = "input") -> None:
-    """Raise :class:`UnsortedError` at the first row out of key order."""
+def show_key(k: tuple) -> str:
+    """A sort_key tuple as a person reads it (timestamp and delete flag as stored)."""
+    return f"(row={k[0]!r}, cf={k[1]!r}, cq={k[2]!r}, vis={k[3]!r}, ts={-k[4]}, deleted={not k[5]})"
+
+
+def check_sorted(table: pa.Table, source: str = "input", offset: int = 0) -> None:
+    """Raise :class:`UnsortedError` at the first row out of key order (``offset``: rows of the
+    file before this table, so the message gives the row number in the file)."""
     n = table.num_rows
     if n < 2:
         return
@@ -112,12 +118,17 @@ def check_sorted(table: pa.Table, source: str = "input") -> None:
     expected = pa.array(range(n), type=pa.uint64())
     if idx.equals(expected):
         return
-    diff = pc.not_equal(idx, expected)
-    first_bad = pc.index(diff, True).as_py()
-    raise UnsortedError(
-        f"{source}: entries are not in key order at row {first_bad}: "
-        f"{_key_at(table, max(first_bad - 1, 0))!r} then {_key_at(table, first_bad)!r}"
-    )
+    # The first position where the sorted order differs is not always the first descent
+    # (it can be where a later, smaller key belongs); find the first pair out of order.
+    start = max(pc.index(pc.not_equal(idx, expected), True).as_py() - 1, 0)
+    prev = _key_at(table, start)
+    for i in range(start + 1, n):
+        cur = _key_at(table, i)
+        if cur < prev:
+            raise UnsortedError(f"{source}: entries are not in key order at row {offset + i}: "
+                                f"{show_key(prev)} then {show_key(cur)}")
+        prev = cur
+    raise UnsortedError(f"{source}: entries are not in key order")  # not reached
 
 
 def _metadata(entries: int, deletes: int, first: tuple | None, last: tuple | None) -> dict[bytes, bytes]:
@@ -147,9 +158,11 @@ class SortedFileWriter:
     visible under its final name. Refuses out-of-order input (also across batches) and never
     leaves a partial file under the final name."""
 
-    def __init__(self, storage: Storage, rel_path: str, *, tmp_tag: str | None = None) -> None:
+    def __init__(self, storage: Storage, rel_path: str, *, tmp_tag: str | None = None,
+                 source: str | None = None) -> None:
         self.storage = storage
         self.rel_path = rel_path
+        self.source = source or rel_path  # what error messages name (e.g. the imported file)
         d, name = posixpath.split(rel_path)
         self.tmp_rel = posixpath.join(d, f"{TMP_PREFIX}{tmp_tag or uuid.uuid4().hex}_{name}")
         storage.ensure_dir(d)
@@ -162,14 +175,15 @@ class SortedFileWriter:
         self._closed = False
 
     def write_table(self, table: pa.Table, *, checked: bool = False) -> None:
-        table = conform(table, self.rel_path)
+        table = conform(table, self.source)
         if table.num_rows == 0:
             return
         if not checked:
-            check_sorted(table, self.rel_path)
+            check_sorted(table, self.source, self.entries)
         first, last = _key_at(table, 0), _key_at(table, table.num_rows - 1)
         if self.last is not None and first < self.last:
-            raise UnsortedError(f"{self.rel_path}: batch starts at {first!r}, before previous {self.last!r}")
+            raise UnsortedError(f"{self.source}: entries are not in key order at row {self.entries}: "
+                                f"{show_key(self.last)} then {show_key(first)}")
         self._writer.write_table(table, row_group_size=ROW_GROUP_SIZE)
         self.entries += table.num_rows
         self.deletes += int(pc.sum(table.column("deleted").cast(pa.int64())).as_py() or 0)
@@ -228,7 +242,7 @@ def read_info(storage: Storage, rel_path: str) -> FileInfo:
     try:
         with storage.fs.open_input_file(storage.path(rel_path)) as f:
             pf = pq.ParquetFile(f)
-            meta = pf.schema_arrow.metadata or {}
+            meta = pf.metadata.metadata or {}  # the footer's key/value metadata
             if b"kompaktor.entries" in meta:
                 conform(pf.schema_arrow.empty_table(), rel_path)
                 return FileInfo(rel_path, storage.size(rel_path), int(meta[b"kompaktor.entries"]),
