@@ -1,0 +1,176 @@
+"""Per-group bounded priority queues of compaction jobs, in Redis (PLANNER.md §6).
+
+One sorted set per group whose members sort lexicographically by (inverted priority, inverted
+file count, sequence), i.e. priority descending, then files descending, then FIFO. Each
+operation is one Lua script, so replace, insert and evict are atomic. Queues are a cache of
+what the metadata implies: the coordinator can always rebuild them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import redis
+
+from kompaktor import contract as C
+
+DEFAULT_MAX = 10_000
+
+
+def _lua(name: str) -> str:
+    return resources.files("kompaktor").joinpath(f"lua/{name}.lua").read_text()
+
+
+@dataclass(frozen=True)
+class Job:
+    """A queued compaction job."""
+
+    tablet: str
+    kind: str
+    priority: int
+    group: str
+    files: dict[str, int]  # name -> size in bytes
+    service: str = "default"
+    selection: str | None = None  # USER/SELECTOR selection id
+    overlaps: bool = False  # SYSTEM job overlapping a stale selection (§6.4 rule 5)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"tablet": self.tablet, "kind": self.kind, "priority": self.priority,
+                             "group": self.group, "files": self.files, "service": self.service}
+        if self.selection is not None:
+            d["selection"] = self.selection
+        if self.overlaps:
+            d["overlaps"] = True
+        if self.extra:
+            d["extra"] = self.extra
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Job:
+        return cls(d["tablet"], d["kind"], int(d["priority"]), d["group"], dict(d["files"] or {}),
+                   d.get("service", "default"), d.get("selection"), bool(d.get("overlaps", False)),
+                   dict(d.get("extra") or {}))
+
+    @property
+    def size(self) -> int:
+        return sum(self.files.values())
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    queued: int
+    running: int
+    rejected: int
+    dequeued: int
+    dead_lettered: int
+    oldest_age_s: float
+    lowest_priority: int
+
+    @property
+    def depth(self) -> int:
+        """The autoscaling signal: queued plus running jobs."""
+        return self.queued + self.running
+
+
+class JobQueues:
+    """All group queues in one Redis."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.r = client
+        self._add = client.register_script(_lua("queue_add"))
+        self._poll = client.register_script(_lua("queue_poll"))
+        self._sweep = client.register_script(_lua("queue_sweep"))
+        self._resize = client.register_script(_lua("queue_resize"))
+
+    # -- bound --------------------------------------------------------------------------------
+    def max_size(self) -> int:
+        raw = self.r.get(C.QUEUE_MAX)
+        return DEFAULT_MAX if raw is None else int(raw)
+
+    def resize(self, new_max: int) -> int:
+        """Set the bound for every queue; evict (counted as rejected) until each fits."""
+        if new_max <= 0:
+            raise ValueError(f"queue bound must be > 0, got {new_max}")
+        return int(self._resize(args=[new_max]))
+
+    # -- generations ----------------------------------------------------------------------------
+    def generation(self) -> int:
+        return int(self.r.get(C.QUEUE_GENERATION) or 0)
+
+    def begin_full_scan(self) -> int:
+        return int(self.r.incr(C.QUEUE_GENERATION))
+
+    def end_full_scan(self, gen: int) -> int:
+        """Remove, in every queue, entries of tablets the pass did not re-plan."""
+        return sum(int(self._sweep(args=[g, gen, ""])) for g in self.groups())
+
+    # -- add / poll -----------------------------------------------------------------------------
+    def add(self, tablet: str, jobs: Sequence[Job], gen: int | None = None) -> int:
+        """Replace the tablet's entries in each group that gets jobs (§6.2). Returns admitted."""
+        if not jobs:
+            return 0
+        gen = self.generation() if gen is None else gen
+        by_group: dict[str, list[Job]] = defaultdict(list)
+        for j in jobs:
+            by_group[j.group].append(j)
+        mx = self.max_size()
+        now = int(time.time() * 1000)
+        admitted = 0
+        for group, gjobs in by_group.items():
+            payload = json.dumps([{"priority": j.priority, "nfiles": len(j.files), "job": j.to_json()}
+                                  for j in gjobs])
+            admitted += int(self._add(args=[group, tablet, gen, mx, now, payload]))
+        return admitted
+
+    def poll(self, group: str) -> Job | None:
+        raw = self._poll(args=[group])
+        return None if raw is None else Job.from_json(json.loads(raw))
+
+    def remove_tablets(self, tablets: Iterable[str]) -> int:
+        """Drop every queued job of these tablets, in every group (split, merge, delete)."""
+        ids = json.dumps(sorted(set(tablets)))
+        return sum(int(self._sweep(args=[g, 0, ids])) for g in self.groups())
+
+    def clear_all(self) -> None:
+        """Forget every queue (they are a cache; used by tests and rebuilds)."""
+        keys = [k for k in self.r.scan_iter(match=C.PREFIX + "queue:*")]
+        if keys:
+            self.r.delete(*keys)
+
+    # -- inspection ------------------------------------------------------------------------------
+    def groups(self) -> list[str]:
+        return sorted(g.decode() for g in self.r.smembers(C.QUEUE_GROUPS))
+
+    def jobs(self, group: str, limit: int = 100) -> list[Job]:
+        members = self.r.zrange(C.queue_key(group), 0, limit - 1)
+        if not members:
+            return []
+        raws = self.r.hmget(C.queue_jobs_key(group), members)
+        return [Job.from_json(json.loads(r)) for r in raws if r]
+
+    def queued_tablets(self, group: str) -> set[str]:
+        return {t.decode() for t in self.r.hkeys(C.queue_index_key(group))}
+
+    def stats(self, group: str) -> QueueStats:
+        p = self.r.pipeline(transaction=False)
+        p.zcard(C.queue_key(group))
+        p.scard(C.running_group_key(group))
+        p.hgetall(C.queue_stats_key(group))
+        p.zrange(C.queue_ages_key(group), 0, 0, withscores=True)
+        p.zrange(C.queue_key(group), -1, -1)
+        p.hvals(C.DEADLETTER)
+        queued, running, st, oldest, last, dead = p.execute()
+        age = 0.0
+        if oldest:
+            age = max(0.0, time.time() - oldest[0][1] / 1000.0)
+        lowest = 20767 - int(last[0][:5]) if last else 0
+        dl = sum(1 for d in dead if json.loads(d).get("group") == group)
+        return QueueStats(int(queued), int(running), int(st.get(b"rejected", 0)), int(st.get(b"dequeued", 0)),
+                          dl, age, lowest)
