@@ -1,0 +1,282 @@
+"""Pure builders: a CompactorGroup spec -> the Kubernetes objects it owns.
+
+Owns: the compactor Deployment (no ``spec.replicas``: only the scaler sets it), the metrics
+Service, the autoscaling/v2 HorizontalPodAutoscaler and the KEDA ScaledObject. Same inputs,
+same dict; no I/O, no clock, no random names; caller data is deep-copied.
+Must not import: kopf, redis, kube.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from kompaktor_operator import naming
+from kompaktor_operator.config import OperatorConfig
+from kompaktor_operator.models import Autoscaler, CompactorGroupSpec
+
+SCRATCH_DIR = "/scratch"
+#: Extra seconds after the drain grace for the compactor to release its job and exit.
+EXIT_MARGIN_SECONDS = 30
+#: Kubernetes scales up in 15 s periods; down policies use 60 s periods.
+SCALE_UP_PERIOD = 15
+SCALE_DOWN_PERIOD = 60
+
+Manifest = dict[str, Any]
+
+
+def compactor_args(group: str, spec: CompactorGroupSpec) -> list[str]:
+    """Arguments of ``kompaktor`` in a compactor pod (the CLI contract of `kompaktor compactor`)."""
+    args = [
+        "compactor",
+        "--group", group,
+        "--http-port", str(naming.HTTP_PORT),
+        "--drain-grace", str(spec.drain_grace_seconds),
+        "--spark-master", spec.spark.master,
+    ]
+    for key, value in sorted(spec.spark.conf.items()):
+        args += ["--spark-conf", f"{key}={value}"]
+    if spec.spark.driver_memory is not None:
+        args += ["--driver-memory", spec.spark.driver_memory]
+    return args
+
+
+def _env(spec: CompactorGroupSpec, config: OperatorConfig) -> list[dict[str, Any]]:
+    secret = spec.redis.secret_name if spec.redis else config.redis_secret
+    key = spec.redis.key if spec.redis else config.redis_secret_key
+    env: list[dict[str, Any]] = [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "KOMPAKTOR_REDIS_URL", "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}},
+        {"name": "SPARK_LOCAL_DIRS", "value": SCRATCH_DIR},
+        {"name": "TMPDIR", "value": "/tmp"},
+        {"name": "HOME", "value": "/tmp"},
+    ]
+    storage_uri = spec.storage.uri if spec.storage and spec.storage.uri else config.storage_uri
+    if storage_uri:
+        env.append({"name": "KOMPAKTOR_STORAGE", "value": storage_uri})
+    return env
+
+
+def _env_from(spec: CompactorGroupSpec, config: OperatorConfig) -> list[dict[str, Any]]:
+    secret = spec.storage.credentials_secret if spec.storage and spec.storage.credentials_secret else None
+    secret = secret or config.storage_secret
+    return [{"secretRef": {"name": secret}}] if secret else []
+
+
+def build_pod_template(group: str, spec: CompactorGroupSpec, config: OperatorConfig) -> Manifest:
+    labels = {**spec.pod_labels, **naming.labels(group)}
+    annotations = {
+        **spec.pod_annotations,
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(naming.HTTP_PORT),
+        "prometheus.io/path": "/metrics",
+    }
+    http = naming.HTTP_PORT_NAME
+    container: dict[str, Any] = {
+        "name": naming.CONTAINER,
+        "image": spec.image or config.compactor_image,
+        "imagePullPolicy": spec.image_pull_policy or config.image_pull_policy,
+        "command": ["kompaktor"],
+        "args": compactor_args(group, spec),
+        "env": _env(spec, config),
+        "ports": [{"name": http, "containerPort": naming.HTTP_PORT, "protocol": "TCP"}],
+        "livenessProbe": {
+            "httpGet": {"path": "/healthz", "port": http},
+            "initialDelaySeconds": 10, "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 6,
+        },
+        "readinessProbe": {
+            "httpGet": {"path": "/readyz", "port": http},
+            "periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 3,
+        },
+        # Ask the compactor to drain before SIGTERM: it takes no new job and finishes (or
+        # releases) the one it holds within drainGraceSeconds.
+        "lifecycle": {"preStop": {"httpGet": {"path": "/drain", "port": http}}},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": [
+            {"name": "scratch", "mountPath": SCRATCH_DIR},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+    }
+    env_from = _env_from(spec, config)
+    if env_from:
+        container["envFrom"] = env_from
+    if spec.resources is not None:
+        container["resources"] = {
+            k: {name: str(q) for name, q in v.items()}
+            for k, v in (("requests", spec.resources.requests), ("limits", spec.resources.limits))
+            if v
+        }
+    pod_spec: dict[str, Any] = {
+        "terminationGracePeriodSeconds": spec.drain_grace_seconds + EXIT_MARGIN_SECONDS,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 10001,
+            "runAsGroup": 10001,
+            "fsGroup": 10001,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": [
+            {"name": "scratch", "emptyDir": {}},
+            {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "256Mi"}},
+        ],
+    }
+    if spec.service_account_name:
+        pod_spec["serviceAccountName"] = spec.service_account_name
+    if spec.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.node_selector)
+    if spec.tolerations:
+        pod_spec["tolerations"] = copy.deepcopy(spec.tolerations)
+    if spec.affinity:
+        pod_spec["affinity"] = copy.deepcopy(spec.affinity)
+    return {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod_spec}
+
+
+def build_compactor_deployment(group: str, spec: CompactorGroupSpec, config: OperatorConfig) -> Manifest:
+    """Desired Deployment for one group. No ``spec.replicas``: the operator's scaler owns it."""
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": naming.deployment_name(group), "labels": naming.labels(group)},
+        "spec": {
+            "selector": {"matchLabels": naming.selector_labels(group)},
+            "revisionHistoryLimit": 3,
+            # A new pod comes up before an old one drains: no capacity lost during a rollout.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": 0}},
+            "template": build_pod_template(group, spec, config),
+        },
+    }
+
+
+def build_metrics_service(group: str) -> Manifest:
+    """A ClusterIP Service over the group's pods, for Prometheus to scrape /metrics."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": naming.metrics_service_name(group),
+            "labels": {**naming.labels(group), "kompaktor.io/metrics": "true"},
+        },
+        "spec": {
+            "type": "ClusterIP",
+            "selector": naming.selector_labels(group),
+            "ports": [{"name": "http-metrics", "port": naming.HTTP_PORT, "targetPort": naming.HTTP_PORT_NAME,
+                       "protocol": "TCP"}],
+        },
+    }
+
+
+def _scale_target(group: str) -> dict[str, str]:
+    # The autoscaler scales the CompactorGroup (its scale subresource), never the Deployment:
+    # the operator turns spec.replicas into a drain-first change of the Deployment.
+    return {"apiVersion": naming.GROUP_VERSION, "kind": "CompactorGroup", "name": group}
+
+
+def build_hpa_behavior(spec: CompactorGroupSpec) -> dict[str, Any]:
+    b = spec.behavior
+    return {
+        "scaleUp": {
+            "stabilizationWindowSeconds": 0,
+            "selectPolicy": "Max",
+            "policies": [
+                {"type": "Percent", "value": b.scale_up_percent, "periodSeconds": SCALE_UP_PERIOD},
+                {"type": "Pods", "value": b.scale_up_pods, "periodSeconds": SCALE_UP_PERIOD},
+            ],
+        },
+        "scaleDown": {
+            "stabilizationWindowSeconds": b.scale_down_stabilization_seconds,
+            "selectPolicy": "Min",
+            "policies": [{"type": "Percent", "value": b.scale_down_percent, "periodSeconds": SCALE_DOWN_PERIOD}],
+        },
+    }
+
+
+def build_hpa(group: str, spec: CompactorGroupSpec) -> Manifest:
+    """autoscaling/v2 HPA on the External metric kompaktor_queue_depth{group} (queued + running)."""
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": naming.hpa_name(group), "labels": naming.labels(group)},
+        "spec": {
+            "scaleTargetRef": _scale_target(group),
+            "minReplicas": max(1, spec.min_replicas),
+            "maxReplicas": spec.max_replicas,
+            "metrics": [
+                {
+                    "type": "External",
+                    "external": {
+                        "metric": {
+                            "name": naming.QUEUE_DEPTH_METRIC,
+                            "selector": {"matchLabels": {"group": group}},
+                        },
+                        "target": {"type": "AverageValue", "averageValue": str(spec.jobs_per_replica)},
+                    },
+                }
+            ],
+            "behavior": build_hpa_behavior(spec),
+        },
+    }
+
+
+def queue_depth_query(group: str) -> str:
+    return f'sum({naming.QUEUE_DEPTH_METRIC}{{group="{group}"}})'
+
+
+def build_scaled_object(group: str, spec: CompactorGroupSpec, config: OperatorConfig) -> Manifest:
+    """KEDA ScaledObject on the same metric, through Prometheus; allows minReplicas 0."""
+    return {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "metadata": {"name": naming.scaled_object_name(group), "labels": naming.labels(group)},
+        "spec": {
+            "scaleTargetRef": _scale_target(group),
+            "minReplicaCount": spec.min_replicas,
+            "maxReplicaCount": spec.max_replicas,
+            "pollingInterval": 15,
+            "cooldownPeriod": spec.behavior.scale_down_stabilization_seconds,
+            "advanced": {"horizontalPodAutoscalerConfig": {"behavior": build_hpa_behavior(spec)}},
+            "triggers": [
+                {
+                    "type": "prometheus",
+                    "metricType": "AverageValue",
+                    "metadata": {
+                        "serverAddress": config.prometheus_url,
+                        "query": queue_depth_query(group),
+                        "threshold": str(spec.jobs_per_replica),
+                        "activationThreshold": "0",
+                    },
+                }
+            ],
+        },
+    }
+
+
+def build_autoscaler(group: str, spec: CompactorGroupSpec, config: OperatorConfig) -> Manifest | None:
+    """The autoscaler object the spec asks for, or None for ``autoscaler: none``."""
+    if spec.autoscaler == Autoscaler.HPA:
+        return build_hpa(group, spec)
+    if spec.autoscaler == Autoscaler.KEDA:
+        return build_scaled_object(group, spec, config)
+    return None
+
+
+#: (apiVersion, kind) of every autoscaler kind the operator may own, to delete the unused one.
+AUTOSCALER_KINDS: tuple[tuple[str, str, str], ...] = (
+    ("autoscaling/v2", "HorizontalPodAutoscaler", Autoscaler.HPA.value),
+    ("keda.sh/v1alpha1", "ScaledObject", Autoscaler.KEDA.value),
+)
+
+
+def build_children(group: str, spec: CompactorGroupSpec, config: OperatorConfig) -> list[Manifest]:
+    """Everything a CompactorGroup owns, in apply order."""
+    children = [build_compactor_deployment(group, spec, config), build_metrics_service(group)]
+    autoscaler = build_autoscaler(group, spec, config)
+    if autoscaler is not None:
+        children.append(autoscaler)
+    return children

@@ -1,0 +1,152 @@
+"""Pure scale decisions: the autoscaler says how many compactors; this module says which go.
+
+Owns: ``decide_scale`` — given the Deployment's replicas, the desired count, the group's pods
+and the compactors' Redis heartbeats, which pods to ask to drain, which drained pods can go,
+and the replica count to set now. Busy compactors are never victims; a replica is removed only
+after its pod reported itself drained (or never did any work). Must not import: kopf, redis, kube.
+
+The sequence for a scale-down by k, over successive reconciles:
+1. pick k victims (no heartbeat and not ready, then drained, then idle; never busy), ask the
+   idle ones to drain and give every victim the lowest pod-deletion-cost;
+2. once a victim is drained (state ``draining`` and no ECID) or has no heartbeat, lower the
+   replicas by the number of such victims: the ReplicaSet removes the lowest-cost pods first.
+A drained pod that is no longer needed as a victim (the target went back up) is deleted, so the
+Deployment replaces it with a fresh compactor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+State = Literal["idle", "busy", "draining"]
+
+
+@dataclass(frozen=True)
+class PodView:
+    """What the scaler needs to know about one compactor pod (from the Kubernetes API)."""
+
+    name: str
+    ready: bool = True
+    terminating: bool = False
+    marked: bool = False  # carries the operator's draining annotation
+    lowest_cost: bool = False  # carries the victim pod-deletion-cost
+
+
+@dataclass(frozen=True)
+class CompactorView:
+    """One compactor's last heartbeat (from Redis). id is the pod name."""
+
+    id: str
+    state: State
+    ecid: str | None = None
+
+    @property
+    def working(self) -> bool:
+        return self.state == "busy" or self.ecid is not None
+
+    @property
+    def drained(self) -> bool:
+        return self.state == "draining" and self.ecid is None
+
+
+@dataclass(frozen=True)
+class ScaleDecision:
+    replicas: int  # what the Deployment's spec.replicas should be now
+    drain: tuple[str, ...] = ()  # ask these compactors to drain
+    mark: tuple[str, ...] = ()  # give these pods the draining annotation
+    lowest_cost: tuple[str, ...] = ()  # give these (drained) pods the victim pod-deletion-cost
+    unmark: tuple[str, ...] = ()  # remove the annotation and cost (no longer victims, not drained)
+    delete: tuple[str, ...] = ()  # drained pods no longer needed: delete so a fresh one replaces them
+    waiting: tuple[str, ...] = ()  # victims still finishing a job or acknowledging the drain
+    victims: tuple[str, ...] = ()
+    reason: str = ""
+
+
+def _rank(pod: PodView, beat: CompactorView | None) -> tuple[int, str] | None:
+    """Victim preference (lower first); None for pods that must not be victims."""
+    if beat is None:
+        return (0, pod.name) if not pod.ready else (2, pod.name)
+    if beat.state == "draining" and pod.marked:
+        return (1, pod.name)  # asked earlier: it finishes its job, then goes
+    if beat.working:
+        return None
+    if beat.drained:
+        return (1, pod.name)
+    return (3, pod.name)  # idle
+
+
+def decide_scale(
+    current: int,
+    desired: int,
+    pods: Iterable[PodView],
+    compactors: Mapping[str, CompactorView],
+) -> ScaleDecision:
+    """The next step towards ``desired`` replicas from the Deployment's ``current``.
+
+    A pod gets the victim pod-deletion-cost one pass *before* the replicas drop, so that the
+    ReplicaSet controller's cache has seen it when it chooses which pods to remove; only pods
+    that are drained (or never reported a heartbeat) ever get that cost.
+    """
+    live = sorted((p for p in pods if not p.terminating), key=lambda p: p.name)
+    if desired >= current:
+        # Drained pods marked earlier are useless now: replace them; lift other marks.
+        delete = tuple(p.name for p in live if p.marked and (b := compactors.get(p.name)) and b.drained)
+        unmark = tuple(p.name for p in live if (p.marked or p.lowest_cost) and p.name not in delete)
+        reason = "scale up" if desired > current else "steady"
+        return ScaleDecision(replicas=desired, delete=delete, unmark=unmark, reason=reason)
+
+    excess = current - desired
+    ranked = sorted(
+        ((rank, pod) for pod in live if (rank := _rank(pod, compactors.get(pod.name))) is not None),
+        key=lambda rp: (0 if rp[1].marked else 1, rp[0]),  # keep earlier victims: no churn
+    )
+    victims = [pod for _, pod in ranked[:excess]]
+    names = {p.name for p in victims}
+    removable: list[str] = []
+    drain: list[str] = []
+    lowest: list[str] = []
+    waiting: list[str] = []
+    for pod in victims:
+        beat = compactors.get(pod.name)
+        if beat is None and not pod.marked:
+            drain.append(pod.name)  # a starting compactor must not take a job either
+        if beat is None or beat.drained:
+            if pod.lowest_cost:
+                removable.append(pod.name)
+            else:
+                lowest.append(pod.name)
+                waiting.append(pod.name)
+        else:
+            if not pod.marked or beat.state != "draining":
+                drain.append(pod.name)
+            waiting.append(pod.name)
+    mark = tuple(p.name for p in victims if not p.marked)
+    # A pod marked earlier that is no longer a victim: replace it when drained, else lift the mark.
+    others = [p for p in live if (p.marked or p.lowest_cost) and p.name not in names]
+    delete = tuple(p.name for p in others if p.marked and (b := compactors.get(p.name)) and b.drained)
+    unmark = tuple(p.name for p in others if p.name not in delete)
+    exposed = [p.name for p in live if p.lowest_cost and (b := compactors.get(p.name)) and b.working]
+    if exposed:
+        # A working pod still carries the victim cost (it started a job after being marked):
+        # lift that mark first; removing a replica now could take that pod.
+        removable = []
+        unmark = tuple(sorted({*unmark, *exposed}))
+    if removable:
+        reason = f"removing {len(removable)} drained compactor(s)"
+    elif victims:
+        reason = f"draining {len(victims)} compactor(s) before scaling down"
+    else:
+        reason = "every compactor is busy; scale-down waits for one to finish"
+    return ScaleDecision(
+        replicas=current - len(removable),
+        drain=tuple(drain),
+        mark=mark,
+        lowest_cost=tuple(lowest),
+        unmark=unmark,
+        delete=delete,
+        waiting=tuple(waiting),
+        victims=tuple(p.name for p in victims),
+        reason=reason,
+    )

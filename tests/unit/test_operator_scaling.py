@@ -1,0 +1,108 @@
+"""decide_scale: the HPA says how many, the operator says which — never a busy compactor."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+from kompaktor_operator.scaling import CompactorView, PodView, decide_scale
+
+
+def pods(*names: str, **flags: dict) -> list[PodView]:
+    return [PodView(name=n, **flags.get(n, {})) for n in names]
+
+
+def beat(id_: str, state: str = "idle", ecid: str | None = None) -> tuple[str, CompactorView]:
+    return id_, CompactorView(id=id_, state=state, ecid=ecid)  # type: ignore[arg-type]
+
+
+def test_scale_up_sets_replicas_at_once() -> None:
+    d = decide_scale(2, 5, pods("a", "b"), dict([beat("a"), beat("b")]))
+    assert d.replicas == 5 and not d.drain and not d.delete
+
+
+def test_scale_down_drains_idle_first_and_waits() -> None:
+    comps = dict([beat("a", "busy", "e1"), beat("b"), beat("c", "busy", "e2")])
+    d = decide_scale(3, 2, pods("a", "b", "c"), comps)
+    assert d.victims == ("b",) and d.drain == ("b",) and d.mark == ("b",)
+    assert d.replicas == 3, "replicas fall only after the victim drained"
+    # b acknowledged the drain: it gets the lowest cost, still no removal in this pass
+    comps["b"] = CompactorView("b", "draining")
+    d = decide_scale(3, 2, pods("a", "b", "c", b={"marked": True}), comps)
+    assert d.lowest_cost == ("b",) and d.replicas == 3 and not d.drain
+    # next pass: b carries the cost, so the replicas drop by one
+    d = decide_scale(3, 2, pods("a", "b", "c", b={"marked": True, "lowest_cost": True}), comps)
+    assert d.replicas == 2 and d.victims == ("b",) and not d.waiting
+
+
+def test_busy_pods_are_never_victims() -> None:
+    comps = dict([beat("a", "busy", "e1"), beat("b", "busy", "e2")])
+    d = decide_scale(2, 0, pods("a", "b"), comps)
+    assert d.replicas == 2 and d.victims == () and "busy" in d.reason
+
+
+def test_draining_with_a_job_is_waited_for() -> None:
+    comps = dict([beat("a", "draining", "e1")])
+    d = decide_scale(1, 0, pods("a", a={"marked": True}), comps)
+    assert d.replicas == 1 and d.waiting == ("a",) and d.drain == ()
+
+
+def test_pods_without_heartbeat_go_first_when_not_ready() -> None:
+    comps = dict([beat("a"), beat("b")])
+    d = decide_scale(3, 2, pods("a", "b", "new", new={"ready": False}), comps)
+    assert d.victims == ("new",) and d.drain == ("new",) and d.lowest_cost == ("new",)
+
+
+def test_no_removal_while_a_working_pod_carries_the_victim_cost() -> None:
+    comps = dict([beat("a", "draining"), beat("b", "busy", "e")])
+    views = pods("a", "b", a={"marked": True, "lowest_cost": True}, b={"marked": True, "lowest_cost": True})
+    d = decide_scale(2, 1, views, comps)
+    assert d.replicas == 2 and "b" in d.unmark
+
+
+def test_earlier_victims_are_kept_no_churn() -> None:
+    comps = dict([beat("a"), beat("b", "draining"), beat("c")])
+    d = decide_scale(3, 2, pods("a", "b", "c", c={"marked": True}), comps)
+    assert d.victims == ("c",)
+
+
+def test_scale_back_up_replaces_drained_and_unmarks_others() -> None:
+    comps = dict([beat("a", "draining"), beat("b", "busy", "e")])
+    d = decide_scale(2, 3, pods("a", "b", a={"marked": True}, b={"marked": True}), comps)
+    assert d.replicas == 3 and d.delete == ("a",) and d.unmark == ("b",)
+
+
+def test_terminating_pods_are_ignored() -> None:
+    comps = dict([beat("a"), beat("b")])
+    d = decide_scale(2, 1, pods("a", "b", a={"terminating": True}), comps)
+    assert d.victims == ("b",)
+
+
+@given(
+    states=st.lists(st.sampled_from(["idle", "busy", "draining", "draining-job", "none"]), min_size=0, max_size=12),
+    desired=st.integers(0, 12),
+    marks=st.lists(st.booleans(), min_size=12, max_size=12),
+)
+def test_never_removes_a_working_compactor(states: list[str], desired: int, marks: list[bool]) -> None:
+    names = [f"p{i}" for i in range(len(states))]
+    comps: dict[str, CompactorView] = {}
+    for name, state in zip(names, states, strict=True):
+        if state == "none":
+            continue
+        ecid = "e" if state in ("busy", "draining-job") else None
+        comps[name] = CompactorView(name, "draining" if state == "draining-job" else state, ecid)  # type: ignore[arg-type]
+    views = [PodView(n, marked=m, lowest_cost=m) for n, m in zip(names, marks, strict=False)]
+    current = len(names)
+    d = decide_scale(current, desired, views, comps)
+    working = {n for n, c in comps.items() if c.working}
+    assert not working & set(d.delete) and not working & set(d.lowest_cost)
+    if d.replicas < current:
+        assert not any(v.lowest_cost and v.name in working for v in views)
+    marked = {v.name for v in views if v.marked}
+    for name in working & set(d.victims):  # only a compactor asked earlier, finishing its job
+        assert name in marked and comps[name].state == "draining" and name in d.waiting
+    assert d.replicas >= desired
+    if desired < current:
+        removed = current - d.replicas
+        # every removed replica corresponds to a pod carrying the lowest cost that is not working
+        cheap = [v for v in views if v.lowest_cost and v.name not in working]
+        assert removed <= len(cheap)
