@@ -88,7 +88,14 @@ SCAN = IteratorSettings()
 def merge_sources(sources: Sequence[Iterable[Entry]]) -> Iterator[Entry]:
     """k-way merge of sorted sources; identical keys come newest source (highest index) first."""
     n = len(sources)
-    streams = [((sort_key(e), n - i, e) for e in src) for i, src in enumerate(sources)]
+
+    def ranked(src: Iterable[Entry], rank: int) -> Iterator[tuple]:
+        # a function, not a nested generator expression: that would read ``i`` late, giving
+        # every source the last rank (and identical keys oldest source first)
+        for e in src:
+            yield sort_key(e), rank, e
+
+    streams = [ranked(src, n - i) for i, src in enumerate(sources)]
     for _k, _rank, e in heapq.merge(*streams, key=lambda t: (t[0], t[1])):
         yield e
 
