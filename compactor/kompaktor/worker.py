@@ -1,0 +1,307 @@
+"""The compactor: one compaction at a time, forever — reserve, merge, commit, repeat.
+
+While a merge runs, the main thread heartbeats progress, checks that the job is still wanted
+(table ONLINE, tablet and ECID still there, USER compaction not cancelled) and watches for a
+drain request (SIGTERM, ``POST /drain``, or a drain flag in Redis). A draining compactor takes
+no new job; it finishes the current one if it can complete within the grace period, otherwise it
+cancels the merge and releases the job at once, and exits 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from kompaktor import compactions, failures, usercompaction
+from kompaktor.compactions import Reservation
+from kompaktor.errors import ConditionFailed, KompaktorError, StoreUnavailable
+from kompaktor.jobqueue import JobQueues
+from kompaktor.metrics import CompactorMetrics
+from kompaktor.storage import Storage
+from kompaktor.store import ONLINE, MetadataStore
+
+log = logging.getLogger("kompaktor.compactor")
+
+IDLE, BUSY, DRAINING = "idle", "busy", "draining"
+
+
+@dataclass
+class WorkerSettings:
+    group: str
+    compactor_id: str
+    engine: str = "spark"  # or "arrow"
+    spark_master: str = "local[*]"
+    spark_conf: dict[str, str] = field(default_factory=dict)
+    driver_memory: str | None = None
+    drain_grace_s: float = 60.0
+    heartbeat_s: float = 2.0
+    idle_min_s: float = 0.1
+    idle_max_s: float = 2.0
+    default_throughput_bps: float = 20e6  # until measured: bytes of input merged per second
+    max_jobs: int | None = None  # stop after this many jobs (tests, benchmarks)
+
+
+@dataclass
+class JobOutcome:
+    status: str  # committed, failed, cancelled
+    reason: str = ""
+    ecid: str = ""
+
+
+class Compactor:
+    def __init__(self, store: MetadataStore, storage: Storage, settings: WorkerSettings, engine: Any = None) -> None:
+        self.store = store
+        self.storage = storage
+        self.s = settings
+        self.queues = JobQueues(store.r)
+        self.metrics = CompactorMetrics.create()
+        self._engine = engine
+        self.drain = threading.Event()
+        self.drain_deadline: float | None = None
+        self.state = IDLE
+        self.ready = False
+        self.throughput = settings.default_throughput_bps
+        self.jobs_done = 0
+        self.current: Reservation | None = None
+        self._http: ThreadingHTTPServer | None = None
+
+    # -- engine ------------------------------------------------------------------------------------
+    @property
+    def engine(self) -> Any:
+        if self._engine is None:
+            from kompaktor.engine import make_engine
+
+            self._engine = make_engine(self.s.engine, spark_master=self.s.spark_master,
+                                       spark_conf=self.s.spark_conf, driver_memory=self.s.driver_memory)
+        return self._engine
+
+    # -- drain -------------------------------------------------------------------------------------
+    def request_drain(self, why: str = "requested") -> None:
+        if not self.drain.is_set():
+            log.info("compactor %s draining (%s)", self.s.compactor_id, why)
+            self.drain_deadline = time.monotonic() + self.s.drain_grace_s
+            self.drain.set()
+
+    def install_signal_handlers(self) -> None:
+        def on_term(signum: int, _frame: Any) -> None:
+            self.request_drain(signal.Signals(signum).name)
+
+        signal.signal(signal.SIGTERM, on_term)
+        signal.signal(signal.SIGINT, on_term)
+
+    def _publish(self, state: str) -> None:
+        self.state = state
+        ecid = self.current.ecid if self.current else None
+        try:
+            self.store.register_compactor(self.s.group, self.s.compactor_id, state, ecid)
+        except StoreUnavailable as exc:
+            log.warning("cannot publish state: %s", exc)
+
+    # -- main loop -----------------------------------------------------------------------------------
+    def run(self) -> int:
+        """Work until drained (or max_jobs reached). Returns the process exit code."""
+        self._publish(IDLE)
+        _ = self.engine  # start the engine (Spark session) once, before declaring ready
+        self.ready = True
+        idle = self.s.idle_min_s
+        try:
+            while not self.drain.is_set():
+                if self.store.drain_requested(self.s.compactor_id):
+                    self.request_drain("drain flag in Redis")
+                    break
+                try:
+                    outcome = self.run_one()
+                except StoreUnavailable as exc:
+                    log.warning("metadata store unavailable: %s", exc)
+                    outcome = None
+                if outcome is None:
+                    self._publish(IDLE)
+                    wait = min(self.s.idle_max_s, idle) * random.uniform(0.9, 1.1)
+                    self.drain.wait(wait)
+                    idle = min(self.s.idle_max_s, idle * 2)
+                    continue
+                idle = self.s.idle_min_s
+                if self.s.max_jobs is not None and self.jobs_done >= self.s.max_jobs:
+                    break
+        finally:
+            self.ready = False
+            try:
+                self.store.unregister_compactor(self.s.group, self.s.compactor_id)
+            except StoreUnavailable:
+                pass
+        return 0
+
+    def run_one(self) -> JobOutcome | None:
+        """Reserve and run one job; None when the queue was empty."""
+        res = compactions.reserve(self.store, self.queues, self.s.group, self.s.compactor_id)
+        if res is None:
+            return None
+        self.current = res
+        self._publish(BUSY)
+        try:
+            outcome = self._execute(res)
+        finally:
+            self.current = None
+        self.jobs_done += 1
+        log.info("%s %s on %s: %s %s", res.ecid, res.job.kind, res.tablet, outcome.status, outcome.reason)
+        return outcome
+
+    # -- one job -------------------------------------------------------------------------------------
+    def _still_wanted(self, res: Reservation) -> str | None:
+        """Why the job is no longer wanted, or None."""
+        t = self.store.tablet(res.tablet)
+        if t is None:
+            return "tablet no longer exists (split, merged or table deleted)"
+        if res.ecid not in t.running:
+            return "compaction no longer registered"
+        try:
+            state = self.store.table_info(res.table).state
+        except KompaktorError:
+            return "table deleted"
+        if state != ONLINE:
+            return f"table is {state}"
+        if res.job.kind == "USER" and compactions.user_iterators(self.store, res.job.selection or "") is None:
+            return "user compaction cancelled"
+        return None
+
+    def _execute(self, res: Reservation) -> JobOutcome:
+        from kompaktor.engine import MergeCancelled, MergeRequest
+
+        g = self.s.group
+        input_bytes = sum(res.job.files.values())
+        progress: dict[str, Any] = {"entries_read": 0, "entries_written": 0, "bytes_read": 0, "bytes_written": 0}
+        box: dict[str, Any] = {}
+        cancel = threading.Event()
+        cancel_reason: list[str] = []
+
+        def on_progress(p: dict[str, Any]) -> None:
+            progress.update(p)
+
+        def work() -> None:
+            try:
+                box["result"] = self.engine.merge(
+                    self.storage,
+                    MergeRequest(res.inputs, res.output, res.prev, res.end, res.settings, res.ecid),
+                    progress=on_progress, cancel=cancel)
+            except BaseException as exc:
+                box["error"] = exc
+
+        started = time.monotonic()
+        self.metrics.running.labels(g).set(1)
+        th = threading.Thread(target=work, name=f"merge-{res.ecid}", daemon=True)
+        th.start()
+        next_check = 0.0
+        while th.is_alive():
+            th.join(timeout=min(0.25, self.s.heartbeat_s))
+            if not th.is_alive():
+                break
+            now = time.monotonic()
+            if now >= next_check:
+                next_check = now + self.s.heartbeat_s
+                try:
+                    compactions.heartbeat(self.store, res, progress)
+                    self._publish(DRAINING if self.drain.is_set() else BUSY)
+                    why = self._still_wanted(res)
+                except StoreUnavailable as exc:
+                    log.warning("heartbeat failed: %s", exc)
+                    why = None
+                if why and not cancel.is_set():
+                    cancel_reason.append(why)
+                    cancel.set()
+                if not self.drain.is_set() and self.store.drain_requested(self.s.compactor_id):
+                    self.request_drain("drain flag in Redis")
+            if self.drain.is_set() and not cancel.is_set() and self.drain_deadline is not None:
+                remaining = max(0.0, input_bytes - float(progress.get("bytes_read", 0))) / self.throughput
+                if now + remaining > self.drain_deadline or now >= self.drain_deadline:
+                    cancel_reason.append("draining: cannot finish within the grace period")
+                    cancel.set()
+        self.metrics.running.labels(g).set(0)
+        elapsed = time.monotonic() - started
+
+        err = box.get("error")
+        if cancel.is_set() and (err is not None or "result" not in box or cancel_reason):
+            compactions.release(self.store, self.storage, res, reason=cancel_reason[0] if cancel_reason else "")
+            self.metrics.cancelled.labels(g).inc()
+            return JobOutcome("cancelled", cancel_reason[0] if cancel_reason else "cancelled", res.ecid)
+        if err is not None:
+            reason = str(err) if not isinstance(err, MergeCancelled) else "cancelled"
+            compactions.release(self.store, self.storage, res, reason=reason)
+            failures.record_failure(self.store, res.tablet, res.inputs, g, reason)
+            self.metrics.failed.labels(g).inc()
+            log.error("%s failed: %s", res.ecid, reason)
+            return JobOutcome("failed", reason, res.ecid)
+        result = box["result"]
+        try:
+            compactions.commit(self.store, res, result.info)
+        except ConditionFailed as exc:
+            compactions.release(self.store, self.storage, res, reason=str(exc))
+            self.metrics.failed.labels(g).inc()
+            return JobOutcome("failed", f"commit {exc}", res.ecid)
+        m = self.metrics
+        m.completed.labels(g).inc()
+        m.entries_read.labels(g).inc(result.entries_read)
+        m.entries_written.labels(g).inc(result.entries_written)
+        m.bytes_read.labels(g).inc(result.bytes_read)
+        m.bytes_written.labels(g).inc(result.bytes_written)
+        m.duration.labels(g).observe(elapsed)
+        self.store.incr("bytes_written", result.bytes_written)
+        if elapsed > 0 and input_bytes > 0:
+            self.throughput = 0.7 * self.throughput + 0.3 * (input_bytes / elapsed)
+        return JobOutcome("committed", "", res.ecid)
+
+    # -- HTTP: probes, drain, metrics ------------------------------------------------------------------
+    def serve_http(self, port: int, host: str = "0.0.0.0") -> int:
+        worker = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *_args: Any) -> None:
+                pass
+
+            def _send(self, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8") -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:
+                if self.path == "/healthz":
+                    self._send(200, b"ok\n")
+                elif self.path == "/readyz":
+                    ok = worker.ready and not worker.drain.is_set()
+                    self._send(200 if ok else 503, b"ready\n" if ok else b"not ready\n")
+                elif self.path == "/metrics":
+                    self._send(200, generate_latest(worker.metrics.registry), CONTENT_TYPE_LATEST)
+                elif self.path == "/drain":
+                    self.do_POST()
+                elif self.path == "/state":
+                    self._send(200, f"{worker.state}\n".encode())
+                else:
+                    self._send(404, b"not found\n")
+
+            def do_POST(self) -> None:
+                if self.path == "/drain":
+                    worker.request_drain("HTTP /drain")
+                    self._send(200, b"draining\n")
+                else:
+                    self._send(404, b"not found\n")
+
+        self._http = ThreadingHTTPServer((host, port), Handler)
+        threading.Thread(target=self._http.serve_forever, name="http", daemon=True).start()
+        return self._http.server_address[1]
+
+    def close(self) -> None:
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+
+
+__all__ = ["BUSY", "DRAINING", "IDLE", "Compactor", "JobOutcome", "WorkerSettings", "usercompaction"]
