@@ -99,9 +99,7 @@ class PlannerSettings:
         if not _is_int(self.max_open) or self.max_open < 2:
             raise PlannerConfigError(f"maxOpen: must be an integer >= 2, got {self.max_open!r}")
         if not _is_int(self.max_files_per_tablet):
-            raise PlannerConfigError(
-                f"maxFilesPerTablet: must be an integer, got {self.max_files_per_tablet!r}"
-            )
+            raise PlannerConfigError(f"maxFilesPerTablet: must be an integer, got {self.max_files_per_tablet!r}")
         groups = _check_groups(self.groups)
         object.__setattr__(self, "groups", groups)
         by_size = _sort_groups(groups)
@@ -190,9 +188,7 @@ def _check_groups(groups: object) -> tuple[Group, ...]:
         if size <= 0:
             raise PlannerConfigError(f"groups[{i}].maxSize: must be > 0, got {size}")
         if size in sizes:
-            raise PlannerConfigError(
-                f"groups[{i}].maxSize: duplicate maxSize {size} (also groups[{sizes[size]}])"
-            )
+            raise PlannerConfigError(f"groups[{i}].maxSize: duplicate maxSize {size} (also groups[{sizes[size]}])")
         sizes[size] = i
     return groups
 

@@ -68,9 +68,7 @@ def parse_quantity_bytes(value: int | str) -> int:
     Raises :class:`ValueError` on anything that is not a quantity.
     """
     if isinstance(value, bool) or not isinstance(value, int | str):
-        raise ValueError(
-            f"quantity must be an integer or a string, got {type(value).__name__} {value!r}"
-        )
+        raise ValueError(f"quantity must be an integer or a string, got {type(value).__name__} {value!r}")
     if isinstance(value, int):
         return value
     from kubernetes.utils import parse_quantity  # imported here: kubernetes is slow to import
