@@ -268,6 +268,10 @@ class Autoscaler(enum.StrEnum):
 class SparkSettings(CRDModel):
     """How the compactor runs its merge: a local Spark, a Spark cluster or Spark on Kubernetes."""
 
+    engine: Literal["spark", "arrow"] = Field(
+        "spark",
+        description="merge engine: spark, or arrow (in-process, for groups that only hold small jobs)",
+    )
     master: str = Field("local[*]", min_length=1, description="Spark master URL (spark.master)")
     conf: dict[str, str] = Field(default_factory=dict, description="extra Spark settings (--spark-conf k=v)")
     driver_memory: str | None = Field(
@@ -649,6 +653,7 @@ def to_group_config(name: str, spec: CompactorGroupSpec) -> Any:
         spark_conf=dict(spec.spark.conf),
         driver_memory=None if spec.spark.driver_memory is None else str(spec.spark.driver_memory),
         drain_grace_seconds=spec.drain_grace_seconds,
+        engine=spec.spark.engine,
     )
 
 

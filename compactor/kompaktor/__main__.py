@@ -1,0 +1,3 @@
+from kompaktor.cli import main
+
+main()

@@ -1,0 +1,171 @@
+"""`kompaktor demo`: local cluster + continuous ingest + drain + verification + summary."""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kompaktor.client import Client
+from kompaktor.ingest import ContinuousIngest, split_points, verify
+from kompaktor.local import LocalCluster
+from kompaktor.localconfig import DEMO_CONFIG, LocalConfig, load_config
+from kompaktor.statusview import gather
+from kompaktor.storage import Storage
+
+
+@dataclass
+class DemoOptions:
+    entries: int = 150_000
+    tablets: int = 4
+    compactors: int | None = None  # max compactors per group (overrides the config)
+    duration_s: float = 60.0
+    batch: int = 1500
+    drain_timeout_s: float = 240.0
+    data_dir: str | None = None
+    redis_url: str | None = None
+    config_text: str = DEMO_CONFIG
+    table: str = "ci"
+    live: bool = True
+
+
+@dataclass
+class DemoResult:
+    verified: bool
+    summary: dict[str, Any]
+    status: dict[str, Any] = field(default_factory=dict)
+
+
+def _apply_compactors(cfg: LocalConfig, n: int | None) -> LocalConfig:
+    if n is None:
+        return cfg
+    from dataclasses import replace
+
+    groups = {k: replace(g, max_replicas=max(n, g.min_replicas)) for k, g in cfg.groups.items()}
+    return LocalConfig(cfg.services, groups)
+
+
+def _progress_table(ingest_stats, status: dict[str, Any], phase: str, elapsed: float):
+    from rich.table import Table
+
+    t = Table(title=f"kompaktor demo — {phase} — {elapsed:.0f}s", expand=False)
+    t.add_column("what")
+    t.add_column("value", justify="right")
+    t.add_row("entries ingested", f"{ingest_stats.entries:,}")
+    t.add_row("ingest rate", f"{ingest_stats.rate:,.0f} entries/s")
+    t.add_row("files flushed", f"{ingest_stats.files:,}")
+    for g, s in status.get("groups", {}).items():
+        t.add_row(f"group {g}", f"queued {s['queued']} · running {s['running']} · compactors {s['compactors']} "
+                                f"· committed {s['compactions_committed']}")
+    for name, tb in status.get("tables", {}).items():
+        f = tb["files_per_tablet"]
+        t.add_row(f"table {name} files/tablet", f"min {f['min']} · median {f['median']} · max {f['max']}")
+    return t
+
+
+def run_demo(opts: DemoOptions) -> DemoResult:
+    from rich.console import Console
+    from rich.live import Live
+
+    console = Console()
+    cfg = _apply_compactors(load_config(opts.config_text), opts.compactors)
+    data_dir = Path(opts.data_dir or tempfile.mkdtemp(prefix="kompaktor-demo-"))
+    cluster = LocalCluster(cfg, data_dir, redis_url=opts.redis_url,
+                           coordinator_args=["--full-scan-interval", "10", "--gc-grace", "5", "--gc-interval", "5"])
+    started = time.monotonic()
+    stop_scaler = threading.Event()
+    status: dict[str, Any] = {}
+    max_files_seen = 0
+    try:
+        cluster.start()
+        store = cluster.store
+        assert store is not None
+        client = Client(store, Storage.from_uri(cluster.storage_uri))
+        store.create_table(opts.table, split_points(opts.tablets))
+        ingest = ContinuousIngest(client, opts.table, batch=opts.batch)
+
+        def scaler() -> None:
+            while not stop_scaler.wait(1.0):
+                try:
+                    cluster.autoscale()
+                except Exception:
+                    pass
+
+        th = threading.Thread(target=scaler, daemon=True)
+        th.start()
+        phase = "ingest"
+        with Live(console=console, refresh_per_second=2, transient=False, auto_refresh=False) as live:
+            def show() -> None:
+                nonlocal status, max_files_seen
+                status = gather(store)
+                for tb in status["tables"].values():
+                    max_files_seen = max(max_files_seen, tb["files_per_tablet"]["max"])
+                if opts.live:
+                    live.update(_progress_table(ingest.stats, status, phase, time.monotonic() - started),
+                                refresh=True)
+
+            last = [0.0]
+
+            def on_flush(_s) -> None:
+                if time.monotonic() - last[0] > 0.5:
+                    last[0] = time.monotonic()
+                    show()
+
+            ingest.run(entries=opts.entries, duration_s=opts.duration_s, on_flush=on_flush)
+            phase = "draining queues"
+            ingest_wall = time.monotonic() - started
+            deadline = time.monotonic() + opts.drain_timeout_s
+            quiet = 0
+            while time.monotonic() < deadline:
+                show()
+                busy = sum(g["depth"] for g in status["groups"].values())
+                dirty = store.r.scard("kz:dirty")
+                quiet = quiet + 1 if busy == 0 and dirty == 0 else 0
+                if quiet >= 4:
+                    break
+                time.sleep(0.5)
+            phase = "verifying"
+            show()
+        drained = quiet >= 4
+        v = verify(client, opts.table, ingest.stats.rows)
+        status = gather(store)
+        tb = status["tables"][opts.table]
+        max_files = cfg.services["default"].max_files_per_tablet if "default" in cfg.services else 15
+        bound_ok = tb["files_per_tablet"]["max"] <= (max_files if max_files > 0 else 99)
+        verified = v.ok and drained and bound_ok
+        counters = status["counters"]
+        summary = {
+            "entries written": ingest.stats.entries,
+            "entries scanned": v.entries,
+            "undefined references": v.undefined,
+            "files flushed": ingest.stats.files,
+            "max files per tablet during ingest": max_files_seen,
+            "files after": tb["files"],
+            "files per tablet after (max)": tb["files_per_tablet"]["max"],
+            **{f"compactions run ({g})": s["compactions_committed"] for g, s in status["groups"].items()},
+            "bytes written by compactions": counters.get("bytes_written", 0),
+            "dead compactions": counters.get("dead_compactions", 0),
+            "ingest rate (entries/s)": round(ingest.stats.entries / max(ingest_wall, 1e-9)),
+            "wall time (s)": round(time.monotonic() - started, 1),
+            "queues drained": drained,
+            "verified": "yes" if verified else "no",
+        }
+        return DemoResult(verified, summary, status)
+    finally:
+        stop_scaler.set()
+        cluster.stop()
+
+
+def print_summary(result: DemoResult) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="kompaktor demo — summary")
+    t.add_column("measure")
+    t.add_column("value", justify="right")
+    for k, v in result.summary.items():
+        t.add_row(k, f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v))
+    Console().print(t)
