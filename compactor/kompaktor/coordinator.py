@@ -120,8 +120,8 @@ class Coordinator:
     def plan_tablets(self, tablets: list[Tablet], gen: int) -> int:
         tables, services, active, skip = self._context()
         now = now_ms()
-        queued = 0
         remove: list[str] = []
+        plans: list[tuple[str, list]] = []
         for t in tablets:
             info = tables.get(t.table)
             if info is None or info.state != ONLINE:
@@ -132,7 +132,8 @@ class Coordinator:
             if tp.select:
                 self._select(t, tp.select, "SELECTOR", f"SEL-{t.version}-{now}")
             if tp.jobs:
-                queued += self.queues.add(t.id, tp.jobs, gen)
+                plans.append((t.id, tp.jobs))
+        queued = self.queues.add_many(plans, gen) if plans else 0
         if remove:
             self.queues.remove_tablets(remove)
         self.stats["queued"] += queued

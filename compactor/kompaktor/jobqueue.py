@@ -129,6 +129,28 @@ class JobQueues:
             admitted += int(self._add(args=[group, tablet, gen, mx, now, payload]))
         return admitted
 
+    def add_many(self, plans: Sequence[tuple[str, Sequence[Job]]], gen: int | None = None,
+                 chunk: int = 2000) -> int:
+        """:meth:`add` for many tablets, pipelined (one round trip per ``chunk`` tablets)."""
+        gen = self.generation() if gen is None else gen
+        mx = self.max_size()
+        now = int(time.time() * 1000)
+        admitted = 0
+        calls: list[tuple[str, str, str]] = []
+        for tablet, jobs in plans:
+            by_group: dict[str, list[Job]] = defaultdict(list)
+            for j in jobs:
+                by_group[j.group].append(j)
+            for group, gjobs in by_group.items():
+                calls.append((group, tablet, json.dumps(
+                    [{"priority": j.priority, "nfiles": len(j.files), "job": j.to_json()} for j in gjobs])))
+        for i in range(0, len(calls), chunk):
+            pipe = self.r.pipeline(transaction=False)
+            for group, tablet, payload in calls[i:i + chunk]:
+                self._add(args=[group, tablet, gen, mx, now, payload], client=pipe)
+            admitted += sum(int(x) for x in pipe.execute())
+        return admitted
+
     def poll(self, group: str) -> Job | None:
         raw = self._poll(args=[group])
         return None if raw is None else Job.from_json(json.loads(raw))
