@@ -128,11 +128,17 @@ class Client:
         return srcs
 
     def scan(self, table: str, start: bytes | None = None, end: bytes | None = None) -> Iterator[Entry]:
-        """The merged view of rows in [start, end] (inclusive; None = unbounded), in key order."""
+        """The merged view of rows in [start, end] (inclusive; None = unbounded), in key order.
+        An unknown table raises here, not at the first ``next()``."""
         info = self.store.table(table)
         settings = IteratorSettings(max_versions=max_versions(info.props))
-        for t in self.store.tablets_in_range(info.id, start, end):
-            yield from merged_view(self.tablet_sources(t, start, end), settings)
+        tablets = self.store.tablets_in_range(info.id, start, end)
+
+        def entries() -> Iterator[Entry]:
+            for t in tablets:
+                yield from merged_view(self.tablet_sources(t, start, end), settings)
+
+        return entries()
 
 
 def _read_foreign(src: str) -> Iterator[pa.RecordBatch]:
