@@ -1,0 +1,201 @@
+"""Key-range merge planning and the in-process Arrow engine.
+
+A merge is cut into **key ranges on row boundaries**: ``(lo, hi]`` row intervals chosen from the
+inputs' Parquet row-group statistics (the max ``row`` of each row group, weighted by its entry
+count), so every range holds about the same number of entries. A column key's versions share
+its row, so no range boundary ever separates them, and each range can be merged on its own:
+read the rows in ``(lo, hi]`` from every input (row-group statistics prune what is read), merge
+and apply the iterator stack with :mod:`kompaktor.arrowstack`. Concatenating the ranges in
+order gives exactly ``merged_view`` of the whole inputs.
+
+The Arrow engine runs the ranges one after the other in this process and streams each into
+the output file, so its memory is bounded by the range size, not the job size; the Spark
+engine (:mod:`kompaktor.sparkmerge`) runs the same ranges as Spark tasks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import threading
+import time
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from kompaktor.arrowstack import first_unsorted, merge_tables
+from kompaktor.engine import MergeCancelled, MergeRequest, MergeResult, ProgressFn
+from kompaktor.errors import BadFileError, UnsortedError
+from kompaktor.iterators import IteratorSettings
+from kompaktor.sortedfile import SortedFileWriter, conform, read_table
+from kompaktor.storage import Storage
+
+Bound = bytes | None
+#: entries per key range for the in-process engine (bounds its memory: ~5x the range's data).
+ARROW_RANGE_ENTRIES = 1_000_000
+
+
+@dataclass(frozen=True)
+class InputMeta:
+    path: str
+    size: int
+    entries: int
+    #: (max row, entries) of each row group, when the file has row statistics
+    groups: tuple[tuple[bytes, bytes, int], ...]  # (min row, max row, entries)
+    has_stats: bool
+
+
+def _as_bytes(v) -> bytes:
+    return v.encode() if isinstance(v, str) else bytes(v)
+
+
+def inspect_inputs(storage: Storage, inputs: tuple[str, ...] | list[str]) -> list[InputMeta]:
+    """Open every input's footer: a clear :class:`BadFileError` for a missing, non-Parquet or
+    wrongly-shaped file before any work starts; row-group statistics for planning."""
+    metas = []
+    for path in inputs:
+        try:
+            size = storage.size(path)
+            with storage.fs.open_input_file(storage.path(path)) as f:
+                pf = pq.ParquetFile(f)
+                conform(pf.schema_arrow.empty_table(), path)
+                md = pf.metadata
+        except BadFileError:
+            raise
+        except FileNotFoundError as exc:
+            raise BadFileError(f"{path}: input file not found") from exc
+        except (OSError, pa.ArrowException) as exc:
+            raise BadFileError(f"{path}: not a readable Parquet file: {exc}") from exc
+        row_col = next((i for i in range(md.num_columns) if md.schema.column(i).path == "row"), None)
+        groups, has_stats = [], row_col is not None
+        for g in range(md.num_row_groups):
+            rg = md.row_group(g)
+            st = rg.column(row_col).statistics if row_col is not None else None
+            if st is None or not st.has_min_max:
+                has_stats = False
+                continue
+            groups.append((_as_bytes(st.min), _as_bytes(st.max), rg.num_rows))
+        metas.append(InputMeta(path, size, md.num_rows, tuple(groups), has_stats))
+    return metas
+
+
+def _overlaps(lo_row: bytes, hi_row: bytes, prev: Bound, end: Bound) -> bool:
+    return (prev is None or hi_row > prev) and (end is None or lo_row <= end)
+
+
+def estimate_entries(metas: list[InputMeta], prev: Bound, end: Bound) -> int:
+    """Entries of the inputs in rows (prev, end], counted by whole row groups (an upper bound)."""
+    total = 0
+    for m in metas:
+        if not m.has_stats:
+            total += m.entries
+        else:
+            total += sum(n for lo, hi, n in m.groups if _overlaps(lo, hi, prev, end))
+    return total
+
+
+def plan_ranges(metas: list[InputMeta], prev: Bound, end: Bound, target_entries: int) -> list[tuple[Bound, Bound]]:
+    """Cut (prev, end] into consecutive row ranges (lo, hi] of about ``target_entries`` each.
+
+    Cut points are row-group max rows (so a range rarely starts in the middle of a row group
+    of every input); any cut is *correct*, statistics only decide the balance."""
+    total = estimate_entries(metas, prev, end)
+    if total <= target_entries:
+        return [(prev, end)]
+    cands: list[tuple[bytes, int]] = []
+    for m in metas:
+        cands.extend((hi, n) for lo, hi, n in m.groups if _overlaps(lo, hi, prev, end))
+    cands.sort()
+    k = math.ceil(total / target_entries)
+    step = total / k
+    cuts: list[bytes] = []
+    acc = 0
+    for row, n in cands:
+        acc += n
+        if acc >= total:
+            break  # a cut at the very last row would leave an empty range
+        if acc >= step * (len(cuts) + 1) and len(cuts) < k - 1:
+            if (prev is not None and row <= prev) or (end is not None and row >= end):
+                continue
+            if cuts and row <= cuts[-1]:
+                continue
+            cuts.append(row)
+    bounds: list[Bound] = [prev, *cuts, end]
+    return list(itertools.pairwise(bounds))
+
+
+def read_range(storage: Storage, path: str, lo: Bound, hi: Bound) -> pa.Table:
+    """An input's entries in rows (lo, hi], in the file schema; BadFileError when unreadable or
+    out of key order."""
+    try:
+        table = read_table(storage, path, lo, hi)
+    except FileNotFoundError as exc:
+        raise BadFileError(f"{path}: input file not found") from exc
+    bad = first_unsorted(table)
+    if bad is not None:
+        raise UnsortedError(f"{path}: entries are not in key order (at row {bad} of the range after {lo!r})")
+    return table
+
+
+def merge_range(storage: Storage, inputs: tuple[str, ...] | list[str], lo: Bound, hi: Bound,
+                settings: IteratorSettings) -> tuple[pa.Table, int]:
+    """Merge one key range of the inputs (oldest first); returns (output table, entries read)."""
+    tables = [read_range(storage, p, lo, hi) for p in inputs]
+    read = sum(t.num_rows for t in tables)
+    return merge_tables(tables, settings), read
+
+
+def progress_dict(entries_read: int, entries_written: int, bytes_read: int, bytes_written: int,
+                  parts_done: int, parts: int, started: float) -> dict:
+    return {"entries_read": entries_read, "entries_written": entries_written, "bytes_read": bytes_read,
+            "bytes_written": bytes_written, "parts_done": parts_done, "parts": parts,
+            "elapsed_s": round(time.monotonic() - started, 3)}
+
+
+def writer_position(w: SortedFileWriter) -> int:
+    try:
+        return int(w._sink.tell())
+    except Exception:
+        return 0
+
+
+class ArrowMergeEngine:
+    """In-process engine: the key ranges of the plan merged one after the other with Arrow."""
+
+    name = "arrow"
+
+    def __init__(self, range_entries: int = ARROW_RANGE_ENTRIES) -> None:
+        self.range_entries = range_entries
+
+    def merge(self, storage: Storage, req: MergeRequest, *, progress: ProgressFn | None = None,
+              cancel: threading.Event | None = None) -> MergeResult:
+        started = time.monotonic()
+        if cancel is not None and cancel.is_set():
+            raise MergeCancelled(f"merge into {req.output} cancelled before it started")
+        metas = inspect_inputs(storage, req.inputs)
+        bytes_in = sum(m.size for m in metas)
+        ranges = plan_ranges(metas, req.prev, req.end, self.range_entries)
+        report = progress or (lambda d: None)
+        read = written = 0
+        report(progress_dict(0, 0, 0, 0, 0, len(ranges), started))
+        w = SortedFileWriter(storage, req.output, tmp_tag=req.tmp_tag)
+        try:
+            for i, (lo, hi) in enumerate(ranges):
+                if cancel is not None and cancel.is_set():
+                    raise MergeCancelled(f"merge into {req.output} cancelled after {i} of {len(ranges)} parts")
+                out, n = merge_range(storage, req.inputs, lo, hi, req.settings)
+                w.write_table(out, checked=True)
+                read += n
+                written += out.num_rows
+                report(progress_dict(read, written, round(bytes_in * (i + 1) / len(ranges)),
+                                     writer_position(w), i + 1, len(ranges), started))
+            if cancel is not None and cancel.is_set():
+                raise MergeCancelled(f"merge into {req.output} cancelled before commit")
+            info = w.commit()
+        except BaseException:
+            w.abort()
+            raise
+        report(progress_dict(read, written, bytes_in, info.size, len(ranges), len(ranges), started))
+        return MergeResult(info=info, entries_read=read, entries_written=written, bytes_read=bytes_in,
+                           bytes_written=info.size)
