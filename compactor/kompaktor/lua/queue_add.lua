@@ -51,7 +51,14 @@ for _, j in ipairs(jobs) do
       local lj = cjson.decode(redis.call('HGET', jk, last))
       redis.call('ZREM', qk, last)
       redis.call('HDEL', jk, last)
-      drop_from_index(lj.tablet, last)
+      if lj.tablet == tablet then
+        -- one of this add's own jobs: it is no longer queued, so not in the tablet's index
+        for i, m in ipairs(admitted) do
+          if m == last then table.remove(admitted, i); break end
+        end
+      else
+        drop_from_index(lj.tablet, last)
+      end
       redis.call('HINCRBY', sk, 'rejected', 1)
     end
   end

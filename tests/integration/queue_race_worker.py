@@ -1,0 +1,29 @@
+"""Code run in spawned processes by test_jobqueue.py's reserve races (a plain module so that
+multiprocessing's spawn start method can import it in the child)."""
+
+from __future__ import annotations
+
+
+def reserve_all(url: str, groups: list[str], compactor: str, barrier) -> list[tuple[str, str, list[str]]]:
+    """Reserve from ``groups`` (round robin) until every one is empty; returns (ecid, tablet,
+    files) of each reservation."""
+    from kompaktor import compactions
+    from kompaktor.jobqueue import JobQueues
+    from kompaktor.store import MetadataStore
+
+    store = MetadataStore.from_url(url)
+    try:
+        queues = JobQueues(store.r)
+        barrier.wait(timeout=60)
+        got: list[tuple[str, str, list[str]]] = []
+        live = list(groups)
+        while live:
+            for g in list(live):
+                res = compactions.reserve(store, queues, g, compactor)
+                if res is None:
+                    live.remove(g)
+                else:
+                    got.append((res.ecid, res.tablet, list(res.inputs)))
+        return got
+    finally:
+        store.r.close()
