@@ -1,0 +1,170 @@
+"""The only operator module that talks to Redis (through the core's store and queues).
+
+Owns: a small ``Backend`` the handlers call — store service/group configs, read the
+compactors' heartbeats and queue figures, ask a compactor to drain, start/track/cancel user
+compactions — and its Redis implementation over ``kompaktor.store`` / ``kompaktor.jobqueue`` /
+``kompaktor.usercompaction``. Tests may install another backend with ``set_backend``.
+Errors reaching Redis surface as ``BackendUnavailable`` (handlers retry them).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from kompaktor_operator.scaling import CompactorView
+
+#: A heartbeat older than this is no heartbeat: the pod is treated as having no compactor.
+HEARTBEAT_STALE_SECONDS = 60.0
+
+
+class BackendUnavailable(Exception):
+    """Redis could not be reached or answered with an error; try again later."""
+
+
+class CompactionRejected(Exception):
+    """The store refused to start a user compaction (unknown or offline table, bad iterators)."""
+
+
+@dataclass(frozen=True)
+class QueueFigures:
+    queued: int = 0
+    running: int = 0
+    rejected: int = 0
+    dead_lettered: int = 0
+    oldest_age_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Progress:
+    phase: str  # a CompactionPhase value
+    tablets_done: int
+    tablets_total: int
+    message: str = ""
+
+
+class Backend(Protocol):
+    def put_service(self, cfg: Any) -> None: ...
+    def delete_service(self, name: str) -> None: ...
+    def put_group(self, cfg: Any) -> None: ...
+    def delete_group(self, name: str) -> None: ...
+    def compactors(self, group: str) -> dict[str, CompactorView]: ...
+    def request_drain(self, compactor_id: str) -> None: ...
+    def queue_figures(self, group: str) -> QueueFigures: ...
+    def start_compaction(self, request_id: str, table: str, start_row: bytes | None, end_row: bytes | None,
+                         iterators: dict[str, Any]) -> str: ...
+    def compaction_progress(self, compaction_id: str) -> Progress: ...
+    def cancel_compaction(self, compaction_id: str) -> None: ...
+
+
+_PHASES = {"RUNNING": "Running", "SUCCEEDED": "Succeeded", "CANCELLED": "Cancelled", "FAILED": "Failed",
+           "SELECTING": "Selecting", "PENDING": "Pending"}
+
+
+class RedisBackend:
+    """The Backend over the core's Redis store."""
+
+    def __init__(self, url: str) -> None:
+        from kompaktor.jobqueue import JobQueues
+        from kompaktor.store import MetadataStore
+
+        self.url = url
+        self.store = MetadataStore.from_url(url)
+        self.queues = JobQueues(self.store.r)
+
+    def _call(self, fn, *args, **kwargs):
+        import redis
+
+        try:
+            return fn(*args, **kwargs)
+        except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError) as exc:
+            raise BackendUnavailable(f"Redis at {self.url.split('@')[-1]} is unavailable: {exc}") from exc
+
+    def put_service(self, cfg: Any) -> None:
+        self._call(self.store.put_service, cfg)
+
+    def delete_service(self, name: str) -> None:
+        self._call(self.store.delete_service, name)
+
+    def put_group(self, cfg: Any) -> None:
+        self._call(self.store.put_group, cfg)
+
+    def delete_group(self, name: str) -> None:
+        self._call(self.store.delete_group, name)
+
+    def compactors(self, group: str) -> dict[str, CompactorView]:
+        now = time.time()
+        out = {}
+        for info in self._call(self.store.compactors, group):
+            if now - info.last_seen <= HEARTBEAT_STALE_SECONDS:
+                out[info.id] = CompactorView(id=info.id, state=info.state, ecid=info.ecid)
+        return out
+
+    def request_drain(self, compactor_id: str) -> None:
+        self._call(self.store.request_drain, compactor_id)
+
+    def queue_figures(self, group: str) -> QueueFigures:
+        s = self._call(self.queues.stats, group)
+        return QueueFigures(queued=s.queued, running=s.running, rejected=s.rejected,
+                            dead_lettered=s.dead_lettered, oldest_age_s=float(s.oldest_age_s))
+
+    def _request_key(self, request_id: str) -> str:
+        from kompaktor import contract
+
+        return f"{contract.PREFIX}operator:compaction:{request_id}"
+
+    def start_compaction(self, request_id: str, table: str, start_row: bytes | None, end_row: bytes | None,
+                         iterators: dict[str, Any]) -> str:
+        """Start once per request id (the Compaction's uid): a replayed handler gets the same id."""
+        from kompaktor import usercompaction
+        from kompaktor.errors import KompaktorError
+
+        key = self._request_key(request_id)
+        known = self._call(self.store.r.get, key)
+        if known:
+            return known.decode()
+        try:
+            cid = self._call(usercompaction.start, self.store, table, start_row, end_row, iterators)
+        except (KompaktorError, ValueError, KeyError) as exc:
+            raise CompactionRejected(str(exc)) from exc
+        if not self._call(self.store.r.set, key, cid, nx=True, ex=30 * 86400):
+            # Another run won the race: keep its compaction, cancel ours.
+            self._call(usercompaction.cancel, self.store, cid, "duplicate start")
+            return self._call(self.store.r.get, key).decode()
+        return cid
+
+    def compaction_progress(self, compaction_id: str) -> Progress:
+        from kompaktor import usercompaction
+
+        uc = self._call(usercompaction.get, self.store, compaction_id)
+        return Progress(phase=_PHASES.get(uc.state, "Running"), tablets_done=uc.done,
+                        tablets_total=uc.total, message=uc.message)
+
+    def cancel_compaction(self, compaction_id: str) -> None:
+        from kompaktor import usercompaction
+
+        self._call(usercompaction.cancel, self.store, compaction_id, "the Compaction resource was deleted")
+
+
+_backend: Backend | None = None
+
+
+def set_backend(backend: Backend | None) -> None:
+    global _backend
+    _backend = backend
+
+
+def backend() -> Backend:
+    """The process's backend; a RedisBackend on KOMPAKTOR_REDIS_URL unless one was set."""
+    global _backend
+    if _backend is None:
+        url = os.environ.get("KOMPAKTOR_REDIS_URL")
+        if not url:
+            raise BackendUnavailable("KOMPAKTOR_REDIS_URL is not set")
+        try:
+            _backend = RedisBackend(url)
+        except Exception as exc:  # the store connects (with retries) on construction
+            raise BackendUnavailable(f"cannot connect to Redis: {exc}") from exc
+    return _backend

@@ -1,0 +1,180 @@
+"""Run the operator in-process (kopf) against kmock's Kubernetes emulator, with a fake Redis backend.
+
+Known from the prototype (STYLE.md §7): kopf needs a login handler returning kmock's URL, every
+resource declared in discovery, scanning disabled (kmock answers 500 to namespace listings),
+and handlers may run twice — so children are created-or-patched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+import pytest
+import pytest_asyncio
+from kompaktor_operator import depth, handlers, kube
+from kompaktor_operator.config import OperatorConfig
+from kompaktor_operator.scaling import CompactorView
+
+NS = "kompaktor"
+CRDS = ["compactionservices", "compactorgroups", "compactions"]
+BUILTIN = {
+    "apps/v1/deployments": ("Deployment", True),
+    "v1/services": ("Service", True),
+    "v1/pods": ("Pod", True),
+    "autoscaling/v2/horizontalpodautoscalers": ("HorizontalPodAutoscaler", True),
+    "keda.sh/v1alpha1/scaledobjects": ("ScaledObject", True),
+    "v1/namespaces": ("Namespace", False),
+    "apiextensions.k8s.io/v1/customresourcedefinitions": ("CustomResourceDefinition", False),
+}
+KINDS = {"compactionservices": "CompactionService", "compactorgroups": "CompactorGroup", "compactions": "Compaction"}
+
+
+@dataclass
+class FakeBackend:
+    """An in-memory stand-in for Redis (fakes over mocks): records what the operator asked."""
+
+    services: dict[str, Any] = field(default_factory=dict)
+    groups: dict[str, Any] = field(default_factory=dict)
+    heartbeats: dict[str, dict[str, CompactorView]] = field(default_factory=dict)
+    figures: dict[str, depth.QueueFigures] = field(default_factory=dict)
+    drained: list[str] = field(default_factory=list)
+    compactions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    started: list[str] = field(default_factory=list)
+    cancelled: list[str] = field(default_factory=list)
+    unavailable: bool = False
+
+    def _check(self) -> None:
+        if self.unavailable:
+            raise depth.BackendUnavailable("fake Redis is down")
+
+    def put_service(self, cfg: Any) -> None:
+        self._check()
+        self.services[cfg.name] = cfg
+
+    def delete_service(self, name: str) -> None:
+        self.services.pop(name, None)
+
+    def put_group(self, cfg: Any) -> None:
+        self._check()
+        self.groups[cfg.name] = cfg
+
+    def delete_group(self, name: str) -> None:
+        self.groups.pop(name, None)
+
+    def compactors(self, group: str) -> dict[str, CompactorView]:
+        self._check()
+        return dict(self.heartbeats.get(group, {}))
+
+    def request_drain(self, compactor_id: str) -> None:
+        self.drained.append(compactor_id)
+        for beats in self.heartbeats.values():
+            if compactor_id in beats:
+                old = beats[compactor_id]
+                beats[compactor_id] = CompactorView(old.id, "draining", old.ecid)
+
+    def queue_figures(self, group: str) -> depth.QueueFigures:
+        self._check()
+        return self.figures.get(group, depth.QueueFigures())
+
+    def start_compaction(self, request_id, table, start_row, end_row, iterators) -> str:
+        self._check()
+        if table == "missing":
+            raise depth.CompactionRejected("unknown table 'missing'")
+        for cid, c in self.compactions.items():
+            if c["request_id"] == request_id:
+                return cid
+        cid = f"UC-{len(self.compactions) + 1:06d}"
+        self.compactions[cid] = {"request_id": request_id, "table": table, "rows": (start_row, end_row),
+                                 "iterators": iterators, "state": "Running", "done": 0, "total": 3}
+        self.started.append(cid)
+        return cid
+
+    def compaction_progress(self, cid: str) -> depth.Progress:
+        c = self.compactions[cid]
+        return depth.Progress(c["state"], c["done"], c["total"], c.get("message", ""))
+
+    def cancel_compaction(self, cid: str) -> None:
+        self.cancelled.append(cid)
+        self.compactions[cid]["state"] = "Cancelled"
+
+
+async def eventually(check: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+    """Poll ``check`` until it returns a truthy value (or stops raising AssertionError/KeyError)."""
+    deadline = time.monotonic() + timeout
+    last: BaseException | None = None
+    while time.monotonic() < deadline:
+        try:
+            result = check()
+            if result:
+                return result
+        except (AssertionError, KeyError, TypeError, IndexError, StopIteration) as exc:
+            last = exc
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}: {last!r}")
+
+
+@pytest.fixture
+def backend() -> FakeBackend:
+    fake = FakeBackend()
+    depth.set_backend(fake)
+    yield fake
+    depth.set_backend(None)
+
+
+@pytest_asyncio.fixture
+async def operator(kmock, backend: FakeBackend, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Any]:
+    monkeypatch.setattr(handlers, "RETRY_DELAY", 0.3)
+    for plural in CRDS:
+        kmock.resources[f"kompaktor.io/v1alpha1/{plural}"] = kopf_resource(KINDS[plural], plural)
+    for key, (kind, namespaced) in BUILTIN.items():
+        kmock.resources[key] = {"kind": kind, "namespaced": namespaced,
+                                "verbs": ["list", "watch", "get", "create", "patch", "delete"]}
+
+    handlers.set_config(OperatorConfig(compactor_image="example.org/compactor:test", scale_interval=0.2,
+                                       status_interval=0.2, prometheus_url="http://prom:9090"))
+    registry = handlers.register(kopf.OperatorRegistry(), login=False)
+
+    @kopf.on.login(registry=registry)
+    def _login(**_: Any) -> kopf.ConnectionInfo:
+        info = kopf.ConnectionInfo(server=str(kmock.url).rstrip("/"))
+        kube.configure(info)
+        return info
+
+    settings = kopf.OperatorSettings()
+    settings.scanning.disabled = True  # kmock 0.8 answers 500 to a namespace listing
+    settings.watching.reconnect_backoff = 0.1
+    settings.networking.request_timeout = 5
+    # kopf cancels every task created after it started, so it gets its own thread and loop
+    # (as kopf.testing.KopfRunner does); kmock keeps serving from the test's loop.
+    stop, ready = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def _main() -> None:
+        try:
+            asyncio.run(handlers.run(namespaces=[NS], registry=registry, settings=settings,
+                                     stop_flag=stop, ready_flag=ready))
+        except BaseException as exc:  # reported at teardown
+            errors.append(exc)
+
+    thread = threading.Thread(target=_main, name="kopf", daemon=True)
+    thread.start()
+    await eventually(ready.is_set, what="operator ready")
+    try:
+        yield kmock
+    finally:
+        stop.set()
+        await eventually(lambda: not thread.is_alive(), timeout=20, what="operator stopped")
+        handlers.set_config(None)
+    assert not errors, errors
+
+
+def kopf_resource(kind: str, plural: str) -> dict[str, Any]:
+    return {"kind": kind, "namespaced": True, "singular": kind.lower(),
+            "verbs": ["list", "watch", "get", "patch", "update", "create", "delete"],
+            "subresources": ["status"] + (["scale"] if kind == "CompactorGroup" else [])}

@@ -1,0 +1,271 @@
+"""The operator under kopf against kmock: children, status, scaling, user compactions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kompaktor_operator import depth, naming
+from kompaktor_operator.scaling import CompactorView
+
+from .conftest import NS, FakeBackend, eventually
+
+pytestmark = [pytest.mark.operator, pytest.mark.asyncio]
+
+GROUPS_RES = "kompaktor.io/v1alpha1/compactorgroups"
+SERVICES_RES = "kompaktor.io/v1alpha1/compactionservices"
+COMPACTIONS_RES = "kompaktor.io/v1alpha1/compactions"
+DEPLOY = "apps/v1/deployments"
+HPA = "autoscaling/v2/horizontalpodautoscalers"
+
+
+def obj(kmock, res: str, name: str) -> dict[str, Any]:
+    o = kmock.objects[res, NS, name]
+    if o.deleted:
+        raise KeyError(name)
+    return o.raw
+
+
+def gone(kmock, res: str, name: str) -> bool:
+    key = (res, NS, name)
+    try:
+        return kmock.objects[key].deleted
+    except KeyError:
+        return True
+
+
+def group_body(name: str, **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "kompaktor.io/v1alpha1", "kind": "CompactorGroup",
+            "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}", "generation": 1,
+                         "resourceVersion": "1"}, "spec": spec}
+
+
+async def test_group_creates_children_and_status(operator, backend: FakeBackend) -> None:
+    kmock = operator
+    kmock.objects[GROUPS_RES, NS, "small"] = group_body("small", minReplicas=2, maxReplicas=6, jobsPerReplica=2)
+
+    dep = await eventually(lambda: obj(kmock, DEPLOY, "kompaktor-small"), what="Deployment")
+    assert dep["spec"]["replicas"] == 2
+    assert dep["metadata"]["ownerReferences"][0]["kind"] == "CompactorGroup"
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[:3] == ["compactor", "--group", "small"]
+    hpa = await eventually(lambda: obj(kmock, HPA, "kompaktor-small"), what="HPA")
+    assert hpa["spec"]["scaleTargetRef"]["kind"] == "CompactorGroup"
+    assert hpa["spec"]["metrics"][0]["external"]["target"]["averageValue"] == "2"
+    await eventually(lambda: obj(kmock, "v1/services", "kompaktor-small-metrics"), what="metrics Service")
+    assert backend.groups["small"].max_replicas == 6
+
+    def ready() -> bool:
+        status = obj(kmock, GROUPS_RES, "small").get("status", {})
+        conds = {c["type"]: c for c in status.get("conditions", [])}
+        return (conds["Ready"]["status"] == "True" and status["observedGeneration"] == 1
+                and status["selector"] == naming.selector("small") and status["replicas"] == 2
+                and "Degraded" in conds)
+
+    await eventually(ready, what="Ready status with replicas and selector")
+    # a second reconcile (kopf may replay) changes nothing and never fails with 409
+    posts = [r for r in list(kmock) if r.method == "POST" and "deployments" in str(r.url)]
+    assert len(posts) == 1
+
+
+async def test_spec_change_patches_children_and_switches_autoscaler(operator, backend: FakeBackend) -> None:
+    kmock = operator
+    kmock.objects[GROUPS_RES, NS, "g"] = group_body("g", maxReplicas=3)
+    await eventually(lambda: obj(kmock, HPA, "kompaktor-g"), what="HPA")
+    kmock.objects[GROUPS_RES, NS, "g"].patch(
+        {"metadata": {"generation": 2}, "spec": {"autoscaler": "keda", "minReplicas": 0, "maxReplicas": 9,
+                                                 "drainGraceSeconds": 42}})
+    so = await eventually(lambda: obj(kmock, "keda.sh/v1alpha1/scaledobjects", "kompaktor-g"), what="ScaledObject")
+    assert so["spec"]["maxReplicaCount"] == 9 and so["spec"]["minReplicaCount"] == 0
+    await eventually(lambda: gone(kmock, HPA, "kompaktor-g"), what="HPA removed")
+
+    def patched() -> bool:
+        pod = obj(kmock, DEPLOY, "kompaktor-g")["spec"]["template"]["spec"]
+        return pod["terminationGracePeriodSeconds"] == 42 + 30
+
+    await eventually(patched, what="Deployment patched")
+
+
+async def test_invalid_group_is_reported_not_crashlooped(operator, backend: FakeBackend) -> None:
+    kmock = operator
+    kmock.objects[GROUPS_RES, NS, "bad"] = group_body("bad", minReplicas=5, maxReplicas=2)
+
+    def failed() -> bool:
+        conds = obj(kmock, GROUPS_RES, "bad")["status"]["conditions"]
+        ready = next(c for c in conds if c["type"] == "Ready")
+        return ready["status"] == "False" and ready["reason"] == "InvalidSpec" and "maxReplicas" in ready["message"]
+
+    await eventually(failed, what="Ready=False InvalidSpec")
+    assert gone(kmock, DEPLOY, "kompaktor-bad")
+
+
+def pod(name: str, group: str, ready: bool = True) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": NS, "labels": naming.selector_labels(group)},
+            "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+async def test_scale_down_drains_idle_compactors_never_busy(operator, backend: FakeBackend) -> None:
+    kmock = operator
+    backend.heartbeats["w"] = {
+        "w-a": CompactorView("w-a", "busy", "ECID-1"),
+        "w-b": CompactorView("w-b", "idle"),
+        "w-c": CompactorView("w-c", "busy", "ECID-2"),
+    }
+    for name in ("w-a", "w-b", "w-c"):
+        kmock.objects["v1/pods", NS, name] = pod(name, "w")
+    kmock.objects[GROUPS_RES, NS, "w"] = group_body("w", minReplicas=1, maxReplicas=5, replicas=3)
+    await eventually(lambda: obj(kmock, DEPLOY, "kompaktor-w")["spec"]["replicas"] == 3, what="3 replicas")
+
+    # the HPA writes spec.replicas through the scale subresource
+    kmock.objects[GROUPS_RES, NS, "w"].patch({"spec": {"replicas": 1}})
+    await eventually(lambda: obj(kmock, DEPLOY, "kompaktor-w")["spec"]["replicas"] == 2,
+                     what="one idle compactor drained and removed")
+    assert backend.drained == ["w-b"]
+    annotations = obj(kmock, "v1/pods", "w-b")["metadata"]["annotations"]
+    assert annotations[naming.POD_DELETION_COST] == naming.VICTIM_DELETION_COST
+    for busy in ("w-a", "w-c"):
+        assert naming.POD_DELETION_COST not in (obj(kmock, "v1/pods", busy)["metadata"].get("annotations") or {})
+
+    status = await eventually(lambda: obj(kmock, GROUPS_RES, "w")["status"], what="status")
+    # the busy ones hold the rest: replicas never fall below the busy count
+    await eventually(lambda: obj(kmock, GROUPS_RES, "w")["status"]["replicas"] == 2, what="status.replicas")
+    replica_patches = [r.data["spec"]["replicas"] for r in list(kmock)
+                       if r.method == "PATCH" and "deployments/kompaktor-w" in str(r.url)
+                       and isinstance(r.data, dict) and "replicas" in r.data.get("spec", {})]
+    assert min(replica_patches) == 2, replica_patches
+    assert status["desiredReplicas"] == 1
+
+    # one busy compactor finishes: it is drained and goes too
+    backend.heartbeats["w"]["w-c"] = CompactorView("w-c", "idle")
+    kmock.objects["v1/pods", NS, "w-b"].patch({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}})
+    await eventually(lambda: obj(kmock, DEPLOY, "kompaktor-w")["spec"]["replicas"] == 1, what="scaled to 1")
+    assert "w-a" not in backend.drained
+
+
+async def test_degraded_when_work_is_queued_and_nothing_is_ready(operator, backend: FakeBackend) -> None:
+    kmock = operator
+    backend.figures["q"] = depth.QueueFigures(queued=7, running=0, oldest_age_s=12.5)
+    kmock.objects[GROUPS_RES, NS, "q"] = group_body("q")
+
+    def degraded() -> bool:
+        status = obj(kmock, GROUPS_RES, "q")["status"]
+        cond = next(c for c in status["conditions"] if c["type"] == "Degraded")
+        return cond["status"] == "True" and cond["reason"] == "NoReadyCompactors" and status["queued"] == 7
+
+    await eventually(degraded, what="Degraded=True")
+    assert obj(kmock, GROUPS_RES, "q")["status"]["oldestQueuedAgeSeconds"] == 12.5
+
+
+async def test_deleting_a_group_removes_children_and_store_entry(operator, backend: FakeBackend) -> None:
+    kmock = operator
+    kmock.objects[GROUPS_RES, NS, "d"] = group_body("d")
+    await eventually(lambda: obj(kmock, HPA, "kompaktor-d"), what="HPA")
+    await eventually(lambda: naming.FINALIZER in obj(kmock, GROUPS_RES, "d")["metadata"].get("finalizers", []),
+                     what="finalizer")
+    kmock.objects[GROUPS_RES, NS, "d"].patch({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}})
+    await eventually(lambda: gone(kmock, DEPLOY, "kompaktor-d") and gone(kmock, HPA, "kompaktor-d"),
+                     what="children deleted")
+    await eventually(lambda: "d" not in backend.groups, what="group removed from the store")
+
+
+async def test_service_stored_with_status_and_missing_group(operator, backend: FakeBackend) -> None:
+    kmock = operator
+    backend.figures["small"] = depth.QueueFigures(queued=4, running=2)
+    kmock.objects[GROUPS_RES, NS, "small"] = group_body("small")
+    kmock.objects[SERVICES_RES, NS, "cs1"] = {
+        "apiVersion": "kompaktor.io/v1alpha1", "kind": "CompactionService",
+        "metadata": {"name": "cs1", "namespace": NS, "uid": "uid-cs1", "generation": 1, "resourceVersion": "1"},
+        "spec": {"tiers": [{"name": "small", "maxSize": "32Mi", "compactorGroup": "small"},
+                           {"name": "large", "compactorGroup": "large"}]}}
+    await eventually(lambda: "cs1" in backend.services, what="service stored")
+    assert backend.services["cs1"].tiers[0].max_size == 33_554_432
+
+    def status_ok() -> bool:
+        st = obj(kmock, SERVICES_RES, "cs1")["status"]
+        conds = {c["type"]: c for c in st["conditions"]}
+        return (st["queued"] == 4 and st["running"] == 2 and conds["Ready"]["status"] == "True"
+                and conds["Degraded"]["reason"] == "CompactorGroupMissing" and "large" in conds["Degraded"]["message"])
+
+    await eventually(status_ok, what="service status")
+
+
+async def test_invalid_service_tiers_are_reported(operator, backend: FakeBackend) -> None:
+    kmock = operator
+    kmock.objects[SERVICES_RES, NS, "bad"] = {
+        "apiVersion": "kompaktor.io/v1alpha1", "kind": "CompactionService",
+        "metadata": {"name": "bad", "namespace": NS, "uid": "uid-bad", "generation": 1, "resourceVersion": "1"},
+        "spec": {"tiers": [{"name": "a", "compactorGroup": "a"}, {"name": "b", "maxSize": "1Gi", "compactorGroup": "b"}]}}
+
+    def failed() -> bool:
+        ready = next(c for c in obj(kmock, SERVICES_RES, "bad")["status"]["conditions"] if c["type"] == "Ready")
+        return ready["status"] == "False" and "only the last tier may be unbounded" in ready["message"]
+
+    await eventually(failed, what="Ready=False")
+    assert "bad" not in backend.services
+
+
+def compaction_body(name: str, **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "kompaktor.io/v1alpha1", "kind": "Compaction",
+            "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}", "generation": 1,
+                         "resourceVersion": "1"}, "spec": spec}
+
+
+async def test_compaction_start_track_succeed(operator, backend: FakeBackend) -> None:
+    kmock = operator
+    kmock.objects[COMPACTIONS_RES, NS, "c1"] = compaction_body(
+        "c1", table="ci", startRow="a", endRow="m", iterators={"ageOff": {"ttlSeconds": 3600}})
+    await eventually(lambda: obj(kmock, COMPACTIONS_RES, "c1")["status"]["compactionId"] == "UC-000001",
+                     what="started")
+    (cid,) = backend.started
+    assert backend.compactions[cid]["rows"] == (b"a", b"m")
+    assert backend.compactions[cid]["iterators"] == {"ageoff_ttl_ms": 3_600_000}
+    backend.compactions[cid]["done"] = 2
+    await eventually(lambda: obj(kmock, COMPACTIONS_RES, "c1")["status"]["tabletsDone"] == 2, what="progress")
+    assert obj(kmock, COMPACTIONS_RES, "c1")["status"]["phase"] == "Running"
+    backend.compactions[cid].update(state="Succeeded", done=3, message="3/3 tablets compacted")
+
+    def done() -> bool:
+        st = obj(kmock, COMPACTIONS_RES, "c1")["status"]
+        return st["phase"] == "Succeeded" and st["tabletsTotal"] == 3 and st["endTime"]
+
+    await eventually(done, what="Succeeded")
+    assert backend.started == [cid], "started exactly once"
+
+
+async def test_compaction_delete_cancels(operator, backend: FakeBackend) -> None:
+    kmock = operator
+    kmock.objects[COMPACTIONS_RES, NS, "c2"] = compaction_body("c2", table="ci")
+    await eventually(lambda: obj(kmock, COMPACTIONS_RES, "c2")["status"]["compactionId"], what="started")
+    await eventually(lambda: naming.FINALIZER in obj(kmock, COMPACTIONS_RES, "c2")["metadata"]["finalizers"],
+                     what="finalizer")
+    kmock.objects[COMPACTIONS_RES, NS, "c2"].patch({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}})
+    await eventually(lambda: backend.cancelled == ["UC-000001"], what="cancelled")
+
+
+async def test_compaction_rejected_by_the_store_fails_cleanly(operator, backend: FakeBackend) -> None:
+    kmock = operator
+    kmock.objects[COMPACTIONS_RES, NS, "c3"] = compaction_body("c3", table="missing")
+
+    def failed() -> bool:
+        st = obj(kmock, COMPACTIONS_RES, "c3")["status"]
+        return st["phase"] == "Failed" and "unknown table" in st["message"]
+
+    await eventually(failed, what="Failed")
+    assert backend.started == []
+
+
+async def test_redis_down_is_retried_not_fatal(operator, backend: FakeBackend) -> None:
+    kmock = operator
+    backend.unavailable = True
+    kmock.objects[GROUPS_RES, NS, "r"] = group_body("r")
+
+    def retrying() -> bool:
+        progress = obj(kmock, GROUPS_RES, "r")["metadata"].get("annotations", {})
+        return any("reconcile" in key and "retries" in value for key, value in progress.items())
+
+    await eventually(retrying, what="kopf records a retry")
+    assert gone(kmock, DEPLOY, "kompaktor-r"), "nothing applied before the group was stored"
+    backend.unavailable = False
+    await eventually(lambda: "r" in backend.groups, what="retried after Redis returned")
+    await eventually(lambda: obj(kmock, DEPLOY, "kompaktor-r"), what="Deployment after the retry")
