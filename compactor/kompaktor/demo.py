@@ -19,7 +19,7 @@ from kompaktor.storage import Storage
 
 @dataclass
 class DemoOptions:
-    entries: int = 150_000
+    entries: int = 200_000
     tablets: int = 4
     compactors: int | None = None  # max compactors per group (overrides the config)
     duration_s: float = 60.0
@@ -37,6 +37,8 @@ class DemoResult:
     verified: bool
     summary: dict[str, Any]
     status: dict[str, Any] = field(default_factory=dict)
+    #: (seconds, entries ingested, average files per tablet, compactions committed), sampled
+    samples: list[tuple[float, int, float, int]] = field(default_factory=list)
 
 
 def _apply_compactors(cfg: LocalConfig, n: int | None) -> LocalConfig:
@@ -79,6 +81,7 @@ def run_demo(opts: DemoOptions) -> DemoResult:
     stop_scaler = threading.Event()
     status: dict[str, Any] = {}
     max_files_seen = 0
+    samples: list[tuple[float, int, float, int]] = []
     try:
         cluster.start()
         store = cluster.store
@@ -103,6 +106,11 @@ def run_demo(opts: DemoOptions) -> DemoResult:
                 status = gather(store)
                 for tb in status["tables"].values():
                     max_files_seen = max(max_files_seen, tb["files_per_tablet"]["max"])
+                tb = status["tables"].get(opts.table)
+                if tb is not None:
+                    samples.append((round(time.monotonic() - started, 2), ingest.stats.entries,
+                                    tb["files"] / max(1, tb["tablets"]),
+                                    sum(g["compactions_committed"] for g in status["groups"].values())))
                 if opts.live:
                     live.update(_progress_table(ingest.stats, status, phase, time.monotonic() - started),
                                 refresh=True)
@@ -153,7 +161,7 @@ def run_demo(opts: DemoOptions) -> DemoResult:
             "queues drained": drained,
             "verified": "yes" if verified else "no",
         }
-        return DemoResult(verified, summary, status)
+        return DemoResult(verified, summary, status, samples)
     finally:
         stop_scaler.set()
         cluster.stop()

@@ -78,13 +78,19 @@ class ContinuousIngest:
         return len(entries)
 
     def run(self, *, entries: int, duration_s: float, should_stop: Callable[[], bool] = lambda: False,
-            on_flush: Callable[[IngestStats], None] = lambda s: None, pause_s: float = 0.0) -> IngestStats:
-        deadline = time.monotonic() + duration_s
+            on_flush: Callable[[IngestStats], None] = lambda s: None, paced: bool = True) -> IngestStats:
+        """Ingest until ``entries`` are written or ``duration_s`` passes. Paced: spread the entries
+        evenly over the duration (a steady ingest rate, as in a continuous-ingest test)."""
+        start = time.monotonic()
+        deadline = start + duration_s
+        rate = entries / duration_s
         while self.stats.entries < entries and time.monotonic() < deadline and not should_stop():
             self.flush_once()
             on_flush(self.stats)
-            if pause_s:
-                time.sleep(pause_s)
+            if paced:
+                due = start + self.stats.entries / rate
+                while not should_stop() and time.monotonic() < min(due, deadline):
+                    time.sleep(min(0.05, max(0.0, due - time.monotonic())))
         return self.stats
 
 

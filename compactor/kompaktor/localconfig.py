@@ -41,7 +41,7 @@ spec:
   maxFilesPerTablet: 15
   tables: ["*"]
   tiers:
-    - {name: small, maxSize: 2Mi, compactorGroup: small}
+    - {name: small, maxSize: 512Ki, compactorGroup: small}
     - {name: large, compactorGroup: large}
 ---
 apiVersion: kompaktor.io/v1alpha1

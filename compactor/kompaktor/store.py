@@ -63,8 +63,9 @@ class FileMeta:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> FileMeta:
-        return cls(d["size"], d["entries"], d.get("deletes", 0), decode_row(d.get("first")),
-                   decode_row(d.get("last")))
+        first, last = d.get("first"), d.get("last")
+        return cls(d["size"], d["entries"], d.get("deletes", 0), bytes.fromhex(first) if first is not None else None,
+                   bytes.fromhex(last) if last is not None else None)
 
 
 @dataclass(frozen=True)

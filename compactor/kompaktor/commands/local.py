@@ -40,10 +40,11 @@ def up(config_path, redis_url: str | None, data_dir: str) -> None:
 
 
 @click.command()
-@click.option("--entries", type=int, default=150_000, show_default=True, help="Entries to ingest.")
+@click.option("--entries", type=int, default=200_000, show_default=True,
+              help="Entries to ingest, spread evenly over --duration.")
 @click.option("--tablets", type=int, default=4, show_default=True, help="Tablets of the demo table.")
 @click.option("--compactors", type=int, default=None, help="Most compactor processes per group.")
-@click.option("--duration", type=float, default=60.0, show_default=True, help="Most seconds of ingest.")
+@click.option("--duration", type=float, default=60.0, show_default=True, help="Seconds of ingest.")
 @click.option("--batch", type=int, default=1500, show_default=True, help="Entries per flush.")
 @click.option("--config", "config_path", type=click.File("r"), default=None, help="Local YAML (as for `up`).")
 @click.option("--data-dir", default=None, help="Keep data here (default: a temporary directory).")

@@ -1,0 +1,104 @@
+"""Queue throughput under load (issues 4 §6 and 8 §4): P client processes (default 8) each run
+reserve + commit round trips against one local Redis. Checks that no job is reserved twice and
+none is lost; reports round trips per second and p50/p99 latency. Aim: 2,000 round trips/s."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import time
+
+from bench.common import percentile, start_redis, write_csv
+
+
+def _worker(url: str, group: str, out: mp.Queue) -> None:
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    sys.path[:0] = [str(root / "compactor"), str(root / "operator")]
+    from kompaktor import compactions
+    from kompaktor.jobqueue import JobQueues
+    from kompaktor.sortedfile import FileInfo
+    from kompaktor.store import MetadataStore
+
+    store = MetadataStore.from_url(url)
+    queues = JobQueues(store.r)
+    lat: list[float] = []
+    ecids: list[str] = []
+    reserved_files: list[list[str]] = []
+    while True:
+        t0 = time.perf_counter()
+        res = compactions.reserve(store, queues, group, f"bench-{mp.current_process().pid}")
+        if res is None:
+            break
+        info = FileInfo(res.output, 1000, 10, 0, (b"a",), (b"b",))
+        compactions.commit(store, res, info)
+        lat.append(time.perf_counter() - t0)
+        ecids.append(res.ecid)
+        reserved_files.append(list(res.inputs))
+    out.put(json.dumps({"lat": lat, "ecids": ecids, "files": reserved_files}))
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--jobs", type=int, default=10_000)
+    ap.add_argument("--procs", type=int, default=8)
+    args = ap.parse_args(argv)
+    from kompaktor.jobqueue import Job, JobQueues
+    from kompaktor.store import MetadataStore
+
+    redis = start_redis()
+    try:
+        store = MetadataStore.from_url(redis.url)
+        queues = JobQueues(store.r)
+        queues.resize(max(args.jobs, 1))
+        splits = [format(i, "06x").encode() for i in range(1, args.jobs)]
+        tid = store.create_table("qbench", splits)
+        ids = store.tablet_ids(tid)
+        pipe = store.r.pipeline(transaction=False)
+        from kompaktor import contract as C
+
+        prev = None
+        for n, (tablet_id, end) in enumerate(zip(ids, [*splits, None], strict=True)):
+            fs = {f"tables/{tid}/F{n:07x}{k}.parquet": {"size": 1000, "entries": 10, "deletes": 0} for k in range(3)}
+            pipe.set(C.tablet_key(tablet_id), json.dumps({
+                "table": tid, "prev": None if prev is None else prev.hex(),
+                "end": None if end is None else end.hex(), "files": fs, "running": {}, "v": 1}))
+            prev = end
+        pipe.execute()
+        queues.add_many([(t, [Job(t, "SYSTEM", -32000, "g", {f"tables/{tid}/F{n:07x}{k}.parquet": 1000
+                                                            for k in range(3)})])
+                         for n, t in enumerate(ids)])
+        ctx = mp.get_context("spawn")
+        out: mp.Queue = ctx.Queue()
+        procs = [ctx.Process(target=_worker, args=(redis.url, "g", out)) for _ in range(args.procs)]
+        t0 = time.perf_counter()
+        for p in procs:
+            p.start()
+        results = [json.loads(out.get(timeout=600)) for _ in procs]
+        wall = time.perf_counter() - t0
+        for p in procs:
+            p.join()
+        lat = [x for r in results for x in r["lat"]]
+        ecids = [e for r in results for e in r["ecids"]]
+        files = [f for r in results for fl in r["files"] for f in fl]
+        twice = len(files) - len(set(files))
+        lost = args.jobs - len(ecids)
+        row = {"procs": args.procs, "jobs": args.jobs, "round_trips": len(lat), "wall_s": round(wall, 2),
+               "round_trips_per_s": round(len(lat) / wall), "p50_ms": round(percentile(lat, 0.5) * 1000, 2),
+               "p99_ms": round(percentile(lat, 0.99) * 1000, 2), "reserved_twice": twice, "lost": lost}
+        print(f"queue: {args.procs} processes, {len(lat):,} reserve+commit round trips in {wall:.1f}s wall "
+              f"(includes process start-up) = {row['round_trips_per_s']:,}/s; p50 {row['p50_ms']} ms, "
+              f"p99 {row['p99_ms']} ms; reserved twice: {twice}, lost: {lost} (aim 2,000/s)")
+        write_csv("queue.csv", [row])
+        if twice or lost:
+            raise SystemExit("queue benchmark found a job reserved twice or lost")
+        return [row]
+    finally:
+        redis.stop()
+
+
+if __name__ == "__main__":
+    main()

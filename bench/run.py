@@ -1,0 +1,39 @@
+"""`make bench`: every benchmark, each printing figures measured in this run.
+
+Set KOMPAKTOR_BENCH_QUICK=1 for a short smoke run (smaller sizes)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from bench import common  # noqa: F401 — puts the packages on sys.path
+
+
+def main() -> None:
+    quick = os.environ.get("KOMPAKTOR_BENCH_QUICK") == "1"
+    from bench import ingest_bench, merge_bench, planning_bench, queue_bench
+
+    runs = [
+        ("planner", planning_bench.main, ["--tablets", "5000"] if quick else []),
+        ("queues", queue_bench.main, ["--jobs", "2000"] if quick else []),
+        ("merge engines", merge_bench.main, ["--entries", "200000"] if quick else []),
+        ("end-to-end ingest", ingest_bench.main, ["--entries", "60000", "--duration", "30"] if quick else []),
+    ]
+    failed = []
+    for name, fn, args in runs:
+        print(f"\n=== {name} ===", flush=True)
+        t0 = time.perf_counter()
+        try:
+            fn(args)
+        except SystemExit as exc:
+            if exc.code not in (None, 0):
+                failed.append(f"{name}: {exc.code}")
+        print(f"({name}: {time.perf_counter() - t0:.0f}s)")
+    if failed:
+        sys.exit("benchmarks failed: " + "; ".join(failed))
+
+
+if __name__ == "__main__":
+    main()
