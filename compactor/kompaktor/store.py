@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from importlib import resources
@@ -169,9 +170,9 @@ class Mutation:
             self.table_conds.append(["state_in", list(states)])
         return self
 
-    def to_json(self) -> str:
+    def to_json(self, mutation_id: str | None = None) -> str:
         return json.dumps({
-            "now": now_ms(), "table": self.table, "table_conds": self.table_conds,
+            "id": mutation_id, "now": now_ms(), "table": self.table, "table_conds": self.table_conds,
             "table_ops": self.table_ops,
             "tablets": [{"id": t.tablet_id, "conds": t.conds, "ops": t.ops} for t in self.tablets],
         })
@@ -215,7 +216,9 @@ class MetadataStore:
     def mutate(self, m: Mutation) -> list[int]:
         """Apply a conditional mutation atomically; raise :class:`ConditionFailed` if any condition
         fails (then nothing changed). Returns the new versions of the tablets."""
-        res = json.loads(self.call(self._mutate, args=[m.to_json()]))
+        # One id per call: redis-py resends the same arguments when it retries after a broken
+        # connection, and the script then answers with the first attempt's outcome.
+        res = json.loads(self.call(self._mutate, args=[m.to_json(uuid.uuid4().hex)]))
         if not res["ok"]:
             detail = res.get("detail") or ""
             if res.get("tablet"):

@@ -372,3 +372,39 @@ def test_concurrent_create_table_of_one_name(store: MetadataStore) -> None:
     # the losers left no tables or tablets behind
     assert len([k for k in store.r.keys(C.PREFIX + "tablet:*")]) == 3
     assert len([k for k in store.r.keys(C.PREFIX + "table:*") if k.count(b":") == 2]) == 1
+
+
+# -- retries and number range ------------------------------------------------------------------
+def test_a_resent_mutation_is_not_applied_twice(busy) -> None:
+    """redis-py resends a script call whose connection broke; the first attempt may have been
+    applied. The same mutation id must answer with the first outcome, not be evaluated again
+    (a commit would otherwise be reported as rejected after it succeeded)."""
+    store, tid, ids = busy
+    m = Mutation()
+    m.tablet(ids[1]).require("ecid", "E1").require("files_present", ["f1"]).do("remove_running", "E1").do(
+        "remove_files", ["f1"]).do("add_files", {"A9": {"size": 1, "entries": 1}})
+    raw = m.to_json("the-same-id")
+    first = store.call(store._mutate, args=[raw])
+    version = store.tablet(ids[1]).version
+    assert store.call(store._mutate, args=[raw]) == first  # the resend
+    t = store.tablet(ids[1])
+    assert t.version == version and set(t.files) == {"A9", "f2", "f3"} and t.running == {}
+    # a new call of the same mutation is a new attempt, and is rejected now
+    with pytest.raises(ConditionFailed, match="compaction registered"):
+        store.mutate(m)
+
+
+def test_numbers_round_trip_exactly_through_the_script(store: MetadataStore) -> None:
+    """Redis's Lua cjson keeps 14 significant digits: sizes up to 10**14 - 1 bytes and millisecond
+    timestamps are exact (nanosecond timestamps would not be)."""
+    tid = store.create_table("t")
+    (tablet_id,) = store.tablet_ids(tid)
+    store.add_files("t", {"f": FileMeta(10**14 - 1, 10**13 + 7, 3, b"a", b"b")})
+    m = Mutation()
+    started = 4_102_444_800_000  # 2100-01-01 in ms
+    doc = {**W.running_doc(["f"]), "started": started}
+    m.tablet(tablet_id).require("exists").do("add_running", "E1", doc)
+    store.mutate(m)
+    t = store.tablet(tablet_id)
+    assert t.files["f"] == FileMeta(10**14 - 1, 10**13 + 7, 3, b"a", b"b")
+    assert t.running["E1"].started_ms == started and isinstance(t.files["f"].size, int)

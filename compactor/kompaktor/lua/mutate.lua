@@ -1,5 +1,5 @@
 -- Kompaktor conditional mutation, evaluated atomically inside Redis.
--- ARGV[1] = JSON {now, table?, table_conds?, table_ops?, tablets = [{id, conds, ops}]}
+-- ARGV[1] = JSON {id?, now, table?, table_conds?, table_ops?, tablets = [{id, conds, ops}]}
 -- Every condition of every tablet is checked first; only if all hold are the ops applied.
 -- Returns JSON {ok=true, versions=[...]} or {ok=false, cond=..., tablet=..., detail=...}.
 local P = 'kz:'
@@ -10,6 +10,16 @@ local function fail(cond, tablet, detail)
 end
 
 local function isnull(v) return v == nil or v == cjson.null end
+
+-- Idempotence: the client retries a call whose connection broke, but the first attempt may
+-- have been applied; a mutation id seen before returns the recorded outcome instead of being
+-- evaluated again (which would report a spurious rejection for a mutation that succeeded).
+local done_key = nil
+if not isnull(spec.id) then
+  done_key = P .. 'mut:' .. spec.id
+  local prev = redis.call('GET', done_key)
+  if prev then return prev end
+end
 
 local function running_files(doc)
   local s = {}
@@ -128,6 +138,12 @@ for i, t in ipairs(spec.tablets or {}) do
       end
     elseif name == 'version' then
       if doc.v ~= c[2] then return fail('tablet unchanged', t.id, 'version ' .. tostring(doc.v)) end
+    elseif name == 'range' then
+      -- the tablet still starts after row c[2] (hex, or null for the first tablet): a split or
+      -- merge keeps a tablet's id (its end row) but changes where it starts
+      if isnull(c[2]) ~= isnull(doc.prev) or (not isnull(c[2]) and doc.prev ~= c[2]) then
+        return fail('tablet range unchanged', t.id, 'it now starts after ' .. tostring(doc.prev))
+      end
     else
       return fail('unknown condition', t.id, name)
     end
@@ -253,4 +269,6 @@ for i, t in ipairs(spec.tablets or {}) do
     versions[i] = doc and doc.v or -1
   end
 end
-return cjson.encode({ok = true, versions = versions})
+local result = cjson.encode({ok = true, versions = versions})
+if done_key then redis.call('SET', done_key, result, 'EX', 600) end
+return result
