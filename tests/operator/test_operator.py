@@ -195,7 +195,8 @@ async def test_invalid_service_tiers_are_reported(operator, backend: FakeBackend
     kmock.objects[SERVICES_RES, NS, "bad"] = {
         "apiVersion": "kompaktor.io/v1alpha1", "kind": "CompactionService",
         "metadata": {"name": "bad", "namespace": NS, "uid": "uid-bad", "generation": 1, "resourceVersion": "1"},
-        "spec": {"tiers": [{"name": "a", "compactorGroup": "a"}, {"name": "b", "maxSize": "1Gi", "compactorGroup": "b"}]}}
+        "spec": {"tiers": [{"name": "a", "compactorGroup": "a"},
+                           {"name": "b", "maxSize": "1Gi", "compactorGroup": "b"}]}}
 
     def failed() -> bool:
         ready = next(c for c in obj(kmock, SERVICES_RES, "bad")["status"]["conditions"] if c["type"] == "Ready")

@@ -1,0 +1,70 @@
+{{/* Chart name, truncated to 63 characters. */}}
+{{- define "kompaktor.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name: release-chart unless the release name already holds the chart name. */}}
+{{- define "kompaktor.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "kompaktor.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "kompaktor.labels" -}}
+helm.sh/chart: {{ include "kompaktor.chart" . }}
+{{ include "kompaktor.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: kompaktor
+{{- end }}
+
+{{- define "kompaktor.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "kompaktor.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "kompaktor.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (printf "%s-operator" (include "kompaktor.fullname" .)) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "kompaktor.operatorImage" -}}
+{{- printf "%s:%s" .Values.operator.image.repository (default .Chart.AppVersion .Values.operator.image.tag) }}
+{{- end }}
+
+{{- define "kompaktor.compactorImage" -}}
+{{- printf "%s:%s" .Values.compactor.image.repository (default .Chart.AppVersion .Values.compactor.image.tag) }}
+{{- end }}
+
+{{/* The Secret holding the Redis URL, and its key. */}}
+{{- define "kompaktor.redisSecret" -}}
+{{- if and (not .Values.redis.bundled) .Values.redis.external.existingSecret }}
+{{- .Values.redis.external.existingSecret }}
+{{- else }}
+{{- printf "%s-redis" (include "kompaktor.fullname" .) }}
+{{- end }}
+{{- end }}
+
+{{- define "kompaktor.redisSecretKey" -}}
+{{- if and (not .Values.redis.bundled) .Values.redis.external.existingSecret }}
+{{- .Values.redis.external.existingSecretKey }}
+{{- else }}url{{- end }}
+{{- end }}
+
+{{- define "kompaktor.redisHost" -}}
+{{- printf "%s-redis.%s.svc" (include "kompaktor.fullname" .) .Release.Namespace }}
+{{- end }}
