@@ -14,7 +14,7 @@ def running_doc(files: list[str], group: str = "g") -> dict:
 def claim(url: str, tablet_ids: list[str], files: list[str], ecid: str, barrier) -> str:
     """Try once to register ``ecid`` on ``files`` in every tablet, in one mutation."""
     from kompaktor.errors import ConditionFailed
-    from kompaktor.store import Mutation, MetadataStore
+    from kompaktor.store import MetadataStore, Mutation
 
     store = MetadataStore.from_url(url)
     try:
@@ -36,7 +36,7 @@ def add_files_cas(url: str, tablet_id: str, prefix: str, count: int, barrier, de
     """Add ``count`` files one at a time, each with a compare-and-set on the tablet's version,
     retrying on conflict. Returns how many conflicts it saw."""
     from kompaktor.errors import ConditionFailed
-    from kompaktor.store import Mutation, MetadataStore
+    from kompaktor.store import MetadataStore, Mutation
 
     store = MetadataStore.from_url(url)
     conflicts = 0

@@ -12,7 +12,6 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
-
 from kompaktor import contract as C
 from kompaktor.cli import main
 from kompaktor.keys import Entry, sort_key
@@ -190,3 +189,16 @@ def test_real_console_command(redis_url: str, tmp_path: Path) -> None:
     assert p.returncode == 0 and p.stdout.splitlines() == ["a f:q [] 1\tv", "z f:q [] 1\tv"]
     p = run("scan", "t", "-o", str(tmp_path / "out.parquet"))
     assert p.returncode == 0 and pq.read_schema(tmp_path / "out.parquet").remove_metadata() == SCHEMA
+
+
+def test_the_documented_example_imports(cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/file-format.md's pyarrow example produces a file `kompaktor import` accepts."""
+    doc = (Path(__file__).parents[2] / "docs" / "file-format.md").read_text()
+    example = doc.split("```python\n")[2].split("```")[0]
+    monkeypatch.chdir(tmp_path)
+    exec(compile(example, "file-format.md", "exec"), {})
+    cli("table", "create", "users", "--splits", "user1,user5")
+    cli("import", "users", "users.parquet")
+    assert cli("scan", "users").output.splitlines() == [
+        "user1 info:name [] 1700000000000\tAnn", "user2 info:email [admin] 1700000000000\tbo@example.com",
+        "user\\x80 info:name [] 1700000000000\tZoë"]

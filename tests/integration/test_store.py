@@ -12,13 +12,12 @@ from pathlib import Path
 
 import pytest
 import redis
-
 from kompaktor import contract as C
 from kompaktor.errors import ConditionFailed, TableExistsError, UnknownTableError
 from kompaktor.store import DELETED, OFFLINE, ONLINE, FileMeta, MetadataStore, Mutation
 
 sys.path.insert(0, str(Path(__file__).parent))  # store_race_worker, importable in spawned children
-import store_race_worker as W  # noqa: E402
+import store_race_worker as W
 
 pytestmark = pytest.mark.redis
 
@@ -197,8 +196,8 @@ def _mutation_touching_everything(tid: str, ids: list[str], cond: list) -> Mutat
     the middle tablet, whose ops would also change things if they ran."""
     m = Mutation(table=tid).require_table(ONLINE)
     m.table_ops = [["set_prop", "table.custom.x", "1"], ["set_state", OFFLINE]]
-    m.tablet(ids[0]).require("exists").require("files_present", ["a1"]).do("add_files", {"new0": {"size": 1, "entries": 1}}).do(
-        "add_running", "E9", W.running_doc(["a1"]))
+    m.tablet(ids[0]).require("exists").require("files_present", ["a1"]).do(
+        "add_files", {"new0": {"size": 1, "entries": 1}}).do("add_running", "E9", W.running_doc(["a1"]))
     mid = m.tablet(ids[1])
     for c in PASSING:
         mid.require(*c)
@@ -276,7 +275,7 @@ def test_ops_that_cannot_apply_are_rejected_before_any_write(busy, build, name: 
 
 
 def test_rejection_messages_name_the_tablet_and_detail(busy) -> None:
-    store, tid, ids = busy
+    store, _tid, ids = busy
     m = Mutation()
     m.tablet(ids[1]).require("files_free", ["f1"]).do("add_running", "E2", W.running_doc(["f1"]))
     with pytest.raises(ConditionFailed, match=rf"rejected: files not compacting \(f1 on tablet {ids[1]}\)"):
@@ -289,7 +288,7 @@ N_PROCS = 6
 
 
 def test_threads_race_for_the_same_files_exactly_one_wins(busy) -> None:
-    store, tid, ids = busy
+    store, _tid, ids = busy
     barrier = threading.Barrier(N_THREADS)
     with ThreadPoolExecutor(N_THREADS) as pool:
         results = list(pool.map(lambda i: W.claim(store.url, [ids[1]], ["f2", "f3"], f"T{i}", barrier),
@@ -379,7 +378,7 @@ def test_a_resent_mutation_is_not_applied_twice(busy) -> None:
     """redis-py resends a script call whose connection broke; the first attempt may have been
     applied. The same mutation id must answer with the first outcome, not be evaluated again
     (a commit would otherwise be reported as rejected after it succeeded)."""
-    store, tid, ids = busy
+    store, _tid, ids = busy
     m = Mutation()
     m.tablet(ids[1]).require("ecid", "E1").require("files_present", ["f1"]).do("remove_running", "E1").do(
         "remove_files", ["f1"]).do("add_files", {"A9": {"size": 1, "entries": 1}})

@@ -10,7 +10,6 @@ from collections import defaultdict
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from kompaktor.iterators import SCAN, IteratorSettings, apply_stack, merge_sources, merged_view
 from kompaktor.keys import Entry, is_sorted, sort_key
 
@@ -181,7 +180,7 @@ def tag(sources: list[list[Entry]]) -> list[list[Entry]]:
             for si, src in enumerate(sources)]
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(sources_st, settings_st)
 def test_merged_view_matches_model(sources: list[list[Entry]], s: IteratorSettings) -> None:
     sources = tag(sources)
@@ -190,7 +189,7 @@ def test_merged_view_matches_model(sources: list[list[Entry]], s: IteratorSettin
     assert is_sorted(got)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(sources_st)
 def test_merge_sources_is_a_stable_sorted_union(sources: list[list[Entry]]) -> None:
     sources = tag(sources)
@@ -199,7 +198,7 @@ def test_merge_sources_is_a_stable_sorted_union(sources: list[list[Entry]]) -> N
     assert is_sorted(merged)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(sources_st, st.integers(1, 3))
 def test_partial_then_full_equals_full(sources: list[list[Entry]], versions: int) -> None:
     """Compacting the newest files partially (keeping markers), then everything fully, gives what

@@ -8,7 +8,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from kompaktor import contract as C
 from kompaktor.keys import (
     ARROW_SORT_KEYS,
@@ -37,7 +36,7 @@ def arrow_order(entries: list[Entry]) -> list[tuple]:
     return [sort_key(entries[i]) for i in idx]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(st.lists(entry, max_size=60))
 def test_python_and_arrow_sort_agree(entries: list[Entry]) -> None:
     python = [sort_key(e) for e in sorted(entries, key=sort_key)]
@@ -48,7 +47,7 @@ def test_python_and_arrow_sort_agree(entries: list[Entry]) -> None:
     assert is_sorted(sorted(entries, key=sort_key))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.lists(entry, min_size=2, max_size=30))
 def test_is_sorted_matches_sorting(entries: list[Entry]) -> None:
     keys = [sort_key(e) for e in entries]
