@@ -58,8 +58,9 @@ class Coordinator:
         self.metrics = QueueMetrics.create()
         self.fence: int | None = None
         self._renew = self.store.r.register_script(_RENEW)
-        self._last_full = 0.0
+        self._last_full = float("-inf")  # never: the first pass as leader is a full scan
         self._last_gc = time.monotonic()
+        self._known_tables: set[str] | None = None  # table ids seen by the last pass
         self.stats = {"planned": 0, "queued": 0, "dead": 0, "gc_deleted": 0, "full_scans": 0}
 
     # -- leadership ------------------------------------------------------------------------------
@@ -73,7 +74,7 @@ class Coordinator:
             self.fence = None
         if r.set(C.LEASE, self.holder, nx=True, px=self.settings.lease_ms):
             self.fence = int(r.incr(C.FENCE))
-            self._last_full = 0.0  # a new leader rebuilds the queues
+            self._last_full = float("-inf")  # a new leader rebuilds the queues (whatever the uptime)
             log.info("%s leads (fencing token %d)", self.holder, self.fence)
             return True
         return False
@@ -139,7 +140,21 @@ class Coordinator:
         self.stats["queued"] += queued
         return queued
 
+    def _forget_deleted_tables(self) -> None:
+        """Drop queued jobs of tables deleted since the last pass. A deleted table's tablets are
+        gone from the metadata (and from the dirty set), so no pass would re-plan them; without
+        this their jobs would wait for the next full-scan sweep."""
+        live = {t.id for t in self.store.tables()}
+        known, self._known_tables = self._known_tables, live
+        gone = known - live if known is not None else set()
+        if gone:
+            victims = {tab for g in self.queues.groups() for tab in self.queues.queued_tablets(g)
+                       if tab.split(";", 1)[0] in gone}
+            if victims:
+                self.queues.remove_tablets(victims)
+
     def plan_dirty(self) -> int:
+        self._forget_deleted_tables()
         ids = self.store.pop_dirty()
         if not ids:
             return 0
@@ -152,6 +167,7 @@ class Coordinator:
     def full_scan(self) -> int:
         """Plan every tablet; then sweep queued jobs of tablets that no longer need them."""
         self.store.pop_dirty(1_000_000)  # everything is planned now
+        self._known_tables = {t.id for t in self.store.tables()}  # the sweep drops the rest
         gen = self.queues.begin_full_scan()
         queued = self.plan_tablets(list(self.store.iter_all_tablets()), gen)
         self.queues.end_full_scan(gen)

@@ -17,6 +17,7 @@ from typing import Any
 from kompaktor import contract as C
 from kompaktor.errors import ConditionFailed, KompaktorError
 from kompaktor.iterators import IteratorSettings
+from kompaktor.jobqueue import JobQueues
 from kompaktor.store import ONLINE, MetadataStore, Mutation, now_ms
 
 RUNNING, SUCCEEDED, CANCELLED, FAILED = "RUNNING", "SUCCEEDED", "CANCELLED", "FAILED"
@@ -116,6 +117,10 @@ def cancel(store: MetadataStore, cid: str, message: str = "cancelled") -> None:
             store.mutate(m)
         except ConditionFailed:
             pass  # changed under us; the coordinator's pass cleans up what is left
+    # Queued USER jobs go too (reservation would discard them anyway). Other queued jobs of these
+    # tablets go with them; the tablets are marked dirty so the next pass re-plans those.
+    JobQueues(store.r).remove_tablets(uc.tablets)
+    store.mark_dirty(uc.tablets)
 
 
 def wait(store: MetadataStore, cid: str, timeout: float, poll: float = 0.2) -> UserCompaction:
