@@ -18,9 +18,11 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import redis
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from kompaktor import compactions, failures, usercompaction
+from kompaktor import contract as C
 from kompaktor.compactions import Reservation
 from kompaktor.errors import ConditionFailed, KompaktorError, StoreUnavailable
 from kompaktor.jobqueue import JobQueues
@@ -31,6 +33,9 @@ from kompaktor.store import ONLINE, MetadataStore
 log = logging.getLogger("kompaktor.compactor")
 
 IDLE, BUSY, DRAINING = "idle", "busy", "draining"
+
+#: the metadata store cannot be reached (after the client's bounded retries)
+STORE_DOWN = (StoreUnavailable, redis.ConnectionError, redis.TimeoutError)
 
 
 @dataclass
@@ -47,6 +52,7 @@ class WorkerSettings:
     idle_max_s: float = 2.0
     default_throughput_bps: float = 20e6  # until measured: bytes of input merged per second
     max_jobs: int | None = None  # stop after this many jobs (tests, benchmarks)
+    commit_retry_s: float = 120.0  # keep retrying a finished merge's commit while the store is unreachable
 
 
 @dataclass
@@ -63,6 +69,10 @@ class Compactor:
         self.s = settings
         self.queues = JobQueues(store.r)
         self.metrics = CompactorMetrics.create()
+        m = self.metrics
+        for series in (m.running, m.completed, m.failed, m.cancelled, m.entries_read, m.entries_written,
+                       m.bytes_read, m.bytes_written, m.duration):
+            series.labels(settings.group)  # every series exists (at 0) from the start, for rate() and alerts
         self._engine = engine
         self.drain = threading.Event()
         self.drain_deadline: float | None = None
@@ -114,12 +124,12 @@ class Compactor:
         idle = self.s.idle_min_s
         try:
             while not self.drain.is_set():
-                if self.store.drain_requested(self.s.compactor_id):
-                    self.request_drain("drain flag in Redis")
-                    break
                 try:
+                    if self.store.drain_requested(self.s.compactor_id):
+                        self.request_drain("drain flag in Redis")
+                        break
                     outcome = self.run_one()
-                except StoreUnavailable as exc:
+                except STORE_DOWN as exc:
                     log.warning("metadata store unavailable: %s", exc)
                     outcome = None
                 if outcome is None:
@@ -135,7 +145,7 @@ class Compactor:
             self.ready = False
             try:
                 self.store.unregister_compactor(self.s.group, self.s.compactor_id)
-            except StoreUnavailable:
+            except STORE_DOWN:
                 pass
         return 0
 
@@ -210,14 +220,14 @@ class Compactor:
                     compactions.heartbeat(self.store, res, progress)
                     self._publish(DRAINING if self.drain.is_set() else BUSY)
                     why = self._still_wanted(res)
-                except StoreUnavailable as exc:
+                    if not self.drain.is_set() and self.store.drain_requested(self.s.compactor_id):
+                        self.request_drain("drain flag in Redis")
+                except STORE_DOWN as exc:  # keep merging; the commit is conditional anyway
                     log.warning("heartbeat failed: %s", exc)
                     why = None
                 if why and not cancel.is_set():
                     cancel_reason.append(why)
                     cancel.set()
-                if not self.drain.is_set() and self.store.drain_requested(self.s.compactor_id):
-                    self.request_drain("drain flag in Redis")
             if self.drain.is_set() and not cancel.is_set() and self.drain_deadline is not None:
                 remaining = max(0.0, input_bytes - float(progress.get("bytes_read", 0))) / self.throughput
                 if now + remaining > self.drain_deadline or now >= self.drain_deadline:
@@ -240,11 +250,18 @@ class Compactor:
             return JobOutcome("failed", reason, res.ecid)
         result = box["result"]
         try:
-            compactions.commit(self.store, res, result.info)
+            self._commit(res, result.info)
         except ConditionFailed as exc:
             compactions.release(self.store, self.storage, res, reason=str(exc))
             self.metrics.failed.labels(g).inc()
             return JobOutcome("failed", f"commit {exc}", res.ecid)
+        except STORE_DOWN as exc:
+            # Whether the commit landed is unknown, so the output stays; if it did not land,
+            # dead-compaction detection removes the ECID and the output once the store is back.
+            self.metrics.failed.labels(g).inc()
+            log.error("%s: cannot commit, metadata store unreachable for %.0fs: %s", res.ecid,
+                      self.s.commit_retry_s, exc)
+            return JobOutcome("failed", f"commit: metadata store unreachable: {exc}", res.ecid)
         m = self.metrics
         m.completed.labels(g).inc()
         m.entries_read.labels(g).inc(result.entries_read)
@@ -256,6 +273,39 @@ class Compactor:
         if elapsed > 0 and input_bytes > 0:
             self.throughput = 0.7 * self.throughput + 0.3 * (input_bytes / elapsed)
         return JobOutcome("committed", "", res.ecid)
+
+    def _commit(self, res: Reservation, info: Any) -> None:
+        """Commit the merged output. While the store is unreachable, retry (the merge's work is
+        worth keeping) until ``commit_retry_s`` or the drain deadline has passed. A retry that is
+        rejected because an earlier attempt landed (its reply was lost) is a success: failing it
+        would delete an output the tablet now references."""
+        deadline = time.monotonic() + self.s.commit_retry_s
+        attempted = False
+        while True:
+            try:
+                compactions.commit(self.store, res, info)
+                return
+            except ConditionFailed:
+                if attempted and self._landed(res, info):
+                    log.info("%s: an earlier commit attempt landed", res.ecid)
+                    self.store.call(self.store.r.delete, C.heartbeat_key(res.ecid))
+                    return
+                raise
+            except STORE_DOWN as exc:
+                attempted = True
+                now = time.monotonic()
+                if now >= deadline or (self.drain_deadline is not None and now >= self.drain_deadline):
+                    raise
+                log.warning("%s: commit failed, metadata store unreachable; retrying: %s", res.ecid, exc)
+                time.sleep(0.5)
+
+    def _landed(self, res: Reservation, info: Any) -> bool:
+        t = self.store.tablet(res.tablet)
+        if t is None or res.ecid in t.running:
+            return False
+        if info.entries > 0:
+            return res.output in t.files
+        return not set(res.inputs) & set(t.files)
 
     # -- HTTP: probes, drain, metrics ------------------------------------------------------------------
     def serve_http(self, port: int, host: str = "0.0.0.0") -> int:

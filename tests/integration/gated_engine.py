@@ -1,0 +1,79 @@
+"""A merge-engine wrapper that controls only *when* a real merge proceeds (test double for
+timing): the real engine (Arrow or Spark) reads, merges and writes; after it reports its first
+finished part, the wrapper holds in the progress callback until its gate opens or the merge is
+cancelled. A cancelled merge then stops the real way (the engine sees ``cancel`` at its next
+part boundary, raises MergeCancelled and removes its temporary output).
+
+Run as a script it *is* the ``kompaktor`` CLI, with every engine it makes wrapped this way:
+``python gated_engine.py compactor --group G ...``; the gate is the file named by
+``KOMPAKTOR_TEST_GATE`` (open once it exists) and the wrapper creates ``<gate>.held`` when a
+merge starts holding.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+class GatedEngine:
+    def __init__(self, inner: Any, gate: Callable[[], bool] | threading.Event, *, hold_after_parts: int = 1,
+                 on_hold: Callable[[], None] | None = None, after_merge: Callable[[Any], None] | None = None) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self._gate = gate.is_set if isinstance(gate, threading.Event) else gate
+        self.hold_after_parts = hold_after_parts
+        self.on_hold = on_hold
+        self.after_merge = after_merge  # called with the request once the real merge returned
+        self.held = threading.Event()
+        self.merged = threading.Event()
+        self.cancelled = threading.Event()  # the hold ended because the merge was cancelled
+
+    def merge(self, storage, req, *, progress=None, cancel: threading.Event | None = None):
+        passed = False
+
+        def on_progress(p: dict) -> None:
+            nonlocal passed
+            if progress is not None:
+                progress(p)
+            if passed or p.get("parts_done", 0) < self.hold_after_parts:
+                return
+            passed = True
+            self.held.set()
+            if self.on_hold is not None:
+                self.on_hold()
+            stop = cancel or threading.Event()
+            while not self._gate():
+                if stop.wait(0.01):
+                    self.cancelled.set()
+                    return
+
+        result = self.inner.merge(storage, req, progress=on_progress, cancel=cancel)
+        self.merged.set()
+        if self.after_merge is not None:
+            self.after_merge(req)
+        return result
+
+
+def _main() -> None:
+    from kompaktor import engine
+    from kompaktor.cli import main
+
+    gate = Path(os.environ["KOMPAKTOR_TEST_GATE"])
+    real_make_engine = engine.make_engine
+
+    def make_engine(kind: str = "spark", **kw: Any) -> GatedEngine:
+        return GatedEngine(real_make_engine(kind, **kw), gate.exists,
+                           on_hold=lambda: Path(f"{gate}.held").touch())
+
+    engine.make_engine = make_engine
+    sys.argv[0] = "kompaktor"
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    _main()
