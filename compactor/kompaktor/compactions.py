@@ -23,6 +23,7 @@ from kompaktor.client import file_order_key, max_versions
 from kompaktor.errors import ConditionFailed, UnknownTableError
 from kompaktor.iterators import IteratorSettings
 from kompaktor.jobqueue import Job, JobQueues
+from kompaktor.keys import encode_row
 from kompaktor.sortedfile import PREFIXES, FileInfo
 from kompaktor.storage import TMP_PREFIX, Storage
 from kompaktor.store import ONLINE, MetadataStore, Mutation, RunningCompaction, Tablet, now_ms
@@ -105,6 +106,7 @@ def try_reserve(store: MetadataStore, job: Job, compactor: str, group: str) -> R
     rc = RunningCompaction(ecid, job.kind, tuple(files), group, job.priority, compactor, job.selection, now, output)
     m = Mutation(table=t.table).require_table(ONLINE)
     tc = m.tablet(t.id).require("no_op").require("files_present", files).require("files_free", files)
+    tc.require("range", encode_row(t.prev))  # a split/merge since the read keeps the id, not the range
     if full:
         tc.require("files_exactly", files)
     if job.kind == "SYSTEM":
@@ -155,6 +157,7 @@ def commit(store: MetadataStore, res: Reservation, info: FileInfo) -> None:
     t = store.tablet(res.tablet)
     m = Mutation(table=res.table).require_table(ONLINE)
     tc = m.tablet(res.tablet).require("ecid", res.ecid).require("files_present", list(res.inputs))
+    tc.require("range", encode_row(res.prev))
     tc.do("remove_files", list(res.inputs))
     output = None
     if info.entries > 0:

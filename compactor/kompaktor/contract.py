@@ -93,3 +93,6 @@ def ucomp_done_key(cid: str) -> str:
 
 def queue_ages_key(group: str) -> str:
     return f"{PREFIX}queue:{group}:ages"  # sorted set: tablet id -> time its jobs were added (ms)
+
+
+SPLIT_CHECK = PREFIX + "split:checked"  # string with TTL: auto-split checked every tablet recently

@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from kompaktor import contract as C
-from kompaktor import failures, usercompaction
+from kompaktor import failures, tabletops, usercompaction
 from kompaktor.compactions import delete_outputs, last_heartbeat, remove_running, running_compactions
 from kompaktor.errors import ConditionFailed, StoreUnavailable, UnknownTableError
 from kompaktor.jobqueue import JobQueues
@@ -92,6 +92,10 @@ class Coordinator:
         self.detect_dead()
         self.run_user_compactions()
         failures.redirty_due(self.store)
+        try:  # before planning: it reads the dirty set that planning pops
+            tabletops.auto_split(self.store, self.queues)
+        except Exception:
+            log.exception("automatic split failed; retried next tick")
         full_due = time.monotonic() - self._last_full >= self.settings.full_scan_s
         if full_due or not self.store.r.exists(C.QUEUE_GENERATION):
             self.full_scan()

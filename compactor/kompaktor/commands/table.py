@@ -110,3 +110,59 @@ def list_tables(as_json: bool, redis_url: str, storage_uri: str | None) -> None:
     else:
         for r in rows:
             click.echo(f"{r['name']}\t{r['id']}\t{r['state']}\t{r['tablets']} tablets")
+
+
+def _rows(values: tuple[str, ...] | list[str], as_hex: bool, what: str = "row") -> list[bytes]:
+    out = []
+    for v in values:
+        if as_hex:
+            try:
+                out.append(bytes.fromhex(v))
+            except ValueError:
+                raise ValueError(f"{what} {v!r} is not hex") from None
+        else:
+            out.append(v.encode("utf-8"))
+    return out
+
+
+@table.command("split")
+@click.argument("name")
+@click.argument("rows", nargs=-1, required=True)
+@click.option("--hex", "as_hex", is_flag=True, help="Rows are hex-encoded bytes instead of UTF-8.")
+@redis_option
+@storage_option
+@friendly_errors
+def split(name: str, rows: tuple[str, ...], as_hex: bool, redis_url: str, storage_uri: str | None) -> None:
+    """Add split points ROWS to table NAME (refused while an affected tablet has running
+    compactions; files are shared, not rewritten)."""
+    from kompaktor import tabletops
+
+    store = open_client(redis_url, storage_uri).store
+    changed = tabletops.split(store, name, _rows(rows, as_hex))
+    total = len(store.tablet_ids(store.table_id(name)))
+    click.echo(f"split table {name}: {len(changed)} tablets created or changed, {total} tablets")
+
+
+@table.command("merge")
+@click.argument("name")
+@click.option("--start", default=None, help="Merge tablets from the one holding this row (default: first).")
+@click.option("--end", default=None, help="Merge tablets up to the one holding this row (default: last).")
+@click.option("--hex", "as_hex", is_flag=True, help="--start/--end are hex-encoded bytes instead of UTF-8.")
+@redis_option
+@storage_option
+@friendly_errors
+def merge(name: str, start: str | None, end: str | None, as_hex: bool, redis_url: str,
+          storage_uri: str | None) -> None:
+    """Merge the tablets of table NAME overlapping rows [START, END] into one (refused while one
+    of them has running compactions)."""
+    from kompaktor import tabletops
+
+    lo = None if start is None else _rows([start], as_hex, "--start")[0]
+    hi = None if end is None else _rows([end], as_hex, "--end")[0]
+    store = open_client(redis_url, storage_uri).store
+    merged = tabletops.merge(store, name, lo, hi)
+    total = len(store.tablet_ids(store.table_id(name)))
+    if merged is None:
+        click.echo(f"nothing to merge in table {name}: fewer than two tablets in the range ({total} tablets)")
+    else:
+        click.echo(f"merged tablets of table {name} into {merged}, {total} tablets")
