@@ -41,7 +41,7 @@ from kompaktor.arrowmerge import (
     writer_position,
 )
 from kompaktor.engine import MergeCancelled, MergeError, MergeRequest, MergeResult, ProgressFn
-from kompaktor.errors import BadFileError
+from kompaktor.errors import BadFileError, UnsortedError
 from kompaktor.iterators import IteratorSettings
 from kompaktor.sortedfile import SortedFileWriter
 from kompaktor.storage import TMP_PREFIX, Storage
@@ -69,7 +69,7 @@ def _run_range(storage: Storage, inputs: tuple[str, ...], settings: IteratorSett
     try:
         table, read = merge_range(storage, inputs, lo, hi, settings)
     except BadFileError as exc:
-        return {"index": index, "error": str(exc)}
+        return {"index": index, "error": str(exc), "unsorted": isinstance(exc, UnsortedError)}
     final, tmp = part_names(output, tmp_tag, index)
     meta = {b"kompaktor.entries_read": str(read).encode()}
     table = table.replace_schema_metadata(meta)
@@ -189,9 +189,9 @@ class SparkMergeEngine:
         if "error" in outcome:
             exc = outcome["error"]
             raise MergeError(f"merge into {req.output}: Spark job failed: {_short(exc)}") from exc
-        errors = [r["error"] for r in outcome.get("results", []) if "error" in r]
+        errors = [r for r in outcome.get("results", []) if "error" in r]
         if errors:
-            raise BadFileError(errors[0])
+            raise (UnsortedError if errors[0]["unsorted"] else BadFileError)(errors[0]["error"])
 
     @staticmethod
     def _append_part(storage: Storage, final: str, w: SortedFileWriter) -> int:
