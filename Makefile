@@ -3,8 +3,13 @@ SHELL := /bin/bash
 VENV  ?= .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# Images: the version comes from pyproject.toml only (docs/images.md).
+VERSION         := $(shell sed -n 's/^version *= *"\(.*\)"/\1/p' pyproject.toml | head -n 1)
+REGISTRY        ?= ghcr.io/kompaktor
+OPERATOR_IMAGE  ?= $(REGISTRY)/kompaktor-operator:$(VERSION)
+COMPACTOR_IMAGE ?= $(REGISTRY)/kompaktor-compactor:$(VERSION)
 
-.PHONY: help install test demo lint bench crds clean
+.PHONY: help install test demo lint bench crds images clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -34,6 +39,12 @@ crds: $(STAMP) ## regenerate crds/ from the pydantic models
 
 bench: $(STAMP) ## benchmarks: planner, queues, merge engines, end-to-end ingest
 	$(PY) -m bench.run
+
+images: ## build the operator and compactor images (needs Docker), tagged with the version in pyproject.toml
+	@test -n "$(VERSION)" || { echo "make images: no version found in pyproject.toml" >&2; exit 1; }
+	@docker info >/dev/null 2>&1 || { echo "make images: no Docker engine reachable ('docker info' failed): install or start Docker, or set DOCKER_HOST" >&2; exit 1; }
+	DOCKER_BUILDKIT=1 docker build -f operator/Dockerfile --build-arg VERSION=$(VERSION) -t $(OPERATOR_IMAGE) .
+	DOCKER_BUILDKIT=1 docker build -f compactor/Dockerfile --build-arg VERSION=$(VERSION) -t $(COMPACTOR_IMAGE) .
 
 clean: ## remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .hypothesis
