@@ -339,6 +339,27 @@ def test_seed000_scenario5_metadata_store_restarts_while_merging(store, storage,
     assert scan(client) == before
 
 
+def test_idle_compactor_survives_a_metadata_store_outage(store, storage, client, redis_server, caplog) -> None:
+    """Redis goes away while the compactor polls an empty queue: it keeps polling (no crash), and
+    once Redis is back it takes and commits the next job."""
+    caplog.set_level("WARNING", logger="kompaktor.compactor")
+    w = Compactor(store, storage, settings("survivor"))
+    run = Running(w.run)
+    wait_for(lambda: compactor_state(store, "survivor") == IDLE, "the compactor to register idle")
+    redis_server.stop()
+    try:
+        wait_for(lambda: "metadata store unavailable" in caplog.text, "the compactor to meet the outage")
+        assert run.thread.is_alive()
+    finally:
+        redis_server.start()
+    make_table(client, splits=())
+    plan(store, storage)
+    wait_for(lambda: w.jobs_done == 1, "the next job to be done", timeout=30)
+    store.request_drain("survivor")
+    assert run.join() == 0
+    assert store.counters()["compactions_committed"] == 1
+
+
 def test_commit_whose_reply_was_lost_is_not_undone(store, storage, client, monkeypatch) -> None:
     """The commit lands but its reply is lost (the store becomes unreachable): the compactor
     retries, is rejected because its ECID is gone, and must see that its own commit landed —
