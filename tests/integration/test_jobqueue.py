@@ -188,6 +188,22 @@ def test_rejected_add_still_removes_the_tablets_old_entries(q: JobQueues) -> Non
     assert [(j.tablet, j.priority) for j in q.jobs("g")] == [("B", 5), ("A", 1)]
 
 
+def test_add_many_is_add_for_many_tablets(q: JobQueues, store: MetadataStore) -> None:
+    """The coordinator's pipelined add: same order, replacement, bound and index as add()."""
+    other = JobQueues(store.r)
+    q.add("A", [job("A", 9, tag="old")])
+    q.resize(4)
+    plans = [("A", [job("A", 1), job("A", 2, group="h")]), ("B", [job("B", 3, 2)]), ("C", []),
+             ("D", [job("D", 3, 3), job("D", 0, tag="x"), job("D", -1, tag="y")])]
+    assert q.add_many(plans, gen=7) == 5  # A:1, B:1, D:2 in g (D:y rejected), A:1 in h
+    got_g = [(j.tablet, j.priority) for j in q.jobs("g")]
+    assert got_g == [("D", 3), ("B", 3), ("A", 1), ("D", 0)]
+    assert q.stats("g").rejected == 1
+    assert q.queued_tablets("g") == {"A", "B", "D"} and q.queued_tablets("h") == {"A"}
+    assert {json.loads(v)["gen"] for v in store.r.hvals(C.queue_index_key("g"))} == {7}
+    assert other.add_many([]) == 0
+
+
 # -- generations / removal ------------------------------------------------------------------------
 def test_generation_sweep_removes_tablets_not_replanned(q: JobQueues) -> None:
     g0 = q.generation()
