@@ -12,7 +12,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from kompaktor import compactions, tabletops
 from kompaktor import contract as C
@@ -132,9 +132,11 @@ def test_merged_view_unchanged_across_splits_and_merges(client: Client, first, s
             try:
                 merged = tabletops.merge(store, name, start, end)
             except TabletOpRefused as exc:
+                event("merge refused (unsafe)")
                 assert "Compact the range first" in str(exc)
                 assert tablet_docs(store, name) == docs  # a refusal changes nothing
             else:
+                event("merged" if merged else "nothing to merge")
                 if merged is not None:
                     t = store.tablet(merged)
                     assert (start is None or t.prev is None or t.prev < start)
