@@ -546,8 +546,9 @@ def test_a_new_leader_rebuilds_partially_lost_queues(store: MetadataStore, stora
 def test_second_coordinator_waits_then_takes_over(store: MetadataStore, storage: Storage) -> None:
     store.create_table("t")
     tab = only_tablet(store)
-    a = Coordinator(store, storage, settings(lease_ms=400))
-    b = Coordinator(store, storage, settings(lease_ms=400))
+    # the lease is short, but long enough that a loaded machine does not pass it between a's ticks
+    a = Coordinator(store, storage, settings(lease_ms=1500))
+    b = Coordinator(store, storage, settings(lease_ms=1500))
     assert a.tick()
     fence_a = a.fence
     for _ in range(5):
