@@ -20,13 +20,13 @@ from typing import Any
 
 from kompaktor import contract as C
 from kompaktor.client import file_order_key, max_versions
-from kompaktor.errors import ConditionFailed, UnknownTableError
+from kompaktor.errors import ConditionFailed
 from kompaktor.iterators import IteratorSettings
 from kompaktor.jobqueue import Job, JobQueues
 from kompaktor.keys import encode_row
 from kompaktor.sortedfile import PREFIXES, FileInfo
 from kompaktor.storage import TMP_PREFIX, Storage
-from kompaktor.store import ONLINE, MetadataStore, Mutation, RunningCompaction, Tablet, now_ms
+from kompaktor.store import ONLINE, MetadataStore, Mutation, RunningCompaction, TableInfo, Tablet, now_ms
 from kompaktor.tableprops import SELECTION_EXPIRY
 
 DEFAULT_SELECTION_EXPIRY_MS = 120_000
@@ -90,17 +90,25 @@ def try_reserve(store: MetadataStore, job: Job, compactor: str, group: str) -> R
     """Register a new ECID for ``job`` or raise :class:`ConditionFailed` (the job is stale)."""
     if job.kind == "USER" and (job.selection is None or user_iterators(store, job.selection) is None):
         raise ConditionFailed("user compaction exists", f"{job.selection} was cancelled or finished")
-    t = store.tablet(job.tablet)
-    if t is None:
+    # One round trip for the tablet, its table and a file sequence number (the table id is the
+    # tablet id's prefix); the conditional mutation below re-checks everything that matters.
+    table_id = job.tablet.split(";", 1)[0]
+    pipe = store.r.pipeline(transaction=False)
+    pipe.get(C.tablet_key(job.tablet))
+    pipe.hgetall(C.table_key(table_id))
+    pipe.hincrby(C.SEQ, "file", 1)
+    raw_tablet, raw_table, seq = store.call(pipe.execute)
+    if raw_tablet is None:
         raise ConditionFailed("tablet exists", job.tablet)
-    try:
-        info = store.table_info(t.table)
-    except UnknownTableError:
-        raise ConditionFailed("table exists", t.table) from None
+    t = Tablet.from_json(job.tablet, json.loads(raw_tablet))
+    if not raw_table:
+        raise ConditionFailed("table exists", t.table)
+    info = TableInfo(t.table, raw_table[b"name"].decode(), raw_table[b"state"].decode(),
+                     json.loads(raw_table[b"props"]))
     files = sorted(job.files, key=file_order_key)
     full = set(files) == set(t.files)
     ecid = new_ecid()
-    output = f"tables/{t.table}/{PREFIXES['full' if full else 'partial']}{store.next_seq('file'):010x}.parquet"
+    output = f"tables/{t.table}/{PREFIXES['full' if full else 'partial']}{int(seq):010x}.parquet"
     now = now_ms()
     settings = _settings_for(store, job, info.props, full, now)
     rc = RunningCompaction(ecid, job.kind, tuple(files), group, job.priority, compactor, job.selection, now, output)
@@ -154,7 +162,7 @@ def last_heartbeat(store: MetadataStore, ecid: str) -> dict[str, str]:
 def commit(store: MetadataStore, res: Reservation, info: FileInfo) -> None:
     """Atomically replace the inputs with the output; raise ConditionFailed if anything changed
     that the compaction depended on (the caller then deletes the output)."""
-    t = store.tablet(res.tablet)
+    t = store.tablet(res.tablet) if res.job.kind != "SYSTEM" else None
     m = Mutation(table=res.table).require_table(ONLINE)
     tc = m.tablet(res.tablet).require("ecid", res.ecid).require("files_present", list(res.inputs))
     tc.require("range", encode_row(res.prev))
@@ -177,9 +185,12 @@ def commit(store: MetadataStore, res: Reservation, info: FileInfo) -> None:
         else:
             tc.do("selection_replace", list(res.inputs), output)
     store.mutate(m)
-    store.r.delete(C.heartbeat_key(res.ecid))
-    store.incr("compactions_committed")
-    store.incr(f"committed:{res.job.group}")
+    pipe = store.r.pipeline(transaction=False)
+    pipe.delete(C.heartbeat_key(res.ecid))
+    pipe.hincrby(C.COUNTERS, "compactions_committed", 1)
+    pipe.hincrby(C.COUNTERS, f"committed:{res.job.group}", 1)
+    pipe.hincrby(C.COMMITS_BY_TABLET, res.tablet, 1)
+    store.call(pipe.execute)
 
 
 def release(store: MetadataStore, storage: Storage, res: Reservation, *, reason: str) -> bool:

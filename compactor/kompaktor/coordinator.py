@@ -242,6 +242,8 @@ class Coordinator:
                 delete_outputs(self.storage, rc.output, ecid)
                 self.store.r.delete(C.heartbeat_key(ecid))
                 self.store.incr("dead_compactions")
+                self.store.r.rpush(C.DEADLOG, ecid)
+                self.store.r.ltrim(C.DEADLOG, -10_000, -1)
                 self.store.incr(f"dead_compactions:{rc.group}")
                 failures.record_failure(self.store, tablet_id, rc.files, rc.group, "compactor died",
                                         max_attempts=self.settings.max_attempts)

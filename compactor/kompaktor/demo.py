@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kompaktor import contract as C
 from kompaktor.client import Client
+from kompaktor.errors import StoreUnavailable
 from kompaktor.ingest import ContinuousIngest, split_points, verify
 from kompaktor.local import LocalCluster
 from kompaktor.localconfig import DEMO_CONFIG, LocalConfig, load_config
@@ -30,6 +32,9 @@ class DemoOptions:
     config_text: str = DEMO_CONFIG
     table: str = "ci"
     live: bool = True
+    chaos: bool = False
+    chaos_seed: int = 7
+    chaos_interval_s: float = 3.0
 
 
 @dataclass
@@ -75,8 +80,11 @@ def run_demo(opts: DemoOptions) -> DemoResult:
     console = Console()
     cfg = _apply_compactors(load_config(opts.config_text), opts.compactors)
     data_dir = Path(opts.data_dir or tempfile.mkdtemp(prefix="kompaktor-demo-"))
-    cluster = LocalCluster(cfg, data_dir, redis_url=opts.redis_url,
-                           coordinator_args=["--full-scan-interval", "10", "--gc-grace", "5", "--gc-interval", "5"])
+    coord_args = ["--full-scan-interval", "10", "--gc-grace", "5", "--gc-interval", "5"]
+    if opts.chaos:
+        coord_args += ["--dead-after", "5"]
+    cluster = LocalCluster(cfg, data_dir, redis_url=opts.redis_url, coordinator_args=coord_args)
+    chaos = None
     started = time.monotonic()
     stop_scaler = threading.Event()
     status: dict[str, Any] = {}
@@ -89,6 +97,11 @@ def run_demo(opts: DemoOptions) -> DemoResult:
         client = Client(store, Storage.from_uri(cluster.storage_uri))
         store.create_table(opts.table, split_points(opts.tablets))
         ingest = ContinuousIngest(client, opts.table, batch=opts.batch)
+        if opts.chaos:
+            from kompaktor.chaos import Chaos
+
+            chaos = Chaos(cluster, seed=opts.chaos_seed, interval_s=opts.chaos_interval_s)
+            chaos.start()
 
         def scaler() -> None:
             while not stop_scaler.wait(1.0):
@@ -103,7 +116,10 @@ def run_demo(opts: DemoOptions) -> DemoResult:
         with Live(console=console, refresh_per_second=2, transient=False, auto_refresh=False) as live:
             def show() -> None:
                 nonlocal status, max_files_seen
-                status = gather(store)
+                try:
+                    status = gather(store)
+                except StoreUnavailable:
+                    return  # Redis is restarting (chaos): show the last status
                 for tb in status["tables"].values():
                     max_files_seen = max(max_files_seen, tb["files_per_tablet"]["max"])
                 tb = status["tables"].get(opts.table)
@@ -123,6 +139,11 @@ def run_demo(opts: DemoOptions) -> DemoResult:
                     show()
 
             ingest.run(entries=opts.entries, duration_s=opts.duration_s, on_flush=on_flush)
+            if chaos is not None:
+                while chaos.thread.is_alive() and chaos.plan and time.monotonic() - started < opts.duration_s * 2:
+                    show()  # let the rest of the fault schedule happen while compactions run
+                    time.sleep(0.5)
+                chaos.finish()
             phase = "draining queues"
             ingest_wall = time.monotonic() - started
             deadline = time.monotonic() + opts.drain_timeout_s
@@ -138,17 +159,23 @@ def run_demo(opts: DemoOptions) -> DemoResult:
             phase = "verifying"
             show()
         drained = quiet >= 4
-        v = verify(client, opts.table, ingest.stats.rows)
+        chaos_summary: dict[str, Any] = {}
+        chaos_ok = True
+        if chaos is not None:
+            chaos_summary, chaos_ok = check_chaos(chaos.log, store, client.storage)
+        v = verify(client, opts.table, ingest.stats)
         status = gather(store)
         tb = status["tables"][opts.table]
         max_files = cfg.services["default"].max_files_per_tablet if "default" in cfg.services else 15
         bound_ok = tb["files_per_tablet"]["max"] <= (max_files if max_files > 0 else 99)
-        verified = v.ok and drained and bound_ok
+        verified = v.ok and drained and bound_ok and chaos_ok
         counters = status["counters"]
         summary = {
             "entries written": ingest.stats.entries,
             "entries scanned": v.entries,
             "undefined references": v.undefined,
+            "deleted entries resurrected": v.resurrected,
+            "live ephemeral entries lost": v.lost_ephemeral,
             "files flushed": ingest.stats.files,
             "max files per tablet during ingest": max_files_seen,
             "files after": tb["files"],
@@ -159,12 +186,46 @@ def run_demo(opts: DemoOptions) -> DemoResult:
             "ingest rate (entries/s)": round(ingest.stats.entries / max(ingest_wall, 1e-9)),
             "wall time (s)": round(time.monotonic() - started, 1),
             "queues drained": drained,
+            **chaos_summary,
             "verified": "yes" if verified else "no",
         }
         return DemoResult(verified, summary, status, samples)
     finally:
         stop_scaler.set()
         cluster.stop()
+
+
+def check_chaos(log, store, storage) -> tuple[dict[str, Any], bool]:
+    """After the queues drained: every SIGKILLed compaction was detected dead and its tablet
+    compacted again; SIGTERMed compactors caused no dead compaction; no running compaction is
+    left; after garbage collection every file in storage is referenced and no temp file is left."""
+    from kompaktor.coordinator import Coordinator, CoordinatorSettings
+
+    dead = {e.decode() for e in store.r.lrange(C.DEADLOG, 0, -1)}
+    killed = [ecid for ecid, _t in log.killed]
+    detected = sum(1 for e in killed if e in dead)
+    rerun = sum(1 for _e, t in log.killed
+                if int(store.r.hget(C.COMMITS_BY_TABLET, t) or 0) > log.commits_at_kill.get(t, 0))
+    term_dead = sum(1 for e in log.termed if e in dead)
+    running_left = int(store.r.hlen(C.RUNNING))
+    gc = Coordinator(store, storage, CoordinatorSettings())
+    gc.collect_garbage(grace_s=0)
+    referenced = {f for t in store.iter_all_tablets() for f in t.files}
+    on_disk = [rel for rel, _m in storage.list_files("tables")]
+    stray = [f for f in on_disk if f not in referenced]
+    ok = (detected == len(killed) and rerun == len(killed) and term_dead == 0 and running_left == 0
+          and not stray and log.redis_restarts == 1 and log.coordinator_restarts >= 1)
+    return {
+        "chaos: compactors SIGKILLed mid-merge": len(killed),
+        "chaos: busy compactors SIGTERMed": len(log.termed),
+        "chaos: coordinator restarts": log.coordinator_restarts,
+        "chaos: Redis restarts": log.redis_restarts,
+        "chaos: dead compactions detected (of the killed)": detected,
+        "chaos: killed jobs re-run": rerun,
+        "chaos: dead compactions from SIGTERM": term_dead,
+        "chaos: running compactions left": running_left,
+        "chaos: unreferenced or temp files after GC": len(stray),
+    }, ok
 
 
 def print_summary(result: DemoResult) -> None:

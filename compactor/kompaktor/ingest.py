@@ -19,6 +19,7 @@ from kompaktor.keys import Entry
 
 CF = b"meta"
 CQ = b"link"
+EPHEMERAL_CF = b"tmp"  # rows written and deleted again later: a delete must never be undone
 
 
 def split_points(tablets: int) -> list[bytes]:
@@ -33,6 +34,8 @@ class IngestStats:
     files: int = 0
     started: float = field(default_factory=time.monotonic)
     rows: set[bytes] = field(default_factory=set)
+    ephemeral_live: set[bytes] = field(default_factory=set)  # written, not deleted: must be visible
+    ephemeral_deleted: set[bytes] = field(default_factory=set)  # deleted: must stay invisible
 
     @property
     def rate(self) -> float:
@@ -46,12 +49,15 @@ class ContinuousIngest:
     seed: int = 42
     batch: int = 2000
     chain: int = 50  # entries per chain before a new chain starts
+    ephemeral: int = 20  # per flush: write this many ephemeral rows, delete those of 3 flushes ago
     stats: IngestStats = field(default_factory=IngestStats)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
         self.prev: bytes = b""
         self.in_chain = 0
+        self.last_ts = 0
+        self.pending: list[list[bytes]] = []
 
     def _row(self) -> bytes:
         while True:
@@ -62,7 +68,8 @@ class ContinuousIngest:
 
     def flush_once(self) -> int:
         entries = []
-        ts = int(time.time() * 1000)
+        ts = max(int(time.time() * 1000), self.last_ts + 1)
+        self.last_ts = ts
         for _ in range(self.batch):
             row = self._row()
             entries.append(Entry(row, CF, CQ, b"", ts, False, self.prev))
@@ -71,11 +78,34 @@ class ContinuousIngest:
                 self.prev, self.in_chain = b"", 0
             else:
                 self.prev = row
-        files = self.client.flush(self.table, entries)
-        self.stats.entries += len(entries)
+        links = len(entries)
+        fresh = [format(self.rng.getrandbits(64), "016x").encode() for _ in range(self.ephemeral)]
+        entries += [Entry(r, EPHEMERAL_CF, CQ, b"", ts, False, b"x") for r in fresh]
+        self.pending.append(fresh)
+        doomed = self.pending.pop(0) if len(self.pending) > 3 else []
+        entries += [Entry(r, EPHEMERAL_CF, CQ, b"", ts, True, b"") for r in doomed]
+        files = self._flush_retrying(entries)
+        self.stats.ephemeral_live.update(fresh)
+        self.stats.ephemeral_live.difference_update(doomed)
+        self.stats.ephemeral_deleted.update(doomed)
+        self.stats.entries += links
         self.stats.flushes += 1
         self.stats.files += len(files)
         return len(entries)
+
+    def _flush_retrying(self, entries: list[Entry], attempts: int = 10) -> list[str]:
+        """Flush; if Redis is restarting, retry with backoff (a retried flush may register the same
+        entries twice, which is harmless: identical keys collapse into one version)."""
+        from kompaktor.errors import StoreUnavailable
+
+        for n in range(attempts):
+            try:
+                return self.client.flush(self.table, entries)
+            except StoreUnavailable:
+                if n == attempts - 1:
+                    raise
+                time.sleep(min(2.0, 0.1 * 2**n))
+        return []
 
     def run(self, *, entries: int, duration_s: float, should_stop: Callable[[], bool] = lambda: False,
             on_flush: Callable[[IngestStats], None] = lambda s: None, paced: bool = True) -> IngestStats:
@@ -96,25 +126,36 @@ class ContinuousIngest:
 
 @dataclass
 class Verification:
-    entries: int
+    entries: int  # linked entries scanned
     expected: int
     referenced: int
-    undefined: int
-    unexpected: int
+    undefined: int  # referenced rows that do not exist: lost data
+    unexpected: int  # rows that were never written
+    lost_ephemeral: int  # live ephemeral rows missing
+    resurrected: int  # deleted ephemeral rows visible again
     ok: bool
 
 
-def verify(client: Client, table: str, written: set[bytes]) -> Verification:
-    """Scan everything; every referenced row must exist and the rows must be exactly those written."""
+def verify(client: Client, table: str, stats: IngestStats) -> Verification:
+    """Scan everything: every referenced row exists, the linked rows are exactly those written,
+    live ephemeral rows are all there and no deleted one came back."""
     seen: set[bytes] = set()
     refs: set[bytes] = set()
+    eph: set[bytes] = set()
     n = 0
     for e in client.scan(table):
+        if e.cf == EPHEMERAL_CF:
+            eph.add(e.row)
+            continue
         n += 1
         seen.add(e.row)
         if e.value:
             refs.add(e.value)
+    written = stats.rows
     undefined = len(refs - seen)
     unexpected = len(seen - written)
-    ok = undefined == 0 and unexpected == 0 and n == len(written) and seen == written
-    return Verification(n, len(written), len(refs), undefined, unexpected, ok)
+    lost_eph = len(stats.ephemeral_live - eph)
+    resurrected = len(eph & stats.ephemeral_deleted)
+    ok = (undefined == 0 and unexpected == 0 and n == len(written) and seen == written and lost_eph == 0
+          and resurrected == 0 and eph == stats.ephemeral_live)
+    return Verification(n, len(written), len(refs), undefined, unexpected, lost_eph, resurrected, ok)

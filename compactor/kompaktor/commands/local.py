@@ -48,10 +48,14 @@ def up(config_path, redis_url: str | None, data_dir: str) -> None:
 @click.option("--batch", type=int, default=1500, show_default=True, help="Entries per flush.")
 @click.option("--config", "config_path", type=click.File("r"), default=None, help="Local YAML (as for `up`).")
 @click.option("--data-dir", default=None, help="Keep data here (default: a temporary directory).")
+@click.option("--chaos", is_flag=True,
+              help="Inject faults on a fixed-seed schedule: SIGKILL and SIGTERM busy compactors, restart the "
+                   "coordinator, restart Redis once; then check that nothing was lost or left behind.")
+@click.option("--seed", type=int, default=7, show_default=True, help="Seed of the chaos schedule.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @friendly_errors
 def demo(entries: int, tablets: int, compactors: int | None, duration: float, batch: int, config_path,
-         data_dir: str | None, as_json: bool) -> None:
+         data_dir: str | None, chaos: bool, seed: int, as_json: bool) -> None:
     """Continuous ingest while autoscaled compactors keep files per tablet down; then verify that
     nothing was lost. Exit 0 only when verified."""
     from kompaktor.demo import DemoOptions, print_summary, run_demo
@@ -62,7 +66,8 @@ def demo(entries: int, tablets: int, compactors: int | None, duration: float, ba
     t0 = time.monotonic()
     res = run_demo(DemoOptions(entries=entries, tablets=tablets, compactors=compactors, duration_s=duration,
                                batch=batch, data_dir=data_dir, live=not as_json and sys.stdout.isatty(),
-                               config_text=config_path.read() if config_path else DEMO_CONFIG))
+                               config_text=config_path.read() if config_path else DEMO_CONFIG,
+                               chaos=chaos, chaos_seed=seed))
     if as_json:
         click.echo(json.dumps(res.summary))
     else:
