@@ -90,12 +90,54 @@ def generate(storage: Storage, entries: int, files: int = 8, seed: int = 7) -> l
     return paths
 
 
+def _descendants(pid: int) -> list[int]:
+    """Child processes (recursively) of ``pid``, from /proc: Spark's JVM and its Python workers."""
+    parents: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+            parents.setdefault(ppid, []).append(int(d))
+    out, todo = [], [pid]
+    while todo:
+        for c in parents.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _hwm_mb(pid: int | str) -> float:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def reset_peaks() -> None:
+    """Reset the peak-RSS counters (VmHWM) of this process and its descendants (Linux)."""
+    for pid in ["self", *_descendants(os.getpid())]:
+        try:
+            with open(f"/proc/{pid}/clear_refs", "w") as f:
+                f.write("5")
+        except OSError:
+            pass
+
+
 def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    """Peak RSS of this process (the compactor / Spark driver's Python side) since the last reset."""
+    return _hwm_mb("self") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def children_peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    """Sum of the peak RSS of the descendants (JVM, Python workers) since the last reset."""
+    return sum(_hwm_mb(p) for p in _descendants(os.getpid()))
 
 
 # ---- peers -----------------------------------------------------------------------------------
@@ -150,6 +192,7 @@ def duckdb_merge(storage: Storage, inputs: list[str], out: str) -> int:
 # ---- runner ----------------------------------------------------------------------------------
 
 def timed(fn: Callable[[], int], repeat: int) -> tuple[list[float], int]:
+    reset_peaks()
     times, n = [], 0
     for _ in range(repeat):
         t0 = time.perf_counter()
@@ -182,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     console = Console()
     scratch = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="kompaktor-bench-"))
     storage = Storage.from_uri(str(scratch / "files"))
+    storage.ensure_dir("out")
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     rows: list[dict] = []
     try:
@@ -198,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"engine": name, "median_s": med, "min_s": min(times), "runs": len(times),
                          "entries_in": args.entries, "entries_out": n_out,
                          "entries_per_s": args.entries / med, "mb_per_s": input_bytes / 1e6 / med,
-                         "peak_rss_mb": peak_rss_mb(), "note": note})
+                         "peak_rss_mb": peak_rss_mb(), "children_peak_rss_mb": children_peak_rss_mb(), "note": note})
             console.print(f"  {name}: median {med:.2f}s over {len(times)} runs "
                           f"({args.entries / med / 1e6:.2f} M entries/s)")
 
@@ -242,18 +286,19 @@ def main(argv: list[str] | None = None) -> int:
             startup = time.perf_counter() - t0
             rows.append({"engine": "Spark session start-up", "median_s": startup, "min_s": startup, "runs": 1,
                          "entries_in": 0, "entries_out": 0, "entries_per_s": 0, "mb_per_s": 0,
-                         "peak_rss_mb": peak_rss_mb(), "note": "once per compactor process"})
+                         "peak_rss_mb": peak_rss_mb(), "children_peak_rss_mb": children_peak_rss_mb(),
+                         "note": "once per compactor process"})
             console.print(f"  Spark session start-up: {startup:.2f}s")
             eng = make_engine("spark", spark_master=args.spark_master)
             cold, _n = timed(engine_fn(eng, "out/spark.parquet"), 1)
             rows.append({"engine": "Spark merge, first (cold) run", "median_s": cold[0], "min_s": cold[0],
                          "runs": 1, "entries_in": args.entries, "entries_out": _n,
                          "entries_per_s": args.entries / cold[0], "mb_per_s": input_bytes / 1e6 / cold[0],
-                         "peak_rss_mb": peak_rss_mb(), "note": "Python workers start"})
+                         "peak_rss_mb": peak_rss_mb(), "children_peak_rss_mb": children_peak_rss_mb(),
+                         "note": "Python workers start"})
             times, n = timed(engine_fn(eng, "out/spark.parquet"), args.repeat)
             outputs["Spark engine"] = "out/spark.parquet"
-            record("Spark engine (warm)", times, n, f"master {args.spark_master}; "
-                   f"child processes peak RSS {children_peak_rss_mb():.0f} MB")
+            record("Spark engine (warm)", times, n, f"master {args.spark_master}")
 
         names = list(outputs)
         for name in names[1:]:
@@ -270,14 +315,16 @@ def main(argv: list[str] | None = None) -> int:
 
         table = Table(title=f"merge of {args.files} sorted files, {args.entries:,} entries "
                             f"({input_bytes / 1e6:.1f} MB), {os.cpu_count()} cores")
-        for col in ("engine", "median s", "entries/s", "MB/s", "x best peer", "peak RSS MB", "note"):
+        for col in ("engine", "median s", "entries/s", "MB/s", "x best peer", "peak RSS MB",
+                    "JVM+workers MB", "note"):
             table.add_column(col, justify="left" if col in ("engine", "note") else "right")
         for r in rows:
             table.add_row(r["engine"], f"{r['median_s']:.2f}",
                           f"{r['entries_per_s']:,.0f}" if r["entries_per_s"] else "",
                           f"{r['mb_per_s']:.1f}" if r["mb_per_s"] else "",
                           f"{r['vs_best_peer']:.2f}" if r["vs_best_peer"] else "",
-                          f"{r['peak_rss_mb']:.0f}", r["note"])
+                          f"{r['peak_rss_mb']:.0f}",
+                          f"{r['children_peak_rss_mb']:.0f}" if r["children_peak_rss_mb"] else "", r["note"])
         console.print(table)
         csv_path = Path(args.csv)
         csv_path.parent.mkdir(parents=True, exist_ok=True)

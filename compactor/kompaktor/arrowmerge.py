@@ -22,13 +22,14 @@ import time
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from kompaktor.arrowstack import first_unsorted, merge_tables
 from kompaktor.engine import MergeCancelled, MergeRequest, MergeResult, ProgressFn
 from kompaktor.errors import BadFileError, UnsortedError
 from kompaktor.iterators import IteratorSettings
-from kompaktor.sortedfile import SortedFileWriter, conform, read_table
+from kompaktor.sortedfile import SCHEMA, SortedFileWriter, _key_at, conform, range_filter
 from kompaktor.storage import Storage
 
 Bound = bytes | None
@@ -125,17 +126,100 @@ def plan_ranges(metas: list[InputMeta], prev: Bound, end: Bound, target_entries:
     return list(itertools.pairwise(bounds))
 
 
+class InputCursor:
+    """Reads one sorted input forward, range after range, decoding each row group once.
+
+    Row groups are skipped by their row statistics when they lie outside the tablet range
+    (prev, end]; :meth:`take` returns the rows up to ``hi`` and keeps the rest of the last
+    decoded row group for the next range. Checks key order inside and across row groups."""
+
+    def __init__(self, storage: Storage, path: str, prev: Bound, end: Bound) -> None:
+        self.path, self.prev, self.end = path, prev, end
+        try:
+            self._file = storage.fs.open_input_file(storage.path(path))
+            self._pf = pq.ParquetFile(self._file)
+            conform(self._pf.schema_arrow.empty_table(), path)
+            md = self._pf.metadata
+        except BadFileError:
+            self.close()
+            raise
+        except FileNotFoundError as exc:
+            self.close()
+            raise BadFileError(f"{path}: input file not found") from exc
+        except (OSError, pa.ArrowException) as exc:
+            self.close()
+            raise BadFileError(f"{path}: not a readable Parquet file: {exc}") from exc
+        row_col = next((i for i in range(md.num_columns) if md.schema.column(i).path == "row"), None)
+        self._groups: list[tuple[int, bytes | None, bytes | None]] = []  # (index, min row, max row)
+        for g in range(md.num_row_groups):
+            st = md.row_group(g).column(row_col).statistics if row_col is not None else None
+            lo_row, hi_row = (_as_bytes(st.min), _as_bytes(st.max)) if st is not None and st.has_min_max \
+                else (None, None)
+            if lo_row is not None and not _overlaps(lo_row, hi_row, prev, end):
+                continue
+            self._groups.append((g, lo_row, hi_row))
+        self._next = 0
+        self._buf: pa.Table | None = None
+        self._last_key: tuple | None = None
+        self.entries_read = 0
+
+    def close(self) -> None:
+        f = getattr(self, "_file", None)
+        if f is not None:
+            f.close()
+            self._file = None
+
+    def _load(self) -> None:
+        g = self._groups[self._next][0]
+        self._next += 1
+        try:
+            t = conform(self._pf.read_row_group(g), self.path)
+        except BadFileError:
+            raise
+        except (OSError, pa.ArrowException) as exc:
+            raise BadFileError(f"{self.path}: not a readable Parquet file (row group {g}): {exc}") from exc
+        if t.num_rows == 0:
+            return
+        bad = first_unsorted(t)
+        if bad is not None:
+            raise UnsortedError(f"{self.path}: entries are not in key order at row {bad} of row group {g}")
+        first = _key_at(t, 0)
+        if self._last_key is not None and first < self._last_key:
+            raise UnsortedError(f"{self.path}: row group {g} starts before the end of the previous one")
+        self._last_key = _key_at(t, t.num_rows - 1)
+        mask = range_filter(self.prev, self.end)
+        if mask is not None:
+            t = t.filter(mask)
+        self._buf = t if self._buf is None or self._buf.num_rows == 0 else pa.concat_tables([self._buf, t])
+
+    def take(self, hi: Bound) -> pa.Table:
+        """The input's rows after the previous ``take`` and up to ``hi`` (inclusive)."""
+        while self._next < len(self._groups):
+            min_row = self._groups[self._next][1]
+            if hi is not None and min_row is not None and min_row > hi:
+                break  # that group (and every later one) starts after hi
+            if hi is not None and min_row is None and self._buf is not None and self._buf.num_rows \
+                    and self._buf.column("row")[-1].as_py() > hi:
+                break
+            self._load()
+        buf = self._buf if self._buf is not None else SCHEMA.empty_table()
+        if hi is None:
+            out, self._buf = buf, None
+        else:
+            n = int(pc.sum(pc.less_equal(buf.column("row"), pa.scalar(hi, pa.binary()))).as_py() or 0)
+            out, self._buf = buf.slice(0, n), buf.slice(n)
+        self.entries_read += out.num_rows
+        return out
+
+
 def read_range(storage: Storage, path: str, lo: Bound, hi: Bound) -> pa.Table:
     """An input's entries in rows (lo, hi], in the file schema; BadFileError when unreadable or
-    out of key order."""
+    out of key order. Decodes only the row groups whose statistics overlap the range."""
+    cur = InputCursor(storage, path, lo, hi)
     try:
-        table = read_table(storage, path, lo, hi)
-    except FileNotFoundError as exc:
-        raise BadFileError(f"{path}: input file not found") from exc
-    bad = first_unsorted(table)
-    if bad is not None:
-        raise UnsortedError(f"{path}: entries are not in key order (at row {bad} of the range after {lo!r})")
-    return table
+        return cur.take(hi)
+    finally:
+        cur.close()
 
 
 def merge_range(storage: Storage, inputs: tuple[str, ...] | list[str], lo: Bound, hi: Bound,
@@ -179,14 +263,17 @@ class ArrowMergeEngine:
         report = progress or (lambda d: None)
         read = written = 0
         report(progress_dict(0, 0, 0, 0, 0, len(ranges), started))
+        cursors: list[InputCursor] = []
         w = SortedFileWriter(storage, req.output, tmp_tag=req.tmp_tag)
         try:
-            for i, (lo, hi) in enumerate(ranges):
+            cursors.extend(InputCursor(storage, p, req.prev, req.end) for p in req.inputs)
+            for i, (_lo, hi) in enumerate(ranges):
                 if cancel is not None and cancel.is_set():
                     raise MergeCancelled(f"merge into {req.output} cancelled after {i} of {len(ranges)} parts")
-                out, n = merge_range(storage, req.inputs, lo, hi, req.settings)
+                tables = [c.take(hi) for c in cursors]
+                out = merge_tables(tables, req.settings)
                 w.write_table(out, checked=True)
-                read += n
+                read += sum(t.num_rows for t in tables)
                 written += out.num_rows
                 report(progress_dict(read, written, round(bytes_in * (i + 1) / len(ranges)),
                                      writer_position(w), i + 1, len(ranges), started))
@@ -196,6 +283,9 @@ class ArrowMergeEngine:
         except BaseException:
             w.abort()
             raise
+        finally:
+            for c in cursors:
+                c.close()
         report(progress_dict(read, written, bytes_in, info.size, len(ranges), len(ranges), started))
         return MergeResult(info=info, entries_read=read, entries_written=written, bytes_read=bytes_in,
                            bytes_written=info.size)
