@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import threading
 import time
@@ -25,15 +26,17 @@ def up(config_path, redis_url: str | None, data_dir: str) -> None:
     from kompaktor.localconfig import DEMO_CONFIG, load_config
 
     cfg = load_config(config_path.read() if config_path else DEMO_CONFIG)
-    cluster = LocalCluster(cfg, data_dir, redis_url=redis_url).start()
-    click.echo(f"kompaktor is up: KOMPAKTOR_REDIS_URL={cluster.url} KOMPAKTOR_STORAGE={cluster.storage_uri}")
-    click.echo("Ctrl-C stops everything cleanly (compactors drain first).")
     stop = threading.Event()
+    # Ctrl-C (SIGINT) and SIGTERM only ask to stop; the loop below then drains and exits 0.
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    cluster = LocalCluster(cfg, data_dir, redis_url=redis_url)
     try:
+        cluster.start()
+        click.echo(f"kompaktor is up: KOMPAKTOR_REDIS_URL={cluster.url} KOMPAKTOR_STORAGE={cluster.storage_uri}")
+        click.echo("Ctrl-C stops everything cleanly (compactors drain first).")
         while not stop.wait(1.0):
             cluster.autoscale()
-    except KeyboardInterrupt:
-        pass
     finally:
         click.echo("stopping: draining compactors…")
         cluster.stop()
