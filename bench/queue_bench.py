@@ -97,7 +97,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         row = {"procs": args.procs, "jobs": args.jobs, "round_trips": len(lat), "wall_s": round(wall, 2),
                "round_trips_per_s": round(len(lat) / wall), "p50_ms": round(percentile(lat, 0.5) * 1000, 2),
                "p99_ms": round(percentile(lat, 0.99) * 1000, 2), "reserved_twice": twice, "lost": lost}
-        print(f"queue: {args.procs} processes, {len(lat):,} reserve+commit round trips in {wall:.1f}s = {row['round_trips_per_s']:,}/s; p50 {row['p50_ms']} ms, "
+        print(f"queue: {args.procs} processes, {len(lat):,} reserve+commit round trips in {wall:.1f}s = "
+              f"{row['round_trips_per_s']:,}/s; p50 {row['p50_ms']} ms, "
               f"p99 {row['p99_ms']} ms; reserved twice: {twice}, lost: {lost} (aim 2,000/s)")
         write_csv("queue.csv", [row])
         if twice or lost:

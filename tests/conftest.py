@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import redis
+
 from kompaktor.localredis import RedisProcess, free_port  # noqa: F401 (re-exported for tests)
 
 

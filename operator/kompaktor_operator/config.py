@@ -9,8 +9,9 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from kompaktor import __version__
 from pydantic import BaseModel, ConfigDict, Field
+
+from kompaktor import __version__
 
 
 class OperatorConfig(BaseModel):

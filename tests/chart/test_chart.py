@@ -13,6 +13,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+
 from kompaktor_operator import crdgen
 from kompaktor_operator import models as m
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
+
 from kompaktor import contract as C
 from kompaktor.cli import main
 from kompaktor.keys import Entry, sort_key

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from kompaktor import contract as C
 from kompaktor.client import Client
 from kompaktor.errors import BadFileError, KompaktorError, StoreUnavailable, UnknownTableError, UnsortedError

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 
 import pytest
+
 from kompaktor import compactions, failures, usercompaction
 from kompaktor import contract as C
 from kompaktor.client import Client

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 import redis
+
 from kompaktor import compactions, jobqueue
 from kompaktor import contract as C
 from kompaktor.jobqueue import DEFAULT_MAX, Job, JobQueues

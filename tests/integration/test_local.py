@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from kompaktor.demo import DemoOptions, run_demo
 from kompaktor.local import LocalCluster, desired_replicas
 from kompaktor.localconfig import DEMO_CONFIG, load_config

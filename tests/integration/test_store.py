@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import redis
+
 from kompaktor import contract as C
 from kompaktor.errors import ConditionFailed, TableExistsError, UnknownTableError
 from kompaktor.store import DELETED, OFFLINE, ONLINE, FileMeta, MetadataStore, Mutation

@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+
 from kompaktor import compactions, tabletops
 from kompaktor import contract as C
 from kompaktor.client import Client

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from kompaktor import compactions, failures, usercompaction
 from kompaktor import contract as C
 from kompaktor.arrowmerge import ArrowMergeEngine

@@ -17,6 +17,7 @@ from typing import Any
 import kopf
 import pytest
 import pytest_asyncio
+
 from kompaktor_operator import depth, handlers, kube
 from kompaktor_operator.config import OperatorConfig
 from kompaktor_operator.scaling import CompactorView

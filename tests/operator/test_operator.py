@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from kompaktor_operator import depth, naming
 from kompaktor_operator.scaling import CompactorView
 

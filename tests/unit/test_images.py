@@ -24,6 +24,7 @@ from typing import Any
 import click
 import pytest
 import yaml
+
 from kompaktor import __version__
 from kompaktor.cli import COMMANDS, main
 from kompaktor_operator import manifests, naming

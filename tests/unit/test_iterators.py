@@ -10,6 +10,7 @@ from collections import defaultdict
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from kompaktor.iterators import SCAN, IteratorSettings, apply_stack, merge_sources, merged_view
 from kompaktor.keys import Entry, is_sorted, sort_key
 

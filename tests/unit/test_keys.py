@@ -8,6 +8,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from kompaktor import contract as C
 from kompaktor.keys import (
     ARROW_SORT_KEYS,

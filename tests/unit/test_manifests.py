@@ -6,6 +6,7 @@ import copy
 
 import kubernetes_validate
 import pytest
+
 from kompaktor_operator import manifests, naming
 from kompaktor_operator.config import OperatorConfig
 from kompaktor_operator.models import CompactorGroupSpec

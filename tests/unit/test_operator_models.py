@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from kompaktor_operator import models as m
 from pydantic import ValidationError
+
+from kompaktor_operator import models as m
 
 
 def test_service_defaults_match_the_planner_defaults() -> None:

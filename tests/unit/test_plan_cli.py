@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+
 from kompaktor.cli import main
 from kompaktor.commands.plan import plan
 

@@ -10,6 +10,7 @@ import logging
 from dataclasses import dataclass, field
 
 import pytest
+
 from kompaktor.planner import (
     OVER_SIZE_MAX,
     OVER_SIZE_MIN,

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from kompaktor import sortedfile as sf
 from kompaktor.errors import BadFileError, UnsortedError
 from kompaktor.keys import Entry, sort_key
