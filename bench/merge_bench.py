@@ -34,6 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
 from kompaktor.keys import ARROW_SORT_KEYS
 from kompaktor.sortedfile import SCHEMA, write_sorted
 from kompaktor.storage import Storage
@@ -217,12 +218,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--csv", default=str(OUT_DIR / "merge.csv"))
     args = ap.parse_args(argv)
 
-    from kompaktor.engine import MergeRequest, make_engine
-    from kompaktor.iterators import IteratorSettings
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    from kompaktor.engine import MergeRequest, make_engine
+    from kompaktor.iterators import IteratorSettings
+
+    console = Console(width=max(150, Console().width))
     scratch = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="kompaktor-bench-"))
     storage = Storage.from_uri(str(scratch / "files"))
     storage.ensure_dir("out")

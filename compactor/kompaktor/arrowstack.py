@@ -31,32 +31,15 @@ KEY_COLUMNS = ("row", "cf", "cq", "vis")
 SOURCE = "__source"
 #: merged order: key order, then the newest source (highest index) first among identical keys.
 MERGE_SORT_KEYS: list[tuple[str, str]] = [*ARROW_SORT_KEYS, (SOURCE, "descending")]
+#: below this size the inputs of a range are made contiguous before sorting (binary columns
+#: have 32-bit offsets: one contiguous column must stay under 2 GiB)
+COMBINE_LIMIT = 1 << 30
 
 
 def _np_bool(arr) -> np.ndarray:
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
     return arr.to_numpy(zero_copy_only=False).astype(bool, copy=False)
-
-
-def _changes(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    """Boolean array of len(col): True where the value differs from the previous one (and at 0)."""
-    n = len(col)
-    out = np.ones(n, dtype=bool)
-    if n > 1:
-        out[1:] = _np_bool(pc.not_equal(col.slice(1), col.slice(0, n - 1)))
-    return out
-
-
-def group_starts(table: pa.Table, columns: Sequence[str] = KEY_COLUMNS) -> np.ndarray:
-    """True at the first entry of every run of equal ``columns`` (the column key by default)."""
-    n = table.num_rows
-    start = np.zeros(n, dtype=bool)
-    if n == 0:
-        return start
-    for name in columns:
-        start |= _changes(table.column(name))
-    return start
 
 
 def _row_dropped(table: pa.Table, row_starts: np.ndarray, settings: IteratorSettings) -> np.ndarray:
@@ -89,20 +72,40 @@ def _within_group_exclusive(flags: np.ndarray, gid: np.ndarray, gstart: np.ndarr
     return excl - excl[gstart][gid]
 
 
+def _starts(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """(column-key starts, row starts): True at the first entry of each column key / row."""
+    n = table.num_rows
+    key_start = np.ones(n, dtype=bool)
+    row_start = np.ones(n, dtype=bool)
+    if n > 1:
+        diffs = [pc.not_equal(table.column(c).slice(1), table.column(c).slice(0, n - 1)) for c in KEY_COLUMNS]
+        row_start[1:] = _np_bool(diffs[0])
+        key_start[1:] = _np_bool(pc.or_(pc.or_(diffs[0], diffs[1]), pc.or_(diffs[2], diffs[3])))
+    return key_start, row_start
+
+
+def _within_group_exclusive(flags: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """For each entry, how many ``flags`` precede it inside its group (groups begin at ``start``)."""
+    excl = np.cumsum(flags, dtype=np.int64) - flags
+    # excl never decreases, so the running max of its values at group starts is the value at
+    # the current group's start
+    base = np.maximum.accumulate(np.where(start, excl, 0))
+    return excl - base
+
+
 def keep_mask(table: pa.Table, settings: IteratorSettings = SCAN) -> np.ndarray:
     """Boolean mask of the entries ``apply_stack`` keeps from ``table`` (in merged order)."""
     n = table.num_rows
     if n == 0:
         return np.zeros(0, dtype=bool)
-    row_starts = _changes(table.column("row"))
-    start = row_starts.copy()
-    for name in KEY_COLUMNS[1:]:
-        start |= _changes(table.column(name))
-    gid = np.cumsum(start, dtype=np.int64) - 1
-    gstart = np.flatnonzero(start)
-
+    start, row_starts = _starts(table)
     dele = _np_bool(table.column("deleted"))
-    hidden = _within_group_exclusive(dele, gid, gstart) > 0
+    filtered = settings.ageoff_cutoff is not None or settings.has_row_filter
+    if settings.full and settings.max_versions == 1 and not filtered:
+        # the common system compaction: the newest entry of each key, unless it is a marker
+        return start & ~dele
+
+    hidden = _within_group_exclusive(dele, start) > 0
     visible = ~hidden
     markers = dele & visible if not settings.full else np.zeros(n, dtype=bool)
 
@@ -113,7 +116,7 @@ def keep_mask(table: pa.Table, settings: IteratorSettings = SCAN) -> np.ndarray:
         cand &= ts >= cutoff
     if settings.has_row_filter:
         cand &= ~_row_dropped(table, row_starts, settings)
-    rank = _within_group_exclusive(cand, gid, gstart)  # candidates before this one
+    rank = _within_group_exclusive(cand, start)  # candidates before this one
     return markers | (cand & (rank < settings.max_versions))
 
 
@@ -135,6 +138,9 @@ def merge_order(tables_oldest_first: Sequence[pa.Table]) -> pa.Table:
     table = pa.concat_tables(parts)
     if len(parts) == 1:
         return table  # a single sorted input is already in merged order
+    if table.nbytes < COMBINE_LIMIT:
+        # contiguous columns: sort_indices and especially take are much faster than on chunks
+        table = table.combine_chunks()
     idx = pc.sort_indices(table, sort_keys=MERGE_SORT_KEYS)
     return table.take(idx)
 
@@ -167,3 +173,17 @@ def first_unsorted(table: pa.Table) -> int | None:
             break
     hits = np.flatnonzero(bad)
     return int(hits[0]) + 1 if len(hits) else None
+
+
+def first_row_decrease(table: pa.Table) -> int | None:
+    """Index of the first entry whose row sorts before the previous entry's row, or None.
+    A quarter of :func:`first_unsorted`'s cost; enough for the key-range merge, whose only
+    assumption about an input is that its rows never decrease (it sorts each range itself)."""
+    n = table.num_rows
+    if n < 2:
+        return None
+    rows = table.column("row")
+    dec = pc.less(rows.slice(1), rows.slice(0, n - 1))
+    if not pc.any(dec).as_py():
+        return None
+    return int(pc.index(dec, True).as_py()) + 1

@@ -20,8 +20,9 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from kompaktor.arrowmerge import ArrowMergeEngine
-from kompaktor.arrowstack import first_unsorted, merge_tables
+from kompaktor.arrowstack import first_row_decrease, first_unsorted, merge_tables
 from kompaktor.engine import MergeRequest
 from kompaktor.errors import UnsortedError
 from kompaktor.iterators import IteratorSettings, merged_view
@@ -164,3 +165,12 @@ def test_first_unsorted_agrees_with_check_sorted(es):
         assert bad is not None
         assert sort_key(es[bad]) < sort_key(es[bad - 1])
         assert all(sort_key(a) <= sort_key(b) for a, b in itertools.pairwise(es[:bad]))
+
+
+@settings(max_examples=200, **common)
+@given(es=st.lists(entries, max_size=30))
+def test_first_row_decrease(es):
+    bad = first_row_decrease(entries_to_table(es))
+    rows = [e.row for e in es]
+    expected = next((i for i in range(1, len(rows)) if rows[i] < rows[i - 1]), None)
+    assert bad == expected
