@@ -8,8 +8,10 @@ Spark cluster or Spark-on-Kubernetes (``k8s://…``) with any extra Spark conf.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -20,6 +22,7 @@ log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _session = None
 _settings: tuple | None = None
+_warm = None
 
 #: Defaults for a compactor's session; the caller's conf wins.
 DEFAULT_CONF: dict[str, str] = {
@@ -71,6 +74,7 @@ def get_session(master: str = "local[*]", conf: Mapping[str, str] | None = None,
         local_dir = conf.get("spark.local.dir") or os.environ.get("KOMPAKTOR_SPARK_LOCAL_DIR")
         if not local_dir:
             local_dir = tempfile.mkdtemp(prefix="kompaktor-spark-")
+            atexit.register(shutil.rmtree, local_dir, True)
         os.makedirs(local_dir, exist_ok=True)
         merged = dict(DEFAULT_CONF)
         java_opts = f"-Dlog4j2.configurationFile=file:{_log4j_file(local_dir)}"
@@ -86,6 +90,24 @@ def get_session(master: str = "local[*]", conf: Mapping[str, str] | None = None,
         session.sparkContext.setLogLevel("ERROR")
         _session, _settings = session, wanted
         return session
+
+
+def _import_merge_modules(_it):
+    import kompaktor.arrowmerge  # noqa: F401  (pyarrow, numpy and the merge code)
+
+    return [os.getpid()]
+
+
+def warm_up(session) -> None:
+    """Start the Python workers and import the merge code in them once, so that the first
+    job does not pay for it (a compactor calls this before taking its first job)."""
+    global _warm
+    if _warm is session:
+        return
+    sc = session.sparkContext
+    n = max(1, sc.defaultParallelism)
+    sc.parallelize(range(n), n).mapPartitions(_import_merge_modules).collect()
+    _warm = session
 
 
 def active_session():

@@ -43,7 +43,7 @@ from kompaktor.arrowmerge import (
 from kompaktor.engine import MergeCancelled, MergeError, MergeRequest, MergeResult, ProgressFn
 from kompaktor.errors import BadFileError, UnsortedError
 from kompaktor.iterators import IteratorSettings
-from kompaktor.sortedfile import SortedFileWriter
+from kompaktor.sortedfile import ROW_GROUP_SIZE, SortedFileWriter
 from kompaktor.storage import TMP_PREFIX, Storage
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ def _run_range(storage: Storage, inputs: tuple[str, ...], settings: IteratorSett
     opts = pa.ipc.IpcWriteOptions(compression="lz4")
     with storage.fs.open_output_stream(storage.path(tmp)) as sink, \
             pa.ipc.new_file(sink, table.schema, options=opts) as w:
-        w.write_table(table, max_chunksize=64 * 1024)
+        w.write_table(table, max_chunksize=ROW_GROUP_SIZE)  # one output row group per batch
     storage.move(tmp, final)
     return {"index": index, "entries_read": read, "entries_written": table.num_rows}
 
@@ -88,10 +88,12 @@ class SparkMergeEngine:
 
     def __init__(self, master: str = "local[*]", conf: Mapping[str, str] | None = None,
                  driver_memory: str | None = None, *, task_entries: int | None = None,
-                 tasks_per_core: int = 2) -> None:
-        from kompaktor.spark import get_session
+                 tasks_per_core: int = 2, warm: bool = True) -> None:
+        from kompaktor.spark import get_session, warm_up
 
         self.session = get_session(master, conf, driver_memory)
+        if warm:
+            warm_up(self.session)
         self.task_entries = task_entries
         self.tasks_per_core = tasks_per_core
 

@@ -61,7 +61,15 @@ def merge(inputs: tuple[str, ...], output: str, full: bool, max_versions: int, a
     if os.path.exists(out):
         os.remove(out)
     t1 = time.perf_counter()
-    res = eng.merge(storage, req)
+    try:
+        res = eng.merge(storage, req)
+    except BadFileError as exc:
+        msg = str(exc)
+        for r, a in zip(rel, paths, strict=True):
+            if msg.startswith(f"{r}:"):
+                msg = a + msg[len(r):]
+                break
+        raise BadFileError(msg) from exc
     secs = max(time.perf_counter() - t1, 1e-9)
     click.echo(f"merged {len(paths)} files ({res.entries_read:,} entries, {_mb(res.bytes_read)}) into {output} "
                f"({res.entries_written:,} entries, {_mb(res.bytes_written)}) with the {engine} engine")
