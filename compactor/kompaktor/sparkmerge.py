@@ -148,7 +148,7 @@ class SparkMergeEngine:
             for i in range(len(tasks)):
                 final, _tmp = part_names(req.output, req.tmp_tag, i)
                 self._wait_for_part(storage, final, done, outcome, cancel, req, i, len(tasks))
-                read_i = self._append_part(storage, final, w)
+                read_i = self._append_part(storage, final, w, cancel, req)
                 storage.delete(final)
                 read += read_i
                 written = w.entries
@@ -196,12 +196,15 @@ class SparkMergeEngine:
             raise (UnsortedError if errors[0]["unsorted"] else BadFileError)(errors[0]["error"])
 
     @staticmethod
-    def _append_part(storage: Storage, final: str, w: SortedFileWriter) -> int:
+    def _append_part(storage: Storage, final: str, w: SortedFileWriter, cancel: threading.Event | None,
+                     req: MergeRequest) -> int:
         """Stream one part into the output, one record batch at a time; return entries read."""
         with storage.fs.open_input_file(storage.path(final)) as f:
             reader = pa.ipc.open_file(f)
             meta = reader.schema.metadata or {}
             for b in range(reader.num_record_batches):
+                if cancel is not None and cancel.is_set():
+                    raise MergeCancelled(f"merge into {req.output} cancelled")
                 batch = reader.get_batch(b)
                 if batch.num_rows:
                     w.write_table(pa.Table.from_batches([batch]).replace_schema_metadata(None), checked=True)
