@@ -35,6 +35,8 @@ from kompaktor.storage import Storage
 Bound = bytes | None
 #: entries per key range for the in-process engine (bounds its memory: ~5x the range's data).
 ARROW_RANGE_ENTRIES = 1_000_000
+#: uncompressed bytes per key range at most (about; from row-group sizes)
+RANGE_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -42,9 +44,10 @@ class InputMeta:
     path: str
     size: int
     entries: int
-    #: (max row, entries) of each row group, when the file has row statistics
-    groups: tuple[tuple[bytes, bytes, int], ...]  # (min row, max row, entries)
+    #: (min row, max row, entries, uncompressed bytes) of each row group with row statistics
+    groups: tuple[tuple[bytes, bytes, int, int], ...]
     has_stats: bool
+    data_bytes: int = 0  # uncompressed size of all row groups
 
 
 def _as_bytes(v) -> bytes:
@@ -76,8 +79,9 @@ def inspect_inputs(storage: Storage, inputs: tuple[str, ...] | list[str]) -> lis
             if st is None or not st.has_min_max:
                 has_stats = False
                 continue
-            groups.append((_as_bytes(st.min), _as_bytes(st.max), rg.num_rows))
-        metas.append(InputMeta(path, size, md.num_rows, tuple(groups), has_stats))
+            groups.append((_as_bytes(st.min), _as_bytes(st.max), rg.num_rows, rg.total_byte_size))
+        data_bytes = sum(md.row_group(g).total_byte_size for g in range(md.num_row_groups))
+        metas.append(InputMeta(path, size, md.num_rows, tuple(groups), has_stats, data_bytes))
     return metas
 
 
@@ -92,21 +96,33 @@ def estimate_entries(metas: list[InputMeta], prev: Bound, end: Bound) -> int:
         if not m.has_stats:
             total += m.entries
         else:
-            total += sum(n for lo, hi, n in m.groups if _overlaps(lo, hi, prev, end))
+            total += sum(n for lo, hi, n, _b in m.groups if _overlaps(lo, hi, prev, end))
     return total
 
 
-def plan_ranges(metas: list[InputMeta], prev: Bound, end: Bound, target_entries: int) -> list[tuple[Bound, Bound]]:
-    """Cut (prev, end] into consecutive row ranges (lo, hi] of about ``target_entries`` each.
+def plan_ranges(metas: list[InputMeta], prev: Bound, end: Bound, target_entries: int,
+                target_bytes: int = RANGE_BYTES) -> list[tuple[Bound, Bound]]:
+    """Cut (prev, end] into consecutive row ranges (lo, hi] of about ``target_entries`` entries
+    and at most about ``target_bytes`` of uncompressed data each (large values make big ranges).
 
     Cut points are row-group max rows (so a range rarely starts in the middle of a row group
     of every input); any cut is *correct*, statistics only decide the balance."""
-    total = estimate_entries(metas, prev, end)
+    scale = target_entries / max(1, target_bytes)
+
+    def weight(n: int, nbytes: int) -> float:  # in entries, or the entries that many bytes are worth
+        return max(float(n), nbytes * scale)
+
+    cands: list[tuple[bytes, float]] = []
+    total = 0.0
+    for m in metas:
+        if not m.has_stats:
+            total += weight(m.entries, m.data_bytes)
+        for lo, hi, n, nbytes in m.groups:
+            if _overlaps(lo, hi, prev, end):
+                cands.append((hi, weight(n, nbytes)))
+                total += cands[-1][1]
     if total <= target_entries:
         return [(prev, end)]
-    cands: list[tuple[bytes, int]] = []
-    for m in metas:
-        cands.extend((hi, n) for lo, hi, n in m.groups if _overlaps(lo, hi, prev, end))
     cands.sort()
     k = math.ceil(total / target_entries)
     step = total / k

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kompaktor.arrowmerge import ArrowMergeEngine
+from kompaktor.arrowmerge import ArrowMergeEngine, InputMeta, plan_ranges
 from kompaktor.arrowstack import first_row_decrease, first_unsorted, merge_tables
 from kompaktor.engine import MergeRequest
 from kompaktor.errors import UnsortedError
@@ -174,3 +174,25 @@ def test_first_row_decrease(es):
     rows = [e.row for e in es]
     expected = next((i for i in range(1, len(rows)) if rows[i] < rows[i - 1]), None)
     assert bad == expected
+
+
+group_stats = st.lists(st.tuples(st.sampled_from(ROWS), st.sampled_from(ROWS), st.integers(1, 50),
+                                 st.integers(0, 10_000)).map(lambda g: (min(g[0], g[1]), max(g[0], g[1]), g[2], g[3])),
+                       max_size=8)
+
+
+@settings(max_examples=300, **common)
+@given(files=st.lists(group_stats, min_size=1, max_size=4), tablet=tablet_ranges,
+       target=st.integers(1, 100), target_bytes=st.sampled_from([100, 10_000, 1 << 30]))
+def test_plan_ranges_tile_the_tablet_range(files, tablet, target, target_bytes):
+    """Ranges are consecutive, cover (prev, end] exactly, and cut strictly inside it."""
+    metas = [InputMeta(f"F{i}", 0, sum(g[2] for g in gs), tuple(sorted(gs, key=lambda g: g[1])), True)
+             for i, gs in enumerate(files)]
+    prev, end = tablet
+    ranges = plan_ranges(metas, prev, end, target, target_bytes)
+    assert ranges[0][0] == prev and ranges[-1][1] == end
+    for (_a, b), (c, _d) in itertools.pairwise(ranges):
+        assert b == c and b is not None
+    cuts = [hi for _lo, hi in ranges[:-1]]
+    assert cuts == sorted(set(cuts))
+    assert all((prev is None or c > prev) and (end is None or c < end) for c in cuts)
