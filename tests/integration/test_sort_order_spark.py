@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 
 import pytest
+
 from kompaktor.keys import INT64_MAX, INT64_MIN, Entry, sort_key
 from kompaktor.sortedfile import SCHEMA, entries_to_table
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pyarrow.compute as pc
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from kompaktor.arrowstack import first_unsorted
 from kompaktor.keys import ARROW_SORT_KEYS, INT64_MAX, INT64_MIN, Entry, sort_key
 from kompaktor.sortedfile import entries_to_table, table_to_entries
