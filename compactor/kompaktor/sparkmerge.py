@@ -8,7 +8,7 @@ Shape (../shared/PERF.md, "the promising shape"):
    boundaries, so a column key's versions are always in one task.
 2. One Spark task per range (``sc.parallelize(ranges).map(...)``) reads its rows from every input
    (row-group statistics prune the rest), merges and applies the iterator stack with Arrow
-   (:mod:`kompaktor.arrowstack`) and writes one ordered part (Arrow IPC, LZ4) under a temporary
+   (:mod:`kompaktor.arrowstack`) and writes one ordered part (Arrow IPC) under a temporary
    name carrying the ECID, next to the output. Spark schedules, retries and spreads the tasks
    over its executors; the data never takes Spark's own Parquet path or a global sort.
 3. While later tasks still run, the driver streams the finished parts, in range order and one
@@ -32,6 +32,7 @@ import uuid
 from collections.abc import Mapping
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from kompaktor.arrowmerge import (
     inspect_inputs,
@@ -62,6 +63,12 @@ def part_names(output: str, tmp_tag: str, index: int) -> tuple[str, str]:
     return base, base + ".w"
 
 
+def _part_compression(storage: Storage) -> str | None:
+    """Parts on a local disk are written uncompressed (cheaper than LZ4 at local-disk speed);
+    on shared or object storage, LZ4 (less to transfer)."""
+    return None if isinstance(storage.fs, pafs.LocalFileSystem) else "lz4"
+
+
 def _run_range(storage: Storage, inputs: tuple[str, ...], settings: IteratorSettings, output: str,
                tmp_tag: str, task: tuple[int, bytes | None, bytes | None]) -> dict:
     """Executor side: merge one key range and write it as one Arrow IPC part."""
@@ -73,7 +80,7 @@ def _run_range(storage: Storage, inputs: tuple[str, ...], settings: IteratorSett
     final, tmp = part_names(output, tmp_tag, index)
     meta = {b"kompaktor.entries_read": str(read).encode()}
     table = table.replace_schema_metadata(meta)
-    opts = pa.ipc.IpcWriteOptions(compression="lz4")
+    opts = pa.ipc.IpcWriteOptions(compression=_part_compression(storage))
     with storage.fs.open_output_stream(storage.path(tmp)) as sink, \
             pa.ipc.new_file(sink, table.schema, options=opts) as w:
         w.write_table(table, max_chunksize=ROW_GROUP_SIZE)  # one output row group per batch
