@@ -173,10 +173,12 @@ class SparkMergeEngine:
             self._wait_tasks_stopped(group)
             if w is not None:
                 w.abort()
+            raise
+        finally:
+            # every part, also one a retried task may have rewritten after it was consumed
             for i in range(len(tasks)):
                 for name in part_names(req.output, req.tmp_tag, i):
                     storage.delete(name)
-            raise
         report(progress_dict(read, written, bytes_in, info.size, len(tasks), len(tasks), started))
         return MergeResult(info=info, entries_read=read, entries_written=written, bytes_read=bytes_in,
                            bytes_written=info.size)
