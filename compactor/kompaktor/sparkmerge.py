@@ -161,7 +161,9 @@ class SparkMergeEngine:
                 written = w.entries
                 report(progress_dict(read, written, round(bytes_in * (i + 1) / len(tasks)),
                                      writer_position(w), i + 1, len(tasks), started))
-            done.wait()
+            while not done.wait(0.05):  # every part is in; the job is finishing
+                if cancel is not None and cancel.is_set():
+                    raise MergeCancelled(f"merge into {req.output} cancelled before commit")
             self._raise_job_failure(outcome, req)
             if cancel is not None and cancel.is_set():
                 raise MergeCancelled(f"merge into {req.output} cancelled before commit")
