@@ -19,6 +19,7 @@ import itertools
 import math
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -283,16 +284,26 @@ class ArrowMergeEngine:
         read = written = 0
         report(progress_dict(0, 0, 0, 0, 0, len(ranges), started))
         cursors: list[InputCursor] = []
+
+        def produce(hi: Bound) -> tuple[pa.Table, int]:
+            tables = [c.take(hi) for c in cursors]
+            return merge_tables(tables, req.settings), sum(t.num_rows for t in tables)
+
         w = SortedFileWriter(storage, req.output, tmp_tag=req.tmp_tag)
+        # one thread reads and merges range i+1 while this one encodes range i into the output
+        # (both release the GIL): two ranges in memory at most
+        ahead = ThreadPoolExecutor(1, thread_name_prefix="arrowmerge")
         try:
             cursors.extend(InputCursor(storage, p, req.prev, req.end) for p in req.inputs)
-            for i, (_lo, hi) in enumerate(ranges):
+            fut = ahead.submit(produce, ranges[0][1])
+            for i in range(len(ranges)):
+                out, n = fut.result()
                 if cancel is not None and cancel.is_set():
                     raise MergeCancelled(f"merge into {req.output} cancelled after {i} of {len(ranges)} parts")
-                tables = [c.take(hi) for c in cursors]
-                out = merge_tables(tables, req.settings)
+                if i + 1 < len(ranges):
+                    fut = ahead.submit(produce, ranges[i + 1][1])
                 w.write_table(out, checked=True)
-                read += sum(t.num_rows for t in tables)
+                read += n
                 written += out.num_rows
                 report(progress_dict(read, written, round(bytes_in * (i + 1) / len(ranges)),
                                      writer_position(w), i + 1, len(ranges), started))
@@ -303,6 +314,7 @@ class ArrowMergeEngine:
             w.abort()
             raise
         finally:
+            ahead.shutdown(wait=True, cancel_futures=True)
             for c in cursors:
                 c.close()
         report(progress_dict(read, written, bytes_in, info.size, len(ranges), len(ranges), started))
