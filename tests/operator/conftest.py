@@ -17,6 +17,7 @@ from typing import Any
 import kopf
 import pytest
 import pytest_asyncio
+from kmock import action as kmock_action
 
 from kompaktor_operator import depth, handlers, kube
 from kompaktor_operator.config import OperatorConfig
@@ -166,6 +167,18 @@ async def operator(kmock, backend: FakeBackend, monkeypatch: pytest.MonkeyPatch)
     thread = threading.Thread(target=_main, name="kopf", daemon=True)
     thread.start()
     await eventually(ready.is_set, what="operator ready")
+
+    # kmock streams the objects that exist when a watch starts and then subscribes to new events;
+    # an object stored before every watch is open can fall into that gap and never be seen. So
+    # the tests begin only once kopf watches each custom resource, and kmock (which serves from
+    # this loop) has been given a few turns of the loop to subscribe.
+    def watching() -> bool:
+        plurals = {str(getattr(r.resource, "plural", "")) for r in list(kmock) if r.action == kmock_action.WATCH}
+        return set(CRDS) <= plurals
+
+    await eventually(watching, what="kopf watching every custom resource")
+    for _ in range(100):
+        await asyncio.sleep(0)
     try:
         yield kmock
     finally:
