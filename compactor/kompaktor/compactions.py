@@ -27,9 +27,6 @@ from kompaktor.keys import encode_row
 from kompaktor.sortedfile import PREFIXES, FileInfo
 from kompaktor.storage import TMP_PREFIX, Storage
 from kompaktor.store import ONLINE, MetadataStore, Mutation, RunningCompaction, TableInfo, Tablet, now_ms
-from kompaktor.tableprops import SELECTION_EXPIRY
-
-DEFAULT_SELECTION_EXPIRY_MS = 120_000
 
 
 @dataclass(frozen=True)
@@ -121,8 +118,7 @@ def try_reserve(store: MetadataStore, job: Job, compactor: str, group: str) -> R
         tc.require("no_hold")
         sel = t.selection
         if sel is not None and set(files) & set(sel.files):
-            expiry = int(info.props.get(SELECTION_EXPIRY, DEFAULT_SELECTION_EXPIRY_MS))
-            if job.overlaps and sel.done == 0 and now - sel.created_ms > expiry:
+            if job.overlaps and sel.stale(info.props, now):
                 tc.require("selection_is", sel.id).do("clear_selection")
             else:
                 raise ConditionFailed("files not selected", f"{job.tablet} selection {sel.id}")

@@ -15,9 +15,7 @@ from kompaktor.planner import Kind, PlannerSettings, Running, plan
 from kompaktor.selectors import FileStats, too_many_deletes
 from kompaktor.services import DEFAULT, ServiceConfig, dispatch
 from kompaktor.store import ONLINE, TableInfo, Tablet
-from kompaktor.tableprops import FILE_MAX, RATIO, SELECTION_EXPIRY, SELECTOR, SELECTOR_THRESHOLD
-
-DEFAULT_SELECTION_EXPIRY_MS = 120_000
+from kompaktor.tableprops import FILE_MAX, RATIO, SELECTOR, SELECTOR_THRESHOLD
 
 
 @dataclass(frozen=True)
@@ -70,8 +68,7 @@ def plan_tablet(t: Tablet, table: TableInfo, services: Mapping[str, ServiceConfi
     stale: frozenset[str] = frozenset()
     excluded: set[str] = set(busy)
     if sel is not None:
-        expiry = int(table.props.get(SELECTION_EXPIRY, DEFAULT_SELECTION_EXPIRY_MS))
-        if sel.done == 0 and now_ms - sel.created_ms > expiry:
+        if sel.stale(table.props, now_ms):
             stale = frozenset(sel.files)
         else:
             excluded.update(sel.files)

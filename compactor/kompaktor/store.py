@@ -22,10 +22,12 @@ from redis.retry import Retry
 from kompaktor import contract as C
 from kompaktor.errors import ConditionFailed, StoreUnavailable, TableExistsError, UnknownTableError
 from kompaktor.keys import decode_row, encode_row
+from kompaktor.tableprops import SELECTION_EXPIRY
 
 ONLINE, OFFLINE, DELETED = "ONLINE", "OFFLINE", "DELETED"
 STATES = (ONLINE, OFFLINE, DELETED)
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_SELECTION_EXPIRY_MS = 120_000  # table.compaction.selection.expiration.ms
 _LUA = resources.files("kompaktor").joinpath("lua/mutate.lua").read_text()
 
 
@@ -96,6 +98,12 @@ class Selection:
     files: tuple[str, ...]
     done: int = 0
     created_ms: int = 0
+
+    def stale(self, props: dict[str, str], now: int) -> bool:
+        """PLANNER.md §5: no job of the selection has completed and it is older than the table's
+        selection expiry (default 2 minutes); SYSTEM compactions may then take its files."""
+        expiry = int(props.get(SELECTION_EXPIRY, DEFAULT_SELECTION_EXPIRY_MS))
+        return self.done == 0 and now - self.created_ms > expiry
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import redis
 
 from kompaktor import compactions, jobqueue
 from kompaktor import contract as C
@@ -22,6 +21,7 @@ from kompaktor.store import FileMeta, MetadataStore, Mutation
 
 sys.path.insert(0, str(Path(__file__).parent))  # queue_race_worker, importable in spawned children
 import queue_race_worker as W
+from redis_snapshot import snapshot
 
 pytestmark = pytest.mark.redis
 
@@ -34,21 +34,6 @@ def drain(q: JobQueues, group: str) -> list[Job]:
     out = []
     while (j := q.poll(group)) is not None:
         out.append(j)
-    return out
-
-
-def snapshot(r: redis.Redis) -> dict:
-    out = {}
-    for k in sorted(r.keys("*")):
-        t = r.type(k).decode()
-        if t == "string":
-            out[k] = r.get(k)
-        elif t == "hash":
-            out[k] = r.hgetall(k)
-        elif t == "set":
-            out[k] = r.smembers(k)
-        elif t == "zset":
-            out[k] = r.zrange(k, 0, -1, withscores=True)
     return out
 
 

@@ -11,7 +11,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-import redis
 
 from kompaktor import contract as C
 from kompaktor.errors import ConditionFailed, TableExistsError, UnknownTableError
@@ -19,26 +18,9 @@ from kompaktor.store import DELETED, OFFLINE, ONLINE, FileMeta, MetadataStore, M
 
 sys.path.insert(0, str(Path(__file__).parent))  # store_race_worker, importable in spawned children
 import store_race_worker as W
+from redis_snapshot import snapshot
 
 pytestmark = pytest.mark.redis
-
-
-def snapshot(r: redis.Redis) -> dict:
-    """Every key and its value, to show that a rejected mutation changed nothing."""
-    out = {}
-    for k in sorted(r.keys("*")):
-        t = r.type(k).decode()
-        if t == "string":
-            out[k] = r.get(k)
-        elif t == "hash":
-            out[k] = r.hgetall(k)
-        elif t == "set":
-            out[k] = r.smembers(k)
-        elif t == "zset":
-            out[k] = r.zrange(k, 0, -1, withscores=True)
-        else:
-            out[k] = (t, r.dump(k))
-    return out
 
 
 # -- tables ------------------------------------------------------------------------------------
