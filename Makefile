@@ -24,11 +24,11 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## virtualenv in .venv with the package and dev extras; redis-server and Java 17 via apt-get when missing
 
-test: $(STAMP) ## run the test suite (unit, redis, spark, operator adapters, chart); see test-operator
-	$(PY) -m pytest -q --ignore=tests/operator/test_operator.py
+test: $(STAMP) ## run the whole test suite (unit, Redis, Spark, operator under kopf + kmock, chart)
+	$(PY) -m pytest -q
 
-test-operator: $(STAMP) ## kopf handlers against the kmock emulator (flaky here: kmock watch events get lost)
-	$(PY) -m pytest -q tests/operator/test_operator.py
+test-operator: $(STAMP) ## only the operator: kopf handlers against the kmock Kubernetes emulator
+	$(PY) -m pytest -q tests/operator
 
 demo: $(STAMP) ## run the main job locally: embedded Redis, coordinator, autoscaled compactors, continuous ingest, verification
 	$(VENV)/bin/kompaktor demo

@@ -87,6 +87,19 @@ async def _kube(coro: Any) -> Any:
         raise kopf.TemporaryError(f"the API server failed: {exc}", delay=RETRY_DELAY) from exc
 
 
+def _settled(status: Any, meta: Any) -> bool:
+    """Whether the reconcile handler has answered for the current generation.
+
+    ``status.conditions`` is one list, and a merge patch replaces a list whole: a timer that
+    wrote its condition while a reconcile was landing would put back the old Ready. So timers
+    write conditions only once Ready has been set for this generation (kopf hands them the
+    latest body), and leave the list to the reconcile handler until then."""
+    generation = meta.get("generation")
+    ready = conditions.get((status or {}).get("conditions"), conditions.READY)
+    return (ready is not None and ready.get("observedGeneration") == generation
+            and (status or {}).get("observedGeneration") == generation)
+
+
 # ---------------------------------------------------------------------------------------------
 # start-up and login
 
@@ -158,6 +171,8 @@ async def service_status(name: str, namespace: str, spec: Any, status: Any, meta
     patch.status["queued"] = sum(f.queued for f in figures.values())
     patch.status["running"] = sum(f.running for f in figures.values())
     generation = meta.get("generation")
+    if not _settled(status, meta):
+        return  # the figures now, the condition once the reconcile handler has set Ready
     if missing:
         _mark(patch, status, conditions.DEGRADED, True, "CompactorGroupMissing",
               f"no CompactorGroup {', '.join(missing)} in namespace {namespace}: jobs of those tiers wait",
@@ -275,6 +290,8 @@ async def scale_group(name: str, namespace: str, spec: Any, status: Any, meta: A
     patch.status["deadLettered"] = figures.dead_lettered
     patch.status["rejected"] = figures.rejected
     generation = meta.get("generation")
+    if not _settled(status, meta):
+        return  # the figures now, the condition once the reconcile handler has set Ready
     if figures.queued > 0 and ready == 0:
         _mark(patch, status, conditions.DEGRADED, True, "NoReadyCompactors",
               f"{figures.queued} job(s) queued but no compactor pod is ready; check the pods' events",

@@ -168,17 +168,21 @@ async def operator(kmock, backend: FakeBackend, monkeypatch: pytest.MonkeyPatch)
     thread.start()
     await eventually(ready.is_set, what="operator ready")
 
-    # kmock streams the objects that exist when a watch starts and then subscribes to new events;
-    # an object stored before every watch is open can fall into that gap and never be seen. So
-    # the tests begin only once kopf watches each custom resource, and kmock (which serves from
-    # this loop) has been given a few turns of the loop to subscribe.
     def watching() -> bool:
         plurals = {str(getattr(r.resource, "plural", "")) for r in list(kmock) if r.action == kmock_action.WATCH}
         return set(CRDS) <= plurals
 
     await eventually(watching, what="kopf watching every custom resource")
-    for _ in range(100):
-        await asyncio.sleep(0)
+
+    # kmock streams the objects that exist when a watch starts and only then subscribes to the
+    # event bus of the resource; an event published before that subscription is never streamed.
+    # So the tests begin once every watched resource has a subscriber on its bus (kmock 0.8
+    # offers no public view of this).
+    def subscribed() -> bool:
+        buses = {str(getattr(res, "plural", "")): bus for res, bus in kmock._buses.items()}
+        return all(p in buses and buses[p].consumer_count > 0 for p in CRDS)
+
+    await eventually(subscribed, what="kmock streaming events to every watch")
     try:
         yield kmock
     finally:
@@ -186,6 +190,42 @@ async def operator(kmock, backend: FakeBackend, monkeypatch: pytest.MonkeyPatch)
         await eventually(lambda: not thread.is_alive(), timeout=20, what="operator stopped")
         handlers.set_config(None)
     assert not errors, errors
+
+
+def api_path(res: str, name: str | None = None, namespace: str = NS) -> str:
+    """The Kubernetes API path of ``res`` ("group/version/plural", "v1/pods") in ``namespace``."""
+    group_version, plural = res.rsplit("/", 1)
+    root = "/api" if "/" not in group_version else "/apis"
+    return f"{root}/{group_version}/namespaces/{namespace}/{plural}" + (f"/{name}" if name else "")
+
+
+class Api:
+    """Changes go through the Kubernetes API, as kubectl and the HPA make them: kmock turns
+    them into watch events (writing ``kmock.objects`` directly would not notify any watch)."""
+
+    def __init__(self, kmock: Any) -> None:
+        self.kmock = kmock
+
+    async def _send(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        resp = await self.kmock.request(method, path, **kwargs)
+        body = await resp.json(content_type=None)
+        assert resp.status < 300, f"{method} {path}: {resp.status} {body}"
+        return body
+
+    async def create(self, res: str, body: dict[str, Any]) -> dict[str, Any]:
+        return await self._send("POST", api_path(res), json=body)
+
+    async def patch(self, res: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        return await self._send("PATCH", api_path(res, name), json=patch,
+                                headers={"Content-Type": "application/merge-patch+json"})
+
+    async def delete(self, res: str, name: str) -> dict[str, Any]:
+        return await self._send("DELETE", api_path(res, name))
+
+
+@pytest.fixture
+def api(operator: Any) -> Api:
+    return Api(operator)
 
 
 def kopf_resource(kind: str, plural: str) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import pytest
 from kompaktor_operator import depth, naming
 from kompaktor_operator.scaling import CompactorView
 
-from .conftest import NS, FakeBackend, eventually
+from .conftest import NS, Api, FakeBackend, eventually
 
 pytestmark = [pytest.mark.operator, pytest.mark.asyncio]
 
@@ -41,9 +41,9 @@ def group_body(name: str, **spec: Any) -> dict[str, Any]:
                          "resourceVersion": "1"}, "spec": spec}
 
 
-async def test_group_creates_children_and_status(operator, backend: FakeBackend) -> None:
+async def test_group_creates_children_and_status(operator, api: Api, backend: FakeBackend) -> None:
     kmock = operator
-    kmock.objects[GROUPS_RES, NS, "small"] = group_body("small", minReplicas=2, maxReplicas=6, jobsPerReplica=2)
+    await api.create(GROUPS_RES, group_body("small", minReplicas=2, maxReplicas=6, jobsPerReplica=2))
 
     dep = await eventually(lambda: obj(kmock, DEPLOY, "kompaktor-small"), what="Deployment")
     assert dep["spec"]["replicas"] == 2
@@ -69,13 +69,13 @@ async def test_group_creates_children_and_status(operator, backend: FakeBackend)
     assert len(posts) == 1
 
 
-async def test_spec_change_patches_children_and_switches_autoscaler(operator, backend: FakeBackend) -> None:
+async def test_spec_change_patches_children_and_switches_autoscaler(operator, api: Api, backend: FakeBackend) -> None:
     kmock = operator
-    kmock.objects[GROUPS_RES, NS, "g"] = group_body("g", maxReplicas=3)
+    await api.create(GROUPS_RES, group_body("g", maxReplicas=3))
     await eventually(lambda: obj(kmock, HPA, "kompaktor-g"), what="HPA")
-    kmock.objects[GROUPS_RES, NS, "g"].patch(
-        {"metadata": {"generation": 2}, "spec": {"autoscaler": "keda", "minReplicas": 0, "maxReplicas": 9,
-                                                 "drainGraceSeconds": 42}})
+    await api.patch(GROUPS_RES, "g", {"metadata": {"generation": 2},
+                                      "spec": {"autoscaler": "keda", "minReplicas": 0, "maxReplicas": 9,
+                                               "drainGraceSeconds": 42}})
     so = await eventually(lambda: obj(kmock, "keda.sh/v1alpha1/scaledobjects", "kompaktor-g"), what="ScaledObject")
     assert so["spec"]["maxReplicaCount"] == 9 and so["spec"]["minReplicaCount"] == 0
     await eventually(lambda: gone(kmock, HPA, "kompaktor-g"), what="HPA removed")
@@ -87,9 +87,9 @@ async def test_spec_change_patches_children_and_switches_autoscaler(operator, ba
     await eventually(patched, what="Deployment patched")
 
 
-async def test_invalid_group_is_reported_not_crashlooped(operator, backend: FakeBackend) -> None:
+async def test_invalid_group_is_reported_not_crashlooped(operator, api: Api, backend: FakeBackend) -> None:
     kmock = operator
-    kmock.objects[GROUPS_RES, NS, "bad"] = group_body("bad", minReplicas=5, maxReplicas=2)
+    await api.create(GROUPS_RES, group_body("bad", minReplicas=5, maxReplicas=2))
 
     def failed() -> bool:
         conds = obj(kmock, GROUPS_RES, "bad")["status"]["conditions"]
@@ -106,7 +106,7 @@ def pod(name: str, group: str, ready: bool = True) -> dict[str, Any]:
             "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
 
 
-async def test_scale_down_drains_idle_compactors_never_busy(operator, backend: FakeBackend) -> None:
+async def test_scale_down_drains_idle_compactors_never_busy(operator, api: Api, backend: FakeBackend) -> None:
     kmock = operator
     backend.heartbeats["w"] = {
         "w-a": CompactorView("w-a", "busy", "ECID-1"),
@@ -114,12 +114,12 @@ async def test_scale_down_drains_idle_compactors_never_busy(operator, backend: F
         "w-c": CompactorView("w-c", "busy", "ECID-2"),
     }
     for name in ("w-a", "w-b", "w-c"):
-        kmock.objects["v1/pods", NS, name] = pod(name, "w")
-    kmock.objects[GROUPS_RES, NS, "w"] = group_body("w", minReplicas=1, maxReplicas=5, replicas=3)
+        await api.create("v1/pods", pod(name, "w"))
+    await api.create(GROUPS_RES, group_body("w", minReplicas=1, maxReplicas=5, replicas=3))
     await eventually(lambda: obj(kmock, DEPLOY, "kompaktor-w")["spec"]["replicas"] == 3, what="3 replicas")
 
     # the HPA writes spec.replicas through the scale subresource
-    kmock.objects[GROUPS_RES, NS, "w"].patch({"spec": {"replicas": 1}})
+    await api.patch(GROUPS_RES, "w", {"spec": {"replicas": 1}})
     await eventually(lambda: obj(kmock, DEPLOY, "kompaktor-w")["spec"]["replicas"] == 2,
                      what="one idle compactor drained and removed")
     assert backend.drained == ["w-b"]
@@ -139,15 +139,15 @@ async def test_scale_down_drains_idle_compactors_never_busy(operator, backend: F
 
     # one busy compactor finishes: it is drained and goes too
     backend.heartbeats["w"]["w-c"] = CompactorView("w-c", "idle")
-    kmock.objects["v1/pods", NS, "w-b"].patch({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}})
+    await api.delete("v1/pods", "w-b")
     await eventually(lambda: obj(kmock, DEPLOY, "kompaktor-w")["spec"]["replicas"] == 1, what="scaled to 1")
     assert "w-a" not in backend.drained
 
 
-async def test_degraded_when_work_is_queued_and_nothing_is_ready(operator, backend: FakeBackend) -> None:
+async def test_degraded_when_work_is_queued_and_nothing_is_ready(operator, api: Api, backend: FakeBackend) -> None:
     kmock = operator
     backend.figures["q"] = depth.QueueFigures(queued=7, running=0, oldest_age_s=12.5)
-    kmock.objects[GROUPS_RES, NS, "q"] = group_body("q")
+    await api.create(GROUPS_RES, group_body("q"))
 
     def degraded() -> bool:
         status = obj(kmock, GROUPS_RES, "q")["status"]
@@ -158,27 +158,27 @@ async def test_degraded_when_work_is_queued_and_nothing_is_ready(operator, backe
     assert obj(kmock, GROUPS_RES, "q")["status"]["oldestQueuedAgeSeconds"] == 12.5
 
 
-async def test_deleting_a_group_removes_children_and_store_entry(operator, backend: FakeBackend) -> None:
+async def test_deleting_a_group_removes_children_and_store_entry(operator, api: Api, backend: FakeBackend) -> None:
     kmock = operator
-    kmock.objects[GROUPS_RES, NS, "d"] = group_body("d")
+    await api.create(GROUPS_RES, group_body("d"))
     await eventually(lambda: obj(kmock, HPA, "kompaktor-d"), what="HPA")
     await eventually(lambda: naming.FINALIZER in obj(kmock, GROUPS_RES, "d")["metadata"].get("finalizers", []),
                      what="finalizer")
-    kmock.objects[GROUPS_RES, NS, "d"].patch({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}})
+    await api.delete(GROUPS_RES, "d")
     await eventually(lambda: gone(kmock, DEPLOY, "kompaktor-d") and gone(kmock, HPA, "kompaktor-d"),
                      what="children deleted")
     await eventually(lambda: "d" not in backend.groups, what="group removed from the store")
 
 
-async def test_service_stored_with_status_and_missing_group(operator, backend: FakeBackend) -> None:
+async def test_service_stored_with_status_and_missing_group(operator, api: Api, backend: FakeBackend) -> None:
     kmock = operator
     backend.figures["small"] = depth.QueueFigures(queued=4, running=2)
-    kmock.objects[GROUPS_RES, NS, "small"] = group_body("small")
-    kmock.objects[SERVICES_RES, NS, "cs1"] = {
+    await api.create(GROUPS_RES, group_body("small"))
+    await api.create(SERVICES_RES, {
         "apiVersion": "kompaktor.io/v1alpha1", "kind": "CompactionService",
         "metadata": {"name": "cs1", "namespace": NS, "uid": "uid-cs1", "generation": 1, "resourceVersion": "1"},
         "spec": {"tiers": [{"name": "small", "maxSize": "32Mi", "compactorGroup": "small"},
-                           {"name": "large", "compactorGroup": "large"}]}}
+                           {"name": "large", "compactorGroup": "large"}]}})
     await eventually(lambda: "cs1" in backend.services, what="service stored")
     assert backend.services["cs1"].tiers[0].max_size == 33_554_432
 
@@ -191,13 +191,13 @@ async def test_service_stored_with_status_and_missing_group(operator, backend: F
     await eventually(status_ok, what="service status")
 
 
-async def test_invalid_service_tiers_are_reported(operator, backend: FakeBackend) -> None:
+async def test_invalid_service_tiers_are_reported(operator, api: Api, backend: FakeBackend) -> None:
     kmock = operator
-    kmock.objects[SERVICES_RES, NS, "bad"] = {
+    await api.create(SERVICES_RES, {
         "apiVersion": "kompaktor.io/v1alpha1", "kind": "CompactionService",
         "metadata": {"name": "bad", "namespace": NS, "uid": "uid-bad", "generation": 1, "resourceVersion": "1"},
         "spec": {"tiers": [{"name": "a", "compactorGroup": "a"},
-                           {"name": "b", "maxSize": "1Gi", "compactorGroup": "b"}]}}
+                           {"name": "b", "maxSize": "1Gi", "compactorGroup": "b"}]}})
 
     def failed() -> bool:
         ready = next(c for c in obj(kmock, SERVICES_RES, "bad")["status"]["conditions"] if c["type"] == "Ready")
@@ -213,10 +213,10 @@ def compaction_body(name: str, **spec: Any) -> dict[str, Any]:
                          "resourceVersion": "1"}, "spec": spec}
 
 
-async def test_compaction_start_track_succeed(operator, backend: FakeBackend) -> None:
+async def test_compaction_start_track_succeed(operator, api: Api, backend: FakeBackend) -> None:
     kmock = operator
-    kmock.objects[COMPACTIONS_RES, NS, "c1"] = compaction_body(
-        "c1", table="ci", startRow="a", endRow="m", iterators={"ageOff": {"ttlSeconds": 3600}})
+    await api.create(COMPACTIONS_RES, compaction_body(
+        "c1", table="ci", startRow="a", endRow="m", iterators={"ageOff": {"ttlSeconds": 3600}}))
     await eventually(lambda: obj(kmock, COMPACTIONS_RES, "c1")["status"]["compactionId"] == "UC-000001",
                      what="started")
     (cid,) = backend.started
@@ -235,19 +235,19 @@ async def test_compaction_start_track_succeed(operator, backend: FakeBackend) ->
     assert backend.started == [cid], "started exactly once"
 
 
-async def test_compaction_delete_cancels(operator, backend: FakeBackend) -> None:
+async def test_compaction_delete_cancels(operator, api: Api, backend: FakeBackend) -> None:
     kmock = operator
-    kmock.objects[COMPACTIONS_RES, NS, "c2"] = compaction_body("c2", table="ci")
+    await api.create(COMPACTIONS_RES, compaction_body("c2", table="ci"))
     await eventually(lambda: obj(kmock, COMPACTIONS_RES, "c2")["status"]["compactionId"], what="started")
     await eventually(lambda: naming.FINALIZER in obj(kmock, COMPACTIONS_RES, "c2")["metadata"]["finalizers"],
                      what="finalizer")
-    kmock.objects[COMPACTIONS_RES, NS, "c2"].patch({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}})
+    await api.delete(COMPACTIONS_RES, "c2")
     await eventually(lambda: backend.cancelled == ["UC-000001"], what="cancelled")
 
 
-async def test_compaction_rejected_by_the_store_fails_cleanly(operator, backend: FakeBackend) -> None:
+async def test_compaction_rejected_by_the_store_fails_cleanly(operator, api: Api, backend: FakeBackend) -> None:
     kmock = operator
-    kmock.objects[COMPACTIONS_RES, NS, "c3"] = compaction_body("c3", table="missing")
+    await api.create(COMPACTIONS_RES, compaction_body("c3", table="missing"))
 
     def failed() -> bool:
         st = obj(kmock, COMPACTIONS_RES, "c3")["status"]
@@ -257,10 +257,10 @@ async def test_compaction_rejected_by_the_store_fails_cleanly(operator, backend:
     assert backend.started == []
 
 
-async def test_redis_down_is_retried_not_fatal(operator, backend: FakeBackend) -> None:
+async def test_redis_down_is_retried_not_fatal(operator, api: Api, backend: FakeBackend) -> None:
     kmock = operator
     backend.unavailable = True
-    kmock.objects[GROUPS_RES, NS, "r"] = group_body("r")
+    await api.create(GROUPS_RES, group_body("r"))
 
     def retrying() -> bool:
         progress = obj(kmock, GROUPS_RES, "r")["metadata"].get("annotations", {})
