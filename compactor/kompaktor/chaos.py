@@ -11,9 +11,13 @@ import threading
 from dataclasses import dataclass, field
 
 from kompaktor import contract as C
+from kompaktor.failures import MAX_ATTEMPTS
 from kompaktor.local import LocalCluster
 
 log = logging.getLogger("kompaktor.chaos")
+
+#: Below failures.MAX_ATTEMPTS: a tablet's job killed this often is still retried, not dead-lettered.
+MAX_KILLS_PER_TABLET = MAX_ATTEMPTS - 1
 
 
 @dataclass
@@ -63,6 +67,12 @@ class Chaos:
 
     def _signal_busy(self, sig: signal.Signals) -> bool:
         busy = self._busy()
+        if sig == signal.SIGKILL:
+            # A job whose compactor dies max_attempts times is dead-lettered by design (it may be
+            # what kills them); chaos spreads its kills so that every killed job must be re-run.
+            store = self.cluster.store
+            assert store is not None
+            busy = [b for b in busy if self._kills_on(store.r.hget(C.RUNNING, b[2])) < MAX_KILLS_PER_TABLET]
         if not busy:
             return False
         g, name, ecid = self.rng.choice(busy)
@@ -82,6 +92,11 @@ class Chaos:
         proc.popen.send_signal(sig)
         log.info("chaos: %s %s (running %s on %s)", sig.name, name, ecid, tablet_id)
         return True
+
+    def _kills_on(self, tablet: bytes | None) -> int:
+        if tablet is None:
+            return MAX_KILLS_PER_TABLET  # finished in between: not a target
+        return sum(1 for _e, t in self.log.killed if t == tablet.decode())
 
     def _step(self, action: str) -> bool:
         if action == "kill":

@@ -150,8 +150,10 @@ def run_demo(opts: DemoOptions) -> DemoResult:
             quiet = 0
             while time.monotonic() < deadline:
                 show()
-                busy = sum(g["depth"] for g in status["groups"].values())
-                dirty = store.r.scard("kz:dirty")
+                # done when nothing is queued or running, nothing waits to be planned, and no
+                # failed job (a killed compactor's) waits out its backoff before being re-planned
+                busy = sum(g["depth"] for g in status["groups"].values()) + status.get("retries_pending", 0)
+                dirty = store.r.scard(C.DIRTY)
                 quiet = quiet + 1 if busy == 0 and dirty == 0 else 0
                 if quiet >= 4:
                     break
@@ -183,6 +185,7 @@ def run_demo(opts: DemoOptions) -> DemoResult:
             **{f"compactions run ({g})": s["compactions_committed"] for g, s in status["groups"].items()},
             "bytes written by compactions": counters.get("bytes_written", 0),
             "dead compactions": counters.get("dead_compactions", 0),
+        "jobs dead-lettered": len(status["dead_letters"]),
             "ingest rate (entries/s)": round(ingest.stats.entries / max(ingest_wall, 1e-9)),
             "wall time (s)": round(time.monotonic() - started, 1),
             "queues drained": drained,

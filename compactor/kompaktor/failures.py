@@ -57,5 +57,10 @@ def redirty_due(store: MetadataStore, now: float | None = None) -> list[str]:
     return due
 
 
+def pending_retries(store: MetadataStore) -> int:
+    """Failed jobs waiting out their backoff: not queued and not dirty, yet still to be run."""
+    return sum(1 for raw in store.r.hvals(C.FAILURES) if not json.loads(raw).get("redirtied"))
+
+
 def dead_letters(store: MetadataStore) -> list[dict[str, Any]]:
     return [json.loads(v) for _k, v in sorted(store.r.hgetall(C.DEADLETTER).items())]

@@ -53,6 +53,7 @@ def gather(store: MetadataStore) -> dict[str, Any]:
         "tables": tables,
         "user_compactions": [u.to_json() for u in usercompaction.all_compactions(store)],
         "dead_letters": failures.dead_letters(store),
+        "retries_pending": failures.pending_retries(store),
         "counters": counters,
     }
 

@@ -45,7 +45,7 @@ def test_demo_small_verifies_with_spark_and_arrow_groups(tmp_path: Path) -> None
     res = run_demo(DemoOptions(entries=12_000, duration_s=8, tablets=3, batch=1000, live=False,
                                data_dir=str(tmp_path / "demo")))
     s = res.summary
-    assert res.verified, s
+    assert res.verified, "\n".join(f"{k}: {v}" for k, v in s.items())
     assert s["entries scanned"] == s["entries written"] == 12_000
     assert s["undefined references"] == 0 and s["deleted entries resurrected"] == 0
     assert s["files after"] < s["files flushed"]
@@ -58,7 +58,7 @@ def test_chaos_run_loses_nothing(tmp_path: Path) -> None:
     res = run_demo(DemoOptions(entries=40_000, duration_s=20, tablets=3, batch=1000, live=False, chaos=True,
                                chaos_interval_s=1.0, config_text=ARROW_ONLY, data_dir=str(tmp_path / "chaos")))
     s = res.summary
-    assert res.verified, s
+    assert res.verified, "\n".join(f"{k}: {v}" for k, v in s.items())
     assert s["chaos: compactors SIGKILLed mid-merge"] >= 1
     assert s["chaos: dead compactions detected (of the killed)"] == s["chaos: compactors SIGKILLed mid-merge"]
     assert s["chaos: killed jobs re-run"] == s["chaos: compactors SIGKILLed mid-merge"]
@@ -67,6 +67,7 @@ def test_chaos_run_loses_nothing(tmp_path: Path) -> None:
     assert s["chaos: Redis restarts"] == 1 and s["chaos: coordinator restarts"] >= 1
     assert s["chaos: running compactions left"] == 0
     assert s["chaos: unreferenced or temp files after GC"] == 0
+    assert s["jobs dead-lettered"] == 0 and s["queues drained"]
     assert s["entries scanned"] == s["entries written"]
 
 
