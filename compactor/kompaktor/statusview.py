@@ -79,6 +79,8 @@ def render(status: dict[str, Any]):
         tt.add_row(name, t["state"], str(t["tablets"]), str(t["files"]), f"{f['min']}·{f['median']}·{f['max']}",
                    str(t["running_compactions"]))
     parts: list[Any] = [gt, tt]
+    if status.get("retries_pending"):
+        parts.append(f"failed jobs waiting out their backoff before a retry: {status['retries_pending']}")
     if status["user_compactions"]:
         ut = Table(title="user compactions")
         for col in ("id", "table", "state", "tablets done", "message"):

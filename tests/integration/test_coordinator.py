@@ -28,6 +28,7 @@ from kompaktor.jobqueue import Job
 from kompaktor.keys import Entry
 from kompaktor.services import ServiceConfig, Tier
 from kompaktor.sortedfile import SortedFileWriter
+from kompaktor.statusview import gather
 from kompaktor.storage import Storage
 from kompaktor.store import OFFLINE, ONLINE, FileMeta, MetadataStore, Mutation
 from kompaktor.tableprops import RATIO, SELECTION_EXPIRY
@@ -608,9 +609,11 @@ def test_dead_compaction_recovery(store: MetadataStore, storage: Storage, client
     assert store.counters()["dead_compactions"] == 1
     # the tablet is re-planned once its backoff passes, and the job runs to completion
     coord.plan_dirty()
-    assert queued(coord) == []  # backing off
+    assert queued(coord) == []  # backing off: neither queued nor dirty, but still to be run
+    assert failures.pending_retries(store) == 1 and gather(store)["retries_pending"] == 1
     expire_backoffs(store)
     assert coord.tick()
+    assert failures.pending_retries(store) == 0
     (j,) = queued(coord)
     assert set(j.files) == set(files)
     out = run(store, storage, reserve(coord))
