@@ -79,8 +79,14 @@ class Chaos:
         proc = next(p for p in self.cluster.compactors[g] if p.name == name)
         store = self.cluster.store
         assert store is not None
+        if sig == signal.SIGKILL:
+            # Freeze it first, so it cannot commit between the check below and the kill: a
+            # compaction that committed just before is not one killed mid-merge.
+            proc.popen.send_signal(signal.SIGSTOP)
         tablet = store.r.hget(C.RUNNING, ecid)
         if tablet is None:
+            if sig == signal.SIGKILL:
+                proc.popen.send_signal(signal.SIGCONT)
             return False  # finished in between
         tablet_id = tablet.decode()
         if sig == signal.SIGKILL:
