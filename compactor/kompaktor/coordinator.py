@@ -23,7 +23,7 @@ from kompaktor.jobqueue import JobQueues
 from kompaktor.metrics import QueueMetrics
 from kompaktor.planning import plan_tablet
 from kompaktor.storage import TMP_PREFIX, Storage
-from kompaktor.store import ONLINE, MetadataStore, Mutation, TableInfo, Tablet, now_ms
+from kompaktor.store import ONLINE, MetadataStore, Mutation, TableInfo, Tablet, gc_paused, now_ms
 
 log = logging.getLogger("kompaktor.coordinator")
 
@@ -173,7 +173,8 @@ class Coordinator:
         self.store.pop_dirty(1_000_000)  # everything is planned now
         self._known_tables = {t.id for t in self.store.tables()}  # the sweep drops the rest
         gen = self.queues.begin_full_scan()
-        queued = self.plan_tablets(list(self.store.iter_all_tablets()), gen)
+        with gc_paused():  # millions of acyclic objects: see gc_paused
+            queued = self.plan_tablets(list(self.store.iter_all_tablets()), gen)
         self.queues.end_full_scan(gen)
         self._last_full = time.monotonic()
         self.stats["full_scans"] += 1

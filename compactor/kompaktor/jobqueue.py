@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
+import orjson
 import redis
 
 from kompaktor import contract as C
@@ -61,6 +62,18 @@ class Job:
     @property
     def size(self) -> int:
         return sum(self.files.values())
+
+
+def _add_args(args: list[Any], tablet: str, jobs: Sequence[Job]) -> None:
+    """Append one tablet's jobs to the arguments of ``queue_add.lua``: per group, the group, the
+    tablet, the number of jobs, then each job's priority, file count and JSON."""
+    by_group: dict[str, list[Job]] = defaultdict(list)
+    for j in jobs:
+        by_group[j.group].append(j)
+    for group, gjobs in by_group.items():
+        args += (group, tablet, len(gjobs))
+        for j in gjobs:
+            args += (j.priority, len(j.files), orjson.dumps(j.to_json()))
 
 
 @dataclass(frozen=True)
@@ -114,41 +127,20 @@ class JobQueues:
     # -- add / poll -----------------------------------------------------------------------------
     def add(self, tablet: str, jobs: Sequence[Job], gen: int | None = None) -> int:
         """Replace the tablet's entries in each group that gets jobs (§6.2). Returns admitted."""
-        if not jobs:
-            return 0
-        gen = self.generation() if gen is None else gen
-        by_group: dict[str, list[Job]] = defaultdict(list)
-        for j in jobs:
-            by_group[j.group].append(j)
-        mx = self.max_size()
-        now = int(time.time() * 1000)
-        admitted = 0
-        for group, gjobs in by_group.items():
-            payload = json.dumps([{"priority": j.priority, "nfiles": len(j.files), "job": j.to_json()}
-                                  for j in gjobs])
-            admitted += int(self._add(args=[group, tablet, gen, mx, now, payload]))
-        return admitted
+        return self.add_many([(tablet, jobs)], gen) if jobs else 0
 
     def add_many(self, plans: Sequence[tuple[str, Sequence[Job]]], gen: int | None = None,
-                 chunk: int = 2000) -> int:
-        """:meth:`add` for many tablets, pipelined (one round trip per ``chunk`` tablets)."""
+                 chunk: int = 1000) -> int:
+        """:meth:`add` for many tablets in order: one script call per ``chunk`` tablets."""
         gen = self.generation() if gen is None else gen
-        mx = self.max_size()
-        now = int(time.time() * 1000)
+        head = [gen, self.max_size(), int(time.time() * 1000)]
         admitted = 0
-        calls: list[tuple[str, str, str]] = []
-        for tablet, jobs in plans:
-            by_group: dict[str, list[Job]] = defaultdict(list)
-            for j in jobs:
-                by_group[j.group].append(j)
-            for group, gjobs in by_group.items():
-                calls.append((group, tablet, json.dumps(
-                    [{"priority": j.priority, "nfiles": len(j.files), "job": j.to_json()} for j in gjobs])))
-        for i in range(0, len(calls), chunk):
-            pipe = self.r.pipeline(transaction=False)
-            for group, tablet, payload in calls[i:i + chunk]:
-                self._add(args=[group, tablet, gen, mx, now, payload], client=pipe)
-            admitted += sum(int(x) for x in pipe.execute())
+        for i in range(0, len(plans), chunk):
+            args = head.copy()
+            for tablet, jobs in plans[i:i + chunk]:
+                _add_args(args, tablet, jobs)
+            if len(args) > len(head):
+                admitted += int(self._add(args=args))
         return admitted
 
     def poll(self, group: str) -> Job | None:

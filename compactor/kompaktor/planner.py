@@ -21,6 +21,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from itertools import accumulate
+from operator import itemgetter
 from typing import TypeAlias
 
 __all__ = [
@@ -55,6 +56,7 @@ DEFAULT_MAX_FILES = 99
 
 #: A real file ``(size, 0, name)`` or a projected file ``(size, 1, creation_number)``.
 _Item: TypeAlias = tuple[int, int, "str | int"]
+_size_of, _name_of = itemgetter(0), itemgetter(2)
 
 
 class Kind(StrEnum):
@@ -455,9 +457,9 @@ def plan(
     return [
         PlannedJob(
             kind,
-            _choose_sorted(by_size, sum(item[0] for item in job)),
+            _choose_sorted(by_size, sum(map(_size_of, job))),
             job_priority(kind, total_files, len(job), max_files),
-            tuple(item[2] for item in job),  # type: ignore[misc]
+            tuple(map(_name_of, job)),  # type: ignore[arg-type]
         )
         for job in jobs
     ]

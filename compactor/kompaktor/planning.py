@@ -58,7 +58,7 @@ def plan_tablet(t: Tablet, table: TableInfo, services: Mapping[str, ServiceConfi
         if svc is None:
             return  # the table names a service that does not exist (yet): nothing to plan
         for pj in plan(kind, settings_for(table, svc), sizes, candidates, running):
-            if fingerprint(t.id, pj.files) in skip:
+            if skip and fingerprint(t.id, pj.files) in skip:
                 continue
             jobs.append(Job(t.id, kind.value, pj.priority, svc.group_of_tier(pj.group),
                             {f: sizes[f] for f in pj.files}, svc.name, selection,

@@ -1,12 +1,13 @@
--- Add one tablet's jobs to one group's queue (PLANNER.md §6.2, §6.3), atomically.
--- ARGV: group, tablet, generation, max, now_ms, jobs JSON [{priority, nfiles, job}]
+-- Add jobs of many tablets to group queues (PLANNER.md §6.2, §6.3), atomically. For each
+-- (group, tablet) in turn: replace the tablet's entries in that group's queue by its new jobs,
+-- under the bound. One call per batch of tablets: the same result as one call per tablet in order.
+-- ARGV: generation, max, now_ms, then per (group, tablet): group, tablet, n, and n times
+--       priority, nfiles, job JSON (stored as given)
 local P = 'kz:queue:'
-local group, tablet, gen, max, now = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local jobs = cjson.decode(ARGV[6])
-local qk, jk, ik, sk, ak = P .. group, P .. group .. ':jobs', P .. group .. ':tablets', P .. group .. ':stats', P .. group .. ':ages'
-redis.call('SADD', 'kz:queue:groups', group)
+local gen, max, now = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local known = {}  -- groups already added to kz:queue:groups by this call
 
-local function drop_from_index(tab, member)
+local function drop_from_index(ik, ak, tab, member)  -- a member evicted from another tablet's entries
   local raw = redis.call('HGET', ik, tab)
   if not raw then return end
   local idx = cjson.decode(raw)
@@ -21,59 +22,76 @@ local function drop_from_index(tab, member)
   end
 end
 
--- 1. remove every entry this tablet has in this queue
-local old = redis.call('HGET', ik, tablet)
-if old then
-  local idx = cjson.decode(old)
-  for _, m in ipairs(idx.ids) do
-    redis.call('ZREM', qk, m)
-    redis.call('HDEL', jk, m)
+local function add(group, tablet, first, n)  -- the jobs are in ARGV[first .. first + 3n - 1]
+  local qk, jk, ik, sk, ak = P .. group, P .. group .. ':jobs', P .. group .. ':tablets', P .. group .. ':stats', P .. group .. ':ages'
+  if not known[group] then
+    redis.call('SADD', 'kz:queue:groups', group)
+    known[group] = true
   end
-  redis.call('HDEL', ik, tablet)
-  redis.call('ZREM', ak, tablet)
-end
 
--- 2. insert under the bound
-local admitted = {}
-for _, j in ipairs(jobs) do
-  local prio = tonumber(j.priority)
-  local inv_p = 20767 - prio
-  local nf = tonumber(j.nfiles)
-  if nf > 9999 then nf = 9999 end
-  local ok = true
-  if redis.call('ZCARD', qk) >= max then
-    local last = redis.call('ZRANGE', qk, -1, -1)[1]
-    local last_prio = 20767 - tonumber(string.sub(last, 1, 5))
-    if prio <= last_prio then
-      redis.call('HINCRBY', sk, 'rejected', 1)
-      ok = false
-    else
-      local lj = cjson.decode(redis.call('HGET', jk, last))
-      redis.call('ZREM', qk, last)
-      redis.call('HDEL', jk, last)
-      if lj.tablet == tablet then
-        -- one of this add's own jobs: it is no longer queued, so not in the tablet's index
-        for i, m in ipairs(admitted) do
-          if m == last then table.remove(admitted, i); break end
-        end
+  -- 1. remove every entry this tablet has in this queue
+  local old = redis.call('HGET', ik, tablet)
+  if old then
+    local idx = cjson.decode(old)
+    for _, m in ipairs(idx.ids) do
+      redis.call('ZREM', qk, m)
+      redis.call('HDEL', jk, m)
+    end
+    redis.call('HDEL', ik, tablet)
+    redis.call('ZREM', ak, tablet)
+  end
+
+  -- 2. insert under the bound
+  local admitted = {}
+  local rejected = 0
+  for a = first, first + 3 * (n - 1), 3 do
+    local prio = tonumber(ARGV[a])
+    local inv_p = 20767 - prio
+    local nf = tonumber(ARGV[a + 1])
+    if nf > 9999 then nf = 9999 end
+    local ok = true
+    if redis.call('ZCARD', qk) >= max then
+      local last = redis.call('ZRANGE', qk, -1, -1)[1]
+      local last_prio = 20767 - tonumber(string.sub(last, 1, 5))
+      rejected = rejected + 1
+      if prio <= last_prio then
+        ok = false
       else
-        drop_from_index(lj.tablet, last)
+        local lj = cjson.decode(redis.call('HGET', jk, last))
+        redis.call('ZREM', qk, last)
+        redis.call('HDEL', jk, last)
+        if lj.tablet == tablet then
+          -- one of this add's own jobs: it is no longer queued, so not in the tablet's index
+          for i, m in ipairs(admitted) do
+            if m == last then table.remove(admitted, i); break end
+          end
+        else
+          drop_from_index(ik, ak, lj.tablet, last)
+        end
       end
-      redis.call('HINCRBY', sk, 'rejected', 1)
+    end
+    if ok then
+      local seq = redis.call('INCR', 'kz:queue:seq')
+      local member = string.format('%05d%04d%012d', inv_p, 9999 - nf, seq)
+      redis.call('ZADD', qk, 0, member)
+      redis.call('HSET', jk, member, ARGV[a + 2])
+      table.insert(admitted, member)
     end
   end
-  if ok then
-    local seq = redis.call('INCR', 'kz:queue:seq')
-    local member = string.format('%05d%04d%012d', inv_p, 9999 - nf, seq)
-    redis.call('ZADD', qk, 0, member)
-    redis.call('HSET', jk, member, cjson.encode(j.job))
-    table.insert(admitted, member)
+  if rejected > 0 then redis.call('HINCRBY', sk, 'rejected', rejected) end
+
+  -- 3. index
+  if #admitted > 0 then
+    redis.call('HSET', ik, tablet, cjson.encode({gen = gen, ids = admitted, added = now}))
+    redis.call('ZADD', ak, now, tablet)
   end
+  return #admitted
 end
 
--- 3. index
-if #admitted > 0 then
-  redis.call('HSET', ik, tablet, cjson.encode({gen = gen, ids = admitted, added = now}))
-  redis.call('ZADD', ak, now, tablet)
+local total, i = 0, 4
+while i <= #ARGV do
+  local n = tonumber(ARGV[i + 2])
+  total = total + add(ARGV[i], ARGV[i + 1], i + 3, n)
+  i = i + 3 + 3 * n
 end
-return #admitted
+return total
