@@ -8,13 +8,13 @@ import argparse
 import json
 import multiprocessing as mp
 import time
+from pathlib import Path
 
 from bench.common import percentile, start_redis, write_csv
 
 
-def _worker(url: str, group: str, out: mp.Queue, ready: mp.Queue, go) -> None:
+def _worker(url: str, group: str, out: mp.Queue, ready: mp.Queue, go, profile: str | None = None) -> None:
     import sys
-    from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
     sys.path[:0] = [str(root / "compactor"), str(root / "operator")]
@@ -28,6 +28,13 @@ def _worker(url: str, group: str, out: mp.Queue, ready: mp.Queue, go) -> None:
     store.ping()
     ready.put(1)
     go.wait()
+    prof = None
+    if profile:
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
+    cpu0 = time.process_time()
     lat: list[float] = []
     ecids: list[str] = []
     reserved_files: list[list[str]] = []
@@ -41,13 +48,33 @@ def _worker(url: str, group: str, out: mp.Queue, ready: mp.Queue, go) -> None:
         lat.append(time.perf_counter() - t0)
         ecids.append(res.ecid)
         reserved_files.append(list(res.inputs))
-    out.put(json.dumps({"lat": lat, "ecids": ecids, "files": reserved_files}))
+    if prof is not None and profile:
+        prof.disable()
+        prof.dump_stats(str(Path(profile) / f"client-{mp.current_process().pid}.prof"))
+    cpu = time.process_time() - cpu0
+    out.put(json.dumps({"lat": lat, "ecids": ecids, "files": reserved_files, "cpu": cpu}))
+
+
+def _redis_cpu(r) -> float:
+    """CPU seconds (user + system) the Redis server has used so far."""
+    cpu = r.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
+def _print_commandstats(stats: dict, cycles: int) -> None:
+    """Redis server time per command during the measured part, per reserve+commit cycle."""
+    print("redis commandstats (measured part): command, calls per cycle, µs per call, server µs per cycle")
+    for name, st in sorted(stats.items(), key=lambda kv: -kv[1]["usec"]):
+        print(f"  {name.removeprefix('cmdstat_'):<16} {st['calls'] / max(cycles, 1):6.2f} "
+              f"{st['usec_per_call']:8.1f} {st['usec'] / max(cycles, 1):8.1f}")
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--jobs", type=int, default=10_000)
     ap.add_argument("--procs", type=int, default=8)
+    ap.add_argument("--profile", metavar="DIR", help="write each client's cProfile stats to DIR and print Redis "
+                    "server time per command (INFO commandstats) for the measured part")
     args = ap.parse_args(argv)
     from kompaktor.jobqueue import Job, JobQueues
     from kompaktor.store import MetadataStore
@@ -78,28 +105,40 @@ def main(argv: list[str] | None = None) -> list[dict]:
         out: mp.Queue = ctx.Queue()
         ready: mp.Queue = ctx.Queue()
         go = ctx.Event()
-        procs = [ctx.Process(target=_worker, args=(redis.url, "g", out, ready, go)) for _ in range(args.procs)]
+        if args.profile:
+            Path(args.profile).mkdir(parents=True, exist_ok=True)
+        procs = [ctx.Process(target=_worker, args=(redis.url, "g", out, ready, go, args.profile))
+                 for _ in range(args.procs)]
         for p in procs:
             p.start()
         for _ in procs:
             ready.get(timeout=120)  # every client connected: measure the round trips only
+        store.r.config_resetstat()
+        redis_cpu0 = _redis_cpu(store.r)
         t0 = time.perf_counter()
         go.set()
         results = [json.loads(out.get(timeout=600)) for _ in procs]
         wall = time.perf_counter() - t0
+        redis_cpu = _redis_cpu(store.r) - redis_cpu0
         for p in procs:
             p.join()
         lat = [x for r in results for x in r["lat"]]
         ecids = [e for r in results for e in r["ecids"]]
         files = [f for r in results for fl in r["files"] for f in fl]
+        client_cpu = sum(r["cpu"] for r in results)
         twice = len(files) - len(set(files))
         lost = args.jobs - len(ecids)
         row = {"procs": args.procs, "jobs": args.jobs, "round_trips": len(lat), "wall_s": round(wall, 2),
                "round_trips_per_s": round(len(lat) / wall), "p50_ms": round(percentile(lat, 0.5) * 1000, 2),
-               "p99_ms": round(percentile(lat, 0.99) * 1000, 2), "reserved_twice": twice, "lost": lost}
+               "p99_ms": round(percentile(lat, 0.99) * 1000, 2), "reserved_twice": twice, "lost": lost,
+               "client_cpu_us_per_trip": round(client_cpu / max(len(lat), 1) * 1e6),
+               "redis_cpu_us_per_trip": round(redis_cpu / max(len(lat), 1) * 1e6)}
         print(f"queue: {args.procs} processes, {len(lat):,} reserve+commit round trips in {wall:.1f}s = "
               f"{row['round_trips_per_s']:,}/s; p50 {row['p50_ms']} ms, "
-              f"p99 {row['p99_ms']} ms; reserved twice: {twice}, lost: {lost} (aim 2,000/s)")
+              f"p99 {row['p99_ms']} ms; reserved twice: {twice}, lost: {lost} (aim 2,000/s); CPU per round trip: "
+              f"clients {row['client_cpu_us_per_trip']} µs, Redis {row['redis_cpu_us_per_trip']} µs")
+        if args.profile:
+            _print_commandstats(store.r.info("commandstats"), len(lat))
         write_csv("queue.csv", [row])
         if twice or lost:
             raise SystemExit("queue benchmark found a job reserved twice or lost")

@@ -23,10 +23,10 @@ from kompaktor.client import file_order_key, max_versions
 from kompaktor.errors import ConditionFailed
 from kompaktor.iterators import IteratorSettings
 from kompaktor.jobqueue import Job, JobQueues
-from kompaktor.keys import encode_row
+from kompaktor.keys import decode_row, encode_row
 from kompaktor.sortedfile import PREFIXES, FileInfo
 from kompaktor.storage import TMP_PREFIX, Storage
-from kompaktor.store import ONLINE, MetadataStore, Mutation, RunningCompaction, TableInfo, Tablet, now_ms
+from kompaktor.store import ONLINE, MetadataStore, Mutation, RunningCompaction, Tablet, TabletChange, now_ms
 
 
 @dataclass(frozen=True)
@@ -70,10 +70,8 @@ def user_iterators(store: MetadataStore, cid: str) -> dict[str, Any] | None:
     return json.loads(h.get(b"iterators", b"{}"))
 
 
-def _settings_for(store: MetadataStore, job: Job, props: dict[str, str], full: bool, now: int) -> IteratorSettings:
-    its: dict[str, Any] = {}
-    if job.kind == "USER" and job.selection:
-        its = user_iterators(store, job.selection) or {}
+def _settings_for(its: dict[str, Any] | None, props: dict[str, str], full: bool, now: int) -> IteratorSettings:
+    its = its or {}
     row_start = its.get("row_start")
     row_end = its.get("row_end")
     return IteratorSettings(
@@ -83,52 +81,67 @@ def _settings_for(store: MetadataStore, job: Job, props: dict[str, str], full: b
         row_end=None if row_end is None else bytes.fromhex(row_end))
 
 
-def try_reserve(store: MetadataStore, job: Job, compactor: str, group: str) -> Reservation:
-    """Register a new ECID for ``job`` or raise :class:`ConditionFailed` (the job is stale)."""
-    if job.kind == "USER" and (job.selection is None or user_iterators(store, job.selection) is None):
-        raise ConditionFailed("user compaction exists", f"{job.selection} was cancelled or finished")
-    # One round trip for the tablet, its table and a file sequence number (the table id is the
-    # tablet id's prefix); the conditional mutation below re-checks everything that matters.
+def output_naming(table_id: str) -> dict[str, str]:
+    """How the reserve mutation names a compaction's output: the template (printf style, filled
+    in by mutate.lua) with the full or partial prefix and a new file sequence number."""
+    return {"template": f"tables/{table_id}/%s%010x.parquet", "full": PREFIXES["full"], "partial": PREFIXES["partial"]}
+
+
+def _take_stale_selection(store: MetadataStore, job: Job, files: list[str], now: int, tc: TabletChange) -> None:
+    """A SYSTEM job planned over a stale selection's files (PLANNER.md §5): it may take them, and
+    clear the selection, only if the selection is still stale; else it is stale itself."""
     table_id = job.tablet.split(";", 1)[0]
     pipe = store.r.pipeline(transaction=False)
     pipe.get(C.tablet_key(job.tablet))
-    pipe.hgetall(C.table_key(table_id))
-    pipe.hincrby(C.SEQ, "file", 1)
-    raw_tablet, raw_table, seq = store.call(pipe.execute)
+    pipe.hget(C.table_key(table_id), "props")
+    raw_tablet, raw_props = store.call(pipe.execute)
     if raw_tablet is None:
         raise ConditionFailed("tablet exists", job.tablet)
-    t = Tablet.from_json(job.tablet, json.loads(raw_tablet))
-    if not raw_table:
-        raise ConditionFailed("table exists", t.table)
-    info = TableInfo(t.table, raw_table[b"name"].decode(), raw_table[b"state"].decode(),
-                     json.loads(raw_table[b"props"]))
+    if raw_props is None:
+        raise ConditionFailed("table exists", table_id)
+    sel = Tablet.from_json(job.tablet, json.loads(raw_tablet)).selection
+    if sel is None or not set(files) & set(sel.files):
+        tc.require("files_not_selected", files)
+    elif sel.stale(json.loads(raw_props), now):
+        tc.require("selection_is", sel.id).do("clear_selection")
+    else:
+        raise ConditionFailed("files not selected", f"{job.tablet} selection {sel.id}")
+
+
+def try_reserve(store: MetadataStore, job: Job, compactor: str, group: str) -> Reservation:
+    """Register a new ECID for ``job`` or raise :class:`ConditionFailed` (the job is stale).
+
+    One conditional mutation, without reading the tablet first: it checks the job against the
+    tablet, allocates the output name, decides whether the compaction is full (its files are all
+    the tablet's files) and returns that with the tablet's range and the table's properties."""
+    its: dict[str, Any] | None = None
+    if job.kind == "USER":
+        its = user_iterators(store, job.selection) if job.selection is not None else None
+        if its is None:
+            raise ConditionFailed("user compaction exists", f"{job.selection} was cancelled or finished")
+    table_id = job.tablet.split(";", 1)[0]
     files = sorted(job.files, key=file_order_key)
-    full = set(files) == set(t.files)
     ecid = new_ecid()
-    output = f"tables/{t.table}/{PREFIXES['full' if full else 'partial']}{int(seq):010x}.parquet"
     now = now_ms()
-    settings = _settings_for(store, job, info.props, full, now)
-    rc = RunningCompaction(ecid, job.kind, tuple(files), group, job.priority, compactor, job.selection, now, output)
-    m = Mutation(table=t.table).require_table(ONLINE)
-    tc = m.tablet(t.id).require("no_op").require("files_present", files).require("files_free", files)
-    tc.require("range", encode_row(t.prev))  # a split/merge since the read keeps the id, not the range
-    if full:
-        tc.require("files_exactly", files)
+    # the output is chosen by the mutation (output_naming)
+    rc = RunningCompaction(ecid, job.kind, tuple(files), group, job.priority, compactor, job.selection, now, "")
+    m = Mutation(table=table_id, table_reads=["props"]).require_table(ONLINE)
+    tc = m.tablet(job.tablet).require("no_op").require("files_present", files).require("files_free", files)
     if job.kind == "SYSTEM":
         tc.require("no_hold")
-        sel = t.selection
-        if sel is not None and set(files) & set(sel.files):
-            if job.overlaps and sel.stale(info.props, now):
-                tc.require("selection_is", sel.id).do("clear_selection")
-            else:
-                raise ConditionFailed("files not selected", f"{job.tablet} selection {sel.id}")
+        if job.overlaps:
+            _take_stale_selection(store, job, files, now, tc)
         else:
             tc.require("files_not_selected", files)
     else:
         tc.require("selection_is", job.selection).require("files_in_selection", files)
-    tc.do("add_running", ecid, rc.to_json())
-    store.mutate(m)
-    return Reservation(ecid, job, t.table, t.prev, t.end, tuple(files), output, full, settings, compactor)
+    tc.do("add_running", ecid, rc.to_json(), output_naming(table_id))
+    out = store.apply(m)
+    got = out["reserved"][job.tablet]
+    full = bool(got["full"])
+    settings = _settings_for(its, json.loads(out["table"]["props"]), full, now)
+    return Reservation(ecid, job, table_id, decode_row(got["prev"]), decode_row(got["end"]), tuple(files),
+                       got["output"], full, settings, compactor)
 
 
 def reserve(store: MetadataStore, queues: JobQueues, group: str, compactor: str) -> Reservation | None:
@@ -139,11 +152,8 @@ def reserve(store: MetadataStore, queues: JobQueues, group: str, compactor: str)
             return None
         try:
             return try_reserve(store, job, compactor, group)
-        except ConditionFailed as exc:
-            if exc.condition == "files unchanged":
-                continue  # new files arrived: the tablet is dirty and will be re-planned
+        except ConditionFailed:
             store.incr("stale_jobs_discarded")
-            continue
 
 
 def heartbeat(store: MetadataStore, res: Reservation, progress: dict[str, Any]) -> None:
@@ -169,7 +179,7 @@ def commit(store: MetadataStore, res: Reservation, info: FileInfo) -> None:
         tc.do("add_files", {res.output: {"size": info.size, "entries": info.entries, "deletes": info.deletes,
                                         "first": info.first_row.hex() if info.first_row is not None else None,
                                         "last": info.last_row.hex() if info.last_row is not None else None}})
-    tc.do("remove_running", res.ecid)
+    tc.do("remove_running", res.ecid).do("drop_heartbeat", res.ecid).do("count_commit", res.job.group)
     if res.job.kind != "SYSTEM":
         tc.require("selection_is", res.job.selection)
         sel = t.selection if t is not None else None
@@ -181,12 +191,6 @@ def commit(store: MetadataStore, res: Reservation, info: FileInfo) -> None:
         else:
             tc.do("selection_replace", list(res.inputs), output)
     store.mutate(m)
-    pipe = store.r.pipeline(transaction=False)
-    pipe.delete(C.heartbeat_key(res.ecid))
-    pipe.hincrby(C.COUNTERS, "compactions_committed", 1)
-    pipe.hincrby(C.COUNTERS, f"committed:{res.job.group}", 1)
-    pipe.hincrby(C.COMMITS_BY_TABLET, res.tablet, 1)
-    store.call(pipe.execute)
 
 
 def release(store: MetadataStore, storage: Storage, res: Reservation, *, reason: str) -> bool:

@@ -190,6 +190,8 @@ class Mutation:
     table_conds: list[list[Any]] = field(default_factory=list)
     table_ops: list[list[Any]] = field(default_factory=list)
     tablets: list[TabletChange] = field(default_factory=list)
+    #: fields of the table's hash to return with the outcome (:meth:`MetadataStore.apply`)
+    table_reads: list[str] = field(default_factory=list)
 
     def tablet(self, tablet_id: str) -> TabletChange:
         tc = TabletChange(tablet_id)
@@ -205,7 +207,7 @@ class Mutation:
     def to_json(self, mutation_id: str | None = None) -> str:
         return json.dumps({
             "id": mutation_id, "now": now_ms(), "table": self.table, "table_conds": self.table_conds,
-            "table_ops": self.table_ops,
+            "table_ops": self.table_ops, "table_reads": self.table_reads,
             "tablets": [{"id": t.tablet_id, "conds": t.conds, "ops": t.ops} for t in self.tablets],
         })
 
@@ -248,6 +250,12 @@ class MetadataStore:
     def mutate(self, m: Mutation) -> list[int]:
         """Apply a conditional mutation atomically; raise :class:`ConditionFailed` if any condition
         fails (then nothing changed). Returns the new versions of the tablets."""
+        return list(self.apply(m).get("versions") or [])
+
+    def apply(self, m: Mutation) -> dict[str, Any]:
+        """:meth:`mutate`, returning the script's whole outcome: ``versions``, ``table`` (the
+        mutation's ``table_reads``) and ``reserved`` (what ``add_running`` with output naming chose,
+        per tablet id)."""
         # One id per call: redis-py resends the same arguments when it retries after a broken
         # connection, and the script then answers with the first attempt's outcome.
         res = json.loads(self.call(self._mutate, args=[m.to_json(uuid.uuid4().hex)]))
@@ -256,7 +264,7 @@ class MetadataStore:
             if res.get("tablet"):
                 detail = f"{detail} on tablet {res['tablet']}".strip()
             raise ConditionFailed(res["cond"], detail)
-        return list(res.get("versions") or [])
+        return res
 
     def next_seq(self, name: str) -> int:
         return int(self.call(self.r.hincrby, C.SEQ, name, 1))

@@ -1,7 +1,9 @@
 -- Kompaktor conditional mutation, evaluated atomically inside Redis.
--- ARGV[1] = JSON {id?, now, table?, table_conds?, table_ops?, tablets = [{id, conds, ops}]}
+-- ARGV[1] = JSON {id?, now, table?, table_conds?, table_ops?, table_reads?, tablets = [{id, conds, ops}]}
 -- Every condition of every tablet is checked first; only if all hold are the ops applied.
--- Returns JSON {ok=true, versions=[...]} or {ok=false, cond=..., tablet=..., detail=...}.
+-- Returns JSON {ok=true, versions=[...], table?={field=value}, reserved?={tablet id={...}}}
+-- or {ok=false, cond=..., tablet=..., detail=...}. ``table`` holds the table_reads fields of the
+-- table hash after the ops; ``reserved`` what add_running with output naming chose (see there).
 local P = 'kz:'
 local spec = cjson.decode(ARGV[1])
 
@@ -31,6 +33,20 @@ local function running_files(doc)
   return s
 end
 
+-- nil when the tablet's files are exactly ``files`` (a list), else why not
+local function not_exactly(doc, files)
+  local want = {}
+  local n = 0
+  for _, f in ipairs(files) do want[f] = true; n = n + 1 end
+  local m = 0
+  for f, _ in pairs(doc.files) do
+    if not want[f] then return 'new file ' .. f end
+    m = m + 1
+  end
+  if m ~= n then return 'a file is gone' end
+  return nil
+end
+
 local function sel_set(doc)
   local s = {}
   if not isnull(doc.sel) then
@@ -43,7 +59,8 @@ end
 -- 'unknown operation'); ops are validated before any write, see the tablet conditions below.
 local TABLET_OPS = {create = true, delete = true, add_files = true, remove_files = true, add_running = true,
   remove_running = true, set_selection = true, clear_selection = true, selection_replace = true,
-  ucomp_done = true, set_hold = true, clear_hold = true, set_op = true, clear_op = true, set_range = true}
+  ucomp_done = true, set_hold = true, clear_hold = true, set_op = true, clear_op = true, set_range = true,
+  drop_heartbeat = true, count_commit = true}
 local TABLE_OPS = {create = true, set_state = true, set_prop = true, unname = true}
 
 -- table conditions (and table ops checked before anything is written)
@@ -103,15 +120,8 @@ for i, t in ipairs(spec.tablets or {}) do
         if rf[f] then return fail('files not compacting', t.id, f) end
       end
     elseif name == 'files_exactly' then
-      local want = {}
-      local n = 0
-      for _, f in ipairs(c[2]) do want[f] = true; n = n + 1 end
-      local m = 0
-      for f, _ in pairs(doc.files) do
-        if not want[f] then return fail('files unchanged', t.id, 'new file ' .. f) end
-        m = m + 1
-      end
-      if m ~= n then return fail('files unchanged', t.id, 'a file is gone') end
+      local why = not_exactly(doc, c[2])
+      if why then return fail('files unchanged', t.id, why) end
     elseif name == 'ecid' then
       if isnull(doc.running[c[2]]) then return fail('compaction registered', t.id, c[2]) end
     elseif name == 'no_running' then
@@ -169,6 +179,12 @@ for i, t in ipairs(spec.tablets or {}) do
       return fail('selection', t.id, 'no selection to update')
     elseif name == 'add_running' and (type(op[3]) ~= 'table' or type(op[3].group) ~= 'string') then
       return fail('bad operation', t.id, 'add_running needs a compaction with a group')
+    elseif name == 'add_running' and not isnull(op[4]) and (type(op[4]) ~= 'table'
+        or type(op[4].full) ~= 'string' or type(op[4].partial) ~= 'string' or type(op[3].files) ~= 'table'
+        or not pcall(string.format, op[4].template, op[4].full, 1)) then
+      return fail('bad operation', t.id, 'add_running output naming needs a template, full and partial')
+    elseif (name == 'drop_heartbeat' or name == 'count_commit') and type(op[2]) ~= 'string' then
+      return fail('bad operation', t.id, name .. ' needs a string')
     end
   end
   docs[i] = doc
@@ -200,6 +216,7 @@ end
 
 -- tablet ops
 local versions = {}
+local reserved = nil
 for i, t in ipairs(spec.tablets or {}) do
   local doc = docs[i]
   local key = P .. 'tablet:' .. t.id
@@ -222,6 +239,17 @@ for i, t in ipairs(spec.tablets or {}) do
     elseif name == 'remove_files' then
       for _, f in ipairs(op[2]) do doc.files[f] = nil end
     elseif name == 'add_running' then
+      if not isnull(op[4]) then
+        -- output naming {template, full, partial}: the output is the template filled with the
+        -- full or partial prefix and a new file sequence number; full = the compaction's files
+        -- are exactly the tablet's files now. Both are decided here, atomically with the
+        -- registration, and reported in the reply with the tablet's range.
+        local seq = redis.call('HINCRBY', P .. 'seq', 'file', 1)
+        local full = not_exactly(doc, op[3].files) == nil
+        op[3].output = string.format(op[4].template, full and op[4].full or op[4].partial, seq)
+        reserved = reserved or {}
+        reserved[t.id] = {output = op[3].output, full = full, prev = doc.prev, ['end'] = doc['end']}
+      end
       doc.running[op[2]] = op[3]
       redis.call('HSET', P .. 'running', op[2], t.id)
       redis.call('SADD', P .. 'rgroup:' .. op[3].group, op[2])
@@ -254,6 +282,13 @@ for i, t in ipairs(spec.tablets or {}) do
       doc.op = nil
     elseif name == 'set_range' then
       doc.prev = op[2]
+    elseif name == 'drop_heartbeat' then
+      redis.call('DEL', P .. 'hb:' .. op[2])  -- contract.heartbeat_key
+    elseif name == 'count_commit' then
+      -- contract.COUNTERS and COMMITS_BY_TABLET; op[2] is the compaction's group
+      redis.call('HINCRBY', P .. 'counters', 'compactions_committed', 1)
+      redis.call('HINCRBY', P .. 'counters', 'committed:' .. op[2], 1)
+      redis.call('HINCRBY', P .. 'commits', t.id, 1)
     end
   end
   if deleted then
@@ -269,6 +304,14 @@ for i, t in ipairs(spec.tablets or {}) do
     versions[i] = doc and doc.v or -1
   end
 end
-local result = cjson.encode({ok = true, versions = versions})
+local reply = {ok = true, versions = versions, reserved = reserved}
+if tk and #(spec.table_reads or {}) > 0 then
+  local vals = redis.call('HMGET', tk, unpack(spec.table_reads))
+  reply.table = {}
+  for i, f in ipairs(spec.table_reads) do
+    if vals[i] then reply.table[f] = vals[i] else reply.table[f] = cjson.null end
+  end
+end
+local result = cjson.encode(reply)
 if done_key then redis.call('SET', done_key, result, 'EX', 600) end
 return result

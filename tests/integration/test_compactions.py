@@ -1,0 +1,203 @@
+"""Reserve and commit as single conditional mutations on a real redis-server (issues 4 and 8):
+the reserve mutation names the output and decides full vs partial atomically and reports the
+tablet's range and the table's properties; the commit mutation also drops the heartbeat and
+maintains the commit counters; a resent mutation (lost reply) is recognised and counts once;
+the new ops are validated before anything is written."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kompaktor import compactions
+from kompaktor import contract as C
+from kompaktor.errors import ConditionFailed
+from kompaktor.jobqueue import Job
+from kompaktor.sortedfile import FileInfo
+from kompaktor.store import FileMeta, MetadataStore, Mutation
+
+sys.path.insert(0, str(Path(__file__).parent))
+import store_race_worker as W
+from redis_snapshot import snapshot
+
+pytestmark = pytest.mark.redis
+
+
+def table_with_files(store: MetadataStore, n: int = 3, props: dict[str, str] | None = None) -> tuple[str, str]:
+    """A table split at "m"; the second tablet holds ``n`` files F..0 to F..n-1. Returns (table id, tablet id)."""
+    tid = store.create_table("t", [b"m"], props)
+    tablet = store.tablet_ids(tid)[1]
+    m = Mutation(table=tid)
+    m.tablet(tablet).do("add_files", {f"tables/{tid}/F{i:010x}.parquet": FileMeta(100 + i, 1).to_json()
+                                      for i in range(n)})
+    store.mutate(m)
+    return tid, tablet
+
+
+def job(tablet: str, files: list[str], kind: str = "SYSTEM", group: str = "g") -> Job:
+    return Job(tablet, kind, 1, group, {f: 100 for f in files})
+
+
+def output_info(path: str) -> FileInfo:
+    return FileInfo(path, 1000, 10, 0, (b"n",), (b"o",))
+
+
+def resend_every_mutation(store: MetadataStore, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Send every mutation twice with the same arguments — what redis-py does when a connection
+    breaks after the script ran — and answer with the second reply. Returns the replies."""
+    real = store._mutate
+    replies: list[Any] = []
+
+    def twice(*args: Any, **kw: Any) -> Any:
+        replies.append(real(*args, **kw))
+        replies.append(real(*args, **kw))
+        return replies[-1]
+
+    monkeypatch.setattr(store, "_mutate", twice)
+    return replies
+
+
+# -- reserve ---------------------------------------------------------------------------------------
+def test_reserve_names_the_output_decides_full_and_reports_range_and_props(store: MetadataStore) -> None:
+    tid, tablet = table_with_files(store, 3, {"table.iterator.versions": "3"})
+    files = sorted(store.tablet(tablet).files)
+    seq = int(store.r.hget(C.SEQ, "file") or 0)
+    partial = compactions.try_reserve(store, job(tablet, files[:2]), "c1", "g")
+    assert not partial.full and not partial.settings.full
+    assert partial.output == f"tables/{tid}/C{seq + 1:010x}.parquet"
+    assert (partial.prev, partial.end, partial.table) == (b"m", None, tid)
+    assert partial.inputs == tuple(files[:2]) and partial.settings.max_versions == 3
+    t = store.tablet(tablet)
+    assert t.running[partial.ecid].output == partial.output and t.running[partial.ecid].files == tuple(files[:2])
+    assert store.r.hget(C.RUNNING, partial.ecid).decode() == tablet
+    assert store.r.sismember(C.running_group_key("g"), partial.ecid)
+    compactions.remove_running(store, tablet, partial.ecid)
+
+    full = compactions.try_reserve(store, job(tablet, list(reversed(files))), "c1", "g")
+    assert full.full and full.settings.full and full.inputs == tuple(files)  # oldest first
+    assert full.output == f"tables/{tid}/A{seq + 2:010x}.parquet"
+    assert store.tablet(tablet).running[full.ecid].output == full.output
+
+
+def test_full_is_decided_against_the_files_at_reservation(store: MetadataStore) -> None:
+    """A job planned as full, after a new file arrived, is reserved as a partial compaction of
+    its files (the new file stays); it is not discarded."""
+    tid, tablet = table_with_files(store, 2)
+    planned = job(tablet, sorted(store.tablet(tablet).files))
+    store.add_files("t", {f"tables/{tid}/F{9:010x}.parquet": FileMeta(5, 1, 0, b"n", b"n")})
+    res = compactions.try_reserve(store, planned, "c1", "g")
+    assert not res.full and res.output.split("/")[-1].startswith("C")
+
+
+def test_reserve_reports_the_range_of_the_tablet_when_it_reserved(store: MetadataStore) -> None:
+    """The range comes from the reserving mutation itself, so a split or merge just before it
+    cannot leave the reservation with an old range."""
+    _tid, tablet = table_with_files(store, 2)
+    m = Mutation()
+    m.tablet(tablet).do("set_range", b"g".hex())  # as if the tablet before it had been split
+    store.mutate(m)
+    res = compactions.try_reserve(store, job(tablet, sorted(store.tablet(tablet).files)), "c1", "g")
+    assert res.prev == b"g"
+
+
+@pytest.mark.parametrize("cond", ["table state", "no operation in progress"])
+def test_a_refused_reservation_changes_nothing(store: MetadataStore, cond: str) -> None:
+    tid, tablet = table_with_files(store, 2)
+    files = sorted(store.tablet(tablet).files)
+    if cond == "table state":
+        store.set_state("t", "OFFLINE")
+    else:
+        m = Mutation(table=tid)
+        m.tablet(tablet).do("set_op", "split")
+        store.mutate(m)
+    before = snapshot(store.r)
+    with pytest.raises(ConditionFailed) as exc:
+        compactions.try_reserve(store, job(tablet, files), "c1", "g")
+    assert exc.value.condition == cond
+    assert snapshot(store.r) == before  # no ECID, and no file sequence number taken
+
+
+def test_a_resent_reservation_is_recognised(store: MetadataStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    _tid, tablet = table_with_files(store, 2)
+    files = sorted(store.tablet(tablet).files)
+    seq = int(store.r.hget(C.SEQ, "file") or 0)
+    replies = resend_every_mutation(store, monkeypatch)
+    res = compactions.try_reserve(store, job(tablet, files), "c1", "g")
+    assert replies[0] == replies[1]  # the resend answered with the first outcome
+    assert int(store.r.hget(C.SEQ, "file")) == seq + 1  # one output name allocated
+    assert set(store.tablet(tablet).running) == {res.ecid}
+
+
+# -- commit ----------------------------------------------------------------------------------------
+def test_commit_drops_the_heartbeat_and_counts_in_the_same_mutation(store: MetadataStore) -> None:
+    _tid, tablet = table_with_files(store, 3)
+    files = sorted(store.tablet(tablet).files)
+    res = compactions.try_reserve(store, job(tablet, files, group="small"), "c1", "small")
+    compactions.heartbeat(store, res, {"entries_read": 1})
+    assert store.r.exists(C.heartbeat_key(res.ecid))
+    compactions.commit(store, res, output_info(res.output))
+    t = store.tablet(tablet)
+    assert set(t.files) == {res.output} and t.running == {}
+    assert not store.r.exists(C.heartbeat_key(res.ecid))
+    assert not store.r.hexists(C.RUNNING, res.ecid) and not store.r.sismember(C.running_group_key("small"), res.ecid)
+    counters = store.counters()
+    assert counters["compactions_committed"] == 1 and counters["committed:small"] == 1
+    assert store.r.hget(C.COMMITS_BY_TABLET, tablet) == b"1"
+
+
+def test_a_resent_commit_is_recognised_and_counts_once(store: MetadataStore,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    _tid, tablet = table_with_files(store, 3)
+    res = compactions.try_reserve(store, job(tablet, sorted(store.tablet(tablet).files)), "c1", "g")
+    replies = resend_every_mutation(store, monkeypatch)
+    compactions.commit(store, res, output_info(res.output))  # the resend must not be reported as rejected
+    assert json.loads(replies[1])["ok"] and replies[0] == replies[1]
+    assert set(store.tablet(tablet).files) == {res.output}
+    assert store.counters()["compactions_committed"] == 1 and store.counters()["committed:g"] == 1
+    assert store.r.hget(C.COMMITS_BY_TABLET, tablet) == b"1"
+
+
+def test_a_rejected_commit_counts_nothing_and_keeps_the_heartbeat(store: MetadataStore) -> None:
+    _tid, tablet = table_with_files(store, 3)
+    res = compactions.try_reserve(store, job(tablet, sorted(store.tablet(tablet).files)), "c1", "g")
+    compactions.heartbeat(store, res, {"entries_read": 1})
+    compactions.remove_running(store, tablet, res.ecid)  # as dead-compaction detection does
+    before = snapshot(store.r)
+    with pytest.raises(ConditionFailed, match="compaction registered"):
+        compactions.commit(store, res, output_info(res.output))
+    assert snapshot(store.r) == before
+    assert "compactions_committed" not in store.counters()
+
+
+# -- the ops themselves ------------------------------------------------------------------------------
+@pytest.mark.parametrize("op", [
+    ["add_running", "E2", W.running_doc(["f"]), {"template": "t/%s%010x%s", "full": "A", "partial": "C"}],
+    ["add_running", "E2", W.running_doc(["f"]), {"template": "t/%s%010x", "full": "A"}],
+    ["add_running", "E2", W.running_doc(["f"]), "t/%s%010x"],
+    ["drop_heartbeat", 7],
+    ["count_commit", None],
+])
+def test_malformed_new_ops_are_rejected_before_any_write(store: MetadataStore, op: list) -> None:
+    tid, tablet = table_with_files(store, 1)
+    before = snapshot(store.r)
+    m = Mutation(table=tid)
+    m.tablet(store.tablet_ids(tid)[0]).do("add_files", {"x": FileMeta(1, 1).to_json()})
+    m.tablet(tablet).do(*op)
+    with pytest.raises(ConditionFailed) as exc:
+        store.mutate(m)
+    assert exc.value.condition == "bad operation"
+    assert snapshot(store.r) == before
+
+
+def test_table_reads_return_fields_of_the_table_after_the_ops(store: MetadataStore) -> None:
+    tid = store.create_table("t", props={"table.iterator.versions": "2"})
+    m = Mutation(table=tid, table_reads=["props", "state", "nope"]).require_table()
+    m.table_ops = [["set_state", "OFFLINE"]]
+    out = store.apply(m)
+    assert json.loads(out["table"]["props"]) == {"table.iterator.versions": "2"}
+    assert out["table"]["state"] == "OFFLINE" and out["table"]["nope"] is None
+    assert "table" not in store.apply(Mutation(table=tid).require_table())
