@@ -139,7 +139,11 @@ def try_reserve(store: MetadataStore, job: Job, compactor: str, group: str) -> R
     out = store.apply(m)
     got = out["reserved"][job.tablet]
     full = bool(got["full"])
-    settings = _settings_for(its, json.loads(out["table"]["props"]), full, now)
+    try:
+        settings = _settings_for(its, json.loads(out["table"]["props"]), full, now)
+    except Exception:
+        remove_running(store, job.tablet, ecid)  # e.g. a bad table property: leave no ECID behind
+        raise
     return Reservation(ecid, job, table_id, decode_row(got["prev"]), decode_row(got["end"]), tuple(files),
                        got["output"], full, settings, compactor)
 
@@ -168,7 +172,6 @@ def last_heartbeat(store: MetadataStore, ecid: str) -> dict[str, str]:
 def commit(store: MetadataStore, res: Reservation, info: FileInfo) -> None:
     """Atomically replace the inputs with the output; raise ConditionFailed if anything changed
     that the compaction depended on (the caller then deletes the output)."""
-    t = store.tablet(res.tablet) if res.job.kind != "SYSTEM" else None
     m = Mutation(table=res.table).require_table(ONLINE)
     tc = m.tablet(res.tablet).require("ecid", res.ecid).require("files_present", list(res.inputs))
     tc.require("range", encode_row(res.prev))
@@ -180,16 +183,9 @@ def commit(store: MetadataStore, res: Reservation, info: FileInfo) -> None:
                                         "first": info.first_row.hex() if info.first_row is not None else None,
                                         "last": info.last_row.hex() if info.last_row is not None else None}})
     tc.do("remove_running", res.ecid).do("drop_heartbeat", res.ecid).do("count_commit", res.job.group)
-    if res.job.kind != "SYSTEM":
-        tc.require("selection_is", res.job.selection)
-        sel = t.selection if t is not None else None
-        remaining = set(sel.files) if sel is not None else set()
-        if remaining <= set(res.inputs):
-            tc.do("clear_selection")
-            if res.job.kind == "USER":
-                tc.do("ucomp_done", res.job.selection)
-        else:
-            tc.do("selection_replace", list(res.inputs), output)
+    if res.job.kind != "SYSTEM":  # the selection shrinks, or is complete (mutate.lua decides)
+        tc.require("selection_is", res.job.selection).do(
+            "selection_done", list(res.inputs), output, res.job.selection if res.job.kind == "USER" else None)
     store.mutate(m)
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from kompaktor import compactions
 from kompaktor import contract as C
-from kompaktor.errors import ConditionFailed
+from kompaktor.errors import ConditionFailed, KompaktorError
 from kompaktor.jobqueue import Job
 from kompaktor.sortedfile import FileInfo
 from kompaktor.store import FileMeta, MetadataStore, Mutation
@@ -121,6 +121,14 @@ def test_a_refused_reservation_changes_nothing(store: MetadataStore, cond: str) 
     assert snapshot(store.r) == before  # no ECID, and no file sequence number taken
 
 
+def test_a_reservation_with_unusable_settings_leaves_no_ecid(store: MetadataStore) -> None:
+    tid, tablet = table_with_files(store, 2)
+    store.mutate(Mutation(table=tid, table_ops=[["set_prop", "table.iterator.versions", "many"]]))
+    with pytest.raises(KompaktorError, match="not an integer"):
+        compactions.try_reserve(store, job(tablet, sorted(store.tablet(tablet).files)), "c1", "g")
+    assert store.tablet(tablet).running == {} and not store.r.hlen(C.RUNNING)
+
+
 def test_a_resent_reservation_is_recognised(store: MetadataStore, monkeypatch: pytest.MonkeyPatch) -> None:
     _tid, tablet = table_with_files(store, 2)
     files = sorted(store.tablet(tablet).files)
@@ -201,3 +209,42 @@ def test_table_reads_return_fields_of_the_table_after_the_ops(store: MetadataSto
     assert json.loads(out["table"]["props"]) == {"table.iterator.versions": "2"}
     assert out["table"]["state"] == "OFFLINE" and out["table"]["nope"] is None
     assert "table" not in store.apply(Mutation(table=tid).require_table())
+
+
+@pytest.mark.parametrize("kind", ["USER", "SELECTOR"])
+def test_selection_done_shrinks_the_selection_then_completes_it(store: MetadataStore, kind: str) -> None:
+    """A USER or SELECTOR compaction commits without reading the tablet first: mutate.lua replaces
+    the inputs by the output in the selection, or, when no other selected file is left, clears it
+    (and records a user compaction's tablet as done)."""
+    tid, tablet = table_with_files(store, 4)
+    files = sorted(store.tablet(tablet).files)
+    ucomp = "U1" if kind == "USER" else None
+    m = Mutation(table=tid)
+    m.tablet(tablet).do("set_selection", {"id": "S1", "kind": kind, "files": files[:3], "done": 0, "created": 0})
+    store.mutate(m)
+
+    def done(inputs: list[str], output: str | None) -> None:
+        m = Mutation(table=tid)
+        m.tablet(tablet).require("selection_is", "S1").do("selection_done", inputs, output, ucomp)
+        store.mutate(m)
+
+    done(files[:2], "X")
+    sel = store.tablet(tablet).selection
+    assert sel is not None and (sel.files, sel.done) == ((files[2], "X"), 1)
+    done([files[2]], None)  # an empty output leaves the selection
+    sel = store.tablet(tablet).selection
+    assert sel is not None and (sel.files, sel.done) == (("X",), 2)
+    assert not store.r.exists(C.ucomp_done_key("U1"))
+    done(["X"], "Y")
+    assert store.tablet(tablet).selection is None
+    assert store.r.smembers(C.ucomp_done_key("U1")) == ({tablet.encode()} if ucomp else set())
+
+
+def test_selection_done_needs_a_selection(store: MetadataStore) -> None:
+    tid, tablet = table_with_files(store, 1)
+    before = snapshot(store.r)
+    m = Mutation(table=tid)
+    m.tablet(tablet).do("selection_done", ["f"], None, None)
+    with pytest.raises(ConditionFailed, match="no selection to update"):
+        store.mutate(m)
+    assert snapshot(store.r) == before

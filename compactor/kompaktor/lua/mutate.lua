@@ -60,7 +60,7 @@ end
 local TABLET_OPS = {create = true, delete = true, add_files = true, remove_files = true, add_running = true,
   remove_running = true, set_selection = true, clear_selection = true, selection_replace = true,
   ucomp_done = true, set_hold = true, clear_hold = true, set_op = true, clear_op = true, set_range = true,
-  drop_heartbeat = true, count_commit = true}
+  drop_heartbeat = true, count_commit = true, selection_done = true}
 local TABLE_OPS = {create = true, set_state = true, set_prop = true, unname = true}
 
 -- table conditions (and table ops checked before anything is written)
@@ -175,8 +175,10 @@ for i, t in ipairs(spec.tablets or {}) do
       has_sel = true
     elseif name == 'clear_selection' then
       has_sel = false
-    elseif name == 'selection_replace' and not has_sel then
+    elseif (name == 'selection_replace' or name == 'selection_done') and not has_sel then
       return fail('selection', t.id, 'no selection to update')
+    elseif name == 'selection_done' then
+      has_sel = false  -- it may clear the selection
     elseif name == 'add_running' and (type(op[3]) ~= 'table' or type(op[3].group) ~= 'string') then
       return fail('bad operation', t.id, 'add_running needs a compaction with a group')
     elseif name == 'add_running' and not isnull(op[4]) and (type(op[4]) ~= 'table'
@@ -215,6 +217,21 @@ for _, op in ipairs(spec.table_ops or {}) do
 end
 
 -- tablet ops
+-- the selection's files ``inputs`` were compacted into ``output`` (nil: the output was empty)
+local function sel_replace(doc, inputs, output)
+  local drop = {}
+  for _, f in ipairs(inputs) do drop[f] = true end
+  local keep = {}
+  for _, f in ipairs(doc.sel.files) do if not drop[f] then table.insert(keep, f) end end
+  if not isnull(output) then table.insert(keep, output) end
+  doc.sel.files = keep
+  doc.sel.done = (doc.sel.done or 0) + 1
+end
+
+local function ucomp_done(cid, tablet_id)
+  redis.call('SADD', P .. 'ucomp:' .. cid .. ':done', tablet_id)  -- contract.ucomp_done_key
+end
+
 local versions = {}
 local reserved = nil
 for i, t in ipairs(spec.tablets or {}) do
@@ -263,15 +280,23 @@ for i, t in ipairs(spec.tablets or {}) do
     elseif name == 'clear_selection' then
       doc.sel = nil
     elseif name == 'selection_replace' then
-      local drop = {}
-      for _, f in ipairs(op[2]) do drop[f] = true end
-      local keep = {}
-      for _, f in ipairs(doc.sel.files) do if not drop[f] then table.insert(keep, f) end end
-      if not isnull(op[3]) then table.insert(keep, op[3]) end
-      doc.sel.files = keep
-      doc.sel.done = (doc.sel.done or 0) + 1
+      sel_replace(doc, op[2], op[3])
+    elseif name == 'selection_done' then
+      -- a compaction of the selection's files op[2] into op[3] committed: with no other selected
+      -- file left the selection is complete (cleared; a user compaction op[4] records the tablet
+      -- done), else its inputs are replaced by the output
+      local inputs = {}
+      for _, f in ipairs(op[2]) do inputs[f] = true end
+      local rest = false
+      for _, f in ipairs(doc.sel.files) do if not inputs[f] then rest = true end end
+      if rest then
+        sel_replace(doc, op[2], op[3])
+      else
+        doc.sel = nil
+        if not isnull(op[4]) then ucomp_done(op[4], t.id) end
+      end
     elseif name == 'ucomp_done' then
-      redis.call('SADD', P .. 'ucomp:' .. op[2] .. ':done', t.id)
+      ucomp_done(op[2], t.id)
     elseif name == 'set_hold' then
       doc.hold = op[2]
     elseif name == 'clear_hold' then
