@@ -39,12 +39,16 @@ def settings_for(table: TableInfo, svc: ServiceConfig) -> PlannerSettings:
     return _settings(svc, table.props.get(RATIO), table.props.get(FILE_MAX))
 
 
+def _fingerprint(tablet: str, files: tuple[str, ...]) -> str:
+    from kompaktor.compactions import fingerprint  # imported on use, as before: compactions is a heavier module
+
+    return fingerprint(tablet, files)
+
+
 def plan_tablet(t: Tablet, table: TableInfo, services: Mapping[str, ServiceConfig], now_ms: int,
                 active_user: Collection[str] = (), skip: Collection[str] = ()) -> TabletPlan:
     """The jobs to queue for one tablet now. ``active_user``: ids of USER compactions still
     running; ``skip``: job fingerprints that must not be queued (backing off or dead-lettered)."""
-    from kompaktor.compactions import fingerprint
-
     if table.state != ONLINE or t.op is not None or not t.files:
         return TabletPlan([])
     sizes = {f: m.size for f, m in t.files.items()}
@@ -58,7 +62,7 @@ def plan_tablet(t: Tablet, table: TableInfo, services: Mapping[str, ServiceConfi
         if svc is None:
             return  # the table names a service that does not exist (yet): nothing to plan
         for pj in plan(kind, settings_for(table, svc), sizes, candidates, running):
-            if skip and fingerprint(t.id, pj.files) in skip:
+            if skip and _fingerprint(t.id, pj.files) in skip:
                 continue
             jobs.append(Job(t.id, kind.value, pj.priority, svc.group_of_tier(pj.group),
                             {f: sizes[f] for f in pj.files}, svc.name, selection,
@@ -72,9 +76,9 @@ def plan_tablet(t: Tablet, table: TableInfo, services: Mapping[str, ServiceConfi
             stale = frozenset(sel.files)
         else:
             excluded.update(sel.files)
-    emit(Kind.SYSTEM, sorted(f for f in sizes if f not in excluded), None, stale)
+    emit(Kind.SYSTEM, sorted([f for f in sizes if f not in excluded] if excluded else sizes), None, stale)
     if sel is not None and (sel.kind != "USER" or sel.id in active_user):
-        emit(Kind(sel.kind), sorted(f for f in sel.files if f in sizes and f not in busy), sel.id, frozenset())
+        emit(Kind(sel.kind), sorted([f for f in sel.files if f in sizes and f not in busy]), sel.id, frozenset())
 
     select = None
     if sel is None and not t.running and t.hold is None and table.props.get(SELECTOR) == "too-many-deletes":

@@ -5,7 +5,9 @@
 --       priority, nfiles, job JSON (stored as given)
 local P = 'kz:queue:'
 local gen, max, now = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local known = {}  -- groups already added to kz:queue:groups by this call
+-- per group touched by this call: its keys, rejections to count, and while its queue is known to be
+-- full and unchanged since, the priority of its last entry (a job not above it is rejected at once)
+local groups = {}
 
 local function drop_from_index(ik, ak, tab, member)  -- a member evicted from another tablet's entries
   local raw = redis.call('HGET', ik, tab)
@@ -23,11 +25,14 @@ local function drop_from_index(ik, ak, tab, member)  -- a member evicted from an
 end
 
 local function add(group, tablet, first, n)  -- the jobs are in ARGV[first .. first + 3n - 1]
-  local qk, jk, ik, sk, ak = P .. group, P .. group .. ':jobs', P .. group .. ':tablets', P .. group .. ':stats', P .. group .. ':ages'
-  if not known[group] then
+  local g = groups[group]
+  if not g then
     redis.call('SADD', 'kz:queue:groups', group)
-    known[group] = true
+    g = {qk = P .. group, jk = P .. group .. ':jobs', ik = P .. group .. ':tablets', ak = P .. group .. ':ages',
+         rejected = 0, lowest = nil}
+    groups[group] = g
   end
+  local qk, jk, ik, ak = g.qk, g.jk, g.ik, g.ak
 
   -- 1. remove every entry this tablet has in this queue
   local old = redis.call('HGET', ik, tablet)
@@ -39,22 +44,23 @@ local function add(group, tablet, first, n)  -- the jobs are in ARGV[first .. fi
     end
     redis.call('HDEL', ik, tablet)
     redis.call('ZREM', ak, tablet)
+    g.lowest = nil
   end
 
   -- 2. insert under the bound
   local admitted = {}
-  local rejected = 0
   for a = first, first + 3 * (n - 1), 3 do
     local prio = tonumber(ARGV[a])
-    local inv_p = 20767 - prio
-    local nf = tonumber(ARGV[a + 1])
-    if nf > 9999 then nf = 9999 end
     local ok = true
-    if redis.call('ZCARD', qk) >= max then
+    if g.lowest and prio <= g.lowest then
+      g.rejected = g.rejected + 1
+      ok = false
+    elseif redis.call('ZCARD', qk) >= max then
       local last = redis.call('ZRANGE', qk, -1, -1)[1]
       local last_prio = 20767 - tonumber(string.sub(last, 1, 5))
-      rejected = rejected + 1
+      g.rejected = g.rejected + 1
       if prio <= last_prio then
+        g.lowest = last_prio
         ok = false
       else
         local lj = cjson.decode(redis.call('HGET', jk, last))
@@ -71,14 +77,16 @@ local function add(group, tablet, first, n)  -- the jobs are in ARGV[first .. fi
       end
     end
     if ok then
+      local nf = tonumber(ARGV[a + 1])
+      if nf > 9999 then nf = 9999 end
       local seq = redis.call('INCR', 'kz:queue:seq')
-      local member = string.format('%05d%04d%012d', inv_p, 9999 - nf, seq)
+      local member = string.format('%05d%04d%012d', 20767 - prio, 9999 - nf, seq)
       redis.call('ZADD', qk, 0, member)
       redis.call('HSET', jk, member, ARGV[a + 2])
       table.insert(admitted, member)
+      g.lowest = nil
     end
   end
-  if rejected > 0 then redis.call('HINCRBY', sk, 'rejected', rejected) end
 
   -- 3. index
   if #admitted > 0 then
@@ -93,5 +101,8 @@ while i <= #ARGV do
   local n = tonumber(ARGV[i + 2])
   total = total + add(ARGV[i], ARGV[i + 1], i + 3, n)
   i = i + 3 + 3 * n
+end
+for group, g in pairs(groups) do
+  if g.rejected > 0 then redis.call('HINCRBY', P .. group .. ':stats', 'rejected', g.rejected) end
 end
 return total
