@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from kompaktor import contract as C
@@ -23,9 +24,12 @@ from kompaktor.jobqueue import JobQueues
 from kompaktor.metrics import QueueMetrics
 from kompaktor.planning import plan_tablet
 from kompaktor.storage import TMP_PREFIX, Storage
-from kompaktor.store import ONLINE, MetadataStore, Mutation, TableInfo, Tablet, gc_paused, now_ms
+from kompaktor.store import ONLINE, MetadataStore, Mutation, TableInfo, Tablet, decode_tablets, gc_paused, now_ms
 
 log = logging.getLogger("kompaktor.coordinator")
+
+#: tablets planned, and their jobs queued (one script call), at a time
+PLAN_BATCH = 1000
 
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -123,26 +127,33 @@ class Coordinator:
         return tables, services, active, failures.skip_set(self.store)
 
     def plan_tablets(self, tablets: list[Tablet], gen: int) -> int:
+        return self._plan((tablets[i:i + PLAN_BATCH] for i in range(0, len(tablets), PLAN_BATCH)), gen)
+
+    def _plan(self, batches: Iterable[list[Tablet]], gen: int) -> int:
+        """Plan batches of tablets and queue their jobs; a batch's jobs are queued while the next
+        batch is decoded and planned. Returns the jobs admitted."""
         tables, services, active, skip = self._context()
         now = now_ms()
         remove: list[str] = []
-        plans: list[tuple[str, list]] = []
-        for t in tablets:
-            info = tables.get(t.table)
-            if info is None or info.state != ONLINE:
-                remove.append(t.id)
-                continue
-            tp = plan_tablet(t, info, services, now, active, skip)
-            self.stats["planned"] += 1
-            if tp.select:
-                self._select(t, tp.select, "SELECTOR", f"SEL-{t.version}-{now}")
-            if tp.jobs:
-                plans.append((t.id, tp.jobs))
-        queued = self.queues.add_many(plans, gen) if plans else 0
+        with gc_paused(), self.queues.adding(gen) as adder:  # gc: millions of acyclic objects
+            for tablets in batches:
+                plans: list[tuple[str, list]] = []
+                for t in tablets:
+                    info = tables.get(t.table)
+                    if info is None or info.state != ONLINE:
+                        remove.append(t.id)
+                        continue
+                    tp = plan_tablet(t, info, services, now, active, skip)
+                    self.stats["planned"] += 1
+                    if tp.select:
+                        self._select(t, tp.select, "SELECTOR", f"SEL-{t.version}-{now}")
+                    if tp.jobs:
+                        plans.append((t.id, tp.jobs))
+                adder.send(plans)
         if remove:
             self.queues.remove_tablets(remove)
-        self.stats["queued"] += queued
-        return queued
+        self.stats["queued"] += adder.admitted
+        return adder.admitted
 
     def _forget_deleted_tables(self) -> None:
         """Drop queued jobs of tables deleted since the last pass. A deleted table's tablets are
@@ -173,8 +184,8 @@ class Coordinator:
         self.store.pop_dirty(1_000_000)  # everything is planned now
         self._known_tables = {t.id for t in self.store.tables()}  # the sweep drops the rest
         gen = self.queues.begin_full_scan()
-        with gc_paused():  # millions of acyclic objects: see gc_paused
-            queued = self.plan_tablets(list(self.store.iter_all_tablets()), gen)
+        docs = self.store.tablet_docs(self.store.all_tablet_ids())
+        queued = self._plan((decode_tablets(docs[i:i + PLAN_BATCH]) for i in range(0, len(docs), PLAN_BATCH)), gen)
         self.queues.end_full_scan(gen)
         self._last_full = time.monotonic()
         self.stats["full_scans"] += 1

@@ -11,13 +11,17 @@ from __future__ import annotations
 import json
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
 import orjson
 import redis
+from redis.commands.core import Script
+from redis.connection import Connection
+from redis.exceptions import NoScriptError
 
 from kompaktor import contract as C
 
@@ -76,6 +80,68 @@ def _add_args(args: list[Any], tablet: str, jobs: Sequence[Job]) -> None:
             args += (j.priority, len(j.files), orjson.dumps(j.to_json()))
 
 
+class QueueAdder:
+    """Adds batches of tablets' jobs (:meth:`JobQueues.add_many`), one script call per batch, sent
+    without waiting for its reply: the caller prepares the next batch while Redis runs this one
+    (at most one batch in flight). :attr:`admitted` counts the jobs admitted by the batches applied."""
+
+    def __init__(self, client: redis.Redis, script: Script, gen: int, max_size: int) -> None:
+        self._script = script
+        self._pool = client.connection_pool
+        self._head = [gen, max_size, int(time.time() * 1000)]
+        self._pending: tuple[Connection, list[Any]] | None = None
+        self.admitted = 0
+
+    def send(self, plans: Iterable[tuple[str, Sequence[Job]]]) -> None:
+        args = self._head.copy()
+        for tablet, jobs in plans:
+            _add_args(args, tablet, jobs)
+        if len(args) == len(self._head):
+            return
+        conn = self._pool.get_connection()
+        try:
+            packed = conn.pack_command("EVALSHA", self._script.sha, 0, *args)
+            self.wait()  # for the batch before, on another connection
+        except BaseException:
+            self._pool.release(conn)
+            raise
+        try:
+            conn.send_packed_command(packed)
+        except (redis.ConnectionError, redis.TimeoutError):
+            conn.disconnect()
+            self._pool.release(conn)
+            self.admitted += int(self._script(args=args))  # with the client's retries
+            return
+        except BaseException:
+            conn.disconnect()
+            self._pool.release(conn)
+            raise
+        self._pending = (conn, args)
+
+    def wait(self) -> None:
+        """Wait until the batch in flight, if any, has been applied."""
+        if self._pending is None:
+            return
+        (conn, args), self._pending = self._pending, None
+        try:
+            res = conn.read_response()
+        except NoScriptError:  # Redis restarted or flushed its scripts: the call below loads it
+            res = None
+        except (redis.ConnectionError, redis.TimeoutError):
+            conn.disconnect()
+            res = None  # the call below retries, as redis-py retries any command
+        except redis.ResponseError:
+            raise
+        except BaseException:
+            conn.disconnect()  # interrupted mid-reply: the connection is out of step
+            raise
+        finally:
+            self._pool.release(conn)
+        if res is None:
+            res = self._script(args=args)
+        self.admitted += int(res)
+
+
 @dataclass(frozen=True)
 class QueueStats:
     queued: int
@@ -132,16 +198,19 @@ class JobQueues:
     def add_many(self, plans: Sequence[tuple[str, Sequence[Job]]], gen: int | None = None,
                  chunk: int = 1000) -> int:
         """:meth:`add` for many tablets in order: one script call per ``chunk`` tablets."""
-        gen = self.generation() if gen is None else gen
-        head = [gen, self.max_size(), int(time.time() * 1000)]
-        admitted = 0
-        for i in range(0, len(plans), chunk):
-            args = head.copy()
-            for tablet, jobs in plans[i:i + chunk]:
-                _add_args(args, tablet, jobs)
-            if len(args) > len(head):
-                admitted += int(self._add(args=args))
-        return admitted
+        with self.adding(gen) as adder:
+            for i in range(0, len(plans), chunk):
+                adder.send(plans[i:i + chunk])
+        return adder.admitted
+
+    @contextmanager
+    def adding(self, gen: int | None = None) -> Iterator[QueueAdder]:
+        """A :class:`QueueAdder`; on exit every batch sent has been applied."""
+        adder = QueueAdder(self.r, self._add, self.generation() if gen is None else gen, self.max_size())
+        try:
+            yield adder
+        finally:
+            adder.wait()
 
     def poll(self, group: str) -> Job | None:
         raw = self._poll(args=[group])

@@ -165,6 +165,13 @@ class Tablet:
         return (self.prev is None or row > self.prev) and (self.end is None or row <= self.end)
 
 
+def decode_tablets(docs: Iterable[tuple[str, bytes]]) -> list[Tablet]:
+    """Tablets from their stored documents (:meth:`MetadataStore.tablet_docs`)."""
+    decode, loads = Tablet.from_json, orjson.loads
+    with gc_paused():
+        return [decode(t, loads(raw)) for t, raw in docs]
+
+
 @dataclass
 class TabletChange:
     """Conditions and operations on one tablet; build with the fluent methods."""
@@ -350,13 +357,16 @@ class MetadataStore:
         return None if raw is None else Tablet.from_json(tablet_id, orjson.loads(raw))
 
     def get_tablets(self, tablet_ids: list[str], chunk: int = 1000) -> list[Tablet]:
-        out: list[Tablet] = []
-        decode, loads = Tablet.from_json, orjson.loads
-        with gc_paused():
-            for i in range(0, len(tablet_ids), chunk):
-                part = tablet_ids[i:i + chunk]
-                raws = self.call(self.r.mget, [C.tablet_key(t) for t in part])
-                out.extend(decode(t, loads(raw)) for t, raw in zip(part, raws, strict=True) if raw)
+        return decode_tablets(self.tablet_docs(tablet_ids, chunk))
+
+    def tablet_docs(self, tablet_ids: list[str], chunk: int = 1000) -> list[tuple[str, bytes]]:
+        """The stored documents of these tablets, not decoded (:func:`decode_tablets`); tablets
+        that do not exist are left out."""
+        out: list[tuple[str, bytes]] = []
+        for i in range(0, len(tablet_ids), chunk):
+            part = tablet_ids[i:i + chunk]
+            raws = self.call(self.r.mget, [C.tablet_key(t) for t in part])
+            out.extend((t, raw) for t, raw in zip(part, raws, strict=True) if raw)
         return out
 
     def tablets(self, tid: str) -> list[Tablet]:
