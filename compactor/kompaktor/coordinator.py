@@ -13,8 +13,9 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from kompaktor import contract as C
 from kompaktor import failures, tabletops, usercompaction
@@ -27,9 +28,15 @@ from kompaktor.storage import TMP_PREFIX, Storage
 from kompaktor.store import ONLINE, MetadataStore, Mutation, TableInfo, Tablet, decode_tablets, gc_paused, now_ms
 
 log = logging.getLogger("kompaktor.coordinator")
+T = TypeVar("T")
 
 #: tablets planned, and their jobs queued (one script call), at a time
 PLAN_BATCH = 1000
+
+
+def _batches(items: Sequence[T]) -> Iterator[Sequence[T]]:
+    return (items[i:i + PLAN_BATCH] for i in range(0, len(items), PLAN_BATCH))
+
 
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -127,9 +134,9 @@ class Coordinator:
         return tables, services, active, failures.skip_set(self.store)
 
     def plan_tablets(self, tablets: list[Tablet], gen: int) -> int:
-        return self._plan((tablets[i:i + PLAN_BATCH] for i in range(0, len(tablets), PLAN_BATCH)), gen)
+        return self._plan(_batches(tablets), gen)
 
-    def _plan(self, batches: Iterable[list[Tablet]], gen: int) -> int:
+    def _plan(self, batches: Iterable[Sequence[Tablet]], gen: int) -> int:
         """Plan batches of tablets and queue their jobs; a batch's jobs are queued while the next
         batch is decoded and planned. Returns the jobs admitted."""
         tables, services, active, skip = self._context()
@@ -185,7 +192,7 @@ class Coordinator:
         self._known_tables = {t.id for t in self.store.tables()}  # the sweep drops the rest
         gen = self.queues.begin_full_scan()
         docs = self.store.tablet_docs(self.store.all_tablet_ids())
-        queued = self._plan((decode_tablets(docs[i:i + PLAN_BATCH]) for i in range(0, len(docs), PLAN_BATCH)), gen)
+        queued = self._plan((decode_tablets(batch) for batch in _batches(docs)), gen)
         self.queues.end_full_scan(gen)
         self._last_full = time.monotonic()
         self.stats["full_scans"] += 1
