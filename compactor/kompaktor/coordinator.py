@@ -13,9 +13,8 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 from kompaktor import contract as C
 from kompaktor import failures, tabletops, usercompaction
@@ -25,17 +24,12 @@ from kompaktor.jobqueue import JobQueues
 from kompaktor.metrics import QueueMetrics
 from kompaktor.planning import plan_tablet
 from kompaktor.storage import TMP_PREFIX, Storage
-from kompaktor.store import ONLINE, MetadataStore, Mutation, TableInfo, Tablet, decode_tablets, gc_paused, now_ms
+from kompaktor.store import ONLINE, MetadataStore, Mutation, TableInfo, Tablet, gc_paused, now_ms
 
 log = logging.getLogger("kompaktor.coordinator")
-T = TypeVar("T")
 
 #: tablets planned, and their jobs queued (one script call), at a time
 PLAN_BATCH = 1000
-
-
-def _batches(items: Sequence[T]) -> Iterator[Sequence[T]]:
-    return (items[i:i + PLAN_BATCH] for i in range(0, len(items), PLAN_BATCH))
 
 
 _RENEW = """
@@ -134,7 +128,7 @@ class Coordinator:
         return tables, services, active, failures.skip_set(self.store)
 
     def plan_tablets(self, tablets: list[Tablet], gen: int) -> int:
-        return self._plan(_batches(tablets), gen)
+        return self._plan((tablets[i:i + PLAN_BATCH] for i in range(0, len(tablets), PLAN_BATCH)), gen)
 
     def _plan(self, batches: Iterable[Sequence[Tablet]], gen: int) -> int:
         """Plan batches of tablets and queue their jobs; a batch's jobs are queued while the next
@@ -191,8 +185,7 @@ class Coordinator:
         self.store.pop_dirty(1_000_000)  # everything is planned now
         self._known_tables = {t.id for t in self.store.tables()}  # the sweep drops the rest
         gen = self.queues.begin_full_scan()
-        docs = self.store.tablet_docs(self.store.all_tablet_ids())
-        queued = self._plan((decode_tablets(batch) for batch in _batches(docs)), gen)
+        queued = self._plan(self.store.tablet_batches(self.store.all_tablet_ids(), PLAN_BATCH), gen)
         self.queues.end_full_scan(gen)
         self._last_full = time.monotonic()
         self.stats["full_scans"] += 1

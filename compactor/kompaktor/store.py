@@ -359,6 +359,17 @@ class MetadataStore:
     def get_tablets(self, tablet_ids: list[str], chunk: int = 1000) -> list[Tablet]:
         return decode_tablets(self.tablet_docs(tablet_ids, chunk))
 
+    def tablet_batches(self, tablet_ids: list[str], size: int = 1000) -> Iterator[list[Tablet]]:
+        """These tablets in batches of ``size`` (missing ones left out). The documents of batch k+1
+        are fetched before batch k is handed out: Redis work that the caller starts with batch k
+        (a queue add) then runs while batch k+1 is decoded instead of delaying its fetch."""
+        parts = [tablet_ids[i:i + size] for i in range(0, len(tablet_ids), size)]
+        docs = self.tablet_docs(parts[0]) if parts else []
+        for k in range(len(parts)):
+            tablets = decode_tablets(docs)
+            docs = self.tablet_docs(parts[k + 1]) if k + 1 < len(parts) else []
+            yield tablets
+
     def tablet_docs(self, tablet_ids: list[str], chunk: int = 1000) -> list[tuple[str, bytes]]:
         """The stored documents of these tablets, not decoded (:func:`decode_tablets`); tablets
         that do not exist are left out."""

@@ -390,3 +390,14 @@ def test_numbers_round_trip_exactly_through_the_script(store: MetadataStore) -> 
     t = store.tablet(tablet_id)
     assert t.files["f"] == FileMeta(10**14 - 1, 10**13 + 7, 3, b"a", b"b")
     assert t.running["E1"].started_ms == started and isinstance(t.files["f"].size, int)
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 10])
+def test_tablet_batches_are_get_tablets_in_batches(store: MetadataStore, size: int) -> None:
+    tid = store.create_table("t", [b"b", b"c", b"d", b"e"])
+    store.add_files("t", {"f": FileMeta(10, 2, 0, b"a", b"z")})
+    ids = [*store.tablet_ids(tid), f"{tid};missing"]
+    batches = list(store.tablet_batches(ids, size))
+    assert len(batches) == -(-len(ids) // size) and all(len(b) == size for b in batches[:-1])
+    assert [t for b in batches for t in b] == store.get_tablets(ids) == store.tablets(tid)
+    assert list(store.tablet_batches([], size)) == []
