@@ -250,6 +250,17 @@ def merge_range(storage: Storage, inputs: tuple[str, ...] | list[str], lo: Bound
     return merge_tables(tables, settings), read
 
 
+def open_merge(storage: Storage, req: MergeRequest,
+               cancel: threading.Event | None) -> tuple[float, list[InputMeta], int]:
+    """What every engine does first: refuse a request cancelled before it started, read the
+    inputs' footers. Returns the start time, the inputs' metadata and their total bytes."""
+    started = time.monotonic()
+    if cancel is not None and cancel.is_set():
+        raise MergeCancelled(f"merge into {req.output} cancelled before it started")
+    metas = inspect_inputs(storage, req.inputs)
+    return started, metas, sum(m.size for m in metas)
+
+
 def progress_dict(entries_read: int, entries_written: int, bytes_read: int, bytes_written: int,
                   parts_done: int, parts: int, started: float) -> dict:
     return {"entries_read": entries_read, "entries_written": entries_written, "bytes_read": bytes_read,
@@ -274,11 +285,7 @@ class ArrowMergeEngine:
 
     def merge(self, storage: Storage, req: MergeRequest, *, progress: ProgressFn | None = None,
               cancel: threading.Event | None = None) -> MergeResult:
-        started = time.monotonic()
-        if cancel is not None and cancel.is_set():
-            raise MergeCancelled(f"merge into {req.output} cancelled before it started")
-        metas = inspect_inputs(storage, req.inputs)
-        bytes_in = sum(m.size for m in metas)
+        started, metas, bytes_in = open_merge(storage, req, cancel)
         ranges = plan_ranges(metas, req.prev, req.end, self.range_entries)
         report = progress or (lambda d: None)
         read = written = 0

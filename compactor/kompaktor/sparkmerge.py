@@ -35,8 +35,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from kompaktor.arrowmerge import (
-    inspect_inputs,
     merge_range,
+    open_merge,
     plan_ranges,
     progress_dict,
     writer_position,
@@ -118,11 +118,7 @@ class SparkMergeEngine:
               cancel: threading.Event | None = None) -> MergeResult:
         from kompaktor.arrowmerge import estimate_entries
 
-        started = time.monotonic()
-        if cancel is not None and cancel.is_set():
-            raise MergeCancelled(f"merge into {req.output} cancelled before it started")
-        metas = inspect_inputs(storage, req.inputs)
-        bytes_in = sum(m.size for m in metas)
+        started, metas, bytes_in = open_merge(storage, req, cancel)
         total = estimate_entries(metas, req.prev, req.end)
         ranges = plan_ranges(metas, req.prev, req.end, self._target_entries(total))
         tasks = [(i, lo, hi) for i, (lo, hi) in enumerate(ranges)]

@@ -17,7 +17,6 @@ from typing import Any
 import kopf
 import pytest
 import pytest_asyncio
-from kmock import action as kmock_action
 
 from kompaktor_operator import depth, handlers, kube
 from kompaktor_operator.config import OperatorConfig
@@ -167,12 +166,6 @@ async def operator(kmock, backend: FakeBackend, monkeypatch: pytest.MonkeyPatch)
     thread = threading.Thread(target=_main, name="kopf", daemon=True)
     thread.start()
     await eventually(ready.is_set, what="operator ready")
-
-    def watching() -> bool:
-        plurals = {str(getattr(r.resource, "plural", "")) for r in list(kmock) if r.action == kmock_action.WATCH}
-        return set(CRDS) <= plurals
-
-    await eventually(watching, what="kopf watching every custom resource")
 
     # kmock streams the objects that exist when a watch starts and only then subscribes to the
     # event bus of the resource; an event published before that subscription is never streamed.

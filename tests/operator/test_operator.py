@@ -35,10 +35,15 @@ def gone(kmock, res: str, name: str) -> bool:
         return True
 
 
-def group_body(name: str, **spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "kompaktor.io/v1alpha1", "kind": "CompactorGroup",
+def body(kind: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """A custom resource of ``kind`` as a user would apply it (generation 1)."""
+    return {"apiVersion": "kompaktor.io/v1alpha1", "kind": kind,
             "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}", "generation": 1,
                          "resourceVersion": "1"}, "spec": spec}
+
+
+def group_body(name: str, **spec: Any) -> dict[str, Any]:
+    return body("CompactorGroup", name, spec)
 
 
 async def test_group_creates_children_and_status(operator, api: Api, backend: FakeBackend) -> None:
@@ -174,11 +179,9 @@ async def test_service_stored_with_status_and_missing_group(operator, api: Api, 
     kmock = operator
     backend.figures["small"] = depth.QueueFigures(queued=4, running=2)
     await api.create(GROUPS_RES, group_body("small"))
-    await api.create(SERVICES_RES, {
-        "apiVersion": "kompaktor.io/v1alpha1", "kind": "CompactionService",
-        "metadata": {"name": "cs1", "namespace": NS, "uid": "uid-cs1", "generation": 1, "resourceVersion": "1"},
-        "spec": {"tiers": [{"name": "small", "maxSize": "32Mi", "compactorGroup": "small"},
-                           {"name": "large", "compactorGroup": "large"}]}})
+    await api.create(SERVICES_RES, body("CompactionService", "cs1", {
+        "tiers": [{"name": "small", "maxSize": "32Mi", "compactorGroup": "small"},
+                  {"name": "large", "compactorGroup": "large"}]}))
     await eventually(lambda: "cs1" in backend.services, what="service stored")
     assert backend.services["cs1"].tiers[0].max_size == 33_554_432
 
@@ -193,11 +196,9 @@ async def test_service_stored_with_status_and_missing_group(operator, api: Api, 
 
 async def test_invalid_service_tiers_are_reported(operator, api: Api, backend: FakeBackend) -> None:
     kmock = operator
-    await api.create(SERVICES_RES, {
-        "apiVersion": "kompaktor.io/v1alpha1", "kind": "CompactionService",
-        "metadata": {"name": "bad", "namespace": NS, "uid": "uid-bad", "generation": 1, "resourceVersion": "1"},
-        "spec": {"tiers": [{"name": "a", "compactorGroup": "a"},
-                           {"name": "b", "maxSize": "1Gi", "compactorGroup": "b"}]}})
+    await api.create(SERVICES_RES, body("CompactionService", "bad", {
+        "tiers": [{"name": "a", "compactorGroup": "a"},
+                  {"name": "b", "maxSize": "1Gi", "compactorGroup": "b"}]}))
 
     def failed() -> bool:
         ready = next(c for c in obj(kmock, SERVICES_RES, "bad")["status"]["conditions"] if c["type"] == "Ready")
@@ -208,9 +209,7 @@ async def test_invalid_service_tiers_are_reported(operator, api: Api, backend: F
 
 
 def compaction_body(name: str, **spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "kompaktor.io/v1alpha1", "kind": "Compaction",
-            "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}", "generation": 1,
-                         "resourceVersion": "1"}, "spec": spec}
+    return body("Compaction", name, spec)
 
 
 async def test_compaction_start_track_succeed(operator, api: Api, backend: FakeBackend) -> None:
