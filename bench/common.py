@@ -15,7 +15,7 @@ for p in (ROOT / "compactor", ROOT / "operator"):
 
 
 def start_redis():
-    from kompaktor.localredis import RedisProcess
+    from kompaktor.local.redis_server import RedisProcess
 
     return RedisProcess(tempfile.mkdtemp(prefix="kompaktor-bench-redis-")).start()
 

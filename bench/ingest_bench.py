@@ -17,7 +17,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--duration", type=float, default=90.0)
     ap.add_argument("--tablets", type=int, default=4)
     args = ap.parse_args(argv)
-    from kompaktor.demo import DemoOptions, run_demo
+    from kompaktor.local.demo import DemoOptions, run_demo
 
     res = run_demo(DemoOptions(entries=args.entries, duration_s=args.duration, tablets=args.tablets, live=False))
     rows = [{"seconds": t, "entries": e, "avg_files_per_tablet": round(f, 3), "compactions": c}

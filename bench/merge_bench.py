@@ -35,9 +35,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from kompaktor.keys import ARROW_SORT_KEYS
-from kompaktor.sortedfile import SCHEMA, write_sorted
-from kompaktor.storage import Storage
+from kompaktor.files.sortedfile import SCHEMA, write_sorted
+from kompaktor.files.storage import Storage
+from kompaktor.model.keys import ARROW_SORT_KEYS
 
 OUT_DIR = Path(__file__).resolve().parent / "out"
 
@@ -155,7 +155,7 @@ def io_floor(storage: Storage, inputs: list[str], out: str) -> int:
 
 def pyarrow_sort(storage: Storage, inputs: list[str], out: str) -> int:
     """pyarrow alone: read all, concat, sort, newest-version + delete suppression, write."""
-    from kompaktor.arrowstack import merge_tables
+    from kompaktor.files.arrowstack import merge_tables
 
     tables = [pq.read_table(storage.path(p)) for p in inputs]
     merged = merge_tables(tables)
@@ -222,8 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from kompaktor.engine import MergeRequest, make_engine
-    from kompaktor.iterators import IteratorSettings
+    from kompaktor.engines import make_engine
+    from kompaktor.engines.api import MergeRequest
+    from kompaktor.model.iterators import IteratorSettings
 
     console = Console(width=max(150, Console().width))
     scratch = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="kompaktor-bench-"))
@@ -282,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
             outputs["Arrow engine"] = "out/arrow.parquet"
             record("Arrow engine (in-process, key-range chunks)", times, n)
         if "spark" in engines:
-            from kompaktor import spark as ksp
+            from kompaktor.engines import session as ksp
 
             reset_peaks()
             t0 = time.perf_counter()

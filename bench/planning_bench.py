@@ -13,13 +13,13 @@ from bench.common import start_redis, write_csv
 
 def setup(store, tablets: int, files: int, seed: int = 7) -> list[str]:
     """Create a table with ``tablets`` tablets holding ``files`` files each (metadata only)."""
-    from kompaktor import contract as C
+    from kompaktor import keyspace as C
 
     rng = random.Random(seed)
     splits = [format(i, "08x").encode() for i in range(1, tablets)]
     tid = store.create_table("bench", splits)
     ids = store.tablet_ids(tid)
-    pipe = store.r.pipeline(transaction=False)
+    pipe = store._r.pipeline(transaction=False)
     prev = None
     for n, (tablet_id, end) in enumerate(zip(ids, [*splits, None], strict=True)):
         fs = {f"tables/{tid}/F{n:07x}{k:03x}.parquet": {"size": rng.randint(1, 64) * 1_000_000,
@@ -41,8 +41,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--files", type=int, default=20)
     args = ap.parse_args(argv)
     from kompaktor.coordinator import Coordinator
-    from kompaktor.storage import Storage
-    from kompaktor.store import MetadataStore
+    from kompaktor.files.storage import Storage
+    from kompaktor.metadata.store import MetadataStore
 
     redis = start_redis()
     try:

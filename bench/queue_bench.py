@@ -18,13 +18,12 @@ def _worker(url: str, group: str, out: mp.Queue, ready: mp.Queue, go, profile: s
 
     root = Path(__file__).resolve().parent.parent
     sys.path[:0] = [str(root / "compactor"), str(root / "operator")]
-    from kompaktor import compactions
-    from kompaktor.jobqueue import JobQueues
-    from kompaktor.sortedfile import FileInfo
-    from kompaktor.store import MetadataStore
+    from kompaktor.metadata import compactions
+    from kompaktor.metadata.store import MetadataStore
+    from kompaktor.model.tablet import FileInfo
 
     store = MetadataStore.from_url(url)
-    queues = JobQueues(store.r)
+    queues = store.queues
     store.ping()
     ready.put(1)
     go.wait()
@@ -76,19 +75,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--profile", metavar="DIR", help="write each client's cProfile stats to DIR and print Redis "
                     "server time per command (INFO commandstats) for the measured part")
     args = ap.parse_args(argv)
-    from kompaktor.jobqueue import Job, JobQueues
-    from kompaktor.store import MetadataStore
+    from kompaktor.metadata.store import MetadataStore
+    from kompaktor.model.job import Job
 
     redis = start_redis()
     try:
         store = MetadataStore.from_url(redis.url)
-        queues = JobQueues(store.r)
+        queues = store.queues
         queues.resize(max(args.jobs, 1))
         splits = [format(i, "06x").encode() for i in range(1, args.jobs)]
         tid = store.create_table("qbench", splits)
         ids = store.tablet_ids(tid)
-        pipe = store.r.pipeline(transaction=False)
-        from kompaktor import contract as C
+        pipe = store._r.pipeline(transaction=False)
+        from kompaktor import keyspace as C
 
         prev = None
         for n, (tablet_id, end) in enumerate(zip(ids, [*splits, None], strict=True)):
@@ -113,13 +112,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
             p.start()
         for _ in procs:
             ready.get(timeout=120)  # every client connected: measure the round trips only
-        store.r.config_resetstat()
-        redis_cpu0 = _redis_cpu(store.r)
+        store._r.config_resetstat()
+        redis_cpu0 = _redis_cpu(store._r)
         t0 = time.perf_counter()
         go.set()
         results = [json.loads(out.get(timeout=600)) for _ in procs]
         wall = time.perf_counter() - t0
-        redis_cpu = _redis_cpu(store.r) - redis_cpu0
+        redis_cpu = _redis_cpu(store._r) - redis_cpu0
         for p in procs:
             p.join()
         lat = [x for r in results for x in r["lat"]]
@@ -138,7 +137,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
               f"p99 {row['p99_ms']} ms; reserved twice: {twice}, lost: {lost} (aim 2,000/s); CPU per round trip: "
               f"clients {row['client_cpu_us_per_trip']} µs, Redis {row['redis_cpu_us_per_trip']} µs")
         if args.profile:
-            _print_commandstats(store.r.info("commandstats"), len(lat))
+            _print_commandstats(store._r.info("commandstats"), len(lat))
         write_csv("queue.csv", [row])
         if twice or lost:
             raise SystemExit("queue benchmark found a job reserved twice or lost")

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import redis
 
-from kompaktor.localredis import RedisProcess, free_port  # noqa: F401 (re-exported for tests)
+from kompaktor.local.redis_server import RedisProcess, free_port  # noqa: F401 (re-exported for tests)
 
 
 class RedisServer(RedisProcess):
-    """The tests' redis-server (see kompaktor.localredis)."""
+    """The tests' redis-server (see kompaktor.local.redis_server)."""
 
     def __init__(self, data_dir: Path) -> None:
         if shutil.which("redis-server") is None:
@@ -43,16 +43,16 @@ def redis_url(redis_server: RedisServer) -> Iterator[str]:
 
 @pytest.fixture
 def store(redis_url: str):
-    from kompaktor.store import MetadataStore
+    from kompaktor.metadata.store import MetadataStore
 
     s = MetadataStore.from_url(redis_url)
     yield s
-    s.r.close()
+    s._r.close()
 
 
 @pytest.fixture
 def storage(tmp_path: Path):
-    from kompaktor.storage import Storage
+    from kompaktor.files.storage import Storage
 
     return Storage.from_uri(str(tmp_path / "files"))
 

@@ -11,12 +11,14 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from kompaktor.errors import BadFileError, KompaktorError
-from kompaktor.iterators import IteratorSettings, merged_view
-from kompaktor.keys import Entry, sort_key
-from kompaktor.sortedfile import PREFIXES, FileInfo, SortedFileWriter, iter_entries, read_info
-from kompaktor.storage import Storage
-from kompaktor.store import MetadataStore, Tablet
+from kompaktor.files.sortedfile import SortedFileWriter, iter_entries, read_info
+from kompaktor.files.storage import Storage
+from kompaktor.metadata.store import MetadataStore
+from kompaktor.model.errors import BadFileError, KompaktorError
+from kompaktor.model.iterators import IteratorSettings, merged_view
+from kompaktor.model.keys import Entry, sort_key
+from kompaktor.model.names import PREFIXES
+from kompaktor.model.tablet import FileInfo, Tablet
 
 MAX_VERSIONS_PROP = "table.iterator.versions"
 
@@ -38,7 +40,7 @@ def max_versions(props: dict[str, str]) -> int:
 
 
 def to_file_meta(info: FileInfo):
-    from kompaktor.store import FileMeta
+    from kompaktor.model.tablet import FileMeta
 
     return FileMeta(info.size, info.entries, info.deletes, info.first_row, info.last_row)
 

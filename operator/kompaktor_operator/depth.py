@@ -2,8 +2,8 @@
 
 Owns: a small ``Backend`` the handlers call — store service/group configs, read the
 compactors' heartbeats and queue figures, ask a compactor to drain, start/track/cancel user
-compactions — and its Redis implementation over ``kompaktor.store`` / ``kompaktor.jobqueue`` /
-``kompaktor.usercompaction``. Tests may install another backend with ``set_backend``.
+compactions — and its Redis implementation over ``kompaktor.metadata`` (store, user compactions) and
+the queues. Tests may install another backend with ``set_backend``.
 Errors reaching Redis surface as ``BackendUnavailable`` (handlers retry them).
 """
 
@@ -67,20 +67,19 @@ class RedisBackend:
     """The Backend over the core's Redis store."""
 
     def __init__(self, url: str) -> None:
-        from kompaktor.jobqueue import JobQueues
-        from kompaktor.store import MetadataStore
+        from kompaktor.metadata.store import MetadataStore
 
         self.url = url
         self.store = MetadataStore.from_url(url)
-        self.queues = JobQueues(self.store.r)
+        self.queues = self.store.queues
 
     def _call(self, fn, *args, **kwargs):
-        import redis
+        from kompaktor.model.errors import StoreUnavailable
 
         try:
             return fn(*args, **kwargs)
-        except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError) as exc:
-            raise BackendUnavailable(f"Redis at {self.url.split('@')[-1]} is unavailable: {exc}") from exc
+        except StoreUnavailable as exc:
+            raise BackendUnavailable(str(exc)) from exc
 
     def put_service(self, cfg: Any) -> None:
         self._call(self.store.put_service, cfg)
@@ -110,40 +109,27 @@ class RedisBackend:
         return QueueFigures(queued=s.queued, running=s.running, rejected=s.rejected,
                             dead_lettered=s.dead_lettered, oldest_age_s=float(s.oldest_age_s))
 
-    def _request_key(self, request_id: str) -> str:
-        from kompaktor import contract
-
-        return f"{contract.PREFIX}operator:compaction:{request_id}"
-
     def start_compaction(self, request_id: str, table: str, start_row: bytes | None, end_row: bytes | None,
                          iterators: dict[str, Any]) -> str:
         """Start once per request id (the Compaction's uid): a replayed handler gets the same id."""
-        from kompaktor import usercompaction
-        from kompaktor.errors import KompaktorError
+        from kompaktor.metadata import user_compactions
+        from kompaktor.model.errors import KompaktorError
 
-        key = self._request_key(request_id)
-        known = self._call(self.store.r.get, key)
-        if known:
-            return known.decode()
         try:
-            cid = self._call(usercompaction.start, self.store, table, start_row, end_row, iterators)
+            return self._call(user_compactions.start, self.store, table, start_row, end_row, iterators,
+                              request_id=request_id)
         except (KompaktorError, ValueError, KeyError) as exc:
             raise CompactionRejected(str(exc)) from exc
-        if not self._call(self.store.r.set, key, cid, nx=True, ex=30 * 86400):
-            # Another run won the race: keep its compaction, cancel ours.
-            self._call(usercompaction.cancel, self.store, cid, "duplicate start")
-            return self._call(self.store.r.get, key).decode()
-        return cid
 
     def compaction_progress(self, compaction_id: str) -> Progress:
-        from kompaktor import usercompaction
+        from kompaktor.metadata import user_compactions as usercompaction
 
         uc = self._call(usercompaction.get, self.store, compaction_id)
         return Progress(phase=_PHASES.get(uc.state, "Running"), tablets_done=uc.done,
                         tablets_total=uc.total, message=uc.message)
 
     def cancel_compaction(self, compaction_id: str) -> None:
-        from kompaktor import usercompaction
+        from kompaktor.metadata import user_compactions as usercompaction
 
         self._call(usercompaction.cancel, self.store, compaction_id, "the Compaction resource was deleted")
 

@@ -90,8 +90,9 @@ def build_pod_template(group: str, spec: CompactorGroupSpec, config: OperatorCon
             "periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 3,
         },
         # Ask the compactor to drain before SIGTERM: it takes no new job and finishes (or
-        # releases) the one it holds within drainGraceSeconds.
-        "lifecycle": {"preStop": {"httpGet": {"path": "/drain", "port": http}}},
+        # releases) the one it holds within drainGraceSeconds. Drain is a POST, which an httpGet
+        # hook cannot send: the hook runs `kompaktor drain` against the pod's own loopback.
+        "lifecycle": {"preStop": {"exec": {"command": ["kompaktor", "drain", "--port", str(naming.HTTP_PORT)]}}},
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,

@@ -6,7 +6,7 @@ the core's ``ServiceConfig`` / ``GroupConfig``, and ``load_documents`` for the l
 ``kompaktor up`` shares with the cluster.
 
 Must not import: kopf, redis, kubernetes clients (only the pure ``kubernetes.utils`` helpers via
-``kompaktor.sizes``). ``crdgen.py`` turns these models into ``crds/*.yaml``.
+``kompaktor.policy.sizes``). ``crdgen.py`` turns these models into ``crds/*.yaml``.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ GroupName = Annotated[
 
 def quantity_bytes(value: int | str) -> int:
     """Whole bytes of a Kubernetes quantity (a fraction rounds up). Delegates to the core."""
-    from kompaktor.sizes import parse_quantity_bytes
+    from kompaktor.policy.sizes import parse_quantity_bytes
 
     return parse_quantity_bytes(value)
 
@@ -622,9 +622,9 @@ def explain(exc: ValidationError) -> str:
 
 
 def to_service_config(name: str, spec: CompactionServiceSpec) -> Any:
-    """CompactionService spec -> ``kompaktor.services.ServiceConfig`` (sizes in whole bytes)."""
-    from kompaktor.services import ServiceConfig
-    from kompaktor.services import Tier as CoreTier
+    """CompactionService spec -> ``kompaktor.policy.services.ServiceConfig`` (sizes in whole bytes)."""
+    from kompaktor.policy.services import ServiceConfig
+    from kompaktor.policy.services import Tier as CoreTier
 
     return ServiceConfig(
         name=name,
@@ -641,8 +641,8 @@ def to_service_config(name: str, spec: CompactionServiceSpec) -> Any:
 
 
 def to_group_config(name: str, spec: CompactorGroupSpec) -> Any:
-    """CompactorGroup spec -> ``kompaktor.services.GroupConfig``."""
-    from kompaktor.services import GroupConfig
+    """CompactorGroup spec -> ``kompaktor.policy.services.GroupConfig``."""
+    from kompaktor.policy.services import GroupConfig
 
     return GroupConfig(
         name=name,

@@ -2,7 +2,7 @@
 
 Spark's JVM start costs seconds, and this machine has 2 cores: every Spark test shares this
 session (``local[2]``, small shuffle partitions, UI off). The merge engines reuse it through
-:func:`kompaktor.spark.get_session`, which returns the process's existing session.
+:func:`kompaktor.engines.session.get_session`, which returns the process's existing session.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ SPARK_MASTER = "local[2]"
 
 @pytest.fixture(scope="session")
 def spark_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    from kompaktor import spark
+    from kompaktor.engines import session as spark
 
     local_dir = tmp_path_factory.mktemp("spark-local")
     session = spark.get_session(SPARK_MASTER, {"spark.sql.shuffle.partitions": "2",
@@ -30,6 +30,6 @@ def spark_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
 def spark_engine(spark_session):
     """The Spark merge engine on the session's SparkSession, planning small tasks so that
     small test inputs are still cut into several key ranges."""
-    from kompaktor.sparkmerge import SparkMergeEngine
+    from kompaktor.engines.spark import SparkMergeEngine
 
     return SparkMergeEngine(SPARK_MASTER, task_entries=8)

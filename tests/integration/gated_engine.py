@@ -60,7 +60,7 @@ class GatedEngine:
 
 
 def _main() -> None:
-    from kompaktor import engine
+    from kompaktor import engines as engine
     from kompaktor.cli import main
 
     gate = Path(os.environ["KOMPAKTOR_TEST_GATE"])

@@ -7,13 +7,12 @@ from __future__ import annotations
 def reserve_all(url: str, groups: list[str], compactor: str, barrier) -> list[tuple[str, str, list[str]]]:
     """Reserve from ``groups`` (round robin) until every one is empty; returns (ecid, tablet,
     files) of each reservation."""
-    from kompaktor import compactions
-    from kompaktor.jobqueue import JobQueues
-    from kompaktor.store import MetadataStore
+    from kompaktor.metadata import compactions
+    from kompaktor.metadata.store import MetadataStore
 
     store = MetadataStore.from_url(url)
     try:
-        queues = JobQueues(store.r)
+        queues = store.queues
         barrier.wait(timeout=60)
         got: list[tuple[str, str, list[str]]] = []
         live = list(groups)
@@ -26,4 +25,4 @@ def reserve_all(url: str, groups: list[str], compactor: str, barrier) -> list[tu
                     got.append((res.ecid, res.tablet, list(res.inputs)))
         return got
     finally:
-        store.r.close()
+        store._r.close()

@@ -13,8 +13,8 @@ def running_doc(files: list[str], group: str = "g") -> dict:
 
 def claim(url: str, tablet_ids: list[str], files: list[str], ecid: str, barrier) -> str:
     """Try once to register ``ecid`` on ``files`` in every tablet, in one mutation."""
-    from kompaktor.errors import ConditionFailed
-    from kompaktor.store import MetadataStore, Mutation
+    from kompaktor.metadata.store import MetadataStore, Mutation
+    from kompaktor.model.errors import ConditionFailed
 
     store = MetadataStore.from_url(url)
     try:
@@ -29,14 +29,14 @@ def claim(url: str, tablet_ids: list[str], files: list[str], ecid: str, barrier)
         except ConditionFailed as exc:
             return exc.condition
     finally:
-        store.r.close()
+        store._r.close()
 
 
 def add_files_cas(url: str, tablet_id: str, prefix: str, count: int, barrier, deadline_s: float = 60) -> int:
     """Add ``count`` files one at a time, each with a compare-and-set on the tablet's version,
     retrying on conflict. Returns how many conflicts it saw."""
-    from kompaktor.errors import ConditionFailed
-    from kompaktor.store import MetadataStore, Mutation
+    from kompaktor.metadata.store import MetadataStore, Mutation
+    from kompaktor.model.errors import ConditionFailed
 
     store = MetadataStore.from_url(url)
     conflicts = 0
@@ -59,4 +59,4 @@ def add_files_cas(url: str, tablet_id: str, prefix: str, count: int, barrier, de
                     conflicts += 1
         return conflicts
     finally:
-        store.r.close()
+        store._r.close()

@@ -13,11 +13,11 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from kompaktor import contract as C
+from kompaktor import keyspace as C
 from kompaktor.cli import main
-from kompaktor.keys import Entry, sort_key
-from kompaktor.sortedfile import SCHEMA, entries_to_table
-from kompaktor.store import MetadataStore
+from kompaktor.files.sortedfile import SCHEMA, entries_to_table
+from kompaktor.metadata.store import MetadataStore
+from kompaktor.model.keys import Entry, sort_key
 
 pytestmark = pytest.mark.redis
 
@@ -48,7 +48,7 @@ def parquet(path: Path, entries: list[Entry]) -> str:
 
 
 def snapshot(url: str, storage: str) -> tuple:
-    r = MetadataStore.from_url(url).r
+    r = MetadataStore.from_url(url)._r
     keys = sorted(k for k in r.keys("*") if k != C.SEQ.encode())
     meta = {k: r.dump(k) for k in keys}
     files = sorted(str(p.relative_to(storage)) for p in Path(storage).rglob("*") if p.is_file()) \
@@ -162,7 +162,7 @@ def test_environment_variables_select_redis_and_storage(redis_url: str, tmp_path
 
 
 def test_redis_unreachable(tmp_path: Path) -> None:
-    from kompaktor.localredis import free_port
+    from kompaktor.local.redis_server import free_port
 
     url = f"redis://127.0.0.1:{free_port()}/0"
     result = CliRunner().invoke(main, ["table", "create", "t", "--redis", url, "--storage", str(tmp_path)])

@@ -14,13 +14,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kompaktor import contract as C
+from kompaktor import keyspace as C
 from kompaktor.client import Client
-from kompaktor.errors import BadFileError, KompaktorError, StoreUnavailable, UnknownTableError, UnsortedError
-from kompaktor.iterators import IteratorSettings, merged_view
-from kompaktor.keys import Entry, sort_key
-from kompaktor.sortedfile import entries_to_table
-from kompaktor.store import MetadataStore
+from kompaktor.files.sortedfile import entries_to_table
+from kompaktor.metadata.store import MetadataStore
+from kompaktor.model.errors import BadFileError, KompaktorError, StoreUnavailable, UnknownTableError, UnsortedError
+from kompaktor.model.iterators import IteratorSettings, merged_view
+from kompaktor.model.keys import Entry, sort_key
 
 pytestmark = pytest.mark.redis
 
@@ -37,12 +37,12 @@ def write_parquet(path: Path, entries: list[Entry]) -> str:
 def metadata(store: MetadataStore) -> dict:
     """Everything in Redis except the id/name counters (a refused import may draw a name)."""
     out = {}
-    for k in store.r.keys("*"):
+    for k in store._r.keys("*"):
         if k == C.SEQ.encode():
             continue
-        t = store.r.type(k).decode()
-        out[k] = {"string": store.r.get, "hash": store.r.hgetall, "set": store.r.smembers,
-                  "zset": lambda k: store.r.zrange(k, 0, -1)}[t](k)
+        t = store._r.type(k).decode()
+        out[k] = {"string": store._r.get, "hash": store._r.hgetall, "set": store._r.smembers,
+                  "zset": lambda k: store._r.zrange(k, 0, -1)}[t](k)
     return out
 
 
@@ -86,7 +86,7 @@ def test_import_several_files_in_one_step(client: Client, tmp_path: Path) -> Non
 def test_import_accepts_files_written_by_users_with_pyarrow(client: Client, tmp_path: Path) -> None:
     """The documented recipe (docs/file-format.md): plain pyarrow, strings allowed, sorted by
     ARROW_SORT_KEYS."""
-    from kompaktor.keys import ARROW_SORT_KEYS
+    from kompaktor.model.keys import ARROW_SORT_KEYS
 
     table = pa.table({
         "row": ["b", "a", "a"], "cf": ["f", "f", "f"], "cq": ["q", "q", "q"], "vis": ["", "", ""],
@@ -194,7 +194,7 @@ entry = st.builds(E, field, st.integers(0, 3), st.binary(max_size=2), st.boolean
 def test_scan_equals_the_merge_of_everything_written(client: Client, splits, batches, start, end, versions) -> None:
     """Whatever the splits and flushes, a scan of [start, end] is the merged view of all flushed
     entries in that range (flushes in order, later ones newer)."""
-    client.store.r.flushdb()
+    client.store._r.flushdb()
     client.store.create_table("t", splits, props={"table.iterator.versions": str(versions)})
     for b in batches:
         if b:
@@ -230,7 +230,7 @@ def test_flush_to_an_offline_table_is_refused_and_leaves_no_files(client: Client
 
 # -- Redis unreachable ----------------------------------------------------------------------------
 def test_unreachable_redis_is_a_clear_error_within_bounded_time() -> None:
-    from kompaktor.localredis import free_port
+    from kompaktor.local.redis_server import free_port
 
     url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
     store = MetadataStore.from_url(url)

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from kompaktor import compactions
-from kompaktor import contract as C
-from kompaktor.errors import ConditionFailed, KompaktorError
-from kompaktor.jobqueue import Job
-from kompaktor.sortedfile import FileInfo
-from kompaktor.store import FileMeta, MetadataStore, Mutation
+from kompaktor import keyspace as C
+from kompaktor.metadata import compactions
+from kompaktor.metadata.store import MetadataStore, Mutation
+from kompaktor.model.errors import ConditionFailed, KompaktorError
+from kompaktor.model.job import Job
+from kompaktor.model.tablet import FileInfo, FileMeta
 
 sys.path.insert(0, str(Path(__file__).parent))
 import store_race_worker as W
@@ -65,7 +65,7 @@ def resend_every_mutation(store: MetadataStore, monkeypatch: pytest.MonkeyPatch)
 def test_reserve_names_the_output_decides_full_and_reports_range_and_props(store: MetadataStore) -> None:
     tid, tablet = table_with_files(store, 3, {"table.iterator.versions": "3"})
     files = sorted(store.tablet(tablet).files)
-    seq = int(store.r.hget(C.SEQ, "file") or 0)
+    seq = int(store._r.hget(C.SEQ, "file") or 0)
     partial = compactions.try_reserve(store, job(tablet, files[:2]), "c1", "g")
     assert not partial.full and not partial.settings.full
     assert partial.output == f"tables/{tid}/C{seq + 1:010x}.parquet"
@@ -73,8 +73,8 @@ def test_reserve_names_the_output_decides_full_and_reports_range_and_props(store
     assert partial.inputs == tuple(files[:2]) and partial.settings.max_versions == 3
     t = store.tablet(tablet)
     assert t.running[partial.ecid].output == partial.output and t.running[partial.ecid].files == tuple(files[:2])
-    assert store.r.hget(C.RUNNING, partial.ecid).decode() == tablet
-    assert store.r.sismember(C.running_group_key("g"), partial.ecid)
+    assert store._r.hget(C.RUNNING, partial.ecid).decode() == tablet
+    assert store._r.sismember(C.running_group_key("g"), partial.ecid)
     compactions.remove_running(store, tablet, partial.ecid)
 
     full = compactions.try_reserve(store, job(tablet, list(reversed(files))), "c1", "g")
@@ -114,11 +114,11 @@ def test_a_refused_reservation_changes_nothing(store: MetadataStore, cond: str) 
         m = Mutation(table=tid)
         m.tablet(tablet).do("set_op", "split")
         store.mutate(m)
-    before = snapshot(store.r)
+    before = snapshot(store._r)
     with pytest.raises(ConditionFailed) as exc:
         compactions.try_reserve(store, job(tablet, files), "c1", "g")
     assert exc.value.condition == cond
-    assert snapshot(store.r) == before  # no ECID, and no file sequence number taken
+    assert snapshot(store._r) == before  # no ECID, and no file sequence number taken
 
 
 def test_a_reservation_with_unusable_settings_leaves_no_ecid(store: MetadataStore) -> None:
@@ -126,17 +126,17 @@ def test_a_reservation_with_unusable_settings_leaves_no_ecid(store: MetadataStor
     store.mutate(Mutation(table=tid, table_ops=[["set_prop", "table.iterator.versions", "many"]]))
     with pytest.raises(KompaktorError, match="not an integer"):
         compactions.try_reserve(store, job(tablet, sorted(store.tablet(tablet).files)), "c1", "g")
-    assert store.tablet(tablet).running == {} and not store.r.hlen(C.RUNNING)
+    assert store.tablet(tablet).running == {} and not store._r.hlen(C.RUNNING)
 
 
 def test_a_resent_reservation_is_recognised(store: MetadataStore, monkeypatch: pytest.MonkeyPatch) -> None:
     _tid, tablet = table_with_files(store, 2)
     files = sorted(store.tablet(tablet).files)
-    seq = int(store.r.hget(C.SEQ, "file") or 0)
+    seq = int(store._r.hget(C.SEQ, "file") or 0)
     replies = resend_every_mutation(store, monkeypatch)
     res = compactions.try_reserve(store, job(tablet, files), "c1", "g")
     assert replies[0] == replies[1]  # the resend answered with the first outcome
-    assert int(store.r.hget(C.SEQ, "file")) == seq + 1  # one output name allocated
+    assert int(store._r.hget(C.SEQ, "file")) == seq + 1  # one output name allocated
     assert set(store.tablet(tablet).running) == {res.ecid}
 
 
@@ -146,15 +146,15 @@ def test_commit_drops_the_heartbeat_and_counts_in_the_same_mutation(store: Metad
     files = sorted(store.tablet(tablet).files)
     res = compactions.try_reserve(store, job(tablet, files, group="small"), "c1", "small")
     compactions.heartbeat(store, res, {"entries_read": 1})
-    assert store.r.exists(C.heartbeat_key(res.ecid))
+    assert store._r.exists(C.heartbeat_key(res.ecid))
     compactions.commit(store, res, output_info(res.output))
     t = store.tablet(tablet)
     assert set(t.files) == {res.output} and t.running == {}
-    assert not store.r.exists(C.heartbeat_key(res.ecid))
-    assert not store.r.hexists(C.RUNNING, res.ecid) and not store.r.sismember(C.running_group_key("small"), res.ecid)
+    assert not store._r.exists(C.heartbeat_key(res.ecid))
+    assert not store._r.hexists(C.RUNNING, res.ecid) and not store._r.sismember(C.running_group_key("small"), res.ecid)
     counters = store.counters()
     assert counters["compactions_committed"] == 1 and counters["committed:small"] == 1
-    assert store.r.hget(C.COMMITS_BY_TABLET, tablet) == b"1"
+    assert store._r.hget(C.COMMITS_BY_TABLET, tablet) == b"1"
 
 
 def test_a_resent_commit_is_recognised_and_counts_once(store: MetadataStore,
@@ -166,7 +166,7 @@ def test_a_resent_commit_is_recognised_and_counts_once(store: MetadataStore,
     assert json.loads(replies[1])["ok"] and replies[0] == replies[1]
     assert set(store.tablet(tablet).files) == {res.output}
     assert store.counters()["compactions_committed"] == 1 and store.counters()["committed:g"] == 1
-    assert store.r.hget(C.COMMITS_BY_TABLET, tablet) == b"1"
+    assert store._r.hget(C.COMMITS_BY_TABLET, tablet) == b"1"
 
 
 def test_a_rejected_commit_counts_nothing_and_keeps_the_heartbeat(store: MetadataStore) -> None:
@@ -174,10 +174,10 @@ def test_a_rejected_commit_counts_nothing_and_keeps_the_heartbeat(store: Metadat
     res = compactions.try_reserve(store, job(tablet, sorted(store.tablet(tablet).files)), "c1", "g")
     compactions.heartbeat(store, res, {"entries_read": 1})
     compactions.remove_running(store, tablet, res.ecid)  # as dead-compaction detection does
-    before = snapshot(store.r)
+    before = snapshot(store._r)
     with pytest.raises(ConditionFailed, match="compaction registered"):
         compactions.commit(store, res, output_info(res.output))
-    assert snapshot(store.r) == before
+    assert snapshot(store._r) == before
     assert "compactions_committed" not in store.counters()
 
 
@@ -191,14 +191,14 @@ def test_a_rejected_commit_counts_nothing_and_keeps_the_heartbeat(store: Metadat
 ])
 def test_malformed_new_ops_are_rejected_before_any_write(store: MetadataStore, op: list) -> None:
     tid, tablet = table_with_files(store, 1)
-    before = snapshot(store.r)
+    before = snapshot(store._r)
     m = Mutation(table=tid)
     m.tablet(store.tablet_ids(tid)[0]).do("add_files", {"x": FileMeta(1, 1).to_json()})
     m.tablet(tablet).do(*op)
     with pytest.raises(ConditionFailed) as exc:
         store.mutate(m)
     assert exc.value.condition == "bad operation"
-    assert snapshot(store.r) == before
+    assert snapshot(store._r) == before
 
 
 def test_table_reads_return_fields_of_the_table_after_the_ops(store: MetadataStore) -> None:
@@ -234,17 +234,17 @@ def test_selection_done_shrinks_the_selection_then_completes_it(store: MetadataS
     done([files[2]], None)  # an empty output leaves the selection
     sel = store.tablet(tablet).selection
     assert sel is not None and (sel.files, sel.done) == (("X",), 2)
-    assert not store.r.exists(C.ucomp_done_key("U1"))
+    assert not store._r.exists(C.ucomp_done_key("U1"))
     done(["X"], "Y")
     assert store.tablet(tablet).selection is None
-    assert store.r.smembers(C.ucomp_done_key("U1")) == ({tablet.encode()} if ucomp else set())
+    assert store._r.smembers(C.ucomp_done_key("U1")) == ({tablet.encode()} if ucomp else set())
 
 
 def test_selection_done_needs_a_selection(store: MetadataStore) -> None:
     tid, tablet = table_with_files(store, 1)
-    before = snapshot(store.r)
+    before = snapshot(store._r)
     m = Mutation(table=tid)
     m.tablet(tablet).do("selection_done", ["f"], None, None)
     with pytest.raises(ConditionFailed, match="no selection to update"):
         store.mutate(m)
-    assert snapshot(store.r) == before
+    assert snapshot(store._r) == before

@@ -17,21 +17,24 @@ from collections.abc import Callable
 
 import pytest
 
-from kompaktor import compactions, failures, usercompaction
-from kompaktor import contract as C
+from kompaktor import keyspace as C
 from kompaktor.client import Client
-from kompaktor.compactions import Reservation
 from kompaktor.coordinator import Coordinator, CoordinatorSettings
-from kompaktor.engine import MergeRequest, make_engine
-from kompaktor.errors import ConditionFailed
-from kompaktor.jobqueue import Job
-from kompaktor.keys import Entry
-from kompaktor.services import ServiceConfig, Tier
-from kompaktor.sortedfile import SortedFileWriter
-from kompaktor.statusview import gather
-from kompaktor.storage import Storage
-from kompaktor.store import OFFLINE, ONLINE, FileMeta, MetadataStore, Mutation
-from kompaktor.tableprops import RATIO, SELECTION_EXPIRY
+from kompaktor.engines import make_engine
+from kompaktor.engines.api import MergeRequest
+from kompaktor.files.sortedfile import SortedFileWriter
+from kompaktor.files.storage import Storage
+from kompaktor.metadata import compactions, failures
+from kompaktor.metadata import user_compactions as usercompaction
+from kompaktor.metadata.compactions import Reservation
+from kompaktor.metadata.status import gather
+from kompaktor.metadata.store import MetadataStore, Mutation
+from kompaktor.model.errors import ConditionFailed
+from kompaktor.model.job import Job
+from kompaktor.model.keys import Entry
+from kompaktor.model.tablet import OFFLINE, ONLINE, FileMeta
+from kompaktor.policy.services import ServiceConfig, Tier
+from kompaktor.policy.tableprops import RATIO, SELECTION_EXPIRY
 
 pytestmark = pytest.mark.redis
 
@@ -122,15 +125,15 @@ def scan_rows(client: Client, table: str = "t") -> list[bytes]:
 
 
 def backdate_heartbeat(store: MetadataStore, ecid: str, seconds: float) -> None:
-    store.r.hset(C.heartbeat_key(ecid), mapping={"compactor": "cx", "updated": str(time.time() - seconds)})
+    store._r.hset(C.heartbeat_key(ecid), mapping={"compactor": "cx", "updated": str(time.time() - seconds)})
 
 
 def expire_backoffs(store: MetadataStore) -> None:
     """Move every failure's retry time into the past (instead of waiting out the backoff)."""
-    for fp, raw in store.r.hgetall(C.FAILURES).items():
+    for fp, raw in store._r.hgetall(C.FAILURES).items():
         rec = json.loads(raw)
         rec["retry_at"] = time.time() - 1
-        store.r.hset(C.FAILURES, fp, json.dumps(rec))
+        store._r.hset(C.FAILURES, fp, json.dumps(rec))
 
 
 def poll_until(cond: Callable[[], bool], timeout: float = 10.0, step: float = 0.02) -> None:
@@ -218,7 +221,7 @@ def test_dispatch_by_table_property(store: MetadataStore, coord: Coordinator) ->
     # USER compactions of t go to the `users` service
     coord.queues.clear_all()
     cid = usercompaction.start(store, "t")
-    coord.run_user_compactions()
+    usercompaction.advance(coord.store)
     coord.plan_dirty()
     (uj,) = queued(coord, "g-user")
     assert (uj.kind, uj.selection, uj.service) == ("USER", cid, "users")
@@ -323,13 +326,13 @@ def test_seed000_scenario3_table_deleted(store: MetadataStore, storage: Storage,
     store.delete_table("t")
     with pytest.raises(ConditionFailed):
         compactions.commit(store, running, result.info)
-    compactions.release(store, storage, running, reason="commit refused")
+    compactions.release(store, storage, running)
     assert not storage.exists(running.output)
-    assert store.r.hlen(C.RUNNING) == 0
+    assert store._r.hlen(C.RUNNING) == 0
     files_before = storage.list_files("tables")
     assert reserve(coord) is None  # the other tablet's queued job is discarded
     assert storage.list_files("tables") == files_before
-    assert store.r.hlen(C.RUNNING) == 0
+    assert store._r.hlen(C.RUNNING) == 0
 
 
 def test_seed000_scenario4_coordinator_dies_job_queued_again(store: MetadataStore, storage: Storage,
@@ -360,7 +363,7 @@ def test_seed001_user_compaction_while_system_compactions_run(store: MetadataSto
     set_service(store, name="default", max_open=30)
     store.create_table("t")
     tab = only_tablet(store)
-    r = store.r
+    r = store._r
 
     def system_never_takes_selected() -> None:
         t = store.tablet(tab)
@@ -379,7 +382,7 @@ def test_seed001_user_compaction_while_system_compactions_run(store: MetadataSto
                                    "default")
     # 3. A user compaction is initiated and must wait: it places a hold on the tablet
     cid = usercompaction.start(store, "t")
-    coord.run_user_compactions()
+    usercompaction.advance(coord.store)
     t = store.tablet(tab)
     assert t.hold == cid and t.selection is None
     # 4. The system compaction of F171...F200 completes producing F201
@@ -391,7 +394,7 @@ def test_seed001_user_compaction_while_system_compactions_run(store: MetadataSto
     assert reserve_all(coord) == []
     assert store.tablet(tab).running == {}
     # 6. The user compaction selects F1...F170, F201; they are no longer SYSTEM candidates
-    coord.run_user_compactions()
+    usercompaction.advance(coord.store)
     t = store.tablet(tab)
     assert t.hold is None and t.selection.id == cid and t.selection.kind == "USER"
     assert set(t.selection.files) == {*f[:170], f201}
@@ -439,7 +442,7 @@ def test_seed001_user_compaction_while_system_compactions_run(store: MetadataSto
     f406 = run(store, storage, u_res)
     t = store.tablet(tab)
     assert t.selection is None and r.sismember(C.ucomp_done_key(cid), tab)
-    coord.run_user_compactions()
+    usercompaction.advance(coord.store)
     uc = usercompaction.get(store, cid)
     assert (uc.state, uc.done, uc.total) == (usercompaction.SUCCEEDED, 1, 1)
     f_sys = run(store, storage, s_res)
@@ -472,11 +475,11 @@ def test_user_compaction_cancel_removes_selection_holds_and_queued_jobs(
         if res.tablet == t3:
             sys_res = res
         else:
-            compactions.release(store, storage, res, reason="test")
+            compactions.release(store, storage, res)
     assert sys_res is not None
     coord.queues.clear_all()
     cid = usercompaction.start(store, "t")
-    coord.run_user_compactions()
+    usercompaction.advance(coord.store)
     assert store.tablet(t1).selection.id == cid and store.tablet(t2).selection.id == cid
     assert store.tablet(t3).hold == cid and store.tablet(t3).selection is None
     coord.plan_dirty()
@@ -498,14 +501,14 @@ def test_user_compaction_cancel_removes_selection_holds_and_queued_jobs(
     files_t1 = set(store.tablet(t1).files)
     with pytest.raises(ConditionFailed):
         compactions.commit(store, running, result.info)
-    compactions.release(store, storage, running, reason="cancelled")
+    compactions.release(store, storage, running)
     assert not storage.exists(running.output) and set(store.tablet(t1).files) == files_t1
     # SYSTEM compactions take the files again, including where the hold was pending
     run(store, storage, sys_res)
     coord.plan_dirty()
     got = reserve_all(coord)
     assert sorted(res.tablet for res in got) == [t1, t2] and all(res.job.kind == "SYSTEM" for res in got)
-    coord.run_user_compactions()
+    usercompaction.advance(coord.store)
     assert usercompaction.get(store, cid).state == usercompaction.CANCELLED
 
 
@@ -539,7 +542,7 @@ def test_a_new_leader_rebuilds_partially_lost_queues(store: MetadataStore, stora
     a = Coordinator(store, storage, settings())
     assert a.tick()
     a.resign()
-    store.r.delete(C.queue_key("default"), C.queue_jobs_key("default"), C.queue_index_key("default"))
+    store._r.delete(C.queue_key("default"), C.queue_jobs_key("default"), C.queue_index_key("default"))
     b = Coordinator(store, storage, settings())
     assert b.tick()
     assert [j.tablet for j in queued(b)] == [tab]
@@ -560,7 +563,7 @@ def test_second_coordinator_waits_then_takes_over(store: MetadataStore, storage:
     # while b waits, it does nothing: dirty tablets stay for the leader
     fake_files(store, tab, {f"f{k}": 10 for k in range(5)})
     assert not b.tick()
-    assert queued(b) == [] and store.r.sismember(C.DIRTY, tab)
+    assert queued(b) == [] and store._r.sismember(C.DIRTY, tab)
     # a stops renewing (dies): b takes over once the lease expires, with a higher fencing token
     poll_until(b.tick, timeout=10)
     assert b.fence > fence_a
@@ -579,8 +582,8 @@ def test_deleted_queue_keys_are_rebuilt(store: MetadataStore, storage: Storage, 
     assert coord.tick()
     before = sorted((j.tablet, sorted(j.files)) for j in queued(coord))
     assert len(before) == 2
-    keys = list(store.r.scan_iter(match=C.PREFIX + "queue:*"))
-    store.r.delete(*keys)
+    keys = list(store._r.scan_iter(match=C.PREFIX + "queue:*"))
+    store._r.delete(*keys)
     assert coord.tick()  # the same leader notices and rebuilds
     assert sorted((j.tablet, sorted(j.files)) for j in queued(coord)) == before
 
@@ -604,8 +607,8 @@ def test_dead_compaction_recovery(store: MetadataStore, storage: Storage, client
     t = store.tablet(tab)
     assert t.running == {} and set(t.files) == set(files)
     assert not storage.exists(res.tmp_path()) and not storage.exists(res.output)
-    assert not store.r.exists(C.heartbeat_key(res.ecid)) and not store.r.hexists(C.RUNNING, res.ecid)
-    assert store.r.scard(C.running_group_key("default")) == 0
+    assert not store._r.exists(C.heartbeat_key(res.ecid)) and not store._r.hexists(C.RUNNING, res.ecid)
+    assert store._r.scard(C.running_group_key("default")) == 0
     assert store.counters()["dead_compactions"] == 1
     # the tablet is re-planned once its backoff passes, and the job runs to completion
     coord.plan_dirty()
@@ -657,7 +660,7 @@ def test_dead_letter_after_repeated_failures(store: MetadataStore, storage: Stor
     assert (dl["tablet"], dl["files"], dl["group"], dl["count"]) == (tab, sorted(files), "default", 3)
     assert "died" in dl["last_error"]
     assert coord.queues.stats("default").dead_lettered == 1
-    coord.export_metrics()
+    coord.metrics.export(coord.store)
     assert coord.metrics.registry.get_sample_value("kompaktor_dead_lettered_jobs", {"group": "default"}) == 1
     # a dead-lettered job is never queued again, not even by a full scan
     expire_backoffs(store)
@@ -722,7 +725,7 @@ def test_table_offline_removes_queued_jobs_and_refuses_reservation(
     store.set_state("t", OFFLINE)
     # a compactor polling before the coordinator notices: refused, nothing registered
     assert reserve(coord) is None
-    assert store.r.hlen(C.RUNNING) == 0
+    assert store._r.hlen(C.RUNNING) == 0
     # the coordinator removes what is queued for the offline table
     for j in jobs:
         coord.queues.add(j.tablet, [j])
@@ -752,4 +755,4 @@ def test_table_deleted_removes_queued_jobs_and_refuses_reservation(
     coord.queues.add(ids[0], [Job(ids[0], "SYSTEM", 0, "default", {"0-0": 10, "0-1": 10})])
     got = reserve_all(coord)
     assert [res.tablet for res in got] == [only_tablet(store, "other")]
-    assert store.r.hlen(C.RUNNING) == 1
+    assert store._r.hlen(C.RUNNING) == 1

@@ -14,10 +14,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from kompaktor import compactions, jobqueue
-from kompaktor import contract as C
-from kompaktor.jobqueue import DEFAULT_MAX, Job, JobQueues
-from kompaktor.store import FileMeta, MetadataStore, Mutation
+from kompaktor import keyspace as C
+from kompaktor.metadata import compactions
+from kompaktor.metadata.store import MetadataStore, Mutation
+from kompaktor.model.job import Job
+from kompaktor.model.tablet import FileMeta
+from kompaktor.queues import jobqueue
+from kompaktor.queues.jobqueue import DEFAULT_MAX, JobQueues
 
 sys.path.insert(0, str(Path(__file__).parent))  # queue_race_worker, importable in spawned children
 import queue_race_worker as W
@@ -39,7 +42,7 @@ def drain(q: JobQueues, group: str) -> list[Job]:
 
 @pytest.fixture
 def q(store: MetadataStore) -> JobQueues:
-    return JobQueues(store.r)
+    return store.queues
 
 
 # -- order ----------------------------------------------------------------------------------------
@@ -109,8 +112,8 @@ def test_bound_within_one_add_keeps_the_index_exact(q: JobQueues) -> None:
     assert q.add("t", [job("t", 1, tag="a"), job("t", 3, tag="b"), job("t", 4, tag="c")]) == 1
     # the queue had x(5); t:a(1) admitted -> full; t:b(3) evicts t:a; t:c(4) evicts t:b
     assert [(j.tablet, j.priority) for j in q.jobs("g")] == [("x", 5), ("t", 4)]
-    idx = q.r.hget(C.queue_index_key("g"), "t")
-    members = set(q.r.zrange(C.queue_key("g"), 0, -1))
+    idx = q._r.hget(C.queue_index_key("g"), "t")
+    members = set(q._r.zrange(C.queue_key("g"), 0, -1))
     assert set(m.encode() for m in json.loads(idx)["ids"]) <= members
     assert len(json.loads(idx)["ids"]) == 1
     assert q.stats("g").rejected == 2
@@ -157,10 +160,10 @@ def test_add_replaces_only_this_tablets_entries_in_this_group(q: JobQueues) -> N
 
 def test_empty_add_touches_nothing(q: JobQueues) -> None:
     q.add("A", [job("A", 1)])
-    before = snapshot(q.r)
+    before = snapshot(q._r)
     assert q.add("A", []) == 0
     assert q.add("Z", []) == 0
-    assert snapshot(q.r) == before
+    assert snapshot(q._r) == before
     assert [j.tablet for j in q.jobs("g")] == ["A"]
 
 
@@ -176,7 +179,7 @@ def test_rejected_add_still_removes_the_tablets_old_entries(q: JobQueues) -> Non
 
 def test_add_many_is_add_for_many_tablets(q: JobQueues, store: MetadataStore) -> None:
     """The coordinator's pipelined add: same order, replacement, bound and index as add()."""
-    other = JobQueues(store.r)
+    other = store.queues
     q.add("A", [job("A", 9, tag="old")])
     q.resize(4)
     plans = [("A", [job("A", 1), job("A", 2, group="h")]), ("B", [job("B", 3, 2)]), ("C", []),
@@ -186,7 +189,7 @@ def test_add_many_is_add_for_many_tablets(q: JobQueues, store: MetadataStore) ->
     assert got_g == [("D", 3), ("B", 3), ("A", 1), ("D", 0)]
     assert q.stats("g").rejected == 1
     assert q.queued_tablets("g") == {"A", "B", "D"} and q.queued_tablets("h") == {"A"}
-    assert {json.loads(v)["gen"] for v in store.r.hvals(C.queue_index_key("g"))} == {7}
+    assert {json.loads(v)["gen"] for v in store._r.hvals(C.queue_index_key("g"))} == {7}
     assert other.add_many([]) == 0
 
 
@@ -233,9 +236,9 @@ def test_stats_counters_and_oldest_age(q: JobQueues, monkeypatch: pytest.MonkeyP
     assert (st.queued, st.lowest_priority) == (3, -2)
     assert st.oldest_age_s == pytest.approx(15.0)
     # running (maintained by the metadata) and dead letters (per group) feed the depth
-    q.r.sadd(C.running_group_key("g"), "ECID-1", "ECID-2")
-    q.r.hset(C.DEADLETTER, "fp1", '{"group": "g"}')
-    q.r.hset(C.DEADLETTER, "fp2", '{"group": "other"}')
+    q._r.sadd(C.running_group_key("g"), "ECID-1", "ECID-2")
+    q._r.hset(C.DEADLETTER, "fp1", '{"group": "g"}')
+    q._r.hset(C.DEADLETTER, "fp2", '{"group": "other"}')
     st = q.stats("g")
     assert (st.running, st.depth, st.dead_lettered) == (2, 5, 1)
     # B is polled first (priority 7): A is still the oldest
@@ -294,8 +297,8 @@ def check_reservations(store: MetadataStore, got: list[tuple[str, str, list[str]
         mine = {e: fs for e, tb, fs in got if tb == tab}
         assert {e: sorted(r.files) for e, r in t.running.items()} == {e: sorted(fs) for e, fs in mine.items()}
         assert mine, f"tablet {tab} got no reservation"
-    assert store.r.hlen(C.RUNNING) == len(got)
-    assert store.r.scard(C.running_group_key("g")) + store.r.scard(C.running_group_key("h")) == len(got)
+    assert store._r.hlen(C.RUNNING) == len(got)
+    assert store._r.scard(C.running_group_key("g")) + store._r.scard(C.running_group_key("h")) == len(got)
 
 
 def test_concurrent_reserve_threads_never_reserve_twice(store: MetadataStore, q: JobQueues,
@@ -310,7 +313,7 @@ def test_concurrent_reserve_threads_never_reserve_twice(store: MetadataStore, q:
     def run(i: int) -> None:
         s = MetadataStore.from_url(redis_url)
         try:
-            qs = JobQueues(s.r)
+            qs = s.queues
             barrier.wait(timeout=30)
             live = ["g", "h"] if i % 2 else ["h", "g"]
             while live:
@@ -324,7 +327,7 @@ def test_concurrent_reserve_threads_never_reserve_twice(store: MetadataStore, q:
         except BaseException as exc:  # pragma: no cover - reported below
             errors.append(exc)
         finally:
-            s.r.close()
+            s._r.close()
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(6)]
     for t in threads:

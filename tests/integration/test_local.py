@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from kompaktor.demo import DemoOptions, run_demo
-from kompaktor.local import LocalCluster, desired_replicas
-from kompaktor.localconfig import DEMO_CONFIG, load_config
+from kompaktor.local.cluster import LocalCluster, desired_replicas
+from kompaktor.local.config import DEMO_CONFIG, load_config
+from kompaktor.local.demo import DemoOptions, run_demo
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
@@ -73,8 +73,8 @@ def test_chaos_run_loses_nothing(tmp_path: Path) -> None:
 
 def test_up_autoscales_and_status_reports(tmp_path: Path) -> None:
     from kompaktor.client import Client
-    from kompaktor.ingest import ContinuousIngest, split_points
-    from kompaktor.storage import Storage
+    from kompaktor.files.storage import Storage
+    from kompaktor.local.ingest import ContinuousIngest, split_points
 
     cfg = load_config(ARROW_ONLY)
     cluster = LocalCluster(cfg, tmp_path / "up", coordinator_args=["--full-scan-interval", "5"]).start()

@@ -21,14 +21,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kompaktor.arrowmerge import ArrowMergeEngine, InputMeta, plan_ranges
-from kompaktor.arrowstack import first_row_decrease, first_unsorted, merge_tables
-from kompaktor.engine import MergeRequest
-from kompaktor.errors import UnsortedError
-from kompaktor.iterators import IteratorSettings, merged_view
-from kompaktor.keys import INT64_MAX, INT64_MIN, Entry, row_in_range, sort_key
-from kompaktor.sortedfile import check_sorted, entries_to_table, table_to_entries
-from kompaktor.storage import Storage
+from kompaktor.engines.api import MergeRequest
+from kompaktor.engines.arrow import ArrowMergeEngine
+from kompaktor.engines.ranges import InputMeta, plan_ranges
+from kompaktor.files.arrowstack import first_row_decrease, first_unsorted, merge_tables
+from kompaktor.files.sortedfile import check_sorted, entries_to_table, table_to_entries
+from kompaktor.files.storage import Storage
+from kompaktor.model.errors import UnsortedError
+from kompaktor.model.iterators import IteratorSettings, merged_view
+from kompaktor.model.keys import INT64_MAX, INT64_MIN, Entry, row_in_range, sort_key
 
 ROWS = [b"", b"a", b"a\x00", b"ab", b"b", b"\x7f", b"\x80", b"\x80\x01", b"\xff", b"\xff\xff"]
 FAMS = [b"", b"f", b"\x90"]

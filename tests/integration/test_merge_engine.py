@@ -17,12 +17,13 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from kompaktor.engine import MergeCancelled, MergeEngine, MergeRequest, make_engine
-from kompaktor.errors import BadFileError, UnsortedError
-from kompaktor.iterators import IteratorSettings, merged_view
-from kompaktor.keys import Entry, sort_key
-from kompaktor.sortedfile import ROW_GROUP_SIZE, entries_to_table, read_table, table_to_entries, write_sorted
-from kompaktor.storage import Storage
+from kompaktor.engines import make_engine
+from kompaktor.engines.api import MergeCancelled, MergeEngine, MergeRequest
+from kompaktor.files.sortedfile import ROW_GROUP_SIZE, entries_to_table, read_table, table_to_entries, write_sorted
+from kompaktor.files.storage import Storage
+from kompaktor.model.errors import BadFileError, UnsortedError
+from kompaktor.model.iterators import IteratorSettings, merged_view
+from kompaktor.model.keys import Entry, sort_key
 
 ENGINES = ["arrow", pytest.param("spark", marks=pytest.mark.spark)]
 
@@ -159,7 +160,7 @@ def test_cancel_stops_a_running_spark_job(spark_session, storage):
     """A merge big enough that its Spark task runs for a while is cancelled mid-task: the job
     group is cancelled, the merge returns promptly, and no part or temp file remains."""
     from bench.merge_bench import generate
-    from kompaktor.sparkmerge import SparkMergeEngine
+    from kompaktor.engines.spark import SparkMergeEngine
 
     paths = generate(storage, 400_000, files=4)
     eng = SparkMergeEngine("local[2]", task_entries=10_000_000)  # one long task
@@ -183,7 +184,7 @@ def test_cancel_stops_a_running_spark_job(spark_session, storage):
 
 @pytest.mark.spark
 def test_spark_session_is_reused_across_merges(spark_session, storage):
-    from kompaktor import spark
+    from kompaktor.engines import session as spark
 
     paths, _ = good_inputs(storage)
     a = make_engine("spark", spark_master="local[2]")
@@ -200,8 +201,8 @@ def test_spark_session_is_reused_across_merges(spark_session, storage):
 def test_spark_merge_collects_nothing_but_summaries(spark_engine, storage, monkeypatch):
     """The driver sees one small dict per task from collect(); the data reaches it only as
     parts streamed one batch at a time (checked by spying on the writer's batch sizes)."""
-    from kompaktor import sparkmerge
-    from kompaktor.sortedfile import SortedFileWriter
+    from kompaktor.engines import spark as sparkmerge
+    from kompaktor.files.sortedfile import SortedFileWriter
 
     paths, _ = good_inputs(storage, 4)
     sizes: list[int] = []

@@ -13,8 +13,9 @@ import pytest
 import redis
 from redis.connection import Connection
 
-from kompaktor import jobqueue
-from kompaktor.jobqueue import Job, JobQueues
+from kompaktor.model.job import Job
+from kompaktor.queues import jobqueue
+from kompaktor.queues.jobqueue import JobQueues
 
 sys.path.insert(0, str(Path(__file__).parent))
 from redis_snapshot import snapshot
@@ -64,9 +65,9 @@ def test_batches_give_the_state_of_one_add_per_tablet(redis_url: str, seed: int,
 
 
 def test_add_after_the_script_cache_was_flushed(store) -> None:
-    q = JobQueues(store.r)
+    q = store.queues
     assert q.add_many([("a", [job("a", 1, 1, "g", "")])]) == 1
-    store.r.script_flush()
+    store._r.script_flush()
     assert q.add_many([("b", [job("b", 2, 1, "g", "")]), ("c", [job("c", 3, 1, "g", "")])], chunk=1) == 2
     assert [j.tablet for j in q.jobs("g")] == ["c", "b", "a"]
 
@@ -74,7 +75,7 @@ def test_add_after_the_script_cache_was_flushed(store) -> None:
 def test_reply_lost_with_a_batch_in_flight(store, monkeypatch: pytest.MonkeyPatch) -> None:
     """The batch is sent again (as redis-py resends any command after a broken connection): adds
     replace a tablet's entries, so the queue holds each job once."""
-    q = JobQueues(store.r)
+    q = store.queues
     q.add("a", [job("a", 5, 1, "g", "old")])
     read, lost = Connection.read_response, []
 

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from kompaktor.keys import INT64_MAX, INT64_MIN, Entry, sort_key
-from kompaktor.sortedfile import SCHEMA, entries_to_table
+from kompaktor.files.sortedfile import SCHEMA, entries_to_table
+from kompaktor.model.keys import INT64_MAX, INT64_MIN, Entry, sort_key
 
 
 def spark_sorted(spark, es: list[Entry]) -> list[Entry]:

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from kompaktor import contract as C
-from kompaktor.errors import ConditionFailed, TableExistsError, UnknownTableError
-from kompaktor.store import DELETED, OFFLINE, ONLINE, FileMeta, MetadataStore, Mutation
+from kompaktor import keyspace as C
+from kompaktor.metadata.store import MetadataStore, Mutation
+from kompaktor.model.errors import ConditionFailed, TableExistsError, UnknownTableError
+from kompaktor.model.tablet import DELETED, OFFLINE, ONLINE, FileMeta, tablet_id
 
 sys.path.insert(0, str(Path(__file__).parent))  # store_race_worker, importable in spawned children
 import store_race_worker as W
@@ -30,7 +31,7 @@ def test_create_table_with_splits(store: MetadataStore) -> None:
     assert (info.id, info.name, info.state, info.props) == (tid, "t", ONLINE, {})
     tablets = store.tablets(tid)
     assert [(t.prev, t.end) for t in tablets] == [(None, b"a"), (b"a", b"m"), (b"m", b"\x80"), (b"\x80", None)]
-    assert [t.id for t in tablets] == [C.tablet_id(tid, t.end) for t in tablets]
+    assert [t.id for t in tablets] == [tablet_id(tid, t.end) for t in tablets]
     assert all(t.files == {} and t.running == {} and t.selection is None and t.hold is None for t in tablets)
     assert store.tablets_in_range(tid, b"b", b"m") == tablets[1:2]
     assert store.tablets_in_range(tid, b"m\x00", None) == tablets[2:]
@@ -44,7 +45,7 @@ def test_create_table_with_splits(store: MetadataStore) -> None:
 
 def test_create_table_refusals(store: MetadataStore) -> None:
     store.create_table("t", props={"table.iterator.versions": "3"})
-    before = snapshot(store.r)
+    before = snapshot(store._r)
     with pytest.raises(TableExistsError, match="'t' already exists"):
         store.create_table("t", [b"x"])
     for bad in ("", "a b", "a/b", "a;b"):
@@ -52,7 +53,7 @@ def test_create_table_refusals(store: MetadataStore) -> None:
             store.create_table(bad)
     with pytest.raises(ValueError, match="split rows must not be empty"):
         store.create_table("v", [b"a", b""])
-    after = snapshot(store.r)
+    after = snapshot(store._r)
     after.pop(C.SEQ.encode(), None)
     before.pop(C.SEQ.encode(), None)
     assert after == before
@@ -90,12 +91,12 @@ def test_offline_online_delete(store: MetadataStore) -> None:
     m = Mutation()
     m.tablet(ids[0]).require("exists").do("add_running", "E1", W.running_doc(["f1"]))
     store.mutate(m)
-    assert store.r.hexists(C.RUNNING, "E1")
+    assert store._r.hexists(C.RUNNING, "E1")
     assert store.delete_table("t") == ["f1"]
     assert store.table_info(tid).state == DELETED
     assert store.tablet_ids(tid) == [] and all(store.tablet(i) is None for i in ids)
-    assert not store.r.hexists(C.RUNNING, "E1")  # its running compactions can no longer commit
-    assert not store.r.sismember(C.DIRTY, ids[0])
+    assert not store._r.hexists(C.RUNNING, "E1")  # its running compactions can no longer commit
+    assert not store._r.sismember(C.DIRTY, ids[0])
     with pytest.raises(UnknownTableError):
         store.table("t")
     # a compaction of the deleted table fails cleanly
@@ -125,8 +126,8 @@ def test_add_files_registers_with_each_overlapping_tablet(store: MetadataStore) 
     })
     files = {t.end: set(t.files) for t in store.tablets(tid)}
     assert files == {b"c": {"edge"}, b"f": {"span"}, b"j": {"span"}, None: set()}
-    assert touched == [C.tablet_id(tid, b"c"), C.tablet_id(tid, b"f"), C.tablet_id(tid, b"j")]
-    assert store.tablet(C.tablet_id(tid, b"f")).files["span"] == FileMeta(100, 10, 0, b"d", b"j")
+    assert touched == [tablet_id(tid, b"c"), tablet_id(tid, b"f"), tablet_id(tid, b"j")]
+    assert store.tablet(tablet_id(tid, b"f")).files["span"] == FileMeta(100, 10, 0, b"d", b"j")
 
 
 # -- every condition, rejected by name, nothing half-applied -------------------------------------
@@ -147,7 +148,7 @@ def busy(store: MetadataStore) -> tuple[MetadataStore, str, list[str]]:
     t = store.tablet(ids[1])
     assert set(t.files) == {"f1", "f2", "f3"} and set(t.running) == {"E1"}
     assert t.selection.id == "S1" and t.selection.files == ("f2",) and (t.hold, t.op) == ("H1", "split")
-    assert store.r.sismember(C.running_group_key("g"), "E1")
+    assert store._r.sismember(C.running_group_key("g"), "E1")
     return store, tid, ids
 
 
@@ -192,12 +193,12 @@ def _mutation_touching_everything(tid: str, ids: list[str], cond: list) -> Mutat
 @pytest.mark.parametrize("cond, name", FAILING, ids=[f"{c[0]}-{n}" for c, n in FAILING])
 def test_each_condition_rejects_by_name_and_changes_nothing(busy, cond: list, name: str) -> None:
     store, tid, ids = busy
-    before = snapshot(store.r)
+    before = snapshot(store._r)
     with pytest.raises(ConditionFailed) as exc:
         store.mutate(_mutation_touching_everything(tid, ids, cond))
     assert exc.value.condition == name
     assert ids[1] in str(exc.value) and name in str(exc.value)
-    assert snapshot(store.r) == before
+    assert snapshot(store._r) == before
 
 
 def test_the_same_mutation_with_passing_conditions_applies_everything(busy) -> None:
@@ -211,8 +212,8 @@ def test_the_same_mutation_with_passing_conditions_applies_everything(busy) -> N
     assert set(t2.files) == {"new2"}
     info = store.table("t")
     assert info.state == OFFLINE and info.props == {"table.custom.x": "1"}
-    assert store.r.hget(C.RUNNING, "E9").decode() == ids[0] and not store.r.hexists(C.RUNNING, "E1")
-    assert store.r.smembers(C.running_group_key("g")) == {b"E9"}
+    assert store._r.hget(C.RUNNING, "E9").decode() == ids[0] and not store._r.hexists(C.RUNNING, "E1")
+    assert store._r.smembers(C.running_group_key("g")) == {b"E9"}
 
 
 @pytest.mark.parametrize("table_conds, name", [
@@ -222,13 +223,13 @@ def test_the_same_mutation_with_passing_conditions_applies_everything(busy) -> N
 ])
 def test_table_conditions_reject_by_name(busy, table_conds, name: str) -> None:
     store, tid, ids = busy
-    before = snapshot(store.r)
+    before = snapshot(store._r)
     m = _mutation_touching_everything(tid, ids, ["exists"])
     m.table_conds = table_conds
     with pytest.raises(ConditionFailed) as exc:
         store.mutate(m)
     assert exc.value.condition == name
-    assert snapshot(store.r) == before
+    assert snapshot(store._r) == before
     m = Mutation(table="999").require_table()
     with pytest.raises(ConditionFailed, match="table exists"):
         store.mutate(m)
@@ -246,7 +247,7 @@ def test_table_conditions_reject_by_name(busy, table_conds, name: str) -> None:
 ])
 def test_ops_that_cannot_apply_are_rejected_before_any_write(busy, build, name: str) -> None:
     store, tid, ids = busy
-    before = snapshot(store.r)
+    before = snapshot(store._r)
     m = Mutation(table=tid)
     m.table_ops = [["set_prop", "table.custom.y", "2"]]
     m.tablet(ids[2]).require("exists").do("add_files", {"new2": {"size": 1, "entries": 1}})
@@ -254,7 +255,7 @@ def test_ops_that_cannot_apply_are_rejected_before_any_write(busy, build, name: 
     with pytest.raises(ConditionFailed) as exc:
         store.mutate(m)
     assert exc.value.condition == name
-    assert snapshot(store.r) == before
+    assert snapshot(store._r) == before
 
 
 def test_rejection_messages_name_the_tablet_and_detail(busy) -> None:
@@ -281,7 +282,7 @@ def test_threads_race_for_the_same_files_exactly_one_wins(busy) -> None:
     winner = f"T{results.index('won')}"
     t = store.tablet(ids[1])
     assert set(t.running) == {"E1", winner}
-    assert {ecid for ecid in store.r.hkeys(C.RUNNING)} == {b"E1", winner.encode()}
+    assert {ecid for ecid in store._r.hkeys(C.RUNNING)} == {b"E1", winner.encode()}
 
 
 @pytest.mark.parametrize("contenders", [N_PROCS])
@@ -343,7 +344,7 @@ def test_concurrent_create_table_of_one_name(store: MetadataStore) -> None:
         except TableExistsError:
             return "exists"
         finally:
-            s.r.close()
+            s._r.close()
 
     with ThreadPoolExecutor(16) as pool:
         results = list(pool.map(create, range(16)))
@@ -352,8 +353,8 @@ def test_concurrent_create_table_of_one_name(store: MetadataStore) -> None:
     tid = store.table_id("t")
     assert winners == [tid] and len(store.tablet_ids(tid)) == 3
     # the losers left no tables or tablets behind
-    assert len([k for k in store.r.keys(C.PREFIX + "tablet:*")]) == 3
-    assert len([k for k in store.r.keys(C.PREFIX + "table:*") if k.count(b":") == 2]) == 1
+    assert len([k for k in store._r.keys(C.PREFIX + "tablet:*")]) == 3
+    assert len([k for k in store._r.keys(C.PREFIX + "table:*") if k.count(b":") == 2]) == 1
 
 
 # -- retries and number range ------------------------------------------------------------------

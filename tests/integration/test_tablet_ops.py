@@ -15,19 +15,22 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from kompaktor import compactions, tabletops
-from kompaktor import contract as C
+from kompaktor import keyspace as C
+from kompaktor.cli.table import table as table_cli
 from kompaktor.client import Client
-from kompaktor.commands.table import table as table_cli
 from kompaktor.coordinator import Coordinator, CoordinatorSettings
-from kompaktor.engine import MergeRequest, make_engine
-from kompaktor.errors import ConditionFailed
-from kompaktor.jobqueue import Job, JobQueues
-from kompaktor.keys import Entry
-from kompaktor.sortedfile import iter_entries
-from kompaktor.store import FileMeta, MetadataStore, Mutation, Tablet
-from kompaktor.tableprops import SPLIT_THRESHOLD
-from kompaktor.tabletops import TabletOpRefused, choose_split_row
+from kompaktor.engines import make_engine
+from kompaktor.engines.api import MergeRequest
+from kompaktor.files.sortedfile import iter_entries
+from kompaktor.metadata import compactions
+from kompaktor.metadata import tablet_ops as tabletops
+from kompaktor.metadata.store import MetadataStore, Mutation
+from kompaktor.metadata.tablet_ops import TabletOpRefused, choose_split_row
+from kompaktor.model.errors import ConditionFailed
+from kompaktor.model.job import Job
+from kompaktor.model.keys import Entry
+from kompaktor.model.tablet import FileMeta, Tablet, tablet_id
+from kompaktor.policy.tableprops import SPLIT_THRESHOLD
 
 pytestmark = pytest.mark.redis
 
@@ -53,13 +56,13 @@ def assert_partition(store: MetadataStore, table: str) -> None:
     assert ts[0].prev is None and ts[-1].end is None
     for a, b in itertools.pairwise(ts):
         assert a.end == b.prev and a.end is not None
-    assert [t.id for t in ts] == [C.tablet_id(t.table, t.end) for t in ts]
+    assert [t.id for t in ts] == [tablet_id(t.table, t.end) for t in ts]
 
 
 def tablet_docs(store: MetadataStore, table: str) -> dict[bytes, bytes]:
     tid = store.table_id(table)
     keys = [C.tablet_key(i) for i in store.tablet_ids(tid)]
-    return {k.encode(): store.r.get(k) for k in keys} | {b"z": tuple(store.r.zrange(C.tablets_key(tid), 0, -1))}
+    return {k.encode(): store._r.get(k) for k in keys} | {b"z": tuple(store._r.zrange(C.tablets_key(tid), 0, -1))}
 
 
 def run_reservation(client: Client, res: compactions.Reservation):
@@ -168,7 +171,7 @@ def test_split_shares_files_and_divides_their_sizes(client: Client) -> None:
     (t,) = tablets(client.store, "t")
     before = view(client, "t")
     new = tabletops.split(client.store, "t", [b"row00030", b"row00060", b"zzz"])
-    assert new == [C.tablet_id(t.table, r) for r in (b"row00030", b"row00060", b"zzz")] + [t.id]
+    assert new == [tablet_id(t.table, r) for r in (b"row00030", b"row00060", b"zzz")] + [t.id]
     ts = tablets(client.store, "t")
     assert [(x.prev, x.end) for x in ts] == [(None, b"row00030"), (b"row00030", b"row00060"),
                                              (b"row00060", b"zzz"), (b"zzz", None)]
@@ -250,7 +253,7 @@ def test_auto_split_past_threshold(client: Client, storage) -> None:
     assert tabletops.auto_split(store) == []  # default threshold 1G: nothing to do
     store.set_props("t", {SPLIT_THRESHOLD: str(size // 5)})
     coord = coordinator(store, storage)
-    store.r.delete(C.SPLIT_CHECK)
+    store._r.delete(C.SPLIT_CHECK)
     assert coord.tick()  # the coordinator's tick runs auto_split
     ts = tablets(store, "t")
     assert 5 <= len(ts) <= 16
@@ -262,7 +265,7 @@ def test_auto_split_past_threshold(client: Client, storage) -> None:
     assert min(sizes) > 2000 / 16 / 2  # about even pieces, from metadata only
     # a bad threshold is logged and skipped, not fatal
     store.set_props("small", {SPLIT_THRESHOLD: "1K"})
-    store.r.hset(C.table_key(store.table_id("small")), "props", json.dumps({SPLIT_THRESHOLD: "lots"}))
+    store._r.hset(C.table_key(store.table_id("small")), "props", json.dumps({SPLIT_THRESHOLD: "lots"}))
     assert coord.tick()
     assert len(tablets(store, "small")) == 1
 
@@ -273,7 +276,7 @@ def test_auto_split_waits_for_running_compactions_without_starving(client: Clien
     fill(client, "t", 4, range(200))
     coord = coordinator(store, storage)
     coord.tick()
-    queues = JobQueues(store.r)
+    queues = store.queues
     (group,) = queues.groups()
     res = compactions.reserve(store, queues, group, "c1")
     assert res is not None
@@ -301,7 +304,7 @@ def test_split_and_merge_refused_while_a_compaction_runs(client: Client, storage
     fill(client, "t", 4, range(200))
     coord = coordinator(store, storage)
     coord.tick()
-    queues = JobQueues(store.r)
+    queues = store.queues
     (group,) = queues.groups()
     res = compactions.reserve(store, queues, group, "c1")
     docs = tablet_docs(store, "t")
@@ -329,7 +332,7 @@ def test_compaction_committing_after_its_tablet_split_fails_and_removes_output(c
     fill(client, "t", 4, range(200))
     coord = coordinator(store, storage, dead_after_s=0.0)
     coord.tick()
-    queues = JobQueues(store.r)
+    queues = store.queues
     (group,) = queues.groups()
     res = None
     while True:
@@ -338,7 +341,7 @@ def test_compaction_committing_after_its_tablet_split_fails_and_removes_output(c
         if (r.end is None) == keeps_id:
             res = r
             break
-        compactions.release(store, storage, r, reason="not this one")
+        compactions.release(store, storage, r)
     result = run_reservation(client, res)
     assert res.output in {p for p, _ in storage.list_files("tables")}
     assert coord.detect_dead() == [res.ecid]  # no heartbeat: dead, its registration removed
@@ -347,7 +350,7 @@ def test_compaction_committing_after_its_tablet_split_fails_and_removes_output(c
     with pytest.raises(ConditionFailed) as exc:
         compactions.commit(store, res, result.info)
     assert exc.value.condition in ("tablet exists", "compaction registered")
-    compactions.release(store, storage, res, reason=str(exc.value))  # what the worker does
+    compactions.release(store, storage, res)  # what the worker does
     assert res.output not in {p for p, _ in storage.list_files("tables")}
     assert not any(res.ecid in p for p, _ in storage.list_files("tables"))
     assert view(client, "t") == before
@@ -367,7 +370,7 @@ def test_reservation_or_commit_against_a_changed_range_is_rejected(client: Clien
     store.mutate(m)
     with pytest.raises(ConditionFailed, match="range"):
         compactions.commit(store, res, run_reservation(client, res).info)
-    compactions.release(store, client.storage, res, reason="range")
+    compactions.release(store, client.storage, res)
     with pytest.raises(ConditionFailed, match="range"):  # a reservation from a stale read
         m = Mutation(table=t.table)
         m.tablet(t.id).require("range", None).do("set_op", "x")
@@ -381,14 +384,14 @@ def test_coordinator_replans_new_tablets_and_outputs_hold_only_their_rows(client
     fill(client, "t", 5, range(300))
     coord = coordinator(store, storage)
     coord.tick()
-    queues = JobQueues(store.r)
+    queues = store.queues
     (group,) = queues.groups()
     (old,) = tablets(store, "t")
     assert {j.tablet for j in queues.jobs(group)} == {old.id}
     before = view(client, "t")
     new = tabletops.split(store, "t", [b"row00100", b"row00200"])
     assert queues.jobs(group) == []  # the old tablet's queued jobs are gone
-    assert set(new) <= {x.decode() for x in store.r.smembers(C.DIRTY)}
+    assert set(new) <= {x.decode() for x in store._r.smembers(C.DIRTY)}
     coord.tick()
     assert {j.tablet for j in queues.jobs(group)} == set(new)
     done = 0

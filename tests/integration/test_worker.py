@@ -26,17 +26,21 @@ from typing import Any
 
 import pytest
 
-from kompaktor import compactions, failures, usercompaction
-from kompaktor import contract as C
-from kompaktor.arrowmerge import ArrowMergeEngine
+from kompaktor import keyspace as C
 from kompaktor.client import Client
 from kompaktor.coordinator import Coordinator
-from kompaktor.engine import MergeRequest
-from kompaktor.jobqueue import JobQueues
-from kompaktor.keys import Entry
-from kompaktor.storage import TMP_PREFIX, Storage
-from kompaktor.store import OFFLINE, MetadataStore, Mutation
+from kompaktor.engines.api import MergeRequest
+from kompaktor.engines.arrow import ArrowMergeEngine
+from kompaktor.files.storage import Storage
+from kompaktor.metadata import compactions, failures
+from kompaktor.metadata import user_compactions as usercompaction
+from kompaktor.metadata.store import MetadataStore, Mutation
+from kompaktor.model.job import fingerprint
+from kompaktor.model.keys import Entry
+from kompaktor.model.names import TMP_PREFIX
+from kompaktor.model.tablet import OFFLINE, end_token
 from kompaktor.worker import BUSY, DRAINING, IDLE, Compactor, WorkerSettings
+from kompaktor.worker.http import request_drain
 
 sys.path.insert(0, str(Path(__file__).parent))  # gated_engine, also run as a script by subprocesses
 from gated_engine import GatedEngine
@@ -102,8 +106,8 @@ def assert_no_trace(store: MetadataStore, storage: Storage, res_or_ecid: Any, ou
     """The compaction left nothing: ECID not registered anywhere, no heartbeat, no output."""
     ecid = getattr(res_or_ecid, "ecid", res_or_ecid)
     output = output or getattr(res_or_ecid, "output", None)
-    assert store.r.hget(C.RUNNING, ecid) is None
-    assert not store.r.exists(C.heartbeat_key(ecid))
+    assert store._r.hget(C.RUNNING, ecid) is None
+    assert not store._r.exists(C.heartbeat_key(ecid))
     for t in store.iter_all_tablets():
         assert ecid not in t.running
     assert leftovers(storage, ecid) == []
@@ -182,7 +186,7 @@ def test_arrow_compactor_compacts_and_scan_is_unchanged(store, storage, client) 
     assert scan(client) == before
     for t in store.tablets(tid):
         assert t.running == {}
-    assert store.r.hlen(C.RUNNING) == 0
+    assert store._r.hlen(C.RUNNING) == 0
     assert store.counters()["compactions_committed"] == 2
     text = w.metrics.registry
     from prometheus_client import generate_latest
@@ -219,7 +223,7 @@ def test_heartbeat_carries_progress_and_state(store, storage, client) -> None:
     run = Running(w.run_one)
     wait_for(eng.held.is_set, "the merge to hold after its first part")
     ecid = wait_for(lambda: w.current and w.current.ecid, "a reservation")
-    hb = wait_for(lambda: (h := compactions.last_heartbeat(store, ecid)) and int(h.get("parts_done", 0)) >= 1
+    hb = wait_for(lambda: (h := store.heartbeat(ecid)) and int(h.get("parts_done", 0)) >= 1
                   and h, "a heartbeat with progress")
     assert hb["compactor"] == "c1"
     assert int(hb["entries_read"]) > 0 and int(hb["entries_written"]) > 0
@@ -230,7 +234,7 @@ def test_heartbeat_carries_progress_and_state(store, storage, client) -> None:
     gate.set()
     outcome = run.join()
     assert outcome.status == "committed"
-    assert not store.r.exists(C.heartbeat_key(ecid))
+    assert not store._r.exists(C.heartbeat_key(ecid))
     assert compactor_state(store, "c1") == BUSY  # run_one alone does not publish idle; run() does
 
 
@@ -301,7 +305,7 @@ def test_seed000_scenario3_table_deleted_while_queued(store, storage, client) ->
     start (nothing reserved, nothing written) and the queue is left empty."""
     make_table(client, splits=())
     plan(store, storage)
-    queues = JobQueues(store.r)
+    queues = store.queues
     assert queues.stats(GROUP).queued == 1
     store.delete_table("t")
     eng = arrow_gated()
@@ -309,7 +313,7 @@ def test_seed000_scenario3_table_deleted_while_queued(store, storage, client) ->
     assert w.run_one() is None
     assert not eng.held.is_set()
     assert queues.stats(GROUP).queued == 0
-    assert store.r.hlen(C.RUNNING) == 0
+    assert store._r.hlen(C.RUNNING) == 0
     assert [rel for rel, _ in storage.list_files("tables") if "/A" in rel or "/C" in rel
             or TMP_PREFIX in rel] == []
 
@@ -326,7 +330,7 @@ def test_seed000_scenario5_metadata_store_restarts_while_merging(store, storage,
     w = Compactor(store, storage, settings(heartbeat_s=0.1, commit_retry_s=60.0), engine=eng)
     run = Running(w.run_one)
     wait_for(eng.held.is_set, "the merge to hold")
-    wait_for(lambda: store.r.exists(C.heartbeat_key(w.current.ecid)), "a heartbeat")
+    wait_for(lambda: store._r.exists(C.heartbeat_key(w.current.ecid)), "a heartbeat")
     redis_server.stop()
     try:
         gate.set()
@@ -365,8 +369,8 @@ def test_commit_whose_reply_was_lost_is_not_undone(store, storage, client, monke
     """The commit lands but its reply is lost (the store becomes unreachable): the compactor
     retries, is rejected because its ECID is gone, and must see that its own commit landed —
     not fail the job and delete the output that the tablet now references."""
-    from kompaktor import worker as worker_mod
-    from kompaktor.errors import StoreUnavailable
+    from kompaktor.model.errors import StoreUnavailable
+    from kompaktor.worker import compactor as worker_mod
 
     tid = make_table(client, splits=())
     before = scan(client)
@@ -418,7 +422,7 @@ def test_bad_input_file_fails_the_job_and_leaves_the_tablet(store, storage, clie
     assert bad in outcome.reason, outcome.reason
     assert tablet_files(store, tid) == before
     assert_no_trace(store, storage, outcome.ecid)
-    rec = json.loads(store.r.hget(C.FAILURES, compactions.fingerprint(t_id, sorted(files))))
+    rec = json.loads(store._r.hget(C.FAILURES, fingerprint(t_id, sorted(files))))
     assert rec["count"] == 1 and bad in rec["last_error"]
     # backing off: not queued again at once
     assert plan(store, storage) == 0
@@ -452,7 +456,7 @@ def _merge_tablet_away(store: MetadataStore, tablet_id: str) -> None:
     t = store.tablet(tablet_id)
     upper = next(u for u in store.tablets(t.table) if u.prev == t.end)
     m = Mutation(table=t.table)
-    m.tablet(t.id).require("version", t.version).do("delete", C.end_token(t.end))
+    m.tablet(t.id).require("version", t.version).do("delete", end_token(t.end))
     m.tablet(upper.id).require("version", upper.version).do(
         "set_range", None if t.prev is None else t.prev.hex()).do("add_files", {f: fm.to_json() for f, fm in
                                                                                 t.files.items()})
@@ -467,7 +471,7 @@ def test_compactor_stops_a_merge_that_is_no_longer_wanted(store, storage, client
     if why == "user-compaction-cancelled":
         cid = usercompaction.start(store, "t")
         Coordinator(store, storage).tick()  # selects the held tablets' files, queues their USER jobs
-        assert JobQueues(store.r).stats(GROUP).queued == 2
+        assert store.queues.stats(GROUP).queued == 2
     else:
         plan(store, storage)
     eng = arrow_gated()  # never opened: only a cancellation ends the hold
@@ -495,7 +499,7 @@ def test_compactor_stops_a_merge_that_is_no_longer_wanted(store, storage, client
     assert outcome.status == "cancelled" and expected in outcome.reason, outcome
     assert eng.cancelled.is_set() and not eng.merged.is_set()  # the merge itself stopped
     assert_no_trace(store, storage, res)
-    assert store.r.hlen(C.FAILURES) == 0  # not a failure of the job
+    assert store._r.hlen(C.FAILURES) == 0  # not a failure of the job
     if why in ("table-offline", "user-compaction-cancelled"):
         assert tablet_files(store, tid) == before
         store.set_state("t", "ONLINE")
@@ -523,8 +527,8 @@ def test_drain_releases_a_job_that_cannot_finish_in_the_grace_period(store, stor
     assert eng.cancelled.is_set()
     assert_no_trace(store, storage, res)
     assert tablet_files(store, tid) == before
-    assert res.tablet in {m.decode() for m in store.r.smembers(C.DIRTY)}
-    assert Coordinator(store, storage).tick() and JobQueues(store.r).stats(GROUP).queued == 1
+    assert res.tablet in {m.decode() for m in store._r.smembers(C.DIRTY)}
+    assert Coordinator(store, storage).tick() and store.queues.stats(GROUP).queued == 1
     assert store.compactors(GROUP) == []
     assert "dead_compactions" not in store.counters()
 
@@ -565,7 +569,10 @@ def test_http_probes_drain_and_metrics(store, storage, client) -> None:
         assert metric(text, "kompaktor_compaction_duration_seconds_count") == 2
         assert metric(text, "kompaktor_compactor_running") == 0
         assert http(port, "/nope")[0] == 404
-        assert http(port, "/drain", "POST") == (200, "draining\n")
+        assert http(port, "/drain")[0] == 405  # a GET never changes state
+        assert not w.drain.is_set() and http(port, "/readyz")[0] == 200
+        assert request_drain(port) == "draining"  # what the pod's preStop hook runs
+        assert w.drain.is_set()
         assert http(port, "/readyz")[0] == 503
         assert http(port, "/healthz")[0] == 200  # alive while draining
         assert run.join(timeout=10) == 0
@@ -677,7 +684,7 @@ def test_drain_while_busy_finishes_the_job_within_the_grace_period(store, storag
     assert len(files) == 1
     assert scan(client) == before
     assert store.counters()["compactions_committed"] == 1
-    assert store.r.hlen(C.RUNNING) == 0
+    assert store._r.hlen(C.RUNNING) == 0
     assert compactor_state(store, p.cid) is None
 
 
@@ -700,6 +707,6 @@ def test_sigterm_while_busy_beyond_the_grace_period_releases_the_job_at_once(sto
     assert tablet_files(store, tid) == before
     assert compactor_state(store, p.cid) is None
     # the job goes back in the queue
-    assert Coordinator(store, storage).tick() and JobQueues(store.r).stats(GROUP).queued == 1
+    assert Coordinator(store, storage).tick() and store.queues.stats(GROUP).queued == 1
     assert "dead_compactions" not in store.counters()
     assert "released" in p.log or "cancelled" in p.log

@@ -235,7 +235,7 @@ def test_operator_image_works_without_pyspark() -> None:
     code = (
         "import sys\n"
         "sys.modules['pyspark'] = sys.modules['py4j'] = None\n"
-        "import kompaktor.coordinator, kompaktor.commands.coordinator\n"
+        "import kompaktor.coordinator, kompaktor.cli.coordinator\n"
         "import kompaktor_operator.handlers, kompaktor_operator.commands\n"
         "from click.testing import CliRunner\n"
         "from kompaktor.cli import main\n"

@@ -1,4 +1,4 @@
-"""Merge semantics (kompaktor.iterators): versions, delete markers, partial compactions, filters.
+"""Merge semantics (kompaktor.model.iterators): versions, delete markers, partial compactions, filters.
 Hand-written examples plus a hypothesis comparison with a brute-force model written here from
 the rules in DESIGN.md / the module docstring (not from the implementation)."""
 
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kompaktor.iterators import SCAN, IteratorSettings, apply_stack, merge_sources, merged_view
-from kompaktor.keys import Entry, is_sorted, sort_key
+from kompaktor.model.iterators import SCAN, IteratorSettings, apply_stack, merge_sources, merged_view
+from kompaktor.model.keys import Entry, is_sorted, sort_key
 
 
 def put(row: bytes, ts: int, value: bytes = b"", cf: bytes = b"f", cq: bytes = b"q", vis: bytes = b"") -> Entry:

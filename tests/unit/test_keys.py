@@ -4,13 +4,15 @@ including bytes >= 0x80, empty fields, extreme timestamps and delete markers.
 
 from __future__ import annotations
 
+import itertools
+
 import pyarrow as pa
 import pyarrow.compute as pc
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kompaktor import contract as C
-from kompaktor.keys import (
+from kompaktor.files.sortedfile import entries_to_table, table_to_entries
+from kompaktor.model.keys import (
     ARROW_SORT_KEYS,
     INT64_MAX,
     INT64_MIN,
@@ -20,8 +22,9 @@ from kompaktor.keys import (
     is_sorted,
     row_in_range,
     sort_key,
+    span_overlaps,
 )
-from kompaktor.sortedfile import entries_to_table, table_to_entries
+from kompaktor.model.tablet import end_token
 
 # Few distinct short values so equal prefixes, equal keys and ties are common; plus arbitrary bytes.
 field = st.one_of(st.sampled_from([b"", b"\x00", b"\x7f", b"\x80", b"\xff", b"a", b"a\x00", b"a\xff", b"\xff\x00"]),
@@ -91,8 +94,8 @@ def test_row_encoding_round_trips_and_keeps_order(a: bytes, b: bytes) -> None:
     assert decode_row(encode_row(a)) == a
     assert (encode_row(a) < encode_row(b)) == (a < b)
     # tablet ids (end tokens) sort like their end rows, and the last tablet ("~") after every row
-    assert (C.end_token(a) < C.end_token(b)) == (a < b)
-    assert C.end_token(a) < C.end_token(None)
+    assert (end_token(a) < end_token(b)) == (a < b)
+    assert end_token(a) < end_token(None)
     assert encode_row(None) is None and decode_row(None) is None
 
 
@@ -104,3 +107,20 @@ def test_row_in_range_is_exclusive_start_inclusive_end(row: bytes, prev: bytes |
         assert row_in_range(end, prev, end) == (prev is None or end > prev)
     if prev is not None:
         assert not row_in_range(prev, prev, end)
+
+
+_SMALL = st.one_of(st.none(), st.lists(st.integers(0, 3), max_size=2).map(bytes))
+#: every row of up to 3 bytes from 0..4: a row lies between (and beyond) any two _SMALL values
+_ROWS = [bytes(t) for n in range(4) for t in itertools.product(range(5), repeat=n)]
+
+
+@given(_SMALL, _SMALL, _SMALL, _SMALL)
+def test_span_overlaps_means_some_row_of_the_span_is_in_the_range(first, last, prev, end) -> None:
+    """span_overlaps is the one overlap rule: true exactly when a row in [first, last] (None =
+    unbounded on that side) lies in (prev, end], for every non-empty span and range."""
+    if (first is not None and last is not None and first > last) or (prev is not None and end is not None
+                                                                      and prev >= end):
+        return
+    inside = any((first is None or r >= first) and (last is None or r <= last) and row_in_range(r, prev, end)
+                 for r in _ROWS)
+    assert span_overlaps(first, last, prev, end) == inside

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from kompaktor.errors import KompaktorError
-from kompaktor.localconfig import DEMO_CONFIG, load_config
+from kompaktor.local.config import DEMO_CONFIG, load_config
+from kompaktor.model.errors import KompaktorError
 
 
 def test_demo_config_loads_two_tiers_and_groups() -> None:

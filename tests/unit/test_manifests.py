@@ -80,7 +80,7 @@ def test_deployment_shape() -> None:
     assert c["envFrom"] == [{"secretRef": {"name": "s3-creds"}}]
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    assert c["lifecycle"]["preStop"]["httpGet"]["path"] == "/drain"
+    assert c["lifecycle"]["preStop"]["exec"]["command"] == ["kompaktor", "drain", "--port", str(naming.HTTP_PORT)]
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     assert {m["mountPath"] for m in c["volumeMounts"]} == {"/scratch", "/tmp"}
     assert c["resources"] == {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"memory": "8Gi"}}

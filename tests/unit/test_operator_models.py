@@ -53,7 +53,7 @@ def test_service_validation_says_what_is_wrong(spec: dict, words: str) -> None:
 
 
 def test_quantity_keeps_its_kubernetes_meaning() -> None:
-    pytest.importorskip("kompaktor.sizes")
+    pytest.importorskip("kompaktor.policy.sizes")
     spec = m.CompactionServiceSpec.model_validate(
         {"tiers": [{"name": "s", "maxSize": "32M", "compactorGroup": "s"},
                    {"name": "m", "maxSize": "32Mi", "compactorGroup": "m"},
@@ -151,7 +151,7 @@ def test_load_documents_errors(text: str, words: str) -> None:
 
 
 def test_conversion_to_core_configs() -> None:
-    services = pytest.importorskip("kompaktor.services")
+    services = pytest.importorskip("kompaktor.policy.services")
     svc, group = m.load_documents(DOCS)[:2]
     cfg = m.to_service_config(svc.name, svc.spec)
     assert isinstance(cfg, services.ServiceConfig)

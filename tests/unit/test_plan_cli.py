@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from kompaktor.cli import main
-from kompaktor.commands.plan import plan
+from kompaktor.cli.plan import plan
 
 M = 1 << 20
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from kompaktor.planner import (
+from kompaktor.policy.planner import (
     OVER_SIZE_MAX,
     OVER_SIZE_MIN,
     SYSTEM_MAX,
@@ -29,8 +29,8 @@ from kompaktor.planner import (
     job_priority,
     plan,
 )
-from kompaktor.selectors import FileStats, too_many_deletes
-from kompaktor.sizes import parse_accumulo_size
+from kompaktor.policy.selectors import FileStats, too_many_deletes
+from kompaktor.policy.sizes import parse_accumulo_size
 
 M = 1 << 20
 SYSTEM, USER, SELECTOR = Kind.SYSTEM, Kind.USER, Kind.SELECTOR
@@ -533,7 +533,7 @@ def test_plan_invariants(case: Case) -> None:
 
 def test_lower_ratio_skips_zero_size_files_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
     files = numbered("f", [0] * 14 + [1, 1])
-    with caplog.at_level(logging.WARNING, logger="kompaktor.planner"):
+    with caplog.at_level(logging.WARNING, logger="kompaktor.policy.planner"):
         jobs = plan(SYSTEM, PlannerSettings(), files, files)
     # Window 6 (f06..f15): prefix ending at f15 needs 2/1 = 2 > 1.1.
     assert [job.files for job in jobs] == [tuple(f"f{i:02d}" for i in range(6, 16))]
@@ -542,7 +542,7 @@ def test_lower_ratio_skips_zero_size_files_with_a_warning(caplog: pytest.LogCapt
 
 def test_lower_ratio_all_zero_sizes_warns_and_plans_nothing(caplog: pytest.LogCaptureFixture) -> None:
     files = numbered("f", [0] * 16)
-    with caplog.at_level(logging.WARNING, logger="kompaktor.planner"):
+    with caplog.at_level(logging.WARNING, logger="kompaktor.policy.planner"):
         assert plan(SYSTEM, PlannerSettings(), files, files) == []
     messages = [record.getMessage() for record in caplog.records]
     assert any("size 0" in message for message in messages)
@@ -551,14 +551,14 @@ def test_lower_ratio_all_zero_sizes_warns_and_plans_nothing(caplog: pytest.LogCa
 
 def test_lower_ratio_no_job_warns(caplog: pytest.LogCaptureFixture) -> None:
     files = numbered("f", [100**i for i in range(16)])
-    with caplog.at_level(logging.WARNING, logger="kompaktor.planner"):
+    with caplog.at_level(logging.WARNING, logger="kompaktor.policy.planner"):
         assert plan(SYSTEM, PlannerSettings(), files, files) == []
     assert any("16 files, over its limit of 15" in record.getMessage() for record in caplog.records)
 
 
 def test_ordinary_plans_do_not_warn(caplog: pytest.LogCaptureFixture) -> None:
     files = tablet("a=16M", "b=11M", "c=11M", "d=11M")
-    with caplog.at_level(logging.DEBUG, logger="kompaktor.planner"):
+    with caplog.at_level(logging.DEBUG, logger="kompaktor.policy.planner"):
         plan(SYSTEM, PlannerSettings(), files, files)
     assert caplog.records == []
 

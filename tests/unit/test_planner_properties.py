@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kompaktor.planner import (
+from kompaktor.policy.planner import (
     OVER_SIZE_MAX,
     OVER_SIZE_MIN,
     SYSTEM_MAX,

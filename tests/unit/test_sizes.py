@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kompaktor.sizes import parse_accumulo_size, parse_quantity_bytes
+from kompaktor.policy.sizes import parse_accumulo_size, parse_quantity_bytes
 
 KI, MI, GI, TI = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 

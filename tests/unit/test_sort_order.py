@@ -9,9 +9,9 @@ import pyarrow.compute as pc
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kompaktor.arrowstack import first_unsorted
-from kompaktor.keys import ARROW_SORT_KEYS, INT64_MAX, INT64_MIN, Entry, sort_key
-from kompaktor.sortedfile import entries_to_table, table_to_entries
+from kompaktor.files.arrowstack import first_unsorted
+from kompaktor.files.sortedfile import entries_to_table, table_to_entries
+from kompaktor.model.keys import ARROW_SORT_KEYS, INT64_MAX, INT64_MIN, Entry, sort_key
 
 field = st.one_of(st.sampled_from([b"", b"\x00", b"\x7f", b"\x80", b"\xff", b"a", b"a\x00", b"\xff\x00"]),
                   st.binary(max_size=4))

@@ -13,10 +13,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kompaktor import sortedfile as sf
-from kompaktor.errors import BadFileError, UnsortedError
-from kompaktor.keys import Entry, sort_key
-from kompaktor.storage import TMP_PREFIX, Storage
+from kompaktor.files import sortedfile as sf
+from kompaktor.files.storage import Storage
+from kompaktor.model.errors import BadFileError, UnsortedError
+from kompaktor.model.keys import Entry, sort_key
+from kompaktor.model.names import TMP_PREFIX
 
 field = st.one_of(st.sampled_from([b"", b"\x00", b"\x80", b"\xff", b"a"]), st.binary(max_size=5))
 entry = st.builds(Entry, field, field, field, field, st.integers(-(2**63), 2**63 - 1), st.booleans(),
@@ -103,10 +104,6 @@ def test_range_reads_are_exclusive_start_inclusive_end(store_dir: Storage) -> No
     assert rows(b"\x7f", b"\x80") == [b"\x80"]  # unsigned comparison in the Arrow filter
     assert [e.row for e in sf.table_to_entries(sf.read_table(store_dir, "F.parquet", b"b", b"\x80"))] == [
         b"c", b"\x80"]
-
-
-def test_file_name_prefixes() -> None:
-    assert sf.PREFIXES == {"flush": "F", "import": "I", "partial": "C", "full": "A"}
 
 
 # -- refusal of unsorted input, atomic visibility -------------------------------------------------

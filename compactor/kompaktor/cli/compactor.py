@@ -1,0 +1,85 @@
+"""`kompaktor compactor --group G`: one compactor process (one per pod)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+
+import click
+
+from kompaktor.cli.common import friendly_errors, redis_option, storage_option
+
+
+@click.command()
+@click.option("--group", required=True, help="Compactor group whose queue this compactor serves.")
+@click.option("--id", "compactor_id", envvar="POD_NAME", default=None,
+              help="Compactor id (env POD_NAME; default host name and pid).")
+@click.option("--engine", type=click.Choice(["spark", "arrow"]), default=None,
+              help="Merge engine (default: the group's configured engine, else spark).")
+@click.option("--spark-master", default=None, help="spark.master (default: the group's, else local[*]).")
+@click.option("--spark-conf", multiple=True, help="Extra Spark configuration KEY=VALUE (repeatable).")
+@click.option("--driver-memory", default=None, help="spark.driver.memory.")
+@click.option("--drain-grace", type=float, default=None, help="Seconds a drain may wait for the current job.")
+@click.option("--http-port", type=int, default=8080, show_default=True,
+              help="Port for /healthz, /readyz, /drain and /metrics (0: any free port, -1: off).")
+@click.option("--max-jobs", type=int, default=None, hidden=True)
+@redis_option
+@storage_option
+@friendly_errors
+def compactor(group: str, compactor_id: str | None, engine: str | None, spark_master: str | None,
+              spark_conf: tuple[str, ...], driver_memory: str | None, drain_grace: float | None,
+              http_port: int, max_jobs: int | None, redis_url: str, storage_uri: str | None) -> None:
+    """Run one compactor: reserve a job of GROUP, merge it, commit, repeat; drain on SIGTERM."""
+    from kompaktor.files.storage import Storage
+    from kompaktor.metadata.store import MetadataStore
+    from kompaktor.worker import Compactor, WorkerSettings
+
+    logging.basicConfig(level=os.environ.get("KOMPAKTOR_LOG", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    store = MetadataStore.from_url(redis_url)
+    store.ping()
+    cfg = store.groups().get(group)
+    conf = dict(cfg.spark_conf) if cfg else {}
+    for kv in spark_conf:
+        if "=" not in kv:
+            raise ValueError(f"--spark-conf expects KEY=VALUE, got {kv!r}")
+        k, v = kv.split("=", 1)
+        conf[k] = v
+    settings = WorkerSettings(
+        group=group,
+        compactor_id=compactor_id or f"{socket.gethostname()}-{os.getpid()}",
+        engine=engine or (cfg.engine if cfg else "spark"),
+        spark_master=spark_master or (cfg.spark_master if cfg else "local[*]"),
+        spark_conf=conf,
+        driver_memory=driver_memory or (cfg.driver_memory if cfg else None),
+        drain_grace_s=drain_grace if drain_grace is not None else (cfg.drain_grace_seconds if cfg else 60.0),
+        max_jobs=max_jobs,
+    )
+    worker = Compactor(store, Storage.from_uri(storage_uri), settings)
+    worker.install_signal_handlers()
+    if http_port >= 0:
+        port = worker.serve_http(http_port)
+        logging.getLogger("kompaktor.compactor").info("compactor %s serving HTTP on :%d",
+                                                      settings.compactor_id, port)
+    try:
+        code = worker.run()
+    finally:
+        worker.close()
+    sys.exit(code)
+
+
+@click.command()
+@click.option("--port", type=int, default=8080, show_default=True, help="The compactor's HTTP port.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="The compactor's address.")
+@friendly_errors
+def drain(port: int, host: str) -> None:
+    """Ask a compactor to drain (POST /drain): it takes no new job and finishes or releases the
+    current one within its grace period. The compactor pod's preStop hook runs this."""
+    from kompaktor.worker.http import request_drain
+
+    try:
+        click.echo(request_drain(port, host))
+    except OSError as exc:
+        raise click.ClickException(f"no compactor answered on {host}:{port}: {exc}") from exc

@@ -1,0 +1,50 @@
+"""`kompaktor coordinator`: the (leader-elected) coordinator process."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+
+import click
+
+from kompaktor.cli.common import friendly_errors, redis_option, storage_option
+
+
+@click.command()
+@click.option("--metrics-port", type=int, default=9090, show_default=True,
+              help="Port for /metrics (queue depth per group: the autoscaling signal); -1: off.")
+@click.option("--full-scan-interval", type=float, default=30.0, show_default=True,
+              help="Seconds between full scans of all tablets.")
+@click.option("--dead-after", type=float, default=30.0, show_default=True,
+              help="Seconds without a heartbeat after which a compaction is dead.")
+@click.option("--gc-grace", type=float, default=300.0, show_default=True,
+              help="Seconds an unreferenced file is kept before garbage collection.")
+@click.option("--gc-interval", type=float, default=60.0, show_default=True)
+@redis_option
+@storage_option
+@friendly_errors
+def coordinator(metrics_port: int, full_scan_interval: float, dead_after: float, gc_grace: float,
+                gc_interval: float, redis_url: str, storage_uri: str | None) -> None:
+    """Plan tablets into group queues, run user compactions, detect dead compactions, collect
+    garbage. Several may run; one leads (Redis lease), the others wait."""
+    from prometheus_client import start_http_server
+
+    from kompaktor.coordinator import Coordinator, CoordinatorSettings
+    from kompaktor.files.storage import Storage
+    from kompaktor.metadata.store import MetadataStore
+
+    logging.basicConfig(level=os.environ.get("KOMPAKTOR_LOG", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    store = MetadataStore.from_url(redis_url)
+    store.ping()
+    coord = Coordinator(store, Storage.from_uri(storage_uri), CoordinatorSettings(
+        full_scan_s=full_scan_interval, dead_after_s=dead_after, gc_grace_s=gc_grace, gc_interval_s=gc_interval))
+    if metrics_port >= 0:
+        start_http_server(metrics_port, registry=coord.metrics.registry)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    coord.run(stop)

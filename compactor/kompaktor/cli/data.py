@@ -1,0 +1,59 @@
+"""`kompaktor import` and `kompaktor scan`."""
+
+from __future__ import annotations
+
+import click
+
+from kompaktor.cli.common import friendly_errors, open_client, parse_row, redis_option, storage_option
+
+
+def _show(b: bytes) -> str:
+    return b.decode("utf-8", "backslashreplace")
+
+
+@click.command("import")
+@click.argument("name")
+@click.argument("files", nargs=-1, required=True)
+@redis_option
+@storage_option
+@friendly_errors
+def import_files(name: str, files: tuple[str, ...], redis_url: str, storage_uri: str | None) -> None:
+    """Bulk-import sorted Parquet FILES into table NAME. Any refused file changes nothing."""
+    c = open_client(redis_url, storage_uri)
+    paths = c.import_files(name, list(files))
+    click.echo(f"imported {len(paths)} files into {name}")
+
+
+@click.command()
+@click.argument("name")
+@click.option("--start", default=None, help="First row (inclusive, UTF-8).")
+@click.option("--end", default=None, help="Last row (inclusive, UTF-8).")
+@click.option("-o", "--output", default=None, help="Write the merged view to this Parquet file (file schema).")
+@redis_option
+@storage_option
+@friendly_errors
+def scan(name: str, start: str | None, end: str | None, output: str | None, redis_url: str,
+         storage_uri: str | None) -> None:
+    """Print (or write with -o) the merged view of table NAME: newest versions, deletes applied."""
+    c = open_client(redis_url, storage_uri)
+    entries = c.scan(name, parse_row(start), parse_row(end))
+    if output:
+        import itertools
+        import os
+
+        from kompaktor.files.sortedfile import SortedFileWriter
+        from kompaktor.files.storage import Storage
+
+        local = Storage.from_uri(os.path.dirname(os.path.abspath(output)) or ".")
+        w = SortedFileWriter(local, os.path.basename(output))
+        try:
+            while chunk := list(itertools.islice(entries, 65536)):
+                w.write_entries(chunk)
+            info = w.commit()
+        except BaseException:
+            w.abort()
+            raise
+        click.echo(f"wrote {info.entries} entries to {output}")
+        return
+    for e in entries:
+        click.echo(f"{_show(e.row)} {_show(e.cf)}:{_show(e.cq)} [{_show(e.vis)}] {e.ts}\t{_show(e.value)}")

@@ -1,0 +1,29 @@
+"""Merge engines: one request in, one committed output file out (:mod:`.api`).
+
+``spark`` (:mod:`.spark`) runs the key ranges of a merge (:mod:`.ranges`) as Spark tasks, in the
+pod (``local[*]``) or on a Spark cluster; ``arrow`` (:mod:`.arrow`) runs them in-process, for
+groups of small jobs. Both are held to the same conformance tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from kompaktor.engines.api import MergeEngine
+
+ENGINES = ("spark", "arrow")
+
+
+def make_engine(kind: str = "spark", *, spark_master: str = "local[*]", spark_conf: Mapping[str, str] | None = None,
+                driver_memory: str | None = None) -> MergeEngine:
+    """An engine by name. ``spark`` creates (or reuses) the process's one SparkSession now, so a
+    compactor pays the JVM start-up once, before its first job."""
+    if kind == "arrow":
+        from kompaktor.engines.arrow import ArrowMergeEngine
+
+        return ArrowMergeEngine()
+    if kind == "spark":
+        from kompaktor.engines.spark import SparkMergeEngine
+
+        return SparkMergeEngine(master=spark_master, conf=dict(spark_conf or {}), driver_memory=driver_memory)
+    raise ValueError(f"unknown merge engine {kind!r}; expected one of {', '.join(ENGINES)}")

@@ -1,0 +1,118 @@
+"""The process's one SparkSession: created on first use, then reused by every merge.
+
+JVM and session start-up costs 5–8 s and a first job a few more (../shared/PERF.md), so a
+compactor creates the session once, before its first job, and keeps it for its whole life.
+``master`` is ``local[*]`` in the pod by default; a group's configuration can point it at a
+Spark cluster or Spark-on-Kubernetes (``k8s://…``) with any extra Spark conf.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import threading
+from collections.abc import Mapping
+
+log = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_session = None
+_settings: tuple | None = None
+_warm = None
+
+#: Defaults for a compactor's session; the caller's conf wins.
+DEFAULT_CONF: dict[str, str] = {
+    "spark.app.name": "kompaktor-compactor",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.shuffle.partitions": "4",
+    "spark.python.worker.reuse": "true",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.task.maxFailures": "2",
+}
+
+_LOG4J2 = """\
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
+"""
+
+
+def _log4j_file(local_dir: str) -> str:
+    path = os.path.join(local_dir, "kompaktor-log4j2.properties")
+    if not os.path.exists(path):
+        with open(path, "w") as f:
+            f.write(_LOG4J2)
+    return path
+
+
+def get_session(master: str = "local[*]", conf: Mapping[str, str] | None = None, driver_memory: str | None = None):
+    """The process's SparkSession, created on the first call. Later calls return the same
+    session; if they ask for a different master or conf, a warning says the first one stays
+    (a JVM's Spark settings cannot change while it runs)."""
+    global _session, _settings
+    conf = dict(conf or {})
+    wanted = (master, tuple(sorted(conf.items())), driver_memory)
+    with _lock:
+        if _session is not None and not _session.sparkContext._jsc.sc().isStopped():
+            if master != _settings[0] or (conf and wanted[1] != _settings[1]) or (
+                    driver_memory and driver_memory != _settings[2]):
+                log.warning("SparkSession already running with %s; ignoring %s", _settings, wanted)
+            return _session
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+        os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+        from pyspark.sql import SparkSession
+
+        local_dir = conf.get("spark.local.dir") or os.environ.get("KOMPAKTOR_SPARK_LOCAL_DIR")
+        if not local_dir:
+            local_dir = tempfile.mkdtemp(prefix="kompaktor-spark-")
+            atexit.register(shutil.rmtree, local_dir, True)
+        os.makedirs(local_dir, exist_ok=True)
+        merged = dict(DEFAULT_CONF)
+        java_opts = f"-Dlog4j2.configurationFile=file:{_log4j_file(local_dir)}"
+        merged["spark.driver.extraJavaOptions"] = java_opts
+        merged["spark.local.dir"] = local_dir
+        merged.update(conf)
+        if driver_memory:
+            merged["spark.driver.memory"] = driver_memory
+        builder = SparkSession.builder.master(master)
+        for k, v in merged.items():
+            builder = builder.config(k, v)
+        session = builder.getOrCreate()
+        session.sparkContext.setLogLevel("ERROR")
+        _session, _settings = session, wanted
+        return session
+
+
+def _import_merge_modules(_it):
+    import kompaktor.engines.arrow  # noqa: F401  (pyarrow, numpy and the merge code)
+
+    return [os.getpid()]
+
+
+def warm_up(session) -> None:
+    """Start the Python workers and import the merge code in them once, so that the first
+    job does not pay for it (a compactor calls this before taking its first job)."""
+    global _warm
+    if _warm is session:
+        return
+    sc = session.sparkContext
+    n = max(1, sc.defaultParallelism)
+    sc.parallelize(range(n), n).mapPartitions(_import_merge_modules).collect()
+    _warm = session
+
+
+def stop_session() -> None:
+    global _session, _settings
+    with _lock:
+        if _session is not None:
+            _session.stop()
+        _session, _settings = None, None

@@ -1,0 +1,229 @@
+"""The Spark engine: a merge planned as key-range tasks that Spark schedules.
+
+Shape (../shared/PERF.md, "the promising shape"):
+
+1. The driver reads only the inputs' footers: schema check (a clear BadFileError before any
+   job runs) and row-group statistics, from which it cuts the tablet's range (prev, end] into
+   row ranges of about equal size (:func:`kompaktor.engines.ranges.plan_ranges`). Cuts fall on row
+   boundaries, so a column key's versions are always in one task.
+2. One Spark task per range (``sc.parallelize(ranges).map(...)``) reads its rows from every input
+   (row-group statistics prune the rest), merges and applies the iterator stack with Arrow
+   (:mod:`kompaktor.files.arrowstack`) and writes one ordered part (Arrow IPC) under a temporary
+   name carrying the ECID, next to the output. Spark schedules, retries and spreads the tasks
+   over its executors; the data never takes Spark's own Parquet path or a global sort.
+3. While later tasks still run, the driver streams the finished parts, in range order and one
+   record batch at a time, into the single output file (SortedFileWriter: temporary name, then
+   rename). The driver holds one batch at a time, never the dataset; ``collect`` returns only
+   each task's small summary.
+
+Each merge runs in its own Spark job group; setting ``cancel`` cancels the group
+(``sc.cancelJobGroup``), waits for its tasks to stop, and removes every part and the
+temporary output.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from kompaktor.engines.api import MergeCancelled, MergeError, MergeRequest, MergeResult, ProgressFn
+from kompaktor.engines.ranges import merge_range, open_merge, plan_ranges, progress_dict
+from kompaktor.files.sortedfile import ROW_GROUP_SIZE, SortedFileWriter
+from kompaktor.files.storage import Storage
+from kompaktor.model.errors import BadFileError, UnsortedError
+from kompaktor.model.iterators import IteratorSettings
+from kompaktor.model.names import part_names
+
+log = logging.getLogger(__name__)
+
+#: bounds of one task's range, in entries (a task holds ~5x its range's data in memory)
+MIN_TASK_ENTRIES = 250_000
+MAX_TASK_ENTRIES = 2_000_000
+POLL_S = 0.02
+
+
+def _part_compression(storage: Storage) -> str | None:
+    """Parts on a local disk are written uncompressed (cheaper than LZ4 at local-disk speed);
+    on shared or object storage, LZ4 (less to transfer)."""
+    return None if isinstance(storage.fs, pafs.LocalFileSystem) else "lz4"
+
+
+def _run_range(storage: Storage, inputs: tuple[str, ...], settings: IteratorSettings, output: str,
+               tmp_tag: str, task: tuple[int, bytes | None, bytes | None]) -> dict:
+    """Executor side: merge one key range and write it as one Arrow IPC part."""
+    index, lo, hi = task
+    try:
+        table, read = merge_range(storage, inputs, lo, hi, settings)
+    except BadFileError as exc:
+        return {"index": index, "error": str(exc), "unsorted": isinstance(exc, UnsortedError)}
+    final, tmp = part_names(output, tmp_tag, index)
+    meta = {b"kompaktor.entries_read": str(read).encode()}
+    table = table.replace_schema_metadata(meta)
+    opts = pa.ipc.IpcWriteOptions(compression=_part_compression(storage))
+    with storage.fs.open_output_stream(storage.path(tmp)) as sink, \
+            pa.ipc.new_file(sink, table.schema, options=opts) as w:
+        w.write_table(table, max_chunksize=ROW_GROUP_SIZE)  # one output row group per batch
+    storage.move(tmp, final)
+    return {"index": index, "entries_read": read, "entries_written": table.num_rows}
+
+
+class SparkMergeEngine:
+    """Merges on the process's SparkSession (see :mod:`kompaktor.engines.session`)."""
+
+    name = "spark"
+
+    def __init__(self, master: str = "local[*]", conf: Mapping[str, str] | None = None,
+                 driver_memory: str | None = None, *, task_entries: int | None = None,
+                 tasks_per_core: int = 2, warm: bool = True) -> None:
+        from kompaktor.engines.session import get_session, warm_up
+
+        self.session = get_session(master, conf, driver_memory)
+        if warm:
+            warm_up(self.session)
+        self.task_entries = task_entries
+        self.tasks_per_core = tasks_per_core
+
+    @property
+    def sc(self):
+        return self.session.sparkContext
+
+    def _target_entries(self, total: int) -> int:
+        if self.task_entries is not None:
+            return max(1, self.task_entries)
+        slots = max(1, self.sc.defaultParallelism) * self.tasks_per_core
+        return min(MAX_TASK_ENTRIES, max(MIN_TASK_ENTRIES, math.ceil(total / slots)))
+
+    def merge(self, storage: Storage, req: MergeRequest, *, progress: ProgressFn | None = None,
+              cancel: threading.Event | None = None) -> MergeResult:
+        from kompaktor.engines.ranges import estimate_entries
+
+        started, metas, bytes_in = open_merge(storage, req, cancel)
+        total = estimate_entries(metas, req.prev, req.end)
+        ranges = plan_ranges(metas, req.prev, req.end, self._target_entries(total))
+        tasks = [(i, lo, hi) for i, (lo, hi) in enumerate(ranges)]
+        report = progress or (lambda d: None)
+        report(progress_dict(0, 0, 0, 0, 0, len(tasks), started))
+
+        group = f"kompaktor-{req.tmp_tag}-{uuid.uuid4().hex[:8]}"
+        outcome: dict = {}
+        done = threading.Event()
+        inputs, settings, output, tag = req.inputs, req.settings, req.output, req.tmp_tag
+        sc = self.sc
+
+        def run_job() -> None:
+            try:
+                sc.setJobGroup(group, f"merge {len(inputs)} files into {output}", interruptOnCancel=True)
+                rdd = sc.parallelize(tasks, len(tasks)).map(
+                    lambda t: _run_range(storage, inputs, settings, output, tag, t))
+                outcome["results"] = rdd.collect()
+            except BaseException as exc:
+                outcome["error"] = exc
+            finally:
+                done.set()
+
+        job = threading.Thread(target=run_job, name=f"spark-{group}", daemon=True)
+        w: SortedFileWriter | None = None
+        read = written = 0
+        try:
+            job.start()
+            w = SortedFileWriter(storage, req.output, tmp_tag=req.tmp_tag)
+            for i in range(len(tasks)):
+                final, _tmp = part_names(req.output, req.tmp_tag, i)
+                self._wait_for_part(storage, final, done, outcome, cancel, req, i, len(tasks))
+                read_i = self._append_part(storage, final, w, cancel, req)
+                storage.delete(final)
+                read += read_i
+                written = w.entries
+                report(progress_dict(read, written, round(bytes_in * (i + 1) / len(tasks)),
+                                     w.position(), i + 1, len(tasks), started))
+            while not done.wait(0.05):  # every part is in; the job is finishing
+                if cancel is not None and cancel.is_set():
+                    raise MergeCancelled(f"merge into {req.output} cancelled before commit")
+            self._raise_job_failure(outcome, req)
+            if cancel is not None and cancel.is_set():
+                raise MergeCancelled(f"merge into {req.output} cancelled before commit")
+            info = w.commit()
+        except BaseException:
+            if not done.is_set():
+                sc.cancelJobGroup(group)
+            done.wait(60)
+            self._wait_tasks_stopped(group)
+            if w is not None:
+                w.abort()
+            raise
+        finally:
+            # every part, also one a retried task may have rewritten after it was consumed
+            for i in range(len(tasks)):
+                for name in part_names(req.output, req.tmp_tag, i):
+                    storage.delete(name)
+        report(progress_dict(read, written, bytes_in, info.size, len(tasks), len(tasks), started))
+        return MergeResult(info=info, entries_read=read, entries_written=written, bytes_read=bytes_in,
+                           bytes_written=info.size)
+
+    def _wait_for_part(self, storage: Storage, final: str, done: threading.Event, outcome: dict,
+                       cancel: threading.Event | None, req: MergeRequest, i: int, n: int) -> None:
+        while not storage.exists(final):
+            if cancel is not None and cancel.is_set():
+                raise MergeCancelled(f"merge into {req.output} cancelled after {i} of {n} parts")
+            if done.is_set():
+                if storage.exists(final):
+                    return
+                self._raise_job_failure(outcome, req)
+                raise MergeError(f"merge into {req.output}: Spark job ended without part {i}")
+            done.wait(POLL_S)
+
+    @staticmethod
+    def _raise_job_failure(outcome: dict, req: MergeRequest) -> None:
+        if "error" in outcome:
+            exc = outcome["error"]
+            raise MergeError(f"merge into {req.output}: Spark job failed: {_short(exc)}") from exc
+        errors = [r for r in outcome.get("results", []) if "error" in r]
+        if errors:
+            raise (UnsortedError if errors[0]["unsorted"] else BadFileError)(errors[0]["error"])
+
+    @staticmethod
+    def _append_part(storage: Storage, final: str, w: SortedFileWriter, cancel: threading.Event | None,
+                     req: MergeRequest) -> int:
+        """Stream one part into the output, one record batch at a time; return entries read."""
+        with storage.fs.open_input_file(storage.path(final)) as f:
+            reader = pa.ipc.open_file(f)
+            meta = reader.schema.metadata or {}
+            for b in range(reader.num_record_batches):
+                if cancel is not None and cancel.is_set():
+                    raise MergeCancelled(f"merge into {req.output} cancelled")
+                batch = reader.get_batch(b)
+                if batch.num_rows:
+                    w.write_table(pa.Table.from_batches([batch]).replace_schema_metadata(None), checked=True)
+        return int(meta.get(b"kompaktor.entries_read", b"0"))
+
+    def _wait_tasks_stopped(self, group: str, timeout: float = 30.0) -> None:
+        """After a cancel, wait until no task of the group still runs (a killed task's Python
+        worker could otherwise write a part after the cleanup)."""
+        tracker = self.sc.statusTracker()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            active = 0
+            for job_id in tracker.getJobIdsForGroup(group):
+                info = tracker.getJobInfo(job_id)
+                if info is None:
+                    continue
+                for sid in info.stageIds:
+                    st = tracker.getStageInfo(sid)
+                    if st is not None:
+                        active += st.numActiveTasks
+            if not active:
+                return
+            time.sleep(0.05)
+        log.warning("tasks of %s still running %.0fs after cancel", group, timeout)
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[-1][:500] if text else type(exc).__name__

@@ -1,0 +1,295 @@
+"""Sorted files: Parquet with one fixed schema, written atomically, read by row range.
+
+Schema (users can write it themselves for bulk import): ``row``, ``cf``, ``cq``, ``vis``
+(binary), ``ts`` (int64), ``deleted`` (bool), ``value`` (binary); rows in key order
+(:mod:`kompaktor.model.keys`). The footer's key/value metadata records ``kompaktor.entries``,
+``kompaktor.deletes``, ``kompaktor.first`` and ``kompaktor.last`` (hex keys, JSON).
+
+File names tell where a file came from, as Accumulo's prefixes do: ``F`` flush (ingest),
+``I`` bulk import, ``C`` partial compaction, ``A`` full compaction (all of a tablet's files).
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from collections.abc import Iterable, Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from kompaktor.files.storage import Storage
+from kompaktor.model.errors import BadFileError, UnsortedError
+from kompaktor.model.keys import ARROW_SORT_KEYS, Entry, sort_key
+from kompaktor.model.names import tmp_name
+from kompaktor.model.tablet import FileInfo
+
+SCHEMA = pa.schema(
+    [
+        pa.field("row", pa.binary(), nullable=False),
+        pa.field("cf", pa.binary(), nullable=False),
+        pa.field("cq", pa.binary(), nullable=False),
+        pa.field("vis", pa.binary(), nullable=False),
+        pa.field("ts", pa.int64(), nullable=False),
+        pa.field("deleted", pa.bool_(), nullable=False),
+        pa.field("value", pa.binary(), nullable=False),
+    ]
+)
+COLUMNS = SCHEMA.names
+ROW_GROUP_SIZE = 128 * 1024
+
+
+def entries_to_table(entries: Iterable[Entry]) -> pa.Table:
+    cols: list[list] = [[] for _ in COLUMNS]
+    for e in entries:
+        for i, v in enumerate(e):
+            cols[i].append(v)
+    return pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(cols, SCHEMA, strict=True)],
+                                schema=SCHEMA)
+
+
+def table_to_entries(table: pa.Table) -> Iterator[Entry]:
+    cols = [table.column(n).to_pylist() for n in COLUMNS]
+    for t in zip(*cols, strict=True):
+        yield Entry(*t)
+
+
+def conform(table: pa.Table, source: str = "input") -> pa.Table:
+    """Return ``table`` in the file schema, or raise :class:`BadFileError` naming what is wrong."""
+    names = table.schema.names
+    missing = [n for n in COLUMNS if n not in names]
+    extra = [n for n in names if n not in COLUMNS]
+    if missing or extra:
+        raise BadFileError(
+            f"{source}: wrong schema: missing columns {missing or 'none'}, unexpected {extra or 'none'}; "
+            f"expected {COLUMNS}"
+        )
+    table = table.select(COLUMNS)
+    for f in SCHEMA:
+        got = table.schema.field(f.name).type
+        ok = got == f.type or (f.type == pa.binary() and got in (pa.large_binary(), pa.string(),
+                                                                 pa.large_string()))
+        if not ok:
+            raise BadFileError(f"{source}: column {f.name!r} has type {got}, expected {f.type}")
+        if table.column(f.name).null_count:
+            raise BadFileError(f"{source}: column {f.name!r} has null values")
+    return table.cast(SCHEMA)
+
+
+def _key_at(table: pa.Table, i: int) -> tuple:
+    return sort_key(Entry(*(table.column(n)[i].as_py() for n in COLUMNS)))
+
+
+def show_key(k: tuple) -> str:
+    """A sort_key tuple as a person reads it (timestamp and delete flag as stored)."""
+    return f"(row={k[0]!r}, cf={k[1]!r}, cq={k[2]!r}, vis={k[3]!r}, ts={-k[4]}, deleted={not k[5]})"
+
+
+def check_sorted(table: pa.Table, source: str = "input", offset: int = 0) -> None:
+    """Raise :class:`UnsortedError` at the first row out of key order (``offset``: rows of the
+    file before this table, so the message gives the row number in the file)."""
+    n = table.num_rows
+    if n < 2:
+        return
+    idx = pc.sort_indices(table, sort_keys=ARROW_SORT_KEYS)
+    # sort_indices is stable: already-sorted input gives exactly 0..n-1.
+    expected = pa.array(range(n), type=pa.uint64())
+    if idx.equals(expected):
+        return
+    # The first position where the sorted order differs is not always the first descent
+    # (it can be where a later, smaller key belongs); find the first pair out of order.
+    start = max(pc.index(pc.not_equal(idx, expected), True).as_py() - 1, 0)
+    prev = _key_at(table, start)
+    for i in range(start + 1, n):
+        cur = _key_at(table, i)
+        if cur < prev:
+            raise UnsortedError(f"{source}: entries are not in key order at row {offset + i}: "
+                                f"{show_key(prev)} then {show_key(cur)}")
+        prev = cur
+    raise UnsortedError(f"{source}: entries are not in key order")  # not reached
+
+
+def _metadata(entries: int, deletes: int, first: tuple | None, last: tuple | None) -> dict[bytes, bytes]:
+    def enc(k: tuple | None) -> str | None:
+        if k is None:
+            return None
+        return json.dumps([k[0].hex(), k[1].hex(), k[2].hex(), k[3].hex(), -k[4], not k[5]])
+
+    return {
+        b"kompaktor.entries": str(entries).encode(),
+        b"kompaktor.deletes": str(deletes).encode(),
+        b"kompaktor.first": (enc(first) or "null").encode(),
+        b"kompaktor.last": (enc(last) or "null").encode(),
+    }
+
+
+def _decode_key(text: bytes | None) -> tuple | None:
+    if text is None or text == b"null":
+        return None
+    r, cf, cq, vis, ts, deleted = json.loads(text)
+    return sort_key(Entry(bytes.fromhex(r), bytes.fromhex(cf), bytes.fromhex(cq), bytes.fromhex(vis),
+                          ts, deleted, b""))
+
+
+class SortedFileWriter:
+    """Streams batches into a Parquet file under a temporary name; :meth:`commit` makes it
+    visible under its final name. Refuses out-of-order input (also across batches) and never
+    leaves a partial file under the final name."""
+
+    def __init__(self, storage: Storage, rel_path: str, *, tmp_tag: str | None = None,
+                 source: str | None = None) -> None:
+        self.storage = storage
+        self.rel_path = rel_path
+        self.source = source or rel_path  # what error messages name (e.g. the imported file)
+        self.tmp_rel = tmp_name(rel_path, tmp_tag)
+        storage.ensure_dir(posixpath.dirname(rel_path))
+        self._sink = storage.fs.open_output_stream(storage.path(self.tmp_rel))
+        self._writer = pq.ParquetWriter(self._sink, SCHEMA, compression="zstd")
+        self.entries = 0
+        self.deletes = 0
+        self.first: tuple | None = None
+        self.last: tuple | None = None
+        self._closed = False
+
+    def write_table(self, table: pa.Table, *, checked: bool = False) -> None:
+        table = conform(table, self.source)
+        if table.num_rows == 0:
+            return
+        if not checked:
+            check_sorted(table, self.source, self.entries)
+        first, last = _key_at(table, 0), _key_at(table, table.num_rows - 1)
+        if self.last is not None and first < self.last:
+            raise UnsortedError(f"{self.source}: entries are not in key order at row {self.entries}: "
+                                f"{show_key(self.last)} then {show_key(first)}")
+        self._writer.write_table(table, row_group_size=ROW_GROUP_SIZE)
+        self.entries += table.num_rows
+        self.deletes += int(pc.sum(table.column("deleted").cast(pa.int64())).as_py() or 0)
+        if self.first is None:
+            self.first = first
+        self.last = last
+
+    def write_entries(self, entries: Iterable[Entry]) -> None:
+        self.write_table(entries_to_table(entries))
+
+    def commit(self) -> FileInfo:
+        """Close the file and move it to its final name; return what the metadata records."""
+        self._writer.add_key_value_metadata(_metadata(self.entries, self.deletes, self.first, self.last))
+        self._writer.close()
+        self._sink.close()
+        self._closed = True
+        self.storage.move(self.tmp_rel, self.rel_path)
+        return FileInfo(self.rel_path, self.storage.size(self.rel_path), self.entries, self.deletes,
+                        self.first, self.last)
+
+    def position(self) -> int:
+        """Bytes written so far (progress reports)."""
+        try:
+            return int(self._sink.tell())
+        except Exception:
+            return 0
+
+    def abort(self) -> None:
+        if not self._closed:
+            try:
+                self._writer.close()
+                self._sink.close()
+            except Exception:
+                pass
+            self._closed = True
+        self.storage.delete(self.tmp_rel)
+
+    def __enter__(self) -> SortedFileWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.abort()
+
+
+def write_sorted(storage: Storage, rel_path: str, data: pa.Table | Iterable[Entry]) -> FileInfo:
+    """Write one sorted file atomically; raise :class:`UnsortedError` and leave nothing if unsorted."""
+    w = SortedFileWriter(storage, rel_path)
+    try:
+        if isinstance(data, pa.Table):
+            w.write_table(data)
+        else:
+            w.write_entries(data)
+        return w.commit()
+    except BaseException:
+        w.abort()
+        raise
+
+
+def read_info(storage: Storage, rel_path: str) -> FileInfo:
+    """Footer metadata of a file; computed from the data for foreign files without it.
+    Raises :class:`BadFileError` for unreadable or wrongly-shaped files."""
+    try:
+        with storage.fs.open_input_file(storage.path(rel_path)) as f:
+            pf = pq.ParquetFile(f)
+            meta = pf.metadata.metadata or {}  # the footer's key/value metadata
+            if b"kompaktor.entries" in meta:
+                conform(pf.schema_arrow.empty_table(), rel_path)
+                return FileInfo(rel_path, storage.size(rel_path), int(meta[b"kompaktor.entries"]),
+                                int(meta[b"kompaktor.deletes"]), _decode_key(meta.get(b"kompaktor.first")),
+                                _decode_key(meta.get(b"kompaktor.last")))
+            table = conform(pf.read(), rel_path)
+    except (BadFileError, FileNotFoundError):
+        raise
+    except (OSError, pa.ArrowException) as exc:
+        raise BadFileError(f"{rel_path}: not a readable Parquet file: {exc}") from exc
+    check_sorted(table, rel_path)
+    n = table.num_rows
+    deletes = int(pc.sum(table.column("deleted").cast(pa.int64())).as_py() or 0)
+    first = _key_at(table, 0) if n else None
+    last = _key_at(table, n - 1) if n else None
+    return FileInfo(rel_path, storage.size(rel_path), n, deletes, first, last)
+
+
+def range_filter(prev_end: bytes | None, end: bytes | None) -> pc.Expression | None:
+    """Arrow expression for rows in (prev_end, end]; None when unbounded."""
+    expr = None
+    if prev_end is not None:
+        expr = pc.field("row") > pa.scalar(prev_end, pa.binary())
+    if end is not None:
+        e = pc.field("row") <= pa.scalar(end, pa.binary())
+        expr = e if expr is None else (expr & e)
+    return expr
+
+
+def read_table(storage: Storage, rel_path: str, prev_end: bytes | None = None,
+               end: bytes | None = None) -> pa.Table:
+    """Read a file's entries within a tablet's row range, in the file schema."""
+    try:
+        with storage.fs.open_input_file(storage.path(rel_path)) as f:
+            table = pq.read_table(f, filters=range_filter(prev_end, end))
+    except FileNotFoundError:
+        raise
+    except (OSError, pa.ArrowException) as exc:
+        raise BadFileError(f"{rel_path}: not a readable Parquet file: {exc}") from exc
+    return conform(table, rel_path)
+
+
+def iter_entries(storage: Storage, rel_path: str, prev_end: bytes | None = None,
+                 end: bytes | None = None, batch_rows: int = 65536) -> Iterator[Entry]:
+    """Stream a file's entries within (prev_end, end], batch by batch (bounded memory)."""
+    expr = range_filter(prev_end, end)
+    try:
+        f = storage.fs.open_input_file(storage.path(rel_path))
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise BadFileError(f"{rel_path}: cannot open: {exc}") from exc
+    with f:
+        try:
+            pf = pq.ParquetFile(f)
+            conform(pf.schema_arrow.empty_table(), rel_path)
+            for batch in pf.iter_batches(batch_size=batch_rows, columns=COLUMNS):
+                t = pa.Table.from_batches([batch])
+                if expr is not None:
+                    t = t.filter(expr)
+                yield from table_to_entries(conform(t, rel_path))
+        except BadFileError:
+            raise
+        except (OSError, pa.ArrowException) as exc:
+            raise BadFileError(f"{rel_path}: not a readable Parquet file: {exc}") from exc

@@ -1,0 +1,204 @@
+"""The life of one external compaction in the metadata: reserve, heartbeat, commit, release.
+
+* **reserve** polls the group's queue and registers an ECID with the job's files in the
+  tablet's metadata by a conditional mutation (PLANNER.md §6.4), skipping stale jobs until one
+  reserves or the queue is empty. No job is ever reserved twice: a file can be in only one
+  running compaction, and the check and the registration are one atomic step.
+* **commit** replaces the inputs by the output only if the inputs are still the tablet's files,
+  the ECID is still registered and the table is ONLINE (DESIGN.md invariant 2).
+* **release** (failure, cancellation, drain, dead compaction) removes the ECID and the outputs.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from kompaktor.files.storage import Storage
+from kompaktor.metadata.store import MetadataStore, Mutation, TabletChange
+from kompaktor.model.errors import ConditionFailed
+from kompaktor.model.iterators import IteratorSettings
+from kompaktor.model.job import Job
+from kompaktor.model.keys import decode_row, encode_row
+from kompaktor.model.names import file_order_key, output_template, tmp_name
+from kompaktor.model.tablet import ONLINE, FileInfo, RunningCompaction, Tablet, now_ms
+from kompaktor.policy.tableprops import max_versions, selection_expiry_ms
+from kompaktor.queues.jobqueue import JobQueues
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Everything a compactor needs to run and commit one reserved job."""
+
+    ecid: str
+    job: Job
+    table: str  # table id
+    prev: bytes | None
+    end: bytes | None
+    inputs: tuple[str, ...]  # oldest first
+    output: str
+    full: bool
+    settings: IteratorSettings
+    compactor: str
+
+    @property
+    def tablet(self) -> str:
+        return self.job.tablet
+
+    def tmp_path(self) -> str:
+        return tmp_name(self.output, self.ecid)
+
+
+def new_ecid() -> str:
+    return f"ECID-{uuid.uuid4().hex[:16]}"
+
+
+def user_iterators(store: MetadataStore, cid: str) -> dict[str, Any] | None:
+    """A user compaction's iterator options, or None when it no longer exists / was cancelled."""
+    rec = store.user_compaction(cid)
+    if rec is None or rec[0].get("state") != "RUNNING":
+        return None
+    return json.loads(rec[0].get("iterators", "{}"))
+
+
+def _settings_for(its: dict[str, Any] | None, props: dict[str, str], full: bool, now: int) -> IteratorSettings:
+    its = its or {}
+    row_start = its.get("row_start")
+    row_end = its.get("row_end")
+    return IteratorSettings(
+        max_versions=max_versions(props), full=full, now_ms=now,
+        ageoff_ttl_ms=its.get("ageoff_ttl_ms"), row_regex=its.get("row_regex"),
+        row_start=None if row_start is None else bytes.fromhex(row_start),
+        row_end=None if row_end is None else bytes.fromhex(row_end))
+
+
+def _take_stale_selection(store: MetadataStore, job: Job, files: list[str], now: int, tc: TabletChange) -> None:
+    """A SYSTEM job planned over a stale selection's files (PLANNER.md §5): it may take them, and
+    clear the selection, only if the selection is still stale; else it is stale itself."""
+    table_id = job.tablet.split(";", 1)[0]
+    tablet, props = store.tablet_and_props(job.tablet, table_id)
+    if tablet is None:
+        raise ConditionFailed("tablet exists", job.tablet)
+    if props is None:
+        raise ConditionFailed("table exists", table_id)
+    sel = tablet.selection
+    if sel is None or not set(files) & set(sel.files):
+        tc.require("files_not_selected", files)
+    elif sel.stale(selection_expiry_ms(props), now):
+        tc.require("selection_is", sel.id).do("clear_selection")
+    else:
+        raise ConditionFailed("files not selected", f"{job.tablet} selection {sel.id}")
+
+
+def try_reserve(store: MetadataStore, job: Job, compactor: str, group: str) -> Reservation:
+    """Register a new ECID for ``job`` or raise :class:`ConditionFailed` (the job is stale).
+
+    One conditional mutation, without reading the tablet first: it checks the job against the
+    tablet, allocates the output name, decides whether the compaction is full (its files are all
+    the tablet's files) and returns that with the tablet's range and the table's properties."""
+    its: dict[str, Any] | None = None
+    if job.kind == "USER":
+        its = user_iterators(store, job.selection) if job.selection is not None else None
+        if its is None:
+            raise ConditionFailed("user compaction exists", f"{job.selection} was cancelled or finished")
+    table_id = job.tablet.split(";", 1)[0]
+    files = sorted(job.files, key=file_order_key)
+    ecid = new_ecid()
+    now = now_ms()
+    # the output is chosen by the mutation (output_naming)
+    rc = RunningCompaction(ecid, job.kind, tuple(files), group, job.priority, compactor, job.selection, now, "")
+    m = Mutation(table=table_id, table_reads=["props"]).require_table(ONLINE)
+    tc = m.tablet(job.tablet).require("no_op").require("files_present", files).require("files_free", files)
+    if job.kind == "SYSTEM":
+        tc.require("no_hold")
+        if job.overlaps:
+            _take_stale_selection(store, job, files, now, tc)
+        else:
+            tc.require("files_not_selected", files)
+    else:
+        tc.require("selection_is", job.selection).require("files_in_selection", files)
+    tc.do("add_running", ecid, rc.to_json(), output_template(table_id))
+    out = store.apply(m)
+    got = out["reserved"][job.tablet]
+    full = bool(got["full"])
+    try:
+        settings = _settings_for(its, json.loads(out["table"]["props"]), full, now)
+    except Exception:
+        remove_running(store, job.tablet, ecid)  # e.g. a bad table property: leave no ECID behind
+        raise
+    return Reservation(ecid, job, table_id, decode_row(got["prev"]), decode_row(got["end"]), tuple(files),
+                       got["output"], full, settings, compactor)
+
+
+def reserve(store: MetadataStore, queues: JobQueues, group: str, compactor: str) -> Reservation | None:
+    """Poll ``group``'s queue until a job reserves (returned) or the queue is empty (None)."""
+    while True:
+        job = queues.poll(group)
+        if job is None:
+            return None
+        try:
+            return try_reserve(store, job, compactor, group)
+        except ConditionFailed:
+            store.incr("stale_jobs_discarded")
+
+
+def heartbeat(store: MetadataStore, res: Reservation, progress: dict[str, Any]) -> None:
+    store.put_heartbeat(res.ecid, {"compactor": res.compactor, "updated": time.time(), **progress})
+
+
+def commit(store: MetadataStore, res: Reservation, info: FileInfo) -> None:
+    """Atomically replace the inputs with the output; raise ConditionFailed if anything changed
+    that the compaction depended on (the caller then deletes the output)."""
+    m = Mutation(table=res.table).require_table(ONLINE)
+    tc = m.tablet(res.tablet).require("ecid", res.ecid).require("files_present", list(res.inputs))
+    tc.require("range", encode_row(res.prev))
+    tc.do("remove_files", list(res.inputs))
+    output = None
+    if info.entries > 0:
+        output = res.output
+        tc.do("add_files", {res.output: info.meta.to_json()})
+    tc.do("remove_running", res.ecid).do("drop_heartbeat", res.ecid).do("count_commit", res.job.group)
+    if res.job.kind != "SYSTEM":  # the selection shrinks, or is complete (mutate.lua decides)
+        tc.require("selection_is", res.job.selection).do(
+            "selection_done", list(res.inputs), output, res.job.selection if res.job.kind == "USER" else None)
+    store.mutate(m)
+
+
+def release(store: MetadataStore, storage: Storage, res: Reservation) -> bool:
+    """Undo a reservation: remove the ECID (if still registered) and any output. Returns whether
+    the ECID was still registered."""
+    removed = remove_running(store, res.tablet, res.ecid)
+    delete_outputs(storage, res.output, res.ecid)
+    store.drop_heartbeat(res.ecid)
+    store.mark_dirty([res.tablet])
+    return removed
+
+
+def remove_running(store: MetadataStore, tablet_id: str, ecid: str) -> bool:
+    m = Mutation()
+    m.tablet(tablet_id).require("ecid", ecid).do("remove_running", ecid)
+    try:
+        store.mutate(m)
+        return True
+    except ConditionFailed:
+        store.forget_running(ecid)  # index entry of a tablet that is gone
+        return False
+
+
+def delete_outputs(storage: Storage, output: str, ecid: str) -> None:
+    storage.delete(tmp_name(output, ecid))
+    storage.delete(output)
+
+
+def running_compactions(store: MetadataStore) -> dict[str, tuple[str, RunningCompaction | None]]:
+    """ECID -> (tablet id, its record or None when the index is stale)."""
+    idx = store.running_index()
+    tablets = {t.id: t for t in store.get_tablets(sorted(set(idx.values())))}
+    out: dict[str, tuple[str, RunningCompaction | None]] = {}
+    for ecid, tid in idx.items():
+        t: Tablet | None = tablets.get(tid)
+        out[ecid] = (tid, t.running.get(ecid) if t else None)
+    return out

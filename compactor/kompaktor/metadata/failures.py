@@ -1,0 +1,58 @@
+"""Jobs that fail: retried with backoff, dead-lettered after N failures of the same job
+(same tablet and files). Changing a tablet's files changes the job, so a fixed tablet is
+planned afresh."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from kompaktor.metadata.store import MetadataStore
+from kompaktor.model.job import fingerprint
+
+MAX_ATTEMPTS = 3
+MAX_BACKOFF_S = 60.0
+
+
+def record_failure(store: MetadataStore, tablet: str, files: list[str] | tuple[str, ...], group: str,
+                   error: str, *, max_attempts: int = MAX_ATTEMPTS, base_backoff_s: float = 1.0) -> bool:
+    """Count one failure; returns True when the job was dead-lettered."""
+    fp = fingerprint(tablet, files)
+    rec: dict[str, Any] = store.failure(fp) or {"count": 0}
+    rec.update(count=rec["count"] + 1, tablet=tablet, group=group, files=sorted(files), last_error=error[:500],
+               retry_at=time.time() + min(MAX_BACKOFF_S, base_backoff_s * 2 ** rec["count"]), redirtied=False)
+    if rec["count"] >= max_attempts:
+        store.dead_letter(fp, rec)
+        return True
+    store.put_failure(fp, rec)
+    return False
+
+
+def skip_set(store: MetadataStore, now: float | None = None) -> set[str]:
+    """Fingerprints not to queue now: dead-lettered, or still backing off."""
+    now = time.time() if now is None else now
+    skip = set(store.dead_letters())
+    skip.update(fp for fp, rec in store.failures().items() if rec["retry_at"] > now)
+    return skip
+
+
+def redirty_due(store: MetadataStore, now: float | None = None) -> list[str]:
+    """Tablets whose backoff has passed: mark them for planning once."""
+    now = time.time() if now is None else now
+    due = []
+    for fp, rec in store.failures().items():
+        if rec["retry_at"] <= now and not rec.get("redirtied"):
+            rec["redirtied"] = True
+            store.put_failure(fp, rec)
+            due.append(rec["tablet"])
+    store.mark_dirty(due)
+    return due
+
+
+def pending_retries(store: MetadataStore) -> int:
+    """Failed jobs waiting out their backoff: not queued and not dirty, yet still to be run."""
+    return sum(1 for rec in store.failures().values() if not rec.get("redirtied"))
+
+
+def dead_letters(store: MetadataStore) -> list[dict[str, Any]]:
+    return [rec for _fp, rec in sorted(store.dead_letters().items())]

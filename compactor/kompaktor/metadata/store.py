@@ -1,0 +1,529 @@
+"""The metadata store on Redis: tables, tablets, their files, running compactions, selections.
+
+Every change to a tablet is a :class:`Mutation` — conditions plus operations — evaluated
+atomically inside Redis by one Lua script (``lua/mutate.lua``); a rejected mutation raises
+:class:`ConditionFailed` naming the condition. This is the only module that writes metadata.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import orjson
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from kompaktor import keyspace as C
+from kompaktor.model.errors import ConditionFailed, StoreUnavailable, TableExistsError, UnknownTableError
+from kompaktor.model.keys import encode_row, span_overlaps
+from kompaktor.model.tablet import (
+    DELETED,
+    OFFLINE,
+    ONLINE,
+    CompactorInfo,
+    FileMeta,
+    TableInfo,
+    Tablet,
+    decode_tablets,
+    end_token,
+    now_ms,
+    tablet_id,
+)
+from kompaktor.queues.jobqueue import UNREACHABLE, JobQueues, unreachable
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+DEADLOG_LENGTH = 10_000  # ECIDs of the last dead compactions kept
+_LEASE_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+_LEASE_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+_LUA = C.lua_prelude() + resources.files("kompaktor.metadata").joinpath("lua/mutate.lua").read_text()
+
+
+def connect(url: str, *, retries: int = 6, socket_timeout: float = 5.0) -> redis.Redis:
+    """A Redis client that retries connection errors with exponential backoff, a bounded number
+    of times (about 3 s in all by default), then fails. ``rediss://`` URLs use TLS; passwords
+    come in the URL (``redis://:pw@host:port/0``)."""
+    try:
+        return redis.Redis.from_url(
+            url,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=socket_timeout,
+            retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries),
+            retry_on_error=[redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError],
+            health_check_interval=30,
+        )
+    except ValueError as exc:
+        raise StoreUnavailable(f"invalid Redis URL {url!r}: {exc}") from exc
+
+
+@dataclass
+class TabletChange:
+    """Conditions and operations on one tablet; build with the fluent methods."""
+
+    tablet_id: str
+    conds: list[list[Any]] = field(default_factory=list)
+    ops: list[list[Any]] = field(default_factory=list)
+
+    def require(self, name: str, *args: Any) -> TabletChange:
+        self.conds.append([name, *args])
+        return self
+
+    def do(self, name: str, *args: Any) -> TabletChange:
+        self.ops.append([name, *args])
+        return self
+
+
+@dataclass
+class Mutation:
+    """One atomic conditional mutation over a table and any number of its tablets."""
+
+    table: str | None = None
+    table_conds: list[list[Any]] = field(default_factory=list)
+    table_ops: list[list[Any]] = field(default_factory=list)
+    tablets: list[TabletChange] = field(default_factory=list)
+    #: fields of the table's hash to return with the outcome (:meth:`MetadataStore.apply`)
+    table_reads: list[str] = field(default_factory=list)
+
+    def tablet(self, tablet_id: str) -> TabletChange:
+        tc = TabletChange(tablet_id)
+        self.tablets.append(tc)
+        return tc
+
+    def require_table(self, *states: str) -> Mutation:
+        self.table_conds.append(["exists"])
+        if states:
+            self.table_conds.append(["state_in", list(states)])
+        return self
+
+    def to_json(self, mutation_id: str | None = None) -> str:
+        return json.dumps({
+            "id": mutation_id, "now": now_ms(), "table": self.table, "table_conds": self.table_conds,
+            "table_ops": self.table_ops, "table_reads": self.table_reads,
+            "tablets": [{"id": t.tablet_id, "conds": t.conds, "ops": t.ops} for t in self.tablets],
+        })
+
+
+class MetadataStore:
+    """Typed access to Kompaktor's metadata in Redis."""
+
+    def __init__(self, client: redis.Redis, url: str = "") -> None:
+        self._r = client
+        self.url = url
+        self._mutate = client.register_script(_LUA)
+        self._lease_renew = client.register_script(_LEASE_RENEW)
+        self._lease_release = client.register_script(_LEASE_RELEASE)
+        self._queues: JobQueues | None = None
+
+    @property
+    def queues(self) -> JobQueues:
+        """The job queues, on this store's connection."""
+        if self._queues is None:
+            self._queues = JobQueues(self._r)
+        return self._queues
+
+    def close(self) -> None:
+        self._r.close()
+
+    @classmethod
+    def from_url(cls, url: str | None = None) -> MetadataStore:
+        import os
+
+        url = url or os.environ.get("KOMPAKTOR_REDIS_URL") or DEFAULT_REDIS_URL
+        return cls(connect(url), url)
+
+    # -- plumbing -------------------------------------------------------------------------
+    def call(self, fn, *args, **kwargs):
+        """Run a Redis call; connection failures (after the client's bounded retries) become
+        :class:`StoreUnavailable` with the URL in the message."""
+        try:
+            return fn(*args, **kwargs)
+        except UNREACHABLE as exc:
+            raise unreachable(self.url or "the given URL", exc) from exc
+
+    def ping(self) -> None:
+        self.call(self._r.ping)
+
+    def mutate(self, m: Mutation) -> list[int]:
+        """Apply a conditional mutation atomically; raise :class:`ConditionFailed` if any condition
+        fails (then nothing changed). Returns the new versions of the tablets."""
+        return list(self.apply(m).get("versions") or [])
+
+    def apply(self, m: Mutation) -> dict[str, Any]:
+        """:meth:`mutate`, returning the script's whole outcome: ``versions``, ``table`` (the
+        mutation's ``table_reads``) and ``reserved`` (what ``add_running`` with output naming chose,
+        per tablet id)."""
+        # One id per call: redis-py resends the same arguments when it retries after a broken
+        # connection, and the script then answers with the first attempt's outcome.
+        res = json.loads(self.call(self._mutate, args=[m.to_json(uuid.uuid4().hex)]))
+        if not res["ok"]:
+            detail = res.get("detail") or ""
+            if res.get("tablet"):
+                detail = f"{detail} on tablet {res['tablet']}".strip()
+            raise ConditionFailed(res["cond"], detail)
+        return res
+
+    def next_seq(self, name: str) -> int:
+        return int(self.call(self._r.hincrby, C.SEQ, name, 1))
+
+    # -- tables ---------------------------------------------------------------------------
+    def create_table(self, name: str, splits: Iterable[bytes] = (), props: dict[str, str] | None = None) -> str:
+        if not name or any(c in name for c in " \t\n;/"):
+            raise ValueError(f"invalid table name {name!r}: use letters, digits, '-', '_' or '.'")
+        rows = sorted(set(splits))
+        if any(not r for r in rows):
+            raise ValueError("split rows must not be empty")
+        if self.call(self._r.hexists, C.TABLES, name):
+            raise TableExistsError(f"table {name!r} already exists")
+        tid = format(self.next_seq("table"), "x")
+        m = Mutation(table=tid, table_conds=[["absent", name]],
+                     table_ops=[["create", name, json.dumps(props or {})]])
+        prev: bytes | None = None
+        for end in [*rows, None]:
+            doc = {"table": tid, "prev": encode_row(prev), "end": encode_row(end), "files": {},
+                   "running": {}}
+            m.tablet(tablet_id(tid, end)).require("absent").do("create", doc, end_token(end))
+            prev = end
+        try:
+            self.mutate(m)
+        except ConditionFailed as exc:
+            raise TableExistsError(f"table {name!r} already exists") from exc
+        return tid
+
+    def table_id(self, name: str) -> str:
+        tid = self.call(self._r.hget, C.TABLES, name)
+        if tid is None:
+            raise UnknownTableError(f"unknown table {name!r}")
+        return tid.decode()
+
+    def table_info(self, tid: str) -> TableInfo:
+        h = self.call(self._r.hgetall, C.table_key(tid))
+        if not h:
+            raise UnknownTableError(f"unknown table id {tid!r}")
+        return TableInfo(tid, h[b"name"].decode(), h[b"state"].decode(), json.loads(h[b"props"]))
+
+    def table(self, name: str) -> TableInfo:
+        return self.table_info(self.table_id(name))
+
+    def tables(self) -> list[TableInfo]:
+        out = []
+        for _name, tid in sorted(self.call(self._r.hgetall, C.TABLES).items()):
+            out.append(self.table_info(tid.decode()))
+        return out
+
+    def set_props(self, name: str, props: dict[str, str | None]) -> None:
+        tid = self.table_id(name)
+        m = Mutation(table=tid).require_table(ONLINE, OFFLINE)
+        m.table_ops = [["set_prop", k, v] for k, v in props.items()]
+        self.mutate(m)
+
+    def set_state(self, name: str, state: str) -> None:
+        if state not in (ONLINE, OFFLINE):
+            raise ValueError(f"state must be ONLINE or OFFLINE, got {state!r}")
+        tid = self.table_id(name)
+        self.mutate(Mutation(table=tid, table_ops=[["set_state", state]]).require_table(ONLINE, OFFLINE))
+
+    def delete_table(self, name: str) -> list[str]:
+        """Mark the table DELETED, forget its name and remove its tablets (their files become
+        garbage for the collector). Running compactions on it then fail to commit. Returns the
+        files that were referenced."""
+        tid = self.table_id(name)
+        tablets = self.tablets(tid)
+        m = Mutation(table=tid, table_ops=[["set_state", DELETED], ["unname", name]]).require_table(
+            ONLINE, OFFLINE)
+        files: set[str] = set()
+        for t in tablets:
+            files.update(t.files)
+            m.tablet(t.id).require("version", t.version).do("delete", end_token(t.end))
+        self.mutate(m)
+        return sorted(files)
+
+    # -- tablets --------------------------------------------------------------------------
+    def tablet_ids(self, tid: str) -> list[str]:
+        return [f"{tid};{e.decode()}" for e in self.call(self._r.zrange, C.tablets_key(tid), 0, -1)]
+
+    def tablet(self, tablet_id: str) -> Tablet | None:
+        raw = self.call(self._r.get, C.tablet_key(tablet_id))
+        return None if raw is None else Tablet.from_json(tablet_id, orjson.loads(raw))
+
+    def get_tablets(self, tablet_ids: list[str], chunk: int = 1000) -> list[Tablet]:
+        return decode_tablets(self.tablet_docs(tablet_ids, chunk))
+
+    def tablet_batches(self, tablet_ids: list[str], size: int = 1000) -> Iterator[list[Tablet]]:
+        """These tablets in batches of ``size`` (missing ones left out). The documents of batch k+1
+        are fetched before batch k is handed out: Redis work that the caller starts with batch k
+        (a queue add) then runs while batch k+1 is decoded instead of delaying its fetch."""
+        parts = [tablet_ids[i:i + size] for i in range(0, len(tablet_ids), size)]
+        docs = self.tablet_docs(parts[0]) if parts else []
+        for k in range(len(parts)):
+            tablets = decode_tablets(docs)
+            docs = self.tablet_docs(parts[k + 1]) if k + 1 < len(parts) else []
+            yield tablets
+
+    def tablet_docs(self, tablet_ids: list[str], chunk: int = 1000) -> list[tuple[str, bytes]]:
+        """The stored documents of these tablets, not decoded (:func:`decode_tablets`); tablets
+        that do not exist are left out."""
+        out: list[tuple[str, bytes]] = []
+        for i in range(0, len(tablet_ids), chunk):
+            part = tablet_ids[i:i + chunk]
+            raws = self.call(self._r.mget, [C.tablet_key(t) for t in part])
+            out.extend((t, raw) for t, raw in zip(part, raws, strict=True) if raw)
+        return out
+
+    def tablets(self, tid: str) -> list[Tablet]:
+        return self.get_tablets(self.tablet_ids(tid))
+
+    def tablets_in_range(self, tid: str, start: bytes | None, end: bytes | None) -> list[Tablet]:
+        """Tablets overlapping the inclusive row range [start, end] (None = unbounded)."""
+        return [t for t in self.tablets(tid) if span_overlaps(start, end, t.prev, t.end)]
+
+    def all_tablet_ids(self) -> list[str]:
+        ids: list[str] = []
+        for t in self.tables():
+            ids.extend(self.tablet_ids(t.id))
+        return ids
+
+    def iter_all_tablets(self) -> Iterator[Tablet]:
+        yield from self.get_tablets(self.all_tablet_ids())
+
+    def add_files(self, table_name: str, files: dict[str, FileMeta], *,
+                  allow_offline: bool = True) -> list[str]:
+        """Register files with every tablet their row span overlaps, in one mutation (Accumulo's
+        bulk import v2). Returns the tablet ids that received files."""
+        tid = self.table_id(table_name)
+        tablets = self.tablets(tid)
+        m = Mutation(table=tid).require_table(ONLINE, *([OFFLINE] if allow_offline else []))
+        touched = []
+        for t in tablets:
+            mine = {}
+            for path, fm in files.items():
+                if fm.entries > 0 and span_overlaps(fm.first_row, fm.last_row, t.prev, t.end):
+                    mine[path] = fm.to_json()
+            if mine:
+                m.tablet(t.id).require("exists").require("no_op").do("add_files", mine)
+                touched.append(t.id)
+        if touched:
+            self.mutate(m)
+        return touched
+
+    # -- dirty tablets (for the coordinator) ----------------------------------------------
+    def pop_dirty(self, count: int = 10000) -> list[str]:
+        raw = self.call(self._r.spop, C.DIRTY, count) or []
+        return sorted(r.decode() for r in raw)
+
+    def mark_dirty(self, tablet_ids: Iterable[str]) -> None:
+        ids = list(tablet_ids)
+        if ids:
+            self.call(self._r.sadd, C.DIRTY, *ids)
+
+    # -- counters -------------------------------------------------------------------------
+    def incr(self, name: str, by: int = 1) -> int:
+        return int(self.call(self._r.hincrby, C.COUNTERS, name, by))
+
+    def counters(self) -> dict[str, int]:
+        return {k.decode(): int(v) for k, v in self.call(self._r.hgetall, C.COUNTERS).items()}
+
+    # -- services, groups, compactors (written by the operator or `kompaktor up`) ------------
+    def put_service(self, cfg) -> None:
+        """Store a compaction service; every tablet is re-planned against the new settings."""
+        self.call(self._r.hset, C.SERVICES, cfg.name, cfg.to_json())
+        self.mark_dirty(self.all_tablet_ids())
+
+    def delete_service(self, name: str) -> None:
+        self.call(self._r.hdel, C.SERVICES, name)
+        self.mark_dirty(self.all_tablet_ids())
+
+    def services(self) -> dict:
+        from kompaktor.policy.services import DEFAULT, ServiceConfig
+
+        out = {DEFAULT.name: DEFAULT}
+        for name, raw in self.call(self._r.hgetall, C.SERVICES).items():
+            out[name.decode()] = ServiceConfig.from_json(raw)
+        return out
+
+    def put_group(self, cfg) -> None:
+        self.call(self._r.hset, C.GROUPS, cfg.name, cfg.to_json())
+
+    def delete_group(self, name: str) -> None:
+        self.call(self._r.hdel, C.GROUPS, name)
+
+    def groups(self) -> dict:
+        from kompaktor.policy.services import GroupConfig
+
+        return {n.decode(): GroupConfig.from_json(raw) for n, raw in self.call(self._r.hgetall, C.GROUPS).items()}
+
+    def register_compactor(self, group: str, compactor_id: str, state: str, ecid: str | None = None) -> None:
+        doc = json.dumps({"state": state, "ecid": ecid, "last_seen": time.time()})
+        self.call(self._r.hset, C.compactors_key(group), compactor_id, doc)
+
+    def unregister_compactor(self, group: str, compactor_id: str) -> None:
+        self.call(self._r.hdel, C.compactors_key(group), compactor_id)
+        self.call(self._r.delete, C.drain_key(compactor_id))
+
+    def compactors(self, group: str) -> list[CompactorInfo]:
+        out = []
+        for cid, raw in sorted(self.call(self._r.hgetall, C.compactors_key(group)).items()):
+            d = json.loads(raw)
+            out.append(CompactorInfo(cid.decode(), group, d["state"], d.get("ecid"), float(d["last_seen"])))
+        return out
+
+    def request_drain(self, compactor_id: str) -> None:
+        self.call(self._r.set, C.drain_key(compactor_id), "1", ex=3600)
+
+    def drain_requested(self, compactor_id: str) -> bool:
+        return bool(self.call(self._r.exists, C.drain_key(compactor_id)))
+
+    # -- heartbeats of running compactions -------------------------------------------------
+    def put_heartbeat(self, ecid: str, fields: dict[str, Any]) -> None:
+        self.call(self._r.hset, C.heartbeat_key(ecid), mapping={k: str(v) for k, v in fields.items()})
+
+    def heartbeat(self, ecid: str) -> dict[str, str]:
+        return {k.decode(): v.decode() for k, v in self.call(self._r.hgetall, C.heartbeat_key(ecid)).items()}
+
+    def drop_heartbeat(self, ecid: str) -> None:
+        self.call(self._r.delete, C.heartbeat_key(ecid))
+
+    # -- the index of running compactions (ECID -> tablet, maintained by mutate.lua) ----------
+    def running_index(self) -> dict[str, str]:
+        return {k.decode(): v.decode() for k, v in self.call(self._r.hgetall, C.RUNNING).items()}
+
+    def running_tablet(self, ecid: str) -> str | None:
+        raw = self.call(self._r.hget, C.RUNNING, ecid)
+        return None if raw is None else raw.decode()
+
+    def running_count(self) -> int:
+        return int(self.call(self._r.hlen, C.RUNNING))
+
+    def forget_running(self, ecid: str) -> None:
+        """Drop an index entry whose tablet no longer holds the compaction."""
+        self.call(self._r.hdel, C.RUNNING, ecid)
+
+    def log_dead(self, ecid: str, group: str) -> None:
+        """Count a dead compaction and remember its ECID (the last DEADLOG_LENGTH are kept)."""
+        p = self._r.pipeline(transaction=True)
+        p.hincrby(C.COUNTERS, "dead_compactions", 1)
+        p.hincrby(C.COUNTERS, f"dead_compactions:{group}", 1)
+        p.rpush(C.DEADLOG, ecid)
+        p.ltrim(C.DEADLOG, -DEADLOG_LENGTH, -1)
+        self.call(p.execute)
+
+    def dead_log(self) -> set[str]:
+        return {e.decode() for e in self.call(self._r.lrange, C.DEADLOG, 0, -1)}
+
+    def commits_on(self, tablet_id: str) -> int:
+        """Compactions committed on a tablet (counted by mutate.lua)."""
+        return int(self.call(self._r.hget, C.COMMITS_BY_TABLET, tablet_id) or 0)
+
+    # -- what a reservation reads besides the tablet --------------------------------------------
+    def tablet_and_props(self, tablet_id: str, table_id: str) -> tuple[Tablet | None, dict[str, str] | None]:
+        """A tablet and its table's properties, in one round trip."""
+        p = self._r.pipeline(transaction=False)
+        p.get(C.tablet_key(tablet_id))
+        p.hget(C.table_key(table_id), "props")
+        raw_tablet, raw_props = self.call(p.execute)
+        tablet = None if raw_tablet is None else Tablet.from_json(tablet_id, orjson.loads(raw_tablet))
+        return tablet, (None if raw_props is None else json.loads(raw_props))
+
+    # -- user compactions ------------------------------------------------------------------------
+    def put_user_compaction(self, cid: str, fields: dict[str, Any]) -> None:
+        self.call(self._r.hset, C.ucomp_key(cid), mapping=fields)
+
+    def user_compaction(self, cid: str) -> tuple[dict[str, str], int] | None:
+        """The record of a user compaction and its number of finished tablets, or None."""
+        p = self._r.pipeline(transaction=False)
+        p.hgetall(C.ucomp_key(cid))
+        p.scard(C.ucomp_done_key(cid))
+        h, done = self.call(p.execute)
+        if not h:
+            return None
+        return {k.decode(): v.decode() for k, v in h.items()}, int(done)
+
+    def user_compaction_field(self, cid: str, name: str) -> str | None:
+        raw = self.call(self._r.hget, C.ucomp_key(cid), name)
+        return None if raw is None else raw.decode()
+
+    def list_user_compactions(self) -> list[str]:
+        return sorted(c.decode() for c in self.call(self._r.smembers, C.UCOMPS))
+
+    def add_user_compaction(self, cid: str) -> None:
+        self.call(self._r.sadd, C.UCOMPS, cid)
+
+    def delete_user_compaction(self, cid: str) -> None:
+        self.call(self._r.delete, C.ucomp_key(cid))
+
+    def claim_request(self, request_id: str, cid: str, ttl_s: int = 30 * 86400) -> str:
+        """Bind an outside request id (a Compaction resource's uid) to a user compaction, once:
+        returns the id bound first (``cid`` if this call bound it)."""
+        key = C.request_key(request_id)
+        if self.call(self._r.set, key, cid, nx=True, ex=ttl_s):
+            return cid
+        raw = self.call(self._r.get, key)
+        return cid if raw is None else raw.decode()
+
+    def request_claimed(self, request_id: str) -> str | None:
+        raw = self.call(self._r.get, C.request_key(request_id))
+        return None if raw is None else raw.decode()
+
+    # -- failed jobs ----------------------------------------------------------------------------
+    def failure(self, fp: str) -> dict[str, Any] | None:
+        raw = self.call(self._r.hget, C.FAILURES, fp)
+        return None if raw is None else json.loads(raw)
+
+    def put_failure(self, fp: str, rec: dict[str, Any]) -> None:
+        self.call(self._r.hset, C.FAILURES, fp, json.dumps(rec))
+
+    def failures(self) -> dict[str, dict[str, Any]]:
+        return {k.decode(): json.loads(v) for k, v in self.call(self._r.hgetall, C.FAILURES).items()}
+
+    def dead_letter(self, fp: str, rec: dict[str, Any]) -> None:
+        """Move a job from the failures to the dead letters (counted), atomically."""
+        p = self._r.pipeline(transaction=True)
+        p.hset(C.DEADLETTER, fp, json.dumps(rec))
+        p.hdel(C.FAILURES, fp)
+        p.hincrby(C.COUNTERS, "dead_lettered", 1)
+        self.call(p.execute)
+
+    def dead_letters(self) -> dict[str, dict[str, Any]]:
+        return {k.decode(): json.loads(v) for k, v in self.call(self._r.hgetall, C.DEADLETTER).items()}
+
+    # -- dirty set, automatic split ---------------------------------------------------------------
+    def dirty_ids(self) -> list[str]:
+        return sorted(x.decode() for x in self.call(self._r.smembers, C.DIRTY))
+
+    def dirty_count(self) -> int:
+        return int(self.call(self._r.scard, C.DIRTY))
+
+    def claim_split_check(self, every_s: float) -> bool:
+        """True for at most one caller per ``every_s`` seconds: time for a split check of every tablet."""
+        return bool(self.call(self._r.set, C.SPLIT_CHECK, str(time.time()), nx=True, ex=max(1, int(every_s))))
+
+    # -- the coordinator's lease ------------------------------------------------------------------
+    def acquire_lease(self, holder: str, lease_ms: int) -> int | None:
+        """Take the coordinator lease if nobody holds it; returns the new fencing token, or None."""
+        if not self.call(self._r.set, C.LEASE, holder, nx=True, px=lease_ms):
+            return None
+        return int(self.call(self._r.incr, C.FENCE))
+
+    def renew_lease(self, holder: str, lease_ms: int) -> bool:
+        """Extend the lease if ``holder`` still holds it."""
+        return bool(int(self.call(self._lease_renew, keys=[C.LEASE], args=[holder, lease_ms])))
+
+    def release_lease(self, holder: str) -> None:
+        """Give the lease up if ``holder`` holds it (compare and delete in one step: never the next
+        leader's lease)."""
+        self.call(self._lease_release, keys=[C.LEASE], args=[holder])

@@ -1,0 +1,198 @@
+"""USER compactions over a table or row range (seed 001), in the metadata store.
+
+Start: a record plus a *hold* on every tablet of the range; the hold stops new SYSTEM
+compactions there. The coordinator selects each held tablet's files once none of its compactions
+run (the selection remembers the compaction's id) and clears the hold; USER jobs then run over
+the selected set until one file remains, and the commit marks the tablet done. Cancel removes the
+holds and selections (running USER jobs then fail to commit and their compactors stop them).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from kompaktor.metadata.store import MetadataStore, Mutation
+from kompaktor.model.errors import ConditionFailed, KompaktorError, UnknownTableError
+from kompaktor.model.iterators import IteratorSettings
+from kompaktor.model.tablet import DELETED, ONLINE, Tablet, now_ms
+
+RUNNING, SUCCEEDED, CANCELLED, FAILED = "RUNNING", "SUCCEEDED", "CANCELLED", "FAILED"
+
+
+@dataclass(frozen=True)
+class UserCompaction:
+    id: str
+    table: str  # table id
+    table_name: str
+    state: str
+    tablets: tuple[str, ...]
+    done: int
+    iterators: dict[str, Any]
+    created_ms: int
+    message: str
+
+    @property
+    def total(self) -> int:
+        return len(self.tablets)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "table": self.table_name, "state": self.state, "tablets_done": self.done,
+                "tablets_total": self.total, "message": self.message}
+
+
+def validate_iterators(its: dict[str, Any]) -> dict[str, Any]:
+    """Check USER-compaction iterator options; returns the normalised dict.
+    Keys: ageoff_ttl_ms (int), row_regex (str), row_start / row_end (hex strings)."""
+    allowed = {"ageoff_ttl_ms", "row_regex", "row_start", "row_end"}
+    unknown = set(its) - allowed
+    if unknown:
+        raise ValueError(f"unknown iterator options {sorted(unknown)}; allowed: {sorted(allowed)}")
+    IteratorSettings.from_json(its)  # raises ValueError with a clear message
+    return {k: v for k, v in its.items() if v is not None}
+
+
+def start(store: MetadataStore, table: str, start_row: bytes | None = None, end_row: bytes | None = None,
+          iterators: dict[str, Any] | None = None, *, request_id: str | None = None) -> str:
+    """Start a user compaction; returns its id. With ``request_id`` (e.g. a Compaction resource's
+    uid) the start happens once per request: a replay returns the id of the first."""
+    if request_id is not None:
+        known = store.request_claimed(request_id)
+        if known is not None:
+            return known
+    cid = _start(store, table, start_row, end_row, iterators)
+    if request_id is not None:
+        winner = store.claim_request(request_id, cid)
+        if winner != cid:  # another run won the race: keep its compaction, cancel ours
+            cancel(store, cid, "duplicate start")
+            return winner
+    return cid
+
+
+def _start(store: MetadataStore, table: str, start_row: bytes | None, end_row: bytes | None,
+           iterators: dict[str, Any] | None) -> str:
+    its = validate_iterators(iterators or {})
+    info = store.table(table)
+    if info.state != ONLINE:
+        raise KompaktorError(f"table {table!r} is {info.state}; user compactions need it ONLINE")
+    tablets = store.tablets_in_range(info.id, start_row, end_row)
+    cid = f"UC-{store.next_seq('ucomp'):06d}"
+    m = Mutation(table=info.id).require_table(ONLINE)
+    for t in tablets:
+        m.tablet(t.id).require("no_op").require("no_hold").do("set_hold", cid)
+    store.put_user_compaction(cid, {
+        "table": info.id, "table_name": table, "state": RUNNING, "iterators": json.dumps(its),
+        "tablets": json.dumps([t.id for t in tablets]), "created": now_ms(), "message": ""})
+    try:
+        store.mutate(m)
+    except ConditionFailed as exc:
+        store.delete_user_compaction(cid)
+        raise KompaktorError(f"cannot start a user compaction on {table!r}: {exc}") from exc
+    store.add_user_compaction(cid)
+    return cid
+
+
+def get(store: MetadataStore, cid: str) -> UserCompaction:
+    rec = store.user_compaction(cid)
+    if rec is None:
+        raise KompaktorError(f"unknown user compaction {cid!r}")
+    h, done = rec
+    return UserCompaction(cid, h["table"], h["table_name"], h["state"], tuple(json.loads(h["tablets"])), done,
+                          json.loads(h["iterators"]), int(h["created"]), h.get("message", ""))
+
+
+def all_compactions(store: MetadataStore) -> list[UserCompaction]:
+    return [get(store, c) for c in store.list_user_compactions()]
+
+
+def set_state(store: MetadataStore, cid: str, state: str, message: str = "") -> None:
+    store.put_user_compaction(cid, {"state": state, "message": message, "ended": now_ms()})
+
+
+def cancel(store: MetadataStore, cid: str, message: str = "cancelled") -> None:
+    """Cancel: no new USER jobs; holds and selections removed; running jobs stop."""
+    uc = get(store, cid)
+    if uc.state != RUNNING:
+        return
+    set_state(store, cid, CANCELLED, message)
+    for tid in uc.tablets:
+        t = store.tablet(tid)
+        if t is None:
+            continue
+        m = Mutation()
+        tc = m.tablet(tid)
+        if t.hold == cid:
+            tc.require("hold_is", cid).do("clear_hold")
+        elif t.selection is not None and t.selection.id == cid:
+            tc.require("selection_is", cid).do("clear_selection")
+        else:
+            continue
+        try:
+            store.mutate(m)
+        except ConditionFailed:
+            pass  # changed under us; the coordinator's pass cleans up what is left
+    # Queued USER jobs go too (reservation would discard them anyway). Other queued jobs of these
+    # tablets go with them; the tablets are marked dirty so the next pass re-plans those.
+    store.queues.remove_tablets(uc.tablets)
+    store.mark_dirty(uc.tablets)
+
+
+def wait(store: MetadataStore, cid: str, timeout: float, poll: float = 0.2) -> UserCompaction:
+    deadline = time.monotonic() + timeout
+    while True:
+        uc = get(store, cid)
+        if uc.state != RUNNING or time.monotonic() > deadline:
+            return uc
+        time.sleep(poll)
+
+
+def select_files(store: MetadataStore, t: Tablet, files: list[str], kind: str, sel_id: str,
+                 hold: str | None = None) -> bool:
+    """Record a USER or SELECTOR selection of ``files`` on an idle tablet (clearing the user
+    compaction's hold when ``hold`` is given). False when the tablet changed meanwhile."""
+    m = Mutation(table=t.table).require_table(ONLINE)
+    tc = m.tablet(t.id).require("no_running").require("no_selection").require("no_op")
+    if hold is not None:
+        tc.require("hold_is", hold).do("clear_hold")
+    else:
+        tc.require("no_hold").require("version", t.version)
+    tc.do("set_selection", {"id": sel_id, "kind": kind, "files": sorted(files), "done": 0, "created": now_ms()})
+    try:
+        store.mutate(m)
+        return True
+    except ConditionFailed:
+        return False
+
+
+def advance(store: MetadataStore) -> None:
+    """One coordinator step of every running user compaction: cancel those whose table is no
+    longer ONLINE; select the files of each held tablet once none of its compactions run (a
+    tablet without files is done at once); mark the compaction SUCCEEDED when every tablet is."""
+    for uc in all_compactions(store):
+        if uc.state != RUNNING:
+            continue
+        try:
+            state = store.table_info(uc.table).state
+        except UnknownTableError:
+            state = DELETED
+        if state != ONLINE:
+            cancel(store, uc.id, f"table is {state}")
+            continue
+        for t in store.get_tablets(list(uc.tablets)):
+            if t.hold != uc.id or t.running:
+                continue
+            if not t.files:
+                m = Mutation()
+                m.tablet(t.id).require("hold_is", uc.id).do("clear_hold").do("ucomp_done", uc.id)
+                try:
+                    store.mutate(m)
+                except ConditionFailed:
+                    pass
+                continue
+            if t.selection is None:
+                select_files(store, t, list(t.files), "USER", uc.id, hold=uc.id)
+        uc = get(store, uc.id)
+        if uc.done >= uc.total:
+            set_state(store, uc.id, SUCCEEDED, f"{uc.done}/{uc.total} tablets compacted")

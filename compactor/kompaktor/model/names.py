@@ -1,0 +1,58 @@
+"""How data files are named: the one definition of file names and temporary names. Pure.
+
+A table's files live under ``tables/<table id>/`` as ``<prefix><sequence>.parquet``; the prefix
+tells where a file came from, as Accumulo's do: ``F`` flush (ingest), ``I`` bulk import, ``C``
+partial compaction, ``A`` full compaction. The sequence is global and grows, so sorting by the
+name after the prefix orders a tablet's files oldest first.
+
+A file being written has a temporary name in the same directory, ``_tmp_<tag>_<name>``, where the
+tag is the ECID of the compaction writing it (or a random id): dead-compaction cleanup and the
+garbage collector find a dead compaction's leftovers by that tag.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import uuid
+
+PREFIXES = {"flush": "F", "import": "I", "partial": "C", "full": "A"}
+TMP_PREFIX = "_tmp_"
+TABLES_DIR = "tables"
+
+
+def data_file(table_id: str, origin: str, seq: int) -> str:
+    """The relative path of a new file of ``table_id``; origin is flush, import, partial or full."""
+    return f"{TABLES_DIR}/{table_id}/{PREFIXES[origin]}{seq:010x}.parquet"
+
+
+def output_template(table_id: str) -> dict[str, str]:
+    """How the reserve mutation names a compaction's output (mutate.lua fills in the prefix and a
+    new file sequence number, printf style): the same shape as :func:`data_file`."""
+    return {"template": f"{TABLES_DIR}/{table_id}/%s%010x.parquet", "full": PREFIXES["full"],
+            "partial": PREFIXES["partial"]}
+
+
+def file_order_key(path: str) -> str:
+    """Sort key putting a tablet's files oldest first (the sequence after the prefix letter)."""
+    return posixpath.basename(path)[1:]
+
+
+def tmp_name(path: str, tag: str | None = None) -> str:
+    """The temporary name under which ``path`` is written by the writer tagged ``tag``."""
+    d, name = posixpath.split(path)
+    return posixpath.join(d, f"{TMP_PREFIX}{tag or uuid.uuid4().hex}_{name}")
+
+
+def tmp_tag(path: str) -> str | None:
+    """The tag (ECID) of a temporary file's writer, or None for a file that is not temporary."""
+    name = posixpath.basename(path)
+    if not name.startswith(TMP_PREFIX):
+        return None
+    return name[len(TMP_PREFIX):].split("_", 1)[0]
+
+
+def part_names(output: str, tag: str, index: int) -> tuple[str, str]:
+    """(finished, in-progress) names of part ``index`` of a merge split into parts; temporary
+    names of ``output``'s writer, so cleanup of the tag removes them too."""
+    base = tmp_name(f"{output}.part-{index:05d}.arrow", tag)
+    return base, base + ".w"

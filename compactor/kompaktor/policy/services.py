@@ -1,0 +1,117 @@
+"""Compaction services, compactor groups and the dispatcher. Pure data + pure choice.
+
+A compaction service = planner settings + ordered size tiers, each naming the compactor group
+that runs jobs of that size. Tables choose a service per compaction kind with table properties,
+as Accumulo's SimpleCompactionDispatcher does: ``table.compaction.dispatcher.opts.service``
+(all kinds) and ``table.compaction.dispatcher.opts.service.<kind>`` (``system``, ``user``,
+``selector``); otherwise the first service (by name) whose table patterns match the table name
+for that kind; otherwise the service named ``default``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+
+from kompaktor.policy.planner import Group, PlannerSettings
+
+DISPATCH_PROP = "table.compaction.dispatcher.opts.service"
+DEFAULT_SERVICE = "default"
+KINDS = ("SYSTEM", "USER", "SELECTOR")
+
+
+@dataclass(frozen=True)
+class Tier:
+    name: str
+    max_size: int | None  # bytes; None = unbounded
+    group: str  # compactor group running this tier's jobs
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    name: str
+    tiers: tuple[Tier, ...] = (Tier("default", None, "default"),)
+    ratio: float = 3.0
+    max_open: int = 10
+    max_files_per_tablet: int = 15
+    lowest_ratio: float = 1.1
+    tables: tuple[str, ...] = ("*",)  # glob patterns of table names this service serves
+    kinds: tuple[str, ...] = KINDS
+
+    def __post_init__(self) -> None:
+        # Validation lives in PlannerSettings; building one here makes a bad service fail early.
+        self.planner_settings()
+        bad = [k for k in self.kinds if k not in KINDS]
+        if bad:
+            raise ValueError(f"service {self.name!r}: unknown compaction kinds {bad}; use {list(KINDS)}")
+
+    def planner_settings(self) -> PlannerSettings:
+        return PlannerSettings(ratio=self.ratio, max_open=self.max_open,
+                               max_files_per_tablet=self.max_files_per_tablet, lowest_ratio=self.lowest_ratio,
+                               groups=tuple(Group(t.name, t.max_size) for t in self.tiers))
+
+    def group_of_tier(self, tier_name: str) -> str:
+        for t in self.tiers:
+            if t.name == tier_name:
+                return t.group
+        raise KeyError(tier_name)
+
+    def serves(self, table: str, kind: str) -> bool:
+        return kind in self.kinds and any(fnmatch.fnmatchcase(table, p) for p in self.tables)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> ServiceConfig:
+        d = json.loads(text)
+        d["tiers"] = tuple(Tier(**t) for t in d["tiers"])
+        d["tables"] = tuple(d.get("tables", ("*",)))
+        d["kinds"] = tuple(d.get("kinds", KINDS))
+        return cls(**d)
+
+
+DEFAULT = ServiceConfig(DEFAULT_SERVICE)
+
+
+@dataclass(frozen=True)
+class GroupConfig:
+    """A compactor resource group: how many compactors, and how they run merges."""
+
+    name: str
+    min_replicas: int = 1
+    max_replicas: int = 4
+    jobs_per_replica: int = 2
+    spark_master: str = "local[*]"
+    spark_conf: Mapping[str, str] = field(default_factory=dict)
+    driver_memory: str | None = None
+    drain_grace_seconds: int = 60
+    engine: str = "spark"  # "spark", or "arrow" for groups that only hold small jobs
+
+    def __post_init__(self) -> None:
+        if self.min_replicas < 0 or self.max_replicas < max(1, self.min_replicas):
+            raise ValueError(f"group {self.name!r}: need 0 <= minReplicas <= maxReplicas and maxReplicas >= 1")
+        if self.jobs_per_replica < 1:
+            raise ValueError(f"group {self.name!r}: jobsPerReplica must be >= 1")
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["spark_conf"] = dict(self.spark_conf)
+        return json.dumps(d, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> GroupConfig:
+        return cls(**json.loads(text))
+
+
+def dispatch(table: str, props: Mapping[str, str], kind: str, services: Iterable[ServiceConfig]) -> str:
+    """Name of the service that runs ``kind`` compactions of ``table``."""
+    explicit = props.get(f"{DISPATCH_PROP}.{kind.lower()}") or props.get(DISPATCH_PROP)
+    if explicit:
+        return explicit
+    for svc in sorted(services, key=lambda s: s.name):
+        if svc.name != DEFAULT_SERVICE and svc.serves(table, kind):
+            return svc.name
+    return DEFAULT_SERVICE

@@ -1,0 +1,89 @@
+"""Table properties Kompaktor understands, with validation. Unknown keys are allowed (like
+Accumulo's ``table.custom.*``) only under ``table.custom.``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from kompaktor.model.errors import KompaktorError
+from kompaktor.policy.sizes import parse_accumulo_size
+
+VERSIONS = "table.iterator.versions"
+RATIO = "table.compaction.major.ratio"
+FILE_MAX = "table.file.max"
+SPLIT_THRESHOLD = "table.split.threshold"
+SELECTOR = "table.compaction.selector"  # "too-many-deletes" or absent
+SELECTOR_THRESHOLD = "table.compaction.selector.threshold"
+SELECTION_EXPIRY = "table.compaction.selection.expiration.ms"
+DISPATCH_PREFIX = "table.compaction.dispatcher.opts.service"
+
+
+def _int(k: str, v: str, lo: int | None = None) -> None:
+    try:
+        n = int(v)
+    except ValueError:
+        raise ValueError(f"{k}={v!r}: not an integer") from None
+    if lo is not None and n < lo:
+        raise ValueError(f"{k}={v!r}: must be >= {lo}")
+
+
+def _float(k: str, v: str, lo: float, hi: float | None = None) -> None:
+    try:
+        x = float(v)
+    except ValueError:
+        raise ValueError(f"{k}={v!r}: not a number") from None
+    if x != x or x < lo or (hi is not None and x > hi):
+        raise ValueError(f"{k}={v!r}: must be in [{lo}, {hi if hi is not None else '∞'}]")
+
+
+def validate_props(props: Mapping[str, str | None]) -> None:
+    """Raise ValueError naming the first bad property; ``None`` values mean removal."""
+    for k, v in props.items():
+        if v is None:
+            continue
+        if k == VERSIONS:
+            _int(k, v, 1)
+        elif k == RATIO:
+            _float(k, v, 1.0)
+        elif k == FILE_MAX:
+            _int(k, v)
+        elif k == SPLIT_THRESHOLD:
+            if parse_accumulo_size(v) <= 0:
+                raise ValueError(f"{k}={v!r}: must be > 0")
+        elif k == SELECTOR:
+            if v not in ("too-many-deletes", ""):
+                raise ValueError(f"{k}={v!r}: the only selector is 'too-many-deletes'")
+        elif k == SELECTOR_THRESHOLD:
+            x = float(v)
+            if not 0 < x <= 1:
+                raise ValueError(f"{k}={v!r}: must be in (0, 1]")
+        elif k == SELECTION_EXPIRY:
+            _int(k, v, 0)
+        elif k == DISPATCH_PREFIX or k.startswith(DISPATCH_PREFIX + "."):
+            kind = k[len(DISPATCH_PREFIX) + 1:]
+            if kind and kind not in ("system", "user", "selector"):
+                raise ValueError(f"{k}: unknown compaction kind {kind!r} (system, user, selector)")
+            if not v:
+                raise ValueError(f"{k}: service name must not be empty")
+        elif not k.startswith("table.custom."):
+            raise ValueError(f"unknown table property {k!r} (custom properties go under table.custom.)")
+
+
+DEFAULT_SELECTION_EXPIRY_MS = 120_000
+
+
+def selection_expiry_ms(props: Mapping[str, str]) -> int:
+    """How long a selection with no completed job blocks SYSTEM compactions (PLANNER.md §5)."""
+    return int(props.get(SELECTION_EXPIRY, DEFAULT_SELECTION_EXPIRY_MS))
+
+
+def max_versions(props: Mapping[str, str]) -> int:
+    """The table's ``table.iterator.versions`` (default 1), checked."""
+    raw = props.get(VERSIONS, "1")
+    try:
+        n = int(raw)
+    except ValueError:
+        raise KompaktorError(f"table property {VERSIONS}={raw!r} is not an integer") from None
+    if n < 1:
+        raise KompaktorError(f"table property {VERSIONS} must be >= 1, got {n}")
+    return n

@@ -1,0 +1,276 @@
+"""Per-group bounded priority queues of compaction jobs, in Redis (PLANNER.md §6).
+
+One sorted set per group whose members sort lexicographically by (inverted priority, inverted
+file count, sequence), i.e. priority descending, then files descending, then FIFO. Each
+operation is one Lua script, so replace, insert and evict are atomic. Queues are a cache of
+what the metadata implies: the coordinator can always rebuild them.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, ParamSpec, TypeVar
+
+import orjson
+import redis
+from redis.commands.core import Script
+from redis.connection import Connection
+from redis.exceptions import NoScriptError
+
+from kompaktor import keyspace as C
+from kompaktor.model.errors import StoreUnavailable
+from kompaktor.model.job import PRIORITY_MAX, Job
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+DEFAULT_MAX = 10_000
+
+
+#: what redis-py raises when the server cannot be reached (after the client's bounded retries)
+UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
+
+
+def unreachable(where: str, exc: BaseException) -> StoreUnavailable:
+    """The one error for "Redis cannot be reached", used by the queues and the metadata store."""
+    return StoreUnavailable(f"Redis at {where} is unreachable: {exc}")
+
+
+def mapped(fn: Callable[P, R]) -> Callable[P, R]:
+    """A queue operation whose connection failures raise :class:`StoreUnavailable`."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except UNREACHABLE as exc:
+            raise unreachable("the queues' address", exc) from exc
+
+    return wrapper
+
+
+def _lua(name: str) -> str:
+    """A queue script as loaded: the key names, the shared functions (``lua/lib.lua``), the script."""
+    lua = resources.files("kompaktor.queues").joinpath("lua")
+    return (C.lua_prelude(PRIORITY_MAX=PRIORITY_MAX) + lua.joinpath("lib.lua").read_text()
+            + lua.joinpath(f"{name}.lua").read_text())
+
+
+def _add_args(args: list[Any], tablet: str, jobs: Sequence[Job]) -> None:
+    """Append one tablet's jobs to the arguments of ``queue_add.lua``: per group, the group, the
+    tablet, the number of jobs, then each job's priority, file count and JSON."""
+    by_group: dict[str, list[Job]] = defaultdict(list)
+    for j in jobs:
+        by_group[j.group].append(j)
+    for group, gjobs in by_group.items():
+        args += (group, tablet, len(gjobs))
+        for j in gjobs:
+            args += (j.priority, len(j.files), orjson.dumps(j.to_json()))
+
+
+class QueueAdder:
+    """Adds batches of tablets' jobs (:meth:`JobQueues.add_many`), one script call per batch, sent
+    without waiting for its reply: the caller prepares the next batch while Redis runs this one
+    (at most one batch in flight). :attr:`admitted` counts the jobs admitted by the batches applied."""
+
+    def __init__(self, client: redis.Redis, script: Script, gen: int, max_size: int) -> None:
+        self._script = script
+        self._pool = client.connection_pool
+        self._head = [gen, max_size, int(time.time() * 1000)]
+        self._pending: tuple[Connection, list[Any]] | None = None
+        self.admitted = 0
+
+    def send(self, plans: Iterable[tuple[str, Sequence[Job]]]) -> None:
+        args = self._head.copy()
+        for tablet, jobs in plans:
+            _add_args(args, tablet, jobs)
+        if len(args) == len(self._head):
+            return
+        conn = self._pool.get_connection()
+        try:
+            packed = conn.pack_command("EVALSHA", self._script.sha, 0, *args)
+            self.wait()  # for the batch before, on another connection
+        except BaseException:
+            self._pool.release(conn)
+            raise
+        try:
+            conn.send_packed_command(packed)
+        except (redis.ConnectionError, redis.TimeoutError):
+            conn.disconnect()
+            self._pool.release(conn)
+            self.admitted += int(self._script(args=args))  # with the client's retries
+            return
+        except BaseException:
+            conn.disconnect()
+            self._pool.release(conn)
+            raise
+        self._pending = (conn, args)
+
+    def wait(self) -> None:
+        """Wait until the batch in flight, if any, has been applied."""
+        if self._pending is None:
+            return
+        (conn, args), self._pending = self._pending, None
+        try:
+            res = conn.read_response()
+        except NoScriptError:  # Redis restarted or flushed its scripts: the call below loads it
+            res = None
+        except (redis.ConnectionError, redis.TimeoutError):
+            conn.disconnect()
+            res = None  # the call below retries, as redis-py retries any command
+        except redis.ResponseError:
+            raise
+        except BaseException:
+            conn.disconnect()  # interrupted mid-reply: the connection is out of step
+            raise
+        finally:
+            self._pool.release(conn)
+        if res is None:
+            res = self._script(args=args)
+        self.admitted += int(res)
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    queued: int
+    running: int
+    rejected: int
+    dequeued: int
+    dead_lettered: int
+    oldest_age_s: float
+    lowest_priority: int
+
+    @property
+    def depth(self) -> int:
+        """The autoscaling signal: queued plus running jobs."""
+        return self.queued + self.running
+
+
+class JobQueues:
+    """All group queues in one Redis."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._r = client
+        self._add = client.register_script(_lua("queue_add"))
+        self._poll = client.register_script(_lua("queue_poll"))
+        self._sweep = client.register_script(_lua("queue_sweep"))
+        self._resize = client.register_script(_lua("queue_resize"))
+
+    # -- bound --------------------------------------------------------------------------------
+    @mapped
+    def max_size(self) -> int:
+        raw = self._r.get(C.QUEUE_MAX)
+        return DEFAULT_MAX if raw is None else int(raw)
+
+    @mapped
+    def resize(self, new_max: int) -> int:
+        """Set the bound for every queue; evict (counted as rejected) until each fits."""
+        if new_max <= 0:
+            raise ValueError(f"queue bound must be > 0, got {new_max}")
+        return int(self._resize(args=[new_max]))
+
+    # -- generations ----------------------------------------------------------------------------
+    @mapped
+    def has_generation(self) -> bool:
+        """False when the queue keys are gone (never built, or lost): they must be rebuilt."""
+        return bool(self._r.exists(C.QUEUE_GENERATION))
+
+    @mapped
+    def generation(self) -> int:
+        return int(self._r.get(C.QUEUE_GENERATION) or 0)
+
+    @mapped
+    def begin_full_scan(self) -> int:
+        return int(self._r.incr(C.QUEUE_GENERATION))
+
+    @mapped
+    def end_full_scan(self, gen: int) -> int:
+        """Remove, in every queue, entries of tablets the pass did not re-plan."""
+        return sum(int(self._sweep(args=[g, gen, ""])) for g in self.groups())
+
+    # -- add / poll -----------------------------------------------------------------------------
+    @mapped
+    def add(self, tablet: str, jobs: Sequence[Job], gen: int | None = None) -> int:
+        """Replace the tablet's entries in each group that gets jobs (§6.2). Returns admitted."""
+        return self.add_many([(tablet, jobs)], gen) if jobs else 0
+
+    @mapped
+    def add_many(self, plans: Sequence[tuple[str, Sequence[Job]]], gen: int | None = None,
+                 chunk: int = 1000) -> int:
+        """:meth:`add` for many tablets in order: one script call per ``chunk`` tablets."""
+        with self.adding(gen) as adder:
+            for i in range(0, len(plans), chunk):
+                adder.send(plans[i:i + chunk])
+        return adder.admitted
+
+    @contextmanager
+    def adding(self, gen: int | None = None) -> Iterator[QueueAdder]:
+        """A :class:`QueueAdder`; on exit every batch sent has been applied."""
+        adder = QueueAdder(self._r, self._add, self.generation() if gen is None else gen, self.max_size())
+        try:
+            try:
+                yield adder
+            finally:
+                adder.wait()
+        except UNREACHABLE as exc:
+            raise unreachable("the queues' address", exc) from exc
+
+    @mapped
+    def poll(self, group: str) -> Job | None:
+        raw = self._poll(args=[group])
+        return None if raw is None else Job.from_json(json.loads(raw))
+
+    @mapped
+    def remove_tablets(self, tablets: Iterable[str]) -> int:
+        """Drop every queued job of these tablets, in every group (split, merge, delete)."""
+        ids = json.dumps(sorted(set(tablets)))
+        return sum(int(self._sweep(args=[g, 0, ids])) for g in self.groups())
+
+    @mapped
+    def clear_all(self) -> None:
+        """Forget every queue (they are a cache; used by tests and rebuilds)."""
+        keys = [k for k in self._r.scan_iter(match=C.PREFIX + "queue:*")]
+        if keys:
+            self._r.delete(*keys)
+
+    # -- inspection ------------------------------------------------------------------------------
+    @mapped
+    def groups(self) -> list[str]:
+        return sorted(g.decode() for g in self._r.smembers(C.QUEUE_GROUPS))
+
+    @mapped
+    def jobs(self, group: str, limit: int = 100) -> list[Job]:
+        members = self._r.zrange(C.queue_key(group), 0, limit - 1)
+        if not members:
+            return []
+        raws = self._r.hmget(C.queue_jobs_key(group), members)
+        return [Job.from_json(json.loads(r)) for r in raws if r]
+
+    @mapped
+    def queued_tablets(self, group: str) -> set[str]:
+        return {t.decode() for t in self._r.hkeys(C.queue_index_key(group))}
+
+    @mapped
+    def stats(self, group: str) -> QueueStats:
+        p = self._r.pipeline(transaction=False)
+        p.zcard(C.queue_key(group))
+        p.scard(C.running_group_key(group))
+        p.hgetall(C.queue_stats_key(group))
+        p.zrange(C.queue_ages_key(group), 0, 0, withscores=True)
+        p.zrange(C.queue_key(group), -1, -1)
+        p.hvals(C.DEADLETTER)
+        queued, running, st, oldest, last, dead = p.execute()
+        age = 0.0
+        if oldest:
+            age = max(0.0, time.time() - oldest[0][1] / 1000.0)
+        lowest = PRIORITY_MAX - int(last[0][:5]) if last else 0
+        dl = sum(1 for d in dead if json.loads(d).get("group") == group)
+        return QueueStats(int(queued), int(running), int(st.get(b"rejected", 0)), int(st.get(b"dequeued", 0)),
+                          dl, age, lowest)

@@ -1,0 +1,46 @@
+-- Shared by every queue script (loaded after the key names K from keyspace.py).
+-- The keys of one group's queue: the ordered entries, their jobs, the per-tablet index
+-- ({gen, ids, added}), the statistics and the tablets' queued ages.
+local function queue_keys(group)
+  return {qk = K.queue(group), jk = K.queue_jobs(group), ik = K.queue_index(group), sk = K.queue_stats(group),
+          ak = K.queue_ages(group)}
+end
+
+-- Remove one member from its tablet's index entry; the entry goes when it has no member left.
+local function drop_from_index(g, tab, member)
+  local raw = redis.call('HGET', g.ik, tab)
+  if not raw then return end
+  local idx = cjson.decode(raw)
+  local keep = {}
+  for _, m in ipairs(idx.ids) do if m ~= member then table.insert(keep, m) end end
+  if #keep == 0 then
+    redis.call('HDEL', g.ik, tab)
+    redis.call('ZREM', g.ak, tab)
+  else
+    idx.ids = keep
+    redis.call('HSET', g.ik, tab, cjson.encode(idx))
+  end
+end
+
+-- Remove every entry of a tablet (and its index entry); returns how many entries went.
+local function drop_tablet(g, tab)
+  local raw = redis.call('HGET', g.ik, tab)
+  if not raw then return 0 end
+  local idx = cjson.decode(raw)
+  for _, m in ipairs(idx.ids) do
+    redis.call('ZREM', g.qk, m)
+    redis.call('HDEL', g.jk, m)
+  end
+  redis.call('HDEL', g.ik, tab)
+  redis.call('ZREM', g.ak, tab)
+  return #idx.ids
+end
+
+-- Remove one entry (a member of the sorted set) and return its job's JSON.
+local function take_entry(g, member)
+  local raw = redis.call('HGET', g.jk, member)
+  redis.call('ZREM', g.qk, member)
+  redis.call('HDEL', g.jk, member)
+  if raw then drop_from_index(g, cjson.decode(raw).tablet, member) end
+  return raw
+end

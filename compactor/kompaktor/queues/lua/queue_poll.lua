@@ -1,0 +1,7 @@
+-- Remove and return the first job of a group's queue (PLANNER.md §6.4 poll), or nil.
+-- ARGV: group
+local g = queue_keys(ARGV[1])
+local first = redis.call('ZRANGE', g.qk, 0, 0)[1]
+if not first then return nil end
+redis.call('HINCRBY', g.sk, 'dequeued', 1)
+return take_entry(g, first)

@@ -1,0 +1,316 @@
+"""The compactor: one compaction at a time, forever — reserve, merge, commit, repeat.
+
+While a merge runs, the main thread heartbeats progress, checks that the job is still wanted
+(table ONLINE, tablet and ECID still there, USER compaction not cancelled) and watches for a
+drain request (SIGTERM, ``POST /drain`` from the preStop hook, or a drain flag in Redis). A draining compactor takes
+no new job; it finishes the current one if it can complete within the grace period, otherwise it
+cancels the merge and releases the job at once, and exits 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import ThreadingHTTPServer
+from typing import Any
+
+from kompaktor.files.storage import Storage
+from kompaktor.metadata import compactions, failures
+from kompaktor.metadata.compactions import Reservation
+from kompaktor.metadata.store import MetadataStore
+from kompaktor.model.errors import ConditionFailed, KompaktorError, StoreUnavailable
+from kompaktor.model.tablet import ONLINE
+from kompaktor.worker.metrics import CompactorMetrics
+
+log = logging.getLogger("kompaktor.compactor")
+
+IDLE, BUSY, DRAINING = "idle", "busy", "draining"
+
+
+
+@dataclass
+class WorkerSettings:
+    group: str
+    compactor_id: str
+    engine: str = "spark"  # or "arrow"
+    spark_master: str = "local[*]"
+    spark_conf: dict[str, str] = field(default_factory=dict)
+    driver_memory: str | None = None
+    drain_grace_s: float = 60.0
+    heartbeat_s: float = 2.0
+    idle_min_s: float = 0.1
+    idle_max_s: float = 2.0
+    default_throughput_bps: float = 20e6  # until measured: bytes of input merged per second
+    max_jobs: int | None = None  # stop after this many jobs (tests, benchmarks)
+    commit_retry_s: float = 120.0  # keep retrying a finished merge's commit while the store is unreachable
+
+
+@dataclass
+class JobOutcome:
+    status: str  # committed, failed, cancelled
+    reason: str = ""
+    ecid: str = ""
+
+
+class Compactor:
+    def __init__(self, store: MetadataStore, storage: Storage, settings: WorkerSettings, engine: Any = None) -> None:
+        self.store = store
+        self.storage = storage
+        self.s = settings
+        self.queues = store.queues
+        self.metrics = CompactorMetrics.create()
+        m = self.metrics
+        for series in (m.running, m.completed, m.failed, m.cancelled, m.entries_read, m.entries_written,
+                       m.bytes_read, m.bytes_written, m.duration):
+            series.labels(settings.group)  # every series exists (at 0) from the start, for rate() and alerts
+        self._engine = engine
+        self.drain = threading.Event()
+        self.drain_deadline: float | None = None
+        self.state = IDLE
+        self.ready = False
+        self.throughput = settings.default_throughput_bps
+        self.jobs_done = 0
+        self.current: Reservation | None = None
+        self._http: ThreadingHTTPServer | None = None
+
+    # -- engine ------------------------------------------------------------------------------------
+    @property
+    def engine(self) -> Any:
+        if self._engine is None:
+            from kompaktor.engines import make_engine
+
+            self._engine = make_engine(self.s.engine, spark_master=self.s.spark_master,
+                                       spark_conf=self.s.spark_conf, driver_memory=self.s.driver_memory)
+        return self._engine
+
+    # -- drain -------------------------------------------------------------------------------------
+    def request_drain(self, why: str = "requested") -> None:
+        if not self.drain.is_set():
+            log.info("compactor %s draining (%s)", self.s.compactor_id, why)
+            self.drain_deadline = time.monotonic() + self.s.drain_grace_s
+            self.drain.set()
+
+    def install_signal_handlers(self) -> None:
+        def on_term(signum: int, _frame: Any) -> None:
+            self.request_drain(signal.Signals(signum).name)
+
+        signal.signal(signal.SIGTERM, on_term)
+        signal.signal(signal.SIGINT, on_term)
+
+    def _publish(self, state: str) -> None:
+        self.state = state
+        ecid = self.current.ecid if self.current else None
+        try:
+            self.store.register_compactor(self.s.group, self.s.compactor_id, state, ecid)
+        except StoreUnavailable as exc:
+            log.warning("cannot publish state: %s", exc)
+
+    # -- main loop -----------------------------------------------------------------------------------
+    def run(self) -> int:
+        """Work until drained (or max_jobs reached). Returns the process exit code."""
+        self._publish(IDLE)
+        _ = self.engine  # start the engine (Spark session) once, before declaring ready
+        self.ready = True
+        idle = self.s.idle_min_s
+        try:
+            while not self.drain.is_set():
+                try:
+                    if self.store.drain_requested(self.s.compactor_id):
+                        self.request_drain("drain flag in Redis")
+                        break
+                    outcome = self.run_one()
+                except StoreUnavailable as exc:
+                    log.warning("metadata store unavailable: %s", exc)
+                    outcome = None
+                if outcome is None:
+                    self._publish(IDLE)
+                    wait = min(self.s.idle_max_s, idle) * random.uniform(0.9, 1.1)
+                    self.drain.wait(wait)
+                    idle = min(self.s.idle_max_s, idle * 2)
+                    continue
+                idle = self.s.idle_min_s
+                if self.s.max_jobs is not None and self.jobs_done >= self.s.max_jobs:
+                    break
+        finally:
+            self.ready = False
+            try:
+                self.store.unregister_compactor(self.s.group, self.s.compactor_id)
+            except StoreUnavailable:
+                pass
+        return 0
+
+    def run_one(self) -> JobOutcome | None:
+        """Reserve and run one job; None when the queue was empty."""
+        res = compactions.reserve(self.store, self.queues, self.s.group, self.s.compactor_id)
+        if res is None:
+            return None
+        self.current = res
+        self._publish(BUSY)
+        try:
+            outcome = self._execute(res)
+        finally:
+            self.current = None
+        self.jobs_done += 1
+        log.info("%s %s on %s: %s %s", res.ecid, res.job.kind, res.tablet, outcome.status, outcome.reason)
+        return outcome
+
+    # -- one job -------------------------------------------------------------------------------------
+    def _still_wanted(self, res: Reservation) -> str | None:
+        """Why the job is no longer wanted, or None."""
+        t = self.store.tablet(res.tablet)
+        if t is None:
+            return "tablet no longer exists (split, merged or table deleted)"
+        if res.ecid not in t.running:
+            return "compaction no longer registered"
+        try:
+            state = self.store.table_info(res.table).state
+        except KompaktorError:
+            return "table deleted"
+        if state != ONLINE:
+            return f"table is {state}"
+        if res.job.kind == "USER" and compactions.user_iterators(self.store, res.job.selection or "") is None:
+            return "user compaction cancelled"
+        return None
+
+    def _execute(self, res: Reservation) -> JobOutcome:
+        from kompaktor.engines.api import MergeCancelled, MergeRequest
+
+        g = self.s.group
+        input_bytes = sum(res.job.files.values())
+        progress: dict[str, Any] = {"entries_read": 0, "entries_written": 0, "bytes_read": 0, "bytes_written": 0}
+        box: dict[str, Any] = {}
+        cancel = threading.Event()
+        cancel_reason: list[str] = []
+
+        def on_progress(p: dict[str, Any]) -> None:
+            progress.update(p)
+
+        def work() -> None:
+            try:
+                box["result"] = self.engine.merge(
+                    self.storage,
+                    MergeRequest(res.inputs, res.output, res.prev, res.end, res.settings, res.ecid),
+                    progress=on_progress, cancel=cancel)
+            except BaseException as exc:
+                box["error"] = exc
+
+        started = time.monotonic()
+        self.metrics.running.labels(g).set(1)
+        th = threading.Thread(target=work, name=f"merge-{res.ecid}", daemon=True)
+        th.start()
+        next_check = 0.0
+        while th.is_alive():
+            th.join(timeout=min(0.25, self.s.heartbeat_s))
+            if not th.is_alive():
+                break
+            now = time.monotonic()
+            if now >= next_check:
+                next_check = now + self.s.heartbeat_s
+                try:
+                    compactions.heartbeat(self.store, res, progress)
+                    self._publish(DRAINING if self.drain.is_set() else BUSY)
+                    why = self._still_wanted(res)
+                    if not self.drain.is_set() and self.store.drain_requested(self.s.compactor_id):
+                        self.request_drain("drain flag in Redis")
+                except StoreUnavailable as exc:  # keep merging; the commit is conditional anyway
+                    log.warning("heartbeat failed: %s", exc)
+                    why = None
+                if why and not cancel.is_set():
+                    cancel_reason.append(why)
+                    cancel.set()
+            if self.drain.is_set() and not cancel.is_set() and self.drain_deadline is not None:
+                remaining = max(0.0, input_bytes - float(progress.get("bytes_read", 0))) / self.throughput
+                if now + remaining > self.drain_deadline or now >= self.drain_deadline:
+                    cancel_reason.append("draining: cannot finish within the grace period")
+                    cancel.set()
+        self.metrics.running.labels(g).set(0)
+        elapsed = time.monotonic() - started
+
+        err = box.get("error")
+        if cancel.is_set() and (err is not None or "result" not in box or cancel_reason):
+            compactions.release(self.store, self.storage, res)
+            self.metrics.cancelled.labels(g).inc()
+            return JobOutcome("cancelled", cancel_reason[0] if cancel_reason else "cancelled", res.ecid)
+        if err is not None:
+            reason = str(err) if not isinstance(err, MergeCancelled) else "cancelled"
+            compactions.release(self.store, self.storage, res)
+            failures.record_failure(self.store, res.tablet, res.inputs, g, reason)
+            self.metrics.failed.labels(g).inc()
+            log.error("%s failed: %s", res.ecid, reason)
+            return JobOutcome("failed", reason, res.ecid)
+        result = box["result"]
+        try:
+            self._commit(res, result.info)
+        except ConditionFailed as exc:
+            compactions.release(self.store, self.storage, res)
+            self.metrics.failed.labels(g).inc()
+            return JobOutcome("failed", f"commit {exc}", res.ecid)
+        except StoreUnavailable as exc:
+            # Whether the commit landed is unknown, so the output stays; if it did not land,
+            # dead-compaction detection removes the ECID and the output once the store is back.
+            self.metrics.failed.labels(g).inc()
+            log.error("%s: cannot commit, metadata store unreachable for %.0fs: %s", res.ecid,
+                      self.s.commit_retry_s, exc)
+            return JobOutcome("failed", f"commit: metadata store unreachable: {exc}", res.ecid)
+        m = self.metrics
+        m.completed.labels(g).inc()
+        m.entries_read.labels(g).inc(result.entries_read)
+        m.entries_written.labels(g).inc(result.entries_written)
+        m.bytes_read.labels(g).inc(result.bytes_read)
+        m.bytes_written.labels(g).inc(result.bytes_written)
+        m.duration.labels(g).observe(elapsed)
+        self.store.incr("bytes_written", result.bytes_written)
+        if elapsed > 0 and input_bytes > 0:
+            self.throughput = 0.7 * self.throughput + 0.3 * (input_bytes / elapsed)
+        return JobOutcome("committed", "", res.ecid)
+
+    def _commit(self, res: Reservation, info: Any) -> None:
+        """Commit the merged output. While the store is unreachable, retry (the merge's work is
+        worth keeping) until ``commit_retry_s`` or the drain deadline has passed. A retry that is
+        rejected because an earlier attempt landed (its reply was lost) is a success: failing it
+        would delete an output the tablet now references."""
+        deadline = time.monotonic() + self.s.commit_retry_s
+        attempted = False
+        while True:
+            try:
+                compactions.commit(self.store, res, info)
+                return
+            except ConditionFailed:
+                if attempted and self._landed(res, info):
+                    log.info("%s: an earlier commit attempt landed", res.ecid)
+                    self.store.drop_heartbeat(res.ecid)
+                    return
+                raise
+            except StoreUnavailable as exc:
+                attempted = True
+                now = time.monotonic()
+                if now >= deadline or (self.drain_deadline is not None and now >= self.drain_deadline):
+                    raise
+                log.warning("%s: commit failed, metadata store unreachable; retrying: %s", res.ecid, exc)
+                time.sleep(0.5)
+
+    def _landed(self, res: Reservation, info: Any) -> bool:
+        t = self.store.tablet(res.tablet)
+        if t is None or res.ecid in t.running:
+            return False
+        if info.entries > 0:
+            return res.output in t.files
+        return not set(res.inputs) & set(t.files)
+
+    # -- HTTP: probes, drain, metrics ------------------------------------------------------------------
+    def serve_http(self, port: int, host: str = "0.0.0.0") -> int:
+        """Serve the compactor's endpoints (:mod:`kompaktor.worker.http`); returns the port."""
+        from kompaktor.worker.http import serve
+
+        self._http = serve(self, port, host)
+        return self._http.server_address[1]
+
+    def close(self) -> None:
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+

@@ -1,0 +1,40 @@
+"""The compactor's Prometheus metrics. Each compactor builds its own registry, so several can
+live in one test process."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+@dataclass
+class CompactorMetrics:
+    registry: CollectorRegistry
+    running: Gauge
+    completed: Counter
+    failed: Counter
+    cancelled: Counter
+    entries_read: Counter
+    entries_written: Counter
+    bytes_read: Counter
+    bytes_written: Counter
+    duration: Histogram
+
+    @classmethod
+    def create(cls) -> CompactorMetrics:
+        r = CollectorRegistry()
+        g = ["group"]
+        return cls(
+            r,
+            Gauge("kompaktor_compactor_running", "Compactions running in this compactor", g, registry=r),
+            Counter("kompaktor_compactions_completed", "Compactions committed", g, registry=r),
+            Counter("kompaktor_compactions_failed", "Compactions failed", g, registry=r),
+            Counter("kompaktor_compactions_cancelled", "Compactions cancelled or released", g, registry=r),
+            Counter("kompaktor_entries_read", "Entries read by merges", g, registry=r),
+            Counter("kompaktor_entries_written", "Entries written by merges", g, registry=r),
+            Counter("kompaktor_bytes_read", "Bytes read by merges", g, registry=r),
+            Counter("kompaktor_bytes_written", "Bytes written by merges", g, registry=r),
+            Histogram("kompaktor_compaction_duration_seconds", "Duration of committed compactions", g,
+                      registry=r, buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)),
+        )
