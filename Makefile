@@ -24,7 +24,8 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## virtualenv in .venv with the package and dev extras; redis-server and Java 17 via apt-get when missing
 
-test: $(STAMP) ## run the whole test suite (unit, Redis, Spark, operator under kopf + kmock, chart)
+test: $(STAMP) ## the layer contract, then the whole test suite (unit, Redis, Spark, operator, chart)
+	PYTHONPATH=compactor:operator $(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
 
 test-operator: $(STAMP) ## only the operator: kopf handlers against the kmock Kubernetes emulator
@@ -33,8 +34,9 @@ test-operator: $(STAMP) ## only the operator: kopf handlers against the kmock Ku
 demo: $(STAMP) ## run the main job locally: embedded Redis, coordinator, autoscaled compactors, continuous ingest, verification
 	$(VENV)/bin/kompaktor demo
 
-lint: $(STAMP) ## ruff
+lint: $(STAMP) ## ruff and the import-layer contract (pyproject.toml [tool.importlinter])
 	$(VENV)/bin/ruff check .
+	PYTHONPATH=compactor:operator $(VENV)/bin/lint-imports
 	$(VENV)/bin/ruff format --check . || true
 
 crds: $(STAMP) ## regenerate crds/ from the pydantic models

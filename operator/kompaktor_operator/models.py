@@ -30,7 +30,9 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-API_GROUP = "kompaktor.io"
+from kompaktor.policy.planner import DEFAULTS as PLANNER_DEFAULTS
+from kompaktor_operator.naming import API_GROUP
+
 API_VERSION = "v1alpha1"
 GROUP_VERSION = f"{API_GROUP}/{API_VERSION}"
 
@@ -164,12 +166,16 @@ def _default_tiers() -> list[Tier]:
 class CompactionServiceSpec(CRDModel):
     """Planner settings, size tiers and the tables a compaction service serves."""
 
-    ratio: float = Field(3.0, ge=1.0, description="compaction ratio (Accumulo table.compaction.major.ratio)")
-    max_open: int = Field(10, ge=2, description="most files one compaction may merge (planner maxOpen)")
+    ratio: float = Field(PLANNER_DEFAULTS.ratio, ge=1.0,
+                         description="compaction ratio (Accumulo table.compaction.major.ratio)")
+    max_open: int = Field(PLANNER_DEFAULTS.max_open, ge=2,
+                          description="most files one compaction may merge (planner maxOpen)")
     max_files_per_tablet: int = Field(
-        15, ge=0, description="file count above which a tablet is over size (table.file.max); 0 means 99"
+        PLANNER_DEFAULTS.max_files_per_tablet, ge=0,
+        description="file count above which a tablet is over size (table.file.max); 0 means 99"
     )
-    lowest_ratio: float = Field(1.1, ge=1.0, description="floor of the lower-ratio search")
+    lowest_ratio: float = Field(PLANNER_DEFAULTS.lowest_ratio, ge=1.0,
+                                description="floor of the lower-ratio search")
     tiers: list[Tier] = Field(
         default_factory=_default_tiers,
         min_length=1,

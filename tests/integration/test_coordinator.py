@@ -1,4 +1,4 @@
-"""The coordinator against a real redis-server (issue 4 §4, §5): PLANNER.md §5 at the tablet
+"""The coordinator against a real redis-server (issue 4 §4, §5): docs/planner.md §5 at the tablet
 level (candidates, dispatch), seed 000 scenarios 1-4, seed 001's 15-step USER + SYSTEM example,
 user-compaction cancel, restart and leadership, lost queue keys, dead compactions, dead letters,
 garbage collection, tables going offline or being deleted.
@@ -144,7 +144,7 @@ def poll_until(cond: Callable[[], bool], timeout: float = 10.0, step: float = 0.
         time.sleep(step)
 
 
-# -- PLANNER.md §5 at the tablet level ------------------------------------------------------------
+# -- docs/planner.md §5 at the tablet level ------------------------------------------------------------
 def test_system_candidates_exclude_running_files(store: MetadataStore, coord: Coordinator) -> None:
     store.create_table("t")
     tab = only_tablet(store)
@@ -158,7 +158,7 @@ def test_system_candidates_exclude_running_files(store: MetadataStore, coord: Co
     coord.plan_dirty()
     (j,) = queued(coord)
     assert sorted(j.files) == ["B0", "B1", "B2", "B3"]  # running files are never candidates
-    # a queued job over running files is refused at reservation (PLANNER.md §6.4 rule 3)
+    # a queued job over running files is refused at reservation (docs/planner.md §6.4 rule 3)
     coord.queues.add(tab, [Job(tab, "SYSTEM", 0, "default", {"A0": 10, "B0": 10})])
     assert reserve(coord) is None
     assert set(store.tablet(tab).running) == {res.ecid}
@@ -296,7 +296,7 @@ def test_seed000_scenario2_replanned_into_another_group(store: MetadataStore, co
     coord.plan_dirty()
     (j,) = queued(coord, "EE2")
     assert sorted(j.files) == [f"F{i}" for i in range(1, 10)]
-    # replacement is per group (PLANNER.md §6.2): the IE1 entry waits for the sweep...
+    # replacement is per group (docs/planner.md §6.2): the IE1 entry waits for the sweep...
     assert [sorted(j.files) for j in queued(coord, "IE1")] == [["F1", "F2", "F3"]]
     # ... but it can never run together with the EE2 job: whichever reserves first wins
     res = reserve(coord, "EE2")

@@ -1,4 +1,4 @@
-"""Per-group bounded priority job queues in Redis (PLANNER.md §6, issue 4 §3): order, bound
+"""Per-group bounded priority job queues in Redis (docs/planner.md §6, issue 4 §3): order, bound
 (reject / evict), resize, per-tablet-per-group replacement, empty adds, the generation sweep,
 removal of tablets, counters, and concurrent reservation from threads and processes."""
 

@@ -1,4 +1,4 @@
-"""Adding jobs in batches (PLANNER.md §6.2, issue 4 §6): one queue_add.lua call per batch of
+"""Adding jobs in batches (docs/planner.md §6.2, issue 4 §6): one queue_add.lua call per batch of
 tablets, sent while the caller prepares the next batch, gives exactly the state of one add per
 tablet; a flushed script or a connection lost with a batch in flight does not lose the batch."""
 

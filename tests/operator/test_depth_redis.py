@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from kompaktor.metadata import compactions
+from kompaktor.metadata import user_compactions as usercompaction
+from kompaktor.model.job import Job
+from kompaktor.model.tablet import FileMeta
 from kompaktor_operator import depth
 from kompaktor_operator import models as m
 
@@ -24,8 +28,18 @@ def test_configs_heartbeats_drain_and_figures(redis_url: str) -> None:
     assert beats["pod-a"].state == "idle" and beats["pod-b"].working
     backend.request_drain("pod-a")
     assert backend.store.drain_requested("pod-a")
+    assert backend.queue_figures("small") == depth.QueueFigures(queued=0, running=0, rejected=0,
+                                                                dead_lettered=0, oldest_age_s=0.0)
+    # two queued jobs, one of them reserved: the figures the HPA's metric adds up
+    backend.store.create_table("t", splits=[b"m"])
+    tablets = backend.store.tablets(backend.store.table_id("t"))
+    files = {f"tables/x/F{i}.parquet": FileMeta(10, 1, 0, row, row) for i, row in enumerate((b"a", b"b", b"x"))}
+    backend.store.add_files("t", files)
+    for t in tablets:
+        backend.store.queues.add(t.id, [Job(t.id, "SYSTEM", 100, "small", {f: 10 for f in t.files})])
+    assert compactions.reserve(backend.store, backend.store.queues, "small", "pod-b") is not None
     figures = backend.queue_figures("small")
-    assert figures.queued == 0 and figures.running >= 0
+    assert (figures.queued, figures.running, figures.rejected, figures.dead_lettered) == (1, 1, 0, 0)
     backend.delete_group("small")
     backend.delete_service("cs1")
     assert "small" not in backend.store.groups()
@@ -37,12 +51,23 @@ def test_user_compaction_starts_once_per_request(redis_url: str) -> None:
     first = backend.start_compaction("uid-1", "ci", None, None, {"ageoff_ttl_ms": 1000})
     again = backend.start_compaction("uid-1", "ci", None, None, {"ageoff_ttl_ms": 1000})
     assert first == again
-    progress = backend.compaction_progress(first)
-    assert progress.phase in ("Running", "Succeeded") and progress.tablets_total == 2
+    progress = backend.compaction_progress(first)  # no coordinator runs: it cannot have finished
+    assert (progress.phase, progress.tablets_done, progress.tablets_total) == ("Running", 0, 2)
+    assert len(usercompaction.all_compactions(backend.store)) == 1  # the replay started nothing
     backend.cancel_compaction(first)
-    assert backend.compaction_progress(first).phase in ("Cancelled", "Succeeded")
+    assert backend.compaction_progress(first).phase == "Cancelled"
     with pytest.raises(depth.CompactionRejected):
         backend.start_compaction("uid-2", "no-such-table", None, None, {})
+
+
+def test_redis_going_away_is_backend_unavailable(redis_url: str) -> None:
+    from kompaktor.local.redis_server import free_port
+
+    backend = depth.RedisBackend(f"redis://127.0.0.1:{free_port()}/0")  # nothing listens there
+    for call in (lambda: backend.compactors("g"), lambda: backend.queue_figures("g"),
+                 lambda: backend.start_compaction("uid", "t", None, None, {})):
+        with pytest.raises(depth.BackendUnavailable, match="unreachable"):
+            call()
 
 
 def test_unreachable_redis_is_a_retry(redis_url: str) -> None:

@@ -1,6 +1,6 @@
 """Merge semantics (kompaktor.model.iterators): versions, delete markers, partial compactions, filters.
 Hand-written examples plus a hypothesis comparison with a brute-force model written here from
-the rules in DESIGN.md / the module docstring (not from the implementation)."""
+the rules in docs/architecture.md / the module docstring (not from the implementation)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`kompaktor plan` (PLANNER.md §8): output contract, defaults and every kind of invalid input."""
+"""`kompaktor plan` (docs/planner.md §8): output contract, defaults and every kind of invalid input."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Table-driven tests of the planner (PLANNER.md §2–§5, §7) and the too-many-deletes selector.
+"""Table-driven tests of the planner (docs/planner.md §2–§5, §7) and the too-many-deletes selector.
 
-Every example PLANNER.md gives is here, named after its section. Files are written with a tiny
+Every example docs/planner.md gives is here, named after its section. Files are written with a tiny
 DSL in the spirit of Accumulo's ``createCFs("F1", "100M", ...)``: ``tablet("a=33M", "b=1K", "c=7")``.
 """
 
@@ -18,12 +18,12 @@ from kompaktor.policy.planner import (
     SYSTEM_MIN,
     USER_MAX,
     USER_MIN,
-    Group,
     Kind,
     PlannedJob,
     PlannerConfigError,
     PlannerSettings,
     Running,
+    SizeTier,
     choose_group,
     default_candidates,
     job_priority,
@@ -34,7 +34,7 @@ from kompaktor.policy.sizes import parse_accumulo_size
 
 M = 1 << 20
 SYSTEM, USER, SELECTOR = Kind.SYSTEM, Kind.USER, Kind.SELECTOR
-DOC_GROUPS = (Group("small", 100 * M), Group("medium", 500 * M), Group("large"))  # Accumulo's doc comment
+DOC_GROUPS = (SizeTier("small", 100 * M), SizeTier("medium", 500 * M), SizeTier("large"))  # Accumulo's doc comment
 
 
 def tablet(*specs: str) -> dict[str, int]:
@@ -153,7 +153,7 @@ FIND_CASES = [
 
 # --------------------------------------------------------------------------- §3.3 size limit, §4.5 groups
 
-BOUNDED = (Group("small", 100 * M), Group("medium", 500 * M))
+BOUNDED = (SizeTier("small", 100 * M), SizeTier("medium", 500 * M))
 
 LIMIT_CASES = [
     # A sum equal to the limit is kept; the job reaches the last group through §4.5 step 3.
@@ -179,7 +179,7 @@ LIMIT_CASES = [
         SYSTEM,
         numbered("f", [125 * M] * 5),
         [("f00", "f01", "f02", "f03", "f04")],
-        PlannerSettings(groups=(*BOUNDED, Group("large"))),
+        PlannerSettings(groups=(*BOUNDED, SizeTier("large"))),
         groups_priorities=[("large", SYSTEM_MIN + 5 + 5)],
     ),
     # USER plans are never size-limited; a 625M USER job runs on the largest group (medium).
@@ -492,7 +492,7 @@ LOWER_RATIO_CASES = [
         SYSTEM,
         POWERS_OF_TWO,
         [tuple(f"f{i:02d}" for i in range(9))],
-        PlannerSettings(groups=(Group("only", 600),)),
+        PlannerSettings(groups=(SizeTier("only", 600),)),
         groups_priorities=[("only", OVER_SIZE_MIN + 9 + 1)],
     ),
 ]
@@ -572,9 +572,9 @@ def test_section_8_example() -> None:
         max_open=10,
         max_files_per_tablet=15,
         groups=(
-            Group("small", parse_accumulo_size("100M")),
-            Group("medium", parse_accumulo_size("500M")),
-            Group("large"),
+            SizeTier("small", parse_accumulo_size("100M")),
+            SizeTier("medium", parse_accumulo_size("500M")),
+            SizeTier("large"),
         ),
     )
     files = {
@@ -624,7 +624,7 @@ def test_plan_does_not_mutate_inputs() -> None:
 
 # --------------------------------------------------------------------------- §4.5 group choice
 
-DOC_GROUPS_NO_LARGE = (Group("small", 100 * M), Group("medium", 500 * M))
+DOC_GROUPS_NO_LARGE = (SizeTier("small", 100 * M), SizeTier("medium", 500 * M))
 
 
 @pytest.mark.parametrize(
@@ -643,14 +643,14 @@ DOC_GROUPS_NO_LARGE = (Group("small", 100 * M), Group("medium", 500 * M))
         # A SYSTEM sum exactly equal to the largest maxSize reaches the last group (step 3).
         (DOC_GROUPS_NO_LARGE, 500 * M, "medium"),
         # Configuration order does not matter: sorted by maxSize, unbounded last.
-        ((Group("large"), Group("medium", 500 * M), Group("small", 100 * M)), 100 * M, "medium"),
-        ((Group("large"), Group("medium", 500 * M), Group("small", 100 * M)), 10, "small"),
-        ((Group("large"), Group("small", 100 * M)), 10**15, "large"),
-        ((Group("only"),), 10**15, "only"),
-        ((Group("only", 1),), 10**15, "only"),
+        ((SizeTier("large"), SizeTier("medium", 500 * M), SizeTier("small", 100 * M)), 100 * M, "medium"),
+        ((SizeTier("large"), SizeTier("medium", 500 * M), SizeTier("small", 100 * M)), 10, "small"),
+        ((SizeTier("large"), SizeTier("small", 100 * M)), 10**15, "large"),
+        ((SizeTier("only"),), 10**15, "only"),
+        ((SizeTier("only", 1),), 10**15, "only"),
     ],
 )
-def test_choose_group(groups: tuple[Group, ...], total: int, expected: str) -> None:
+def test_choose_group(groups: tuple[SizeTier, ...], total: int, expected: str) -> None:
     assert choose_group(groups, total) == expected
     assert choose_group(list(reversed(groups)), total) == expected
 
@@ -752,17 +752,18 @@ def test_default_candidates(
         ({"groups": ()}, r"^groups: at least one group"),
         ({"groups": []}, r"^groups: at least one group"),
         ({"groups": "default"}, r"^groups: must be a list"),
-        ({"groups": ("default",)}, r"^groups\[0\]: must be a Group"),
-        ({"groups": (Group(""),)}, r"^groups\[0\]\.name: a non-empty name"),
-        ({"groups": (Group(None),)}, r"^groups\[0\]\.name"),  # type: ignore[arg-type]
-        ({"groups": (Group("a", 1), Group("a", 2))}, r"^groups\[1\]\.name: duplicate group name 'a'"),
-        ({"groups": (Group("a"), Group("b", 5), Group("c"))}, r"^groups\[2\]\.maxSize: more than one unbounded"),
-        ({"groups": (Group("a", 5), Group("b", 5))}, r"^groups\[1\]\.maxSize: duplicate maxSize 5"),
-        ({"groups": (Group("a", 0),)}, r"^groups\[0\]\.maxSize: must be > 0"),
-        ({"groups": (Group("a", -1),)}, r"^groups\[0\]\.maxSize: must be > 0"),
-        ({"groups": (Group("a", True),)}, r"^groups\[0\]\.maxSize: must be integer bytes"),
-        ({"groups": (Group("a", 1.5),)}, r"^groups\[0\]\.maxSize: must be integer bytes"),  # type: ignore[arg-type]
-        ({"groups": (Group("a", "1M"),)}, r"^groups\[0\]\.maxSize: must be integer bytes"),  # type: ignore[arg-type]
+        ({"groups": ("default",)}, r"^groups\[0\]: must be a SizeTier"),
+        ({"groups": (SizeTier(""),)}, r"^groups\[0\]\.name: a non-empty name"),
+        ({"groups": (SizeTier(None),)}, r"^groups\[0\]\.name"),  # type: ignore[arg-type]
+        ({"groups": (SizeTier("a", 1), SizeTier("a", 2))}, r"^groups\[1\]\.name: duplicate group name 'a'"),
+        ({"groups": (SizeTier("a"), SizeTier("b", 5), SizeTier("c"))},
+         r"^groups\[2\]\.maxSize: more than one unbounded"),
+        ({"groups": (SizeTier("a", 5), SizeTier("b", 5))}, r"^groups\[1\]\.maxSize: duplicate maxSize 5"),
+        ({"groups": (SizeTier("a", 0),)}, r"^groups\[0\]\.maxSize: must be > 0"),
+        ({"groups": (SizeTier("a", -1),)}, r"^groups\[0\]\.maxSize: must be > 0"),
+        ({"groups": (SizeTier("a", True),)}, r"^groups\[0\]\.maxSize: must be integer bytes"),
+        ({"groups": (SizeTier("a", 1.5),)}, r"^groups\[0\]\.maxSize: must be integer bytes"),  # type: ignore[arg-type]
+        ({"groups": (SizeTier("a", "1M"),)}, r"^groups\[0\]\.maxSize: must be integer bytes"),  # type: ignore[arg-type]
         ({"ratio": 0.99}, r"^ratio: must be >= 1"),
         ({"ratio": 0}, r"^ratio: must be >= 1"),
         ({"ratio": float("nan")}, r"^ratio: must be a finite number"),
@@ -811,17 +812,17 @@ def test_settings_defaults() -> None:
         15,
         1.1,
     )
-    assert settings.groups == (Group("default"),)
+    assert settings.groups == (SizeTier("default"),)
     assert settings.size_limit(SYSTEM) is None
 
 
 def test_settings_groups_list_becomes_tuple_and_limit() -> None:
-    settings = PlannerSettings(groups=[Group("b", 500), Group("a", 100)])  # type: ignore[arg-type]
-    assert settings.groups == (Group("b", 500), Group("a", 100))
+    settings = PlannerSettings(groups=[SizeTier("b", 500), SizeTier("a", 100)])  # type: ignore[arg-type]
+    assert settings.groups == (SizeTier("b", 500), SizeTier("a", 100))
     assert settings.size_limit(SYSTEM) == 500
     assert settings.size_limit(USER) is None
-    assert settings == PlannerSettings(groups=(Group("b", 500), Group("a", 100)))
-    assert hash(settings) == hash(PlannerSettings(groups=(Group("b", 500), Group("a", 100))))
+    assert settings == PlannerSettings(groups=(SizeTier("b", 500), SizeTier("a", 100)))
+    assert hash(settings) == hash(PlannerSettings(groups=(SizeTier("b", 500), SizeTier("a", 100))))
 
 
 # --------------------------------------------------------------------------- §5 too-many-deletes selector

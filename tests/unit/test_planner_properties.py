@@ -1,4 +1,4 @@
-"""Property tests of the planner (PLANNER.md §2, §4.6) with hypothesis.
+"""Property tests of the planner (docs/planner.md §2, §4.6) with hypothesis.
 
 Besides the invariants of §2, the planner is compared with a literal, slow transcription of
 §3–§4 below (`reference_plan`): the real planner finds the first productive window in one pass
@@ -21,11 +21,11 @@ from kompaktor.policy.planner import (
     SYSTEM_MIN,
     USER_MAX,
     USER_MIN,
-    Group,
     Kind,
     PlannedJob,
     PlannerSettings,
     Running,
+    SizeTier,
     choose_group,
     job_priority,
     plan,
@@ -183,7 +183,7 @@ def planner_settings(draw: st.DrawFn) -> PlannerSettings:
         max_open=draw(st.integers(2, 12)),
         max_files_per_tablet=draw(st.integers(-1, 20)),
         lowest_ratio=draw(st.sampled_from([1, 1.05, 1.1, 1.5, 2])),
-        groups=tuple(Group(f"g{i}", size) for i, size in enumerate(max_sizes)),
+        groups=tuple(SizeTier(f"g{i}", size) for i, size in enumerate(max_sizes)),
     )
 
 

@@ -1,4 +1,4 @@
-"""Size grammars of PLANNER.md §7: Accumulo-style sizes and Kubernetes quantities."""
+"""Size grammars of docs/planner.md §7: Accumulo-style sizes and Kubernetes quantities."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`kompaktor plan FILE.json`: dry-run the planner on one tablet described in JSON (PLANNER.md §8).
+"""`kompaktor plan FILE.json`: dry-run the planner on one tablet described in JSON (docs/planner.md §8).
 
 Reads a file (or stdin with ``-``), validates it strictly, runs :func:`kompaktor.policy.planner.plan`
 and prints one JSON line ``{"jobs": [...]}``. Invalid input prints one line on stderr naming the
@@ -16,12 +16,13 @@ from typing import Any, NoReturn
 import click
 
 from kompaktor.policy.planner import (
-    Group,
+    DEFAULTS,
     Kind,
     PlannedJob,
     PlannerConfigError,
     PlannerSettings,
     Running,
+    SizeTier,
     default_candidates,
 )
 from kompaktor.policy.planner import plan as make_plan
@@ -122,7 +123,7 @@ def _names(key: str, value: object, files: Mapping[str, int], *, non_empty: bool
     return value
 
 
-def _group(i: int, value: object) -> Group:
+def _group(i: int, value: object) -> SizeTier:
     where = f"groups[{i}]"
     if not isinstance(value, dict):
         _fail(where, f"must be an object with name and maxSize, got {_type_name(value)}")
@@ -145,7 +146,7 @@ def _group(i: int, value: object) -> Group:
         max_size = size
     if max_size is not None:
         _bytes(f"{where}.maxSize", max_size)
-    return Group(name, max_size)
+    return SizeTier(name, max_size)
 
 
 def parse_plan_input(doc: object) -> tuple[Kind, PlannerSettings, dict[str, int], list[str], list[Running]]:
@@ -162,7 +163,7 @@ def parse_plan_input(doc: object) -> tuple[Kind, PlannerSettings, dict[str, int]
     ratio = _number("ratio", doc["ratio"])
     max_open = _integer("maxOpen", doc["maxOpen"])
     max_files = _integer("maxFilesPerTablet", doc["maxFilesPerTablet"])
-    lowest_ratio = _number("lowestRatio", doc["lowestRatio"]) if "lowestRatio" in doc else 1.1
+    lowest_ratio = _number("lowestRatio", doc["lowestRatio"]) if "lowestRatio" in doc else DEFAULTS.lowest_ratio
     raw_groups = doc["groups"]
     if not isinstance(raw_groups, list):
         _fail("groups", f"must be a list of groups, got {_type_name(raw_groups)}")

@@ -1,6 +1,6 @@
 """The process's one SparkSession: created on first use, then reused by every merge.
 
-JVM and session start-up costs 5–8 s and a first job a few more (../shared/PERF.md), so a
+JVM and session start-up cost 5–8 s and a first job a few more (measured on a 2-core machine), so a
 compactor creates the session once, before its first job, and keeps it for its whole life.
 ``master`` is ``local[*]`` in the pod by default; a group's configuration can point it at a
 Spark cluster or Spark-on-Kubernetes (``k8s://…``) with any extra Spark conf.

@@ -1,6 +1,6 @@
 """The Spark engine: a merge planned as key-range tasks that Spark schedules.
 
-Shape (../shared/PERF.md, "the promising shape"):
+Shape:
 
 1. The driver reads only the inputs' footers: schema check (a clear BadFileError before any
    job runs) and row-group statistics, from which it cuts the tablet's range (prev, end] into

@@ -1,11 +1,11 @@
 """The life of one external compaction in the metadata: reserve, heartbeat, commit, release.
 
 * **reserve** polls the group's queue and registers an ECID with the job's files in the
-  tablet's metadata by a conditional mutation (PLANNER.md §6.4), skipping stale jobs until one
+  tablet's metadata by a conditional mutation (docs/planner.md §6.4), skipping stale jobs until one
   reserves or the queue is empty. No job is ever reserved twice: a file can be in only one
   running compaction, and the check and the registration are one atomic step.
 * **commit** replaces the inputs by the output only if the inputs are still the tablet's files,
-  the ECID is still registered and the table is ONLINE (DESIGN.md invariant 2).
+  the ECID is still registered and the table is ONLINE (docs/architecture.md invariant 2).
 * **release** (failure, cancellation, drain, dead compaction) removes the ECID and the outputs.
 """
 
@@ -76,7 +76,7 @@ def _settings_for(its: dict[str, Any] | None, props: dict[str, str], full: bool,
 
 
 def _take_stale_selection(store: MetadataStore, job: Job, files: list[str], now: int, tc: TabletChange) -> None:
-    """A SYSTEM job planned over a stale selection's files (PLANNER.md §5): it may take them, and
+    """A SYSTEM job planned over a stale selection's files (docs/planner.md §5): it may take them, and
     clear the selection, only if the selection is still stale; else it is stale itself."""
     table_id = job.tablet.split(";", 1)[0]
     tablet, props = store.tablet_and_props(job.tablet, table_id)

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-#: Priorities run 1..PRIORITY_MAX (PLANNER.md §3); the queues store ``PRIORITY_MAX - priority`` in
+#: Priorities run 1..PRIORITY_MAX (docs/planner.md §3); the queues store ``PRIORITY_MAX - priority`` in
 #: a fixed-width prefix of each entry so that lexicographic order is priority descending.
 PRIORITY_MAX = 20767
 

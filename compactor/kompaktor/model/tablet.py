@@ -142,7 +142,7 @@ class Selection:
     created_ms: int = 0
 
     def stale(self, expiry_ms: int, now: int) -> bool:
-        """PLANNER.md §5: no job of the selection has completed and it is older than the table's
+        """docs/planner.md §5: no job of the selection has completed and it is older than the table's
         selection expiry (``table.compaction.selection.expiration.ms``, default 2 minutes);
         SYSTEM compactions may then take its files."""
         return self.done == 0 and now - self.created_ms > expiry_ms

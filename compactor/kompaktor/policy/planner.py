@@ -1,10 +1,10 @@
-"""The ratio-based compaction planner (PLANNER.md §2–§4): which files of a tablet to compact, in
+"""The ratio-based compaction planner (docs/planner.md §2–§4): which files of a tablet to compact, in
 which compactor group, at what priority.
 
 Policy only: a pure, deterministic function of its arguments (no clock, randomness, set
 iteration order or I/O apart from warnings through :mod:`logging`). It restates Accumulo 4.0's
 ``RatioBasedCompactionPlanner.makePlan`` and ``CompactionJobPrioritizer`` with Kompaktor's
-decisions (PLANNER.md §1). Must not import redis, pyspark, kopf, kubernetes or pydantic.
+decisions (docs/planner.md §1). Must not import redis, pyspark, kopf, kubernetes or pydantic.
 
 The hot path works on plain tuples so that a coordinator can plan 100,000 tablets quickly:
 a file is ``(size, 0, name)`` and a projected file (the future output of a running or already
@@ -34,7 +34,8 @@ __all__ = [
     "SYSTEM_MIN",
     "USER_MAX",
     "USER_MIN",
-    "Group",
+    "DEFAULTS",
+    "SizeTier",
     "Kind",
     "PlannedJob",
     "PlannerConfigError",
@@ -48,7 +49,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Priority ranges, inclusive (PLANNER.md §1 decision 3 and §4.6).
+#: Priority ranges, inclusive (docs/planner.md §1 decision 3 and §4.6).
 SYSTEM_MIN, SYSTEM_MAX = -32768, 0
 USER_MIN, USER_MAX = 1, 18767
 OVER_SIZE_MIN, OVER_SIZE_MAX = 18768, PRIORITY_MAX
@@ -74,8 +75,9 @@ class PlannerConfigError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class Group:
-    """A compactor group of a compaction service: a size tier. ``max_size=None`` is unbounded."""
+class SizeTier:
+    """A size tier of the planner (docs/planner.md's "groups"): jobs up to ``max_size`` bytes go to it;
+    ``max_size=None`` is unbounded. A compaction service maps each tier to a compactor group."""
 
     name: str
     max_size: int | None = None
@@ -83,7 +85,7 @@ class Group:
 
 @dataclass(frozen=True)
 class PlannerSettings:
-    """The settings of one planning call, validated on construction (PLANNER.md §7).
+    """The settings of one planning call, validated on construction (docs/planner.md §7).
 
     Field names are snake_case; error messages use the configuration names (``maxOpen``, ...).
     """
@@ -92,9 +94,9 @@ class PlannerSettings:
     max_open: int = 10
     max_files_per_tablet: int = 15
     lowest_ratio: float = 1.1
-    groups: tuple[Group, ...] = (Group("default"),)
+    groups: tuple[SizeTier, ...] = (SizeTier("default"),)
     # Derived in __post_init__: the groups in §4.5 order and the SYSTEM size limit of §3.3.
-    _by_size: tuple[Group, ...] = field(init=False, repr=False, compare=False)
+    _by_size: tuple[SizeTier, ...] = field(init=False, repr=False, compare=False)
     _system_limit: int | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -159,7 +161,7 @@ def _check_ratio(name: str, value: object) -> float:
     return number
 
 
-def _check_groups(groups: object) -> tuple[Group, ...]:
+def _check_groups(groups: object) -> tuple[SizeTier, ...]:
     if isinstance(groups, str | bytes | Mapping) or not isinstance(groups, Iterable):
         raise PlannerConfigError(f"groups: must be a list of groups, got {groups!r}")
     groups = tuple(groups)
@@ -169,8 +171,8 @@ def _check_groups(groups: object) -> tuple[Group, ...]:
     sizes: dict[int, int] = {}
     unbounded = -1
     for i, group in enumerate(groups):
-        if not isinstance(group, Group):
-            raise PlannerConfigError(f"groups[{i}]: must be a Group, got {group!r}")
+        if not isinstance(group, SizeTier):
+            raise PlannerConfigError(f"groups[{i}]: must be a SizeTier, got {group!r}")
         if not isinstance(group.name, str) or not group.name:
             raise PlannerConfigError(f"groups[{i}].name: a non-empty name is required")
         if group.name in names:
@@ -197,7 +199,7 @@ def _check_groups(groups: object) -> tuple[Group, ...]:
     return groups
 
 
-def _sort_groups(groups: Iterable[Group]) -> tuple[Group, ...]:
+def _sort_groups(groups: Iterable[SizeTier]) -> tuple[SizeTier, ...]:
     """§4.5 step 1: maxSize ascending, the unbounded group last (stable for ties)."""
     return tuple(sorted(groups, key=lambda g: (g.max_size is None, g.max_size or 0)))
 
@@ -312,13 +314,13 @@ def _lower_ratio_set(
 # --------------------------------------------------------------------------- public API
 
 
-def choose_group(groups: Iterable[Group], total_size: int) -> str:
+def choose_group(groups: Iterable[SizeTier], total_size: int) -> str:
     """§4.5: the first group, by maxSize ascending with the unbounded one last, that is unbounded or
     has ``total_size < maxSize``; when none qualifies, the group with the largest maxSize."""
     return _choose_sorted(_sort_groups(groups), total_size)
 
 
-def _choose_sorted(by_size: tuple[Group, ...], total_size: int) -> str:
+def _choose_sorted(by_size: tuple[SizeTier, ...], total_size: int) -> str:
     if not by_size:
         raise ValueError("choose_group needs at least one group")
     for group in by_size:
@@ -372,7 +374,7 @@ def plan(
     candidates: Iterable[str],
     running: Sequence[Running] = (),
 ) -> list[PlannedJob]:
-    """PLANNER.md §4 ``makePlan``: the jobs for one tablet, in the order they were emitted.
+    """docs/planner.md §4 ``makePlan``: the jobs for one tablet, in the order they were emitted.
 
     ``all_files`` maps every file of the tablet to its size in bytes; ``candidates`` are the
     files this plan may use (see :func:`default_candidates`); ``running`` lists the tablet's
@@ -465,3 +467,7 @@ def plan(
         )
         for job in jobs
     ]
+
+
+#: The planner defaults: services, custom resources and the CLI take theirs from here.
+DEFAULTS = PlannerSettings()

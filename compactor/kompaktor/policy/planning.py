@@ -1,4 +1,4 @@
-"""From a tablet's metadata to queued jobs (PLANNER.md §5). Pure: no I/O.
+"""From a tablet's metadata to queued jobs (docs/planner.md §5). Pure: no I/O.
 
 Candidates per kind, the dispatcher's service per kind, table properties that override the
 service's planner settings, stale selections, and the jobs the coordinator queues.

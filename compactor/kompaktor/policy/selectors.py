@@ -1,4 +1,4 @@
-"""Compaction selectors (PLANNER.md §5): table-configured rules that choose files for a SELECTOR
+"""Compaction selectors (docs/planner.md §5): table-configured rules that choose files for a SELECTOR
 compaction. Pure policy; must not import redis, pyspark, kopf or kubernetes.
 """
 

@@ -15,9 +15,9 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 
-from kompaktor.policy.planner import Group, PlannerSettings
+from kompaktor.policy.planner import DEFAULTS, PlannerSettings, SizeTier
+from kompaktor.policy.tableprops import DISPATCH_PREFIX
 
-DISPATCH_PROP = "table.compaction.dispatcher.opts.service"
 DEFAULT_SERVICE = "default"
 KINDS = ("SYSTEM", "USER", "SELECTOR")
 
@@ -33,10 +33,10 @@ class Tier:
 class ServiceConfig:
     name: str
     tiers: tuple[Tier, ...] = (Tier("default", None, "default"),)
-    ratio: float = 3.0
-    max_open: int = 10
-    max_files_per_tablet: int = 15
-    lowest_ratio: float = 1.1
+    ratio: float = DEFAULTS.ratio
+    max_open: int = DEFAULTS.max_open
+    max_files_per_tablet: int = DEFAULTS.max_files_per_tablet
+    lowest_ratio: float = DEFAULTS.lowest_ratio
     tables: tuple[str, ...] = ("*",)  # glob patterns of table names this service serves
     kinds: tuple[str, ...] = KINDS
 
@@ -50,7 +50,7 @@ class ServiceConfig:
     def planner_settings(self) -> PlannerSettings:
         return PlannerSettings(ratio=self.ratio, max_open=self.max_open,
                                max_files_per_tablet=self.max_files_per_tablet, lowest_ratio=self.lowest_ratio,
-                               groups=tuple(Group(t.name, t.max_size) for t in self.tiers))
+                               groups=tuple(SizeTier(t.name, t.max_size) for t in self.tiers))
 
     def group_of_tier(self, tier_name: str) -> str:
         for t in self.tiers:
@@ -108,7 +108,7 @@ class GroupConfig:
 
 def dispatch(table: str, props: Mapping[str, str], kind: str, services: Iterable[ServiceConfig]) -> str:
     """Name of the service that runs ``kind`` compactions of ``table``."""
-    explicit = props.get(f"{DISPATCH_PROP}.{kind.lower()}") or props.get(DISPATCH_PROP)
+    explicit = props.get(f"{DISPATCH_PREFIX}.{kind.lower()}") or props.get(DISPATCH_PREFIX)
     if explicit:
         return explicit
     for svc in sorted(services, key=lambda s: s.name):

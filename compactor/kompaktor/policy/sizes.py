@@ -1,4 +1,4 @@
-"""Size grammars for configuration values (PLANNER.md §7).
+"""Size grammars for configuration values (docs/planner.md §7).
 
 Two grammars, one function each:
 

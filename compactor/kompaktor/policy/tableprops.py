@@ -73,7 +73,7 @@ DEFAULT_SELECTION_EXPIRY_MS = 120_000
 
 
 def selection_expiry_ms(props: Mapping[str, str]) -> int:
-    """How long a selection with no completed job blocks SYSTEM compactions (PLANNER.md §5)."""
+    """How long a selection with no completed job blocks SYSTEM compactions (docs/planner.md §5)."""
     return int(props.get(SELECTION_EXPIRY, DEFAULT_SELECTION_EXPIRY_MS))
 
 

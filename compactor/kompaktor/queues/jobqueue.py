@@ -1,4 +1,4 @@
-"""Per-group bounded priority queues of compaction jobs, in Redis (PLANNER.md §6).
+"""Per-group bounded priority queues of compaction jobs, in Redis (docs/planner.md §6).
 
 One sorted set per group whose members sort lexicographically by (inverted priority, inverted
 file count, sequence), i.e. priority descending, then files descending, then FIFO. Each

@@ -1,4 +1,4 @@
--- Add jobs of many tablets to group queues (PLANNER.md §6.2, §6.3), atomically. For each
+-- Add jobs of many tablets to group queues (docs/planner.md §6.2, §6.3), atomically. For each
 -- (group, tablet) in turn: replace the tablet's entries in that group's queue by its new jobs,
 -- under the bound. One call per batch of tablets: the same result as one call per tablet in order.
 -- ARGV: generation, max, now_ms, then per (group, tablet): group, tablet, n, and n times

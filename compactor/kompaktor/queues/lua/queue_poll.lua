@@ -1,4 +1,4 @@
--- Remove and return the first job of a group's queue (PLANNER.md §6.4 poll), or nil.
+-- Remove and return the first job of a group's queue (docs/planner.md §6.4 poll), or nil.
 -- ARGV: group
 local g = queue_keys(ARGV[1])
 local first = redis.call('ZRANGE', g.qk, 0, 0)[1]
