@@ -24,13 +24,15 @@ from kompaktor.cli.common import friendly_errors, redis_option, storage_option
 @click.option("--drain-grace", type=float, default=None, help="Seconds a drain may wait for the current job.")
 @click.option("--http-port", type=int, default=8080, show_default=True,
               help="Port for /healthz, /readyz, /drain and /metrics (0: any free port, -1: off).")
+@click.option("--http-host", envvar="KOMPAKTOR_HTTP_HOST", default="0.0.0.0", show_default=True,
+              help="Address the HTTP endpoints listen on (env KOMPAKTOR_HTTP_HOST).")
 @click.option("--max-jobs", type=int, default=None, hidden=True)
 @redis_option
 @storage_option
 @friendly_errors
 def compactor(group: str, compactor_id: str | None, engine: str | None, spark_master: str | None,
               spark_conf: tuple[str, ...], driver_memory: str | None, drain_grace: float | None,
-              http_port: int, max_jobs: int | None, redis_url: str, storage_uri: str | None) -> None:
+              http_port: int, http_host: str, max_jobs: int | None, redis_url: str, storage_uri: str | None) -> None:
     """Run one compactor: reserve a job of GROUP, merge it, commit, repeat; drain on SIGTERM."""
     from kompaktor.files.storage import Storage
     from kompaktor.metadata.store import MetadataStore
@@ -60,7 +62,7 @@ def compactor(group: str, compactor_id: str | None, engine: str | None, spark_ma
     worker = Compactor(store, Storage.from_uri(storage_uri), settings)
     worker.install_signal_handlers()
     if http_port >= 0:
-        port = worker.serve_http(http_port)
+        port = worker.serve_http(http_port, http_host)
         logging.getLogger("kompaktor.compactor").info("compactor %s serving HTTP on :%d",
                                                       settings.compactor_id, port)
     try:
@@ -72,7 +74,8 @@ def compactor(group: str, compactor_id: str | None, engine: str | None, spark_ma
 
 @click.command()
 @click.option("--port", type=int, default=8080, show_default=True, help="The compactor's HTTP port.")
-@click.option("--host", default="127.0.0.1", show_default=True, help="The compactor's address.")
+@click.option("--host", envvar="KOMPAKTOR_HTTP_HOST", default="127.0.0.1", show_default=True,
+              help="The compactor's address (env KOMPAKTOR_HTTP_HOST).")
 @friendly_errors
 def drain(port: int, host: str) -> None:
     """Ask a compactor to drain (POST /drain): it takes no new job and finishes or releases the
