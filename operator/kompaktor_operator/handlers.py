@@ -195,7 +195,18 @@ async def reconcile_group(name: str, namespace: str, spec: Any, status: Any, met
         raise kopf.PermanentError(message)
     await _io(depth.backend().put_group, m.to_group_config(name, group))
     cfg = config()
-    for child in manifests.build_children(name, group, cfg):
+    # Optional APIs are looked up, never assumed: a missing one is a condition, not a crash loop.
+    hpa_version = await _kube(kube.hpa_api_version())
+    keda = "v1alpha1" in await _kube(kube.api_versions("keda.sh"))
+    missing = None
+    if group.autoscaler == m.Autoscaler.HPA.value and hpa_version is None:
+        missing = "the server offers neither autoscaling/v2 nor autoscaling/v2beta2"
+    elif group.autoscaler == m.Autoscaler.KEDA.value and not keda:
+        missing = "KEDA is not installed (no keda.sh/v1alpha1 API): install KEDA or use autoscaler: hpa"
+    children = manifests.build_children(name, group, cfg, hpa_version or manifests.HPA_API_VERSIONS[0])
+    if missing:
+        children = [c for c in children if c["kind"] in ("Deployment", "Service")]
+    for child in children:
         kopf.adopt(child, owner=body)
         if child["kind"] == "Deployment":
             # Only at creation: afterwards the scaler alone changes the replicas.
@@ -203,16 +214,17 @@ async def reconcile_group(name: str, namespace: str, spec: Any, status: Any, met
             if existing is None:
                 child["spec"]["replicas"] = group.desired_replicas()
         await _kube(kube.apply(child, namespace))
+    offered = {hpa_version} | ({"keda.sh/v1alpha1"} if keda else set())
     for api_version, kind, autoscaler in manifests.AUTOSCALER_KINDS:
-        if autoscaler != group.autoscaler:
-            try:
-                await kube.delete(api_version, kind, namespace, naming.hpa_name(name))
-            except kube.KubeError as exc:
-                if exc.status not in (403, 404):  # KEDA not installed: nothing to delete
-                    raise kopf.TemporaryError(str(exc), delay=RETRY_DELAY) from exc
+        if api_version in offered and autoscaler != group.autoscaler:
+            await _kube(kube.delete(api_version, kind, namespace, naming.hpa_name(name)))
     patch.status["selector"] = naming.selector(name)
     patch.status["desiredReplicas"] = group.desired_replicas()
     patch.status["observedGeneration"] = generation
+    if missing:
+        _mark(patch, status, conditions.READY, False, "AutoscalerUnavailable",
+              f"Deployment {naming.deployment_name(name)} and Service applied, no autoscaler: {missing}", generation)
+        return
     _mark(patch, status, conditions.READY, True, "Reconciled",
           f"Deployment {naming.deployment_name(name)}, Service and {group.autoscaler} autoscaler applied",
           generation)
@@ -223,11 +235,11 @@ async def delete_group(name: str, namespace: str, **_: Any) -> None:
     # removal immediate and visible, and works where no garbage collector runs.
     await _kube(kube.delete("apps/v1", "Deployment", namespace, naming.deployment_name(name)))
     await _kube(kube.delete("v1", "Service", namespace, naming.metrics_service_name(name)))
-    await _kube(kube.delete("autoscaling/v2", "HorizontalPodAutoscaler", namespace, naming.hpa_name(name)))
-    try:
-        await kube.delete("keda.sh/v1alpha1", "ScaledObject", namespace, naming.scaled_object_name(name))
-    except kube.KubeError:
-        pass  # KEDA not installed
+    hpa_version = await _kube(kube.hpa_api_version())
+    if hpa_version is not None:
+        await _kube(kube.delete(hpa_version, "HorizontalPodAutoscaler", namespace, naming.hpa_name(name)))
+    if "v1alpha1" in await _kube(kube.api_versions("keda.sh")):
+        await _kube(kube.delete("keda.sh/v1alpha1", "ScaledObject", namespace, naming.scaled_object_name(name)))
     await _io(depth.backend().delete_group, name)
 
 

@@ -1,20 +1,24 @@
 """The only module that talks to the Kubernetes API (besides kopf itself).
 
-Owns: a small aiohttp client built from the same ``kopf.ConnectionInfo`` kopf logs in with,
-and the few verbs the operator needs — create-or-patch (never "create if absent"), get,
-delete, list pods of a selector, patch pod annotations, set a Deployment's replicas.
+Owns: a `kubernetes_asyncio` client built from the same ``kopf.ConnectionInfo`` kopf logs in with,
+and the few verbs the operator needs — create-or-patch (never "create if absent"), get, delete,
+list pods of a selector, patch pod annotations, set a Deployment's replicas — plus API discovery
+(which optional APIs the server offers: ``autoscaling/v2`` or ``v2beta2``, KEDA). Errors come back
+as :class:`KubeError` with the status and the message as Kubernetes returns it (a JSON Status, or
+plain text such as "404 page not found" for an API path the server does not know).
 """
 
 from __future__ import annotations
 
 import base64
-import ssl
+import json
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 import kopf
+from kubernetes_asyncio import client as k8s
+from kubernetes_asyncio.client.exceptions import ApiException
 
 #: kind -> (API path prefix, plural). Only what the operator owns or reads.
 _RESOURCES: dict[tuple[str, str], tuple[str, str]] = {
@@ -22,6 +26,7 @@ _RESOURCES: dict[tuple[str, str], tuple[str, str]] = {
     ("v1", "Service"): ("/api/v1", "services"),
     ("v1", "Pod"): ("/api/v1", "pods"),
     ("autoscaling/v2", "HorizontalPodAutoscaler"): ("/apis/autoscaling/v2", "horizontalpodautoscalers"),
+    ("autoscaling/v2beta2", "HorizontalPodAutoscaler"): ("/apis/autoscaling/v2beta2", "horizontalpodautoscalers"),
     ("keda.sh/v1alpha1", "ScaledObject"): ("/apis/keda.sh/v1alpha1", "scaledobjects"),
     ("kompaktor.io/v1alpha1", "CompactorGroup"): ("/apis/kompaktor.io/v1alpha1", "compactorgroups"),
 }
@@ -31,56 +36,18 @@ class KubeError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"HTTP {status}: {message}")
         self.status = status
+        self.message = message
 
 
-@dataclass
-class Client:
-    info: kopf.ConnectionInfo
-    _session: aiohttp.ClientSession | None = None
-
-    def _ssl(self) -> ssl.SSLContext | bool:
-        if self.info.insecure:
-            return False
-        ctx = ssl.create_default_context(cafile=self.info.ca_path) if self.info.ca_path else None
-        if self.info.ca_data:
-            ctx = ctx or ssl.create_default_context()
-            ctx.load_verify_locations(cadata=base64.b64decode(self.info.ca_data).decode())
-        if self.info.certificate_path or self.info.certificate_data:
-            ctx = ctx or ssl.create_default_context()
-            cert, key = self.info.certificate_path, self.info.private_key_path
-            if self.info.certificate_data:
-                cert = _tmpfile(self.info.certificate_data)
-                key = _tmpfile(self.info.private_key_data) if self.info.private_key_data else None
-            ctx.load_cert_chain(cert, key)
-        return ctx if ctx is not None else True
-
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            headers = {"Accept": "application/json"}
-            if self.info.token:
-                headers["Authorization"] = f"{self.info.scheme or 'Bearer'} {self.info.token}"
-            auth = aiohttp.BasicAuth(self.info.username, self.info.password or "") if self.info.username else None
-            self._session = aiohttp.ClientSession(
-                base_url=None, headers=headers, auth=auth,
-                connector=aiohttp.TCPConnector(ssl=self._ssl()),
-                timeout=aiohttp.ClientTimeout(total=30),
-            )
-        return self._session
-
-    async def request(self, method: str, path: str, *, json: Any = None, content_type: str | None = None,
-                      params: dict[str, str] | None = None) -> Any:
-        headers = {"Content-Type": content_type} if content_type else None
-        url = self.info.server.rstrip("/") + path
-        async with self.session().request(method, url, json=json, headers=headers, params=params) as resp:
-            body = await resp.json(content_type=None) if resp.content_length != 0 else None
-            if resp.status >= 400:
-                message = body.get("message", "") if isinstance(body, dict) else str(body)
-                raise KubeError(resp.status, message)
-            return body
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+def _error(exc: ApiException) -> KubeError:
+    """The Status message of an API error, or its plain-text body (never a parse failure)."""
+    body = exc.body.decode(errors="replace") if isinstance(exc.body, bytes) else (exc.body or "")
+    try:
+        doc = json.loads(body)
+        message = doc.get("message", body) if isinstance(doc, dict) else body
+    except ValueError:
+        message = body.strip() or (exc.reason or "")
+    return KubeError(int(exc.status or 0), message)
 
 
 def _tmpfile(data: bytes | str) -> str:
@@ -89,6 +56,55 @@ def _tmpfile(data: bytes | str) -> str:
     f.write(raw)
     f.close()
     return f.name
+
+
+@dataclass
+class Client:
+    info: kopf.ConnectionInfo
+    _api: k8s.ApiClient | None = None
+    _groups: dict[str, list[str]] | None = field(default=None, repr=False)
+
+    def api(self) -> k8s.ApiClient:
+        if self._api is None:
+            info = self.info
+            conf = k8s.Configuration(host=info.server.rstrip("/"))
+            conf.verify_ssl = not info.insecure
+            conf.ssl_ca_cert = info.ca_path or (_tmpfile(info.ca_data) if info.ca_data else None)
+            if info.certificate_path or info.certificate_data:
+                conf.cert_file = info.certificate_path or _tmpfile(info.certificate_data)
+                conf.key_file = info.private_key_path or (
+                    _tmpfile(info.private_key_data) if info.private_key_data else None)
+            if info.username:
+                conf.username, conf.password = info.username, info.password or ""
+            header = (f"{info.scheme or 'Bearer'} {info.token}", "Authorization") if info.token else (None, None)
+            self._api = k8s.ApiClient(conf, header_name=header[1], header_value=header[0])
+        return self._api
+
+    async def request(self, method: str, path: str, *, json: Any = None, content_type: str | None = None,
+                      params: dict[str, str] | None = None) -> Any:
+        headers = {"Accept": "application/json"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        try:
+            return await self.api().call_api(
+                path, method, query_params=list((params or {}).items()), header_params=headers, body=json,
+                response_types_map={200: "object", 201: "object", 202: "object"},
+                _return_http_data_only=True)
+        except ApiException as exc:
+            raise _error(exc) from None
+
+    async def api_versions(self, group: str) -> list[str]:
+        """The versions of an API group the server serves (discovery, cached), [] when absent."""
+        if self._groups is None:
+            body = await self.request("GET", "/apis")
+            self._groups = {g["name"]: [v["version"] for v in g.get("versions", [])]
+                            for g in (body or {}).get("groups", [])}
+        return list(self._groups.get(group, []))
+
+    async def close(self) -> None:
+        if self._api is not None:
+            await self._api.close()
+            self._api = None
 
 
 _client: Client | None = None
@@ -177,3 +193,17 @@ async def set_replicas(namespace: str, deployment: str, replicas: int) -> None:
 
 async def delete_pod(namespace: str, name: str) -> None:
     await delete("v1", "Pod", namespace, name)
+
+
+async def api_versions(group: str) -> list[str]:
+    """Versions of an API group the server offers ([] when it does not know the group)."""
+    return await client().api_versions(group)
+
+
+async def hpa_api_version() -> str | None:
+    """``autoscaling/v2`` where the server offers it, else ``autoscaling/v2beta2``, else None."""
+    versions = await api_versions("autoscaling")
+    for v in ("v2", "v2beta2"):
+        if v in versions:
+            return f"autoscaling/{v}"
+    return None

@@ -198,10 +198,17 @@ def build_hpa_behavior(spec: CompactorGroupSpec) -> dict[str, Any]:
     }
 
 
-def build_hpa(group: str, spec: CompactorGroupSpec) -> Manifest:
-    """autoscaling/v2 HPA on the External metric kompaktor_queue_depth{group} (queued + running)."""
+#: HPA API versions with External metrics and ``behavior``, newest first (v2beta2: Kubernetes < 1.23)
+HPA_API_VERSIONS = ("autoscaling/v2", "autoscaling/v2beta2")
+
+
+def build_hpa(group: str, spec: CompactorGroupSpec, api_version: str = HPA_API_VERSIONS[0]) -> Manifest:
+    """HPA on the External metric kompaktor_queue_depth{group} (queued + running); ``api_version`` is
+    what the server offers (v2 and v2beta2 have the same shape for this object)."""
+    if api_version not in HPA_API_VERSIONS:
+        raise ValueError(f"unsupported HPA API version {api_version!r}")
     return {
-        "apiVersion": "autoscaling/v2",
+        "apiVersion": api_version,
         "kind": "HorizontalPodAutoscaler",
         "metadata": {"name": naming.hpa_name(group), "labels": naming.labels(group)},
         "spec": {
@@ -258,10 +265,11 @@ def build_scaled_object(group: str, spec: CompactorGroupSpec, config: OperatorCo
     }
 
 
-def build_autoscaler(group: str, spec: CompactorGroupSpec, config: OperatorConfig) -> Manifest | None:
+def build_autoscaler(group: str, spec: CompactorGroupSpec, config: OperatorConfig,
+                     hpa_api_version: str = HPA_API_VERSIONS[0]) -> Manifest | None:
     """The autoscaler object the spec asks for, or None for ``autoscaler: none``."""
     if spec.autoscaler == Autoscaler.HPA:
-        return build_hpa(group, spec)
+        return build_hpa(group, spec, hpa_api_version)
     if spec.autoscaler == Autoscaler.KEDA:
         return build_scaled_object(group, spec, config)
     return None
@@ -270,14 +278,16 @@ def build_autoscaler(group: str, spec: CompactorGroupSpec, config: OperatorConfi
 #: (apiVersion, kind) of every autoscaler kind the operator may own, to delete the unused one.
 AUTOSCALER_KINDS: tuple[tuple[str, str, str], ...] = (
     ("autoscaling/v2", "HorizontalPodAutoscaler", Autoscaler.HPA.value),
+    ("autoscaling/v2beta2", "HorizontalPodAutoscaler", Autoscaler.HPA.value),
     ("keda.sh/v1alpha1", "ScaledObject", Autoscaler.KEDA.value),
 )
 
 
-def build_children(group: str, spec: CompactorGroupSpec, config: OperatorConfig) -> list[Manifest]:
+def build_children(group: str, spec: CompactorGroupSpec, config: OperatorConfig,
+                   hpa_api_version: str = HPA_API_VERSIONS[0]) -> list[Manifest]:
     """Everything a CompactorGroup owns, in apply order."""
     children = [build_compactor_deployment(group, spec, config), build_metrics_service(group)]
-    autoscaler = build_autoscaler(group, spec, config)
+    autoscaler = build_autoscaler(group, spec, config, hpa_api_version)
     if autoscaler is not None:
         children.append(autoscaler)
     return children

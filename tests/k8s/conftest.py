@@ -1,0 +1,45 @@
+"""The real control-plane tier: a session-scoped etcd + kube-apiserver + kube-controller-manager
+(tests/k8s/controlplane.py) and a node agent standing in for the kubelet (nodeagent.py).
+
+Skipped only when KOMPAKTOR_SKIP_K8S=1 is set, never silently: without the binaries the fixture
+builds them (tests/k8s/build-control-plane.sh) and fails with the build's error if that fails.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # controlplane, nodeagent
+from controlplane import ControlPlane  # noqa: E402
+
+_versions: list[str] = []
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if Path(str(item.fspath)).is_relative_to(here):
+            item.add_marker(pytest.mark.k8s)
+            if os.environ.get("KOMPAKTOR_SKIP_K8S") == "1":
+                item.add_marker(pytest.mark.skip(reason="KOMPAKTOR_SKIP_K8S=1: the control-plane tier is skipped"))
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    cp = ControlPlane(tmp_path_factory.mktemp("k8s"))
+    try:
+        cp.start()
+        _versions.append(f"{cp.version} (started in {cp.started_in_s:.1f} s)")
+        yield cp
+    finally:
+        cp.stop()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:  # noqa: ANN001
+    if _versions:
+        terminalreporter.write_line(f"Kubernetes control plane: {_versions[0]}")
