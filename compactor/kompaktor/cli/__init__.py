@@ -49,8 +49,20 @@ class LazyGroup(click.Group):
             raise
         return getattr(module, attr)
 
+    def invoke(self, ctx: click.Context):
+        # The top-level error rule (cli.common.friendly_errors) around every subcommand, also
+        # those that do not apply it themselves (the operator's) and the lazy import above.
+        from kompaktor.cli.common import friendly_errors
+
+        return friendly_errors(super().invoke)(ctx)
+
 
 @click.group(cls=LazyGroup)
 @click.version_option(package_name="kompaktor")
-def main() -> None:
-    """Kompaktor: external compactions for sorted key/value tables."""
+@click.option("--debug", is_flag=True, envvar="KOMPAKTOR_DEBUG",
+              help="Show the traceback of an error instead of one line (env KOMPAKTOR_DEBUG=1).")
+def main(debug: bool) -> None:
+    """Kompaktor: external compactions for sorted key/value tables.
+
+    Errors are one line on stderr: exit status 1 for a problem with the input or the environment
+    (a file, a table, Redis), 70 for an internal error (`--debug` shows its traceback)."""

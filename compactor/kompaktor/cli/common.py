@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import logging
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -12,6 +14,7 @@ import click
 from kompaktor.files.storage import default_storage_uri
 from kompaktor.metadata.store import DEFAULT_REDIS_URL
 from kompaktor.model.errors import KompaktorError
+from kompaktor.model.redact import redact_text
 
 
 def redis_option(fn: Callable) -> Callable:
@@ -25,18 +28,72 @@ def storage_option(fn: Callable) -> Callable:
                              f"(env KOMPAKTOR_STORAGE; default {default_storage_uri()}).")(fn)
 
 
+#: exceptions that mean "the input or the environment is wrong", not "Kompaktor is broken": one
+#: line ``error: …`` and exit status 1. Redis errors reach the CLI as StoreUnavailable (a
+#: KompaktorError); file system errors (missing, read-only, not a directory, a directory where a
+#: file goes) are OSError, pyarrow's included; bad values are ValueError.
+USER_ERRORS: tuple[type[BaseException], ...] = (KompaktorError, ValueError, OSError)
+
+#: exit status of an unexpected internal error (sysexits' EX_SOFTWARE)
+INTERNAL_ERROR = 70
+
+
+def debug_enabled() -> bool:
+    """``kompaktor --debug …`` (or KOMPAKTOR_DEBUG=1): let tracebacks through."""
+    ctx = click.get_current_context(silent=True)
+    root = ctx.find_root() if ctx is not None else None
+    if root is not None and root.params.get("debug"):
+        return True
+    return os.environ.get("KOMPAKTOR_DEBUG", "") not in ("", "0")
+
+
+def report_error(exc: BaseException) -> int:
+    """Print one line for ``exc`` on stderr (secrets redacted) and return the exit status."""
+    if isinstance(exc, USER_ERRORS):
+        text = str(exc) or type(exc).__name__
+        if isinstance(exc, OSError) and exc.filename is not None and str(exc.filename) not in text:
+            text = f"{exc.filename}: {text}"
+        click.echo(f"error: {redact_text(text)}", err=True)
+        return 1
+    detail = redact_text(f"{type(exc).__name__}: {exc}".splitlines()[0])
+    click.echo(f"error: internal error ({detail}); run `kompaktor --debug …` for the traceback", err=True)
+    return INTERNAL_ERROR
+
+
 def friendly_errors(fn: Callable) -> Callable:
-    """Turn Kompaktor and value errors into one line on stderr and exit status 1."""
+    """The CLI's top-level rule (applied to every command by the click group, and by this
+    decorator to each subcommand): no traceback reaches the user. An input or environment
+    problem is one line ``error: …`` and exit status 1; anything else is one line saying it is an
+    internal error, pointing at ``--debug`` (which shows the traceback), exit status 70. Click's
+    own exits and usage errors pass through."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except (KompaktorError, ValueError) as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(1)
+        except (click.exceptions.Exit, click.ClickException, click.Abort, KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as exc:
+            if debug_enabled():
+                raise
+            sys.exit(report_error(exc))
 
     return wrapper
+
+
+class RedactingFormatter(logging.Formatter):
+    """Log lines (message and traceback) with every URL's credentials replaced by ``***``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact_text(super().format(record))
+
+
+def setup_logging() -> None:
+    """Logging of the long-running commands (coordinator, compactor): stderr, level from
+    KOMPAKTOR_LOG, every line redacted."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=os.environ.get("KOMPAKTOR_LOG", "INFO"), handlers=[handler])
 
 
 def open_client(redis_url: str, storage_uri: str | None):

@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from kompaktor.cli.common import friendly_errors, redis_option, storage_option
+from kompaktor.cli.common import friendly_errors, redis_option, setup_logging, storage_option
 
 
 @click.command()
@@ -38,8 +38,7 @@ def compactor(group: str, compactor_id: str | None, engine: str | None, spark_ma
     from kompaktor.metadata.store import MetadataStore
     from kompaktor.worker import Compactor, WorkerSettings
 
-    logging.basicConfig(level=os.environ.get("KOMPAKTOR_LOG", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    setup_logging()
     store = MetadataStore.from_url(redis_url)
     store.ping()
     cfg = store.groups().get(group)

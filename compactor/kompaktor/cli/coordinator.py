@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import logging
-import os
 import signal
-import sys
 import threading
 
 import click
 
-from kompaktor.cli.common import friendly_errors, redis_option, storage_option
+from kompaktor.cli.common import friendly_errors, redis_option, setup_logging, storage_option
 
 
 @click.command()
@@ -36,8 +33,7 @@ def coordinator(metrics_port: int, full_scan_interval: float, dead_after: float,
     from kompaktor.files.storage import Storage
     from kompaktor.metadata.store import MetadataStore
 
-    logging.basicConfig(level=os.environ.get("KOMPAKTOR_LOG", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    setup_logging()
     store = MetadataStore.from_url(redis_url)
     store.ping()
     coord = Coordinator(store, Storage.from_uri(storage_uri), CoordinatorSettings(

@@ -33,7 +33,10 @@ def up(config_path, redis_url: str | None, data_dir: str) -> None:
     cluster = LocalCluster(cfg, data_dir, redis_url=redis_url)
     try:
         cluster.start()
-        click.echo(f"kompaktor is up: KOMPAKTOR_REDIS_URL={cluster.url} KOMPAKTOR_STORAGE={cluster.storage_uri}")
+        from kompaktor.model.redact import redact_url
+
+        click.echo(f"kompaktor is up: KOMPAKTOR_REDIS_URL={redact_url(cluster.url)} "
+                   f"KOMPAKTOR_STORAGE={cluster.storage_uri}")
         click.echo("Ctrl-C stops everything cleanly (compactors drain first).")
         while not stop.wait(1.0):
             cluster.autoscale()

@@ -23,6 +23,7 @@ from redis.retry import Retry
 from kompaktor import keyspace as C
 from kompaktor.model.errors import ConditionFailed, StoreUnavailable, TableExistsError, UnknownTableError
 from kompaktor.model.keys import encode_row, span_overlaps
+from kompaktor.model.redact import redact_url
 from kompaktor.model.tablet import (
     DELETED,
     OFFLINE,
@@ -36,7 +37,7 @@ from kompaktor.model.tablet import (
     now_ms,
     tablet_id,
 )
-from kompaktor.queues.jobqueue import UNREACHABLE, JobQueues, unreachable
+from kompaktor.queues.jobqueue import UNREACHABLE, JobQueues, setup_error, unreachable
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEADLOG_LENGTH = 10_000  # ECIDs of the last dead compactions kept
@@ -55,6 +56,17 @@ return 0
 _LUA = C.lua_prelude() + resources.files("kompaktor.metadata").joinpath("lua/mutate.lua").read_text()
 
 
+class _Retry(Retry):
+    """The client's retries, except for refused credentials: a wrong or missing password does not
+    get better with backoff, and the person waiting should hear so at once."""
+
+    def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):
+        def retryable(exc: Exception) -> bool:
+            return not isinstance(exc, redis.AuthenticationError) and (is_retryable is None or is_retryable(exc))
+
+        return super().call_with_retry(do, fail, retryable, with_failure_count)
+
+
 def connect(url: str, *, retries: int = 6, socket_timeout: float = 5.0) -> redis.Redis:
     """A Redis client that retries connection errors with exponential backoff, a bounded number
     of times (about 3 s in all by default), then fails. ``rediss://`` URLs use TLS; passwords
@@ -64,12 +76,12 @@ def connect(url: str, *, retries: int = 6, socket_timeout: float = 5.0) -> redis
             url,
             socket_timeout=socket_timeout,
             socket_connect_timeout=socket_timeout,
-            retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries),
+            retry=_Retry(ExponentialBackoff(cap=1.0, base=0.05), retries),
             retry_on_error=[redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError],
             health_check_interval=30,
         )
     except ValueError as exc:
-        raise StoreUnavailable(f"invalid Redis URL {url!r}: {exc}") from exc
+        raise StoreUnavailable(f"invalid Redis URL {redact_url(url)!r}: {redact_url(str(exc))}") from exc
 
 
 @dataclass
@@ -150,11 +162,16 @@ class MetadataStore:
     # -- plumbing -------------------------------------------------------------------------
     def call(self, fn, *args, **kwargs):
         """Run a Redis call; connection failures (after the client's bounded retries) become
-        :class:`StoreUnavailable` with the URL in the message."""
+        :class:`StoreUnavailable` with the URL, redacted, in the message; so do a wrong password
+        and a database index the server does not have."""
         try:
             return fn(*args, **kwargs)
         except UNREACHABLE as exc:
             raise unreachable(self.url or "the given URL", exc) from exc
+        except redis.ResponseError as exc:
+            if setup_error(exc):
+                raise unreachable(self.url or "the given URL", exc) from exc
+            raise
 
     def ping(self) -> None:
         self.call(self._r.ping)
