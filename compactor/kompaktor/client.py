@@ -14,10 +14,10 @@ import pyarrow.parquet as pq
 from kompaktor.files.sortedfile import SortedFileWriter, iter_entries, read_info
 from kompaktor.files.storage import Storage
 from kompaktor.metadata.store import MetadataStore
-from kompaktor.model.errors import BadFileError, KompaktorError
+from kompaktor.model.errors import BadFileError, KompaktorError, StorageError
 from kompaktor.model.iterators import IteratorSettings, merged_view
 from kompaktor.model.keys import Entry, sort_key
-from kompaktor.model.names import PREFIXES
+from kompaktor.model.names import PREFIXES, TABLES_DIR
 from kompaktor.model.tablet import FileInfo, Tablet
 
 MAX_VERSIONS_PROP = "table.iterator.versions"
@@ -96,23 +96,30 @@ class Client:
         tid = self.store.table_id(table)
         if not sources:
             raise KompaktorError("no files to import")
+        for src in sources:  # refused before anything is written: a file with no entries
+            if _foreign_rows(src) == 0:
+                raise BadFileError(f"{src}: the file has no entries; nothing to import")
         staged: list[SortedFileWriter] = []
         done: dict[str, FileInfo] = {}
         try:
-            for src in sources:
-                w = SortedFileWriter(self.storage, self.new_file_path(tid, "import"), source=src)
-                staged.append(w)
-                for batch in _read_foreign(src):
-                    w.write_table(pa.Table.from_batches([batch]))
-            for w in staged:
-                info = w.commit()
-                done[info.path] = info
+            try:
+                self.storage.ensure_dir(f"{TABLES_DIR}/{tid}")  # storage unusable: no name taken yet
+                for src in sources:
+                    w = SortedFileWriter(self.storage, self.new_file_path(tid, "import"), source=src)
+                    staged.append(w)
+                    for batch in _read_foreign(src):
+                        w.write_table(pa.Table.from_batches([batch]))
+                for w in staged:
+                    info = w.commit()
+                    done[info.path] = info
+            except OSError as exc:  # pyarrow's I/O errors included
+                raise StorageError(f"cannot write to storage {self.storage.uri}: {exc}") from exc
             self.store.add_files(table, {p: to_file_meta(i) for p, i in done.items()})
         except BaseException:
             for w in staged:
-                w.abort()
+                _quietly(w.abort)
             for p in done:
-                self.storage.delete(p)
+                _quietly(self.storage.delete, p)
             raise
         return sorted(done)
 
@@ -143,16 +150,37 @@ class Client:
         return entries()
 
 
-def _read_foreign(src: str) -> Iterator[pa.RecordBatch]:
-    """Batches of a user's Parquet file (local path or filesystem URI)."""
+def _quietly(fn, *args) -> None:
+    """Clean-up after a failure: a second error (the storage that failed) must not hide the first."""
+    try:
+        fn(*args)
+    except (OSError, pa.ArrowException):
+        pass
+
+
+def _open_foreign(src: str):
     try:
         if "://" in src:
             fs, path = pafs.FileSystem.from_uri(src)
         else:
             fs, path = pafs.LocalFileSystem(), posixpath.abspath(src)
-        f = fs.open_input_file(path)
+        return fs.open_input_file(path)
     except (OSError, pa.ArrowException) as exc:
         raise BadFileError(f"{src}: cannot open: {exc}") from exc
+
+
+def _foreign_rows(src: str) -> int:
+    """The number of rows a user's Parquet file declares (its footer only)."""
+    with _open_foreign(src) as f:
+        try:
+            return pq.ParquetFile(f).metadata.num_rows
+        except (OSError, pa.ArrowException) as exc:
+            raise BadFileError(f"{src}: not a readable Parquet file: {exc}") from exc
+
+
+def _read_foreign(src: str) -> Iterator[pa.RecordBatch]:
+    """Batches of a user's Parquet file (local path or filesystem URI)."""
+    f = _open_foreign(src)
     with f:
         try:
             pf = pq.ParquetFile(f)

@@ -5,6 +5,19 @@ from __future__ import annotations
 import click
 
 from kompaktor.cli.common import friendly_errors, open_client, parse_row, redis_option, storage_option
+from kompaktor.model.errors import KompaktorError
+from kompaktor.model.keys import check_row_range
+
+
+def _check_output(output: str) -> None:
+    """``scan -o``: a file name in an existing directory; never a directory, never replaced by one."""
+    import os
+
+    if output.endswith(os.sep) or os.path.isdir(output):
+        raise KompaktorError(f"-o {output}: is a directory; give the name of a Parquet file to write")
+    parent = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(parent):
+        raise KompaktorError(f"-o {output}: {parent} is not an existing directory")
 
 
 def _show(b: bytes) -> str:
@@ -35,6 +48,9 @@ def import_files(name: str, files: tuple[str, ...], redis_url: str, storage_uri:
 def scan(name: str, start: str | None, end: str | None, output: str | None, redis_url: str,
          storage_uri: str | None) -> None:
     """Print (or write with -o) the merged view of table NAME: newest versions, deletes applied."""
+    check_row_range(parse_row(start), parse_row(end), "row range to scan")
+    if output:
+        _check_output(output)
     c = open_client(redis_url, storage_uri)
     entries = c.scan(name, parse_row(start), parse_row(end))
     if output:
@@ -44,15 +60,21 @@ def scan(name: str, start: str | None, end: str | None, output: str | None, redi
         from kompaktor.files.sortedfile import SortedFileWriter
         from kompaktor.files.storage import Storage
 
-        local = Storage.from_uri(os.path.dirname(os.path.abspath(output)) or ".")
-        w = SortedFileWriter(local, os.path.basename(output))
+        local = Storage.from_uri(os.path.dirname(os.path.abspath(output)))
         try:
-            while chunk := list(itertools.islice(entries, 65536)):
-                w.write_entries(chunk)
-            info = w.commit()
-        except BaseException:
-            w.abort()
-            raise
+            w = SortedFileWriter(local, os.path.basename(output))
+            try:
+                while chunk := list(itertools.islice(entries, 65536)):
+                    w.write_entries(chunk)
+                info = w.commit()
+            except BaseException:
+                try:
+                    w.abort()
+                except OSError:
+                    pass  # the error that made us abort is the one to report
+                raise
+        except OSError as exc:
+            raise KompaktorError(f"-o {output}: cannot write: {getattr(exc, 'strerror', None) or exc}") from exc
         click.echo(f"wrote {info.entries} entries to {output}")
         return
     for e in entries:

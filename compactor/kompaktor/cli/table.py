@@ -59,9 +59,12 @@ def config(name: str, settings: tuple[str, ...], redis_url: str, storage_uri: st
             if not k:
                 raise ValueError(f"empty property name in {s!r}")
             props[k] = v if v != "" else None
-        from kompaktor.policy.tableprops import validate_props
+        from kompaktor.policy.tableprops import check_dispatch, dispatch_services, validate_props
 
         validate_props(props)
+        c.store.table_id(name)  # an unknown table is the first thing to hear about
+        if dispatch_services(props):
+            check_dispatch(props, c.store.services())
         c.store.set_props(name, props)
     for k, v in sorted(c.store.table(name).props.items()):
         click.echo(f"{k}={v}")

@@ -13,12 +13,24 @@ from dataclasses import dataclass
 
 import pyarrow.fs as pafs
 
+from kompaktor.model.errors import StorageError
+
 DEFAULT_STORAGE = os.path.join(os.path.expanduser("~"), ".local", "share", "kompaktor", "files")
 TMP_PREFIX = "_tmp_"
 
 
 def default_storage_uri() -> str:
     return os.environ.get("KOMPAKTOR_STORAGE") or DEFAULT_STORAGE
+
+
+def _local_dir(uri: str, root: str) -> None:
+    """Create a local storage directory, or say in one line why it cannot be one."""
+    if os.path.exists(root) and not os.path.isdir(root):
+        raise StorageError(f"storage {uri}: not a directory (a file is in the way)")
+    try:
+        os.makedirs(root, exist_ok=True)
+    except OSError as exc:
+        raise StorageError(f"storage {uri}: cannot create the directory: {exc.strerror or exc}") from exc
 
 
 @dataclass(frozen=True)
@@ -32,11 +44,11 @@ class Storage:
         uri = uri or default_storage_uri()
         if "://" not in uri:
             root = os.path.abspath(uri)
-            os.makedirs(root, exist_ok=True)
+            _local_dir(uri, root)
             return cls(uri=root, fs=pafs.LocalFileSystem(), root=root)
         fs, root = pafs.FileSystem.from_uri(uri)
         if isinstance(fs, pafs.LocalFileSystem):
-            os.makedirs(root, exist_ok=True)
+            _local_dir(uri, root)
         return cls(uri=uri, fs=fs, root=root.rstrip("/"))
 
     def path(self, rel: str) -> str:

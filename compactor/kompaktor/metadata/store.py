@@ -23,6 +23,7 @@ from redis.retry import Retry
 from kompaktor import keyspace as C
 from kompaktor.model.errors import ConditionFailed, StoreUnavailable, TableExistsError, UnknownTableError
 from kompaktor.model.keys import encode_row, span_overlaps
+from kompaktor.model.names import check_table_name
 from kompaktor.model.redact import redact_url
 from kompaktor.model.tablet import (
     DELETED,
@@ -200,8 +201,7 @@ class MetadataStore:
 
     # -- tables ---------------------------------------------------------------------------
     def create_table(self, name: str, splits: Iterable[bytes] = (), props: dict[str, str] | None = None) -> str:
-        if not name or any(c in name for c in " \t\n;/"):
-            raise ValueError(f"invalid table name {name!r}: use letters, digits, '-', '_' or '.'")
+        check_table_name(name)
         rows = sorted(set(splits))
         if any(not r for r in rows):
             raise ValueError("split rows must not be empty")

@@ -17,6 +17,7 @@ from typing import Any
 from kompaktor.metadata.store import MetadataStore, Mutation
 from kompaktor.model.errors import ConditionFailed, KompaktorError, UnknownTableError
 from kompaktor.model.iterators import IteratorSettings
+from kompaktor.model.keys import check_row_range
 from kompaktor.model.tablet import DELETED, ONLINE, Tablet, now_ms
 
 RUNNING, SUCCEEDED, CANCELLED, FAILED = "RUNNING", "SUCCEEDED", "CANCELLED", "FAILED"
@@ -73,6 +74,7 @@ def start(store: MetadataStore, table: str, start_row: bytes | None = None, end_
 
 def _start(store: MetadataStore, table: str, start_row: bytes | None, end_row: bytes | None,
            iterators: dict[str, Any] | None) -> str:
+    check_row_range(start_row, end_row, "row range to compact")
     its = validate_iterators(iterators or {})
     info = store.table(table)
     if info.state != ONLINE:

@@ -34,3 +34,7 @@ class ConditionFailed(KompaktorError):
 
 class StoreUnavailable(KompaktorError):
     """Redis cannot be reached after bounded retries."""
+
+
+class StorageError(KompaktorError):
+    """The data files' storage cannot be used (not a directory, not writable, …)."""

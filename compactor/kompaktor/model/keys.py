@@ -72,3 +72,14 @@ def span_overlaps(first: bytes | None, last: bytes | None, prev: bytes | None, e
     of row-range overlap: files against tablets, tablets against user ranges, row groups against
     merge ranges."""
     return (prev is None or last is None or last > prev) and (end is None or first is None or first <= end)
+
+
+def check_row_range(start: bytes | None, end: bytes | None, what: str = "row range") -> None:
+    """Refuse an empty inclusive row range [start, end] (start after end) with a ValueError that
+    shows both rows."""
+    if start is not None and end is not None and start > end:
+        raise ValueError(f"empty {what}: --start {_show(start)} is after --end {_show(end)}")
+
+
+def _show(row: bytes) -> str:
+    return repr(row.decode("utf-8", "backslashreplace"))

@@ -13,6 +13,7 @@ garbage collector find a dead compaction's leftovers by that tag.
 from __future__ import annotations
 
 import posixpath
+import re
 import uuid
 
 PREFIXES = {"flush": "F", "import": "I", "partial": "C", "full": "A"}
@@ -56,3 +57,16 @@ def part_names(output: str, tag: str, index: int) -> tuple[str, str]:
     names of ``output``'s writer, so cleanup of the tag removes them too."""
     base = tmp_name(f"{output}.part-{index:05d}.arrow", tag)
     return base, base + ".w"
+
+
+TABLE_NAME_MAX = 128
+_TABLE_NAME = re.compile(r"[A-Za-z0-9_.\-]+", re.ASCII)
+
+
+def check_table_name(name: str) -> None:
+    """A table name is exactly what the error below says: 1 to 128 ASCII letters, digits, '-', '_'
+    or '.', but not '.' or '..' (names end up in paths, keys and Kubernetes resources)."""
+    if (not isinstance(name, str) or not _TABLE_NAME.fullmatch(name) or name in (".", "..")
+            or len(name) > TABLE_NAME_MAX):
+        raise ValueError(f"invalid table name {name!r}: use 1 to {TABLE_NAME_MAX} ASCII letters, digits, "
+                         "'-', '_' or '.', not '.' or '..'")

@@ -3,7 +3,8 @@ Accumulo's ``table.custom.*``) only under ``table.custom.``."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Iterable, Mapping
 
 from kompaktor.model.errors import KompaktorError
 from kompaktor.policy.sizes import parse_accumulo_size
@@ -18,22 +19,29 @@ SELECTION_EXPIRY = "table.compaction.selection.expiration.ms"
 DISPATCH_PREFIX = "table.compaction.dispatcher.opts.service"
 
 
-def _int(k: str, v: str, lo: int | None = None) -> None:
+INT32_MAX = 2**31 - 1
+
+
+def _int(k: str, v: str, lo: int, hi: int = INT32_MAX) -> None:
     try:
         n = int(v)
     except ValueError:
         raise ValueError(f"{k}={v!r}: not an integer") from None
-    if lo is not None and n < lo:
+    if n < lo:
         raise ValueError(f"{k}={v!r}: must be >= {lo}")
+    if n > hi:
+        raise ValueError(f"{k}={v!r}: must be <= {hi}")
 
 
-def _float(k: str, v: str, lo: float, hi: float | None = None) -> None:
+def _float(k: str, v: str, lo: float, hi: float | None = None, *, lo_open: bool = False) -> None:
     try:
         x = float(v)
     except ValueError:
         raise ValueError(f"{k}={v!r}: not a number") from None
-    if x != x or x < lo or (hi is not None and x > hi):
-        raise ValueError(f"{k}={v!r}: must be in [{lo}, {hi if hi is not None else '∞'}]")
+    if not math.isfinite(x) or x < lo or (lo_open and x == lo) or (hi is not None and x > hi):
+        lo_text = f"({lo}" if lo_open else f"[{lo}"
+        hi_text = f"{hi}]" if hi is not None else "∞)"
+        raise ValueError(f"{k}={v!r}: must be a finite number in {lo_text}, {hi_text}")
 
 
 def validate_props(props: Mapping[str, str | None]) -> None:
@@ -46,7 +54,7 @@ def validate_props(props: Mapping[str, str | None]) -> None:
         elif k == RATIO:
             _float(k, v, 1.0)
         elif k == FILE_MAX:
-            _int(k, v)
+            _int(k, v, 0)
         elif k == SPLIT_THRESHOLD:
             if parse_accumulo_size(v) <= 0:
                 raise ValueError(f"{k}={v!r}: must be > 0")
@@ -54,11 +62,9 @@ def validate_props(props: Mapping[str, str | None]) -> None:
             if v not in ("too-many-deletes", ""):
                 raise ValueError(f"{k}={v!r}: the only selector is 'too-many-deletes'")
         elif k == SELECTOR_THRESHOLD:
-            x = float(v)
-            if not 0 < x <= 1:
-                raise ValueError(f"{k}={v!r}: must be in (0, 1]")
+            _float(k, v, 0.0, 1.0, lo_open=True)
         elif k == SELECTION_EXPIRY:
-            _int(k, v, 0)
+            _int(k, v, 0, 2**53)
         elif k == DISPATCH_PREFIX or k.startswith(DISPATCH_PREFIX + "."):
             kind = k[len(DISPATCH_PREFIX) + 1:]
             if kind and kind not in ("system", "user", "selector"):
@@ -67,6 +73,21 @@ def validate_props(props: Mapping[str, str | None]) -> None:
                 raise ValueError(f"{k}: service name must not be empty")
         elif not k.startswith("table.custom."):
             raise ValueError(f"unknown table property {k!r} (custom properties go under table.custom.)")
+
+
+def dispatch_services(props: Mapping[str, str | None]) -> dict[str, str]:
+    """The dispatcher properties among ``props`` that name a service: key → service name."""
+    return {k: v for k, v in props.items()
+            if v and (k == DISPATCH_PREFIX or k.startswith(DISPATCH_PREFIX + "."))}
+
+
+def check_dispatch(props: Mapping[str, str | None], services: Iterable[str]) -> None:
+    """Refuse a dispatcher property naming a compaction service that does not exist (planning
+    for the table would stop without a word)."""
+    known = sorted(services)
+    for k, v in dispatch_services(props).items():
+        if v not in known:
+            raise ValueError(f"{k}={v!r}: no compaction service {v!r} (services: {', '.join(known)})")
 
 
 DEFAULT_SELECTION_EXPIRY_MS = 120_000
