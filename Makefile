@@ -9,7 +9,7 @@ REGISTRY        ?= ghcr.io/kompaktor
 OPERATOR_IMAGE  ?= $(REGISTRY)/kompaktor-operator:$(VERSION)
 COMPACTOR_IMAGE ?= $(REGISTRY)/kompaktor-compactor:$(VERSION)
 
-.PHONY: help install test test-operator demo lint bench crds images clean
+.PHONY: help install test test-operator test-k8s control-plane demo lint bench crds images clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -24,9 +24,15 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## virtualenv in .venv with the package and dev extras; redis-server and Java 17 via apt-get when missing
 
-test: $(STAMP) ## the layer contract, then the whole test suite (unit, Redis, Spark, operator, chart)
+test: $(STAMP) control-plane ## the layer contract, then the whole suite (unit, Redis, Spark, operator, chart, real Kubernetes)
 	PYTHONPATH=compactor:operator $(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
+
+control-plane: ## build kube-apiserver + kube-controller-manager 1.20 from Debian's source package once (cached in ~/.cache/kompaktor)
+	@if [ "$$KOMPAKTOR_SKIP_K8S" != 1 ]; then bash tests/k8s/build-control-plane.sh >/dev/null; fi
+
+test-k8s: $(STAMP) control-plane ## only the real Kubernetes control-plane tier (helm install, kubectl, RBAC, HPA, node agent)
+	$(PY) -m pytest -q tests/k8s
 
 test-operator: $(STAMP) ## only the operator: kopf handlers against the kmock Kubernetes emulator
 	$(PY) -m pytest -q tests/operator

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # controlplane, nodeagent
-from controlplane import ControlPlane  # noqa: E402
+from controlplane import ControlPlane
 
 _versions: list[str] = []
 
@@ -40,6 +40,6 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
         cp.stop()
 
 
-def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:  # noqa: ANN001
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
     if _versions:
         terminalreporter.write_line(f"Kubernetes control plane: {_versions[0]}")
