@@ -26,13 +26,18 @@ from kompaktor.cli.common import friendly_errors, redis_option, setup_logging, s
               help="Port for /healthz, /readyz, /drain and /metrics (0: any free port, -1: off).")
 @click.option("--http-host", envvar="KOMPAKTOR_HTTP_HOST", default="0.0.0.0", show_default=True,
               help="Address the HTTP endpoints listen on (env KOMPAKTOR_HTTP_HOST).")
+@click.option("--drain-token-file", envvar="KOMPAKTOR_DRAIN_TOKEN_FILE", default=None,
+              help="File holding the token that authorizes POST /drain from elsewhere than loopback "
+                   "(env KOMPAKTOR_DRAIN_TOKEN_FILE; or the token itself in env KOMPAKTOR_DRAIN_TOKEN). "
+                   "Without one, only the pod itself (127.0.0.1) may drain it over HTTP.")
 @click.option("--max-jobs", type=int, default=None, hidden=True)
 @redis_option
 @storage_option
 @friendly_errors
 def compactor(group: str, compactor_id: str | None, engine: str | None, spark_master: str | None,
               spark_conf: tuple[str, ...], driver_memory: str | None, drain_grace: float | None,
-              http_port: int, http_host: str, max_jobs: int | None, redis_url: str, storage_uri: str | None) -> None:
+              http_port: int, http_host: str, drain_token_file: str | None, max_jobs: int | None,
+              redis_url: str, storage_uri: str | None) -> None:
     """Run one compactor: reserve a job of GROUP, merge it, commit, repeat; drain on SIGTERM."""
     from kompaktor.files.storage import Storage
     from kompaktor.metadata.store import MetadataStore
@@ -58,10 +63,13 @@ def compactor(group: str, compactor_id: str | None, engine: str | None, spark_ma
         drain_grace_s=drain_grace if drain_grace is not None else (cfg.drain_grace_seconds if cfg else 60.0),
         max_jobs=max_jobs,
     )
+    from kompaktor.worker.http import TOKEN_ENV, token_source
+
+    drain_token = token_source(os.environ.get(TOKEN_ENV), drain_token_file)
     worker = Compactor(store, Storage.from_uri(storage_uri), settings)
     worker.install_signal_handlers()
     if http_port >= 0:
-        port = worker.serve_http(http_port, http_host)
+        port = worker.serve_http(http_port, http_host, drain_token)
         logging.getLogger("kompaktor.compactor").info("compactor %s serving HTTP on :%d",
                                                       settings.compactor_id, port)
     try:
@@ -75,13 +83,23 @@ def compactor(group: str, compactor_id: str | None, engine: str | None, spark_ma
 @click.option("--port", type=int, default=8080, show_default=True, help="The compactor's HTTP port.")
 @click.option("--host", envvar="KOMPAKTOR_HTTP_HOST", default="127.0.0.1", show_default=True,
               help="The compactor's address (env KOMPAKTOR_HTTP_HOST).")
+@click.option("--token-file", envvar="KOMPAKTOR_DRAIN_TOKEN_FILE", default=None,
+              help="Send the drain token in this file (env KOMPAKTOR_DRAIN_TOKEN_FILE, or the token in "
+                   "env KOMPAKTOR_DRAIN_TOKEN); needed unless the compactor is reached at 127.0.0.1.")
 @friendly_errors
-def drain(port: int, host: str) -> None:
+def drain(port: int, host: str, token_file: str | None) -> None:
     """Ask a compactor to drain (POST /drain): it takes no new job and finishes or releases the
     current one within its grace period. The compactor pod's preStop hook runs this."""
-    from kompaktor.worker.http import request_drain
+    import urllib.error
 
+    from kompaktor.model.errors import KompaktorError
+    from kompaktor.worker.http import TOKEN_ENV, request_drain, token_source
+
+    token = token_source(os.environ.get(TOKEN_ENV), token_file)()
     try:
-        click.echo(request_drain(port, host))
+        click.echo(request_drain(port, host, token=token))
+    except urllib.error.HTTPError as exc:
+        raise KompaktorError(f"the compactor on {host}:{port} refused to drain: HTTP {exc.code} "
+                                   f"{exc.read().decode(errors='replace').strip()}") from exc
     except OSError as exc:
-        raise click.ClickException(f"no compactor answered on {host}:{port}: {exc}") from exc
+        raise KompaktorError(f"no compactor answered on {host}:{port}: {exc}") from exc

@@ -14,6 +14,7 @@ import random
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import ThreadingHTTPServer
 from typing import Any
@@ -302,11 +303,12 @@ class Compactor:
         return not set(res.inputs) & set(t.files)
 
     # -- HTTP: probes, drain, metrics ------------------------------------------------------------------
-    def serve_http(self, port: int, host: str = "0.0.0.0") -> int:
-        """Serve the compactor's endpoints (:mod:`kompaktor.worker.http`); returns the port."""
+    def serve_http(self, port: int, host: str = "0.0.0.0", drain_token: Callable[[], str | None] | None = None) -> int:
+        """Serve the compactor's endpoints (:mod:`kompaktor.worker.http`; ``drain_token`` authorizes
+        ``POST /drain`` from elsewhere than loopback); returns the port."""
         from kompaktor.worker.http import serve
 
-        self._http = serve(self, port, host)
+        self._http = serve(self, port, host, drain_token)
         return self._http.server_address[1]
 
     def close(self) -> None:
