@@ -10,8 +10,9 @@ import re
 
 MASK = "***"
 
-# scheme://USERINFO@ — greedy up to the last '@' of the authority (a password may hold an '@')
-_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^\s/?#]*@")
+# scheme://USERINFO@ — greedy up to the last '@' before a space, quote, '?' or '#': a password
+# may hold an unencoded '@' or '/' (redacting too much is the safe side)
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^\s?#'\"]*@")
 # ?password=… &token=… (redis-py reads ?password= too)
 _SECRET_PARAM = re.compile(r"(?i)([?&;](?:password|passwd|pass|pwd|token|secret|auth)=)[^&;#\s'\"]*")
 
