@@ -30,9 +30,12 @@ def set_condition(
         "type": type_,
         "status": text,
         "reason": reason,
-        "message": message,
         "lastTransitionTime": now if changed else old.get("lastTransitionTime", now),
     }
+    if message:
+        # An empty string is left out: a real 1.20 apiserver stored "" as null here and then refused
+        # the whole status write (422 "must be of type string"); absent means the same.
+        new["message"] = message
     if generation is not None:
         new["observedGeneration"] = generation
     out = [dict(c) for c in conditions or [] if c.get("type") != type_]

@@ -353,7 +353,7 @@ async def track_compaction(status: Any, meta: Any, patch: kopf.Patch, **_: Any) 
             None, m.CompactionPhase.SELECTING.value):
         phase = m.CompactionPhase.SELECTING.value  # no tablet done yet: still selecting files
     patch.status.update({"phase": phase, "tabletsDone": progress.tablets_done,
-                         "tabletsTotal": progress.tablets_total, "message": progress.message})
+                         "tabletsTotal": progress.tablets_total, "message": progress.message or None})
     if m.CompactionPhase(phase).terminal:
         patch.status["endTime"] = now()
         ok = phase == m.CompactionPhase.SUCCEEDED.value

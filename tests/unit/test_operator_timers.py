@@ -58,3 +58,11 @@ def test_timer_adds_degraded_and_keeps_ready_once_settled(monkeypatch) -> None:
     conds = {c["type"]: c for c in patch.status["conditions"]}
     assert conds["Ready"]["status"] == "True"
     assert conds["Degraded"]["reason"] == "CompactorGroupMissing" and "small" in conds["Degraded"]["message"]
+
+
+def test_an_empty_condition_message_is_left_out() -> None:
+    """A real 1.20 apiserver turned message "" into null and refused the status write (422)."""
+    out = conditions.set_condition(None, conditions.READY, True, reason="Stored", message="", now="t")
+    assert "message" not in out[0]
+    out = conditions.set_condition(out, conditions.READY, False, reason="Bad", message="why", now="t")
+    assert out[0]["message"] == "why"

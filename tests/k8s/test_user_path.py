@@ -1,0 +1,331 @@
+"""The user's path, literally, on a real Kubernetes 1.20 control plane.
+
+`helm install` through the Helm SDK (external Redis = the test's redis-server, by Secret, as the
+README describes); the operator and coordinator run as local processes authenticated as the
+chart's operator ServiceAccount (never admin: a verb the chart's RBAC lacks fails here); `kubectl
+apply -f examples/`, `kubectl get`, `kubectl scale`, `kubectl delete` with the real kubectl; the
+compactor pods of the end-to-end group run as real `kompaktor compactor` processes through the
+node agent.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import kubernetes
+import pytest
+from controlplane import ControlPlane, free_port, wait_until
+from nodeagent import NodeAgent
+
+from kompaktor.files.sortedfile import write_sorted
+from kompaktor.files.storage import Storage
+from kompaktor.metadata.store import MetadataStore
+from kompaktor.model.keys import Entry
+from kompaktor_operator import naming
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "kompaktor"
+NS = "kompaktor"
+RELEASE = "kompaktor"
+REDIS_SECRET = "kompaktor-redis-url"
+BIN = Path(sys.executable).parent
+
+
+@dataclass
+class Release:
+    cp: ControlPlane
+    agent: NodeAgent
+    store: MetadataStore
+    storage_dir: Path
+    redis_url: str
+    env: dict[str, str]  # the operator's and coordinator's environment, as the chart sets it
+    procs: dict[str, subprocess.Popen]
+    manifest: list[dict[str, Any]]
+
+    def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
+        return self.cp.kubectl("-n", NS, *args, check=check, input=input)
+
+    def get(self, kind: str, name: str) -> dict[str, Any] | None:
+        out = self.kubectl("get", kind, name, "-o", "json", check=False)
+        return json.loads(out.stdout) if out.returncode == 0 else None
+
+    def condition(self, kind: str, name: str, ctype: str) -> dict[str, Any] | None:
+        obj = self.get(kind, name) or {}
+        return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == ctype), None)
+
+    def kompaktor(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        out = subprocess.run([str(BIN / "kompaktor"), *args], env=self.env, capture_output=True, text=True,
+                             timeout=120)
+        if check and out.returncode != 0:
+            raise AssertionError(f"kompaktor {' '.join(args)}: {out.stderr}")
+        return out
+
+
+def _container_env(dep: dict[str, Any], container: str, core: Any) -> dict[str, str]:
+    """The environment the chart gives one container of a Deployment, Secret references resolved."""
+    c = next(c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == container)
+    env: dict[str, str] = {}
+    for e in c.get("env") or []:
+        if "value" in e:
+            env[e["name"]] = e["value"]
+        elif "secretKeyRef" in (e.get("valueFrom") or {}):
+            ref = e["valueFrom"]["secretKeyRef"]
+            env[e["name"]] = base64.b64decode(core.read_namespaced_secret(ref["name"], NS).data[ref["key"]]).decode()
+    return env
+
+
+def _is_e2e_compactor(pod: Any) -> bool:
+    return (pod.metadata.labels or {}).get(naming.GROUP_LABEL) == "e2e"
+
+
+@pytest.fixture(scope="module")
+def release(control_plane: ControlPlane, redis_server: Any, tmp_path_factory: pytest.TempPathFactory
+            ) -> Iterator[Release]:
+    cp = control_plane
+    api = cp.api()
+    core = kubernetes.client.CoreV1Api(api)
+    import redis as redis_lib
+
+    raw = redis_lib.Redis.from_url(redis_server.url)
+    raw.flushall()
+    raw.close()
+    core.create_namespace({"metadata": {"name": NS}})
+    core.create_namespaced_secret(NS, {"metadata": {"name": REDIS_SECRET}, "stringData": {"url": redis_server.url}})
+    storage_dir = tmp_path_factory.mktemp("storage")
+    logs = tmp_path_factory.mktemp("logs")
+    agent = NodeAgent(api, mode=lambda pod: "run" if _is_e2e_compactor(pod) else "fake",
+                      env={"PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "KOMPAKTOR_LOG": "INFO"},
+                      log_dir=logs).start()
+    procs: dict[str, subprocess.Popen] = {}
+    store = MetadataStore.from_url(redis_server.url)
+    try:
+        with helm.Config(kubeconfig_path=str(cp.kubeconfig), namespace=NS) as cfg:
+            rel = cfg.install(str(CHART), RELEASE, {
+                "redis": {"bundled": False, "external": {"existingSecret": REDIS_SECRET}},
+                "storage": {"uri": str(storage_dir)},
+            }, namespace=NS, timeout=120)
+        manifest = [d for d in _yaml_docs(rel["manifest"]) if d]
+        dep = json.loads(cp.kubectl("-n", NS, "get", "deployment", f"{RELEASE}-operator", "-o", "json").stdout)
+        env = {**os.environ, **_container_env(dep, "operator", core),
+               "KUBECONFIG": str(cp.service_account_kubeconfig(NS, f"{RELEASE}-operator")),
+               "KOMPAKTOR_SCALE_INTERVAL": "1", "KOMPAKTOR_STATUS_INTERVAL": "2",
+               "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+        with open(logs / "operator.log", "wb") as out:
+            procs["operator"] = subprocess.Popen(
+                [str(BIN / "kompaktor"), "operator", "--liveness", ""], env=env, stdout=out,
+                stderr=subprocess.STDOUT, start_new_session=True)
+        with open(logs / "coordinator.log", "wb") as out:
+            procs["coordinator"] = subprocess.Popen(
+                [str(BIN / "kompaktor"), "coordinator", "--metrics-port", str(free_port()),
+                 "--full-scan-interval", "5"], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        yield Release(cp, agent, store, storage_dir, redis_server.url, env, procs, manifest)
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+                try:
+                    p.wait(15)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait(5)
+        agent.stop()
+        store.close()
+
+
+def _yaml_docs(text: str) -> list[Any]:
+    import yaml
+
+    return list(yaml.safe_load_all(text))
+
+
+# -- 1. helm install ------------------------------------------------------------------------------
+def test_helm_install_is_accepted_by_the_apiserver(release: Release) -> None:
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in release.manifest}
+    assert ("Deployment", f"{RELEASE}-operator") in kinds
+    for kind, name in kinds:
+        if kind == "CustomResourceDefinition":
+            crd = json.loads(release.cp.kubectl("get", "crd", name, "-o", "json").stdout)
+            established = {c["type"]: c["status"] for c in crd["status"]["conditions"]}
+            assert established.get("Established") == "True", name
+        elif kind in ("ClusterRole", "ClusterRoleBinding"):
+            release.cp.kubectl("get", kind.lower(), name)
+        else:
+            assert release.get(kind.lower(), name) is not None, (kind, name)
+    assert release.procs["operator"].poll() is None, "the operator exited"
+
+
+# -- 2. kubectl apply -f examples/ ---------------------------------------------------------------------
+def test_examples_apply_and_show_their_columns(release: Release) -> None:
+    release.kubectl("apply", "-f", str(ROOT / "examples"))
+    ready = wait_until(lambda: (c := release.condition("compactorgroup", "small", "Ready")) and c, "small Ready",
+                       timeout=60)
+    assert ready["status"] == "True", ready
+    dep = wait_until(lambda: release.get("deployment", naming.deployment_name("small")), "small's Deployment")
+    assert dep["spec"]["replicas"] == 2  # minReplicas
+    hpa = json.loads(release.cp.kubectl("get", "--raw", f"/apis/autoscaling/v2beta2/namespaces/{NS}/"
+                                        f"horizontalpodautoscalers/{naming.hpa_name('small')}").stdout)
+    assert hpa["spec"]["minReplicas"] == 2 and hpa["spec"]["maxReplicas"] == 20
+    # the HPA controller processes it (it applies the bounds; the metric comes with the metrics API)
+    wait_until(lambda: json.loads(release.cp.kubectl(
+        "get", "--raw", f"/apis/autoscaling/v2beta2/namespaces/{NS}/horizontalpodautoscalers/"
+        f"{naming.hpa_name('small')}").stdout).get("status", {}).get("conditions"), "HPA conditions", timeout=60)
+    # KEDA is not installed: the large group says so instead of failing in a loop
+    large = wait_until(lambda: (c := release.condition("compactorgroup", "large", "Ready")) and c, "large", timeout=60)
+    assert large["status"] == "False" and large["reason"] == "AutoscalerUnavailable", large
+    assert "KEDA" in large["message"]
+    assert release.get("deployment", naming.deployment_name("large")) is not None
+    # printer columns with real values
+    wait_until(lambda: (release.get("compactorgroup", "small") or {}).get("status", {}).get("replicas") == 2,
+               "small's status.replicas")
+    table = release.kubectl("get", "compactorgroups").stdout.splitlines()
+    header = table[0].split()
+    assert header[:6] == ["NAME", "DESIRED", "REPLICAS", "READY", "QUEUED", "RUNNING"], header
+    row = next(line.split() for line in table[1:] if line.startswith("small "))
+    assert row[1:3] == ["2", "2"], table
+    svc = wait_until(lambda: (c := release.condition("compactionservice", "cs1", "Ready")) and c, "cs1", timeout=60)
+    assert svc["status"] == "True", svc
+
+
+def test_kubectl_scale_reaches_the_deployment(release: Release) -> None:
+    release.kubectl("scale", "compactorgroup", "small", "--replicas=3")
+    wait_until(lambda: release.get("deployment", naming.deployment_name("small"))["spec"]["replicas"] == 3,
+               "the Deployment at 3 replicas", timeout=30)
+
+
+@pytest.mark.parametrize("name, spec, refused_by", [
+    ("bad-quantity", {"resources": {"requests": {"memory": "lots"}}}, "schema"),
+    ("min-over-max", {"minReplicas": 5, "maxReplicas": 2}, "operator"),
+])
+def test_invalid_groups_are_refused_and_nothing_is_created(release: Release, name: str, spec: dict[str, Any],
+                                                           refused_by: str) -> None:
+    body = {"apiVersion": naming.GROUP_VERSION, "kind": "CompactorGroup", "metadata": {"name": name},
+            "spec": spec}
+    out = release.kubectl("apply", "-f", "-", input=json.dumps(body), check=False)
+    if refused_by == "schema":
+        assert out.returncode != 0 and "memory" in out.stderr, out.stderr
+        assert release.get("compactorgroup", name) is None
+    else:
+        assert out.returncode == 0, out.stderr  # no CEL on 1.20: the operator enforces the rule
+        cond = wait_until(lambda: (c := release.condition("compactorgroup", name, "Ready")) and c, "a condition",
+                          timeout=30)
+        assert cond["status"] == "False" and "maxReplicas" in cond["message"], cond
+        release.kubectl("delete", "compactorgroup", name, "--wait=false")
+    assert release.get("deployment", naming.deployment_name(name)) is None
+
+
+def test_a_service_naming_an_unknown_group_is_degraded(release: Release) -> None:
+    body = {"apiVersion": naming.GROUP_VERSION, "kind": "CompactionService", "metadata": {"name": "ghostly"},
+            "spec": {"tiers": [{"name": "all", "compactorGroup": "ghost"}], "tables": ["nothing-here"]}}
+    release.kubectl("apply", "-f", "-", input=json.dumps(body))
+    cond = wait_until(lambda: (c := release.condition("compactionservice", "ghostly", "Degraded")) and c
+                      and c["status"] == "True" and c, "Degraded", timeout=60)
+    assert "ghost" in cond["message"]
+    release.kubectl("delete", "compactionservice", "ghostly")
+
+
+# -- 3. end to end ----------------------------------------------------------------------------------
+def _entries(table_rows: range, version: int) -> list[Entry]:
+    return [Entry(f"row{r:05d}".encode(), b"f", b"q", b"", 1000 + version, False, f"v{version}-{r}".encode())
+            for r in table_rows]
+
+
+def test_burst_scale_up_drain_and_scale_down(release: Release, tmp_path: Path) -> None:
+    e2e = [
+        {"apiVersion": naming.GROUP_VERSION, "kind": "CompactionService", "metadata": {"name": "svc-e2e"},
+         "spec": {"ratio": 2.0, "tiers": [{"name": "all", "compactorGroup": "e2e"}], "tables": ["e2e"]}},
+        {"apiVersion": naming.GROUP_VERSION, "kind": "CompactorGroup", "metadata": {"name": "e2e"},
+         "spec": {"minReplicas": 0, "maxReplicas": 3, "autoscaler": "none", "drainGraceSeconds": 20,
+                  "spark": {"engine": "arrow", "master": "local[1]"}}},
+    ]
+    release.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": e2e}))
+    wait_until(lambda: (c := release.condition("compactorgroup", "e2e", "Ready")) and c["status"] == "True",
+               "e2e Ready", timeout=60)
+    # a burst: 20 tablets, 3 imported files each
+    splits = ",".join(f"row{r:05d}" for r in range(50, 1000, 50))
+    release.kompaktor("table", "create", "e2e", "--splits", splits)
+    local = Storage.from_uri(str(tmp_path))
+    files = []
+    for version in range(3):
+        path = f"import-{version}.parquet"
+        write_sorted(local, path, _entries(range(1000), version))
+        files.append(str(tmp_path / path))
+    release.kompaktor("import", "e2e", *files)
+    wait_until(lambda: release.store.queues.stats("e2e").queued >= 10, "a burst of queued jobs", timeout=60)
+    # raise the replicas through the scale subresource, as the HPA would
+    release.kubectl("scale", "compactorgroup", "e2e", "--replicas=3")
+    wait_until(lambda: len([r for r in release.agent.records if r.pod.startswith("kompaktor-e2e-")]) >= 3,
+               "3 compactor processes", timeout=60)
+    tablets = release.store.tablets(release.store.table_id("e2e"))
+    wait_until(lambda: all(len(t.files) == 1 for t in release.store.tablets(release.store.table_id("e2e"))),
+               "every tablet compacted to one file", timeout=180)
+    wait_until(lambda: (s := release.store.queues.stats("e2e")).queued == 0 and s.running == 0, "the queue drained")
+    assert len(tablets) == 20
+    # exactly what was imported: the newest version of every row
+    out_file = tmp_path / "scan.parquet"
+    release.kompaktor("scan", "e2e", "-o", str(out_file))
+    import pyarrow.parquet as pq
+
+    scanned = pq.read_table(out_file).to_pylist()
+    assert [(r["row"], r["value"]) for r in scanned] == [(e.row, e.value) for e in _entries(range(1000), 2)]
+    # lower the replicas: the operator drains idle compactors, the ReplicaSet removes exactly those
+    before = {r.pod for r in release.agent.records if r.pod.startswith("kompaktor-e2e-") and r.stopped is None}
+    assert len(before) == 3
+    release.kubectl("scale", "compactorgroup", "e2e", "--replicas=1")
+
+    def settled() -> bool:
+        pods = json.loads(release.kubectl("get", "pods", "-l", naming.selector("e2e"), "-o", "json").stdout)["items"]
+        return len(pods) == 1 and not pods[0]["metadata"].get("deletionTimestamp")
+
+    wait_until(settled, "one compactor pod left", timeout=120)
+    removed = {r.pod for r in release.agent.records if r.pod in before and r.stopped is not None}
+    kept = before - removed
+    assert len(removed) == 2 and len(kept) == 1
+    for r in release.agent.records:
+        if r.pod in removed:
+            assert r.exit_code == 0 and not r.sigkilled, r  # drained, then stopped cleanly
+    counters = release.store.counters()
+    assert counters.get("dead_compactions", 0) == 0
+    assert not release.store.failures()  # no busy compactor was terminated: nothing failed or was released
+    assert [c.id for c in release.store.compactors("e2e")] == sorted(kept)
+
+
+def test_kubectl_delete_compaction_cancels_it(release: Release) -> None:
+    # no compactor: a user compaction of e2e cannot finish while we look
+    release.kubectl("scale", "compactorgroup", "e2e", "--replicas=0")
+    wait_until(lambda: not release.store.compactors("e2e"), "no e2e compactor", timeout=120)
+    body = {"apiVersion": naming.GROUP_VERSION, "kind": "Compaction", "metadata": {"name": "uc"},
+            "spec": {"table": "e2e"}}
+    release.kubectl("apply", "-f", "-", input=json.dumps(body))
+    cid = wait_until(lambda: (release.get("compaction", "uc") or {}).get("status", {}).get("compactionId"),
+                     "the compaction to start", timeout=30)
+    from kompaktor.metadata import user_compactions
+
+    assert user_compactions.get(release.store, cid).state == user_compactions.RUNNING
+    release.kubectl("delete", "compaction", "uc")
+    wait_until(lambda: user_compactions.get(release.store, cid).state == user_compactions.CANCELLED,
+               "the user compaction cancelled", timeout=30)
+
+
+def test_deleting_resources_collects_children_and_uninstall_keeps_crds(release: Release) -> None:
+    release.kubectl("delete", "compactorgroup", "e2e")
+    wait_until(lambda: release.get("deployment", naming.deployment_name("e2e")) is None, "e2e's Deployment gone",
+               timeout=60)
+    release.kubectl("delete", "-f", str(ROOT / "examples"), "--wait=true")
+    wait_until(lambda: release.get("deployment", naming.deployment_name("small")) is None, "small's Deployment gone",
+               timeout=60)
+    with helm.Config(kubeconfig_path=str(release.cp.kubeconfig), namespace=NS) as cfg:
+        cfg.uninstall(RELEASE, timeout=60)
+    wait_until(lambda: release.get("deployment", f"{RELEASE}-operator") is None, "the operator Deployment gone",
+               timeout=60)
+    for crd in ("compactorgroups.kompaktor.io", "compactionservices.kompaktor.io", "compactions.kompaktor.io"):
+        release.cp.kubectl("get", "crd", crd)  # kept: helm.sh/resource-policy keep
