@@ -360,6 +360,15 @@ async def track_compaction(status: Any, meta: Any, patch: kopf.Patch, **_: Any) 
         _mark(patch, status, conditions.READY, ok, phase, progress.message, meta.get("generation"))
 
 
+async def compaction_changed(status: Any, meta: Any, patch: kopf.Patch, **_: Any) -> None:
+    """A Compaction's spec cannot change (the CRD's CEL rule says so where the server has CEL;
+    this says it everywhere): the running compaction keeps the spec it started with."""
+    if (status or {}).get("compactionId"):
+        _mark(patch, status, conditions.DEGRADED, True, "SpecChanged",
+              "a Compaction cannot change; the running compaction keeps its original spec "
+              "(delete it and create another)", meta.get("generation"))
+
+
 async def cancel_compaction(status: Any, **_: Any) -> None:
     cid = (status or {}).get("compactionId")
     if cid and not _terminal(status):
@@ -394,6 +403,7 @@ def register(registry: kopf.OperatorRegistry, *, login: bool = True) -> kopf.Ope
     kopf.on.resume(*COMPACTION, id="start", when=_not_terminal, **r)(start_compaction)
     kopf.on.create(*COMPACTION, id="start", **r)(start_compaction)
     kopf.timer(*COMPACTION, id="track", interval=cfg.scale_interval, when=_not_terminal, **r)(track_compaction)
+    kopf.on.update(*COMPACTION, id="immutable", field="spec", **r)(compaction_changed)
     kopf.on.delete(*COMPACTION, id="cancel", **r)(cancel_compaction)
     return registry
 

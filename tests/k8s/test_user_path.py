@@ -311,6 +311,11 @@ def test_kubectl_delete_compaction_cancels_it(release: Release) -> None:
     from kompaktor.metadata import user_compactions
 
     assert user_compactions.get(release.store, cid).state == user_compactions.RUNNING
+    # no CEL on 1.20: the apiserver accepts a change, the operator marks it and keeps the original
+    release.kubectl("patch", "compaction", "uc", "--type=merge", "-p", json.dumps({"spec": {"startRow": "x"}}))
+    cond = wait_until(lambda: release.condition("compaction", "uc", "Degraded"), "SpecChanged", timeout=30)
+    assert cond["status"] == "True" and cond["reason"] == "SpecChanged"
+    assert user_compactions.get(release.store, cid).state == user_compactions.RUNNING
     release.kubectl("delete", "compaction", "uc")
     wait_until(lambda: user_compactions.get(release.store, cid).state == user_compactions.CANCELLED,
                "the user compaction cancelled", timeout=30)
