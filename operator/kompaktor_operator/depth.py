@@ -104,6 +104,10 @@ class RedisBackend:
     def request_drain(self, compactor_id: str) -> None:
         self._call(self.store.request_drain, compactor_id)
 
+    def groups(self) -> set[str]:
+        """Names of the compactor groups the store knows."""
+        return set(self._call(self.store.groups))
+
     def queue_figures(self, group: str) -> QueueFigures:
         s = self._call(self.queues.stats, group)
         return QueueFigures(queued=s.queued, running=s.running, rejected=s.rejected,

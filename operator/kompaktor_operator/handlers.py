@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -115,9 +116,41 @@ async def on_startup(settings: kopf.OperatorSettings, logger: logging.Logger, **
     # Re-open watches every few minutes: long-lived idle watches are cut by load balancers.
     settings.watching.server_timeout = 300
     logger.info("kompaktor operator started; compactor image %s", config().compactor_image)
+    if os.environ.get("KOMPAKTOR_METRICS_API"):
+        global _metrics_task
+        _metrics_task = asyncio.create_task(_serve_metrics_api(logger))
+
+
+async def _serve_metrics_api(logger: logging.Logger) -> None:
+    """Serve external.metrics.k8s.io once kopf has logged in (the API needs the cluster's
+    request-header CA); a failure is logged loudly and retried, never fatal to the operator."""
+    from kompaktor_operator import metrics_api
+
+    while True:
+        try:
+            kube.client()
+        except RuntimeError:
+            await asyncio.sleep(0.2)  # kopf has not logged in yet
+            continue
+        try:
+            runner = await metrics_api.start_from_env(dict(os.environ), kube, depth.backend())
+        except Exception as exc:
+            logger.error("cannot serve the external metrics API (retrying in 10 s): %s", exc)
+            await asyncio.sleep(10)
+            continue
+        try:
+            await asyncio.Event().wait()  # until cancelled at cleanup
+        finally:
+            if runner is not None:
+                await runner.cleanup()
+
+
+_metrics_task: asyncio.Task | None = None
 
 
 async def on_cleanup(**_: Any) -> None:
+    if _metrics_task is not None:
+        _metrics_task.cancel()
     await kube.shutdown()
 
 
@@ -194,6 +227,10 @@ async def reconcile_group(name: str, namespace: str, spec: Any, status: Any, met
         _mark(patch, status, conditions.READY, False, "InvalidName", message, generation)
         raise kopf.PermanentError(message)
     await _io(depth.backend().put_group, m.to_group_config(name, group))
+    if group.replicas is None:
+        # The scale subresource reads spec.replicas: without it the HPA controller fails with
+        # "the spec replicas field .spec.replicas does not exist" (seen on a real 1.20 apiserver).
+        patch.spec["replicas"] = group.desired_replicas()
     cfg = config()
     # Optional APIs are looked up, never assumed: a missing one is a condition, not a crash loop.
     hpa_version = await _kube(kube.hpa_api_version())

@@ -126,7 +126,7 @@ def test_rbac_is_least_privilege() -> None:
 def test_external_redis_and_storage() -> None:
     by = kinds(render(load(CHART / "ci" / "external-redis-values.yaml")))
     assert "StatefulSet" not in by
-    (secret,) = by["Secret"]
+    (secret,) = [s for s in by["Secret"] if not s["metadata"]["name"].endswith("-metrics-api-tls")]
     assert secret["stringData"]["url"].startswith("rediss://")
     operator = by["Deployment"][0]["spec"]["template"]["spec"]
     coordinator = next(c for c in operator["containers"] if c["name"] == "coordinator")
@@ -142,11 +142,27 @@ def test_service_monitor_and_existing_secret() -> None:
     assert sorted(sm["spec"]["namespaceSelector"]["matchNames"]) == ["analytics", "kompaktor-system", "tables"]
     env = {e["name"]: e for e in by["Deployment"][0]["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["KOMPAKTOR_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "managed-redis", "key": "uri"}
-    assert "Secret" not in by
+    assert [s["metadata"]["name"] for s in by.get("Secret", [])] == ["kompaktor-metrics-api-tls"]
+
+
+def test_builtin_metrics_api_by_default_and_the_adapter_rule_only_for_hpa() -> None:
+    by = kinds(render({}))
+    (api,) = by["APIService"]
+    assert api["metadata"]["name"] == "v1beta1.external.metrics.k8s.io"
+    assert api["spec"]["service"] == {"name": "kompaktor-metrics-api", "namespace": "kompaktor-system", "port": 443}
+    (tls,) = [s for s in by["Secret"] if s["metadata"]["name"] == "kompaktor-metrics-api-tls"]
+    assert api["spec"]["caBundle"] == tls["data"]["ca.crt"]
+    env = {e["name"]: e.get("value") for e in by["Deployment"][0]["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["KOMPAKTOR_METRICS_API"] == "0.0.0.0:6443"
+    assert "kompaktor-adapter-rules" not in {c["metadata"]["name"] for c in by["ConfigMap"]}
+    for other in ("hpa", "keda"):
+        assert "APIService" not in kinds(render({"autoscaler": other}))
+    with helm.Chart.load(str(CHART)) as chart, pytest.raises(helm.HelmError):
+        chart.validate_schema({"autoscaler": "prometheus"})  # not a value the chart knows
 
 
 def test_adapter_rule_and_dashboard() -> None:
-    by = kinds(render({}))
+    by = kinds(render({"autoscaler": "hpa"}))
     cms = {c["metadata"]["name"]: c for c in by["ConfigMap"]}
     rules = yaml.safe_load(cms["kompaktor-adapter-rules"]["data"]["config.yaml"])
     (rule,) = rules["external"]

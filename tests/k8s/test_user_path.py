@@ -14,6 +14,7 @@ import base64
 import json
 import os
 import signal
+import time
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -84,6 +85,17 @@ def _container_env(dep: dict[str, Any], container: str, core: Any) -> dict[str, 
     return env
 
 
+def _metrics_api_env(cp: ControlPlane, core: Any, d: Path) -> dict[str, str]:
+    """Where the operator serves external.metrics.k8s.io: the chart's Service ClusterIP, port 443,
+    with the chart's serving certificate."""
+    svc = core.read_namespaced_service(f"{RELEASE}-metrics-api", NS)
+    secret = core.read_namespaced_secret(f"{RELEASE}-metrics-api-tls", NS)
+    for key in ("tls.crt", "tls.key", "ca.crt"):
+        (d / key).write_bytes(base64.b64decode(secret.data[key]))
+    return {"KOMPAKTOR_METRICS_API": f"{svc.spec.cluster_ip}:443", "KOMPAKTOR_METRICS_API_CERT": str(d / "tls.crt"),
+            "KOMPAKTOR_METRICS_API_KEY": str(d / "tls.key"), "KOMPAKTOR_METRICS_API_CA": str(d / "ca.crt")}
+
+
 def _is_e2e_compactor(pod: Any) -> bool:
     return (pod.metadata.labels or {}).get(naming.GROUP_LABEL) == "e2e"
 
@@ -113,12 +125,16 @@ def release(control_plane: ControlPlane, redis_server: Any, tmp_path_factory: py
             rel = cfg.install(str(CHART), RELEASE, {
                 "redis": {"bundled": False, "external": {"existingSecret": REDIS_SECRET}},
                 "storage": {"uri": str(storage_dir)},
+                # Endpoints cannot hold loopback addresses: a NodePort Service makes the aggregator
+                # dial the Service's ClusterIP (127.100.x.y), where the operator below listens
+                "metricsApi": {"serviceType": "NodePort"},
             }, namespace=NS, timeout=120)
         manifest = [d for d in _yaml_docs(rel["manifest"]) if d]
         dep = json.loads(cp.kubectl("-n", NS, "get", "deployment", f"{RELEASE}-operator", "-o", "json").stdout)
         env = {**os.environ, **_container_env(dep, "operator", core),
                "KUBECONFIG": str(cp.service_account_kubeconfig(NS, f"{RELEASE}-operator")),
                "KOMPAKTOR_SCALE_INTERVAL": "1", "KOMPAKTOR_STATUS_INTERVAL": "2",
+               **_metrics_api_env(cp, core, tmp_path_factory.mktemp("metrics-api")),
                "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
         with open(logs / "operator.log", "wb") as out:
             procs["operator"] = subprocess.Popen(
@@ -150,17 +166,17 @@ def _yaml_docs(text: str) -> list[Any]:
 
 # -- 1. helm install ------------------------------------------------------------------------------
 def test_helm_install_is_accepted_by_the_apiserver(release: Release) -> None:
-    kinds = {(d["kind"], d["metadata"]["name"]) for d in release.manifest}
-    assert ("Deployment", f"{RELEASE}-operator") in kinds
-    for kind, name in kinds:
+    kinds = {(d["kind"], d["metadata"]["name"], d["metadata"].get("namespace", NS)) for d in release.manifest}
+    assert ("Deployment", f"{RELEASE}-operator", NS) in kinds
+    for kind, name, namespace in kinds:
         if kind == "CustomResourceDefinition":
             crd = json.loads(release.cp.kubectl("get", "crd", name, "-o", "json").stdout)
             established = {c["type"]: c["status"] for c in crd["status"]["conditions"]}
             assert established.get("Established") == "True", name
-        elif kind in ("ClusterRole", "ClusterRoleBinding"):
+        elif kind in ("ClusterRole", "ClusterRoleBinding", "APIService"):
             release.cp.kubectl("get", kind.lower(), name)
         else:
-            assert release.get(kind.lower(), name) is not None, (kind, name)
+            release.cp.kubectl("get", kind.lower(), name, "-n", namespace)
     assert release.procs["operator"].poll() is None, "the operator exited"
 
 
@@ -319,6 +335,68 @@ def test_kubectl_delete_compaction_cancels_it(release: Release) -> None:
     release.kubectl("delete", "compaction", "uc")
     wait_until(lambda: user_compactions.get(release.store, cid).state == user_compactions.CANCELLED,
                "the user compaction cancelled", timeout=30)
+
+
+def _hpa(name: str) -> dict[str, Any]:
+    return json.loads(subprocess.run(
+        ["kubectl", f"--kubeconfig={_CP[0].kubeconfig}", "get", "--raw",
+         f"/apis/autoscaling/v2beta2/namespaces/{NS}/horizontalpodautoscalers/{naming.hpa_name(name)}"],
+        capture_output=True, text=True, check=True).stdout)
+
+
+_CP: list[ControlPlane] = []
+
+
+def test_hpa_scales_a_group_on_the_operator_served_queue_depth(release: Release) -> None:
+    """autoscaler: builtin — the real HPA controller reads kompaktor_queue_depth from the operator
+    (an aggregated API) and scales the CompactorGroup through its scale subresource."""
+    _CP[:] = [release.cp]
+    api = wait_until(lambda: (a := json.loads(release.cp.kubectl(
+        "get", "apiservice", "v1beta1.external.metrics.k8s.io", "-o", "json").stdout)) and any(
+        c["type"] == "Available" and c["status"] == "True" for c in a["status"].get("conditions", [])) and a,
+        "the external metrics APIService Available", timeout=60)
+    assert api["spec"]["service"]["name"] == f"{RELEASE}-metrics-api"
+    group = {"apiVersion": naming.GROUP_VERSION, "kind": "CompactorGroup", "metadata": {"name": "auto"},
+             "spec": {"minReplicas": 1, "maxReplicas": 4, "jobsPerReplica": 2, "autoscaler": "hpa",
+                      "behavior": {"scaleDownStabilizationSeconds": 10},
+                      "spark": {"engine": "arrow", "master": "local[1]"}}}
+    service = {"apiVersion": naming.GROUP_VERSION, "kind": "CompactionService", "metadata": {"name": "svc-auto"},
+               "spec": {"ratio": 2.0, "tiers": [{"name": "all", "compactorGroup": "auto"}], "tables": ["auto"]}}
+    release.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                          "items": [service, group]}))
+    wait_until(lambda: (c := release.condition("compactorgroup", "auto", "Ready")) and c["status"] == "True",
+               "auto Ready", timeout=60)
+    # the metric, as the HPA reads it through the aggregator (admin here; the HPA controller likewise)
+    raw = f"/apis/external.metrics.k8s.io/v1beta1/namespaces/{NS}/kompaktor_queue_depth?labelSelector=group%3Dauto"
+    value = json.loads(release.cp.kubectl("get", "--raw", raw).stdout)
+    assert value["items"][0]["value"] == "0" and value["items"][0]["metricLabels"] == {"group": "auto"}
+    unknown = release.cp.kubectl("get", "--raw", raw.replace("group%3Dauto", "group%3Dnope"), check=False)
+    assert unknown.returncode != 0 and "no compactor group 'nope'" in unknown.stderr
+    # a burst: 10 tablets with 3 files each; the group's pods do not run compactors, so the jobs stay
+    splits = ",".join(f"row{r:05d}" for r in range(100, 1000, 100))
+    release.kompaktor("table", "create", "auto", "--splits", splits)
+    local = Storage.from_uri(str(release.storage_dir / "auto-src"))
+    files = []
+    for version in range(3):
+        write_sorted(local, f"i{version}.parquet", _entries(range(1000), version))
+        files.append(str(release.storage_dir / "auto-src" / f"i{version}.parquet"))
+    burst = time.monotonic()
+    release.kompaktor("import", "auto", *files)
+    wait_until(lambda: release.store.queues.stats("auto").queued == 10, "10 queued jobs", timeout=60)
+    wait_until(lambda: _hpa("auto").get("status", {}).get("desiredReplicas") == 4, "the HPA to want 4", timeout=90)
+    wait_until(lambda: release.get("deployment", naming.deployment_name("auto"))["spec"]["replicas"] == 4,
+               "the Deployment at 4 (maxReplicas)", timeout=60)
+    scaled_up_s = time.monotonic() - burst
+    # the queue empties: back to minReplicas after the stabilisation window, idle pods drained first
+    release.kompaktor("table", "delete", "auto")
+    wait_until(lambda: release.store.queues.stats("auto").queued == 0, "the queue emptied", timeout=60)
+    wait_until(lambda: release.get("deployment", naming.deployment_name("auto"))["spec"]["replicas"] == 1,
+               "the Deployment back at 1", timeout=180)
+    conditions = {c["type"]: c for c in _hpa("auto")["status"]["conditions"]}
+    assert conditions["ScalingActive"]["status"] == "True", conditions
+    print(f"HPA: 4 replicas {scaled_up_s:.1f} s after the burst")
+    release.kubectl("delete", "compactorgroup", "auto")
+    release.kubectl("delete", "compactionservice", "svc-auto")
 
 
 def test_deleting_resources_collects_children_and_uninstall_keeps_crds(release: Release) -> None:
