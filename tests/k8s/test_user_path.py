@@ -14,9 +14,9 @@ import base64
 import json
 import os
 import signal
-import time
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
