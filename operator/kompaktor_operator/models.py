@@ -311,8 +311,10 @@ class StorageSettings(CRDModel):
 class ScalingBehavior(CRDModel):
     """How fast the autoscaler moves: up at once, down only after a quiet window."""
 
-    scale_up_percent: int = Field(100, ge=1, description="most replicas added per 15 s, in percent")
-    scale_up_pods: int = Field(8, ge=1, description="most replicas added per 15 s, in pods")
+    # Fast: from 1 pod to hundreds in two or three HPA periods (queue depth is a direct signal,
+    # unlike CPU); the larger of the two policies applies.
+    scale_up_percent: int = Field(900, ge=1, description="most replicas added per 15 s, in percent")
+    scale_up_pods: int = Field(100, ge=1, description="most replicas added per 15 s, in pods")
     scale_down_stabilization_seconds: int = Field(
         300, ge=0, le=3600, description="look-back window before scaling down"
     )
