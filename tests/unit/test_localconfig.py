@@ -26,8 +26,8 @@ def test_demo_config_loads_two_tiers_and_groups() -> None:
           "{name: large, compactorGroup: large}\n    - {name: small, maxSize: 512Ki, compactorGroup: small}"),
          "only the last tier may be unbounded"),
         (("maxOpen: 10", "maxOpen: 1"), "maxOpen"),
-        (("minReplicas: 1\n  maxReplicas: 2\n  jobsPerReplica: 2",
-          "minReplicas: 3\n  maxReplicas: 2\n  jobsPerReplica: 2"), "minReplicas"),
+        (("minReplicas: 1\n  maxReplicas: 3\n  jobsPerReplica: 2",
+          "minReplicas: 4\n  maxReplicas: 3\n  jobsPerReplica: 2"), "minReplicas"),
         (("kind: CompactorGroup", "kind: CompactorGroupz"), "kind"),
     ],
 )

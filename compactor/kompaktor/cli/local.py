@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import sys
-import threading
 import time
 
 import click
@@ -24,59 +24,90 @@ def up(config_path, redis_url: str | None, data_dir: str) -> None:
     """Run Redis, the coordinator and autoscaled compactors locally until Ctrl-C."""
     from kompaktor.local.cluster import LocalCluster
     from kompaktor.local.config import DEMO_CONFIG, load_config
+    from kompaktor.local.procs import Interrupted, interruptible
 
     cfg = load_config(config_path.read() if config_path else DEMO_CONFIG)
-    stop = threading.Event()
-    # Ctrl-C (SIGINT) and SIGTERM only ask to stop; the loop below then drains and exits 0.
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     cluster = LocalCluster(cfg, data_dir, redis_url=redis_url)
-    try:
-        cluster.start()
-        from kompaktor.model.redact import redact_url
+    # Ctrl-C, SIGTERM and a hang-up (the terminal closed) stop everything the same way: drain the
+    # compactors, stop the coordinator and Redis; a second signal kills them at once
+    with interruptible(on_second=cluster.kill) as received:
+        try:
+            try:
+                cluster.start()
+                from kompaktor.model.redact import redact_url
 
-        click.echo(f"kompaktor is up: KOMPAKTOR_REDIS_URL={redact_url(cluster.url)} "
-                   f"KOMPAKTOR_STORAGE={cluster.storage_uri}")
-        click.echo("Ctrl-C stops everything cleanly (compactors drain first).")
-        while not stop.wait(1.0):
-            cluster.autoscale()
-    finally:
-        click.echo("stopping: draining compactors…")
-        cluster.stop()
+                click.echo(f"kompaktor is up: KOMPAKTOR_REDIS_URL={redact_url(cluster.url)} "
+                           f"KOMPAKTOR_STORAGE={cluster.storage_uri}")
+                click.echo("Ctrl-C stops everything cleanly (compactors drain first).")
+                while True:
+                    time.sleep(1.0)
+                    cluster.autoscale()
+            finally:
+                with contextlib.suppress(OSError):
+                    click.echo("stopping: draining compactors…")
+                try:
+                    cluster.stop()
+                except BaseException:
+                    cluster.kill()
+                    raise
+        except Interrupted as sig:
+            # Ctrl-C and SIGTERM are the way to stop `up`: exit 0; a hang-up is not
+            sys.exit(sig.exit_code if received[0] == signal.SIGHUP else 0)
 
 
 @click.command()
-@click.option("--entries", type=int, default=200_000, show_default=True,
-              help="Entries to ingest, spread evenly over --duration.")
+@click.option("--entries", type=int, default=150_000, show_default=True,
+              help="Entries of steady ingest, spread evenly over --duration.")
 @click.option("--tablets", type=int, default=4, show_default=True, help="Tablets of the demo table.")
 @click.option("--compactors", type=int, default=None, help="Most compactor processes per group.")
-@click.option("--duration", type=float, default=60.0, show_default=True, help="Seconds of ingest.")
+@click.option("--duration", type=float, default=45.0, show_default=True, help="Seconds of steady ingest.")
 @click.option("--batch", type=int, default=1500, show_default=True, help="Entries per flush.")
+@click.option("--burst-entries", type=int, default=50_000, show_default=True,
+              help="After the steady ingest, bulk-import this many more entries at once (0: no burst).")
+@click.option("--burst-files", type=int, default=40, show_default=True,
+              help="Files of the burst import, each spanning every tablet.")
 @click.option("--config", "config_path", type=click.File("r"), default=None, help="Local YAML (as for `up`).")
-@click.option("--data-dir", default=None, help="Keep data here (default: a temporary directory).")
+@click.option("--data-dir", default=None,
+              help="Keep data here (default: a temporary directory, removed at the end unless verification fails).")
 @click.option("--chaos", is_flag=True,
               help="Inject faults on a fixed-seed schedule: SIGKILL and SIGTERM busy compactors, restart the "
                    "coordinator, restart Redis once; then check that nothing was lost or left behind.")
 @click.option("--seed", type=int, default=7, show_default=True, help="Seed of the chaos schedule.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @friendly_errors
-def demo(entries: int, tablets: int, compactors: int | None, duration: float, batch: int, config_path,
-         data_dir: str | None, chaos: bool, seed: int, as_json: bool) -> None:
-    """Continuous ingest while autoscaled compactors keep files per tablet down; then verify that
-    nothing was lost. Exit 0 only when verified."""
+def demo(entries: int, tablets: int, compactors: int | None, duration: float, batch: int, burst_entries: int,
+         burst_files: int, config_path, data_dir: str | None, chaos: bool, seed: int, as_json: bool) -> None:
+    """Continuous ingest, then a burst of imported files, while autoscaled compactors keep files per
+    tablet down; then verify that nothing was lost. Exit 0 only when verified. Ctrl-C, SIGTERM and
+    a hang-up stop every process the demo started and remove its temporary directory."""
     from kompaktor.local.config import DEMO_CONFIG
     from kompaktor.local.demo import DemoOptions, print_summary, run_demo
+    from kompaktor.local.procs import Interrupted
 
     if entries < 1 or tablets < 1 or duration <= 0 or batch < 1:
         raise ValueError("--entries, --tablets, --batch must be >= 1 and --duration > 0")
+    if burst_entries < 0 or burst_files < 1:
+        raise ValueError("--burst-entries must be >= 0 and --burst-files >= 1")
+    if compactors is not None and compactors < 1:
+        raise ValueError("--compactors must be >= 1")
     t0 = time.monotonic()
-    res = run_demo(DemoOptions(entries=entries, tablets=tablets, compactors=compactors, duration_s=duration,
-                               batch=batch, data_dir=data_dir, live=not as_json and sys.stdout.isatty(),
-                               config_text=config_path.read() if config_path else DEMO_CONFIG,
-                               chaos=chaos, chaos_seed=seed))
+    opts = DemoOptions(entries=entries, tablets=tablets, compactors=compactors, duration_s=duration,
+                       batch=batch, burst_entries=burst_entries, burst_files=burst_files, data_dir=data_dir,
+                       live=not as_json and sys.stdout.isatty(),
+                       config_text=config_path.read() if config_path else DEMO_CONFIG,
+                       chaos=chaos, chaos_seed=seed)
+    try:
+        res = run_demo(opts)
+    except Interrupted as sig:
+        with contextlib.suppress(OSError):
+            click.echo(f"stopped by {sig}: every process stopped"
+                       + ("" if data_dir else ", temporary data removed"), err=True)
+        sys.exit(sig.exit_code)
     if as_json:
         click.echo(json.dumps(res.summary))
     else:
         print_summary(res)
         click.echo(f"done in {time.monotonic() - t0:.0f}s: verified = {res.summary['verified']}")
+    if res.data_kept and not data_dir:
+        click.echo(f"verification failed: data and process logs kept in {res.data_kept}", err=True)
     sys.exit(0 if res.verified else 1)

@@ -5,10 +5,16 @@ coordinator process, and compactor processes per group. A local autoscaler appli
 formula to each group — desired = ceil(depth / jobsPerReplica), clamped to [min, max], where
 depth is queued plus running jobs — and, like the operator, scales down by draining *idle*
 compactors with SIGTERM, never busy ones.
+
+Every child dies with this process, also when it is SIGKILLed (:mod:`kompaktor.local.procs`).
+Each pass records desired and actual compactors per group (:attr:`LocalCluster.timeline`); each
+compactor that ends is checked against Redis: one whose registration still names a running (or
+dead) compaction ended busy (:attr:`Proc.held_ecid`), which a drain must never cause.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -20,8 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kompaktor.local.config import LocalConfig
+from kompaktor.local.procs import kill_group, spawn, stop_popen
 from kompaktor.local.redis_server import RedisProcess
 from kompaktor.metadata.store import MetadataStore
+from kompaktor.model.errors import StoreUnavailable
 from kompaktor.queues.jobqueue import JobQueues
 
 log = logging.getLogger("kompaktor.local.cluster")
@@ -36,12 +44,31 @@ def desired_replicas(depth: int, jobs_per_replica: int, lo: int, hi: int) -> int
 class Proc:
     name: str
     popen: subprocess.Popen
+    group: str = ""
     draining: bool = False
     started: float = field(default_factory=time.monotonic)
+    #: set when the autoscaler drained it (scale-down), as opposed to the cluster's own stop
+    scaled_down: bool = False
+    #: once it ended: its exit status and the compaction it still held (None: it ended idle)
+    returncode: int | None = None
+    held_ecid: str | None = None
 
     @property
     def alive(self) -> bool:
         return self.popen.poll() is None
+
+
+@dataclass(frozen=True)
+class GroupSample:
+    """One autoscaler pass for one group: ``up`` compactors registered in Redis and not draining,
+    ``draining`` compactor processes still finishing."""
+
+    t: float  # time.monotonic()
+    group: str
+    depth: int
+    desired: int
+    up: int
+    draining: int
 
 
 @dataclass
@@ -52,6 +79,10 @@ class LocalCluster:
     coordinator_args: list[str] = field(default_factory=list)
     compactor_args: list[str] = field(default_factory=list)
     quiet: bool = True
+    #: as the HPA's scale-down stabilization window: scale down only to the highest desired count
+    #: of this many recent seconds, so a queue that empties between two flushes does not start and
+    #: drain a compactor every pass
+    scale_down_window_s: float = 5.0
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir)
@@ -63,6 +94,9 @@ class LocalCluster:
         self.queues: JobQueues | None = None
         self._seq = 0
         self.scale_events: list[tuple[float, str, str, int]] = []
+        self.timeline: list[GroupSample] = []
+        self._recent: dict[str, list[tuple[float, int]]] = {g: [] for g in self.config.groups}
+        self.exited: list[Proc] = []  # compactors that ended, with what they held
         self.env = dict(os.environ)
 
     # -- processes ----------------------------------------------------------------------------------
@@ -72,9 +106,12 @@ class LocalCluster:
         out = open(logs / f"{name}.log", "ab")  # noqa: SIM115 — owned by the child for its lifetime
         env = {**self.env, "KOMPAKTOR_REDIS_URL": self.url, "KOMPAKTOR_STORAGE": self.storage_uri,
                "PYTHONUNBUFFERED": "1"}
-        popen = subprocess.Popen([sys.executable, "-m", "kompaktor", *args], stdout=out, stderr=out, env=env,
-                                 start_new_session=True)
-        out.close()
+        # Spark's scratch space inside the data directory: nothing is left in /tmp by a killed compactor
+        env.setdefault("KOMPAKTOR_SPARK_LOCAL_DIR", str(self.data_dir / "spark" / name))
+        try:
+            popen = spawn([sys.executable, "-m", "kompaktor", *args], stdout=out, stderr=out, env=env)
+        finally:
+            out.close()
         return Proc(name, popen)
 
     @property
@@ -85,7 +122,8 @@ class LocalCluster:
     def start(self) -> LocalCluster:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if self.redis_url is None:
-            self.redis = RedisProcess(self.data_dir / "redis").start()
+            self.redis = RedisProcess(self.data_dir / "redis")  # known before it starts: stop() stops it
+            self.redis.start()
             self.redis_url = self.redis.url
         self.store = MetadataStore.from_url(self.url)
         self.queues = self.store.queues
@@ -105,8 +143,7 @@ class LocalCluster:
 
     def restart_coordinator(self, kill: bool = True) -> None:
         if self.coordinator is not None and self.coordinator.alive:
-            self.coordinator.popen.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
-            self.coordinator.popen.wait(timeout=30)
+            stop_popen(self.coordinator.popen, 30, signal.SIGKILL if kill else signal.SIGTERM)
         self.start_coordinator()
 
     def add_compactor(self, group: str) -> Proc:
@@ -114,12 +151,34 @@ class LocalCluster:
         name = f"compactor-{group}-{self._seq}"
         p = self._spawn(name, ["compactor", "--group", group, "--id", name, "--http-port", "-1",
                                *self.compactor_args])
+        p.group = group
         self.compactors[group].append(p)
         return p
 
     def reap(self) -> None:
+        """Forget compactors that ended, once what they held is known (needs Redis)."""
         for procs in self.compactors.values():
-            procs[:] = [p for p in procs if p.alive]
+            gone = [p for p in procs if not p.alive]
+            for p in gone:
+                try:
+                    self._record_exit(p)
+                except StoreUnavailable:
+                    continue  # Redis is restarting: look again next pass
+                procs.remove(p)
+
+    def _record_exit(self, p: Proc) -> None:
+        """A compactor unregisters when it ends cleanly; one that was stopped while it held a
+        compaction leaves its registration naming that ECID, still running or found dead."""
+        assert self.store is not None
+        kill_group(p.popen.pid)  # whatever it left in its process group (a Spark JVM)
+        reg = next((c for c in self.store.compactors(p.group) if c.id == p.name), None)
+        held = None
+        if reg is not None and reg.ecid and (self.store.running_tablet(reg.ecid) is not None
+                                             or reg.ecid in self.store.dead_log()):
+            held = reg.ecid
+        p.returncode = p.popen.returncode
+        p.held_ecid = held
+        self.exited.append(p)
 
     def live(self, group: str) -> list[Proc]:
         return [p for p in self.compactors[group] if p.alive and not p.draining]
@@ -132,7 +191,8 @@ class LocalCluster:
         out = {}
         for g, cfg in self.config.groups.items():
             depth = self.queues.stats(g).depth
-            want = desired_replicas(depth, cfg.jobs_per_replica, cfg.min_replicas, cfg.max_replicas)
+            want = self._stabilized(g, desired_replicas(depth, cfg.jobs_per_replica, cfg.min_replicas,
+                                                        cfg.max_replicas))
             out[g] = want
             live = self.live(g)
             if len(live) < want:
@@ -143,32 +203,53 @@ class LocalCluster:
                 idle = {c.id for c in self.store.compactors(g) if c.state == "idle"}
                 victims = [p for p in live if p.name in idle][: len(live) - want]
                 for p in victims:
-                    p.draining = True
+                    p.draining = p.scaled_down = True
                     p.popen.send_signal(signal.SIGTERM)
                 if victims:
                     self.scale_events.append((time.time(), g, "down", want))
+            registered = {c.id for c in self.store.compactors(g) if c.state != "draining"}
+            self.timeline.append(GroupSample(time.monotonic(), g, depth, want,
+                                             sum(1 for p in self.live(g) if p.name in registered),
+                                             sum(1 for p in self.compactors[g] if p.alive and p.draining)))
         return out
 
+    def _stabilized(self, group: str, want: int) -> int:
+        now = time.monotonic()
+        recent = [(t, n) for t, n in self._recent[group] if now - t < self.scale_down_window_s]
+        recent.append((now, want))
+        self._recent[group] = recent
+        return max(n for _t, n in recent)
+
     # -- stop -------------------------------------------------------------------------------------------
-    def stop(self, timeout: float = 90.0) -> None:
-        """Drain every compactor (SIGTERM), stop the coordinator, then Redis."""
+    def stop_compactors(self, timeout: float = 90.0) -> None:
+        """Drain every compactor (SIGTERM) and wait for it; record what each held when it ended."""
         procs = [p for ps in self.compactors.values() for p in ps if p.alive]
         for p in procs:
-            p.popen.send_signal(signal.SIGTERM)
+            p.draining = True
+            with contextlib.suppress(ProcessLookupError):
+                p.popen.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout
         for p in procs:
-            try:
-                p.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.popen.kill()
-                p.popen.wait()
-        if self.coordinator is not None and self.coordinator.alive:
-            self.coordinator.popen.send_signal(signal.SIGTERM)
-            try:
-                self.coordinator.popen.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.coordinator.popen.kill()
+            stop_popen(p.popen, deadline - time.monotonic())
+        if self.store is not None:
+            with contextlib.suppress(StoreUnavailable):
+                self.reap()
+
+    def stop(self, timeout: float = 90.0) -> None:
+        """Drain every compactor (SIGTERM), stop the coordinator, then Redis."""
+        self.stop_compactors(timeout)
+        if self.coordinator is not None:
+            stop_popen(self.coordinator.popen, 30)
         if self.store is not None:
             self.store.close()
         if self.redis is not None:
             self.redis.stop()
+
+    def kill(self) -> None:
+        """Stop everything at once, no drain (a second Ctrl-C): SIGKILL to every child's group."""
+        for p in [p for ps in self.compactors.values() for p in ps]:
+            kill_group(p.popen.pid)
+        if self.coordinator is not None:
+            kill_group(self.coordinator.popen.pid)
+        if self.redis is not None and self.redis.proc is not None:
+            kill_group(self.redis.proc.pid)

@@ -49,7 +49,7 @@ kind: CompactorGroup
 metadata: {name: small}
 spec:
   minReplicas: 1
-  maxReplicas: 2
+  maxReplicas: 3
   jobsPerReplica: 2
   drainGraceSeconds: 30
   spark: {engine: arrow}

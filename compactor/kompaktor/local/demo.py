@@ -1,7 +1,16 @@
-"""`kompaktor demo`: local cluster + continuous ingest + drain + verification + summary."""
+"""`kompaktor demo`: local cluster + continuous ingest + a burst + drain + verification + summary.
+
+Phases: steady ingest (paced flushes); a burst (one bulk import of many files spanning every
+tablet, then a user compaction of the whole table: the queues fill at once, the autoscaler takes
+each group to its maximum and drains it back to its minimum); draining the queues; verification.
+The temporary data directory is removed at the end (kept when verification fails, and never
+touched when ``data_dir`` is given); every child process is stopped however the run ends
+(:mod:`kompaktor.local.procs`).
+"""
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import threading
 import time
@@ -11,20 +20,24 @@ from typing import Any
 
 from kompaktor.client import Client
 from kompaktor.files.storage import Storage
-from kompaktor.local.cluster import LocalCluster
+from kompaktor.local.cluster import GroupSample, LocalCluster
 from kompaktor.local.config import DEMO_CONFIG, LocalConfig, load_config
 from kompaktor.local.ingest import ContinuousIngest, split_points, verify
+from kompaktor.local.procs import interruptible
+from kompaktor.metadata import user_compactions
 from kompaktor.metadata.status import gather
 from kompaktor.model.errors import StoreUnavailable
 
 
 @dataclass
 class DemoOptions:
-    entries: int = 200_000
+    entries: int = 150_000  # steady ingest
     tablets: int = 4
     compactors: int | None = None  # max compactors per group (overrides the config)
-    duration_s: float = 60.0
+    duration_s: float = 45.0
     batch: int = 1500
+    burst_entries: int = 50_000  # bulk-imported after the steady ingest (0: no burst)
+    burst_files: int = 40
     drain_timeout_s: float = 240.0
     data_dir: str | None = None
     redis_url: str | None = None
@@ -43,6 +56,10 @@ class DemoResult:
     status: dict[str, Any] = field(default_factory=dict)
     #: (seconds, entries ingested, average files per tablet, compactions committed), sampled
     samples: list[tuple[float, int, float, int]] = field(default_factory=list)
+    #: desired and actual compactors per group, one sample per autoscaler pass
+    timeline: list[GroupSample] = field(default_factory=list)
+    #: where the data stayed (given with data_dir, or kept because verification failed); else None
+    data_kept: str | None = None
 
 
 def _apply_compactors(cfg: LocalConfig, n: int | None) -> LocalConfig:
@@ -54,7 +71,12 @@ def _apply_compactors(cfg: LocalConfig, n: int | None) -> LocalConfig:
     return LocalConfig(cfg.services, groups)
 
 
-def _progress_table(ingest_stats, status: dict[str, Any], phase: str, elapsed: float):
+def _bar(up: int, draining: int, hi: int) -> str:
+    return "■" * up + "▫" * draining + "·" * max(0, hi - up - draining)
+
+
+def _progress_table(ingest_stats, status: dict[str, Any], phase: str, elapsed: float,
+                    scaling: dict[str, GroupSample], cfg: LocalConfig):
     from rich.table import Table
 
     t = Table(title=f"kompaktor demo — {phase} — {elapsed:.0f}s", expand=False)
@@ -62,33 +84,93 @@ def _progress_table(ingest_stats, status: dict[str, Any], phase: str, elapsed: f
     t.add_column("value", justify="right")
     t.add_row("entries ingested", f"{ingest_stats.entries:,}")
     t.add_row("ingest rate", f"{ingest_stats.rate:,.0f} entries/s")
-    t.add_row("files flushed", f"{ingest_stats.files:,}")
+    files = f"{ingest_stats.files:,}"
+    if ingest_stats.imported_files:
+        files += f" (+{ingest_stats.imported_files:,} imported)"
+    t.add_row("files flushed", files)
     for g, s in status.get("groups", {}).items():
-        t.add_row(f"group {g}", f"queued {s['queued']} · running {s['running']} · compactors {s['compactors']} "
+        t.add_row(f"group {g}", f"queued {s['queued']} · running {s['running']} "
                                 f"· committed {s['compactions_committed']}")
+        sample, gc = scaling.get(g), cfg.groups.get(g)
+        if sample is not None and gc is not None:
+            t.add_row(f"  compactors {g}",
+                      f"desired {sample.desired} · actual {sample.up} · draining {sample.draining} "
+                      f"(min {gc.min_replicas}, max {gc.max_replicas})  "
+                      f"{_bar(sample.up, sample.draining, gc.max_replicas)}")
     for name, tb in status.get("tables", {}).items():
         f = tb["files_per_tablet"]
         t.add_row(f"table {name} files/tablet", f"min {f['min']} · median {f['median']} · max {f['max']}")
     return t
 
 
+def scaling_summary(cfg: LocalConfig, timeline: list[GroupSample], burst_at: float | None) -> dict[str, Any]:
+    """Per group: the most compactors up at once, and seconds from the burst until the group
+    first had its maximum up (None: never reached, or no burst)."""
+    out: dict[str, Any] = {}
+    for g, gc in cfg.groups.items():
+        samples = [x for x in timeline if x.group == g]
+        out[f"most compactors ({g}, max {gc.max_replicas})"] = max((x.up for x in samples), default=0)
+    for g, gc in cfg.groups.items():
+        reached = None
+        if burst_at is not None:
+            reached = next((round(x.t - burst_at, 1) for x in timeline
+                            if x.group == g and x.t >= burst_at and x.up >= gc.max_replicas), None)
+        out[f"seconds from burst to maximum ({g})"] = reached if reached is not None else "not reached"
+    return out
+
+
+def _scaled_back(cfg: LocalConfig, cluster: LocalCluster) -> bool:
+    """Every group back at its minimum, nothing still draining (as of the last autoscaler pass)."""
+    last: dict[str, GroupSample] = {}
+    for x in cluster.timeline[-4 * max(1, len(cfg.groups)):]:
+        last[x.group] = x
+    return all(g in last and last[g].desired == gc.min_replicas and last[g].up == gc.min_replicas
+               and last[g].draining == 0 for g, gc in cfg.groups.items())
+
+
 def run_demo(opts: DemoOptions) -> DemoResult:
+    cfg = _apply_compactors(load_config(opts.config_text), opts.compactors)
+    owned = opts.data_dir is None
+    data_dir = Path(opts.data_dir or tempfile.mkdtemp(prefix="kompaktor-demo-"))
+    keep = not owned
+    try:
+        coord_args = ["--full-scan-interval", "10", "--gc-grace", "5", "--gc-interval", "5"]
+        if opts.chaos:
+            coord_args += ["--dead-after", "5"]
+        cluster = LocalCluster(cfg, data_dir, redis_url=opts.redis_url, coordinator_args=coord_args)
+        # SIGINT, SIGTERM, SIGHUP: Interrupted, and the clean-up below drains and stops every
+        # process; a second signal kills them instead of waiting for the drain
+        with interruptible(on_second=cluster.kill):
+            try:
+                res = _run(opts, cfg, cluster, data_dir)
+                keep = keep or not res.verified
+                res.data_kept = str(data_dir) if keep else None
+                return res
+            finally:
+                try:
+                    cluster.stop()
+                except BaseException:
+                    cluster.kill()  # failed or interrupted while stopping: nothing is left running
+                    raise
+    finally:
+        if not keep:
+            shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def _run(opts: DemoOptions, cfg: LocalConfig, cluster: LocalCluster, data_dir: Path) -> DemoResult:
     from rich.console import Console
     from rich.live import Live
 
     console = Console()
-    cfg = _apply_compactors(load_config(opts.config_text), opts.compactors)
-    data_dir = Path(opts.data_dir or tempfile.mkdtemp(prefix="kompaktor-demo-"))
-    coord_args = ["--full-scan-interval", "10", "--gc-grace", "5", "--gc-interval", "5"]
-    if opts.chaos:
-        coord_args += ["--dead-after", "5"]
-    cluster = LocalCluster(cfg, data_dir, redis_url=opts.redis_url, coordinator_args=coord_args)
     chaos = None
     started = time.monotonic()
     stop_scaler = threading.Event()
     status: dict[str, Any] = {}
     max_files_seen = 0
+    max_files_burst = 0
     samples: list[tuple[float, int, float, int]] = []
+    burst_at: float | None = None
+    user_compaction: str | None = None
     try:
         cluster.start()
         store = cluster.store
@@ -103,32 +185,36 @@ def run_demo(opts: DemoOptions) -> DemoResult:
             chaos.start()
 
         def scaler() -> None:
-            while not stop_scaler.wait(1.0):
+            while not stop_scaler.wait(0.5):
                 try:
                     cluster.autoscale()
                 except Exception:
                     pass
 
-        th = threading.Thread(target=scaler, daemon=True)
+        th = threading.Thread(target=scaler, name="autoscaler", daemon=True)
         th.start()
         phase = "ingest"
         with Live(console=console, refresh_per_second=2, transient=False, auto_refresh=False) as live:
             def show() -> None:
-                nonlocal status, max_files_seen
+                nonlocal status, max_files_seen, max_files_burst
                 try:
                     status = gather(store)
                 except StoreUnavailable:
                     return  # Redis is restarting (chaos): show the last status
                 for tb in status["tables"].values():
-                    max_files_seen = max(max_files_seen, tb["files_per_tablet"]["max"])
+                    if burst_at is None:
+                        max_files_seen = max(max_files_seen, tb["files_per_tablet"]["max"])
+                    else:
+                        max_files_burst = max(max_files_burst, tb["files_per_tablet"]["max"])
                 tb = status["tables"].get(opts.table)
                 if tb is not None:
                     samples.append((round(time.monotonic() - started, 2), ingest.stats.entries,
                                     tb["files"] / max(1, tb["tablets"]),
                                     sum(g["compactions_committed"] for g in status["groups"].values())))
                 if opts.live:
-                    live.update(_progress_table(ingest.stats, status, phase, time.monotonic() - started),
-                                refresh=True)
+                    scaling = {x.group: x for x in cluster.timeline[-4 * len(cfg.groups):]}
+                    live.update(_progress_table(ingest.stats, status, phase, time.monotonic() - started,
+                                                scaling, cfg), refresh=True)
 
             last = [0.0]
 
@@ -143,33 +229,65 @@ def run_demo(opts: DemoOptions) -> DemoResult:
                     show()  # let the rest of the fault schedule happen while compactions run
                     time.sleep(0.5)
                 chaos.finish()
-            phase = "draining queues"
             ingest_wall = time.monotonic() - started
+            steady_entries = ingest.stats.entries
+            if opts.burst_entries > 0:
+                phase = f"burst: importing {opts.burst_files} files"
+                show()
+                ingest.import_burst(opts.burst_entries, opts.burst_files, data_dir / "burst")
+                burst_at = time.monotonic()
+                # and a user compaction of the whole table: once the import's small merges are
+                # done, every tablet is compacted to one file by the large group
+                user_compaction = user_compactions.start(store, opts.table)
+                phase = "burst: scaling up"
+                show()
+            else:
+                phase = "draining queues"
             deadline = time.monotonic() + opts.drain_timeout_s
             quiet = 0
+            quiet_since = 0.0
             while time.monotonic() < deadline:
                 show()
-                # done when nothing is queued or running, nothing waits to be planned, and no
-                # failed job (a killed compactor's) waits out its backoff before being re-planned
+                # done when nothing is queued or running, nothing waits to be planned, no failed
+                # job (a killed compactor's) waits out its backoff before being re-planned, and
+                # the autoscaler has drained every group back to its minimum
                 busy = sum(g["depth"] for g in status["groups"].values()) + status.get("retries_pending", 0)
+                busy += sum(u["state"] == user_compactions.RUNNING for u in status.get("user_compactions", []))
                 dirty = store.dirty_count()
-                quiet = quiet + 1 if busy == 0 and dirty == 0 else 0
-                if quiet >= 4:
+                idle = busy == 0 and dirty == 0
+                quiet = quiet + 1 if idle else 0
+                if quiet == 1:
+                    quiet_since = time.monotonic()
+                if burst_at is not None and idle:
+                    phase = "burst: draining compactors"
+                # the scale-down follows within the autoscaler's window; a group that cannot get
+                # back to its minimum (a compactor that fails to start) does not hold the demo up
+                if quiet >= 4 and (_scaled_back(cfg, cluster)
+                                   or time.monotonic() - quiet_since > cluster.scale_down_window_s + 30):
                     break
                 time.sleep(0.5)
             phase = "verifying"
             show()
         drained = quiet >= 4
+        scaled_back = _scaled_back(cfg, cluster)
         chaos_summary: dict[str, Any] = {}
         chaos_ok = True
         if chaos is not None:
             chaos_summary, chaos_ok = check_chaos(chaos.log, store, client.storage)
         v = verify(client, opts.table, ingest.stats)
+        stop_scaler.set()
+        th.join(timeout=30)
+        # the compactors' last exits count too: drain them all now, while Redis can tell whether
+        # any of them still held a compaction
+        cluster.stop_compactors()
         status = gather(store)
         tb = status["tables"][opts.table]
         max_files = cfg.services["default"].max_files_per_tablet if "default" in cfg.services else 15
         bound_ok = tb["files_per_tablet"]["max"] <= (max_files if max_files > 0 else 99)
-        verified = v.ok and drained and bound_ok and chaos_ok
+        chaos_killed = {ecid for ecid, _t in chaos.log.killed} if chaos is not None else set()
+        busy_terminated = [p for p in cluster.exited if p.held_ecid and p.held_ecid not in chaos_killed]
+        drains = [p for p in cluster.exited if p.scaled_down and p.returncode == 0]
+        verified = v.ok and drained and bound_ok and chaos_ok and not busy_terminated
         counters = status["counters"]
         summary = {
             "entries written": ingest.stats.entries,
@@ -178,23 +296,32 @@ def run_demo(opts: DemoOptions) -> DemoResult:
             "deleted entries resurrected": v.resurrected,
             "live ephemeral entries lost": v.lost_ephemeral,
             "files flushed": ingest.stats.files,
+            "files imported (burst)": ingest.stats.imported_files,
             "max files per tablet during ingest": max_files_seen,
+            **({"max files per tablet after the burst import": max_files_burst} if burst_at is not None else {}),
             "files after": tb["files"],
             "files per tablet after (max)": tb["files_per_tablet"]["max"],
             **{f"compactions run ({g})": s["compactions_committed"] for g, s in status["groups"].items()},
             "bytes written by compactions": counters.get("bytes_written", 0),
             "dead compactions": counters.get("dead_compactions", 0),
-        "jobs dead-lettered": len(status["dead_letters"]),
-            "ingest rate (entries/s)": round(ingest.stats.entries / max(ingest_wall, 1e-9)),
+            "jobs dead-lettered": len(status["dead_letters"]),
+            **({"user compaction of the whole table": user_compactions.get(store, user_compaction).state}
+               if user_compaction else {}),
+            **scaling_summary(cfg, cluster.timeline, burst_at),
+            "compactors drained (scale-down)": len(drains),
+            "busy compactors terminated": len(busy_terminated),
+            "ingest rate (entries/s)": round(steady_entries / max(ingest_wall, 1e-9)),
             "wall time (s)": round(time.monotonic() - started, 1),
             "queues drained": drained,
+            "groups back at minimum": scaled_back,
             **chaos_summary,
             "verified": "yes" if verified else "no",
         }
-        return DemoResult(verified, summary, status, samples)
+        return DemoResult(verified, summary, status, samples, list(cluster.timeline))
     finally:
         stop_scaler.set()
-        cluster.stop()
+        if chaos is not None:
+            chaos.stop.set()
 
 
 def check_chaos(log, store, storage) -> tuple[dict[str, Any], bool]:

@@ -13,9 +13,12 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow.parquet as pq
 
 from kompaktor.client import Client
-from kompaktor.model.keys import Entry
+from kompaktor.model.keys import Entry, sort_key
 
 CF = b"meta"
 CQ = b"link"
@@ -31,7 +34,8 @@ def split_points(tablets: int) -> list[bytes]:
 class IngestStats:
     entries: int = 0
     flushes: int = 0
-    files: int = 0
+    files: int = 0  # flushed
+    imported_files: int = 0
     started: float = field(default_factory=time.monotonic)
     rows: set[bytes] = field(default_factory=set)
     ephemeral_live: set[bytes] = field(default_factory=set)  # written, not deleted: must be visible
@@ -106,6 +110,44 @@ class ContinuousIngest:
                     raise
                 time.sleep(min(2.0, 0.1 * 2**n))
         return []
+
+    def import_burst(self, entries: int, files: int, workdir: Path) -> list[str]:
+        """A bulk import of ``entries`` more linked entries (the same chains, so verification
+        covers them) as ``files`` Parquet files, each spanning the whole row space: one mutation
+        adds every file to every tablet, which is what fills the queues at once. Returns the
+        imported files' names in storage."""
+        from kompaktor.files.sortedfile import entries_to_table
+
+        workdir.mkdir(parents=True, exist_ok=True)
+        ts = max(int(time.time() * 1000), self.last_ts + 1)
+        self.last_ts = ts
+        parts: list[list[Entry]] = [[] for _ in range(max(1, files))]
+        rows: list[bytes] = []
+        for i in range(entries):
+            row = self._row()
+            rows.append(row)
+            parts[i % len(parts)].append(Entry(row, CF, CQ, b"", ts, False, self.prev))
+            self.in_chain += 1
+            if self.in_chain >= self.chain:
+                self.prev, self.in_chain = b"", 0
+            else:
+                self.prev = row
+        sources = []
+        for n, part in enumerate(p for p in parts if p):
+            src = workdir / f"burst-{n:03d}.parquet"
+            pq.write_table(entries_to_table(sorted(part, key=sort_key)), src)
+            sources.append(str(src))
+        try:
+            imported = self.client.import_files(self.table, sources)
+        except BaseException:
+            self.stats.rows.difference_update(rows)  # refused: nothing of it is in the table
+            raise
+        finally:
+            for src in sources:
+                Path(src).unlink(missing_ok=True)
+        self.stats.entries += len(rows)
+        self.stats.imported_files += len(imported)
+        return imported
 
     def run(self, *, entries: int, duration_s: float, should_stop: Callable[[], bool] = lambda: False,
             on_flush: Callable[[IngestStats], None] = lambda s: None, paced: bool = True) -> IngestStats:

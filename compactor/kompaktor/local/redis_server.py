@@ -12,6 +12,7 @@ from urllib.parse import quote
 
 import redis
 
+from kompaktor.local.procs import spawn
 from kompaktor.model.errors import KompaktorError
 
 
@@ -55,12 +56,13 @@ class RedisProcess:
         return [str(conf)]
 
     def start(self, timeout: float = 30.0) -> RedisProcess:
-        self.proc = subprocess.Popen(
+        # own process group, and killed by the kernel if this process dies (local.procs)
+        self.proc = spawn(
             [self.exe, *self._config_args(), "--port", str(self.port), "--bind", "127.0.0.1",
              "--dir", str(self.data_dir),
              "--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--daemonize", "no",
              "--loglevel", "warning", "--logfile", str(self.data_dir / "redis.log")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
         client = redis.Redis(port=self.port, password=self.password, socket_connect_timeout=1)
         try:
