@@ -17,7 +17,7 @@ from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.errors import BadFileError, KompaktorError, StorageError
 from kompaktor.model.iterators import IteratorSettings, merged_view
 from kompaktor.model.keys import Entry, sort_key
-from kompaktor.model.names import PREFIXES, TABLES_DIR
+from kompaktor.model.names import TABLES_DIR, data_file
 from kompaktor.model.tablet import FileInfo, Tablet
 
 MAX_VERSIONS_PROP = "table.iterator.versions"
@@ -53,8 +53,7 @@ class Client:
     def new_file_path(self, tid: str, origin: str) -> str:
         """A fresh, unique relative path for a file of table ``tid``; origin is flush, import,
         partial or full (the F/I/C/A prefix)."""
-        seq = self.store.next_seq("file")
-        return f"tables/{tid}/{PREFIXES[origin]}{seq:010x}.parquet"
+        return data_file(tid, origin, self.store.next_seq("file"))
 
     # -- writing -----------------------------------------------------------------------------
     def flush(self, table: str, entries: Iterable[Entry]) -> list[str]:

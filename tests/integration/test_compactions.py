@@ -18,6 +18,7 @@ from kompaktor.metadata import compactions
 from kompaktor.metadata.store import MetadataStore, Mutation
 from kompaktor.model.errors import ConditionFailed, KompaktorError
 from kompaktor.model.job import Job
+from kompaktor.model.names import ecid_nonce
 from kompaktor.model.tablet import FileInfo, FileMeta
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -68,7 +69,7 @@ def test_reserve_names_the_output_decides_full_and_reports_range_and_props(store
     seq = int(store._r.hget(C.SEQ, "file") or 0)
     partial = compactions.try_reserve(store, job(tablet, files[:2]), "c1", "g")
     assert not partial.full and not partial.settings.full
-    assert partial.output == f"tables/{tid}/C{seq + 1:010x}.parquet"
+    assert partial.output == f"tables/{tid}/C{seq + 1:010x}-{ecid_nonce(partial.ecid)}.parquet"
     assert (partial.prev, partial.end, partial.table) == (b"m", None, tid)
     assert partial.inputs == tuple(files[:2]) and partial.settings.max_versions == 3
     t = store.tablet(tablet)
@@ -79,7 +80,7 @@ def test_reserve_names_the_output_decides_full_and_reports_range_and_props(store
 
     full = compactions.try_reserve(store, job(tablet, list(reversed(files))), "c1", "g")
     assert full.full and full.settings.full and full.inputs == tuple(files)  # oldest first
-    assert full.output == f"tables/{tid}/A{seq + 2:010x}.parquet"
+    assert full.output == f"tables/{tid}/A{seq + 2:010x}-{ecid_nonce(full.ecid)}.parquet"
     assert store.tablet(tablet).running[full.ecid].output == full.output
 
 

@@ -7,6 +7,7 @@ root, which is what the metadata store records.
 
 from __future__ import annotations
 
+import errno
 import os
 import posixpath
 from dataclasses import dataclass
@@ -68,9 +69,30 @@ class Storage:
         return int(info.size)
 
     def move(self, src_rel: str, dst_rel: str) -> None:
-        """Atomic on local and HDFS filesystems (rename); copy-then-delete on object stores,
-        where visibility is decided by the metadata store anyway."""
-        self.fs.move(self.path(src_rel), self.path(dst_rel))
+        """Give a finished file its name; never replaces a file already there (that is
+        :class:`FileExistsError`, and the source stays). Locally a hard link then an unlink: the
+        link fails atomically if the name is taken, and a crash in between leaves the source,
+        a temporary name the garbage collector removes. Elsewhere the name is checked first, then
+        renamed (HDFS: atomic) or copied and deleted (object stores, where visibility is decided
+        by the metadata store anyway); names carry a random or ECID part, so a second writer of
+        the same name does not exist in practice, and this check makes it an error, not a loss."""
+        src, dst = self.path(src_rel), self.path(dst_rel)
+        if isinstance(self.fs, pafs.LocalFileSystem):
+            try:
+                os.link(src, dst)
+            except FileExistsError:
+                raise FileExistsError(f"{dst_rel}: a file with this name exists; not replacing it") from None
+            except OSError as exc:
+                if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
+                    raise
+                # no hard links here: renameat2(RENAME_NOREPLACE) would be the atomic way; check
+                # and rename is the next best (the names are unique anyway, see above)
+            else:
+                os.unlink(src)
+                return
+        if self.fs.get_file_info(dst).type != pafs.FileType.NotFound:
+            raise FileExistsError(f"{dst_rel}: a file with this name exists; not replacing it")
+        self.fs.move(src, dst)
 
     def delete(self, rel: str) -> bool:
         try:

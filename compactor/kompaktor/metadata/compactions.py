@@ -23,7 +23,7 @@ from kompaktor.model.errors import ConditionFailed
 from kompaktor.model.iterators import IteratorSettings
 from kompaktor.model.job import Job
 from kompaktor.model.keys import decode_row, encode_row
-from kompaktor.model.names import file_order_key, output_template, tmp_name
+from kompaktor.model.names import ecid_nonce, file_order_key, output_template, tmp_name
 from kompaktor.model.tablet import ONLINE, FileInfo, RunningCompaction, Tablet, now_ms
 from kompaktor.policy.tableprops import max_versions, selection_expiry_ms
 from kompaktor.queues.jobqueue import JobQueues
@@ -120,7 +120,7 @@ def try_reserve(store: MetadataStore, job: Job, compactor: str, group: str) -> R
             tc.require("files_not_selected", files)
     else:
         tc.require("selection_is", job.selection).require("files_in_selection", files)
-    tc.do("add_running", ecid, rc.to_json(), output_template(table_id))
+    tc.do("add_running", ecid, rc.to_json(), output_template(table_id, ecid_nonce(ecid)))
     out = store.apply(m)
     got = out["reserved"][job.tablet]
     full = bool(got["full"])

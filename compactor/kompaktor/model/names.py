@@ -1,9 +1,12 @@
 """How data files are named: the one definition of file names and temporary names. Pure.
 
-A table's files live under ``tables/<table id>/`` as ``<prefix><sequence>.parquet``; the prefix
-tells where a file came from, as Accumulo's do: ``F`` flush (ingest), ``I`` bulk import, ``C``
-partial compaction, ``A`` full compaction. The sequence is global and grows, so sorting by the
-name after the prefix orders a tablet's files oldest first.
+A table's files live under ``tables/<table id>/`` as ``<prefix><sequence>-<nonce>.parquet``; the
+prefix tells where a file came from, as Accumulo's do: ``F`` flush (ingest), ``I`` bulk import,
+``C`` partial compaction, ``A`` full compaction. The sequence is global and grows, so sorting by
+the name after the prefix orders a tablet's files oldest first. The nonce (16 hex digits: random,
+or a compaction's ECID) makes a name unique even when the sequence is handed out twice, which
+happens when Redis loses its last writes (a crash under ``appendfsync everysec``, a failover to a
+replica that had not received them): the counter then goes back, the nonce does not.
 
 A file being written has a temporary name in the same directory, ``_tmp_<tag>_<name>``, where the
 tag is the ECID of the compaction writing it (or a random id): dead-compaction cleanup and the
@@ -21,16 +24,37 @@ TMP_PREFIX = "_tmp_"
 TABLES_DIR = "tables"
 
 
-def data_file(table_id: str, origin: str, seq: int) -> str:
-    """The relative path of a new file of ``table_id``; origin is flush, import, partial or full."""
-    return f"{TABLES_DIR}/{table_id}/{PREFIXES[origin]}{seq:010x}.parquet"
+NONCE_HEX = 16
 
 
-def output_template(table_id: str) -> dict[str, str]:
+def new_nonce() -> str:
+    """A random name component: 64 bits, so that two names never meet by chance."""
+    return uuid.uuid4().hex[:NONCE_HEX]
+
+
+def _check_nonce(nonce: str) -> str:
+    if len(nonce) != NONCE_HEX or any(c not in "0123456789abcdef" for c in nonce):
+        raise ValueError(f"a file name nonce is {NONCE_HEX} lowercase hex digits, got {nonce!r}")
+    return nonce
+
+
+def data_file(table_id: str, origin: str, seq: int, nonce: str | None = None) -> str:
+    """The relative path of a new file of ``table_id``; origin is flush, import, partial or full.
+    Unique even if ``seq`` was handed out before: ``nonce`` (default: random) is part of it."""
+    return f"{TABLES_DIR}/{table_id}/{PREFIXES[origin]}{seq:010x}-{_check_nonce(nonce or new_nonce())}.parquet"
+
+
+def ecid_nonce(ecid: str) -> str:
+    """The name component derived from a compaction's ECID (``ECID-<16 hex digits>``)."""
+    return _check_nonce(ecid.rsplit("-", 1)[-1])
+
+
+def output_template(table_id: str, nonce: str) -> dict[str, str]:
     """How the reserve mutation names a compaction's output (mutate.lua fills in the prefix and a
-    new file sequence number, printf style): the same shape as :func:`data_file`."""
-    return {"template": f"{TABLES_DIR}/{table_id}/%s%010x.parquet", "full": PREFIXES["full"],
-            "partial": PREFIXES["partial"]}
+    new file sequence number, printf style): the same shape as :func:`data_file`, with ``nonce``
+    (the ECID's, :func:`ecid_nonce`) so the name is unique even if the counter went back."""
+    return {"template": f"{TABLES_DIR}/{table_id}/%s%010x-{_check_nonce(nonce)}.parquet",
+            "full": PREFIXES["full"], "partial": PREFIXES["partial"]}
 
 
 def file_order_key(path: str) -> str:
