@@ -1,13 +1,16 @@
 """The operator's own settings, read once from the environment the Helm chart sets.
 
-Owns: defaults the CompactorGroups leave out (image, Redis Secret) and cluster facts (the
-Prometheus address KEDA queries). Must not import: kopf, redis, kube.
+Owns: defaults the CompactorGroups leave out (image, Redis Secret, ServiceAccount), what a group
+may name instead (allow-lists, see ``admission``), the drain-token Secret compactor pods read, and
+cluster facts (the Prometheus address KEDA queries). Must not import: kopf, redis, kube.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -24,6 +27,23 @@ class OperatorConfig(BaseModel):
     storage_uri: str | None = None
     storage_secret: str | None = None
     prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"
+    #: The ServiceAccount compactor pods run as (the chart's, no API rights, no token mounted).
+    compactor_service_account: str = "kompaktor-compactor"
+    #: What a CompactorGroup may name besides the defaults above (``admission``).
+    allowed_images: tuple[str, ...] = ()
+    allowed_service_accounts: tuple[str, ...] = ()
+    allowed_secrets: tuple[str, ...] = ()
+    #: Secret (in the group's namespace) whose key becomes KOMPAKTOR_DRAIN_TOKEN in compactor pods.
+    drain_token_secret: str | None = None
+    drain_token_secret_key: str = "token"
+    #: ConfigMap (key ca.crt, in the group's namespace) that compactor pods mount for rediss://.
+    redis_ca_configmap: str | None = None
+    #: A NetworkPolicy per group: the compactors' HTTP port only from the operator pod
+    #: (``operator_pod_labels`` in ``operator_namespace``) and ``metrics_peers`` (Prometheus).
+    network_policy: bool = False
+    operator_namespace: str | None = None
+    operator_pod_labels: dict[str, str] = Field(default_factory=dict)
+    metrics_peers: tuple[dict[str, Any], ...] = ()
     #: How often the scaler and status timers run, seconds.
     scale_interval: float = 5.0
     status_interval: float = 15.0
@@ -41,5 +61,26 @@ class OperatorConfig(BaseModel):
             "prometheus_url": "KOMPAKTOR_PROMETHEUS_URL",
             "scale_interval": "KOMPAKTOR_SCALE_INTERVAL",
             "status_interval": "KOMPAKTOR_STATUS_INTERVAL",
+            "compactor_service_account": "KOMPAKTOR_COMPACTOR_SERVICE_ACCOUNT",
+            "drain_token_secret": "KOMPAKTOR_DRAIN_TOKEN_SECRET",
+            "drain_token_secret_key": "KOMPAKTOR_DRAIN_TOKEN_SECRET_KEY",
+            "redis_ca_configmap": "KOMPAKTOR_REDIS_CA_CONFIGMAP",
+            "network_policy": "KOMPAKTOR_NETWORK_POLICY",
+            "operator_namespace": "KOMPAKTOR_OPERATOR_NAMESPACE",
         }
-        return cls.model_validate({field: env[var] for field, var in names.items() if env.get(var)})
+        as_json = {  # JSON documents
+            "operator_pod_labels": "KOMPAKTOR_OPERATOR_POD_LABELS",
+            "metrics_peers": "KOMPAKTOR_METRICS_PEERS",
+        }
+        lists = {  # comma-separated
+            "allowed_images": "KOMPAKTOR_ALLOWED_IMAGES",
+            "allowed_service_accounts": "KOMPAKTOR_ALLOWED_SERVICE_ACCOUNTS",
+            "allowed_secrets": "KOMPAKTOR_ALLOWED_SECRETS",
+        }
+        values: dict[str, object] = {field: env[var] for field, var in names.items() if env.get(var)}
+        for field, var in lists.items():
+            values[field] = tuple(item.strip() for item in env.get(var, "").split(",") if item.strip())
+        for field, var in as_json.items():
+            if env.get(var):
+                values[field] = json.loads(env[var])
+        return cls.model_validate(values)

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import kopf
 from pydantic import ValidationError
 
-from kompaktor_operator import conditions, depth, kube, manifests, naming
+from kompaktor_operator import admission, conditions, depth, kube, manifests, naming
 from kompaktor_operator import models as m
 from kompaktor_operator.config import OperatorConfig
 from kompaktor_operator.scaling import PodView, decide_scale
@@ -226,12 +226,19 @@ async def reconcile_group(name: str, namespace: str, spec: Any, status: Any, met
         message = f"name {name!r} must be a DNS label of at most 40 characters"
         _mark(patch, status, conditions.READY, False, "InvalidName", message, generation)
         raise kopf.PermanentError(message)
+    cfg = config()
+    refusal = admission.check_group(group, cfg)
+    if refusal is not None:
+        # Refused before anything is stored or applied: no Deployment runs what the author named
+        # (one that an earlier, allowed spec made is left as it was).
+        _mark(patch, status, conditions.READY, False, refusal.rule, f"refused: {refusal.message}", generation)
+        patch.status["observedGeneration"] = generation
+        raise kopf.PermanentError(f"refused ({refusal.rule}): {refusal.message}")
     await _io(depth.backend().put_group, m.to_group_config(name, group))
     if group.replicas is None:
         # The scale subresource reads spec.replicas: without it the HPA controller fails with
         # "the spec replicas field .spec.replicas does not exist" (seen on a real 1.20 apiserver).
         patch.spec["replicas"] = group.desired_replicas()
-    cfg = config()
     # Optional APIs are looked up, never assumed: a missing one is a condition, not a crash loop.
     hpa_version = await _kube(kube.hpa_api_version())
     keda = "v1alpha1" in await _kube(kube.api_versions("keda.sh"))
@@ -240,9 +247,10 @@ async def reconcile_group(name: str, namespace: str, spec: Any, status: Any, met
         missing = "the server offers neither autoscaling/v2 nor autoscaling/v2beta2"
     elif group.autoscaler == m.Autoscaler.KEDA.value and not keda:
         missing = "KEDA is not installed (no keda.sh/v1alpha1 API): install KEDA or use autoscaler: hpa"
-    children = manifests.build_children(name, group, cfg, hpa_version or manifests.HPA_API_VERSIONS[0])
+    children = manifests.build_children(name, group, cfg, hpa_version or manifests.HPA_API_VERSIONS[0],
+                                        namespace=namespace)
     if missing:
-        children = [c for c in children if c["kind"] in ("Deployment", "Service")]
+        children = [c for c in children if c["kind"] in ("NetworkPolicy", "Deployment", "Service")]
     for child in children:
         kopf.adopt(child, owner=body)
         if child["kind"] == "Deployment":
@@ -272,6 +280,8 @@ async def delete_group(name: str, namespace: str, **_: Any) -> None:
     # removal immediate and visible, and works where no garbage collector runs.
     await _kube(kube.delete("apps/v1", "Deployment", namespace, naming.deployment_name(name)))
     await _kube(kube.delete("v1", "Service", namespace, naming.metrics_service_name(name)))
+    if config().network_policy:
+        await _kube(kube.delete("networking.k8s.io/v1", "NetworkPolicy", namespace, naming.network_policy_name(name)))
     hpa_version = await _kube(kube.hpa_api_version())
     if hpa_version is not None:
         await _kube(kube.delete(hpa_version, "HorizontalPodAutoscaler", namespace, naming.hpa_name(name)))

@@ -28,6 +28,7 @@ _RESOURCES: dict[tuple[str, str], tuple[str, str]] = {
     ("autoscaling/v2", "HorizontalPodAutoscaler"): ("/apis/autoscaling/v2", "horizontalpodautoscalers"),
     ("autoscaling/v2beta2", "HorizontalPodAutoscaler"): ("/apis/autoscaling/v2beta2", "horizontalpodautoscalers"),
     ("keda.sh/v1alpha1", "ScaledObject"): ("/apis/keda.sh/v1alpha1", "scaledobjects"),
+    ("networking.k8s.io/v1", "NetworkPolicy"): ("/apis/networking.k8s.io/v1", "networkpolicies"),
     ("kompaktor.io/v1alpha1", "CompactorGroup"): ("/apis/kompaktor.io/v1alpha1", "compactorgroups"),
 }
 

@@ -16,6 +16,8 @@ from kompaktor_operator.config import OperatorConfig
 from kompaktor_operator.models import Autoscaler, CompactorGroupSpec
 
 SCRATCH_DIR = "/scratch"
+#: Where compactor pods find the Redis CA (the chart's rediss:// URL names <this>/ca.crt).
+REDIS_CA_DIR = "/etc/kompaktor/redis-tls"
 #: Extra seconds after the drain grace for the compactor to release its job and exit.
 EXIT_MARGIN_SECONDS = 30
 #: Kubernetes scales up in 15 s periods; down policies use 60 s periods.
@@ -55,6 +57,11 @@ def _env(spec: CompactorGroupSpec, config: OperatorConfig) -> list[dict[str, Any
     storage_uri = spec.storage.uri if spec.storage and spec.storage.uri else config.storage_uri
     if storage_uri:
         env.append({"name": "KOMPAKTOR_STORAGE", "value": storage_uri})
+    if config.drain_token_secret:
+        # POST /drain from outside the pod needs this token (the operator holds the same Secret);
+        # optional: without the Secret in this namespace, only the pod's own preStop (loopback) drains.
+        env.append({"name": "KOMPAKTOR_DRAIN_TOKEN", "valueFrom": {"secretKeyRef": {
+            "name": config.drain_token_secret, "key": config.drain_token_secret_key, "optional": True}}})
     return env
 
 
@@ -104,6 +111,13 @@ def build_pod_template(group: str, spec: CompactorGroupSpec, config: OperatorCon
             {"name": "tmp", "mountPath": "/tmp"},
         ],
     }
+    volumes: list[dict[str, Any]] = [
+        {"name": "scratch", "emptyDir": {}},
+        {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "256Mi"}},
+    ]
+    if config.redis_ca_configmap:
+        container["volumeMounts"].append({"name": "redis-ca", "mountPath": REDIS_CA_DIR, "readOnly": True})
+        volumes.append({"name": "redis-ca", "configMap": {"name": config.redis_ca_configmap}})
     env_from = _env_from(spec, config)
     if env_from:
         container["envFrom"] = env_from
@@ -114,6 +128,10 @@ def build_pod_template(group: str, spec: CompactorGroupSpec, config: OperatorCon
             if v
         }
     pod_spec: dict[str, Any] = {
+        # The compactor needs no Kubernetes API: its own ServiceAccount, and no token in the pod
+        # whatever the account says (admission decides which accounts a group may name).
+        "serviceAccountName": spec.service_account_name or config.compactor_service_account,
+        "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": spec.drain_grace_seconds + EXIT_MARGIN_SECONDS,
         "securityContext": {
             "runAsNonRoot": True,
@@ -123,13 +141,8 @@ def build_pod_template(group: str, spec: CompactorGroupSpec, config: OperatorCon
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "containers": [container],
-        "volumes": [
-            {"name": "scratch", "emptyDir": {}},
-            {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "256Mi"}},
-        ],
+        "volumes": volumes,
     }
-    if spec.service_account_name:
-        pod_spec["serviceAccountName"] = spec.service_account_name
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)
     if spec.tolerations:
@@ -169,6 +182,26 @@ def build_metrics_service(group: str) -> Manifest:
             "selector": naming.selector_labels(group),
             "ports": [{"name": "http-metrics", "port": naming.HTTP_PORT, "targetPort": naming.HTTP_PORT_NAME,
                        "protocol": "TCP"}],
+        },
+    }
+
+
+def build_network_policy(group: str, namespace: str | None, config: OperatorConfig) -> Manifest:
+    """Ingress to the group's pods: their HTTP port (drain, health, metrics) from the operator pod
+    and the metrics peers (Prometheus) only; nothing else reaches them."""
+    operator: dict[str, Any] = {"podSelector": {"matchLabels": dict(config.operator_pod_labels)}}
+    if config.operator_namespace and namespace != config.operator_namespace:
+        # namespaces carry this label from Kubernetes 1.21 on (label it yourself on older servers)
+        operator["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": config.operator_namespace}}
+    peers = ([operator] if config.operator_pod_labels else []) + copy.deepcopy(list(config.metrics_peers))
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": naming.network_policy_name(group), "labels": naming.labels(group)},
+        "spec": {
+            "podSelector": {"matchLabels": naming.selector_labels(group)},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": peers, "ports": [{"port": naming.HTTP_PORT, "protocol": "TCP"}]}] if peers else [],
         },
     }
 
@@ -284,9 +317,10 @@ AUTOSCALER_KINDS: tuple[tuple[str, str, str], ...] = (
 
 
 def build_children(group: str, spec: CompactorGroupSpec, config: OperatorConfig,
-                   hpa_api_version: str = HPA_API_VERSIONS[0]) -> list[Manifest]:
-    """Everything a CompactorGroup owns, in apply order."""
-    children = [build_compactor_deployment(group, spec, config), build_metrics_service(group)]
+                   hpa_api_version: str = HPA_API_VERSIONS[0], namespace: str | None = None) -> list[Manifest]:
+    """Everything a CompactorGroup owns, in apply order (the NetworkPolicy first, before any pod)."""
+    children = [build_network_policy(group, namespace, config)] if config.network_policy else []
+    children += [build_compactor_deployment(group, spec, config), build_metrics_service(group)]
     autoscaler = build_autoscaler(group, spec, config, hpa_api_version)
     if autoscaler is not None:
         children.append(autoscaler)

@@ -42,6 +42,10 @@ def hpa_name(group: str) -> str:
     return f"kompaktor-{group}"
 
 
+def network_policy_name(group: str) -> str:
+    return f"kompaktor-{group}"
+
+
 def scaled_object_name(group: str) -> str:
     return f"kompaktor-{group}"
 

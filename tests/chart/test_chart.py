@@ -24,7 +24,7 @@ CHART = ROOT / "helm" / "kompaktor"
 K8S = "1.30"
 VALUES = sorted((CHART / "ci").glob("*.yaml"))
 #: Kinds that are not core Kubernetes: checked by shape, not against the official schemas.
-FOREIGN = {"ServiceMonitor"}
+FOREIGN = {"ServiceMonitor", "Certificate"}
 
 
 def render(values: dict[str, Any]) -> list[dict[str, Any]]:
@@ -71,8 +71,11 @@ def test_rendered_manifests_validate(values: Path) -> None:
     docs = render(load(values))
     assert docs
     for doc in docs:
-        if doc["kind"] in FOREIGN:
+        if doc["kind"] == "ServiceMonitor":
             assert doc["apiVersion"] == "monitoring.coreos.com/v1" and doc["spec"]["endpoints"]
+            continue
+        if doc["kind"] == "Certificate":
+            assert doc["apiVersion"] == "cert-manager.io/v1" and doc["spec"]["secretName"] and doc["spec"]["issuerRef"]
             continue
         kubernetes_validate.validate(doc, K8S, strict=True)
 
@@ -126,7 +129,7 @@ def test_rbac_is_least_privilege() -> None:
 def test_external_redis_and_storage() -> None:
     by = kinds(render(load(CHART / "ci" / "external-redis-values.yaml")))
     assert "StatefulSet" not in by
-    (secret,) = [s for s in by["Secret"] if not s["metadata"]["name"].endswith("-metrics-api-tls")]
+    (secret,) = [s for s in by["Secret"] if s["metadata"]["name"] == "kompaktor-redis"]
     assert secret["stringData"]["url"].startswith("rediss://")
     operator = by["Deployment"][0]["spec"]["template"]["spec"]
     coordinator = next(c for c in operator["containers"] if c["name"] == "coordinator")
@@ -142,7 +145,8 @@ def test_service_monitor_and_existing_secret() -> None:
     assert sorted(sm["spec"]["namespaceSelector"]["matchNames"]) == ["analytics", "kompaktor-system", "tables"]
     env = {e["name"]: e for e in by["Deployment"][0]["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["KOMPAKTOR_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "managed-redis", "key": "uri"}
-    assert [s["metadata"]["name"] for s in by.get("Secret", [])] == ["kompaktor-metrics-api-tls"]
+    assert sorted(s["metadata"]["name"] for s in by.get("Secret", [])) == [
+        "kompaktor-drain-token", "kompaktor-drain-token", "kompaktor-drain-token", "kompaktor-metrics-api-tls"]
 
 
 def test_builtin_metrics_api_by_default_and_the_adapter_rule_only_for_hpa() -> None:
@@ -197,3 +201,169 @@ def test_examples_render_as_valid_custom_resources() -> None:
     resources = m.load_documents("\n---\n".join(yaml.safe_dump(d) for d in docs))
     svc = resources[0]
     assert {t.compactor_group for t in svc.spec.tiers} == {r.name for r in resources if r.KIND == "CompactorGroup"}
+
+
+# -- issue 16: secrets, least privilege, drain token, NetworkPolicy, Redis TLS ----------------------
+def by_name(docs: list[dict[str, Any]], kind: str) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(d["metadata"]["name"], d["metadata"].get("namespace", "")): d for d in docs if d["kind"] == kind}
+
+
+def container(docs: list[dict[str, Any]], kind: str, name: str, cname: str) -> dict[str, Any]:
+    obj = next(d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name)
+    return next(c for c in obj["spec"]["template"]["spec"]["containers"] if c["name"] == cname)
+
+
+def env_of(c: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in c.get("env") or []}
+
+
+@pytest.mark.parametrize("tls", [False, True])
+def test_redis_probe_reads_the_password_from_the_environment_not_argv(tls: bool) -> None:
+    docs = render({"redis": {"tls": {"enabled": tls}}})
+    redis = container(docs, "StatefulSet", "kompaktor-redis", "redis")
+    probe = " ".join(redis["readinessProbe"]["exec"]["command"])
+    assert "redis-cli" in probe and " -a " not in probe and "PASSWORD" not in probe and "AUTH" not in probe, probe
+    assert env_of(redis)["REDISCLI_AUTH"]["valueFrom"]["secretKeyRef"] == {"name": "kompaktor-redis", "key": "password"}
+    assert ("--tls" in probe) == tls
+
+
+def test_redis_password_can_come_from_an_existing_secret_and_stays_put() -> None:
+    docs = render({"redis": {"existingSecret": "my-redis"}})
+    assert ("kompaktor-redis", "kompaktor-system") not in by_name(docs, "Secret")  # no password rendered at all
+    redis = container(docs, "StatefulSet", "kompaktor-redis", "redis")
+    assert env_of(redis)["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "my-redis", "key": "password"}
+    for cname in ("operator", "coordinator"):
+        env = env_of(container(docs, "Deployment", "kompaktor-operator", cname))
+        assert env["KOMPAKTOR_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "my-redis", "key": "url"}
+    assert env_of(container(docs, "Deployment", "kompaktor-operator", "operator"))["KOMPAKTOR_REDIS_SECRET"][
+        "value"] == "my-redis"
+    # a given password renders the same Secret every time (GitOps); a generated one only on the cluster
+    fixed = [by_name(render({"redis": {"password": "chosen"}}), "Secret")[("kompaktor-redis", "kompaktor-system")]
+             for _ in range(2)]
+    assert fixed[0] == fixed[1] and fixed[0]["stringData"]["password"] == "chosen"
+
+
+def test_what_a_group_may_use_reaches_the_operator() -> None:
+    docs = render({"compactor": {"allowedImages": ["registry.corp/kompaktor/*", "x/y:1"],
+                                 "allowedServiceAccounts": ["irsa"], "allowedSecrets": ["team-redis"]}})
+    env = env_of(container(docs, "Deployment", "kompaktor-operator", "operator"))
+    assert env["KOMPAKTOR_ALLOWED_IMAGES"]["value"] == "registry.corp/kompaktor/*,x/y:1"
+    assert env["KOMPAKTOR_ALLOWED_SERVICE_ACCOUNTS"]["value"] == "irsa"
+    assert env["KOMPAKTOR_ALLOWED_SECRETS"]["value"] == "team-redis"
+    assert env["KOMPAKTOR_COMPACTOR_SERVICE_ACCOUNT"]["value"] == "kompaktor-compactor"
+    default = env_of(container(render({}), "Deployment", "kompaktor-operator", "operator"))
+    assert default["KOMPAKTOR_ALLOWED_IMAGES"]["value"] == ""  # the chart's compactor image only
+
+
+def test_compactor_service_account_in_every_compactor_namespace_without_a_token() -> None:
+    docs = render({"operator": {"watchNamespaces": ["tables", "analytics"]}})
+    accounts = by_name(docs, "ServiceAccount")
+    for ns in ("kompaktor-system", "tables", "analytics"):
+        assert accounts[("kompaktor-compactor", ns)]["automountServiceAccountToken"] is False
+    bound = {s["name"] for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding") for s in d["subjects"]}
+    assert "kompaktor-compactor" not in bound  # no API rights
+
+
+def test_namespaced_rbac_has_no_cluster_wide_pod_rights() -> None:
+    docs = render({"operator": {"watchNamespaces": ["tables", "analytics"]}})
+    for role in (d for d in docs if d["kind"] == "ClusterRole"):
+        resources = {r for rule in role["rules"] for r in rule["resources"]}
+        assert not resources & {"pods", "deployments", "services", "networkpolicies", "secrets"}, role["metadata"]
+    roles = by_name(docs, "Role")
+    assert {ns for (name, ns) in roles if name == "kompaktor-operator"} == {"tables", "analytics"}
+    rules = roles[("kompaktor-operator", "tables")]["rules"]
+    verbs = {(r, v) for rule in rules for r in rule["resources"] for v in rule["verbs"]}
+    assert ("pods", "delete") in verbs and ("networkpolicies", "create") in verbs
+    assert not {r for rule in rules for r in rule["resources"]} & {"secrets", "serviceaccounts"}
+    bindings = by_name(docs, "RoleBinding")
+    assert bindings[("kompaktor-operator", "analytics")]["subjects"] == [
+        {"kind": "ServiceAccount", "name": "kompaktor-operator", "namespace": "kompaktor-system"}]
+
+
+def test_drain_token_secret_is_shared_by_operator_and_compactor_namespaces() -> None:
+    docs = render({"operator": {"watchNamespaces": ["tables"]}})
+    secrets = by_name(docs, "Secret")
+    tokens = {secrets[("kompaktor-drain-token", ns)]["data"]["token"] for ns in ("kompaktor-system", "tables")}
+    assert len(tokens) == 1 and len(tokens.pop()) >= 48  # one token, base64 of 48 characters
+    env = env_of(container(docs, "Deployment", "kompaktor-operator", "operator"))
+    assert env["KOMPAKTOR_DRAIN_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "kompaktor-drain-token",
+                                                                          "key": "token"}
+    assert env["KOMPAKTOR_DRAIN_TOKEN_SECRET"]["value"] == "kompaktor-drain-token"
+    own = render({"drain": {"existingSecret": "my-drain"}})
+    assert not [k for k in by_name(own, "Secret") if k[0] == "kompaktor-drain-token"]
+    env = env_of(container(own, "Deployment", "kompaktor-operator", "operator"))
+    assert env["KOMPAKTOR_DRAIN_TOKEN_SECRET"]["value"] == "my-drain"
+    assert env["KOMPAKTOR_DRAIN_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "my-drain"
+
+
+def test_network_policies_on_by_default_and_can_be_relaxed() -> None:
+    docs = render({"operator": {"watchNamespaces": ["tables"]}})
+    (redis,) = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    assert redis["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "redis"
+    assert redis["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = redis["spec"]["ingress"]
+    assert rule["ports"] == [{"port": 6379, "protocol": "TCP"}]
+    peers = rule["from"]
+    assert peers[0] == {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "kompaktor",
+                                                        "app.kubernetes.io/instance": "kompaktor",
+                                                        "app.kubernetes.io/component": "operator"}}}
+    compactors = {"app.kubernetes.io/part-of": "kompaktor", "app.kubernetes.io/component": "compactor"}
+    assert peers[1] == {"podSelector": {"matchLabels": compactors}}
+    assert peers[2] == {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "tables"}},
+                        "podSelector": {"matchLabels": compactors}}
+    assert len(peers) == 3  # nothing else reaches Redis
+    env = env_of(container(docs, "Deployment", "kompaktor-operator", "operator"))
+    assert env["KOMPAKTOR_NETWORK_POLICY"]["value"] == "true"
+    assert json.loads(env["KOMPAKTOR_OPERATOR_POD_LABELS"]["value"]) == peers[0]["podSelector"]["matchLabels"]
+    assert json.loads(env["KOMPAKTOR_METRICS_PEERS"]["value"]) == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    extra = {"podSelector": {"matchLabels": {"app": "kompaktor-cli"}}}
+    relaxed = render({"networkPolicy": {"extraRedisClients": [extra]}})
+    assert next(d for d in relaxed if d["kind"] == "NetworkPolicy")["spec"]["ingress"][0]["from"][-1] == extra
+    off = render({"networkPolicy": {"enabled": False}})
+    assert "NetworkPolicy" not in kinds(off)
+    assert "KOMPAKTOR_NETWORK_POLICY" not in env_of(container(off, "Deployment", "kompaktor-operator", "operator"))
+
+
+def test_bundled_redis_over_tls_with_a_generated_certificate() -> None:
+    docs = render({"redis": {"tls": {"enabled": True}}, "operator": {"watchNamespaces": ["tables"]}})
+    redis = container(docs, "StatefulSet", "kompaktor-redis", "redis")
+    args = redis["args"]
+    assert args[args.index("--port") + 1] == "0" and args[args.index("--tls-port") + 1] == "6379"
+    assert args[args.index("--tls-auth-clients") + 1] == "no"
+    secrets = by_name(docs, "Secret")
+    tls = secrets[("kompaktor-redis-tls", "kompaktor-system")]
+    assert tls["type"] == "kubernetes.io/tls" and set(tls["data"]) == {"tls.crt", "tls.key", "ca.crt"}
+    url = secrets[("kompaktor-redis", "kompaktor-system")]["stringData"]["url"]
+    assert re.fullmatch(r"rediss://:[A-Za-z0-9]{32}@kompaktor-redis\.kompaktor-system\.svc:6379/0"
+                        r"\?ssl_ca_certs=/etc/kompaktor/redis-tls/ca\.crt", url), url
+    cas = by_name(docs, "ConfigMap")
+    import base64
+    for ns in ("kompaktor-system", "tables"):  # the CA only, never the key, where compactors run
+        assert cas[("kompaktor-redis-ca", ns)]["data"] == {"ca.crt": base64.b64decode(tls["data"]["ca.crt"]).decode()}
+    for cname in ("operator", "coordinator"):
+        c = container(docs, "Deployment", "kompaktor-operator", cname)
+        assert {"name": "redis-ca", "mountPath": "/etc/kompaktor/redis-tls", "readOnly": True} in c["volumeMounts"]
+    env = env_of(container(docs, "Deployment", "kompaktor-operator", "operator"))
+    assert env["KOMPAKTOR_REDIS_CA_CONFIGMAP"]["value"] == "kompaktor-redis-ca"
+
+
+def test_bundled_redis_tls_from_cert_manager_or_a_secret_needs_the_ca() -> None:
+    pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+    cm = {"redis": {"tls": {"enabled": True, "caCert": pem,
+                            "certManager": {"enabled": True, "issuerRef": {"name": "ca-issuer", "kind": "Issuer"}}}}}
+    docs = render(cm)
+    (cert,) = [d for d in docs if d["kind"] == "Certificate"]
+    assert cert["spec"]["secretName"] == "kompaktor-redis-tls"
+    assert "kompaktor-redis.kompaktor-system.svc" in cert["spec"]["dnsNames"]
+    assert cert["spec"]["issuerRef"] == {"name": "ca-issuer", "kind": "Issuer"}
+    assert ("kompaktor-redis-tls", "kompaktor-system") not in by_name(docs, "Secret")
+    assert by_name(docs, "ConfigMap")[("kompaktor-redis-ca", "kompaktor-system")]["data"]["ca.crt"] == pem
+    own = render({"redis": {"tls": {"enabled": True, "caCert": pem, "existingSecret": "redis-cert"}}})
+    (sts,) = [d for d in own if d["kind"] == "StatefulSet"]
+    assert sts["spec"]["template"]["spec"]["volumes"] == [{"name": "tls", "secret": {"secretName": "redis-cert"}}]
+    for missing_ca in ({"redis": {"tls": {"enabled": True, "existingSecret": "redis-cert"}}},
+                       {"redis": {"tls": {"enabled": True, "certManager": {"enabled": True,
+                                                                           "issuerRef": {"name": "x"}}}}}):
+        with pytest.raises(helm.HelmError, match=r"redis\.tls\.caCert"):
+            render(missing_ca)

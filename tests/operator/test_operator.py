@@ -105,6 +105,31 @@ async def test_invalid_group_is_reported_not_crashlooped(operator, api: Api, bac
     assert gone(kmock, DEPLOY, "kompaktor-bad")
 
 
+@pytest.mark.parametrize("spec, rule", [
+    ({"image": "evil.example/miner:latest"}, "ImageNotAllowed"),
+    ({"serviceAccountName": "default"}, "ServiceAccountNotAllowed"),
+    ({"redis": {"secretName": "payroll-db"}}, "SecretNotAllowed"),
+])
+async def test_hostile_group_is_refused_and_nothing_is_created(operator, api: Api, backend: FakeBackend,
+                                                               spec: dict[str, Any], rule: str) -> None:
+    kmock = operator
+    await api.create(GROUPS_RES, group_body("hostile", **spec))
+
+    def refused() -> dict[str, Any] | None:
+        conds = obj(kmock, GROUPS_RES, "hostile")["status"]["conditions"]
+        ready = next(c for c in conds if c["type"] == "Ready")
+        return ready if ready["status"] == "False" else None
+
+    ready = await eventually(refused, what=f"Ready=False {rule}")
+    assert ready["reason"] == rule and ready["message"].startswith("refused: "), ready
+    # nothing created: no child of any kind, nothing stored for the coordinator
+    assert not [r for r in list(kmock) if r.method in ("POST", "PATCH") and "hostile" in str(r.url)
+                and "compactorgroups" not in str(r.url)]
+    for res in (DEPLOY, HPA, "v1/services"):
+        assert gone(kmock, res, "kompaktor-hostile")
+    assert "hostile" not in backend.groups
+
+
 def pod(name: str, group: str, ready: bool = True) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": NS, "labels": naming.selector_labels(group)},

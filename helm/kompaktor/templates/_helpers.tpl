@@ -54,6 +54,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "kompaktor.redisSecret" -}}
 {{- if and (not .Values.redis.bundled) .Values.redis.external.existingSecret }}
 {{- .Values.redis.external.existingSecret }}
+{{- else if and .Values.redis.bundled .Values.redis.existingSecret }}
+{{- .Values.redis.existingSecret }}
 {{- else }}
 {{- printf "%s-redis" (include "kompaktor.fullname" .) }}
 {{- end }}
@@ -67,4 +69,37 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{- define "kompaktor.redisHost" -}}
 {{- printf "%s-redis.%s.svc" (include "kompaktor.fullname" .) .Release.Namespace }}
+{{- end }}
+
+{{/* The compactor pods' ServiceAccount (no API rights, no token mounted). */}}
+{{- define "kompaktor.compactorServiceAccount" -}}
+{{- printf "%s-compactor" (include "kompaktor.fullname" .) }}
+{{- end }}
+
+{{/* The Secret (key `token`) whose value authorizes POST /drain from outside a compactor pod. */}}
+{{- define "kompaktor.drainTokenSecret" -}}
+{{- default (printf "%s-drain-token" (include "kompaktor.fullname" .)) .Values.drain.existingSecret }}
+{{- end }}
+
+{{/* Namespaces that hold compactor pods the chart knows of: the release's and the watched ones. */}}
+{{- define "kompaktor.compactorNamespaces" -}}
+{{- toJson (uniq (prepend .Values.operator.watchNamespaces .Release.Namespace)) }}
+{{- end }}
+
+{{/* Labels of the operator pod (its NetworkPolicy identity). */}}
+{{- define "kompaktor.operatorPodLabels" -}}
+{{ include "kompaktor.selectorLabels" . }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{/* Where clients find the bundled Redis' CA (rediss:// with TLS on). */}}
+{{- define "kompaktor.redisCaDir" -}}/etc/kompaktor/redis-tls{{- end }}
+{{- define "kompaktor.redisTlsSecret" -}}
+{{- default (printf "%s-redis-tls" (include "kompaktor.fullname" .)) .Values.redis.tls.existingSecret }}
+{{- end }}
+{{- define "kompaktor.redisTls" -}}
+{{- if and .Values.redis.bundled .Values.redis.tls.enabled }}true{{- end }}
+{{- end }}
+{{- define "kompaktor.redisCaConfigMap" -}}
+{{- printf "%s-redis-ca" (include "kompaktor.fullname" .) }}
 {{- end }}

@@ -1,0 +1,125 @@
+"""Issue 16 §2: what a CompactorGroup may use is the operator's decision (pure rules)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kompaktor_operator import admission, manifests
+from kompaktor_operator.config import OperatorConfig
+from kompaktor_operator.models import CompactorGroupSpec
+
+DEFAULT_IMAGE = "ghcr.io/kompaktor/kompaktor-compactor:0.1.0"
+CONFIG = OperatorConfig(compactor_image=DEFAULT_IMAGE, redis_secret="kompaktor-redis",
+                        storage_secret="s3-credentials", drain_token_secret="kompaktor-drain-token",
+                        compactor_service_account="kompaktor-compactor")
+
+
+def check(config: OperatorConfig = CONFIG, **spec: Any) -> admission.Refusal | None:
+    return admission.check_group(CompactorGroupSpec.model_validate(spec), config)
+
+
+def test_the_defaults_are_allowed() -> None:
+    assert check() is None
+    assert check(image=DEFAULT_IMAGE, serviceAccountName="kompaktor-compactor",
+                 redis={"secretName": "kompaktor-redis"}, storage={"credentialsSecret": "s3-credentials"}) is None
+
+
+@pytest.mark.parametrize("spec, rule, named", [
+    ({"image": "evil.example/miner:latest"}, admission.IMAGE_NOT_ALLOWED, "evil.example/miner:latest"),
+    # a tag of the default repository is another image
+    ({"image": "ghcr.io/kompaktor/kompaktor-compactor:0.1.0-evil"}, admission.IMAGE_NOT_ALLOWED, "0.1.0-evil"),
+    ({"serviceAccountName": "default"}, admission.SERVICE_ACCOUNT_NOT_ALLOWED, "'default'"),
+    ({"serviceAccountName": "kompaktor-operator"}, admission.SERVICE_ACCOUNT_NOT_ALLOWED, "kompaktor-operator"),
+    ({"redis": {"secretName": "payroll-db"}}, admission.SECRET_NOT_ALLOWED, "spec.redis.secretName 'payroll-db'"),
+    ({"storage": {"credentialsSecret": "cloud-admin"}}, admission.SECRET_NOT_ALLOWED,
+     "spec.storage.credentialsSecret 'cloud-admin'"),
+])
+def test_anything_else_is_refused_naming_the_rule(spec: dict[str, Any], rule: str, named: str) -> None:
+    refusal = check(**spec)
+    assert refusal is not None and refusal.rule == rule
+    assert named in refusal.message
+    assert "chart value compactor.allowed" in refusal.message
+
+
+def test_allow_lists_widen_exactly_what_they_name() -> None:
+    cfg = CONFIG.model_copy(update={"allowed_images": ("registry.corp/kompaktor/*", "other/img:1"),
+                                    "allowed_service_accounts": ("compactor-irsa",),
+                                    "allowed_secrets": ("team-redis",)})
+    assert check(cfg, image="registry.corp/kompaktor/compactor:2") is None
+    assert check(cfg, image="other/img:1") is None
+    assert check(cfg, image="other/img:2").rule == admission.IMAGE_NOT_ALLOWED
+    assert check(cfg, image="registry.corp/kompaktorx:1").rule == admission.IMAGE_NOT_ALLOWED
+    assert check(cfg, serviceAccountName="compactor-irsa") is None
+    assert check(cfg, redis={"secretName": "team-redis"}) is None
+    assert check(cfg, redis={"secretName": "other"}).rule == admission.SECRET_NOT_ALLOWED
+
+
+def test_config_reads_the_allow_lists_from_the_environment() -> None:
+    cfg = OperatorConfig.from_env({"KOMPAKTOR_ALLOWED_IMAGES": "a/b:1, c/*", "KOMPAKTOR_ALLOWED_SECRETS": "",
+                                   "KOMPAKTOR_COMPACTOR_SERVICE_ACCOUNT": "rel-compactor",
+                                   "KOMPAKTOR_DRAIN_TOKEN_SECRET": "rel-drain-token"})
+    assert cfg.allowed_images == ("a/b:1", "c/*")
+    assert cfg.allowed_secrets == () and cfg.allowed_service_accounts == ()
+    assert cfg.compactor_service_account == "rel-compactor" and cfg.drain_token_secret == "rel-drain-token"
+
+
+def test_compactor_pods_use_their_own_account_without_a_token_and_get_the_drain_token() -> None:
+    pod = manifests.build_pod_template("g", CompactorGroupSpec(), CONFIG)["spec"]
+    assert pod["serviceAccountName"] == "kompaktor-compactor"
+    assert pod["automountServiceAccountToken"] is False
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    assert env["KOMPAKTOR_DRAIN_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+        "name": "kompaktor-drain-token", "key": "token", "optional": True}
+    # no drain-token Secret configured: no variable (loopback drain only)
+    pod = manifests.build_pod_template("g", CompactorGroupSpec(), OperatorConfig())["spec"]
+    assert "KOMPAKTOR_DRAIN_TOKEN" not in {e["name"] for e in pod["containers"][0]["env"]}
+    assert pod["automountServiceAccountToken"] is False
+
+
+NETPOL_CONFIG = CONFIG.model_copy(update={
+    "network_policy": True, "operator_namespace": "kompaktor-system", "redis_ca_configmap": "kompaktor-redis-ca",
+    "operator_pod_labels": {"app.kubernetes.io/name": "kompaktor", "app.kubernetes.io/component": "operator"},
+    "metrics_peers": ({"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}},)})
+
+
+@pytest.mark.parametrize("namespace", ["kompaktor-system", "tables"])
+def test_network_policy_admits_only_the_operator_and_prometheus_to_the_http_port(namespace: str) -> None:
+    import kubernetes_validate
+
+    children = manifests.build_children("g", CompactorGroupSpec(), NETPOL_CONFIG, namespace=namespace)
+    assert children[0]["kind"] == "NetworkPolicy"  # before any pod exists
+    netpol = children[0]
+    kubernetes_validate.validate({**netpol, "metadata": {**netpol["metadata"], "namespace": namespace}}, "1.30",
+                                 strict=True)
+    spec = netpol["spec"]
+    assert spec["podSelector"]["matchLabels"] == manifests.naming.selector_labels("g")
+    assert spec["policyTypes"] == ["Ingress"]
+    (rule,) = spec["ingress"]
+    assert rule["ports"] == [{"port": 8080, "protocol": "TCP"}]
+    operator, prometheus = rule["from"]
+    assert operator["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
+    if namespace == "kompaktor-system":
+        assert "namespaceSelector" not in operator  # same namespace: the pod selector alone
+    else:
+        assert operator["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "kompaktor-system"}}
+    assert prometheus == NETPOL_CONFIG.metrics_peers[0]
+    assert all(c["kind"] != "NetworkPolicy" for c in manifests.build_children("g", CompactorGroupSpec(), CONFIG))
+
+
+def test_compactor_pods_mount_the_redis_ca_for_rediss() -> None:
+    pod = manifests.build_pod_template("g", CompactorGroupSpec(), NETPOL_CONFIG)["spec"]
+    (c,) = pod["containers"]
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "redis-ca")
+    assert mount == {"name": "redis-ca", "mountPath": manifests.REDIS_CA_DIR, "readOnly": True}
+    assert {"name": "redis-ca", "configMap": {"name": "kompaktor-redis-ca"}} in pod["volumes"]
+
+
+def test_config_reads_network_policy_settings_from_the_environment() -> None:
+    cfg = OperatorConfig.from_env({
+        "KOMPAKTOR_NETWORK_POLICY": "true", "KOMPAKTOR_OPERATOR_NAMESPACE": "ns",
+        "KOMPAKTOR_OPERATOR_POD_LABELS": '{"a": "b"}', "KOMPAKTOR_METRICS_PEERS": '[{"podSelector": {}}]',
+        "KOMPAKTOR_REDIS_CA_CONFIGMAP": "rel-redis-ca"})
+    assert cfg.network_policy is True and cfg.operator_pod_labels == {"a": "b"}
+    assert cfg.metrics_peers == ({"podSelector": {}},) and cfg.redis_ca_configmap == "rel-redis-ca"
