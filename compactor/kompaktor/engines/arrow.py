@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pyarrow as pa
 
 from kompaktor.engines.api import MergeCancelled, MergeRequest, MergeResult, ProgressFn
-from kompaktor.engines.ranges import Bound, InputCursor, open_merge, plan_ranges, progress_dict
+from kompaktor.engines.ranges import MERGE_FACTOR, TASK_MEMORY, Bound, InputCursor, open_merge, plan, progress_dict
 from kompaktor.files.arrowstack import merge_tables
 from kompaktor.files.sortedfile import SortedFileWriter
 from kompaktor.files.storage import Storage
@@ -27,20 +27,26 @@ class ArrowMergeEngine:
 
     name = "arrow"
 
-    def __init__(self, range_entries: int = ARROW_RANGE_ENTRIES) -> None:
+    def __init__(self, range_entries: int = ARROW_RANGE_ENTRIES, task_memory: int = TASK_MEMORY) -> None:
         self.range_entries = range_entries
+        #: bytes the merge may hold; one range's input data may take 1/MERGE_FACTOR of it, two
+        #: ranges are in flight (one merging, one encoding)
+        self.task_memory = task_memory
 
     def merge(self, storage: Storage, req: MergeRequest, *, progress: ProgressFn | None = None,
               cancel: threading.Event | None = None) -> MergeResult:
         started, metas, bytes_in = open_merge(storage, req, cancel)
-        ranges = plan_ranges(metas, req.prev, req.end, self.range_entries)
+        ranges = plan(storage, metas, req.prev, req.end, self.range_entries)
+        budget = self.task_memory // (2 * MERGE_FACTOR)
         report = progress or (lambda d: None)
         read = written = 0
         report(progress_dict(0, 0, 0, 0, 0, len(ranges), started))
         cursors: list[InputCursor] = []
 
         def produce(hi: Bound) -> tuple[pa.Table, int]:
-            tables = [c.take(hi) for c in cursors]
+            tables: list[pa.Table] = []
+            for c in cursors:
+                tables.append(c.take(hi, budget - sum(t.nbytes for t in tables)))
             return merge_tables(tables, req.settings), sum(t.num_rows for t in tables)
 
         w = SortedFileWriter(storage, req.output, tmp_tag=req.tmp_tag)

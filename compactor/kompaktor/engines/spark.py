@@ -4,10 +4,12 @@ Shape:
 
 1. The driver reads only the inputs' footers: schema check (a clear BadFileError before any
    job runs) and row-group statistics, from which it cuts the tablet's range (prev, end] into
-   row ranges of about equal size (:func:`kompaktor.engines.ranges.plan_ranges`). Cuts fall on row
-   boundaries, so a column key's versions are always in one task.
+   row ranges of about equal size (:func:`kompaktor.engines.ranges.plan`; row groups too big to cut
+   at are sampled from their ``row`` column). Cuts fall on row boundaries, so a column key's
+   versions are always in one task.
 2. One Spark task per range (``sc.parallelize(ranges).map(...)``) reads its rows from every input
-   (row-group statistics prune the rest), merges and applies the iterator stack with Arrow
+   (row-group statistics prune the rest; big row groups are streamed batch by batch, so the task's
+   memory is bounded by its range, not by the inputs' row groups), merges and applies the iterator stack with Arrow
    (:mod:`kompaktor.files.arrowstack`) and writes one ordered part (Arrow IPC) under a temporary
    name carrying the ECID, next to the output. Spark schedules, retries and spreads the tasks
    over its executors; the data never takes Spark's own Parquet path or a global sort.
@@ -34,7 +36,15 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from kompaktor.engines.api import MergeCancelled, MergeError, MergeRequest, MergeResult, ProgressFn
-from kompaktor.engines.ranges import merge_range, open_merge, plan_ranges, progress_dict
+from kompaktor.engines.ranges import (
+    TASK_MEMORY,
+    TaskMemoryExceeded,
+    estimate_entries,
+    merge_range,
+    open_merge,
+    plan,
+    progress_dict,
+)
 from kompaktor.files.sortedfile import ROW_GROUP_SIZE, SortedFileWriter
 from kompaktor.files.storage import Storage
 from kompaktor.model.errors import BadFileError, UnsortedError
@@ -56,13 +66,16 @@ def _part_compression(storage: Storage) -> str | None:
 
 
 def _run_range(storage: Storage, inputs: tuple[str, ...], settings: IteratorSettings, output: str,
-               tmp_tag: str, task: tuple[int, bytes | None, bytes | None]) -> dict:
-    """Executor side: merge one key range and write it as one Arrow IPC part."""
+               tmp_tag: str, task_memory: int, task: tuple[int, bytes | None, bytes | None]) -> dict:
+    """Executor side: merge one key range and write it as one Arrow IPC part. A bad input or a
+    range bigger than the task memory is returned as an error (retrying would not help)."""
     index, lo, hi = task
     try:
-        table, read = merge_range(storage, inputs, lo, hi, settings)
-    except BadFileError as exc:
-        return {"index": index, "error": str(exc), "unsorted": isinstance(exc, UnsortedError)}
+        table, read = merge_range(storage, inputs, lo, hi, settings, task_memory)
+    except (BadFileError, TaskMemoryExceeded) as exc:
+        kind = "unsorted" if isinstance(exc, UnsortedError) else \
+            "memory" if isinstance(exc, TaskMemoryExceeded) else "bad"
+        return {"index": index, "error": str(exc), "kind": kind}
     final, tmp = part_names(output, tmp_tag, index)
     meta = {b"kompaktor.entries_read": str(read).encode()}
     table = table.replace_schema_metadata(meta)
@@ -81,7 +94,7 @@ class SparkMergeEngine:
 
     def __init__(self, master: str = "local[*]", conf: Mapping[str, str] | None = None,
                  driver_memory: str | None = None, *, task_entries: int | None = None,
-                 tasks_per_core: int = 2, warm: bool = True) -> None:
+                 tasks_per_core: int = 2, warm: bool = True, task_memory: int = TASK_MEMORY) -> None:
         from kompaktor.engines.session import get_session, warm_up
 
         self.session = get_session(master, conf, driver_memory)
@@ -89,6 +102,8 @@ class SparkMergeEngine:
             warm_up(self.session)
         self.task_entries = task_entries
         self.tasks_per_core = tasks_per_core
+        #: bytes one task's merge may hold in its Python worker (its range's input data 1/4 of it)
+        self.task_memory = task_memory
 
     @property
     def sc(self):
@@ -102,11 +117,9 @@ class SparkMergeEngine:
 
     def merge(self, storage: Storage, req: MergeRequest, *, progress: ProgressFn | None = None,
               cancel: threading.Event | None = None) -> MergeResult:
-        from kompaktor.engines.ranges import estimate_entries
-
         started, metas, bytes_in = open_merge(storage, req, cancel)
         total = estimate_entries(metas, req.prev, req.end)
-        ranges = plan_ranges(metas, req.prev, req.end, self._target_entries(total))
+        ranges = plan(storage, metas, req.prev, req.end, self._target_entries(total))
         tasks = [(i, lo, hi) for i, (lo, hi) in enumerate(ranges)]
         report = progress or (lambda d: None)
         report(progress_dict(0, 0, 0, 0, 0, len(tasks), started))
@@ -114,14 +127,14 @@ class SparkMergeEngine:
         group = f"kompaktor-{req.tmp_tag}-{uuid.uuid4().hex[:8]}"
         outcome: dict = {}
         done = threading.Event()
-        inputs, settings, output, tag = req.inputs, req.settings, req.output, req.tmp_tag
+        inputs, settings, output, tag, memory = req.inputs, req.settings, req.output, req.tmp_tag, self.task_memory
         sc = self.sc
 
         def run_job() -> None:
             try:
                 sc.setJobGroup(group, f"merge {len(inputs)} files into {output}", interruptOnCancel=True)
                 rdd = sc.parallelize(tasks, len(tasks)).map(
-                    lambda t: _run_range(storage, inputs, settings, output, tag, t))
+                    lambda t: _run_range(storage, inputs, settings, output, tag, memory, t))
                 outcome["results"] = rdd.collect()
             except BaseException as exc:
                 outcome["error"] = exc
@@ -186,7 +199,8 @@ class SparkMergeEngine:
             raise MergeError(f"merge into {req.output}: Spark job failed: {_short(exc)}") from exc
         errors = [r for r in outcome.get("results", []) if "error" in r]
         if errors:
-            raise (UnsortedError if errors[0]["unsorted"] else BadFileError)(errors[0]["error"])
+            kind = {"unsorted": UnsortedError, "memory": TaskMemoryExceeded}.get(errors[0]["kind"], BadFileError)
+            raise kind(errors[0]["error"])
 
     @staticmethod
     def _append_part(storage: Storage, final: str, w: SortedFileWriter, cancel: threading.Event | None,

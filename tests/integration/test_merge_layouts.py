@@ -1,0 +1,169 @@
+"""Issue 17 §1 and §4: planning and reading do not depend on the inputs' row-group layout, and
+inputs that lie or do not fit are refused in one line with nothing left behind.
+
+The same entries are written as many small row groups, as one row group per file and without
+row statistics; every engine's output must equal ``merged_view`` of the entries for each layout,
+and a big single row group must still be cut into several key ranges (sampled from its ``row``
+column) and read batch by batch."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from kompaktor.engines.api import MergeEngine, MergeRequest
+from kompaktor.engines.arrow import ArrowMergeEngine
+from kompaktor.engines.ranges import InputCursor, TaskMemoryExceeded, inspect_inputs, plan
+from kompaktor.files.sortedfile import entries_to_table, read_table, table_to_entries
+from kompaktor.files.storage import Storage
+from kompaktor.model.errors import BadFileError, UnsortedError
+from kompaktor.model.iterators import IteratorSettings, merged_view
+from kompaktor.model.keys import Entry, sort_key
+
+ENGINES = ["arrow", pytest.param("spark", marks=pytest.mark.spark)]
+N_FILES = 3
+PER_FILE = 6000
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request) -> MergeEngine:
+    if request.param == "spark":
+        return request.getfixturevalue("spark_engine")
+    return ArrowMergeEngine(range_entries=2000)
+
+
+def sources() -> list[list[Entry]]:
+    """Overlapping sorted inputs: rows r00000..r09999, later files overwrite and delete."""
+    rng = np.random.default_rng(17)
+    out = []
+    for f in range(N_FILES):
+        rows = rng.choice(10_000, size=PER_FILE, replace=False)
+        es = [Entry(b"r%05d" % r, b"f", b"q%d" % (r % 3), b"", f + 1, bool(f and r % 17 == 0), b"v%d" % f)
+              for r in rows]
+        out.append(sorted(es, key=sort_key))
+    return out
+
+
+LAYOUTS = {
+    "small_row_groups": {"row_group_size": 500},
+    "one_row_group": {"row_group_size": PER_FILE},
+    "no_statistics": {"row_group_size": 1000, "write_statistics": False},
+}
+
+
+def write(storage: Storage, srcs: list[list[Entry]], **opts) -> list[str]:
+    paths = []
+    storage.ensure_dir("t1")
+    for i, src in enumerate(srcs):
+        path = f"t1/I{i:06d}.parquet"
+        pq.write_table(entries_to_table(src), storage.path(path), **opts)
+        paths.append(path)
+    return paths
+
+
+def request(paths: list[str], **kw) -> MergeRequest:
+    return MergeRequest(inputs=tuple(paths), output="t1/A000001.parquet", prev=kw.get("prev"), end=kw.get("end"),
+                        settings=IteratorSettings(max_versions=1, full=True), tmp_tag="ECID-17")
+
+
+def files(storage: Storage) -> list[str]:
+    return sorted(p for p, _ in storage.list_files(""))
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("bounds", [(None, None), (b"r02500", b"r07777")])
+def test_every_layout_merges_to_the_reference(engine, storage, layout, bounds):
+    srcs = sources()
+    paths = write(storage, srcs, **LAYOUTS[layout])
+    prev, end = bounds
+    engine.merge(storage, request(paths, prev=prev, end=end))
+    got = list(table_to_entries(read_table(storage, "t1/A000001.parquet")))
+    inside = [[e for e in src if (prev is None or e.row > prev) and (end is None or e.row <= end)] for src in srcs]
+    want = list(merged_view(inside, IteratorSettings(max_versions=1, full=True)))
+    assert got == want
+    assert files(storage) == sorted([*paths, "t1/A000001.parquet"])
+
+
+@pytest.mark.parametrize("layout", ["one_row_group", "no_statistics"])
+def test_big_row_groups_are_cut_into_several_ranges(storage, layout):
+    paths = write(storage, sources(), **LAYOUTS[layout])
+    metas = inspect_inputs(storage, paths)
+    ranges = plan(storage, metas, None, None, 2000)
+    assert len(ranges) >= N_FILES * PER_FILE // 2000 - 1
+    assert ranges[0][0] is None and ranges[-1][1] is None
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
+
+
+def test_a_cursor_holds_one_range_plus_one_batch_of_a_big_row_group(storage):
+    paths = write(storage, sources(), row_group_size=PER_FILE)
+    cur = InputCursor(storage, paths[0], None, None, batch_rows=256)
+    try:
+        first = cur.take(b"r00100")
+        assert 0 < first.num_rows < 256 and first.column("row")[-1].as_py() <= b"r00100"
+        pending = cur._pending  # the rest of the one decoded batch, not the row group
+        assert pending is not None and pending.num_rows <= 256
+        rest = cur.take(None)
+        assert first.num_rows + rest.num_rows == PER_FILE
+    finally:
+        cur.close()
+
+
+def test_input_larger_than_task_memory_is_one_line_and_leaves_nothing(storage):
+    srcs = sources()
+    paths = write(storage, srcs, row_group_size=PER_FILE)
+    # one range holds everything (the planner is asked for huge ranges): 64 KiB of task memory
+    # cannot hold it; the cursor stops after one batch over the budget, not after the file
+    eng = ArrowMergeEngine(range_entries=10**9, task_memory=64 << 10)
+    with pytest.raises(TaskMemoryExceeded) as err:
+        eng.merge(storage, request(paths))
+    line = str(err.value)
+    assert "\n" not in line and "task memory" in line and paths[0] in line
+    assert files(storage) == sorted(paths)
+
+
+def _patch_footer(path: str, old: bytes, new: bytes) -> None:
+    """Replace ``old`` by ``new`` (same length) in the Parquet footer only (the statistics)."""
+    data = bytearray(Path(path).read_bytes())
+    footer_len = int.from_bytes(data[-8:-4], "little")
+    start = len(data) - 8 - footer_len
+    footer = bytes(data[start:-8])
+    assert old in footer and len(old) == len(new)
+    data[start:-8] = footer.replace(old, new)
+    Path(path).write_bytes(bytes(data))
+
+
+def lying_footer(storage: Storage, paths: list[str]) -> None:
+    """Row group 1 of the second file claims it ends at row r04000; it holds rows beyond."""
+    t = pq.read_table(storage.path(paths[1]))
+    pq.write_table(t, storage.path(paths[1]), row_group_size=2000, compression="none")
+    md = pq.ParquetFile(storage.path(paths[1])).metadata
+    st = md.row_group(1).column(0).statistics
+    inside = t.column("row")[2000 + 1000].as_py()  # a row in the middle of row group 1
+    assert st.min < inside < st.max and len(inside) == len(st.max)
+    _patch_footer(storage.path(paths[1]), st.max, inside)
+
+
+def groups_out_of_order(storage: Storage, paths: list[str]) -> None:
+    """The second file's row groups are written in the wrong order (each one sorted)."""
+    t = pq.read_table(storage.path(paths[1]))
+    half = t.num_rows // 2
+    with pq.ParquetWriter(storage.path(paths[1]), t.schema) as w:
+        w.write_table(t.slice(half))
+        w.write_table(t.slice(0, half))
+
+
+@pytest.mark.parametrize("damage", [lying_footer, groups_out_of_order], ids=lambda f: f.__name__)
+def test_inputs_that_lie_are_one_line_and_leave_nothing(engine, storage, damage):
+    paths = write(storage, sources(), row_group_size=1000)
+    damage(storage, paths)
+    with pytest.raises(BadFileError) as err:
+        engine.merge(storage, request(paths))
+    line = str(err.value)
+    assert "\n" not in line and paths[1] in line
+    if damage is groups_out_of_order:
+        assert isinstance(err.value, UnsortedError)
+    assert files(storage) == sorted(paths)
