@@ -6,8 +6,9 @@ part boundary, raises MergeCancelled and removes its temporary output).
 
 Run as a script it *is* the ``kompaktor`` CLI, with every engine it makes wrapped this way:
 ``python gated_engine.py compactor --group G ...``; the gate is the file named by
-``KOMPAKTOR_TEST_GATE`` (open once it exists) and the wrapper creates ``<gate>.held`` when a
-merge starts holding.
+``KOMPAKTOR_TEST_GATE`` (open once it exists; ``{group}`` in it stands for the compactor's
+``--group``) and the wrapper creates ``<gate>.held`` when a merge starts holding. With
+``KOMPAKTOR_TEST_GATE_ARMED`` set, merges pass freely until the file it names exists.
 """
 
 from __future__ import annotations
@@ -63,11 +64,16 @@ def _main() -> None:
     from kompaktor import engines as engine
     from kompaktor.cli import main
 
-    gate = Path(os.environ["KOMPAKTOR_TEST_GATE"])
+    group = sys.argv[sys.argv.index("--group") + 1] if "--group" in sys.argv else ""
+    gate = Path(os.environ["KOMPAKTOR_TEST_GATE"].replace("{group}", group))
+    armed = os.environ.get("KOMPAKTOR_TEST_GATE_ARMED")
     real_make_engine = engine.make_engine
 
+    def is_open() -> bool:
+        return gate.exists() or (armed is not None and not Path(armed).exists())
+
     def make_engine(kind: str = "spark", **kw: Any) -> GatedEngine:
-        return GatedEngine(real_make_engine(kind, **kw), gate.exists,
+        return GatedEngine(real_make_engine(kind, **kw), is_open,
                            on_hold=lambda: Path(f"{gate}.held").touch())
 
     engine.make_engine = make_engine

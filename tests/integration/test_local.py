@@ -42,11 +42,12 @@ def test_hpa_formula_clamps_to_bounds() -> None:
 
 
 def test_demo_small_verifies_with_spark_and_arrow_groups(tmp_path: Path) -> None:
-    res = run_demo(DemoOptions(entries=12_000, duration_s=8, tablets=3, batch=1000, live=False,
-                               data_dir=str(tmp_path / "demo")))
+    opts = DemoOptions(entries=12_000, duration_s=8, tablets=3, batch=1000, live=False,
+                       data_dir=str(tmp_path / "demo"))
+    res = run_demo(opts)
     s = res.summary
     assert res.verified, "\n".join(f"{k}: {v}" for k, v in s.items())
-    assert s["entries scanned"] == s["entries written"] == 12_000
+    assert s["entries scanned"] == s["entries written"] == 12_000 + opts.burst_entries
     assert s["undefined references"] == 0 and s["deleted entries resurrected"] == 0
     assert s["files after"] < s["files flushed"]
     assert s["files per tablet after (max)"] <= 15

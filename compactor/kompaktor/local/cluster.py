@@ -83,6 +83,8 @@ class LocalCluster:
     #: of this many recent seconds, so a queue that empties between two flushes does not start and
     #: drain a compactor every pass
     scale_down_window_s: float = 5.0
+    #: how a child process runs the ``kompaktor`` CLI (tests run a wrapper of it instead)
+    command: list[str] = field(default_factory=lambda: [sys.executable, "-m", "kompaktor"])
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir)
@@ -109,7 +111,7 @@ class LocalCluster:
         # Spark's scratch space inside the data directory: nothing is left in /tmp by a killed compactor
         env.setdefault("KOMPAKTOR_SPARK_LOCAL_DIR", str(self.data_dir / "spark" / name))
         try:
-            popen = spawn([sys.executable, "-m", "kompaktor", *args], stdout=out, stderr=out, env=env)
+            popen = spawn([*self.command, *args], stdout=out, stderr=out, env=env)
         finally:
             out.close()
         return Proc(name, popen)

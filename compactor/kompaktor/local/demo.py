@@ -14,6 +14,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,10 @@ class DemoOptions:
     chaos: bool = False
     chaos_seed: int = 7
     chaos_interval_s: float = 3.0
+    #: how child processes run the ``kompaktor`` CLI (None: this Python's ``-m kompaktor``)
+    command: list[str] | None = None
+    #: called once the burst import is acknowledged, before its user compaction starts
+    on_burst: Callable[[], None] | None = None
 
 
 @dataclass
@@ -138,6 +143,8 @@ def run_demo(opts: DemoOptions) -> DemoResult:
         if opts.chaos:
             coord_args += ["--dead-after", "5"]
         cluster = LocalCluster(cfg, data_dir, redis_url=opts.redis_url, coordinator_args=coord_args)
+        if opts.command is not None:
+            cluster.command = list(opts.command)
         # SIGINT, SIGTERM, SIGHUP: Interrupted, and the clean-up below drains and stops every
         # process; a second signal kills them instead of waiting for the drain
         with interruptible(on_second=cluster.kill):
@@ -236,6 +243,8 @@ def _run(opts: DemoOptions, cfg: LocalConfig, cluster: LocalCluster, data_dir: P
                 show()
                 ingest.import_burst(opts.burst_entries, opts.burst_files, data_dir / "burst")
                 burst_at = time.monotonic()
+                if opts.on_burst is not None:
+                    opts.on_burst()
                 # and a user compaction of the whole table: once the import's small merges are
                 # done, every tablet is compacted to one file by the large group
                 user_compaction = user_compactions.start(store, opts.table)
