@@ -22,6 +22,7 @@ DEADLETTER = PREFIX + "deadletter"  # hash: job fingerprint -> JSON (failed too 
 DEADLOG = PREFIX + "deadlog"  # list of the ECIDs of the last 10,000 dead compactions detected
 COMMITS_BY_TABLET = PREFIX + "commits"  # hash: tablet id -> compactions committed on it
 FAILURES = PREFIX + "failures"  # hash: job fingerprint -> JSON {count, last_error, retry_at}
+IMPORTS = PREFIX + "imports"  # hash: import id -> JSON {table, files, expires}: bulk imports in progress
 LEASE = PREFIX + "coordinator:lease"  # string: holder id (with TTL)
 FENCE = PREFIX + "coordinator:fence"  # integer fencing token, incremented per takeover
 QUEUE_GENERATION = PREFIX + "queue:generation"
@@ -99,11 +100,14 @@ def request_key(request_id: str) -> str:
 
 _LUA_CONSTANTS = {"tables": TABLES, "seq": SEQ, "dirty": DIRTY, "running": RUNNING, "counters": COUNTERS,
                   "commits": COMMITS_BY_TABLET, "queue_groups": QUEUE_GROUPS, "queue_max": QUEUE_MAX,
-                  "queue_seq": QUEUE_SEQ}
+                  "queue_seq": QUEUE_SEQ, "fence": FENCE, "lease": LEASE, "ucomps": UCOMPS,
+                  "failures": FAILURES, "deadletter": DEADLETTER,
+                  "queue_generation": QUEUE_GENERATION}
 _LUA_FUNCTIONS = {"table": table_key, "tablets": tablets_key, "tablet": tablet_key, "heartbeat": heartbeat_key,
                   "rgroup": running_group_key, "ucomp_done": ucomp_done_key, "mutation": mutation_key,
                   "queue": queue_key, "queue_jobs": queue_jobs_key, "queue_index": queue_index_key,
-                  "queue_stats": queue_stats_key, "queue_ages": queue_ages_key}
+                  "queue_stats": queue_stats_key, "queue_ages": queue_ages_key, "ucomp": ucomp_key,
+                  "request": request_key}
 
 
 def _lua_str(text: str) -> str:

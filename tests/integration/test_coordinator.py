@@ -136,6 +136,11 @@ def expire_backoffs(store: MetadataStore) -> None:
         store._r.hset(C.FAILURES, fp, json.dumps(rec))
 
 
+def stop_renewing(c: Coordinator) -> None:
+    """The coordinator's lease renewal thread stops, as if the process had died (no resign)."""
+    c.lease._stop.set()
+
+
 def poll_until(cond: Callable[[], bool], timeout: float = 10.0, step: float = 0.02) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
@@ -347,6 +352,7 @@ def test_seed000_scenario4_coordinator_dies_job_queued_again(store: MetadataStor
     (j,) = queued(first, "EE2")
     assert sorted(j.files) == sorted(files)
     # the first coordinator dies (no resign, no more renewals) and the queues are lost
+    stop_renewing(first)
     first.queues.clear_all()
     second = Coordinator(store, storage, settings(lease_ms=300))
     poll_until(second.tick)
@@ -565,6 +571,7 @@ def test_second_coordinator_waits_then_takes_over(store: MetadataStore, storage:
     assert not b.tick()
     assert queued(b) == [] and store._r.sismember(C.DIRTY, tab)
     # a stops renewing (dies): b takes over once the lease expires, with a higher fencing token
+    stop_renewing(a)
     poll_until(b.tick, timeout=10)
     assert b.fence > fence_a
     assert [j.tablet for j in queued(b)] == [tab]

@@ -247,18 +247,31 @@ def test_stats_counters_and_oldest_age(q: JobQueues, monkeypatch: pytest.MonkeyP
     assert q.poll("g").tablet == "A" and q.poll("g").tablet == "A"
     st = q.stats("g")
     assert (st.queued, st.dequeued, st.oldest_age_s, st.lowest_priority) == (0, 3, 0.0, 0)
-    # re-adding a tablet restarts its age
+    # a tablet queued again after its jobs were taken starts a new age
     q.add("B", [job("B", 1)])
-    q.add("A", [job("A", 1)])
     clock[0] += 2
-    q.add("B", [job("B", 1)])
     assert q.stats("g").oldest_age_s == pytest.approx(2.0)
-
-
-def test_clear_all_forgets_queues(q: JobQueues) -> None:
+    # re-planning a queued tablet (its entries replaced) keeps the time it was first queued
+    for _ in range(3):
+        clock[0] += 10
+        q.add("B", [job("B", 2, tag="replanned")])
     q.add("A", [job("A", 1)])
+    st = q.stats("g")
+    assert st.oldest_age_s == pytest.approx(32.0) and list(drain(q, "g")[0].files) == ["B/replannedf0"]
+    # once taken, the next enqueue is young again
+    q.add("B", [job("B", 1)])
+    assert q.stats("g").oldest_age_s == pytest.approx(0.0)
+
+
+def test_clear_all_forgets_queues_but_keeps_the_bound(q: JobQueues) -> None:
+    q.resize(7)
+    q.add("A", [job("A", 1)])
+    seq = int(q._r.get(C.QUEUE_SEQ))
     q.clear_all()
-    assert q.groups() == [] and q.poll("g") is None
+    assert q.groups() == [] and q.poll("g") is None and not q.has_generation()
+    assert q.max_size() == 7 and int(q._r.get(C.QUEUE_SEQ)) == seq  # settings and sequence stay
+    q.add("A", [job("A", 1)])
+    assert int(q._r.get(C.QUEUE_SEQ)) == seq + 1
 
 
 # -- concurrent reservation -------------------------------------------------------------------------

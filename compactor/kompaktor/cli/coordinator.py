@@ -20,11 +20,14 @@ from kompaktor.cli.common import friendly_errors, redis_option, setup_logging, s
 @click.option("--gc-grace", type=float, default=300.0, show_default=True,
               help="Seconds an unreferenced file is kept before garbage collection.")
 @click.option("--gc-interval", type=float, default=60.0, show_default=True)
+@click.option("--lease", "lease_s", type=click.FloatRange(min=0.5), default=10.0, show_default=True,
+              help="Seconds of the leader's lease; a stopped leader is replaced this long after its "
+                   "last renewal.")
 @redis_option
 @storage_option
 @friendly_errors
 def coordinator(metrics_port: int, full_scan_interval: float, dead_after: float, gc_grace: float,
-                gc_interval: float, redis_url: str, storage_uri: str | None) -> None:
+                gc_interval: float, lease_s: float, redis_url: str, storage_uri: str | None) -> None:
     """Plan tablets into group queues, run user compactions, detect dead compactions, collect
     garbage. Several may run; one leads (Redis lease), the others wait."""
     from prometheus_client import start_http_server
@@ -37,7 +40,8 @@ def coordinator(metrics_port: int, full_scan_interval: float, dead_after: float,
     store = MetadataStore.from_url(redis_url)
     store.ping()
     coord = Coordinator(store, Storage.from_uri(storage_uri), CoordinatorSettings(
-        full_scan_s=full_scan_interval, dead_after_s=dead_after, gc_grace_s=gc_grace, gc_interval_s=gc_interval))
+        full_scan_s=full_scan_interval, dead_after_s=dead_after, gc_grace_s=gc_grace, gc_interval_s=gc_interval,
+        lease_ms=int(lease_s * 1000)))
     if metrics_port >= 0:
         start_http_server(metrics_port, registry=coord.metrics.registry)
     stop = threading.Event()

@@ -1,10 +1,17 @@
 """The coordinator: plans changed tablets into the group queues, runs user compactions and
 selectors, detects dead compactions, garbage-collects files, exports queue metrics.
 
-Exactly one coordinator acts at a time: it holds a Redis lease (renewed every tick) and a fencing
-token taken at each takeover; a second coordinator waits and takes over when the lease expires.
+Exactly one coordinator acts at a time: it holds a Redis lease (renewed by a thread of its own,
+:mod:`.lease`) and a fencing token taken at each takeover; a second coordinator waits and takes
+over when the lease expires. Every write of the coordinator goes through a fenced view of the
+store: it carries the token and is refused inside Redis once a newer coordinator has taken over.
+A pass stops at the next step (or batch) once the lease is no longer trusted.
 Queues are a cache: a coordinator that starts (or finds the queue keys gone) rebuilds them with
 a full scan.
+
+Redis may be unreachable for any length of time: the coordinator keeps retrying, and when it
+can act again it gives running compactions a full ``dead_after_s`` to send a heartbeat before
+declaring any of them dead (their compactors could not reach Redis either).
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from kompaktor.coordinator.metrics import QueueMetrics
 from kompaktor.files.storage import Storage
 from kompaktor.metadata import failures, tablet_ops, user_compactions
 from kompaktor.metadata.store import MetadataStore
-from kompaktor.model.errors import StoreUnavailable
+from kompaktor.model.errors import Fenced, StoreUnavailable
 from kompaktor.model.tablet import ONLINE, TableInfo, Tablet, gc_paused, now_ms
 from kompaktor.policy.planning import plan_tablet
 
@@ -52,9 +59,14 @@ class Coordinator:
     holder: str = field(default_factory=lambda: f"coord-{uuid.uuid4().hex[:8]}")
 
     def __post_init__(self) -> None:
+        self.lease = Lease(self.store, self.holder, self.settings.lease_ms)
+        self.store = self.store.fenced(lambda: self.lease.token)  # every write carries the token
         self.queues = self.store.queues
         self.metrics = QueueMetrics.create()
-        self.lease = Lease(self.store, self.holder, self.settings.lease_ms)
+        #: when the store was last found reachable again after being unreachable (time.time()):
+        #: compactions are not declared dead for want of heartbeats sent during an outage
+        self._store_back = 0.0
+        self._store_lost = False
         self._last_full = float("-inf")  # never: the first pass as leader is a full scan
         self._last_gc = time.monotonic()
         self._known_tables: set[str] | None = None  # table ids seen by the last pass
@@ -76,37 +88,68 @@ class Coordinator:
         return True
 
     def resign(self) -> None:
-        self.lease.release()
+        try:
+            self.lease.release()
+        except StoreUnavailable as exc:  # the lease then expires by itself
+            log.warning("%s could not release the lease: %s", self.holder, exc)
+
+    def check_lease(self) -> None:
+        """Raise :class:`Fenced` unless this coordinator may still act as leader. Called between
+        the steps of a pass and between batches of long steps."""
+        if not self.lease.valid():
+            raise Fenced(f"{self.holder} no longer holds the coordinator lease")
 
     # -- one pass ----------------------------------------------------------------------------------
     def tick(self) -> bool:
-        """One coordinator pass. Returns False when another coordinator leads."""
+        """One coordinator pass. Returns False when another coordinator leads; raises
+        :class:`Fenced` when the lease was lost during the pass (what was written before stays,
+        what would have been written after is not)."""
         if not self.try_lead():
             return False
+        if self._store_lost:
+            self._store_lost = False
+            self._store_back = time.time()
         self.detect_dead()
+        self.check_lease()
         user_compactions.advance(self.store)
+        self.check_lease()
         failures.redirty_due(self.store)
+        self.check_lease()
         try:  # before planning: it reads the dirty set that planning pops
             tablet_ops.auto_split(self.store, self.queues)
+        except (Fenced, StoreUnavailable):
+            raise
         except Exception:
             log.exception("automatic split failed; retried next tick")
+        self.check_lease()
         full_due = time.monotonic() - self._last_full >= self.settings.full_scan_s
         if full_due or not self.queues.has_generation():
             self.full_scan()
         else:
             self.plan_dirty()
         if time.monotonic() - self._last_gc >= self.settings.gc_interval_s:
+            self.check_lease()
             self.collect_garbage()
         self.metrics.export(self.store)
         return True
 
     def run(self, stop: threading.Event) -> None:
+        """Tick until ``stop`` is set, through Redis outages of any length (retried every
+        ``tick_s``, doubling to 5 s) and lost leadership (it waits, then competes again)."""
+        wait = self.settings.tick_s
         while not stop.is_set():
             try:
                 self.tick()
+                wait = self.settings.tick_s
+            except Fenced as exc:
+                log.warning("%s stops acting as leader: %s", self.holder, exc)
+                self.lease.drop()
             except StoreUnavailable as exc:
-                log.warning("metadata store unavailable, retrying: %s", exc)
-            stop.wait(self.settings.tick_s)
+                if not self._store_lost:
+                    log.warning("metadata store unavailable, retrying: %s", exc)
+                self._store_lost = True
+                wait = min(5.0, max(wait * 2, self.settings.tick_s))
+            stop.wait(wait)
         self.resign()
 
     # -- planning ----------------------------------------------------------------------------------
@@ -127,6 +170,7 @@ class Coordinator:
         remove: list[str] = []
         with gc_paused(), self.queues.adding(gen) as adder:  # gc: millions of acyclic objects
             for tablets in batches:
+                self.check_lease()
                 plans: list[tuple[str, list]] = []
                 for t in tablets:
                     info = tables.get(t.table)
@@ -182,7 +226,8 @@ class Coordinator:
 
     # -- dead compactions, garbage ------------------------------------------------------------------
     def detect_dead(self) -> list[str]:
-        dead = detect_dead(self.store, self.storage, self.settings.dead_after_s, self.settings.max_attempts)
+        dead = detect_dead(self.store, self.storage, self.settings.dead_after_s, self.settings.max_attempts,
+                           not_before=self._store_back)
         self.stats["dead"] += len(dead)
         return dead
 
@@ -190,6 +235,7 @@ class Coordinator:
         """Delete files under tables/ that no tablet references and no running compaction will
         write, once older than the grace period; and temporary outputs of finished ECIDs."""
         self._last_gc = time.monotonic()
-        deleted = collect_garbage(self.store, self.storage, self.settings.gc_grace_s if grace_s is None else grace_s)
+        deleted = collect_garbage(self.store, self.storage, self.settings.gc_grace_s if grace_s is None else grace_s,
+                                  check=self.check_lease)
         self.stats["gc_deleted"] += len(deleted)
         return deleted

@@ -14,9 +14,11 @@ from kompaktor.metadata.store import MetadataStore
 log = logging.getLogger("kompaktor.coordinator")
 
 
-def detect_dead(store: MetadataStore, storage: Storage, dead_after_s: float, max_attempts: int) -> list[str]:
-    """Remove the compactions whose last heartbeat (or start) is older than ``dead_after_s``;
-    returns their ECIDs."""
+def detect_dead(store: MetadataStore, storage: Storage, dead_after_s: float, max_attempts: int, *,
+                not_before: float = 0.0) -> list[str]:
+    """Remove the compactions whose last heartbeat (or start, or ``not_before``: when the store
+    became reachable again after an outage) is older than ``dead_after_s``; returns their ECIDs.
+    The removal is a (fenced) conditional mutation; outputs are deleted only after it applied."""
     now = time.time()
     dead = []
     for ecid, (tablet_id, rc) in running_compactions(store).items():
@@ -24,7 +26,7 @@ def detect_dead(store: MetadataStore, storage: Storage, dead_after_s: float, max
             store.forget_running(ecid)
             continue
         hb = store.heartbeat(ecid)
-        last = float(hb["updated"]) if "updated" in hb else rc.started_ms / 1000.0
+        last = max(not_before, float(hb["updated"]) if "updated" in hb else rc.started_ms / 1000.0)
         if now - last <= dead_after_s:
             continue
         log.warning("compaction %s on %s (compactor %s) is dead: no heartbeat for %.0fs",

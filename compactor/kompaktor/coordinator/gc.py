@@ -1,18 +1,30 @@
 """Garbage collection of data files: what no tablet references and no running compaction will
-write, once older than a grace period; and temporary outputs of compactions no longer running."""
+write, once older than a grace period; and temporary outputs of compactions no longer running.
+Files of bulk imports still in progress are left alone whatever their age.
+
+The decision is fenced: before each batch of deletions the collector records it in Redis with
+the coordinator's fencing token (:meth:`MetadataStore.record_gc`), and a coordinator that has
+been replaced is refused there and deletes nothing more."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from kompaktor.files.storage import Storage
 from kompaktor.metadata.compactions import running_compactions
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.names import TABLES_DIR, tmp_tag
 
+#: files deleted per fenced decision
+GC_BATCH = 100
 
-def collect_garbage(store: MetadataStore, storage: Storage, grace_s: float) -> list[str]:
-    """Delete unreferenced files older than ``grace_s``; returns what was deleted."""
+
+def collect_garbage(store: MetadataStore, storage: Storage, grace_s: float,
+                    check: Callable[[], None] = lambda: None) -> list[str]:
+    """Delete unreferenced files older than ``grace_s``; returns what was deleted. ``check`` is
+    called before each batch and may raise to stop (the coordinator's lease check)."""
+    started = time.time()
     running = running_compactions(store)
     referenced: set[str] = set()
     for t in store.iter_all_tablets():
@@ -21,7 +33,7 @@ def collect_garbage(store: MetadataStore, storage: Storage, grace_s: float) -> l
         if rc is not None:
             referenced.add(rc.output)
     now = time.time()
-    deleted = []
+    candidates = []
     for rel, mtime in storage.list_files(TABLES_DIR):
         if now - mtime < grace_s:
             continue
@@ -31,8 +43,18 @@ def collect_garbage(store: MetadataStore, storage: Storage, grace_s: float) -> l
                 continue
         elif rel in referenced:
             continue
-        if storage.delete(rel):
-            deleted.append(rel)
-    if deleted:
-        store.incr("gc_deleted", len(deleted))
+        candidates.append(rel)
+    deleted: list[str] = []
+    for i in range(0, len(candidates), GC_BATCH):
+        check()
+        # imports in progress when this pass began, or since (one that registered its files
+        # after the references were read is seen here; its record outlives it for a while)
+        staged_tags, staged_files = store.imports_since(started)
+        batch = [rel for rel in candidates[i:i + GC_BATCH]
+                 if rel not in staged_files and tmp_tag(rel) not in staged_tags]
+        if not batch:
+            continue
+        store.record_gc(len(batch))  # fenced: raises Fenced, nothing deleted, if replaced
+        deleted.extend(rel for rel in batch if storage.delete(rel))
+    store.forget_imports_before(started - grace_s)  # records of imports long gone (crashed)
     return deleted

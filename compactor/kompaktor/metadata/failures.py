@@ -16,16 +16,12 @@ MAX_BACKOFF_S = 60.0
 
 def record_failure(store: MetadataStore, tablet: str, files: list[str] | tuple[str, ...], group: str,
                    error: str, *, max_attempts: int = MAX_ATTEMPTS, base_backoff_s: float = 1.0) -> bool:
-    """Count one failure; returns True when the job was dead-lettered."""
-    fp = fingerprint(tablet, files)
-    rec: dict[str, Any] = store.failure(fp) or {"count": 0}
-    rec.update(count=rec["count"] + 1, tablet=tablet, group=group, files=sorted(files), last_error=error[:500],
-               retry_at=time.time() + min(MAX_BACKOFF_S, base_backoff_s * 2 ** rec["count"]), redirtied=False)
-    if rec["count"] >= max_attempts:
-        store.dead_letter(fp, rec)
-        return True
-    store.put_failure(fp, rec)
-    return False
+    """Count one failure, atomically (one script: concurrent failures of the same job each
+    count); returns True when the job was dead-lettered."""
+    rec: dict[str, Any] = {"tablet": tablet, "group": group, "files": sorted(files), "last_error": error[:500]}
+    _count, dead = store.count_failure(fingerprint(tablet, files), rec, time.time(), base_backoff_s,
+                                       MAX_BACKOFF_S, max_attempts)
+    return dead
 
 
 def skip_set(store: MetadataStore, now: float | None = None) -> set[str]:
@@ -37,16 +33,8 @@ def skip_set(store: MetadataStore, now: float | None = None) -> set[str]:
 
 
 def redirty_due(store: MetadataStore, now: float | None = None) -> list[str]:
-    """Tablets whose backoff has passed: mark them for planning once."""
-    now = time.time() if now is None else now
-    due = []
-    for fp, rec in store.failures().items():
-        if rec["retry_at"] <= now and not rec.get("redirtied"):
-            rec["redirtied"] = True
-            store.put_failure(fp, rec)
-            due.append(rec["tablet"])
-    store.mark_dirty(due)
-    return due
+    """Tablets whose backoff has passed: mark them for planning once (one atomic step)."""
+    return store.redirty_failed(time.time() if now is None else now)
 
 
 def pending_retries(store: MetadataStore) -> int:

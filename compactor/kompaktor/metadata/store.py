@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -21,7 +21,7 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from kompaktor import keyspace as C
-from kompaktor.model.errors import ConditionFailed, StoreUnavailable, TableExistsError, UnknownTableError
+from kompaktor.model.errors import ConditionFailed, Fenced, StoreUnavailable, TableExistsError, UnknownTableError
 from kompaktor.model.keys import encode_row, span_overlaps
 from kompaktor.model.names import check_table_name
 from kompaktor.model.redact import redact_url
@@ -38,7 +38,7 @@ from kompaktor.model.tablet import (
     now_ms,
     tablet_id,
 )
-from kompaktor.queues.jobqueue import UNREACHABLE, JobQueues, setup_error, unreachable
+from kompaktor.queues.jobqueue import UNREACHABLE, JobQueues, fenced_error, setup_error, unreachable
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEADLOG_LENGTH = 10_000  # ECIDs of the last dead compactions kept
@@ -54,7 +54,26 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
+_LEASE_ACQUIRE = C.lua_prelude() + """
+if redis.call('SET', K.lease, ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return redis.call('INCR', K.fence)
+end
+return false
+"""
+# A coordinator's plain writes (sets, hashes, counters): applied only while its fencing token
+# (ARGV[1]) is the newest, all of them atomically. ARGV[2] = JSON list of commands.
+_FENCED_WRITE = C.lua_prelude() + """
+local tok = tonumber(ARGV[1])
+local cur = tonumber(redis.call('GET', K.fence) or '0')
+if cur > tok then
+  return redis.error_reply('FENCED fencing token ' .. ARGV[1] .. ' is stale: coordinator ' .. cur .. ' took over')
+end
+local out = {}
+for i, c in ipairs(cjson.decode(ARGV[2])) do out[i] = redis.call(unpack(c)) end
+return out
+"""
 _LUA = C.lua_prelude() + resources.files("kompaktor.metadata").joinpath("lua/mutate.lua").read_text()
+_FAILURES = C.lua_prelude() + resources.files("kompaktor.metadata").joinpath("lua/failures.lua").read_text()
 
 
 class _Retry(Retry):
@@ -124,9 +143,9 @@ class Mutation:
             self.table_conds.append(["state_in", list(states)])
         return self
 
-    def to_json(self, mutation_id: str | None = None) -> str:
+    def to_json(self, mutation_id: str | None = None, fence: int | None = None) -> str:
         return json.dumps({
-            "id": mutation_id, "now": now_ms(), "table": self.table, "table_conds": self.table_conds,
+            "id": mutation_id, "fence": fence, "now": now_ms(), "table": self.table, "table_conds": self.table_conds,
             "table_ops": self.table_ops, "table_reads": self.table_reads,
             "tablets": [{"id": t.tablet_id, "conds": t.conds, "ops": t.ops} for t in self.tablets],
         })
@@ -135,20 +154,42 @@ class Mutation:
 class MetadataStore:
     """Typed access to Kompaktor's metadata in Redis."""
 
-    def __init__(self, client: redis.Redis, url: str = "") -> None:
+    def __init__(self, client: redis.Redis, url: str = "", *, fence: Callable[[], int] | None = None) -> None:
         self._r = client
         self.url = url
+        #: the fencing token every write of this view carries (:meth:`fenced`), or None
+        self._fence = fence
         self._mutate = client.register_script(_LUA)
+        self._lease_acquire = client.register_script(_LEASE_ACQUIRE)
         self._lease_renew = client.register_script(_LEASE_RENEW)
         self._lease_release = client.register_script(_LEASE_RELEASE)
+        self._fenced_write = client.register_script(_FENCED_WRITE)
+        self._failures = client.register_script(_FAILURES)
         self._queues: JobQueues | None = None
+
+    def fenced(self, token: Callable[[], int]) -> MetadataStore:
+        """A view of this store, on the same connection, whose every write (mutations, queue
+        scripts, sets, counters) carries the fencing token ``token()`` and is refused atomically,
+        inside Redis, with :class:`Fenced` once a newer token exists. The coordinator's store."""
+        return MetadataStore(self._r, self.url, fence=token)
 
     @property
     def queues(self) -> JobQueues:
-        """The job queues, on this store's connection."""
+        """The job queues, on this store's connection (fenced like this store)."""
         if self._queues is None:
-            self._queues = JobQueues(self._r)
+            self._queues = JobQueues(self._r, fence=self._fence)
         return self._queues
+
+    def _write(self, *commands: tuple[Any, ...]) -> list[Any]:
+        """Run write commands atomically (MULTI/EXEC); through a fenced view, only while its
+        fencing token is the newest. Returns their replies."""
+        if self._fence is None:
+            p = self._r.pipeline(transaction=True)
+            for cmd in commands:
+                p.execute_command(*cmd)
+            return list(self.call(p.execute))
+        cmds = json.dumps([[str(a) for a in cmd] for cmd in commands])
+        return list(self.call(self._fenced_write, args=[self._fence(), cmds]))
 
     def close(self) -> None:
         self._r.close()
@@ -172,6 +213,8 @@ class MetadataStore:
         except redis.ResponseError as exc:
             if setup_error(exc):
                 raise unreachable(self.url or "the given URL", exc) from exc
+            if fenced_error(exc):
+                raise Fenced(str(exc)) from exc
             raise
 
     def ping(self) -> None:
@@ -188,7 +231,10 @@ class MetadataStore:
         per tablet id)."""
         # One id per call: redis-py resends the same arguments when it retries after a broken
         # connection, and the script then answers with the first attempt's outcome.
-        res = json.loads(self.call(self._mutate, args=[m.to_json(uuid.uuid4().hex)]))
+        fence = None if self._fence is None else self._fence()
+        res = json.loads(self.call(self._mutate, args=[m.to_json(uuid.uuid4().hex, fence)]))
+        if not res["ok"] and res["cond"] == "fenced":
+            raise Fenced(res.get("detail") or "stale fencing token")
         if not res["ok"]:
             detail = res.get("detail") or ""
             if res.get("tablet"):
@@ -340,17 +386,18 @@ class MetadataStore:
 
     # -- dirty tablets (for the coordinator) ----------------------------------------------
     def pop_dirty(self, count: int = 10000) -> list[str]:
-        raw = self.call(self._r.spop, C.DIRTY, count) or []
-        return sorted(r.decode() for r in raw)
+        (raw,) = self._write(("SPOP", C.DIRTY, count))
+        return sorted(r.decode() for r in raw or [])
 
     def mark_dirty(self, tablet_ids: Iterable[str]) -> None:
         ids = list(tablet_ids)
-        if ids:
-            self.call(self._r.sadd, C.DIRTY, *ids)
+        for i in range(0, len(ids), 10_000):
+            self._write(("SADD", C.DIRTY, *ids[i:i + 10_000]))
 
     # -- counters -------------------------------------------------------------------------
     def incr(self, name: str, by: int = 1) -> int:
-        return int(self.call(self._r.hincrby, C.COUNTERS, name, by))
+        (n,) = self._write(("HINCRBY", C.COUNTERS, name, by))
+        return int(n)
 
     def counters(self) -> dict[str, int]:
         return {k.decode(): int(v) for k, v in self.call(self._r.hgetall, C.COUNTERS).items()}
@@ -413,7 +460,7 @@ class MetadataStore:
         return {k.decode(): v.decode() for k, v in self.call(self._r.hgetall, C.heartbeat_key(ecid)).items()}
 
     def drop_heartbeat(self, ecid: str) -> None:
-        self.call(self._r.delete, C.heartbeat_key(ecid))
+        self._write(("DEL", C.heartbeat_key(ecid)))
 
     # -- the index of running compactions (ECID -> tablet, maintained by mutate.lua) ----------
     def running_index(self) -> dict[str, str]:
@@ -428,16 +475,13 @@ class MetadataStore:
 
     def forget_running(self, ecid: str) -> None:
         """Drop an index entry whose tablet no longer holds the compaction."""
-        self.call(self._r.hdel, C.RUNNING, ecid)
+        self._write(("HDEL", C.RUNNING, ecid))
 
     def log_dead(self, ecid: str, group: str) -> None:
         """Count a dead compaction and remember its ECID (the last DEADLOG_LENGTH are kept)."""
-        p = self._r.pipeline(transaction=True)
-        p.hincrby(C.COUNTERS, "dead_compactions", 1)
-        p.hincrby(C.COUNTERS, f"dead_compactions:{group}", 1)
-        p.rpush(C.DEADLOG, ecid)
-        p.ltrim(C.DEADLOG, -DEADLOG_LENGTH, -1)
-        self.call(p.execute)
+        self._write(("HINCRBY", C.COUNTERS, "dead_compactions", 1),
+                    ("HINCRBY", C.COUNTERS, f"dead_compactions:{group}", 1),
+                    ("RPUSH", C.DEADLOG, ecid), ("LTRIM", C.DEADLOG, -DEADLOG_LENGTH, -1))
 
     def dead_log(self) -> set[str]:
         return {e.decode() for e in self.call(self._r.lrange, C.DEADLOG, 0, -1)}
@@ -458,7 +502,7 @@ class MetadataStore:
 
     # -- user compactions ------------------------------------------------------------------------
     def put_user_compaction(self, cid: str, fields: dict[str, Any]) -> None:
-        self.call(self._r.hset, C.ucomp_key(cid), mapping=fields)
+        self._write(("HSET", C.ucomp_key(cid), *[x for kv in fields.items() for x in kv]))
 
     def user_compaction(self, cid: str) -> tuple[dict[str, str], int] | None:
         """The record of a user compaction and its number of finished tablets, or None."""
@@ -502,18 +546,31 @@ class MetadataStore:
         return None if raw is None else json.loads(raw)
 
     def put_failure(self, fp: str, rec: dict[str, Any]) -> None:
-        self.call(self._r.hset, C.FAILURES, fp, json.dumps(rec))
+        self._write(("HSET", C.FAILURES, fp, json.dumps(rec)))
+
+    def count_failure(self, fp: str, rec: dict[str, Any], now: float, base_backoff_s: float,
+                      max_backoff_s: float, max_attempts: int) -> tuple[int, bool]:
+        """Count one failure of job ``fp`` in one atomic step (``lua/failures.lua``): its count
+        goes up, it backs off, and at ``max_attempts`` it moves to the dead letters. Returns the
+        count and whether it was dead-lettered."""
+        count, dead = self.call(self._failures, args=[self._token(), "record", fp, json.dumps(rec), repr(now),
+                                                      repr(base_backoff_s), repr(max_backoff_s), max_attempts])
+        return int(count), bool(dead)
+
+    def redirty_failed(self, now: float) -> list[str]:
+        """Mark dirty, once, the tablets whose failed job's backoff has passed (atomically)."""
+        return [t.decode() for t in self.call(self._failures, args=[self._token(), "redirty", repr(now)])]
+
+    def _token(self) -> str:
+        return "" if self._fence is None else str(self._fence())
 
     def failures(self) -> dict[str, dict[str, Any]]:
         return {k.decode(): json.loads(v) for k, v in self.call(self._r.hgetall, C.FAILURES).items()}
 
     def dead_letter(self, fp: str, rec: dict[str, Any]) -> None:
         """Move a job from the failures to the dead letters (counted), atomically."""
-        p = self._r.pipeline(transaction=True)
-        p.hset(C.DEADLETTER, fp, json.dumps(rec))
-        p.hdel(C.FAILURES, fp)
-        p.hincrby(C.COUNTERS, "dead_lettered", 1)
-        self.call(p.execute)
+        self._write(("HSET", C.DEADLETTER, fp, json.dumps(rec)), ("HDEL", C.FAILURES, fp),
+                    ("HINCRBY", C.COUNTERS, "dead_lettered", 1))
 
     def dead_letters(self) -> dict[str, dict[str, Any]]:
         return {k.decode(): json.loads(v) for k, v in self.call(self._r.hgetall, C.DEADLETTER).items()}
@@ -527,14 +584,44 @@ class MetadataStore:
 
     def claim_split_check(self, every_s: float) -> bool:
         """True for at most one caller per ``every_s`` seconds: time for a split check of every tablet."""
-        return bool(self.call(self._r.set, C.SPLIT_CHECK, str(time.time()), nx=True, ex=max(1, int(every_s))))
+        (ok,) = self._write(("SET", C.SPLIT_CHECK, time.time(), "NX", "EX", max(1, int(every_s))))
+        return bool(ok)
+
+    # -- garbage collection, imports in progress ------------------------------------------------------
+    def record_gc(self, n: int) -> None:
+        """Record that the collector deletes ``n`` files (fenced: a replaced coordinator is
+        refused here, before it deletes anything)."""
+        self._write(("HINCRBY", C.COUNTERS, "gc_deleted", n))
+
+    def register_import(self, import_id: str, table_id: str, files: Iterable[str], ttl_s: float) -> None:
+        """Announce (or refresh) a bulk import in progress: its temporary files (tagged
+        ``import_id``) and ``files`` are not garbage until ``ttl_s`` seconds from now."""
+        doc = {"table": table_id, "files": sorted(files), "expires": time.time() + ttl_s}
+        self.call(self._r.hset, C.IMPORTS, import_id, json.dumps(doc))
+
+    def imports_since(self, since: float) -> tuple[set[str], set[str]]:
+        """The ids and files of the bulk imports in progress at ``since`` or later."""
+        ids: set[str] = set()
+        files: set[str] = set()
+        for iid, raw in self.call(self._r.hgetall, C.IMPORTS).items():
+            doc = json.loads(raw)
+            if float(doc["expires"]) >= since:
+                ids.add(iid.decode())
+                files.update(doc["files"])
+        return ids, files
+
+    def forget_imports_before(self, before: float) -> None:
+        """Drop the records of imports that ended (or died) before ``before``."""
+        old = [iid for iid, raw in self.call(self._r.hgetall, C.IMPORTS).items()
+               if float(json.loads(raw)["expires"]) < before]
+        if old:
+            self._write(("HDEL", C.IMPORTS, *[i.decode() for i in old]))
 
     # -- the coordinator's lease ------------------------------------------------------------------
     def acquire_lease(self, holder: str, lease_ms: int) -> int | None:
         """Take the coordinator lease if nobody holds it; returns the new fencing token, or None."""
-        if not self.call(self._r.set, C.LEASE, holder, nx=True, px=lease_ms):
-            return None
-        return int(self.call(self._r.incr, C.FENCE))
+        fence = self.call(self._lease_acquire, args=[holder, lease_ms])  # SET NX and INCR, atomically
+        return None if fence is None else int(fence)
 
     def renew_lease(self, holder: str, lease_ms: int) -> bool:
         """Extend the lease if ``holder`` still holds it."""

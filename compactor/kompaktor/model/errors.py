@@ -38,3 +38,8 @@ class StoreUnavailable(KompaktorError):
 
 class StorageError(KompaktorError):
     """The data files' storage cannot be used (not a directory, not writable, …)."""
+
+
+class Fenced(KompaktorError):
+    """A coordinator's write carried a fencing token older than the newest one: another
+    coordinator has taken over, so this one must stop acting (nothing was changed)."""

@@ -25,7 +25,7 @@ from redis.connection import Connection
 from redis.exceptions import NoScriptError
 
 from kompaktor import keyspace as C
-from kompaktor.model.errors import StoreUnavailable
+from kompaktor.model.errors import Fenced, StoreUnavailable
 from kompaktor.model.job import PRIORITY_MAX, Job
 from kompaktor.model.redact import redact_text, redact_url
 
@@ -46,6 +46,11 @@ def setup_error(exc: BaseException) -> bool:
     text = str(exc)
     return isinstance(exc, redis.ResponseError) and (
         "DB index is out of range" in text or text.startswith(("NOAUTH", "WRONGPASS", "NOPERM")))
+
+
+def fenced_error(exc: BaseException) -> bool:
+    """A script's refusal of a write whose fencing token is stale (another coordinator leads)."""
+    return isinstance(exc, redis.ResponseError) and str(exc).startswith("FENCED")
 
 
 def unreachable(where: str, exc: BaseException) -> StoreUnavailable:
@@ -79,6 +84,8 @@ def mapped(fn: Callable[P, R]) -> Callable[P, R]:
         except redis.ResponseError as exc:
             if setup_error(exc):
                 raise unreachable("the queues' address", exc) from exc
+            if fenced_error(exc):
+                raise Fenced(str(exc)) from exc
             raise
 
     return wrapper
@@ -108,10 +115,10 @@ class QueueAdder:
     without waiting for its reply: the caller prepares the next batch while Redis runs this one
     (at most one batch in flight). :attr:`admitted` counts the jobs admitted by the batches applied."""
 
-    def __init__(self, client: redis.Redis, script: Script, gen: int, max_size: int) -> None:
+    def __init__(self, client: redis.Redis, script: Script, gen: int, max_size: int, fence: str = "") -> None:
         self._script = script
         self._pool = client.connection_pool
-        self._head = [gen, max_size, int(time.time() * 1000)]
+        self._head = [fence, gen, max_size, int(time.time() * 1000)]
         self._pending: tuple[Connection, list[Any]] | None = None
         self.admitted = 0
 
@@ -184,12 +191,18 @@ class QueueStats:
 class JobQueues:
     """All group queues in one Redis."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, *, fence: Callable[[], int] | None = None) -> None:
         self._r = client
+        #: the fencing token of the coordinator these queues belong to (see lua/lib.lua), or None
+        self._fence = fence
         self._add = client.register_script(_lua("queue_add"))
         self._poll = client.register_script(_lua("queue_poll"))
         self._sweep = client.register_script(_lua("queue_sweep"))
         self._resize = client.register_script(_lua("queue_resize"))
+        self._call = client.register_script(_lua("queue_call"))
+
+    def _token(self) -> str:
+        return "" if self._fence is None else str(self._fence())
 
     # -- bound --------------------------------------------------------------------------------
     @mapped
@@ -202,12 +215,12 @@ class JobQueues:
         """Set the bound for every queue; evict (counted as rejected) until each fits."""
         if new_max <= 0:
             raise ValueError(f"queue bound must be > 0, got {new_max}")
-        return int(self._resize(args=[new_max]))
+        return int(self._resize(args=[self._token(), new_max]))
 
     # -- generations ----------------------------------------------------------------------------
     @mapped
     def has_generation(self) -> bool:
-        """False when the queue keys are gone (never built, or lost): they must be rebuilt."""
+        """False when the queue keys are gone (never built, lost, or cleared): they must be rebuilt."""
         return bool(self._r.exists(C.QUEUE_GENERATION))
 
     @mapped
@@ -216,12 +229,12 @@ class JobQueues:
 
     @mapped
     def begin_full_scan(self) -> int:
-        return int(self._r.incr(C.QUEUE_GENERATION))
+        return int(self._call(args=[self._token(), "INCR", C.QUEUE_GENERATION]))
 
     @mapped
     def end_full_scan(self, gen: int) -> int:
         """Remove, in every queue, entries of tablets the pass did not re-plan."""
-        return sum(int(self._sweep(args=[g, gen, ""])) for g in self.groups())
+        return sum(int(self._sweep(args=[self._token(), g, gen, ""])) for g in self.groups())
 
     # -- add / poll -----------------------------------------------------------------------------
     @mapped
@@ -241,7 +254,8 @@ class JobQueues:
     @contextmanager
     def adding(self, gen: int | None = None) -> Iterator[QueueAdder]:
         """A :class:`QueueAdder`; on exit every batch sent has been applied."""
-        adder = QueueAdder(self._r, self._add, self.generation() if gen is None else gen, self.max_size())
+        adder = QueueAdder(self._r, self._add, self.generation() if gen is None else gen, self.max_size(),
+                           self._token())
         try:
             try:
                 yield adder
@@ -252,23 +266,29 @@ class JobQueues:
         except redis.ResponseError as exc:
             if setup_error(exc):
                 raise unreachable("the queues' address", exc) from exc
+            if fenced_error(exc):
+                raise Fenced(str(exc)) from exc
             raise
 
     @mapped
     def poll(self, group: str) -> Job | None:
-        raw = self._poll(args=[group])
+        raw = self._poll(args=[self._token(), group])
         return None if raw is None else Job.from_json(json.loads(raw))
 
     @mapped
     def remove_tablets(self, tablets: Iterable[str]) -> int:
         """Drop every queued job of these tablets, in every group (split, merge, delete)."""
         ids = json.dumps(sorted(set(tablets)))
-        return sum(int(self._sweep(args=[g, 0, ids])) for g in self.groups())
+        return sum(int(self._sweep(args=[self._token(), g, 0, ids])) for g in self.groups())
 
     @mapped
     def clear_all(self) -> None:
-        """Forget every queue (they are a cache; used by tests and rebuilds)."""
-        keys = [k for k in self._r.scan_iter(match=C.PREFIX + "queue:*")]
+        """Forget every queue and its jobs (they are a cache; used by tests and rebuilds). The
+        bound stays (:meth:`resize`), and so does the entry sequence (it only grows); the
+        generation goes, so the queues count as lost (:meth:`has_generation`) and the
+        coordinator rebuilds them."""
+        keep = {C.QUEUE_MAX.encode(), C.QUEUE_SEQ.encode()}
+        keys = [k for k in self._r.scan_iter(match=C.PREFIX + "queue:*") if k not in keep]
         if keys:
             self._r.delete(*keys)
 

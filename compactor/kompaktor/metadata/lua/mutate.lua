@@ -22,6 +22,12 @@ if not isnull(spec.id) then
   if prev then return prev end
 end
 
+-- Fencing: a coordinator's mutation carries its fencing token; once a newer coordinator has
+-- taken over (a higher token in K.fence) the mutation is refused, nothing written.
+if not isnull(spec.fence) and tonumber(redis.call('GET', K.fence) or '0') > spec.fence then
+  return fail('fenced', '', 'fencing token ' .. spec.fence .. ' is stale: a newer coordinator leads')
+end
+
 local function running_files(doc)
   local s = {}
   if doc.running then
@@ -60,7 +66,7 @@ local TABLET_OPS = {create = true, delete = true, add_files = true, remove_files
   remove_running = true, set_selection = true, clear_selection = true, selection_replace = true,
   ucomp_done = true, set_hold = true, clear_hold = true, set_op = true, clear_op = true, set_range = true,
   drop_heartbeat = true, count_commit = true, selection_done = true}
-local TABLE_OPS = {create = true, set_state = true, set_prop = true, unname = true}
+local TABLE_OPS = {create = true, set_state = true, set_prop = true, unname = true, ucomp_register = true}
 
 -- table conditions (and table ops checked before anything is written)
 local tk = nil
@@ -74,6 +80,10 @@ if not isnull(spec.table) then
     elseif name == 'absent' then
       if redis.call('EXISTS', tk) == 1 then return fail('table absent', '', spec.table) end
       if redis.call('HEXISTS', K.tables, c[2]) == 1 then return fail('table name free', '', c[2]) end
+    elseif name == 'request_free' then
+      -- no user compaction was started for outside request c[2] yet (ucomp_register binds it)
+      local cid = redis.call('GET', K.request(c[2]))
+      if cid then return fail('request free', '', cid) end
     elseif name == 'state_in' then
       local st = redis.call('HGET', tk, 'state')
       local okst = false
@@ -86,6 +96,9 @@ if not isnull(spec.table) then
   local exists = redis.call('EXISTS', tk) == 1
   for _, op in ipairs(spec.table_ops or {}) do
     if not TABLE_OPS[op[1]] then return fail('unknown operation', '', tostring(op[1])) end
+    if op[1] == 'ucomp_register' and (type(op[2]) ~= 'string' or type(op[3]) ~= 'table') then
+      return fail('bad operation', '', 'ucomp_register needs an id and a record')
+    end
     if op[1] == 'create' then
       if exists then return fail('table absent', '', spec.table) end
       exists = true
@@ -212,6 +225,13 @@ for _, op in ipairs(spec.table_ops or {}) do
     touch_all_tablets(spec.table)
   elseif name == 'unname' then
     redis.call('HDEL', K.tables, op[2])
+  elseif name == 'ucomp_register' then
+    -- a user compaction op[2] with record op[3] (field -> string), registered together with its
+    -- holds (this mutation's set_hold ops); op[4] = outside request id bound to it (or null) for
+    -- op[5] seconds
+    for f, v in pairs(op[3]) do redis.call('HSET', K.ucomp(op[2]), f, v) end
+    redis.call('SADD', K.ucomps, op[2])
+    if not isnull(op[4]) then redis.call('SET', K.request(op[4]), op[2], 'EX', op[5]) end
   end
 end
 

@@ -18,7 +18,9 @@ local function add(group, tablet, first, n)  -- the jobs are in ARGV[first .. fi
   end
   local qk, jk, ik, ak = g.qk, g.jk, g.ik, g.ak
 
-  -- 1. remove every entry this tablet has in this queue
+  -- 1. remove every entry this tablet has in this queue; its queued age (the time it was first
+  --    queued) carries over to the new entries: a re-plan does not make a job young again
+  local first_added = redis.call('ZSCORE', ak, tablet)
   if drop_tablet(g, tablet) > 0 then g.lowest = nil end
 
   -- 2. insert under the bound
@@ -64,8 +66,10 @@ local function add(group, tablet, first, n)  -- the jobs are in ARGV[first .. fi
 
   -- 3. index
   if #admitted > 0 then
-    redis.call('HSET', ik, tablet, cjson.encode({gen = gen, ids = admitted, added = now}))
-    redis.call('ZADD', ak, now, tablet)
+    local added = now
+    if first_added and tonumber(first_added) < now then added = tonumber(first_added) end
+    redis.call('HSET', ik, tablet, cjson.encode({gen = gen, ids = admitted, added = added}))
+    redis.call('ZADD', ak, added, tablet)
   end
   return #admitted
 end
