@@ -48,7 +48,7 @@ lint: $(STAMP) ## ruff and the import-layer contract (pyproject.toml [tool.impor
 crds: $(STAMP) ## regenerate crds/ from the pydantic models
 	$(VENV)/bin/kompaktor crds --out crds
 
-bench: $(STAMP) ## benchmarks: planner, queues, merge engines, end-to-end ingest
+bench: $(STAMP) control-plane ## benchmarks: planner, queues, merge engines, end-to-end ingest, autoscaling to 660 pods
 	$(PY) -m bench.run
 
 images: ## build the operator and compactor images (needs Docker), tagged with the version in pyproject.toml

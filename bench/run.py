@@ -13,13 +13,15 @@ from bench import common  # noqa: F401 — puts the packages on sys.path
 
 def main() -> None:
     quick = os.environ.get("KOMPAKTOR_BENCH_QUICK") == "1"
-    from bench import ingest_bench, merge_bench, planning_bench, queue_bench
+    from bench import ingest_bench, merge_bench, planning_bench, queue_bench, scaleup
 
     runs = [
         ("planner", planning_bench.main, ["--tablets", "5000"] if quick else []),
         ("queues", queue_bench.main, ["--jobs", "2000"] if quick else []),
         ("merge engines", merge_bench.main, ["--entries", "200000"] if quick else []),
         ("end-to-end ingest", ingest_bench.main, ["--entries", "60000", "--duration", "30"] if quick else []),
+        ("autoscaling to 660 compactors (real control plane)", scaleup.main,
+         ["--pods", "110", "--jobs", "1100"] if quick else []),
     ]
     failed = []
     for name, fn, args in runs:
