@@ -17,7 +17,7 @@ from typing import Any
 from kompaktor.metadata.store import MetadataStore, Mutation
 from kompaktor.model.errors import ConditionFailed, KompaktorError, UnknownTableError
 from kompaktor.model.iterators import IteratorSettings
-from kompaktor.model.keys import check_row_range
+from kompaktor.model.keys import check_row_range, encode_row
 from kompaktor.model.tablet import DELETED, ONLINE, Tablet, now_ms
 
 RUNNING, SUCCEEDED, CANCELLED, FAILED = "RUNNING", "SUCCEEDED", "CANCELLED", "FAILED"
@@ -55,44 +55,46 @@ def validate_iterators(its: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in its.items() if v is not None}
 
 
+#: how long an outside request id (a Compaction resource's uid) stays bound to its compaction
+REQUEST_TTL_S = 30 * 86400
+
+
 def start(store: MetadataStore, table: str, start_row: bytes | None = None, end_row: bytes | None = None,
           iterators: dict[str, Any] | None = None, *, request_id: str | None = None) -> str:
     """Start a user compaction; returns its id. With ``request_id`` (e.g. a Compaction resource's
-    uid) the start happens once per request: a replay returns the id of the first."""
+    uid) the start happens once per request: a replay, or a concurrent second start, returns the
+    id of the first.
+
+    The start is one atomic mutation: the record, its entry in the list the coordinator visits,
+    the request binding and every tablet's hold are written together or not at all. A crash at
+    any point therefore leaves either no compaction (the caller may simply retry) or one that the
+    coordinator advances to its end."""
+    check_row_range(start_row, end_row, "row range to compact")
+    its = validate_iterators(iterators or {})
     if request_id is not None:
         known = store.request_claimed(request_id)
         if known is not None:
             return known
-    cid = _start(store, table, start_row, end_row, iterators)
-    if request_id is not None:
-        winner = store.claim_request(request_id, cid)
-        if winner != cid:  # another run won the race: keep its compaction, cancel ours
-            cancel(store, cid, "duplicate start")
-            return winner
-    return cid
-
-
-def _start(store: MetadataStore, table: str, start_row: bytes | None, end_row: bytes | None,
-           iterators: dict[str, Any] | None) -> str:
-    check_row_range(start_row, end_row, "row range to compact")
-    its = validate_iterators(iterators or {})
     info = store.table(table)
     if info.state != ONLINE:
         raise KompaktorError(f"table {table!r} is {info.state}; user compactions need it ONLINE")
     tablets = store.tablets_in_range(info.id, start_row, end_row)
-    cid = f"UC-{store.next_seq('ucomp'):06d}"
+    cid = f"UC-{store.next_seq('ucomp'):06d}"  # a number taken by a start that then fails stays unused
+    record = {"table": info.id, "table_name": table, "state": RUNNING, "iterators": json.dumps(its),
+              "tablets": json.dumps([t.id for t in tablets]), "created": str(now_ms()), "message": ""}
     m = Mutation(table=info.id).require_table(ONLINE)
+    if request_id is not None:
+        m.table_conds.append(["request_free", request_id])
+    m.table_ops.append(["ucomp_register", cid, record, request_id, REQUEST_TTL_S])
     for t in tablets:
-        m.tablet(t.id).require("no_op").require("no_hold").do("set_hold", cid)
-    store.put_user_compaction(cid, {
-        "table": info.id, "table_name": table, "state": RUNNING, "iterators": json.dumps(its),
-        "tablets": json.dumps([t.id for t in tablets]), "created": now_ms(), "message": ""})
+        # still the same tablet (a split or merge since it was read changes its start)
+        m.tablet(t.id).require("range", encode_row(t.prev)).require("no_op").require("no_hold").do("set_hold", cid)
     try:
         store.mutate(m)
     except ConditionFailed as exc:
-        store.delete_user_compaction(cid)
+        if exc.condition == "request free":  # a concurrent start of the same request won
+            return exc.detail
         raise KompaktorError(f"cannot start a user compaction on {table!r}: {exc}") from exc
-    store.add_user_compaction(cid)
     return cid
 
 
@@ -114,21 +116,29 @@ def set_state(store: MetadataStore, cid: str, state: str, message: str = "") -> 
 
 
 def cancel(store: MetadataStore, cid: str, message: str = "cancelled") -> None:
-    """Cancel: no new USER jobs; holds and selections removed; running jobs stop."""
+    """Cancel: no new USER jobs; holds and selections removed; running jobs stop. The state
+    changes first; if the caller dies before every hold is released, the coordinator's next pass
+    (:func:`advance`) releases the rest."""
     uc = get(store, cid)
     if uc.state != RUNNING:
         return
     set_state(store, cid, CANCELLED, message)
+    _release(store, get(store, cid))
+
+
+def _release(store: MetadataStore, uc: UserCompaction) -> None:
+    """Remove a cancelled compaction's holds and selections and its queued jobs; then mark it
+    released (``released`` field)."""
     for tid in uc.tablets:
         t = store.tablet(tid)
         if t is None:
             continue
         m = Mutation()
         tc = m.tablet(tid)
-        if t.hold == cid:
-            tc.require("hold_is", cid).do("clear_hold")
-        elif t.selection is not None and t.selection.id == cid:
-            tc.require("selection_is", cid).do("clear_selection")
+        if t.hold == uc.id:
+            tc.require("hold_is", uc.id).do("clear_hold")
+        elif t.selection is not None and t.selection.id == uc.id:
+            tc.require("selection_is", uc.id).do("clear_selection")
         else:
             continue
         try:
@@ -139,6 +149,7 @@ def cancel(store: MetadataStore, cid: str, message: str = "cancelled") -> None:
     # tablets go with them; the tablets are marked dirty so the next pass re-plans those.
     store.queues.remove_tablets(uc.tablets)
     store.mark_dirty(uc.tablets)
+    store.put_user_compaction(uc.id, {"released": "1"})
 
 
 def wait(store: MetadataStore, cid: str, timeout: float, poll: float = 0.2) -> UserCompaction:
@@ -174,6 +185,8 @@ def advance(store: MetadataStore) -> None:
     tablet without files is done at once); mark the compaction SUCCEEDED when every tablet is."""
     for uc in all_compactions(store):
         if uc.state != RUNNING:
+            if uc.state == CANCELLED and store.user_compaction_field(uc.id, "released") is None:
+                _release(store, uc)  # a cancel that stopped half-way (crash): finish it
             continue
         try:
             state = store.table_info(uc.table).state
