@@ -8,8 +8,9 @@ VERSION         := $(shell sed -n 's/^version *= *"\(.*\)"/\1/p' pyproject.toml 
 REGISTRY        ?= ghcr.io/kompaktor
 OPERATOR_IMAGE  ?= $(REGISTRY)/kompaktor-operator:$(VERSION)
 COMPACTOR_IMAGE ?= $(REGISTRY)/kompaktor-compactor:$(VERSION)
+PROMTOOL_DIR    := $(HOME)/.cache/kompaktor/promtool
 
-.PHONY: help install test test-operator test-k8s control-plane demo lint bench crds images clean
+.PHONY: help install test test-operator test-k8s control-plane promtool demo lint bench crds images clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -24,12 +25,17 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## virtualenv in .venv with the package and dev extras; redis-server and Java 17 via apt-get when missing
 
-test: $(STAMP) control-plane ## the layer contract, then the whole suite (unit, Redis, Spark, operator, chart, real Kubernetes)
+test: $(STAMP) control-plane promtool ## the layer contract, then the whole suite (unit, Redis, Spark, operator, chart, real Kubernetes)
 	PYTHONPATH=compactor:operator $(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
 
 control-plane: ## build kube-apiserver + kube-controller-manager 1.20 from Debian's source package once (cached in ~/.cache/kompaktor)
 	@if [ "$$KOMPAKTOR_SKIP_K8S" != 1 ]; then bash tests/k8s/build-control-plane.sh >/dev/null; fi
+
+promtool: ## promtool from Debian's prometheus package, unpacked into ~/.cache/kompaktor (no server installed or started)
+	@command -v promtool >/dev/null || test -x $(PROMTOOL_DIR)/usr/bin/promtool || { \
+	  d=$$(mktemp -d) && cd $$d && { apt-get download -qq prometheus 2>/dev/null || { apt-get update -qq && apt-get download -qq prometheus; }; } \
+	  && dpkg -x prometheus_*.deb $(PROMTOOL_DIR) && rm -rf $$d; }
 
 test-k8s: $(STAMP) control-plane ## only the real Kubernetes control-plane tier (helm install, kubectl, RBAC, HPA, node agent)
 	$(PY) -m pytest -q tests/k8s

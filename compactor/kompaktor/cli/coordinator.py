@@ -13,6 +13,8 @@ from kompaktor.cli.common import friendly_errors, redis_option, setup_logging, s
 @click.command()
 @click.option("--metrics-port", type=int, default=9090, show_default=True,
               help="Port for /metrics (queue depth per group: the autoscaling signal); -1: off.")
+@click.option("--metrics-host", default="0.0.0.0", show_default=True, envvar="KOMPAKTOR_METRICS_HOST",
+              help="Address /metrics listens on (env KOMPAKTOR_METRICS_HOST).")
 @click.option("--full-scan-interval", type=float, default=30.0, show_default=True,
               help="Seconds between full scans of all tablets.")
 @click.option("--dead-after", type=float, default=30.0, show_default=True,
@@ -26,7 +28,7 @@ from kompaktor.cli.common import friendly_errors, redis_option, setup_logging, s
 @redis_option
 @storage_option
 @friendly_errors
-def coordinator(metrics_port: int, full_scan_interval: float, dead_after: float, gc_grace: float,
+def coordinator(metrics_port: int, metrics_host: str, full_scan_interval: float, dead_after: float, gc_grace: float,
                 gc_interval: float, lease_s: float, redis_url: str, storage_uri: str | None) -> None:
     """Plan tablets into group queues, run user compactions, detect dead compactions, collect
     garbage. Several may run; one leads (Redis lease), the others wait."""
@@ -43,7 +45,7 @@ def coordinator(metrics_port: int, full_scan_interval: float, dead_after: float,
         full_scan_s=full_scan_interval, dead_after_s=dead_after, gc_grace_s=gc_grace, gc_interval_s=gc_interval,
         lease_ms=int(lease_s * 1000)))
     if metrics_port >= 0:
-        start_http_server(metrics_port, registry=coord.metrics.registry)
+        start_http_server(metrics_port, addr=metrics_host, registry=coord.metrics.registry)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
