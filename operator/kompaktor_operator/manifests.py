@@ -36,7 +36,7 @@ def compactor_args(group: str, spec: CompactorGroupSpec) -> list[str]:
         "--drain-grace", str(spec.drain_grace_seconds),
         "--spark-master", spec.spark.master,
     ]
-    for key, value in sorted(spec.spark.conf.items()):
+    for key, value in sorted(spec.spark.session_conf().items()):
         args += ["--spark-conf", f"{key}={value}"]
     if spec.spark.driver_memory is not None:
         args += ["--driver-memory", spec.spark.driver_memory]

@@ -283,6 +283,31 @@ class SparkSettings(CRDModel):
     driver_memory: str | None = Field(
         None, pattern=r"^[0-9]+([kKmMgGtTpP][bB]?)?$", description="spark.driver.memory in Spark's units, e.g. 2g"
     )
+    executor_memory: str | None = Field(
+        None, pattern=r"^[0-9]+([kKmMgGtTpP][bB]?)?$",
+        description="spark.executor.memory of each executor on a Spark cluster, in Spark's units, e.g. 4g",
+    )
+    executor_cores: int | None = Field(
+        None, ge=1, le=1024, description="spark.executor.cores: cores (concurrent merge tasks) per executor"
+    )
+
+    @model_validator(mode="after")
+    def _one_source_per_setting(self) -> SparkSettings:
+        for field_name, key in (("executor_memory", "spark.executor.memory"),
+                                ("executor_cores", "spark.executor.cores"),
+                                ("driver_memory", "spark.driver.memory"), ("master", "spark.master")):
+            if key in self.conf and (field_name == "master" or getattr(self, field_name) is not None):
+                raise ValueError(f"spark.conf sets {key}; use spark.{to_camel(field_name)} instead")
+        return self
+
+    def session_conf(self) -> dict[str, str]:
+        """The Spark conf a compactor's session gets: ``conf`` plus the executor settings."""
+        out = dict(self.conf)
+        if self.executor_memory is not None:
+            out["spark.executor.memory"] = self.executor_memory
+        if self.executor_cores is not None:
+            out["spark.executor.cores"] = str(self.executor_cores)
+        return out
 
 
 class ResourceRequirements(CRDModel):
@@ -658,7 +683,7 @@ def to_group_config(name: str, spec: CompactorGroupSpec) -> Any:
         max_replicas=spec.max_replicas,
         jobs_per_replica=spec.jobs_per_replica,
         spark_master=spec.spark.master,
-        spark_conf=dict(spec.spark.conf),
+        spark_conf=spec.spark.session_conf(),
         driver_memory=None if spec.spark.driver_memory is None else str(spec.spark.driver_memory),
         drain_grace_seconds=spec.drain_grace_seconds,
         engine=spec.spark.engine,

@@ -164,3 +164,31 @@ def test_conversion_to_core_configs() -> None:
     assert gcfg.spark_master == "local[*]" and dict(gcfg.spark_conf) == {}
     services_, groups = m.configs(m.load_documents(DOCS))
     assert [s.name for s in services_] == ["cs1"] and [g.name for g in groups] == ["small"]
+
+
+def test_executor_settings_reach_the_group_config_and_the_pod_args() -> None:
+    """Issue 17 §2: a CompactorGroup's executor memory/cores become Spark conf for the session
+    (through the GroupConfig the compactor reads from Redis, and the pod's --spark-conf)."""
+    from kompaktor_operator import manifests
+
+    spec = m.CompactorGroupSpec.model_validate({"spark": {
+        "master": "spark://spark-master:7077", "executorMemory": "6g", "executorCores": 2,
+        "conf": {"spark.cores.max": "8"}, "driverMemory": "1g"}})
+    gcfg = m.to_group_config("big", spec)
+    assert gcfg.spark_master == "spark://spark-master:7077" and gcfg.driver_memory == "1g"
+    assert dict(gcfg.spark_conf) == {"spark.cores.max": "8", "spark.executor.memory": "6g",
+                                     "spark.executor.cores": "2"}
+    args = manifests.compactor_args("big", spec)
+    confs = [args[i + 1] for i, a in enumerate(args) if a == "--spark-conf"]
+    assert confs == ["spark.cores.max=8", "spark.executor.cores=2", "spark.executor.memory=6g"]
+
+
+@pytest.mark.parametrize("spark", [
+    {"executorMemory": "2g", "conf": {"spark.executor.memory": "4g"}},
+    {"conf": {"spark.master": "local[2]"}},
+    {"executorMemory": "lots"},
+    {"executorCores": 0},
+])
+def test_conflicting_or_invalid_executor_settings_are_refused(spark: dict) -> None:
+    with pytest.raises(ValueError):
+        m.CompactorGroupSpec.model_validate({"spark": spark})

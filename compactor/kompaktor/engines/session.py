@@ -12,10 +12,13 @@ import atexit
 import logging
 import os
 import shutil
+import socket
 import sys
 import tempfile
 import threading
 from collections.abc import Mapping
+
+from kompaktor.engines.api import MergeError
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +57,34 @@ def _log4j_file(local_dir: str) -> str:
     return path
 
 
+#: seconds to wait for a standalone master's port before giving up on it
+MASTER_PROBE_TIMEOUT_S = 5.0
+
+
+class SparkUnavailable(MergeError):
+    """The Spark master (cluster) the engine is configured for cannot be reached."""
+
+
+def probe_master(master: str, timeout: float = MASTER_PROBE_TIMEOUT_S) -> None:
+    """For a standalone master (``spark://host:port[,host:port…]``), check that one of its
+    addresses accepts a connection, so that a dead URL is one clear error now instead of
+    Spark's own minute of registration retries. Other masters (``local``, ``k8s://``, ``yarn``)
+    are left to Spark."""
+    if not master.startswith("spark://"):
+        return
+    errors = []
+    for hostport in master[len("spark://"):].split(","):
+        host, _, port = hostport.rpartition(":")
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+                return
+        except ValueError:
+            raise SparkUnavailable(f"Spark master URL {master!r} is not spark://HOST:PORT") from None
+        except OSError as exc:
+            errors.append(f"{hostport}: {exc.strerror or exc}")
+    raise SparkUnavailable(f"Spark master {master} does not answer ({'; '.join(errors)})")
+
+
 def get_session(master: str = "local[*]", conf: Mapping[str, str] | None = None, driver_memory: str | None = None):
     """The process's SparkSession, created on the first call. Later calls return the same
     session; if they ask for a different master or conf, a warning says the first one stays
@@ -67,6 +98,7 @@ def get_session(master: str = "local[*]", conf: Mapping[str, str] | None = None,
                     driver_memory and driver_memory != _settings[2]):
                 log.warning("SparkSession already running with %s; ignoring %s", _settings, wanted)
             return _session
+        probe_master(master)
         os.environ["PYSPARK_PYTHON"] = sys.executable
         os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
         from pyspark.sql import SparkSession

@@ -57,6 +57,9 @@ log = logging.getLogger(__name__)
 MIN_TASK_ENTRIES = 250_000
 MAX_TASK_ENTRIES = 2_000_000
 POLL_S = 0.02
+#: a merge on a Spark cluster fails when the cluster has had no executor for this long (every
+#: worker lost): Spark itself would wait for new executors for ever
+NO_EXECUTOR_TIMEOUT_S = 120.0
 
 
 def _part_compression(storage: Storage) -> str | None:
@@ -94,7 +97,8 @@ class SparkMergeEngine:
 
     def __init__(self, master: str = "local[*]", conf: Mapping[str, str] | None = None,
                  driver_memory: str | None = None, *, task_entries: int | None = None,
-                 tasks_per_core: int = 2, warm: bool = True, task_memory: int = TASK_MEMORY) -> None:
+                 tasks_per_core: int = 2, warm: bool = True, task_memory: int = TASK_MEMORY,
+                 no_executor_timeout: float = NO_EXECUTOR_TIMEOUT_S) -> None:
         from kompaktor.engines.session import get_session, warm_up
 
         self.session = get_session(master, conf, driver_memory)
@@ -104,6 +108,8 @@ class SparkMergeEngine:
         self.tasks_per_core = tasks_per_core
         #: bytes one task's merge may hold in its Python worker (its range's input data 1/4 of it)
         self.task_memory = task_memory
+        self.no_executor_timeout = no_executor_timeout
+        self._local = master.startswith("local")
 
     @property
     def sc(self):
@@ -180,8 +186,16 @@ class SparkMergeEngine:
         return MergeResult(info=info, entries_read=read, entries_written=written, bytes_read=bytes_in,
                            bytes_written=info.size)
 
+    def executors(self) -> int:
+        """Executors the session has now (on a cluster: without the driver)."""
+        if self._local:
+            return 1
+        return max(0, self.sc._jsc.sc().getExecutorMemoryStatus().size() - 1)
+
     def _wait_for_part(self, storage: Storage, final: str, done: threading.Event, outcome: dict,
                        cancel: threading.Event | None, req: MergeRequest, i: int, n: int) -> None:
+        none_since: float | None = None
+        next_check = time.monotonic() + 1.0
         while not storage.exists(final):
             if cancel is not None and cancel.is_set():
                 raise MergeCancelled(f"merge into {req.output} cancelled after {i} of {n} parts")
@@ -190,6 +204,17 @@ class SparkMergeEngine:
                     return
                 self._raise_job_failure(outcome, req)
                 raise MergeError(f"merge into {req.output}: Spark job ended without part {i}")
+            now = time.monotonic()
+            if now >= next_check:  # every worker lost: Spark would wait for executors for ever
+                next_check = now + min(1.0, self.no_executor_timeout / 4)
+                if self.executors():
+                    none_since = None
+                elif none_since is None:
+                    none_since = now
+                elif now - none_since >= self.no_executor_timeout:
+                    raise MergeError(f"merge into {req.output}: the Spark cluster {self.sc.master} has had no "
+                                     f"executor for {self.no_executor_timeout:.0f}s (every worker lost); "
+                                     f"{i} of {n} parts done, job cancelled")
             done.wait(POLL_S)
 
     @staticmethod
