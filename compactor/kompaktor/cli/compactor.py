@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import sys
 
@@ -75,6 +76,10 @@ def compactor(group: str, compactor_id: str | None, engine: str | None, spark_ma
     try:
         code = worker.run()
     finally:
+        # Done (drained): a SIGTERM now — the kubelet's, right after the preStop hook that asked
+        # for the drain — has nothing left to ask for. Ignored, it cannot kill the process while it
+        # closes or during interpreter shutdown (where Python puts back the default action).
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         worker.close()
     sys.exit(code)
 

@@ -1,0 +1,205 @@
+"""Issue 16 §2 and §3 on a real Kubernetes 1.20 control plane: a namespaced install
+(``operator.watchNamespaces``) whose operator runs as a local process with the chart's operator
+ServiceAccount token — its RBAC is exactly the chart's Roles, so a verb they lack fails here.
+
+- A CompactorGroup naming a foreign image, ServiceAccount or Secret is refused with a condition
+  naming the rule, and nothing is created for it (no Deployment, Service, HPA or NetworkPolicy).
+- An allowed group is reconciled with the namespaced RBAC alone: Deployment, Service, HPA and
+  NetworkPolicy in the watched namespace; the ReplicaSet controller creates its pods, which the
+  ServiceAccount admission plugin accepts as the chart's compactor account with no token mounted.
+- The operator's account cannot touch pods outside the watched namespace.
+- The drain token Secret is the same after ``helm upgrade`` (kept through lookup) and in every
+  compactor namespace.
+
+(Sorted after test_user_path.py on purpose: that module's release owns the CRDs when both run.)
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import kubernetes
+import pytest
+from controlplane import ControlPlane, wait_until
+
+from kompaktor_operator import naming
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "kompaktor"
+NS = "kompaktor-sec"          # the release's namespace
+WATCHED = "tables-sec"        # the only namespace the operator watches
+RELEASE = "kompaktor-sec"
+REDIS_SECRET = "sec-redis-url"
+BIN = Path(sys.executable).parent
+OPERATOR_SA = f"{RELEASE}-operator"
+
+
+@dataclass
+class Install:
+    cp: ControlPlane
+    core: Any
+    values: dict[str, Any]
+    operator: subprocess.Popen
+    log: Path
+
+    def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
+        return self.cp.kubectl("-n", WATCHED, *args, check=check, input=input)
+
+    def get(self, kind: str, name: str) -> dict[str, Any] | None:
+        out = self.kubectl("get", kind, name, "-o", "json", check=False)
+        return json.loads(out.stdout) if out.returncode == 0 else None
+
+    def ready(self, name: str) -> dict[str, Any] | None:
+        obj = self.get("compactorgroup", name) or {}
+        return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == "Ready"), None)
+
+
+def _operator_env(cp: ControlPlane, core: Any) -> dict[str, str]:
+    """The operator container's environment as the chart renders it, Secret references resolved."""
+    dep = json.loads(cp.kubectl("-n", NS, "get", "deployment", f"{RELEASE}-operator", "-o", "json").stdout)
+    c = next(c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "operator")
+    env: dict[str, str] = {}
+    for e in c.get("env") or []:
+        if "value" in e:
+            env[e["name"]] = e["value"]
+        elif "secretKeyRef" in (e.get("valueFrom") or {}):
+            ref = e["valueFrom"]["secretKeyRef"]
+            env[e["name"]] = base64.b64decode(core.read_namespaced_secret(ref["name"], NS).data[ref["key"]]).decode()
+    return env
+
+
+def _crds_installed(cp: ControlPlane) -> bool:
+    return cp.kubectl("get", "crd", f"compactorgroups.{naming.API_GROUP}", check=False).returncode == 0
+
+
+@pytest.fixture(scope="module")
+def install(control_plane: ControlPlane, redis_server: Any, tmp_path_factory: pytest.TempPathFactory
+            ) -> Iterator[Install]:
+    cp = control_plane
+    core = kubernetes.client.CoreV1Api(cp.api())
+    for ns in (NS, WATCHED):
+        core.create_namespace({"metadata": {"name": ns}})
+    for ns in (NS, WATCHED):  # the Redis URL where the operator and the compactors read it
+        core.create_namespaced_secret(ns, {"metadata": {"name": REDIS_SECRET}, "stringData": {"url": redis_server.url}})
+    values = {
+        "crds": {"install": not _crds_installed(cp)},  # test_user_path's release owns them when it ran first
+        "operator": {"watchNamespaces": [WATCHED]},
+        "redis": {"bundled": False, "external": {"existingSecret": REDIS_SECRET}},
+        "autoscaler": "hpa",
+    }
+    log = tmp_path_factory.mktemp("sec-logs") / "operator.log"
+    proc: subprocess.Popen | None = None
+    with helm.Config(kubeconfig_path=str(cp.kubeconfig), namespace=NS) as cfg:
+        cfg.install(str(CHART), RELEASE, values, namespace=NS, timeout=120)
+        try:
+            env = {**os.environ, **_operator_env(cp, core),
+                   "KUBECONFIG": str(cp.service_account_kubeconfig(NS, OPERATOR_SA)),  # never admin
+                   "KOMPAKTOR_SCALE_INTERVAL": "1", "KOMPAKTOR_STATUS_INTERVAL": "2",
+                   "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+            with open(log, "wb") as out:
+                # as the chart runs it: --namespace for each watched namespace
+                proc = subprocess.Popen([str(BIN / "kompaktor"), "operator", "--liveness", "", "--namespace", WATCHED],
+                                        env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            yield Install(cp, core, values, proc, log)
+        finally:
+            if proc is not None and proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(15)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(5)
+            cfg.uninstall(RELEASE, timeout=60, ignore_not_found=True)
+
+
+def _apply_group(inst: Install, name: str, **spec: Any) -> None:
+    body = {"apiVersion": naming.GROUP_VERSION, "kind": "CompactorGroup", "metadata": {"name": name},
+            "spec": {"maxReplicas": 2, **spec}}
+    inst.kubectl("apply", "-f", "-", input=json.dumps(body))
+
+
+CHILDREN = (("deployment", naming.deployment_name), ("service", naming.metrics_service_name),
+            ("hpa", naming.hpa_name), ("networkpolicy", naming.network_policy_name))
+
+
+def test_allowed_group_is_reconciled_with_the_namespaced_rbac_alone(install: Install) -> None:
+    _apply_group(install, "good", minReplicas=1)
+    ready = wait_until(lambda: install.ready("good"), "good's Ready condition", timeout=60)
+    assert ready["status"] == "True" and ready["reason"] == "Reconciled", (ready, install.log.read_text()[-3000:])
+    for kind, name in CHILDREN:
+        assert install.get(kind, name("good")) is not None, kind
+    netpol = install.get("networkpolicy", naming.network_policy_name("good"))
+    (rule,) = netpol["spec"]["ingress"]
+    assert rule["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
+    assert rule["from"][0]["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": NS}}
+    # the ReplicaSet controller makes the pod; admission accepts the chart's account, no token mounted
+    pods = wait_until(lambda: install.core.list_namespaced_pod(
+        WATCHED, label_selector=naming.selector("good")).items, "good's pod", timeout=60)
+    pod = pods[0]
+    assert pod.spec.service_account_name == f"{RELEASE}-compactor"
+    assert pod.spec.automount_service_account_token is False
+    assert not [v for v in pod.spec.volumes or [] if v.secret and "token" in (v.secret.secret_name or "")]
+    (c,) = pod.spec.containers
+    assert not [m for m in c.volume_mounts or [] if "serviceaccount" in m.mount_path]
+    token_ref = next(e for e in c.env if e.name == "KOMPAKTOR_DRAIN_TOKEN").value_from.secret_key_ref
+    assert (token_ref.name, token_ref.key) == (f"{RELEASE}-drain-token", "token")
+    # the scale timer (lists pods, patches the group's status) works with the same Roles
+    wait_until(lambda: ((install.get("compactorgroup", "good") or {}).get("status") or {}).get("replicas") == 1,
+               "good's status.replicas", timeout=30)
+    assert "403" not in install.log.read_text() and "Forbidden" not in install.log.read_text()
+
+
+@pytest.mark.parametrize("name, spec, rule", [
+    ("foreign-image", {"image": "evil.example/miner:latest"}, "ImageNotAllowed"),
+    ("foreign-sa", {"serviceAccountName": "default"}, "ServiceAccountNotAllowed"),
+    ("foreign-secret", {"storage": {"credentialsSecret": "cloud-admin"}}, "SecretNotAllowed"),
+])
+def test_hostile_group_is_refused_and_nothing_is_created(install: Install, name: str, spec: dict[str, Any],
+                                                         rule: str) -> None:
+    _apply_group(install, name, **spec)
+    ready = wait_until(lambda: install.ready(name), f"{name}'s Ready condition", timeout=60)
+    assert ready["status"] == "False" and ready["reason"] == rule, ready
+    assert ready["message"].startswith("refused: ") and "compactor.allowed" in ready["message"], ready
+    for kind, child in CHILDREN:
+        assert install.get(kind, child(name)) is None, kind
+    assert not install.core.list_namespaced_pod(WATCHED, label_selector=naming.selector(name)).items
+    install.kubectl("delete", "compactorgroup", name, "--wait=false")
+
+
+def test_the_operator_account_has_no_pod_rights_outside_the_watched_namespace(install: Install) -> None:
+    who = f"--as=system:serviceaccount:{NS}:{OPERATOR_SA}"
+
+    def can(verb: str, resource: str, ns: str) -> str:
+        out = install.cp.kubectl("auth", "can-i", verb, resource, "-n", ns, who, check=False)
+        return out.stdout.strip()
+
+    assert can("delete", "pods", WATCHED) == "yes"
+    for ns in ("default", "kube-system", NS):
+        assert can("delete", "pods", ns) == "no", ns
+        assert can("create", "deployments", ns) == "no", ns
+    for ns in (WATCHED, NS):
+        assert can("get", "secrets", ns) == "no", ns
+        assert can("create", "serviceaccounts", ns) == "no", ns
+    out = install.cp.kubectl("auth", "can-i", "delete", "pods", "--all-namespaces", who, check=False)
+    assert out.stdout.strip() == "no"
+
+
+def test_drain_token_is_kept_across_upgrades_and_shared_by_namespaces(install: Install) -> None:
+    def token(ns: str) -> str:
+        return install.core.read_namespaced_secret(f"{RELEASE}-drain-token", ns).data["token"]
+
+    before = token(NS)
+    assert token(WATCHED) == before and len(base64.b64decode(before)) >= 48
+    with helm.Config(kubeconfig_path=str(install.cp.kubeconfig), namespace=NS) as cfg:
+        cfg.upgrade(str(CHART), RELEASE, install.values, namespace=NS, timeout=120)
+    assert token(NS) == before and token(WATCHED) == before
