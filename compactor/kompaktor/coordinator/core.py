@@ -95,8 +95,11 @@ class Coordinator:
 
     def check_lease(self) -> None:
         """Raise :class:`Fenced` unless this coordinator may still act as leader. Called between
-        the steps of a pass and between batches of long steps."""
-        if not self.lease.valid():
+        the steps of a pass and between batches of long steps. A coordinator object that never
+        led (a one-shot tool calling one step, e.g. the demo's final garbage collection) is not
+        a leader and writes like any other client, unfenced; :meth:`tick` and :meth:`run`
+        always lead first."""
+        if self.lease.token is not None and not self.lease.valid():
             raise Fenced(f"{self.holder} no longer holds the coordinator lease")
 
     # -- one pass ----------------------------------------------------------------------------------

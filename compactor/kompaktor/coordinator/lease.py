@@ -32,9 +32,9 @@ class Lease:
     holder: str
     lease_ms: int = 10_000
     fence: int | None = None  # the fencing token while this holder leads
-    #: the last fencing token this holder was given (0: never led); the coordinator's writes carry
-    #: it, so once another coordinator takes over they are refused even if this one missed it
-    token: int = 0
+    #: the last fencing token this holder was given (None: never led); the coordinator's writes
+    #: carry it, so once another coordinator takes over they are refused even if this one missed it
+    token: int | None = None
     _valid_until: float = field(default=0.0, repr=False)
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _thread: threading.Thread | None = field(default=None, repr=False)

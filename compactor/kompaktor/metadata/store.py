@@ -154,7 +154,7 @@ class Mutation:
 class MetadataStore:
     """Typed access to Kompaktor's metadata in Redis."""
 
-    def __init__(self, client: redis.Redis, url: str = "", *, fence: Callable[[], int] | None = None) -> None:
+    def __init__(self, client: redis.Redis, url: str = "", *, fence: Callable[[], int | None] | None = None) -> None:
         self._r = client
         self.url = url
         #: the fencing token every write of this view carries (:meth:`fenced`), or None
@@ -167,10 +167,11 @@ class MetadataStore:
         self._failures = client.register_script(_FAILURES)
         self._queues: JobQueues | None = None
 
-    def fenced(self, token: Callable[[], int]) -> MetadataStore:
+    def fenced(self, token: Callable[[], int | None]) -> MetadataStore:
         """A view of this store, on the same connection, whose every write (mutations, queue
         scripts, sets, counters) carries the fencing token ``token()`` and is refused atomically,
-        inside Redis, with :class:`Fenced` once a newer token exists. The coordinator's store."""
+        inside Redis, with :class:`Fenced` once a newer token exists. The coordinator's store.
+        While ``token()`` is None (a coordinator that never led) the writes are not fenced."""
         return MetadataStore(self._r, self.url, fence=token)
 
     @property
@@ -183,13 +184,14 @@ class MetadataStore:
     def _write(self, *commands: tuple[Any, ...]) -> list[Any]:
         """Run write commands atomically (MULTI/EXEC); through a fenced view, only while its
         fencing token is the newest. Returns their replies."""
-        if self._fence is None:
+        token = None if self._fence is None else self._fence()
+        if token is None:
             p = self._r.pipeline(transaction=True)
             for cmd in commands:
                 p.execute_command(*cmd)
             return list(self.call(p.execute))
         cmds = json.dumps([[str(a) for a in cmd] for cmd in commands])
-        return list(self.call(self._fenced_write, args=[self._fence(), cmds]))
+        return list(self.call(self._fenced_write, args=[token, cmds]))
 
     def close(self) -> None:
         self._r.close()
@@ -562,7 +564,8 @@ class MetadataStore:
         return [t.decode() for t in self.call(self._failures, args=[self._token(), "redirty", repr(now)])]
 
     def _token(self) -> str:
-        return "" if self._fence is None else str(self._fence())
+        token = None if self._fence is None else self._fence()
+        return "" if token is None else str(token)
 
     def failures(self) -> dict[str, dict[str, Any]]:
         return {k.decode(): json.loads(v) for k, v in self.call(self._r.hgetall, C.FAILURES).items()}

@@ -191,7 +191,7 @@ class QueueStats:
 class JobQueues:
     """All group queues in one Redis."""
 
-    def __init__(self, client: redis.Redis, *, fence: Callable[[], int] | None = None) -> None:
+    def __init__(self, client: redis.Redis, *, fence: Callable[[], int | None] | None = None) -> None:
         self._r = client
         #: the fencing token of the coordinator these queues belong to (see lua/lib.lua), or None
         self._fence = fence
@@ -202,7 +202,8 @@ class JobQueues:
         self._call = client.register_script(_lua("queue_call"))
 
     def _token(self) -> str:
-        return "" if self._fence is None else str(self._fence())
+        token = None if self._fence is None else self._fence()
+        return "" if token is None else str(token)
 
     # -- bound --------------------------------------------------------------------------------
     @mapped

@@ -47,7 +47,9 @@ class WorkerSettings:
     idle_max_s: float = 2.0
     default_throughput_bps: float = 20e6  # until measured: bytes of input merged per second
     max_jobs: int | None = None  # stop after this many jobs (tests, benchmarks)
-    commit_retry_s: float = 120.0  # keep retrying a finished merge's commit while the store is unreachable
+    #: how long to keep retrying a finished merge's commit while the store is unreachable; None:
+    #: for as long as it takes (a Redis outage of any length), or until a drain's deadline
+    commit_retry_s: float | None = None
 
 
 @dataclass
@@ -254,8 +256,7 @@ class Compactor:
             # Whether the commit landed is unknown, so the output stays; if it did not land,
             # dead-compaction detection removes the ECID and the output once the store is back.
             self.metrics.failed.labels(g).inc()
-            log.error("%s: cannot commit, metadata store unreachable for %.0fs: %s", res.ecid,
-                      self.s.commit_retry_s, exc)
+            log.error("%s: cannot commit, metadata store unreachable (gave up): %s", res.ecid, exc)
             return JobOutcome("failed", f"commit: metadata store unreachable: {exc}", res.ecid)
         m = self.metrics
         m.completed.labels(g).inc()
@@ -271,11 +272,14 @@ class Compactor:
 
     def _commit(self, res: Reservation, info: Any) -> None:
         """Commit the merged output. While the store is unreachable, retry (the merge's work is
-        worth keeping) until ``commit_retry_s`` or the drain deadline has passed. A retry that is
+        worth keeping), with backoff up to 2 s, until ``commit_retry_s`` (default: no limit) or
+        the drain deadline has passed. A retry that is
         rejected because an earlier attempt landed (its reply was lost) is a success: failing it
         would delete an output the tablet now references."""
-        deadline = time.monotonic() + self.s.commit_retry_s
+        deadline = float("inf") if self.s.commit_retry_s is None else time.monotonic() + self.s.commit_retry_s
         attempted = False
+        pause = 0.5
+        warned = 0.0
         while True:
             try:
                 compactions.commit(self.store, res, info)
@@ -291,8 +295,11 @@ class Compactor:
                 now = time.monotonic()
                 if now >= deadline or (self.drain_deadline is not None and now >= self.drain_deadline):
                     raise
-                log.warning("%s: commit failed, metadata store unreachable; retrying: %s", res.ecid, exc)
-                time.sleep(0.5)
+                if now - warned >= 30.0:  # one line per half minute of outage, not per attempt
+                    warned = now
+                    log.warning("%s: commit failed, metadata store unreachable; retrying: %s", res.ecid, exc)
+                time.sleep(pause)
+                pause = min(2.0, pause * 2)
 
     def _landed(self, res: Reservation, info: Any) -> bool:
         t = self.store.tablet(res.tablet)

@@ -1,0 +1,124 @@
+"""A Redis outage of 30 s (issue 15 §6): a real coordinator process and a real compactor process
+ride it out and resume, against a real redis-server stopped and restarted on the same port and
+data directory (AOF).
+
+The compactor is in the middle of a merge when Redis goes; the merge finishes while Redis is
+away, so the compactor has to hold on to its finished output and retry the commit for the rest
+of the outage. Afterwards: both processes are still running, the commit landed exactly once, the
+coordinator declared nothing dead (it gives heartbeats a full dead-after period from the moment
+Redis is back), and new work is planned and compacted."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from kompaktor import keyspace as C
+from kompaktor.client import Client
+from kompaktor.files.storage import Storage
+from kompaktor.local.procs import spawn, stop_popen
+from kompaktor.local.redis_server import RedisProcess
+from kompaktor.metadata.store import MetadataStore
+from kompaktor.model.keys import Entry
+
+pytestmark = pytest.mark.redis
+
+GATED = str(Path(__file__).parent / "gated_engine.py")
+OUTAGE_S = 30.0
+
+
+def poll_until(cond: Callable[[], object], what: str, timeout: float = 60.0,
+               alive: tuple[subprocess.Popen, ...] = ()) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        for p in alive:
+            assert p.poll() is None, f"{p.args[3:5]} exited with {p.returncode} while waiting for {what}"
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not reached before the deadline")
+        time.sleep(0.05)
+
+
+def flush(client: Client, table: str, n: int, start: int) -> None:
+    for i in range(start, start + n):
+        client.flush(table, [Entry(b"row%04d" % (i * 10 + k), b"f", b"q", b"", 1000 + i, False, b"v" * 64)
+                             for k in range(50)])
+
+
+def tablet_files(store: MetadataStore) -> set[str]:
+    (t,) = store.tablets(store.table_id("t"))
+    return set(t.files)
+
+
+def test_coordinator_and_compactor_ride_out_a_30s_outage(tmp_path: Path) -> None:
+    server = RedisProcess(tmp_path / "redis").start()
+    url = server.url
+    storage = Storage.from_uri(str(tmp_path / "files"))
+    store = MetadataStore.from_url(url)
+    client = Client(store, storage)
+    gate = tmp_path / "gate"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "KOMPAKTOR_TEST_GATE": str(gate)}
+    common = ["--redis", url, "--storage", storage.uri]
+    stack = contextlib.ExitStack()
+    logs = {name: stack.enter_context((tmp_path / f"{name}.log").open("wb")) for name in ("coordinator", "compactor")}
+    procs: list[subprocess.Popen] = []
+    try:
+        store.create_table("t", props={"table.compaction.major.ratio": "2"})
+        flush(client, "t", 4, 0)
+        rows_before = sorted(e.row for e in client.scan("t"))
+        coord = spawn([sys.executable, "-m", "kompaktor", "coordinator", *common, "--metrics-port", "-1",
+                       "--lease", "3", "--dead-after", "10", "--full-scan-interval", "5"],
+                      stdout=subprocess.DEVNULL, stderr=logs["coordinator"], env=env)
+        procs.append(coord)
+        comp = spawn([sys.executable, GATED, "compactor", *common, "--group", "default", "--engine", "arrow",
+                      "--http-port", "-1", "--id", "survivor"],
+                     stdout=subprocess.DEVNULL, stderr=logs["compactor"], env=env)
+        procs.append(comp)
+        alive = (coord, comp)
+        poll_until(lambda: Path(f"{gate}.held").exists(), "a merge in flight", alive=alive)
+        (ecid,) = store.running_index()
+
+        # the outage: Redis stops; the merge is let finish 5 s in, so the commit waits ~25 s
+        server.stop()
+        went = time.monotonic()
+        while time.monotonic() - went < OUTAGE_S:
+            if time.monotonic() - went > 5 and not gate.exists():
+                gate.touch()
+            for p in alive:
+                assert p.poll() is None, f"{p.args[3:5]} exited during the outage"
+            time.sleep(0.2)
+        server.start()
+        back = time.monotonic()
+
+        poll_until(lambda: store.counters().get("compactions_committed", 0) == 1, "the commit after the outage",
+                   alive=alive)
+        committed_after = time.monotonic() - back
+        (out,) = tablet_files(store)
+        assert ecid not in store.running_index()
+        assert sorted(e.row for e in client.scan("t")) == rows_before
+        assert store.counters().get("dead_compactions", 0) == 0 and store.dead_log() == set()
+        # both resume: new files are planned by the coordinator and compacted by the compactor
+        flush(client, "t", 3, 100)
+        poll_until(lambda: store.counters().get("compactions_committed", 0) == 2, "a compaction after the outage",
+                   alive=alive)
+        assert out not in tablet_files(store) and len(tablet_files(store)) == 1
+        print(f"outage {OUTAGE_S:.0f}s; commit landed {committed_after:.1f}s after Redis came back; "
+              f"fencing token now {int(store._r.get(C.FENCE))}")
+        for p in alive:
+            assert p.poll() is None
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        codes = [stop_popen(p, 60) for p in procs]
+        stack.close()
+        store.close()
+        server.stop()
+    assert codes == [0, 0], codes
