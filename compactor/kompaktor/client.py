@@ -4,6 +4,8 @@ sorted files, and scan the merged view of a table or row range."""
 from __future__ import annotations
 
 import posixpath
+import threading
+import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -21,6 +23,9 @@ from kompaktor.model.names import TABLES_DIR, data_file
 from kompaktor.model.tablet import FileInfo, Tablet
 
 MAX_VERSIONS_PROP = "table.iterator.versions"
+#: a bulk import in progress keeps its staged files from the garbage collector for this long after
+#: its last sign of life (refreshed every third of it while the import runs, and once at its end)
+IMPORT_TTL_S = 120.0
 
 
 def file_order_key(path: str) -> str:
@@ -100,12 +105,15 @@ class Client:
                 raise BadFileError(f"{src}: the file has no entries; nothing to import")
         staged: list[SortedFileWriter] = []
         done: dict[str, FileInfo] = {}
+        guard = _ImportGuard(self.store, tid, staged)  # staged files are not garbage while it runs
         try:
             try:
                 self.storage.ensure_dir(f"{TABLES_DIR}/{tid}")  # storage unusable: no name taken yet
                 for src in sources:
-                    w = SortedFileWriter(self.storage, self.new_file_path(tid, "import"), source=src)
+                    w = SortedFileWriter(self.storage, self.new_file_path(tid, "import"), source=src,
+                                         tmp_tag=guard.id)
                     staged.append(w)
+                    guard.refresh()
                     for batch in _read_foreign(src):
                         w.write_table(pa.Table.from_batches([batch]))
                 for w in staged:
@@ -119,7 +127,10 @@ class Client:
                 _quietly(w.abort)
             for p in done:
                 _quietly(self.storage.delete, p)
+            guard.forget()  # nothing of it is left to protect
             raise
+        finally:
+            guard.close()
         return sorted(done)
 
     # -- reading -----------------------------------------------------------------------------
@@ -147,6 +158,50 @@ class Client:
                 yield from merged_view(self.tablet_sources(t, start, end), settings)
 
         return entries()
+
+
+class _ImportGuard:
+    """Announces a bulk import in progress to the garbage collector
+    (:meth:`MetadataStore.register_import`): files tagged with :attr:`id` (the writers'
+    temporary names) and the final names of the staged files are left alone for as long as the
+    import runs, however long that is, refreshed by a thread of its own; at the end the record
+    is refreshed once more and then expires on its own, so a collector pass that read the
+    tablets before the files were registered still sees them protected."""
+
+    def __init__(self, store: MetadataStore, table_id: str, staged: list[SortedFileWriter]) -> None:
+        self.store, self.table_id, self.staged = store, table_id, staged
+        self.id = f"IMP{uuid.uuid4().hex[:16]}"
+        self._stop = threading.Event()
+        self.refresh()
+        self._thread = threading.Thread(target=self._run, name=f"import-{self.id}", daemon=True)
+        self._thread.start()
+
+    def refresh(self) -> None:
+        self.store.register_import(self.id, self.table_id, [w.rel_path for w in list(self.staged)], IMPORT_TTL_S)
+
+    def _run(self) -> None:
+        while not self._stop.wait(IMPORT_TTL_S / 3):
+            try:
+                self.refresh()
+            except KompaktorError:  # Redis unreachable: the collector cannot run either; next time
+                pass
+
+    def close(self) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        try:
+            self.refresh()
+        except KompaktorError:
+            pass
+
+    def forget(self) -> None:
+        """The import failed and removed its files: drop the record."""
+        self._stop.set()
+        try:
+            self.store.forget_import(self.id)
+        except KompaktorError:
+            pass  # it expires on its own
 
 
 def _quietly(fn, *args) -> None:

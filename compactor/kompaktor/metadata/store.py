@@ -602,6 +602,10 @@ class MetadataStore:
         doc = {"table": table_id, "files": sorted(files), "expires": time.time() + ttl_s}
         self.call(self._r.hset, C.IMPORTS, import_id, json.dumps(doc))
 
+    def forget_import(self, import_id: str) -> None:
+        """Drop the record of an import that failed and removed its files."""
+        self.call(self._r.hdel, C.IMPORTS, import_id)
+
     def imports_since(self, since: float) -> tuple[set[str], set[str]]:
         """The ids and files of the bulk imports in progress at ``since`` or later."""
         ids: set[str] = set()
