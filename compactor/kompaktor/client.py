@@ -24,7 +24,7 @@ from kompaktor.model.tablet import FileInfo, Tablet
 
 MAX_VERSIONS_PROP = "table.iterator.versions"
 #: a bulk import in progress keeps its staged files from the garbage collector for this long after
-#: its last sign of life (refreshed every third of it while the import runs, and once at its end)
+#: its last sign of life (refreshed every third of it while the import runs)
 IMPORT_TTL_S = 120.0
 
 
@@ -164,9 +164,10 @@ class _ImportGuard:
     """Announces a bulk import in progress to the garbage collector
     (:meth:`MetadataStore.register_import`): files tagged with :attr:`id` (the writers'
     temporary names) and the final names of the staged files are left alone for as long as the
-    import runs, however long that is, refreshed by a thread of its own; at the end the record
-    is refreshed once more and then expires on its own, so a collector pass that read the
-    tablets before the files were registered still sees them protected."""
+    import runs, however long that is, refreshed by a thread of its own. At the end the record's
+    expiry becomes the end time: a collector pass that began before then (and so may have read
+    the tablets before the files were registered) still leaves them alone; a later pass reads
+    the registration. A failed import that removed its files drops the record."""
 
     def __init__(self, store: MetadataStore, table_id: str, staged: list[SortedFileWriter]) -> None:
         self.store, self.table_id, self.staged = store, table_id, staged
@@ -176,8 +177,8 @@ class _ImportGuard:
         self._thread = threading.Thread(target=self._run, name=f"import-{self.id}", daemon=True)
         self._thread.start()
 
-    def refresh(self) -> None:
-        self.store.register_import(self.id, self.table_id, [w.rel_path for w in list(self.staged)], IMPORT_TTL_S)
+    def refresh(self, ttl_s: float = IMPORT_TTL_S) -> None:
+        self.store.register_import(self.id, self.table_id, [w.rel_path for w in list(self.staged)], ttl_s)
 
     def _run(self) -> None:
         while not self._stop.wait(IMPORT_TTL_S / 3):
@@ -191,7 +192,7 @@ class _ImportGuard:
             return
         self._stop.set()
         try:
-            self.refresh()
+            self.refresh(ttl_s=0.0)
         except KompaktorError:
             pass
 
