@@ -1,19 +1,23 @@
-"""Merge benchmark (issue 5 §5): one full-compaction merge of 8 sorted input files.
+"""Merge benchmark (issues 5 §5, 17 §1): one full-compaction merge of 8 sorted input files,
+for each input row-group layout.
 
-``python -m bench.merge_bench [--entries N] [--files 8] [--repeat 3]`` generates the inputs
-(10% of entries overwrite an older file's key, 2% are delete markers; random binary rows, so
-bytes >= 0x80 occur), then times on the same files in the same run:
+``python -m bench.merge_bench [--entries N] [--files 8] [--repeat 3] [--layouts small,one,128mb]``
+generates the inputs (16-byte rows, 64-byte values; 10% of entries overwrite an older file's
+key, 2% are delete markers; random binary rows, so bytes >= 0x80 occur), writes them in each
+layout — ``small`` (64K-row row groups), ``one`` (one row group per file), ``128mb`` (128 MB
+row groups, the Spark/Hive default) — and times on the same files in the same run:
 
 - the Spark engine (warm session; session start-up and the first, cold merge reported apart),
 - the in-process Arrow engine,
-- DuckDB (read_parquet, window for newest version + delete suppression, ORDER BY, COPY),
-- a pyarrow-only merge (read all, sort, vectorized stack, write),
+- the peers: Polars (lazy, sort + unique), DuckDB (window + ORDER BY + COPY), a pyarrow-only
+  merge (read all, sort, vectorized stack, write),
 - the I/O floor (read the inputs and write one file, no sort).
 
-Every engine's output is checked to have the same entries as the Arrow engine's. Prints a table
-(rich) and writes ``bench/out/merge.csv``. Peak RSS is that of this process (the driver /
-compactor process; Spark's JVM and Python workers are separate processes and reported apart
-where measurable).
+Every engine's output is checked to have the same entries as the Arrow engine's. For each
+engine it prints the median time, its speed relative to the best peer and to the I/O floor
+(``best peer s / engine s``: above 1 is faster) and peak RSS (this process: the compactor /
+Spark driver; Spark's JVM and Python workers apart), then a summary across layouts, and writes
+``bench/out/merge.csv``.
 """
 
 from __future__ import annotations
@@ -49,11 +53,22 @@ def _binary(values: np.ndarray, width: int) -> pa.Array:
     return fsb.cast(pa.binary())
 
 
+def _row_keys(values: np.ndarray, width: int) -> pa.Array:
+    """Row keys of ``width`` bytes (>= 8): a fixed prefix, then the value big-endian."""
+    if width <= 8:
+        return _binary(values, width)
+    raw = np.zeros((len(values), width), dtype=np.uint8)
+    raw[:, : width - 8] = 0x6B  # 'k'
+    raw[:, width - 8:] = values.astype(">u8").view(np.uint8).reshape(-1, 8)
+    fsb = pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), len(values), [None, pa.py_buffer(raw.tobytes())])
+    return fsb.cast(pa.binary())
+
+
 def make_table(ids: np.ndarray, ts: np.ndarray, deleted: np.ndarray, rng: np.random.Generator,
-               value_bytes: int = 40) -> pa.Table:
-    """Entries for column-key ids: row = id // 4 (8 bytes), cf = 2 families, cq = 2 qualifiers."""
+               value_bytes: int = 40, row_bytes: int = 8) -> pa.Table:
+    """Entries for column-key ids: row = id // 4 (``row_bytes``), cf = 2 families, cq = 2 qualifiers."""
     n = len(ids)
-    row = _binary(ids // 4, 8)
+    row = _row_keys(ids // 4, row_bytes)
     fam = pa.array(np.where((ids % 4) < 2, b"f0", b"f1"), pa.binary())
     qual = pa.array(np.where((ids % 2) == 0, b"q0", b"q1"), pa.binary())
     vis = pa.array(np.where((ids % 3) == 0, b"", b"A&B"), pa.binary())
@@ -65,7 +80,8 @@ def make_table(ids: np.ndarray, ts: np.ndarray, deleted: np.ndarray, rng: np.ran
     return t.sort_by(ARROW_SORT_KEYS)
 
 
-def generate(storage: Storage, entries: int, files: int = 8, seed: int = 7) -> list[str]:
+def generate(storage: Storage, entries: int, files: int = 8, seed: int = 7, *, row_bytes: int = 8,
+             value_bytes: int = 40) -> list[str]:
     """Write ``files`` sorted inputs holding ``entries`` in total; return their paths, oldest first."""
     rng = np.random.default_rng(seed)
     per = entries // files
@@ -86,9 +102,36 @@ def generate(storage: Storage, entries: int, files: int = 8, seed: int = 7) -> l
         deleted[n_new + n_over:] = True
         ts = (f + 1) * 10_000_000 + rng.integers(0, 1_000_000, size=len(ids))
         path = f"bench/F{f:06d}.parquet"
-        write_sorted(storage, path, make_table(ids, ts, deleted, rng))
+        write_sorted(storage, path, make_table(ids, ts, deleted, rng, value_bytes, row_bytes))
         paths.append(path)
     return paths
+
+
+#: input layouts (issue 17 §1): rows per row group of each input file
+LAYOUTS = ("small", "one", "128mb")
+SMALL_ROW_GROUP = 64 * 1024
+
+
+def relayout(storage: Storage, inputs: list[str], layout: str) -> list[str]:
+    """Copies of ``inputs`` cut into row groups as ``layout`` says: ``small`` (64K rows), ``one``
+    (one row group per file), ``128mb`` (row groups of 128 MB uncompressed, the Spark/Hive
+    default: ~1.2M entries of 110 bytes)."""
+    out = []
+    for p in inputs:
+        dst = f"{layout}/{p.rsplit('/', 1)[-1]}"
+        t = pq.read_table(storage.path(p))
+        if layout == "small":
+            rows = SMALL_ROW_GROUP
+        elif layout == "one":
+            rows = max(1, t.num_rows)
+        else:
+            rows = max(1, int((128 << 20) / max(1.0, t.nbytes / max(1, t.num_rows))))
+        storage.ensure_dir(layout)
+        with pq.ParquetWriter(storage.path(dst), t.schema, compression="zstd") as w:
+            # ParquetWriter caps a row group at 1Mi rows unless told otherwise
+            w.write_table(t, row_group_size=rows)
+        out.append(dst)
+    return out
 
 
 def _descendants(pid: int) -> list[int]:
@@ -163,6 +206,23 @@ def pyarrow_sort(storage: Storage, inputs: list[str], out: str) -> int:
     return merged.num_rows
 
 
+def polars_merge(storage: Storage, inputs: list[str], out: str) -> int:
+    """Polars (lazy, all cores): concat with the source index, sort by key with the newest
+    version first, keep the first of each column key, drop it when it is a delete, write."""
+    import polars as pl
+
+    key = ["row", "cf", "cq", "vis"]
+    lf = pl.concat([pl.scan_parquet(storage.path(p)).with_columns(pl.lit(i, pl.Int32).alias("src"))
+                    for i, p in enumerate(inputs)])
+    lf = (lf.sort([*key, "ts", "deleted", "src"], descending=[False] * 4 + [True, True, True])
+          .unique(subset=key, keep="first", maintain_order=True)
+          .filter(~pl.col("deleted"))
+          .drop("src"))
+    df = lf.collect()
+    df.write_parquet(storage.path(out), compression="zstd", row_group_size=128 * 1024)
+    return df.height
+
+
 def duckdb_merge(storage: Storage, inputs: list[str], out: str) -> int:
     """DuckDB: window over each column key (newest source first), drop hidden, ORDER BY, COPY."""
     import duckdb
@@ -213,8 +273,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="entries in all inputs (env MERGE_BENCH_ENTRIES; default 4,000,000)")
     ap.add_argument("--files", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=3, help="timed runs per engine (median reported)")
+    ap.add_argument("--layouts", default=",".join(LAYOUTS), help=f"input layouts, of {', '.join(LAYOUTS)}")
+    ap.add_argument("--row-bytes", type=int, default=16)
+    ap.add_argument("--value-bytes", type=int, default=64)
     ap.add_argument("--spark-master", default="local[*]")
-    ap.add_argument("--engines", default="floor,pyarrow,duckdb,arrow,spark")
+    ap.add_argument("--engines", default="floor,polars,duckdb,pyarrow,arrow,spark")
     ap.add_argument("--dir", default=None, help="scratch directory (default: a temp dir, removed after)")
     ap.add_argument("--csv", default=str(OUT_DIR / "merge.csv"))
     args = ap.parse_args([] if argv is None else argv)  # main() from bench.run: the defaults
@@ -231,121 +294,183 @@ def main(argv: list[str] | None = None) -> int:
     storage = Storage.from_uri(str(scratch / "files"))
     storage.ensure_dir("out")
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
     rows: list[dict] = []
+    settings = IteratorSettings(max_versions=1, full=True)
+    spark_engine = None
     try:
         t0 = time.perf_counter()
-        inputs = generate(storage, args.entries, args.files)
-        input_bytes = sum(storage.size(p) for p in inputs)
+        generated = generate(storage, args.entries, args.files, row_bytes=args.row_bytes,
+                             value_bytes=args.value_bytes)
         console.print(f"generated {args.entries:,} entries in {args.files} files "
-                      f"({input_bytes / 1e6:.1f} MB) in {time.perf_counter() - t0:.1f}s")
-        settings = IteratorSettings(max_versions=1, full=True)
-        outputs: dict[str, str] = {}
-
-        def record(name: str, times: list[float], n_out: int, note: str = "") -> None:
-            med = statistics.median(times)
-            rows.append({"engine": name, "median_s": med, "min_s": min(times), "runs": len(times),
-                         "entries_in": args.entries, "entries_out": n_out,
-                         "entries_per_s": args.entries / med, "mb_per_s": input_bytes / 1e6 / med,
-                         "peak_rss_mb": peak_rss_mb(), "children_peak_rss_mb": children_peak_rss_mb(), "note": note})
-            console.print(f"  {name}: median {med:.2f}s over {len(times)} runs "
-                          f"({args.entries / med / 1e6:.2f} M entries/s)")
-
-        def engine_fn(engine, out: str) -> Callable[[], int]:
-            def run() -> int:
-                if storage.exists(out):
-                    storage.delete(out)
-                req = MergeRequest(inputs=tuple(inputs), output=out, prev=None, end=None,
-                                   settings=settings, tmp_tag="bench")
-                return engine.merge(storage, req).entries_written
-            return run
-
-        def file_fn(fn, out: str) -> Callable[[], int]:
-            def run() -> int:
-                if storage.exists(out):
-                    storage.delete(out)
-                return fn(storage, inputs, out)
-            return run
-
-        if "floor" in engines:
-            times, n = timed(file_fn(io_floor, "out/floor.parquet"), args.repeat)
-            record("I/O floor (read + write, no sort)", times, n, "not a merge: lower bound")
-        if "pyarrow" in engines:
-            times, n = timed(file_fn(pyarrow_sort, "out/pyarrow.parquet"), args.repeat)
-            outputs["pyarrow sort"] = "out/pyarrow.parquet"
-            record("pyarrow sort", times, n)
-        if "duckdb" in engines:
-            times, n = timed(file_fn(duckdb_merge, "out/duckdb.parquet"), args.repeat)
-            outputs["DuckDB"] = "out/duckdb.parquet"
-            record("DuckDB", times, n)
-        if "arrow" in engines:
-            eng = make_engine("arrow")
-            times, n = timed(engine_fn(eng, "out/arrow.parquet"), args.repeat)
-            outputs["Arrow engine"] = "out/arrow.parquet"
-            record("Arrow engine (in-process, key-range chunks)", times, n)
+                      f"({sum(storage.size(p) for p in generated) / 1e6:.1f} MB; {args.row_bytes}-byte rows, "
+                      f"{args.value_bytes}-byte values) in {time.perf_counter() - t0:.1f}s")
         if "spark" in engines:
             from kompaktor.engines import session as ksp
 
             reset_peaks()
             t0 = time.perf_counter()
             ksp.get_session(args.spark_master, {"spark.local.dir": str(scratch / "spark-local")})
+            spark_engine = make_engine("spark", spark_master=args.spark_master)  # also warms the Python workers
             startup = time.perf_counter() - t0
-            rows.append({"engine": "Spark session start-up", "median_s": startup, "min_s": startup, "runs": 1,
-                         "entries_in": 0, "entries_out": 0, "entries_per_s": 0, "mb_per_s": 0,
+            rows.append({"layout": "", "engine": "Spark session + worker start-up", "median_s": startup,
+                         "min_s": startup, "runs": 1, "entries_in": 0, "entries_out": 0, "entries_per_s": 0,
                          "peak_rss_mb": peak_rss_mb(), "children_peak_rss_mb": children_peak_rss_mb(),
                          "note": "JVM, session and Python workers, once per compactor process"})
-            console.print(f"  Spark session start-up: {startup:.2f}s")
-            eng = make_engine("spark", spark_master=args.spark_master)  # also warms the Python workers
-            startup = time.perf_counter() - t0
-            rows[-1]["median_s"] = rows[-1]["min_s"] = startup
-            console.print(f"  Spark session + worker warm-up: {startup:.2f}s")
-            reset_peaks()
-            cold, _n = timed(engine_fn(eng, "out/spark.parquet"), 1)
-            rows.append({"engine": "Spark merge, first (cold) run", "median_s": cold[0], "min_s": cold[0],
-                         "runs": 1, "entries_in": args.entries, "entries_out": _n,
-                         "entries_per_s": args.entries / cold[0], "mb_per_s": input_bytes / 1e6 / cold[0],
-                         "peak_rss_mb": peak_rss_mb(), "children_peak_rss_mb": children_peak_rss_mb(),
-                         "note": "first merge in the session"})
-            times, n = timed(engine_fn(eng, "out/spark.parquet"), args.repeat)
-            outputs["Spark engine"] = "out/spark.parquet"
-            record("Spark engine (warm)", times, n, f"master {args.spark_master}")
-
-        names = list(outputs)
-        for name in names[1:]:
-            if not same_entries(storage, outputs[names[0]], outputs[name]):
-                console.print(f"[red]output of {name} differs from {names[0]}[/red]")
-                for r in rows:
-                    if r["engine"].startswith(name.split()[0]):
-                        r["note"] = (r["note"] + "; OUTPUT DIFFERS").lstrip("; ")
-        peers = [r for r in rows if r["engine"] in ("pyarrow sort", "DuckDB")
-                 or r["engine"].startswith("Arrow engine")]
-        best = min((r["median_s"] for r in peers), default=None)
-        for r in rows:
-            r["vs_best_peer"] = (r["median_s"] / best) if best and r["entries_in"] else None
-
-        table = Table(title=f"merge of {args.files} sorted files, {args.entries:,} entries "
-                            f"({input_bytes / 1e6:.1f} MB), {os.cpu_count()} cores")
-        for col in ("engine", "median s", "entries/s", "MB/s", "x best peer", "peak RSS MB",
-                    "JVM+workers MB", "note"):
-            table.add_column(col, justify="left" if col in ("engine", "note") else "right")
-        for r in rows:
-            table.add_row(r["engine"], f"{r['median_s']:.2f}",
-                          f"{r['entries_per_s']:,.0f}" if r["entries_per_s"] else "",
-                          f"{r['mb_per_s']:.1f}" if r["mb_per_s"] else "",
-                          f"{r['vs_best_peer']:.2f}" if r["vs_best_peer"] else "",
-                          f"{r['peak_rss_mb']:.0f}",
-                          f"{r['children_peak_rss_mb']:.0f}" if r["children_peak_rss_mb"] else "", r["note"])
-        console.print(table)
+            console.print(f"Spark session + worker warm-up: {startup:.2f}s")
+        for layout in layouts:
+            inputs = relayout(storage, generated, layout)
+            md = pq.ParquetFile(storage.path(inputs[0])).metadata
+            console.print(f"\n[bold]layout {layout}[/bold]: {md.num_row_groups} row group(s) of "
+                          f"{md.row_group(0).num_rows:,} rows in the first file")
+            rows.extend(run_layout(console, storage, inputs, layout, engines, args, settings, spark_engine,
+                                   MergeRequest))
+        print_tables(console, rows, layouts, args, Table)
         csv_path = Path(args.csv)
         csv_path.parent.mkdir(parents=True, exist_ok=True)
         with open(csv_path, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w = csv.DictWriter(f, fieldnames=list(rows[-1]))
             w.writeheader()
-            w.writerows(rows)
+            w.writerows({k: r.get(k, "") for k in rows[-1]} for r in rows)
         console.print(f"wrote {csv_path}")
     finally:
         if not args.dir:
             shutil.rmtree(scratch, ignore_errors=True)
     return 0
+
+
+PEERS = ("Polars", "DuckDB", "pyarrow sort")
+FLOOR = "I/O floor"
+
+
+def run_layout(console, storage: Storage, inputs: list[str], layout: str, engines: list[str], args, settings,
+               spark_engine, request_cls) -> list[dict]:
+    """Every engine on one layout's inputs; rows with their ratios to the best peer and floor."""
+    rows: list[dict] = []
+    outputs: dict[str, str] = {}
+    input_bytes = sum(storage.size(p) for p in inputs)
+
+    def record(name: str, times: list[float], n_out: int, base_mb: float, note: str = "") -> None:
+        med = statistics.median(times)
+        peak = peak_rss_mb()
+        rows.append({"layout": layout, "engine": name, "median_s": med, "min_s": min(times), "runs": len(times),
+                     "entries_in": args.entries, "entries_out": n_out, "entries_per_s": args.entries / med,
+                     "mb_per_s": input_bytes / 1e6 / med, "peak_rss_mb": peak,
+                     "peak_rss_growth_mb": max(0.0, peak - base_mb),
+                     "children_peak_rss_mb": children_peak_rss_mb(), "note": note})
+        console.print(f"  {name}: median {med:.2f}s over {len(times)} runs "
+                      f"({args.entries / med / 1e6:.2f} M entries/s), peak RSS {peak:.0f} MB")
+
+    def engine_fn(engine, out: str) -> Callable[[], int]:
+        def run() -> int:
+            if storage.exists(out):
+                storage.delete(out)
+            req = request_cls(inputs=tuple(inputs), output=out, prev=None, end=None, settings=settings,
+                              tmp_tag="bench")
+            return engine.merge(storage, req).entries_written
+        return run
+
+    def file_fn(fn, out: str) -> Callable[[], int]:
+        def run() -> int:
+            if storage.exists(out):
+                storage.delete(out)
+            return fn(storage, inputs, out)
+        return run
+
+    def bench(name: str, fn: Callable[[], int], out: str | None, note: str = "") -> None:
+        base = current_rss_mb()
+        times, n = timed(fn, args.repeat)
+        if out is not None:
+            outputs[name] = out
+        record(name, times, n, base, note)
+
+    from kompaktor.engines.arrow import ArrowMergeEngine
+
+    if "arrow" in engines:  # first: the reference output
+        bench("Arrow engine", engine_fn(ArrowMergeEngine(), f"out/{layout}-arrow.parquet"),
+              f"out/{layout}-arrow.parquet", "in-process, key ranges streamed")
+    if "floor" in engines:
+        bench(FLOOR, file_fn(io_floor, f"out/{layout}-floor.parquet"), None, "read + write, no sort: not a merge")
+    if "polars" in engines:
+        bench("Polars", file_fn(polars_merge, f"out/{layout}-polars.parquet"), f"out/{layout}-polars.parquet")
+    if "duckdb" in engines:
+        bench("DuckDB", file_fn(duckdb_merge, f"out/{layout}-duckdb.parquet"), f"out/{layout}-duckdb.parquet")
+    if "pyarrow" in engines:
+        bench("pyarrow sort", file_fn(pyarrow_sort, f"out/{layout}-pyarrow.parquet"),
+              f"out/{layout}-pyarrow.parquet")
+    if spark_engine is not None:
+        reset_peaks()
+        cold, _n = timed(engine_fn(spark_engine, f"out/{layout}-spark.parquet"), 1)
+        console.print(f"  Spark engine, first run on this layout: {cold[0]:.2f}s")
+        bench("Spark engine (warm)", engine_fn(spark_engine, f"out/{layout}-spark.parquet"),
+              f"out/{layout}-spark.parquet", f"master {args.spark_master}")
+
+    names = list(outputs)
+    for name in names[1:]:
+        if not same_entries(storage, outputs[names[0]], outputs[name]):
+            console.print(f"[red]output of {name} differs from {names[0]}[/red]")
+            for r in rows:
+                if r["engine"] == name:
+                    r["note"] = (r["note"] + "; OUTPUT DIFFERS").lstrip("; ")
+    for out in outputs.values():
+        storage.delete(out)
+    best = min((r for r in rows if r["engine"] in PEERS), key=lambda r: r["median_s"], default=None)
+    floor = next((r for r in rows if r["engine"] == FLOOR), None)
+    for r in rows:
+        r["best_peer"] = best["engine"] if best else ""
+        r["speed_vs_best_peer"] = best["median_s"] / r["median_s"] if best else None
+        r["speed_vs_floor"] = floor["median_s"] / r["median_s"] if floor else None
+    return rows
+
+
+def current_rss_mb() -> float:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def print_tables(console, rows: list[dict], layouts: list[str], args, table_cls) -> None:
+    def f2(v) -> str:
+        return f"{v:.2f}" if isinstance(v, float) else ""
+
+    table = table_cls(title=f"merge of {args.files} sorted files, {args.entries:,} entries, {os.cpu_count()} cores; "
+                            "speed = best peer s / engine s (> 1: faster)")
+    for col in ("layout", "engine", "median s", "M entries/s", "speed vs best peer", "speed vs I/O floor",
+                "peak RSS MB", "RSS growth MB", "JVM+workers MB", "note"):
+        table.add_column(col, justify="left" if col in ("layout", "engine", "note") else "right")
+    for r in rows:
+        table.add_row(r["layout"], r["engine"], f"{r['median_s']:.2f}",
+                      f"{r['entries_per_s'] / 1e6:.2f}" if r["entries_per_s"] else "",
+                      f2(r.get("speed_vs_best_peer")), f2(r.get("speed_vs_floor")), f"{r['peak_rss_mb']:.0f}",
+                      f"{r['peak_rss_growth_mb']:.0f}" if "peak_rss_growth_mb" in r else "",
+                      f"{r['children_peak_rss_mb']:.0f}" if r["children_peak_rss_mb"] else "", r["note"])
+    console.print(table)
+    small = {r["engine"]: r["median_s"] for r in rows if r["layout"] == "small"}
+    summary = table_cls(title="per layout: aims Arrow >= 1.2x best peer, Spark (warm) >= 1.0x best peer; "
+                              "a layout's time vs the small-row-group layout (aim <= 1.2x)")
+    for col in ("layout", "best peer", "floor s", "Arrow s", "Arrow vs peer", "Arrow vs floor",
+                "Arrow vs small layout", "Spark s", "Spark vs peer", "Spark vs floor", "Spark vs small layout"):
+        summary.add_column(col, justify="left" if col in ("layout", "best peer") else "right")
+    for layout in layouts:
+        by = {r["engine"]: r for r in rows if r["layout"] == layout}
+        a, sp, fl = by.get("Arrow engine"), by.get("Spark engine (warm)"), by.get(FLOOR)
+        peer = next(iter(by.values()))["best_peer"] if by else ""
+
+        def cells(r, name: str) -> list[str]:
+            if r is None:
+                return ["", "", "", ""]
+            rel = r["median_s"] / small[name] if name in small else None
+            return [f"{r['median_s']:.2f}", f2(r["speed_vs_best_peer"]), f2(r["speed_vs_floor"]), f2(rel)]
+
+        summary.add_row(layout, f"{peer} {by[peer]['median_s']:.2f}s" if peer in by else "",
+                        f"{fl['median_s']:.2f}" if fl else "", *cells(a, "Arrow engine"),
+                        *cells(sp, "Spark engine (warm)"))
+    console.print(summary)
 
 
 if __name__ == "__main__":
