@@ -54,7 +54,8 @@ def test_values_validate_against_the_schema() -> None:
 def test_schema_rejects_mistakes() -> None:
     with helm.Chart.load(str(CHART)) as chart:
         for bad in ({"redis": {"bundled": False}}, {"operator": {"logLevel": "loud"}}, {"typo": 1},
-                    {"redis": {"external": {"url": "http://x"}}}):
+                    {"redis": {"external": {"url": "http://x"}}}, {"redis": {"password": 'a"b'}},
+                    {"redis": {"password": "p@ss/word"}}):
             with pytest.raises(helm.HelmError):
                 chart.validate_schema(bad)
 
@@ -105,8 +106,10 @@ def test_default_install_has_the_whole_system() -> None:
     assert env["KOMPAKTOR_COMPACTOR_IMAGE"]["value"].endswith(":0.1.0")
     assert operator["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
     (redis,) = by["StatefulSet"]
-    args = redis["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert args[args.index("--appendonly") + 1] == "yes" and "--requirepass" in args
+    (script,) = redis["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--appendonly yes --appendfsync everysec" in script
+    # the password as configuration on stdin, never an argument (run for real in test_redis_tls.py)
+    assert "--requirepass" not in script and 'requirepass "$REDIS_PASSWORD"' in script
     assert redis["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "8Gi"
     secrets = {s["metadata"]["name"]: s for s in by["Secret"]}
     url = secrets["kompaktor-redis"]["stringData"]["url"]
@@ -328,7 +331,7 @@ def test_network_policies_on_by_default_and_can_be_relaxed() -> None:
 def test_bundled_redis_over_tls_with_a_generated_certificate() -> None:
     docs = render({"redis": {"tls": {"enabled": True}}, "operator": {"watchNamespaces": ["tables"]}})
     redis = container(docs, "StatefulSet", "kompaktor-redis", "redis")
-    args = redis["args"]
+    args = redis["args"][0].split()
     assert args[args.index("--port") + 1] == "0" and args[args.index("--tls-port") + 1] == "6379"
     assert args[args.index("--tls-auth-clients") + 1] == "no"
     secrets = by_name(docs, "Secret")

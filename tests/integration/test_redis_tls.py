@@ -181,3 +181,53 @@ def test_coordinator_compactor_and_operator_backend_over_rediss(tls_redis: TlsRe
     for name in args:
         text = logs[name].read_text()
         assert PASSWORD not in text and "Traceback" not in text, text
+
+
+def _chart_redis(tls: bool) -> dict[str, Any]:
+    import helm_python as helm
+    import yaml
+
+    chart_dir = Path(__file__).resolve().parents[2] / "helm" / "kompaktor"
+    with helm.Chart.load(str(chart_dir)) as chart:
+        out = chart.render({"redis": {"tls": {"enabled": tls}}}, name="kompaktor", namespace="ns", is_install=True)
+    sts = next(d for d in yaml.safe_load_all(out["kompaktor/templates/redis.yaml"]) if d and d["kind"] == "StatefulSet")
+    return sts["spec"]["template"]["spec"]["containers"][0]
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+def test_the_charts_redis_runs_with_the_password_off_argv(tls: bool, tmp_path: Path) -> None:
+    """The chart's own redis-server command and readiness probe, run here as rendered (only the
+    data directory, the certificate directory and the port moved): the server requires the
+    password, which is on no process' command line, and the probe passes reading it from
+    REDISCLI_AUTH."""
+    c = _chart_redis(tls)
+    port = free_port()
+    script = c["args"][0].replace("/data", str(tmp_path))
+    probe = c["readinessProbe"]["exec"]["command"]
+    if tls:
+        certs = tmp_path / "tls"
+        make_certs(certs)
+        script = script.replace("/etc/redis-tls", str(certs)).replace("--tls-port 6379", f"--tls-port {port}")
+        probe = [p.replace("/etc/redis-tls", str(certs)) for p in probe]
+    else:
+        script = script.replace("exec redis-server ", f"exec redis-server --port {port} ")
+    script = script.replace("exec redis-server ", "exec redis-server --bind 127.0.0.1 --save '' ")
+    probe = [p.replace("redis-cli ", f"redis-cli -p {port} ") for p in probe]
+    assert "PASSWORD" not in " ".join(probe) and " -a " not in " ".join(probe)
+    env = {**os.environ, "REDIS_PASSWORD": PASSWORD, "REDISCLI_AUTH": PASSWORD}
+    proc = subprocess.Popen([*c["command"], script], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={tmp_path / 'tls' / 'ca.crt'}" if tls else \
+            f"redis://127.0.0.1:{port}/0"
+        _until(lambda: subprocess.run(probe, env=env, timeout=10).returncode == 0, "the chart's readiness probe", 30)
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis.from_url(url).ping()  # no password: refused
+        assert redis.Redis.from_url(url, password=PASSWORD).ping()
+        # `exec`: the shell became redis-server; neither its arguments nor any other carry the password
+        cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        assert "redis-server" in cmdline and PASSWORD not in cmdline
+        failing = subprocess.run(probe, env={**env, "REDISCLI_AUTH": "wrong"}, timeout=10)
+        assert failing.returncode != 0  # the probe really checks the password
+    finally:
+        _stop(proc)
+    assert proc.returncode == 0  # SIGTERM reaches redis-server itself, which shuts down cleanly
