@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 from kompaktor.files.sortedfile import SortedFileWriter, iter_entries, read_info
 from kompaktor.files.storage import Storage
 from kompaktor.metadata.store import MetadataStore
-from kompaktor.model.errors import BadFileError, KompaktorError, StorageError
+from kompaktor.model.errors import BadFileError, KompaktorError, StorageError, StoreUnavailable
 from kompaktor.model.iterators import IteratorSettings, merged_view
 from kompaktor.model.keys import Entry, sort_key
 from kompaktor.model.names import TABLES_DIR, data_file
@@ -88,6 +88,10 @@ class Client:
                     raise
                 written[info.path] = info
             self.store.add_files(table, {p: to_file_meta(i) for p, i in written.items()}, allow_offline=False)
+        except StoreUnavailable:
+            # the outcome is unknown (a lost reply, a write not confirmed durable): the files may
+            # be referenced now, so they stay; if not, the garbage collector removes them
+            raise
         except BaseException:
             for p in written:
                 self.storage.delete(p)
@@ -122,6 +126,11 @@ class Client:
             except OSError as exc:  # pyarrow's I/O errors included
                 raise StorageError(f"cannot write to storage {self.storage.uri}: {exc}") from exc
             self.store.add_files(table, {p: to_file_meta(i) for p, i in done.items()})
+        except StoreUnavailable:
+            if not done:
+                for w in staged:
+                    _quietly(w.abort)
+            raise  # registering: the outcome is unknown, the files stay (see flush)
         except BaseException:
             for w in staged:
                 _quietly(w.abort)

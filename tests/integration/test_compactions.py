@@ -50,15 +50,15 @@ def output_info(path: str) -> FileInfo:
 def resend_every_mutation(store: MetadataStore, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """Send every mutation twice with the same arguments — what redis-py does when a connection
     breaks after the script ran — and answer with the second reply. Returns the replies."""
-    real = store._mutate
+    real = store._eval_durable
     replies: list[Any] = []
 
-    def twice(*args: Any, **kw: Any) -> Any:
-        replies.append(real(*args, **kw))
-        replies.append(real(*args, **kw))
+    def twice(arg: str) -> Any:
+        replies.append(real(arg))
+        replies.append(real(arg))
         return replies[-1]
 
-    monkeypatch.setattr(store, "_mutate", twice)
+    monkeypatch.setattr(store, "_eval_durable", twice)
     return replies
 
 

@@ -17,14 +17,12 @@ from typing import Any
 
 import orjson
 import redis
-from redis.backoff import ExponentialBackoff
-from redis.retry import Retry
 
 from kompaktor import keyspace as C
+from kompaktor.metadata.connection import Durability, connect, durable_pipeline, explain, is_sentinel_url
 from kompaktor.model.errors import ConditionFailed, Fenced, StoreUnavailable, TableExistsError, UnknownTableError
 from kompaktor.model.keys import encode_row, span_overlaps
 from kompaktor.model.names import check_table_name
-from kompaktor.model.redact import redact_url
 from kompaktor.model.tablet import (
     DELETED,
     OFFLINE,
@@ -74,34 +72,6 @@ return out
 """
 _LUA = C.lua_prelude() + resources.files("kompaktor.metadata").joinpath("lua/mutate.lua").read_text()
 _FAILURES = C.lua_prelude() + resources.files("kompaktor.metadata").joinpath("lua/failures.lua").read_text()
-
-
-class _Retry(Retry):
-    """The client's retries, except for refused credentials: a wrong or missing password does not
-    get better with backoff, and the person waiting should hear so at once."""
-
-    def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):
-        def retryable(exc: Exception) -> bool:
-            return not isinstance(exc, redis.AuthenticationError) and (is_retryable is None or is_retryable(exc))
-
-        return super().call_with_retry(do, fail, retryable, with_failure_count)
-
-
-def connect(url: str, *, retries: int = 6, socket_timeout: float = 5.0) -> redis.Redis:
-    """A Redis client that retries connection errors with exponential backoff, a bounded number
-    of times (about 3 s in all by default), then fails. ``rediss://`` URLs use TLS; passwords
-    come in the URL (``redis://:pw@host:port/0``)."""
-    try:
-        return redis.Redis.from_url(
-            url,
-            socket_timeout=socket_timeout,
-            socket_connect_timeout=socket_timeout,
-            retry=_Retry(ExponentialBackoff(cap=1.0, base=0.05), retries),
-            retry_on_error=[redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError],
-            health_check_interval=30,
-        )
-    except ValueError as exc:
-        raise StoreUnavailable(f"invalid Redis URL {redact_url(url)!r}: {redact_url(str(exc))}") from exc
 
 
 @dataclass
@@ -154,9 +124,12 @@ class Mutation:
 class MetadataStore:
     """Typed access to Kompaktor's metadata in Redis."""
 
-    def __init__(self, client: redis.Redis, url: str = "", *, fence: Callable[[], int | None] | None = None) -> None:
+    def __init__(self, client: redis.Redis, url: str = "", *, fence: Callable[[], int | None] | None = None,
+                 durability: Durability | None = None) -> None:
         self._r = client
         self.url = url
+        #: how an acknowledged write is made durable (issue 15 §1, :mod:`kompaktor.metadata.connection`)
+        self.durability = durability or Durability(sentinel=is_sentinel_url(url))
         #: the fencing token every write of this view carries (:meth:`fenced`), or None
         self._fence = fence
         self._mutate = client.register_script(_LUA)
@@ -210,7 +183,10 @@ class MetadataStore:
         and a database index the server does not have."""
         try:
             return fn(*args, **kwargs)
-        except UNREACHABLE as exc:
+        except (*UNREACHABLE, redis.ReadOnlyError) as exc:
+            why = explain(self.url, exc)  # no sentinel, a replica, TLS on one side only: one line
+            if why is not None:
+                raise StoreUnavailable(why) from exc
             raise unreachable(self.url or "the given URL", exc) from exc
         except redis.ResponseError as exc:
             if setup_error(exc):
@@ -219,8 +195,31 @@ class MetadataStore:
                 raise Fenced(str(exc)) from exc
             raise
 
+    def durable(self) -> None:
+        """Return once every write made so far (by anyone) is durable as :attr:`durability` asks
+        (one barrier write and the wait); for writes outside :meth:`apply` that a caller
+        acknowledges. Raises :class:`~kompaktor.metadata.connection.NotDurable` if not confirmed."""
+        self.call(durable_pipeline, self._r, self.durability, lambda pipe: None)
+
+    def _eval_durable(self, arg: str) -> Any:
+        """mutate.lua on ``arg``, answered only once the write is durable (issue 15 §1): the barrier
+        and WAIT / WAITAOF the store's durability asks for follow in the same round trip."""
+        def run(pipe: redis.client.Pipeline) -> None:
+            pipe.evalsha(self._mutate.sha, 0, arg)
+
+        try:
+            return self.call(durable_pipeline, self._r, self.durability, run)[0]
+        except redis.exceptions.NoScriptError:
+            self.call(self._r.script_load, self._mutate.script)  # a new server (failover, restart)
+            return self.call(durable_pipeline, self._r, self.durability, run)[0]
+
     def ping(self) -> None:
+        """The store answers and is a primary: a replica given as the primary is refused in one
+        line here, before anything reads stale data from it or tries to write to it."""
         self.call(self._r.ping)
+        if self.call(self._r.info, "replication").get("role") != "master":
+            raise StoreUnavailable(explain(self.url, redis.ReadOnlyError("READONLY")) or "not a primary")
+        self.call(self.durability.plan, self._r)  # a durability the server cannot give: refused now
 
     def mutate(self, m: Mutation) -> list[int]:
         """Apply a conditional mutation atomically; raise :class:`ConditionFailed` if any condition
@@ -234,7 +233,7 @@ class MetadataStore:
         # One id per call: redis-py resends the same arguments when it retries after a broken
         # connection, and the script then answers with the first attempt's outcome.
         fence = None if self._fence is None else self._fence()
-        res = json.loads(self.call(self._mutate, args=[m.to_json(uuid.uuid4().hex, fence)]))
+        res = json.loads(self._eval_durable(m.to_json(uuid.uuid4().hex, fence)))
         if not res["ok"] and res["cond"] == "fenced":
             raise Fenced(res.get("detail") or "stale fencing token")
         if not res["ok"]:

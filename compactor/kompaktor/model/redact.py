@@ -14,7 +14,7 @@ MASK = "***"
 # may hold an unencoded '@' or '/' (redacting too much is the safe side)
 _USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^\s?#'\"]*@")
 # ?password=… &token=… (redis-py reads ?password= too)
-_SECRET_PARAM = re.compile(r"(?i)([?&;](?:password|passwd|pass|pwd|token|secret|auth)=)[^&;#\s'\"]*")
+_SECRET_PARAM = re.compile(r"(?i)([?&;](?:sentinel_password|password|passwd|pass|pwd|token|secret|auth)=)[^&;#\s'\"]*")
 
 
 def redact_url(url: str) -> str:

@@ -1,0 +1,208 @@
+"""Issue 15 §1, §2 and the bad inputs: acknowledged means durable, Redis HA through Sentinel.
+
+Real processes only: redis-server primaries and replicas and redis-sentinel processes on free
+loopback ports, each in its own directory, each stopped by its PID (:mod:`kompaktor.local.redis_server`).
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kompaktor.cli import main
+from kompaktor.client import Client
+from kompaktor.files.storage import Storage
+from kompaktor.local.redis_server import RedisHA, RedisProcess, free_port
+from kompaktor.metadata.connection import Durability, NotDurable, parse_sentinel_url
+from kompaktor.metadata.store import MetadataStore
+from kompaktor.model.errors import StoreUnavailable
+from kompaktor.model.keys import Entry
+
+from .redis_snapshot import snapshot
+
+pytestmark = pytest.mark.redis
+
+PASSWORD = "PLANTED-ha-77c1"
+
+
+def E(row: bytes) -> Entry:
+    return Entry(row, b"f", b"q", b"", 1, False, b"v")
+
+
+@pytest.fixture
+def ha(tmp_path: Path):
+    h = RedisHA(tmp_path / "ha", password=PASSWORD)
+    try:
+        h.start()
+        yield h
+    finally:
+        h.stop()
+
+
+# -- durability: the plan per deployment ---------------------------------------------------------------
+def test_single_node_acknowledges_what_it_fsynced_and_says_when_it_cannot(tmp_path: Path) -> None:
+    always = RedisProcess(tmp_path / "always").start()
+    everysec = RedisProcess(tmp_path / "everysec", appendfsync="everysec").start()
+    try:
+        s = MetadataStore.from_url(always.url)
+        assert s.durability.plan(s._r).label.startswith("fsync: appendfsync always")
+        s.create_table("t")  # acknowledged: applied and fsynced
+        s.close()
+        s = MetadataStore.from_url(everysec.url)
+        plan = s.durability.plan(s._r)
+        version = s._r.info("server")["redis_version"]
+        if tuple(int(x) for x in version.split(".")[:2]) >= (7, 2):
+            assert plan.commands == (("WAITAOF", 1, 0, s.durability.timeout_ms),)
+        else:  # Debian 12: 7.0 has no WAITAOF; the store says what it cannot promise
+            assert plan.unsafe and "neither WAITAOF (Redis >= 7.2) nor fsync always" in plan.label
+            strict = MetadataStore(s._r, everysec.url, durability=Durability("fsync"))
+            before = snapshot(s._r)
+            with pytest.raises(StoreUnavailable, match="durability fsync is not possible"):
+                strict.ping()  # what every command, the coordinator and a compactor do first
+            assert snapshot(s._r) == before  # refused before anything was written
+        s.close()
+    finally:
+        always.stop()
+        everysec.stop()
+
+
+def test_with_a_replica_a_write_is_acknowledged_once_the_replica_has_it(tmp_path: Path) -> None:
+    primary = RedisProcess(tmp_path / "p").start()
+    replica = RedisProcess(tmp_path / "r", replica_of=primary.port).start()
+    try:
+        s = MetadataStore.from_url(primary.url)
+        RedisHA._wait_synced(None, replica, 30)  # type: ignore[arg-type]
+        assert s.durability.plan(s._r).commands[0][:2] == ("WAIT", 1)
+        s.create_table("t", [b"m"])
+        rc = replica.client()
+        assert rc.hget("kz:tables", "t") is not None  # on the replica when the call returned
+        # the replica gone: no write is acknowledged any more, each says so in one line
+        replica.stop(kill=True)
+        s.durability.forget()
+        strict = MetadataStore(s._r, primary.url, durability=Durability("replicas"))
+        with pytest.raises(NotDurable, match=r"WAIT: 0 of 1 replica\(s\)\): it may or may not be kept"):
+            strict.create_table("u")
+        rc.close()
+        s.close()
+    finally:
+        replica.stop()
+        primary.stop()
+
+
+def test_durability_setting_is_checked() -> None:
+    for bad in ("always", "replicas:0", "fsync:2", "replicas:x"):
+        with pytest.raises(StoreUnavailable, match="invalid durability"):
+            Durability(bad)
+    assert Durability("replicas:2").replicas == 2
+    assert Durability(sentinel=True).mode == "replicas" and Durability().mode == "auto"
+
+
+# -- Sentinel ---------------------------------------------------------------------------------------------
+def test_sentinel_url_parsing() -> None:
+    u = parse_sentinel_url("redis+sentinel://:p%40ss@10.0.0.1:26379,[::1]:26380/mymaster/3?sentinel_password=s")
+    assert u.sentinels == [("10.0.0.1", 26379), ("::1", 26380)] and u.service == "mymaster" and u.db == 3
+    assert u.password == "p@ss" and u.sentinel_password == "s" and not u.tls
+    assert parse_sentinel_url("rediss+sentinel://h:1/m").tls
+    for bad, why in [("redis+sentinel:///m", "name at least one sentinel"), ("redis+sentinel://h:x/m", "host:port"),
+                     ("redis+sentinel://h:1/", "/SERVICE"), ("redis+sentinel://h:1/m/x", "a number"),
+                     ("redis+sentinel://h:1/m?bogus=1", "unknown parameter")]:
+        with pytest.raises(StoreUnavailable, match=why):
+            parse_sentinel_url(bad)
+
+
+def test_failover_loses_no_acknowledged_write(ha: RedisHA, tmp_path: Path) -> None:
+    """Writers flush and import through the Sentinel URL while the primary is SIGKILLed; Sentinel
+    promotes the replica, the clients reconnect; every write that was acknowledged is there."""
+    store = MetadataStore.from_url(ha.url)
+    assert store.durability.mode == "replicas"
+    client = Client(store, Storage.from_uri(str(tmp_path / "files")))
+    store.create_table("t", [b"m"])
+    acked: list[bytes] = []
+    unknown: list[bytes] = []
+    stop = threading.Event()
+
+    def writer() -> None:
+        n = 0
+        while not stop.is_set():
+            row = b"%c%08d" % (b"az"[n % 2], n)
+            n += 1
+            try:
+                client.flush("t", [E(row)])
+                acked.append(row)
+            except StoreUnavailable:
+                unknown.append(row)  # not acknowledged: may or may not be there
+
+    th = threading.Thread(target=writer)
+    th.start()
+    try:
+        _wait(lambda: len(acked) >= 20)
+        old = ha.kill_primary()
+        before = len(acked)
+        new = ha.wait_failover(old.port)
+        ha.restart(old)  # back as a replica of the new primary: writes are acknowledged again
+        _wait(lambda: len(acked) >= before + 20)
+    finally:
+        stop.set()
+        th.join(timeout=120)
+    assert new != old.port and ha.failovers == 1
+    seen = {e.row for e in client.scan("t")}
+    lost = [r for r in acked if r not in seen]
+    assert lost == [] and len(acked) >= 40
+    store.close()
+
+
+def _wait(ok, timeout: float = 120.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not ok():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)
+
+
+# -- bad input: one line, non-zero exit, nothing changed ------------------------------------------------------
+def _cli(*args: str):
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def _one_line(r, *needles: str) -> str:
+    err = r.stderr if hasattr(r, "stderr") else r.output
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert r.exit_code == 1 and len(lines) == 1, err
+    for n in needles:
+        assert n in lines[0], lines[0]
+    assert PASSWORD not in err
+    return lines[0]
+
+
+def test_bad_redis_setups_are_one_line_and_change_nothing(ha: RedisHA, tmp_path: Path) -> None:
+    primary = ha.primary()
+    replica = next(s for s in ha.servers if s is not primary)
+    pc, rc = primary.client(), replica.client()
+    store = MetadataStore.from_url(ha.url)
+    store.create_table("t")
+    store.close()
+    before = snapshot(pc), snapshot(rc)
+    storage = str(tmp_path / "files")
+    nobody = f"redis+sentinel://:{PASSWORD}@127.0.0.1:{free_port()},127.0.0.1:{free_port()}/kompaktor/0"
+    cases = [
+        (nobody, ["no Sentinel at 127.0.0.1:", "names a primary for this service"]),
+        (ha.url.replace("/kompaktor/", "/other/"), ["no Sentinel at", "none monitors it"]),
+        (ha.url.replace(PASSWORD, "wrong"), ["refused the credentials"]),
+        (replica.url, ["is a read-only replica, not the primary", "redis+sentinel://"]),
+        (primary.url.replace("redis://", "rediss://"), ["does not speak TLS", "use redis://"]),
+    ]
+    for url, needles in cases:
+        _one_line(_cli("table", "create", "u", "--redis", url, "--storage", storage), *needles)
+    assert (snapshot(pc), snapshot(rc)) == before
+    pc.close()
+    rc.close()
+
+
+def test_sentinel_url_is_redacted_in_errors() -> None:
+    url = f"redis+sentinel://:{PASSWORD}@127.0.0.1:{free_port()}/k/0?sentinel_password={PASSWORD}"
+    r = _cli("table", "list", "--redis", url)
+    _one_line(r, "redis+sentinel://***@", "sentinel_password=***")
