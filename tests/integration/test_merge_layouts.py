@@ -167,3 +167,51 @@ def test_inputs_that_lie_are_one_line_and_leave_nothing(engine, storage, damage)
     if damage is groups_out_of_order:
         assert isinstance(err.value, UnsortedError)
     assert files(storage) == sorted(paths)
+
+
+@pytest.mark.spark
+def test_spark_task_bigger_than_task_memory_is_one_line_and_leaves_nothing(spark_session, storage):
+    from kompaktor.engines.spark import SparkMergeEngine
+
+    paths = write(storage, sources(), row_group_size=PER_FILE)
+    eng = SparkMergeEngine("local[2]", task_entries=10**9, task_memory=64 << 10)
+    with pytest.raises(TaskMemoryExceeded) as err:
+        eng.merge(storage, request(paths))
+    assert "\n" not in str(err.value) and "task memory" in str(err.value)
+    assert files(storage) == sorted(paths)
+
+
+# -- the whole job: a compactor fails it in one line and leaves the tablet as it was -----------------
+def _flush_sources(client) -> str:
+    client.store.create_table("t", [], {"table.compaction.major.ratio": "1"})
+    for src in sources():
+        client.flush("t", src)
+    return client.store.table_id("t")
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("case", ["task_memory", "lying_footer", "groups_out_of_order"])
+def test_compactor_fails_the_job_in_one_line_and_leaves_the_tablet(store, storage, client, case):
+    from kompaktor.coordinator import Coordinator
+    from kompaktor.worker import Compactor, WorkerSettings
+
+    tid = _flush_sources(client)
+    (tablet,) = store.tablets(tid)
+    before = set(tablet.files)
+    engine = ArrowMergeEngine(range_entries=2000)
+    bad = sorted(before)[1]
+    if case == "task_memory":
+        engine = ArrowMergeEngine(range_entries=10**9, task_memory=64 << 10)
+    elif case == "lying_footer":
+        lying_footer(storage, sorted(before))
+    else:
+        groups_out_of_order(storage, sorted(before))
+    assert Coordinator(store, storage).full_scan() == 1
+    w = Compactor(store, storage, WorkerSettings("default", "c1", engine="arrow"), engine=engine)
+    outcome = w.run_one()
+    assert outcome.status == "failed", outcome
+    assert "\n" not in outcome.reason
+    assert ("task memory" in outcome.reason) if case == "task_memory" else (bad in outcome.reason), outcome.reason
+    (after,) = store.tablets(tid)
+    assert set(after.files) == before and after.running == {}
+    assert sorted(p for p, _ in storage.list_files("")) == sorted(before)

@@ -58,8 +58,10 @@ SEGMENT_ROWS_MIN = 1024
 TASK_MEMORY = 4 << 30
 #: a merge holds about this many times its range's input data (inputs, sorted copy, output)
 MERGE_FACTOR = 4
-#: how an input is opened for streaming: pyarrow's defaults (measured on 4M entries in 8 files,
-#: small / one / 128 MB row groups: pre_buffer=True or a 1 MiB read buffer was no faster)
+#: how an input is opened for streaming: no pre-buffering (pyarrow's default pre_buffer=True reads
+#: a row group's whole column chunks at once, so memory would follow the row-group size), no
+#: read buffer. Measured on 4M entries in 8 files with small / one / 128 MB row groups:
+#: pre_buffer=True or a 1 MiB buffer was no faster (within the run-to-run noise)
 READ_OPTIONS: dict = {"pre_buffer": False, "buffer_size": 0}
 
 
