@@ -130,6 +130,24 @@ async def test_hostile_group_is_refused_and_nothing_is_created(operator, api: Ap
     assert "hostile" not in backend.groups
 
 
+async def test_group_changed_to_a_refused_image_keeps_what_its_allowed_spec_made(operator, api: Api,
+                                                                                backend: FakeBackend) -> None:
+    kmock = operator
+    await api.create(GROUPS_RES, group_body("turned", maxReplicas=3))
+    dep = await eventually(lambda: obj(kmock, DEPLOY, "kompaktor-turned"), what="Deployment")
+    image = dep["spec"]["template"]["spec"]["containers"][0]["image"]
+    await api.patch(GROUPS_RES, "turned", {"metadata": {"generation": 2},
+                                           "spec": {"image": "evil.example/miner:latest"}})
+
+    def refused() -> dict[str, Any] | None:
+        ready = next(c for c in obj(kmock, GROUPS_RES, "turned")["status"]["conditions"] if c["type"] == "Ready")
+        return ready if ready["status"] == "False" and ready.get("observedGeneration") == 2 else None
+
+    ready = await eventually(refused, what="Ready=False for generation 2")
+    assert ready["reason"] == "ImageNotAllowed" and "evil.example/miner:latest" in ready["message"]
+    assert obj(kmock, DEPLOY, "kompaktor-turned")["spec"]["template"]["spec"]["containers"][0]["image"] == image
+
+
 def pod(name: str, group: str, ready: bool = True) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": NS, "labels": naming.selector_labels(group)},
