@@ -252,13 +252,34 @@ def duckdb_merge(storage: Storage, inputs: list[str], out: str) -> int:
 
 # ---- runner ----------------------------------------------------------------------------------
 
+def cpu_seconds() -> float:
+    """CPU time (user + system) of this process and its live descendants (Spark's JVM and
+    Python workers): the work an engine does, which other load on the machine does not change."""
+    total = sum(os.times()[:2])
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in _descendants(os.getpid()):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, ValueError, IndexError):
+            pass
+    return total
+
+
+#: CPU seconds per run of the last :func:`timed` call
+LAST_CPU: list[float] = [0.0]
+
+
 def timed(fn: Callable[[], int], repeat: int) -> tuple[list[float], int]:
     reset_peaks()
     times, n = [], 0
+    c0 = cpu_seconds()
     for _ in range(repeat):
         t0 = time.perf_counter()
         n = fn()
         times.append(time.perf_counter() - t0)
+    LAST_CPU[0] = (cpu_seconds() - c0) / max(1, repeat)
     return times, n
 
 
@@ -354,12 +375,14 @@ def run_layout(console, storage: Storage, inputs: list[str], layout: str, engine
         med = statistics.median(times)
         peak = peak_rss_mb()
         rows.append({"layout": layout, "engine": name, "median_s": med, "min_s": min(times), "runs": len(times),
+                     "cpu_s": LAST_CPU[0],
                      "entries_in": args.entries, "entries_out": n_out, "entries_per_s": args.entries / med,
                      "mb_per_s": input_bytes / 1e6 / med, "peak_rss_mb": peak,
                      "peak_rss_growth_mb": max(0.0, peak - base_mb),
                      "children_peak_rss_mb": children_peak_rss_mb(), "note": note})
-        console.print(f"  {name}: median {med:.2f}s over {len(times)} runs "
-                      f"({args.entries / med / 1e6:.2f} M entries/s), peak RSS {peak:.0f} MB")
+        console.print(f"  {name}: median {med:.2f}s, min {min(times):.2f}s over {len(times)} runs "
+                      f"({args.entries / med / 1e6:.2f} M entries/s), {LAST_CPU[0]:.2f} CPU s per run, "
+                      f"peak RSS {peak:.0f} MB")
 
     def engine_fn(engine, out: str) -> Callable[[], int]:
         def run() -> int:
@@ -416,10 +439,16 @@ def run_layout(console, storage: Storage, inputs: list[str], layout: str, engine
         storage.delete(out)
     best = min((r for r in rows if r["engine"] in PEERS), key=lambda r: r["median_s"], default=None)
     floor = next((r for r in rows if r["engine"] == FLOOR), None)
+    best_min = min((r for r in rows if r["engine"] in PEERS), key=lambda r: r["min_s"], default=None)
+    best_cpu = min((r for r in rows if r["engine"] in PEERS), key=lambda r: r["cpu_s"], default=None)
     for r in rows:
         r["best_peer"] = best["engine"] if best else ""
         r["speed_vs_best_peer"] = best["median_s"] / r["median_s"] if best else None
         r["speed_vs_floor"] = floor["median_s"] / r["median_s"] if floor else None
+        # the same on the fastest run of each (less sensitive to other load on the machine)
+        r["min_vs_best_peer"] = best_min["min_s"] / r["min_s"] if best_min else None
+        r["min_vs_floor"] = floor["min_s"] / r["min_s"] if floor else None
+        r["cpu_vs_best_peer"] = best_cpu["cpu_s"] / r["cpu_s"] if best_cpu and r["cpu_s"] else None
     return rows
 
 
@@ -440,21 +469,25 @@ def print_tables(console, rows: list[dict], layouts: list[str], args, table_cls)
 
     table = table_cls(title=f"merge of {args.files} sorted files, {args.entries:,} entries, {os.cpu_count()} cores; "
                             "speed = best peer s / engine s (> 1: faster)")
-    for col in ("layout", "engine", "median s", "M entries/s", "speed vs best peer", "speed vs I/O floor",
-                "peak RSS MB", "RSS growth MB", "JVM+workers MB", "note"):
-        table.add_column(col, justify="left" if col in ("layout", "engine", "note") else "right")
+    for col in ("layout", "engine", "median s", "min s", "CPU s", "M entries/s", "vs best peer (median/min/CPU)",
+                "vs I/O floor (median/min)", "peak RSS MB", "RSS growth MB", "JVM+workers MB"):
+        table.add_column(col, justify="left" if col in ("layout", "engine") else "right")
     for r in rows:
-        table.add_row(r["layout"], r["engine"], f"{r['median_s']:.2f}",
-                      f"{r['entries_per_s'] / 1e6:.2f}" if r["entries_per_s"] else "",
-                      f2(r.get("speed_vs_best_peer")), f2(r.get("speed_vs_floor")), f"{r['peak_rss_mb']:.0f}",
+        table.add_row(r["layout"], r["engine"][:28], f"{r['median_s']:.2f}", f"{r['min_s']:.2f}",
+                      f2(r.get("cpu_s")), f"{r['entries_per_s'] / 1e6:.2f}" if r["entries_per_s"] else "",
+                      "/".join(f2(r.get(k)) for k in ("speed_vs_best_peer", "min_vs_best_peer", "cpu_vs_best_peer"))
+                      if r.get("best_peer") else "",
+                      "/".join(f2(r.get(k)) for k in ("speed_vs_floor", "min_vs_floor")) if r.get("best_peer") else "",
+                      f"{r['peak_rss_mb']:.0f}",
                       f"{r['peak_rss_growth_mb']:.0f}" if "peak_rss_growth_mb" in r else "",
-                      f"{r['children_peak_rss_mb']:.0f}" if r["children_peak_rss_mb"] else "", r["note"])
+                      f"{r['children_peak_rss_mb']:.0f}" if r["children_peak_rss_mb"] else "")
     console.print(table)
     small = {r["engine"]: r["median_s"] for r in rows if r["layout"] == "small"}
     summary = table_cls(title="per layout: aims Arrow >= 1.2x best peer, Spark (warm) >= 1.0x best peer; "
                               "a layout's time vs the small-row-group layout (aim <= 1.2x)")
-    for col in ("layout", "best peer", "floor s", "Arrow s", "Arrow vs peer", "Arrow vs floor",
-                "Arrow vs small layout", "Spark s", "Spark vs peer", "Spark vs floor", "Spark vs small layout"):
+    for col in ("layout", "best peer", "floor s", "Arrow s", "Arrow vs peer (median/min/CPU)", "Arrow vs floor",
+                "Arrow vs small layout", "Spark s", "Spark vs peer (median/min/CPU)", "Spark vs floor",
+                "Spark vs small layout"):
         summary.add_column(col, justify="left" if col in ("layout", "best peer") else "right")
     for layout in layouts:
         by = {r["engine"]: r for r in rows if r["layout"] == layout}
@@ -465,7 +498,8 @@ def print_tables(console, rows: list[dict], layouts: list[str], args, table_cls)
             if r is None:
                 return ["", "", "", ""]
             rel = r["median_s"] / small[name] if name in small else None
-            return [f"{r['median_s']:.2f}", f2(r["speed_vs_best_peer"]), f2(r["speed_vs_floor"]), f2(rel)]
+            vs_peer = "/".join(f2(r.get(k)) for k in ("speed_vs_best_peer", "min_vs_best_peer", "cpu_vs_best_peer"))
+            return [f"{r['median_s']:.2f}", vs_peer, f2(r["speed_vs_floor"]), f2(rel)]
 
         summary.add_row(layout, f"{peer} {by[peer]['median_s']:.2f}s" if peer in by else "",
                         f"{fl['median_s']:.2f}" if fl else "", *cells(a, "Arrow engine"),
