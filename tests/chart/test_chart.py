@@ -107,7 +107,7 @@ def test_default_install_has_the_whole_system() -> None:
     assert operator["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
     (redis,) = by["StatefulSet"]
     (script,) = redis["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert "--appendonly yes --appendfsync everysec" in script
+    assert "--appendonly yes --appendfsync always" in script  # acknowledged = fsynced (issue 15 §1)
     # the password as configuration on stdin, never an argument (run for real in test_redis_tls.py)
     assert "--requirepass" not in script and 'requirepass "$REDIS_PASSWORD"' in script
     assert redis["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "8Gi"
@@ -139,6 +139,23 @@ def test_external_redis_and_storage() -> None:
     assert coordinator["envFrom"] == [{"secretRef": {"name": "s3-credentials"}}]
     with pytest.raises(helm.HelmError):
         render({"redis": {"bundled": False, "external": {"url": ""}}})
+
+
+def test_external_ha_redis_through_sentinel_and_the_fsync_policy() -> None:
+    """Issue 15 §2: an external HA Redis is given as its sentinels' URL (the clients follow
+    failovers); the bundled Redis fsyncs before every reply unless told otherwise."""
+    by = kinds(render(load(CHART / "ci" / "external-sentinel-values.yaml")))
+    assert "StatefulSet" not in by
+    (secret,) = [s for s in by["Secret"] if s["metadata"]["name"] == "kompaktor-redis"]
+    assert secret["stringData"]["url"].startswith("redis+sentinel://:secret@redis-sentinel-0.redis:26379,")
+    tls = render({"redis": {"bundled": False, "external": {"url": "rediss+sentinel://h:26379/kompaktor"}}})
+    assert any(d["kind"] == "Secret" for d in tls)
+    (redis,) = kinds(render({"redis": {"appendfsync": "everysec"}}))["StatefulSet"]
+    assert "--appendfsync everysec" in redis["spec"]["template"]["spec"]["containers"][0]["args"][0]
+    for bad in ({"redis": {"appendfsync": "no"}},
+                {"redis": {"bundled": False, "external": {"url": "sentinel://h:26379/kompaktor"}}}):
+        with pytest.raises(helm.HelmError):
+            render(bad)
 
 
 def test_service_monitor_and_existing_secret() -> None:
