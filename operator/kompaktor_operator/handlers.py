@@ -351,7 +351,13 @@ async def scale_group(name: str, namespace: str, spec: Any, status: Any, meta: A
     generation = meta.get("generation")
     if not _settled(status, meta):
         return  # the figures now, the condition once the reconcile handler has set Ready
-    if figures.queued > 0 and ready == 0:
+    blind = await _hpa_cannot_scale(namespace, name) \
+        if figures.queued > 0 and group.autoscaler == m.Autoscaler.HPA.value else None
+    if blind is not None:
+        _mark(patch, status, conditions.DEGRADED, True, "AutoscalerCannotReadMetric",
+              f"{figures.queued} job(s) queued but HorizontalPodAutoscaler {naming.hpa_name(name)} cannot scale on "
+              f"{naming.QUEUE_DEPTH_METRIC}: {blind}", generation)
+    elif figures.queued > 0 and ready == 0:
         _mark(patch, status, conditions.DEGRADED, True, "NoReadyCompactors",
               f"{figures.queued} job(s) queued but no compactor pod is ready; check the pods' events",
               generation)
@@ -360,6 +366,18 @@ async def scale_group(name: str, namespace: str, spec: Any, status: Any, meta: A
               f"{figures.dead_lettered} job(s) failed too often; see `kompaktor status`", generation)
     else:
         _mark(patch, status, conditions.DEGRADED, False, "Healthy", "", generation)
+
+
+async def _hpa_cannot_scale(namespace: str, name: str) -> str | None:
+    """Why the group's HPA cannot read its metric (its ScalingActive condition is False: the
+    external metrics API unreachable or untrusted, the metric unknown), or None."""
+    version = await _kube(kube.hpa_api_version())
+    hpa = await _kube(kube.get(version, "HorizontalPodAutoscaler", namespace, naming.hpa_name(name))) \
+        if version else None
+    for c in ((hpa or {}).get("status") or {}).get("conditions") or []:
+        if c.get("type") == "ScalingActive" and c.get("status") == "False":
+            return f"{c.get('reason', '')}: {c.get('message', '')}".strip(": ")
+    return None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -347,14 +347,19 @@ def _hpa(name: str) -> dict[str, Any]:
 _CP: list[ControlPlane] = []
 
 
+def _metrics_api_available(release: Release) -> dict[str, Any]:
+    """The external metrics APIService, once registered (by the operator, below 1.22) and Available."""
+    return wait_until(lambda: (a := json.loads(release.cp.kubectl(
+        "get", "apiservice", "v1beta1.external.metrics.k8s.io", "-o", "json").stdout)) and any(
+        c["type"] == "Available" and c["status"] == "True" for c in a["status"].get("conditions", [])) and a,
+        "the external metrics APIService Available", timeout=60)
+
+
 def test_hpa_scales_a_group_on_the_operator_served_queue_depth(release: Release) -> None:
     """autoscaler: builtin — the real HPA controller reads kompaktor_queue_depth from the operator
     (an aggregated API) and scales the CompactorGroup through its scale subresource."""
     _CP[:] = [release.cp]
-    api = wait_until(lambda: (a := json.loads(release.cp.kubectl(
-        "get", "apiservice", "v1beta1.external.metrics.k8s.io", "-o", "json").stdout)) and any(
-        c["type"] == "Available" and c["status"] == "True" for c in a["status"].get("conditions", [])) and a,
-        "the external metrics APIService Available", timeout=60)
+    api = _metrics_api_available(release)
     assert api["spec"]["service"]["name"] == f"{RELEASE}-metrics-api"
     group = {"apiVersion": naming.GROUP_VERSION, "kind": "CompactorGroup", "metadata": {"name": "auto"},
              "spec": {"minReplicas": 1, "maxReplicas": 4, "jobsPerReplica": 2, "autoscaler": "hpa",
@@ -368,7 +373,10 @@ def test_hpa_scales_a_group_on_the_operator_served_queue_depth(release: Release)
                "auto Ready", timeout=60)
     # the metric, as the HPA reads it through the aggregator (admin here; the HPA controller likewise)
     raw = f"/apis/external.metrics.k8s.io/v1beta1/namespaces/{NS}/kompaktor_queue_depth?labelSelector=group%3Dauto"
-    value = json.loads(release.cp.kubectl("get", "--raw", raw).stdout)
+    # Available is set by the aggregator's availability check; its proxy for the group may follow
+    # a moment later (a generic NotFound until then, seen when this test runs first)
+    value = wait_until(lambda: json.loads(release.cp.kubectl("get", "--raw", raw).stdout),
+                       "the aggregator to serve the metric", timeout=60)
     assert value["items"][0]["value"] == "0" and value["items"][0]["metricLabels"] == {"group": "auto"}
     unknown = release.cp.kubectl("get", "--raw", raw.replace("group%3Dauto", "group%3Dnope"), check=False)
     assert unknown.returncode != 0 and "no compactor group 'nope'" in unknown.stderr
@@ -397,6 +405,65 @@ def test_hpa_scales_a_group_on_the_operator_served_queue_depth(release: Release)
     print(f"HPA: 4 replicas {scaled_up_s:.1f} s after the burst")
     release.kubectl("delete", "compactorgroup", "auto")
     release.kubectl("delete", "compactionservice", "svc-auto")
+
+
+def test_an_untrusted_metrics_api_is_a_degraded_group_not_a_silent_one(release: Release) -> None:
+    """An APIService whose CA does not match the operator's serving certificate: the aggregator
+    refuses to proxy to it, the HPA cannot read kompaktor_queue_depth, and the group with queued jobs says so
+    in its Degraded condition (nothing else changes). The right CA puts it back."""
+    _CP[:] = [release.cp]
+    name = "v1beta1.external.metrics.k8s.io"
+    api = _metrics_api_available(release)
+    good_ca = api["spec"]["caBundle"]
+    wrong_ca = base64.b64encode((release.cp.pki / "ca.crt").read_bytes()).decode()  # signed nothing of ours
+    assert wrong_ca != good_ca
+
+    raw = f"/apis/external.metrics.k8s.io/v1beta1/namespaces/{NS}/kompaktor_queue_depth?labelSelector=group%3Dblind"
+
+    def refused() -> str | None:
+        """The aggregator's answer when it cannot verify the backend (a 503 that hides the x509
+        error; its availability check skips verification, so the APIService stays Available)."""
+        out = release.cp.kubectl("get", "--raw", raw, check=False)
+        return out.stderr if out.returncode != 0 and "ServiceUnavailable" in out.stderr else None
+
+    group = {"apiVersion": naming.GROUP_VERSION, "kind": "CompactorGroup", "metadata": {"name": "blind"},
+             "spec": {"minReplicas": 1, "maxReplicas": 3, "jobsPerReplica": 1, "autoscaler": "hpa",
+                      "spark": {"engine": "arrow", "master": "local[1]"}}}
+    service = {"apiVersion": naming.GROUP_VERSION, "kind": "CompactionService", "metadata": {"name": "svc-blind"},
+               "spec": {"ratio": 2.0, "tiers": [{"name": "all", "compactorGroup": "blind"}], "tables": ["blind"]}}
+    release.cp.kubectl("patch", "apiservice", name, "--type=merge", "-p",
+                       json.dumps({"spec": {"caBundle": wrong_ca}}))
+    try:
+        wait_until(refused, "the aggregator to refuse the metrics API's certificate", timeout=60)
+        release.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                              "items": [service, group]}))
+        wait_until(lambda: (c := release.condition("compactorgroup", "blind", "Ready")) and c["status"] == "True",
+                   "blind Ready", timeout=60)
+        release.kompaktor("table", "create", "blind", "--splits", "row00500")
+        local = Storage.from_uri(str(release.storage_dir / "blind-src"))
+        files = []
+        for version in range(3):
+            write_sorted(local, f"b{version}.parquet", _entries(range(1000), version))
+            files.append(str(release.storage_dir / "blind-src" / f"b{version}.parquet"))
+        release.kompaktor("import", "blind", *files)
+        wait_until(lambda: release.store.queues.stats("blind").queued == 2, "2 queued jobs", timeout=60)
+        degraded = wait_until(
+            lambda: (c := release.condition("compactorgroup", "blind", "Degraded")) and c["status"] == "True"
+            and c["reason"] == "AutoscalerCannotReadMetric" and c, "the group Degraded by its blind HPA", timeout=120)
+        assert "kompaktor_queue_depth" in degraded["message"] and "2 job(s) queued" in degraded["message"]
+        assert release.get("deployment", naming.deployment_name("blind"))["spec"]["replicas"] == 1  # unchanged
+    finally:
+        release.cp.kubectl("patch", "apiservice", name, "--type=merge", "-p",
+                           json.dumps({"spec": {"caBundle": good_ca}}))
+    wait_until(lambda: release.cp.kubectl("get", "--raw", raw, check=False).returncode == 0,
+               "the metric served again", timeout=60)
+    wait_until(lambda: release.get("deployment", naming.deployment_name("blind"))["spec"]["replicas"] == 2,
+               "the HPA scaling the group again (2 jobs, 1 per replica)", timeout=120)
+    wait_until(lambda: (c := release.condition("compactorgroup", "blind", "Degraded")) and c["status"] == "False",
+               "the Degraded condition cleared", timeout=60)
+    release.kompaktor("table", "delete", "blind")
+    release.kubectl("delete", "compactorgroup", "blind")
+    release.kubectl("delete", "compactionservice", "svc-blind")
 
 
 def test_deleting_resources_collects_children_and_uninstall_keeps_crds(release: Release) -> None:
