@@ -25,6 +25,7 @@ FAILURES = PREFIX + "failures"  # hash: job fingerprint -> JSON {count, last_err
 IMPORTS = PREFIX + "imports"  # hash: import id -> JSON {table, files, expires}: bulk imports in progress
 LEASE = PREFIX + "coordinator:lease"  # string: holder id (with TTL)
 FENCE = PREFIX + "coordinator:fence"  # integer fencing token, incremented per takeover
+COORDINATOR_SEEN = PREFIX + "coordinator:seen"  # string: when a leader last completed a pass (epoch s)
 QUEUE_GENERATION = PREFIX + "queue:generation"
 QUEUE_GROUPS = PREFIX + "queue:groups"  # set of group names that have a queue
 QUEUE_MAX = PREFIX + "queue:max"  # queue bound (jobs per group)

@@ -122,3 +122,64 @@ def test_coordinator_and_compactor_ride_out_a_30s_outage(tmp_path: Path) -> None
         store.close()
         server.stop()
     assert codes == [0, 0], codes
+
+
+def test_a_coordinator_started_after_an_outage_does_not_declare_compactions_dead(tmp_path: Path) -> None:
+    """The leader is killed during a 15 s outage; a new coordinator process starts once Redis is
+    back, before the compactor has sent a heartbeat again (it is held stopped): the heartbeat is
+    15 s old, past dead-after (10 s), yet the new leader declares nothing dead — no leader had
+    completed a pass for longer than dead-after, so it gives every compaction dead-after from its
+    takeover. The compactor resumes and commits."""
+    server = RedisProcess(tmp_path / "redis").start()
+    storage = Storage.from_uri(str(tmp_path / "files"))
+    store = MetadataStore.from_url(server.url)
+    client = Client(store, storage)
+    gate = tmp_path / "gate"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "KOMPAKTOR_TEST_GATE": str(gate)}
+    common = ["--redis", server.url, "--storage", storage.uri]
+    coord_args = [sys.executable, "-m", "kompaktor", "coordinator", *common, "--metrics-port", "-1", "--lease", "3",
+                  "--dead-after", "10", "--full-scan-interval", "5"]
+    stack = contextlib.ExitStack()
+    log = stack.enter_context((tmp_path / "coordinator.log").open("wb"))
+    procs: list[subprocess.Popen] = []
+    try:
+        store.create_table("t", props={"table.compaction.major.ratio": "2"})
+        flush(client, "t", 4, 0)
+        first = spawn(coord_args, stdout=subprocess.DEVNULL, stderr=log, env=env)
+        procs.append(first)
+        comp = spawn([sys.executable, GATED, "compactor", *common, "--group", "default", "--engine", "arrow",
+                      "--http-port", "-1", "--id", "held"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     env=env)
+        procs.append(comp)
+        poll_until(lambda: Path(f"{gate}.held").exists(), "a merge in flight", alive=(first, comp))
+        (ecid,) = store.running_index()
+        poll_until(lambda: store.coordinator_seen() is not None, "a completed pass")
+        server.stop()
+        first.send_signal(signal.SIGKILL)  # the leader dies during the outage
+        first.wait(timeout=10)
+        went = time.monotonic()
+        while time.monotonic() - went < 15.0:
+            assert comp.poll() is None
+            time.sleep(0.2)
+        comp.send_signal(signal.SIGSTOP)  # its heartbeats have not resumed yet
+        server.start()
+        second = spawn(coord_args, stdout=subprocess.DEVNULL, stderr=log, env=env)
+        procs.append(second)
+        poll_until(lambda: int(store._r.get(C.FENCE) or 0) == 2, "the new coordinator leads", alive=(second,))
+        seen = store.coordinator_seen()
+        poll_until(lambda: (store.coordinator_seen() or 0) > seen, "a pass of the new leader", alive=(second,))
+        assert ecid in store.running_index() and store.counters().get("dead_compactions", 0) == 0
+        comp.send_signal(signal.SIGCONT)
+        gate.touch()
+        poll_until(lambda: store.counters().get("compactions_committed", 0) == 1, "the commit", alive=(second, comp))
+        assert store.counters().get("dead_compactions", 0) == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+                p.send_signal(signal.SIGTERM)
+        codes = [stop_popen(p, 60) for p in procs]
+        stack.close()
+        store.close()
+        server.stop()
+    assert codes[1:] == [0, 0], codes

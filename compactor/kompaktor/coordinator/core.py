@@ -11,7 +11,9 @@ a full scan.
 
 Redis may be unreachable for any length of time: the coordinator keeps retrying, and when it
 can act again it gives running compactions a full ``dead_after_s`` to send a heartbeat before
-declaring any of them dead (their compactors could not reach Redis either).
+declaring any of them dead (their compactors could not reach Redis either). So does a new leader
+when no leader completed a pass for longer than ``dead_after_s`` (it may have started after an
+outage it never saw).
 """
 
 from __future__ import annotations
@@ -85,6 +87,12 @@ class Coordinator:
         if not self.lease.acquire_or_renew():
             return False
         self._last_full = float("-inf")  # a new leader rebuilds the queues (whatever the uptime)
+        # If no leader completed a pass for longer than dead_after_s (all coordinators down, or
+        # Redis away: this process may have started after an outage it never saw), heartbeats
+        # could not be watched, nor perhaps sent: every compaction gets dead_after_s from now.
+        seen = self.store.coordinator_seen()
+        if seen is not None and time.time() - seen > self.settings.dead_after_s:
+            self._store_back = max(self._store_back, time.time())
         return True
 
     def resign(self) -> None:
@@ -134,6 +142,7 @@ class Coordinator:
             self.check_lease()
             self.collect_garbage()
         self.metrics.export(self.store)
+        self.store.mark_coordinator_seen()
         return True
 
     def run(self, stop: threading.Event) -> None:

@@ -624,6 +624,14 @@ class MetadataStore:
             self._write(("HDEL", C.IMPORTS, *[i.decode() for i in old]))
 
     # -- the coordinator's lease ------------------------------------------------------------------
+    def coordinator_seen(self) -> float | None:
+        """When a leading coordinator last completed a pass (epoch seconds), or None."""
+        raw = self.call(self._r.get, C.COORDINATOR_SEEN)
+        return None if raw is None else float(raw)
+
+    def mark_coordinator_seen(self) -> None:
+        self._write(("SET", C.COORDINATOR_SEEN, repr(time.time())))
+
     def acquire_lease(self, holder: str, lease_ms: int) -> int | None:
         """Take the coordinator lease if nobody holds it; returns the new fencing token, or None."""
         fence = self.call(self._lease_acquire, args=[holder, lease_ms])  # SET NX and INCR, atomically
