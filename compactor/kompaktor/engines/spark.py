@@ -10,13 +10,14 @@ Shape:
 2. One Spark task per range (``sc.parallelize(ranges).map(...)``) reads its rows from every input
    (row-group statistics prune the rest; big row groups are streamed batch by batch, so the task's
    memory is bounded by its range, not by the inputs' row groups), merges and applies the iterator stack with Arrow
-   (:mod:`kompaktor.files.arrowstack`) and writes one ordered part (Arrow IPC) under a temporary
-   name carrying the ECID, next to the output. Spark schedules, retries and spreads the tasks
-   over its executors; the data never takes Spark's own Parquet path or a global sort.
-3. While later tasks still run, the driver streams the finished parts, in range order and one
-   record batch at a time, into the single output file (SortedFileWriter: temporary name, then
-   rename). The driver holds one batch at a time, never the dataset; ``collect`` returns only
-   each task's small summary.
+   (:mod:`kompaktor.files.arrowstack`) and writes one ordered part — a Parquet file in the
+   output's format, encoded and compressed on the executor — under a temporary name carrying the
+   ECID, next to the output. Spark schedules, retries and spreads the tasks over its executors;
+   the data never takes Spark's own Parquet path or a global sort.
+3. While later tasks still run, the driver appends the finished parts, in range order, to the
+   single output file without decoding them (:mod:`kompaktor.files.parquetconcat`: their bytes
+   are copied and one footer lists every part's row groups; temporary name, then rename). The
+   driver never holds entries; ``collect`` returns only each task's small summary.
 
 Each merge runs in its own Spark job group; setting ``cancel`` cancels the group
 (``sc.cancelJobGroup``), waits for its tasks to stop, and removes every part and the
@@ -32,9 +33,6 @@ import time
 import uuid
 from collections.abc import Mapping
 
-import pyarrow as pa
-import pyarrow.fs as pafs
-
 from kompaktor.engines.api import MergeCancelled, MergeError, MergeRequest, MergeResult, ProgressFn
 from kompaktor.engines.ranges import (
     TASK_MEMORY,
@@ -45,11 +43,12 @@ from kompaktor.engines.ranges import (
     plan,
     progress_dict,
 )
-from kompaktor.files.sortedfile import ROW_GROUP_SIZE, SortedFileWriter
+from kompaktor.files.parquetconcat import ConcatWriter
+from kompaktor.files.sortedfile import SortedFileWriter
 from kompaktor.files.storage import Storage
 from kompaktor.model.errors import BadFileError, UnsortedError
 from kompaktor.model.iterators import IteratorSettings
-from kompaktor.model.names import part_names
+from kompaktor.model.names import part_names, tmp_name
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +59,6 @@ POLL_S = 0.02
 #: a merge on a Spark cluster fails when the cluster has had no executor for this long (every
 #: worker lost): Spark itself would wait for new executors for ever
 NO_EXECUTOR_TIMEOUT_S = 120.0
-
-
-def _part_compression(storage: Storage) -> str | None:
-    """Parts on a local disk are written uncompressed (cheaper than LZ4 at local-disk speed);
-    on shared or object storage, LZ4 (less to transfer)."""
-    return None if isinstance(storage.fs, pafs.LocalFileSystem) else "lz4"
 
 
 def _run_range(storage: Storage, inputs: tuple[str, ...], settings: IteratorSettings, output: str,
@@ -79,14 +72,16 @@ def _run_range(storage: Storage, inputs: tuple[str, ...], settings: IteratorSett
         kind = "unsorted" if isinstance(exc, UnsortedError) else \
             "memory" if isinstance(exc, TaskMemoryExceeded) else "bad"
         return {"index": index, "error": str(exc), "kind": kind}
-    final, tmp = part_names(output, tmp_tag, index)
-    meta = {b"kompaktor.entries_read": str(read).encode()}
-    table = table.replace_schema_metadata(meta)
-    opts = pa.ipc.IpcWriteOptions(compression=_part_compression(storage))
-    with storage.fs.open_output_stream(storage.path(tmp)) as sink, \
-            pa.ipc.new_file(sink, table.schema, options=opts) as w:
-        w.write_table(table, max_chunksize=ROW_GROUP_SIZE)  # one output row group per batch
-    storage.move(tmp, final)
+    final, _ = part_names(output, tmp_tag, index)
+    # the part is already in the output's format (Parquet, its row groups and compression): the
+    # driver copies its bytes into the one output file without decoding them
+    w = SortedFileWriter(storage, final, tmp_tag=tmp_tag)
+    try:
+        w.write_table(table, checked=True)
+        w.commit({b"kompaktor.entries_read": str(read).encode()})
+    except BaseException:
+        w.abort()
+        raise
     return {"index": index, "entries_read": read, "entries_written": table.num_rows}
 
 
@@ -148,11 +143,11 @@ class SparkMergeEngine:
                 done.set()
 
         job = threading.Thread(target=run_job, name=f"spark-{group}", daemon=True)
-        w: SortedFileWriter | None = None
+        w: ConcatWriter | None = None
         read = written = 0
         try:
             job.start()
-            w = SortedFileWriter(storage, req.output, tmp_tag=req.tmp_tag)
+            w = ConcatWriter(storage, req.output, tmp_tag=req.tmp_tag)
             for i in range(len(tasks)):
                 final, _tmp = part_names(req.output, req.tmp_tag, i)
                 self._wait_for_part(storage, final, done, outcome, cancel, req, i, len(tasks))
@@ -180,7 +175,8 @@ class SparkMergeEngine:
         finally:
             # every part, also one a retried task may have rewritten after it was consumed
             for i in range(len(tasks)):
-                for name in part_names(req.output, req.tmp_tag, i):
+                final, _ = part_names(req.output, req.tmp_tag, i)
+                for name in (final, tmp_name(final, req.tmp_tag)):  # done, and in progress
                     storage.delete(name)
         report(progress_dict(read, written, bytes_in, info.size, len(tasks), len(tasks), started))
         return MergeResult(info=info, entries_read=read, entries_written=written, bytes_read=bytes_in,
@@ -228,18 +224,12 @@ class SparkMergeEngine:
             raise kind(errors[0]["error"])
 
     @staticmethod
-    def _append_part(storage: Storage, final: str, w: SortedFileWriter, cancel: threading.Event | None,
+    def _append_part(storage: Storage, final: str, w: ConcatWriter, cancel: threading.Event | None,
                      req: MergeRequest) -> int:
-        """Stream one part into the output, one record batch at a time; return entries read."""
-        with storage.fs.open_input_file(storage.path(final)) as f:
-            reader = pa.ipc.open_file(f)
-            meta = reader.schema.metadata or {}
-            for b in range(reader.num_record_batches):
-                if cancel is not None and cancel.is_set():
-                    raise MergeCancelled(f"merge into {req.output} cancelled")
-                batch = reader.get_batch(b)
-                if batch.num_rows:
-                    w.write_table(pa.Table.from_batches([batch]).replace_schema_metadata(None), checked=True)
+        """Copy one part's row groups into the output without decoding them; return entries read."""
+        if cancel is not None and cancel.is_set():
+            raise MergeCancelled(f"merge into {req.output} cancelled")
+        meta = w.append(final)
         return int(meta.get(b"kompaktor.entries_read", b"0"))
 
     def _wait_tasks_stopped(self, group: str, timeout: float = 30.0) -> None:

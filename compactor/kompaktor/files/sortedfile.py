@@ -172,9 +172,11 @@ class SortedFileWriter:
     def write_entries(self, entries: Iterable[Entry]) -> None:
         self.write_table(entries_to_table(entries))
 
-    def commit(self) -> FileInfo:
-        """Close the file and move it to its final name; return what the metadata records."""
-        self._writer.add_key_value_metadata(_metadata(self.entries, self.deletes, self.first, self.last))
+    def commit(self, extra_metadata: dict[bytes, bytes] | None = None) -> FileInfo:
+        """Close the file and move it to its final name; return what the metadata records.
+        ``extra_metadata`` is added to the footer's key/value metadata."""
+        self._writer.add_key_value_metadata({**(extra_metadata or {}),
+                                             **_metadata(self.entries, self.deletes, self.first, self.last)})
         self._writer.close()
         self._sink.close()
         self._closed = True

@@ -1,0 +1,348 @@
+"""One sorted file from sorted Parquet parts, without decoding them (issue 17 §2).
+
+The Spark engine's tasks each write one ordered part as a Parquet file (encoded and compressed
+on the executors, in parallel). The driver then builds the single output file by copying each
+part's column-chunk bytes as they are and writing one footer that lists every part's row groups
+with their file offsets shifted by where the part's bytes landed — a byte copy instead of
+decoding and re-encoding every entry on the driver.
+
+The footer (Parquet's ``FileMetaData``) is Thrift compact protocol. :func:`decode` reads any
+struct into a generic tree (field id -> (type, value)) and :func:`encode` writes it back byte for
+byte, so fields this module does not know (statistics, encodings, newer format additions) pass
+through unchanged; only the offsets, row-group ordinals, row count and key/value metadata are
+rewritten. Parts must share one schema (checked: their encoded schema elements are compared).
+"""
+
+from __future__ import annotations
+
+import posixpath
+from typing import Any
+
+from kompaktor.files.sortedfile import _decode_key, _metadata
+from kompaktor.files.storage import Storage
+from kompaktor.model.errors import BadFileError, UnsortedError
+from kompaktor.model.names import tmp_name
+from kompaktor.model.tablet import FileInfo
+
+MAGIC = b"PAR1"
+COPY_CHUNK = 8 << 20
+
+# Thrift compact protocol types
+T_TRUE, T_FALSE, T_BYTE, T_I16, T_I32, T_I64, T_DOUBLE, T_BINARY, T_LIST, T_SET, T_MAP, T_STRUCT = range(1, 13)
+
+Struct = list[list[Any]]  # [[field id, type, value], ...] in wire order
+
+
+class _Reader:
+    def __init__(self, data: bytes) -> None:
+        self.data, self.pos = data, 0
+
+    def byte(self) -> int:
+        b = self.data[self.pos]
+        self.pos += 1
+        return b
+
+    def varint(self) -> int:
+        shift = out = 0
+        while True:
+            b = self.byte()
+            out |= (b & 0x7F) << shift
+            if not b & 0x80:
+                return out
+            shift += 7
+
+    def zigzag(self) -> int:
+        n = self.varint()
+        return (n >> 1) ^ -(n & 1)
+
+    def take(self, n: int) -> bytes:
+        out = self.data[self.pos:self.pos + n]
+        if len(out) != n:
+            raise ValueError("truncated Thrift data")
+        self.pos += n
+        return out
+
+
+def _read_value(r: _Reader, t: int) -> Any:
+    if t in (T_TRUE, T_FALSE):
+        return None  # the type carries the value (in a container: one byte, see _read_elem)
+    if t == T_BYTE:
+        return r.byte()
+    if t in (T_I16, T_I32, T_I64):
+        return r.zigzag()
+    if t == T_DOUBLE:
+        return r.take(8)
+    if t == T_BINARY:
+        return r.take(r.varint())
+    if t in (T_LIST, T_SET):
+        h = r.byte()
+        size, et = h >> 4, h & 0x0F
+        if size == 15:
+            size = r.varint()
+        return [et, [_read_elem(r, et) for _ in range(size)]]
+    if t == T_MAP:
+        size = r.varint()
+        if not size:
+            return [0, 0, []]
+        kv = r.byte()
+        kt, vt = kv >> 4, kv & 0x0F
+        return [kt, vt, [(_read_elem(r, kt), _read_elem(r, vt)) for _ in range(size)]]
+    if t == T_STRUCT:
+        return _read_struct(r)
+    raise ValueError(f"unknown Thrift compact type {t}")
+
+
+def _read_elem(r: _Reader, t: int) -> Any:
+    if t in (T_TRUE, T_FALSE):
+        return r.byte()
+    return _read_value(r, t)
+
+
+def _read_struct(r: _Reader) -> Struct:
+    fields: Struct = []
+    last = 0
+    while True:
+        h = r.byte()
+        if h == 0:
+            return fields
+        t, delta = h & 0x0F, h >> 4
+        fid = last + delta if delta else r.zigzag()
+        fields.append([fid, t, _read_value(r, t)])
+        last = fid
+
+
+def decode(data: bytes) -> Struct:
+    r = _Reader(data)
+    out = _read_struct(r)
+    if r.pos != len(data):
+        raise ValueError(f"{len(data) - r.pos} bytes after the Thrift struct")
+    return out
+
+
+def _varint(n: int, out: bytearray) -> None:
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return
+
+
+def _zigzag(n: int, out: bytearray) -> None:
+    _varint((n << 1) ^ (n >> 63), out)
+
+
+def _write_value(t: int, v: Any, out: bytearray) -> None:
+    if t in (T_TRUE, T_FALSE):
+        return
+    if t == T_BYTE:
+        out.append(v)
+    elif t in (T_I16, T_I32, T_I64):
+        _zigzag(v, out)
+    elif t == T_DOUBLE:
+        out += v
+    elif t == T_BINARY:
+        _varint(len(v), out)
+        out += v
+    elif t in (T_LIST, T_SET):
+        et, items = v
+        if len(items) < 15:
+            out.append((len(items) << 4) | et)
+        else:
+            out.append(0xF0 | et)
+            _varint(len(items), out)
+        for item in items:
+            _write_elem(et, item, out)
+    elif t == T_MAP:
+        kt, vt, items = v
+        _varint(len(items), out)
+        if items:
+            out.append((kt << 4) | vt)
+            for k, val in items:
+                _write_elem(kt, k, out)
+                _write_elem(vt, val, out)
+    elif t == T_STRUCT:
+        _write_struct(v, out)
+    else:
+        raise ValueError(f"unknown Thrift compact type {t}")
+
+
+def _write_elem(t: int, v: Any, out: bytearray) -> None:
+    if t in (T_TRUE, T_FALSE):
+        out.append(v)
+    else:
+        _write_value(t, v, out)
+
+
+def _write_struct(fields: Struct, out: bytearray) -> None:
+    last = 0
+    for fid, t, v in fields:
+        delta = fid - last
+        if 0 < delta <= 15:
+            out.append((delta << 4) | t)
+        else:
+            out.append(t)
+            _zigzag(fid, out)
+        _write_value(t, v, out)
+        last = fid
+    out.append(0)
+
+
+def encode(fields: Struct) -> bytes:
+    out = bytearray()
+    _write_struct(fields, out)
+    return bytes(out)
+
+
+def field(s: Struct, fid: int) -> list | None:
+    return next((f for f in s if f[0] == fid), None)
+
+
+def set_field(s: Struct, fid: int, t: int, v: Any) -> None:
+    f = field(s, fid)
+    if f is not None:
+        f[1], f[2] = t, v
+    else:
+        s.append([fid, t, v])
+        s.sort(key=lambda x: x[0])
+
+
+# FileMetaData: 2 schema, 3 num_rows, 4 row_groups, 5 key_value_metadata
+# RowGroup: 1 columns, 5 file_offset, 7 ordinal
+# ColumnChunk: 2 file_offset, 3 meta_data, 4 offset_index_offset, 6 column_index_offset
+# ColumnMetaData: 9 data_page_offset, 10 index_page_offset, 11 dictionary_page_offset, 14 bloom_filter_offset
+_CHUNK_OFFSETS = (2, 4, 6)
+_META_OFFSETS = (9, 10, 11, 14)
+
+
+def _shift(s: Struct, fids: tuple[int, ...], by: int) -> None:
+    for f in s:
+        if f[0] in fids and f[1] == T_I64:
+            f[2] += by
+
+
+def shift_row_group(rg: Struct, by: int, ordinal: int) -> Struct:
+    _shift(rg, (5,), by)
+    cols = field(rg, 1)
+    for chunk in (cols[2][1] if cols else []):
+        if field(chunk, 1) is not None:
+            raise ValueError("a column chunk in another file (file_path) cannot be concatenated")
+        _shift(chunk, _CHUNK_OFFSETS, by)
+        meta = field(chunk, 3)
+        if meta is not None:
+            _shift(meta[2], _META_OFFSETS, by)
+    if field(rg, 7) is not None:
+        set_field(rg, 7, T_I16, ordinal)
+    return rg
+
+
+def key_values(md: Struct) -> dict[bytes, bytes]:
+    f = field(md, 5)
+    out = {}
+    for kv in (f[2][1] if f else []):
+        k, v = field(kv, 1), field(kv, 2)
+        out[k[2]] = v[2] if v is not None else b""
+    return out
+
+
+def _kv_list(items: dict[bytes, bytes]) -> list:
+    return [T_STRUCT, [[[1, T_BINARY, k], [2, T_BINARY, v]] for k, v in items.items()]]
+
+
+class ConcatWriter:
+    """Writes ``rel_path`` (under a temporary name carrying ``tmp_tag`` until :meth:`commit`)
+    from sorted Parquet parts appended in key order."""
+
+    def __init__(self, storage: Storage, rel_path: str, *, tmp_tag: str | None = None) -> None:
+        self.storage, self.rel_path = storage, rel_path
+        self.tmp_rel = tmp_name(rel_path, tmp_tag)
+        storage.ensure_dir(posixpath.dirname(rel_path))
+        self._sink = storage.fs.open_output_stream(storage.path(self.tmp_rel))
+        self._sink.write(MAGIC)
+        self._pos = len(MAGIC)
+        self._template: Struct | None = None
+        self._schema: bytes | None = None
+        self._row_groups: list = []
+        self.entries = self.deletes = 0
+        self.first: tuple | None = None
+        self.last: tuple | None = None
+        self._closed = False
+
+    def position(self) -> int:
+        return self._pos
+
+    def append(self, part: str) -> dict[bytes, bytes]:
+        """Copy one part's data after the previous ones; returns its key/value metadata."""
+        with self.storage.fs.open_input_file(self.storage.path(part)) as f:
+            size = f.size()
+            if size < 12:
+                raise BadFileError(f"{part}: not a Parquet file ({size} bytes)")
+            f.seek(size - 8)
+            tail = f.read(8)
+            flen = int.from_bytes(tail[:4], "little")
+            if tail[4:] != MAGIC or flen > size - 12:
+                raise BadFileError(f"{part}: not a Parquet file (no footer)")
+            f.seek(size - 8 - flen)
+            try:
+                md = decode(f.read(flen))
+            except (ValueError, IndexError) as exc:
+                raise BadFileError(f"{part}: unreadable Parquet footer: {exc}") from exc
+            schema = encode([field(md, 2)])
+            if self._template is None:
+                self._template, self._schema = md, schema
+            elif schema != self._schema:
+                raise BadFileError(f"{part}: schema differs from the first part's")
+            meta = key_values(md)
+            entries = int(meta.get(b"kompaktor.entries", b"0"))
+            rgs = field(md, 4)
+            if entries:
+                first, last = _decode_key(meta.get(b"kompaktor.first")), _decode_key(meta.get(b"kompaktor.last"))
+                if self.last is not None and first is not None and first < self.last:
+                    raise UnsortedError(f"{self.rel_path}: part {part} starts before the end of the previous one")
+                shift = self._pos - len(MAGIC)
+                for rg in (rgs[2][1] if rgs else []):
+                    self._row_groups.append(shift_row_group(rg, shift, len(self._row_groups)))
+                f.seek(len(MAGIC))
+                left = size - 8 - flen - len(MAGIC)
+                while left > 0:
+                    chunk = f.read(min(COPY_CHUNK, left))
+                    if not chunk:
+                        raise BadFileError(f"{part}: shorter than its footer says")
+                    self._sink.write(chunk)
+                    left -= len(chunk)
+                self._pos += size - 8 - flen - len(MAGIC)
+                self.entries += entries
+                self.deletes += int(meta.get(b"kompaktor.deletes", b"0"))
+                if self.first is None:
+                    self.first = first
+                self.last = last
+            return meta
+
+    def commit(self) -> FileInfo:
+        if self._template is None:
+            raise ValueError(f"{self.rel_path}: no part appended")
+        md = [list(f) for f in self._template]
+        set_field(md, 3, T_I64, self.entries)
+        set_field(md, 4, T_LIST, [T_STRUCT, self._row_groups])
+        kv = {k: v for k, v in key_values(self._template).items() if not k.startswith(b"kompaktor.")}
+        kv.update(_metadata(self.entries, self.deletes, self.first, self.last))
+        set_field(md, 5, T_LIST, _kv_list(kv))
+        footer = encode(md)
+        self._sink.write(footer)
+        self._sink.write(len(footer).to_bytes(4, "little") + MAGIC)
+        self._sink.close()
+        self._closed = True
+        self.storage.move(self.tmp_rel, self.rel_path)
+        return FileInfo(self.rel_path, self.storage.size(self.rel_path), self.entries, self.deletes,
+                        self.first, self.last)
+
+    def abort(self) -> None:
+        if not self._closed:
+            try:
+                self._sink.close()
+            except Exception:
+                pass
+            self._closed = True
+        self.storage.delete(self.tmp_rel)
