@@ -522,21 +522,6 @@ class MetadataStore:
     def list_user_compactions(self) -> list[str]:
         return sorted(c.decode() for c in self.call(self._r.smembers, C.UCOMPS))
 
-    def add_user_compaction(self, cid: str) -> None:
-        self.call(self._r.sadd, C.UCOMPS, cid)
-
-    def delete_user_compaction(self, cid: str) -> None:
-        self.call(self._r.delete, C.ucomp_key(cid))
-
-    def claim_request(self, request_id: str, cid: str, ttl_s: int = 30 * 86400) -> str:
-        """Bind an outside request id (a Compaction resource's uid) to a user compaction, once:
-        returns the id bound first (``cid`` if this call bound it)."""
-        key = C.request_key(request_id)
-        if self.call(self._r.set, key, cid, nx=True, ex=ttl_s):
-            return cid
-        raw = self.call(self._r.get, key)
-        return cid if raw is None else raw.decode()
-
     def request_claimed(self, request_id: str) -> str | None:
         raw = self.call(self._r.get, C.request_key(request_id))
         return None if raw is None else raw.decode()
