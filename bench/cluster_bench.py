@@ -4,7 +4,7 @@
 (1 core each, loopback) with pyspark's ``bin/spark-class`` (the test fixture's
 ``tests/integration/spark_cluster.py``), then, in a driver process of its own (this process may
 already hold a local SparkSession), merges the same inputs twice and reports the wall time and
-the share of it the driver spends re-encoding the tasks' parts into the one output file
+the share of it the driver spends appending the tasks' parts to the one output file
 (``SparkMergeEngine._append_part``), and the Arrow engine's time on the same files in the same
 run. Writes ``bench/out/cluster.csv``.
 """
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             rows.append({"entries": args.entries, "workers": args.workers, **run,
                          "append_share": run["append_s"] / run["wall_s"], "arrow_engine_s": min(arrow)})
             print(f"  run {run['run']}{' (first)' if run['run'] == 0 else ''}: {run['wall_s']:.2f}s on "
-                  f"{run['executors']} executors, of which the driver re-encoding parts into the output "
+                  f"{run['executors']} executors, of which the driver appending the parts to the output "
                   f"{run['append_s']:.2f}s ({100 * run['append_s'] / run['wall_s']:.0f}%); "
                   f"Arrow engine in-process {min(arrow):.2f}s", flush=True)
         print(f"wrote {write_csv('cluster.csv', rows)}")
