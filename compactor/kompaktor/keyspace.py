@@ -21,6 +21,7 @@ UCOMPS = PREFIX + "ucomps"  # set of user compaction ids
 DEADLETTER = PREFIX + "deadletter"  # hash: job fingerprint -> JSON (failed too often)
 DEADLOG = PREFIX + "deadlog"  # list of the ECIDs of the last 10,000 dead compactions detected
 COMMITS_BY_TABLET = PREFIX + "commits"  # hash: tablet id -> compactions committed on it
+COMMITLOG = PREFIX + "commitlog"  # list of the ECIDs of the last 100,000 commits, once per commit applied
 FAILURES = PREFIX + "failures"  # hash: job fingerprint -> JSON {count, last_error, retry_at}
 IMPORTS = PREFIX + "imports"  # hash: import id -> JSON {table, files, expires}: bulk imports in progress
 LEASE = PREFIX + "coordinator:lease"  # string: holder id (with TTL)
@@ -100,8 +101,8 @@ def request_key(request_id: str) -> str:
 
 
 _LUA_CONSTANTS = {"tables": TABLES, "seq": SEQ, "dirty": DIRTY, "running": RUNNING, "counters": COUNTERS,
-                  "commits": COMMITS_BY_TABLET, "queue_groups": QUEUE_GROUPS, "queue_max": QUEUE_MAX,
-                  "queue_seq": QUEUE_SEQ, "fence": FENCE, "lease": LEASE, "ucomps": UCOMPS,
+                  "commits": COMMITS_BY_TABLET, "commitlog": COMMITLOG, "queue_groups": QUEUE_GROUPS,
+                  "queue_max": QUEUE_MAX, "queue_seq": QUEUE_SEQ, "fence": FENCE, "lease": LEASE, "ucomps": UCOMPS,
                   "failures": FAILURES, "deadletter": DEADLETTER,
                   "queue_generation": QUEUE_GENERATION}
 _LUA_FUNCTIONS = {"table": table_key, "tablets": tablets_key, "tablet": tablet_key, "heartbeat": heartbeat_key,

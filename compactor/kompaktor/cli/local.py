@@ -19,15 +19,18 @@ from kompaktor.cli.common import friendly_errors
 @click.option("--redis", "redis_url", default=None, help="Use this Redis instead of an embedded one.")
 @click.option("--data-dir", default=".kompaktor", show_default=True,
               help="Embedded Redis data (AOF), data files and process logs.")
+@click.option("--ha", is_flag=True,
+              help="Embedded Redis as a primary, a replica and three sentinels (redis+sentinel:// URL): "
+                   "writes are acknowledged once on two nodes, and survive the loss of either.")
 @friendly_errors
-def up(config_path, redis_url: str | None, data_dir: str) -> None:
+def up(config_path, redis_url: str | None, data_dir: str, ha: bool) -> None:
     """Run Redis, the coordinator and autoscaled compactors locally until Ctrl-C."""
     from kompaktor.local.cluster import LocalCluster
     from kompaktor.local.config import DEMO_CONFIG, load_config
     from kompaktor.local.procs import Interrupted, interruptible
 
     cfg = load_config(config_path.read() if config_path else DEMO_CONFIG)
-    cluster = LocalCluster(cfg, data_dir, redis_url=redis_url)
+    cluster = LocalCluster(cfg, data_dir, redis_url=redis_url, ha=ha)
     # Ctrl-C, SIGTERM and a hang-up (the terminal closed) stop everything the same way: drain the
     # compactors, stop the coordinator and Redis; a second signal kills them at once
     with interruptible(on_second=cluster.kill) as received:
@@ -71,12 +74,18 @@ def up(config_path, redis_url: str | None, data_dir: str) -> None:
               help="Keep data here (default: a temporary directory, removed at the end unless verification fails).")
 @click.option("--chaos", is_flag=True,
               help="Inject faults on a fixed-seed schedule: SIGKILL and SIGTERM busy compactors, restart the "
-                   "coordinator, restart Redis once; then check that nothing was lost or left behind.")
+                   "coordinator, SIGKILL the Redis primary mid-ingest and mid-commit (Sentinel promotes the "
+                   "replica); then check that nothing acknowledged was lost, applied twice or left behind.")
 @click.option("--seed", type=int, default=7, show_default=True, help="Seed of the chaos schedule.")
+@click.option("--ha/--single-redis", "ha", default=None,
+              help="Redis as a primary, a replica and three sentinels (default with --chaos, whose Redis faults "
+                   "are then SIGKILLs of the primary mid-ingest and mid-commit), or one redis-server (default "
+                   "without --chaos; with --chaos it is restarted once).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @friendly_errors
 def demo(entries: int, tablets: int, compactors: int | None, duration: float, batch: int, burst_entries: int,
-         burst_files: int, config_path, data_dir: str | None, chaos: bool, seed: int, as_json: bool) -> None:
+         burst_files: int, config_path, data_dir: str | None, chaos: bool, seed: int, ha: bool | None,
+         as_json: bool) -> None:
     """Continuous ingest, then a burst of imported files, while autoscaled compactors keep files per
     tablet down; then verify that nothing was lost. Exit 0 only when verified. Ctrl-C, SIGTERM and
     a hang-up stop every process the demo started and remove its temporary directory."""
@@ -95,7 +104,7 @@ def demo(entries: int, tablets: int, compactors: int | None, duration: float, ba
                        batch=batch, burst_entries=burst_entries, burst_files=burst_files, data_dir=data_dir,
                        live=not as_json and sys.stdout.isatty(),
                        config_text=config_path.read() if config_path else DEMO_CONFIG,
-                       chaos=chaos, chaos_seed=seed)
+                       chaos=chaos, chaos_seed=seed, ha=chaos if ha is None else ha)
     try:
         res = run_demo(opts)
     except Interrupted as sig:

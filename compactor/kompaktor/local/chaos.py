@@ -1,6 +1,16 @@
 """Faults on a schedule for `kompaktor demo --chaos` (issue 8): SIGKILL busy compactors
-mid-merge, SIGTERM busy compactors (a scale-down), restart the coordinator, restart Redis once.
-The schedule is drawn from a fixed seed; what happened is recorded for the final checks."""
+mid-merge, SIGTERM busy compactors (a scale-down), restart the coordinator, restart Redis once —
+or, with the local HA Redis (issue 15 §3), SIGKILL the Redis primary twice, once mid-ingest and
+once mid-commit, and let Sentinel promote the replica. The schedule is drawn from a fixed seed;
+what happened is recorded for the final checks.
+
+A failover step first freezes the replica (SIGSTOP), so that what the primary applies from then
+on is not replicated and every acknowledgment waits (WAIT); it then waits, briefly, for the
+moment it wants — mid-ingest: a client blocked in WAIT on its write; mid-commit: a compaction's
+commit applied on the primary (the committed counter moved) and not yet acknowledged — SIGKILLs
+the primary right then and thaws the replica, which Sentinel promotes. Those writes are lost with
+the primary, exactly as in a real crash; their clients were never told they succeeded, so they
+must retry them on the new primary. The killed server is started again as a replica."""
 
 from __future__ import annotations
 
@@ -8,8 +18,10 @@ import logging
 import random
 import signal
 import threading
+import time
 from dataclasses import dataclass, field
 
+from kompaktor import keyspace as C
 from kompaktor.local.cluster import LocalCluster
 from kompaktor.metadata.failures import MAX_ATTEMPTS
 
@@ -26,6 +38,9 @@ class ChaosLog:
     termed: list[str] = field(default_factory=list)  # ECIDs running in SIGTERMed compactors
     coordinator_restarts: int = 0
     redis_restarts: int = 0
+    #: per Redis primary SIGKILLed: {"moment", "pending" (clients waiting for their write's
+    #: acknowledgment when it died), "commits_pending", "promoted_s" (kill to new primary)}
+    failovers: list[dict] = field(default_factory=list)
 
 
 @dataclass
@@ -39,10 +54,17 @@ class Chaos:
         self.rng = random.Random(self.seed)
         self.stop = threading.Event()
         self.lock = threading.Lock()  # held while Redis is down, so others can wait
+        #: while set, no Redis fault is injected (the demo's burst import, which is not retried)
+        self.hold_redis = threading.Event()
         self.thread = threading.Thread(target=self._run, name="chaos", daemon=True)
-        # a fixed plan: each step is one fault; Redis restarts once, in the middle
-        self.plan = ["kill", "term", "coordinator", "kill", "redis", "kill", "term", "kill", "coordinator",
-                     "kill"]
+        # a fixed plan: each step is one fault; Redis restarts once, in the middle — with an HA
+        # Redis the primary is SIGKILLed instead, once early (ingest running) and once later
+        if self.cluster.redis_ha is not None:
+            self.plan = ["kill", "failover-ingest", "coordinator", "failover-commit", "term", "kill", "term",
+                         "kill", "coordinator", "kill"]
+        else:
+            self.plan = ["kill", "term", "coordinator", "kill", "redis", "kill", "term", "kill", "coordinator",
+                         "kill"]
 
     def start(self) -> None:
         self.thread.start()
@@ -112,6 +134,8 @@ class Chaos:
             self.cluster.restart_coordinator(kill=True)
             self.log.coordinator_restarts += 1
             return True
+        if action.startswith("failover-"):
+            return self._failover(action.split("-", 1)[1])
         if action == "redis" and self.cluster.redis is not None:
             with self.lock:
                 self.cluster.redis.stop()
@@ -119,6 +143,56 @@ class Chaos:
             self.log.redis_restarts += 1
             return True
         return False
+
+    def _failover(self, moment: str, window_s: float = 0.8) -> bool:
+        """SIGKILL the Redis primary at ``moment`` (ingest: a write awaiting its acknowledgment;
+        commit: a compaction's commit applied, not acknowledged); False if the moment did not come
+        within ``window_s`` (the step is tried again soon)."""
+        ha = self.cluster.redis_ha
+        assert ha is not None
+        if self.hold_redis.is_set():
+            return False
+        primary = ha.primary()
+        replicas = [s for s in ha.servers if s is not primary and s.running and s.proc is not None]
+        if not replicas:
+            return False
+        pc = primary.client()
+        try:
+            if moment == "commit" and not pc.hlen(C.RUNNING):
+                return False  # no compaction running: no commit can come; do not freeze the replica
+            committed = int(pc.hget(C.COUNTERS, "compactions_committed") or 0)
+            for r in replicas:
+                r.proc.send_signal(signal.SIGSTOP)  # type: ignore[union-attr]
+            hit = False
+            pending = commits = 0
+            try:
+                deadline = time.monotonic() + window_s
+                while time.monotonic() < deadline:
+                    pending = int(pc.info("clients").get("blocked_clients", 0))
+                    commits = int(pc.hget(C.COUNTERS, "compactions_committed") or 0) - committed
+                    hit = commits > 0 if moment == "commit" else pending > 0
+                    if hit:
+                        primary.stop(kill=True)
+                        break
+                    time.sleep(0.002)
+            finally:
+                for r in replicas:
+                    if r.proc is not None:
+                        r.proc.send_signal(signal.SIGCONT)
+        finally:
+            pc.close()
+        if not hit:
+            return False
+        t0 = time.monotonic()
+        with self.lock:
+            ha.wait_failover(primary.port)
+            promoted = time.monotonic() - t0
+            ha.restart(primary)  # back as a replica: acknowledgments (WAIT 1) resume
+        self.log.failovers.append({"moment": moment, "pending": pending, "commits_pending": max(0, commits),
+                                   "promoted_s": round(promoted, 1)})
+        log.info("chaos: Redis primary SIGKILLed mid-%s (%d writes awaiting acknowledgment, %d commits); "
+                 "replica promoted in %.1fs", moment, pending, commits, promoted)
+        return True
 
     def _run(self) -> None:
         wait = self.interval_s * self.rng.uniform(0.7, 1.3)
@@ -132,5 +206,8 @@ class Chaos:
             if done:
                 self.plan.pop(0)
                 wait = self.interval_s * self.rng.uniform(0.7, 1.3)
+            elif action.startswith("failover-"):
+                # the moment did not come: let the replica catch up (acknowledgments resume) first
+                wait = 1.5
             else:
                 wait = 0.02  # nothing busy to hit yet: look again soon

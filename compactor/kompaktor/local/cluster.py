@@ -1,6 +1,7 @@
 """`kompaktor up`: the whole system on one machine, shaped like the cluster.
 
-An embedded redis-server (AOF on, in a data directory) unless a Redis URL is given, one
+An embedded redis-server (AOF on, fsync always, in a data directory) — or with ``ha`` a primary,
+a replica and three sentinels — unless a Redis URL is given, one
 coordinator process, and compactor processes per group. A local autoscaler applies the HPA
 formula to each group — desired = ceil(depth / jobsPerReplica), clamped to [min, max], where
 depth is queued plus running jobs — and, like the operator, scales down by draining *idle*
@@ -27,7 +28,7 @@ from pathlib import Path
 
 from kompaktor.local.config import LocalConfig
 from kompaktor.local.procs import kill_group, spawn, stop_popen
-from kompaktor.local.redis_server import RedisProcess
+from kompaktor.local.redis_server import RedisHA, RedisProcess
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.errors import StoreUnavailable
 from kompaktor.queues.jobqueue import JobQueues
@@ -83,6 +84,9 @@ class LocalCluster:
     #: of this many recent seconds, so a queue that empties between two flushes does not start and
     #: drain a compactor every pass
     scale_down_window_s: float = 5.0
+    #: instead of one embedded redis-server: a primary, a replica and three sentinels
+    #: (:class:`~kompaktor.local.redis_server.RedisHA`); clients get the ``redis+sentinel://`` URL
+    ha: bool = False
     #: how a child process runs the ``kompaktor`` CLI (tests run a wrapper of it instead)
     command: list[str] = field(default_factory=lambda: [sys.executable, "-m", "kompaktor"])
 
@@ -90,6 +94,7 @@ class LocalCluster:
         self.data_dir = Path(self.data_dir)
         self.storage_uri = str(self.data_dir / "files")
         self.redis: RedisProcess | None = None
+        self.redis_ha: RedisHA | None = None
         self.coordinator: Proc | None = None
         self.compactors: dict[str, list[Proc]] = {g: [] for g in self.config.groups}
         self.store: MetadataStore | None = None
@@ -123,7 +128,11 @@ class LocalCluster:
 
     def start(self) -> LocalCluster:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        if self.redis_url is None:
+        if self.redis_url is None and self.ha:
+            self.redis_ha = RedisHA(self.data_dir / "redis-ha")  # known before it starts: stop() stops it
+            self.redis_ha.start()
+            self.redis_url = self.redis_ha.url
+        elif self.redis_url is None:
             self.redis = RedisProcess(self.data_dir / "redis")  # known before it starts: stop() stops it
             self.redis.start()
             self.redis_url = self.redis.url
@@ -246,6 +255,8 @@ class LocalCluster:
             self.store.close()
         if self.redis is not None:
             self.redis.stop()
+        if self.redis_ha is not None:
+            self.redis_ha.stop()
 
     def kill(self) -> None:
         """Stop everything at once, no drain (a second Ctrl-C): SIGKILL to every child's group."""
@@ -255,3 +266,5 @@ class LocalCluster:
             kill_group(self.coordinator.popen.pid)
         if self.redis is not None and self.redis.proc is not None:
             kill_group(self.redis.proc.pid)
+        if self.redis_ha is not None:
+            self.redis_ha.kill()

@@ -48,6 +48,9 @@ class DemoOptions:
     chaos: bool = False
     chaos_seed: int = 7
     chaos_interval_s: float = 3.0
+    #: a local HA Redis (primary, replica, three sentinels) instead of one redis-server; with
+    #: chaos, the Redis faults are then two SIGKILLs of the primary (failovers)
+    ha: bool = False
     #: how child processes run the ``kompaktor`` CLI (None: this Python's ``-m kompaktor``)
     command: list[str] | None = None
     #: called once the burst import is acknowledged, before its user compaction starts
@@ -142,7 +145,8 @@ def run_demo(opts: DemoOptions) -> DemoResult:
         coord_args = ["--full-scan-interval", "10", "--gc-grace", "5", "--gc-interval", "5"]
         if opts.chaos:
             coord_args += ["--dead-after", "5"]
-        cluster = LocalCluster(cfg, data_dir, redis_url=opts.redis_url, coordinator_args=coord_args)
+        cluster = LocalCluster(cfg, data_dir, redis_url=opts.redis_url, coordinator_args=coord_args,
+                               ha=opts.ha and opts.redis_url is None)
         if opts.command is not None:
             cluster.command = list(opts.command)
         # SIGINT, SIGTERM, SIGHUP: Interrupted, and the clean-up below drains and stops every
@@ -232,15 +236,26 @@ def _run(opts: DemoOptions, cfg: LocalConfig, cluster: LocalCluster, data_dir: P
 
             ingest.run(entries=opts.entries, duration_s=opts.duration_s, on_flush=on_flush)
             if chaos is not None:
-                while chaos.thread.is_alive() and chaos.plan and time.monotonic() - started < opts.duration_s * 2:
-                    show()  # let the rest of the fault schedule happen while compactions run
+                # let the rest of the fault schedule happen while compactions run (failovers take a
+                # few seconds each: an HA run gets longer for it)
+                limit = opts.duration_s * (3 if cluster.redis_ha is not None else 2)
+                while chaos.thread.is_alive() and chaos.plan and time.monotonic() - started < limit:
+                    show()
                     time.sleep(0.5)
-                chaos.finish()
+                if chaos.plan and chaos.plan[0] == "failover-commit":
+                    # no commit came while the replica was frozen (few compactions run after the
+                    # ingest): the primary's SIGKILL mid-commit waits for the burst's commits, and
+                    # the drain below waits for it
+                    chaos.plan[1:] = []
+                else:
+                    chaos.finish()
             ingest_wall = time.monotonic() - started
             steady_entries = ingest.stats.entries
             if opts.burst_entries > 0:
                 phase = f"burst: importing {opts.burst_files} files"
                 show()
+                if chaos is not None:
+                    chaos.hold_redis.set()  # the import and the user compaction's start are not retried
                 ingest.import_burst(opts.burst_entries, opts.burst_files, data_dir / "burst")
                 burst_at = time.monotonic()
                 if opts.on_burst is not None:
@@ -248,6 +263,8 @@ def _run(opts: DemoOptions, cfg: LocalConfig, cluster: LocalCluster, data_dir: P
                 # and a user compaction of the whole table: once the import's small merges are
                 # done, every tablet is compacted to one file by the large group
                 user_compaction = user_compactions.start(store, opts.table)
+                if chaos is not None:
+                    chaos.hold_redis.clear()
                 phase = "burst: scaling up"
                 show()
             else:
@@ -262,7 +279,13 @@ def _run(opts: DemoOptions, cfg: LocalConfig, cluster: LocalCluster, data_dir: P
                 # the autoscaler has drained every group back to its minimum
                 busy = sum(g["depth"] for g in status["groups"].values()) + status.get("retries_pending", 0)
                 busy += sum(u["state"] == user_compactions.RUNNING for u in status.get("user_compactions", []))
-                dirty = store.dirty_count()
+                try:
+                    dirty = store.dirty_count()
+                except StoreUnavailable:  # a failover (chaos): look again
+                    time.sleep(0.5)
+                    continue
+                if chaos is not None and chaos.plan and chaos.thread.is_alive():
+                    busy += 1  # the fault schedule is not through (an HA run's failover mid-commit)
                 idle = busy == 0 and dirty == 0
                 quiet = quiet + 1 if idle else 0
                 if quiet == 1:
@@ -275,6 +298,8 @@ def _run(opts: DemoOptions, cfg: LocalConfig, cluster: LocalCluster, data_dir: P
                                    or time.monotonic() - quiet_since > cluster.scale_down_window_s + 30):
                     break
                 time.sleep(0.5)
+            if chaos is not None:
+                chaos.finish()
             phase = "verifying"
             show()
         drained = quiet >= 4
@@ -282,7 +307,10 @@ def _run(opts: DemoOptions, cfg: LocalConfig, cluster: LocalCluster, data_dir: P
         chaos_summary: dict[str, Any] = {}
         chaos_ok = True
         if chaos is not None:
-            chaos_summary, chaos_ok = check_chaos(chaos.log, store, client.storage)
+            acked = ingest.stats.flushes + (1 if ingest.stats.imported_files else 0)  # flushes + the import
+            chaos_summary, chaos_ok = check_chaos(chaos.log, store, client.storage,
+                                                  ha=cluster.redis_ha is not None, logs=data_dir / "logs",
+                                                  acked_writes=acked)
         v = verify(client, opts.table, ingest.stats)
         stop_scaler.set()
         th.join(timeout=30)
@@ -333,10 +361,25 @@ def _run(opts: DemoOptions, cfg: LocalConfig, cluster: LocalCluster, data_dir: P
             chaos.stop.set()
 
 
-def check_chaos(log, store, storage) -> tuple[dict[str, Any], bool]:
+def acknowledged_commits(logs: Path) -> list[str]:
+    """The ECIDs whose commit a compactor was told succeeded (its log line ``<ECID> <kind> on
+    <tablet>: committed``), from every compactor log under ``logs``."""
+    import re
+
+    pat = re.compile(r"(ECID-[0-9a-f]{16}) \w+ on \S+: committed")
+    out: list[str] = []
+    for f in sorted(logs.glob("compactor-*.log")):
+        out.extend(m.group(1) for m in pat.finditer(f.read_text(errors="replace")))
+    return out
+
+
+def check_chaos(log, store, storage, *, ha: bool = False, logs: Path | None = None,
+                acked_writes: int = 0) -> tuple[dict[str, Any], bool]:
     """After the queues drained: every SIGKILLed compaction was detected dead and its tablet
     compacted again; SIGTERMed compactors caused no dead compaction; no running compaction is
-    left; after garbage collection every file in storage is referenced and no temp file is left."""
+    left; after garbage collection every file in storage is referenced and no temp file is left.
+    With an HA Redis (failovers): every commit a compactor was told succeeded is in the commit log
+    exactly once (none lost, none applied twice), and every file a tablet references exists."""
     from kompaktor.coordinator import Coordinator, CoordinatorSettings
 
     dead = store.dead_log()
@@ -351,18 +394,54 @@ def check_chaos(log, store, storage) -> tuple[dict[str, Any], bool]:
     referenced = {f for t in store.iter_all_tablets() for f in t.files}
     on_disk = [rel for rel, _m in storage.list_files("tables")]
     stray = [f for f in on_disk if f not in referenced]
+    missing = [f for f in referenced if not storage.exists(f)]
+    ha_summary: dict[str, Any] = {}
+    ha_ok = True
+    if ha:
+        from kompaktor import keyspace as C
+
+        applied = [e.decode() for e in store.call(store._r.lrange, C.COMMITLOG, 0, -1)]
+        counts: dict[str, int] = {}
+        for e in applied:
+            counts[e] = counts.get(e, 0) + 1
+        acked = sorted(set(acknowledged_commits(logs))) if logs is not None else []
+        lost = [e for e in acked if e not in counts]
+        twice = [e for e, n in counts.items() if n > 1]
+        ha_ok = (len(log.failovers) == 2 and {f["moment"] for f in log.failovers} == {"ingest", "commit"}
+                 and not lost and not twice and not missing)
+        ha_summary = {
+            "chaos: Redis primary SIGKILLed, replica promoted (failovers)": len(log.failovers),
+            "chaos: failovers": "; ".join(f"mid-{f['moment']}: {f['pending']} writes awaiting acknowledgment, "
+                                          f"{f['commits_pending']} commits applied unacknowledged, promoted in "
+                                          f"{f['promoted_s']}s" for f in log.failovers),
+            "chaos: acknowledged writes checked (flushes + commits)": acked_writes + len(acked),
+            "chaos: acknowledged commits lost": len(lost),
+            "chaos: commits applied twice": len(twice),
+            "chaos: referenced files missing": len(missing),
+        }
+    redis_ok = len(log.failovers) == 2 if ha else log.redis_restarts == 1
+    in_dead_log = detected
+    if ha:
+        # A failover can take the dead-log entry with it (a bookkeeping write, not acknowledged
+        # to anyone, or the coordinator's pass ended by a write whose outcome was unknown): a killed
+        # compaction counts as handled when it is gone from the tablet and its tablet was compacted
+        # again; how many are in the dead log is reported as well.
+        detected = max(detected, sum(1 for e, t in log.killed if store.running_tablet(e) is None
+                                     and store.commits_on(t) > log.commits_at_kill.get(t, 0)))
     ok = (detected == len(killed) and rerun == len(killed) and term_dead == 0 and running_left == 0
-          and not stray and log.redis_restarts == 1 and log.coordinator_restarts >= 1)
+          and not stray and redis_ok and ha_ok and not missing and log.coordinator_restarts >= 1)
     return {
         "chaos: compactors SIGKILLed mid-merge": len(killed),
         "chaos: busy compactors SIGTERMed": len(log.termed),
         "chaos: coordinator restarts": log.coordinator_restarts,
         "chaos: Redis restarts": log.redis_restarts,
         "chaos: dead compactions detected (of the killed)": detected,
+        **({"chaos: killed compactions in the dead log": in_dead_log} if ha else {}),
         "chaos: killed jobs re-run": rerun,
         "chaos: dead compactions from SIGTERM": term_dead,
         "chaos: running compactions left": running_left,
         "chaos: unreferenced or temp files after GC": len(stray),
+        **ha_summary,
     }, ok
 
 

@@ -160,7 +160,7 @@ def commit(store: MetadataStore, res: Reservation, info: FileInfo) -> None:
     if info.entries > 0:
         output = res.output
         tc.do("add_files", {res.output: info.meta.to_json()})
-    tc.do("remove_running", res.ecid).do("drop_heartbeat", res.ecid).do("count_commit", res.job.group)
+    tc.do("remove_running", res.ecid).do("drop_heartbeat", res.ecid).do("count_commit", res.job.group, res.ecid)
     if res.job.kind != "SYSTEM":  # the selection shrinks, or is complete (mutate.lua decides)
         tc.require("selection_is", res.job.selection).do(
             "selection_done", list(res.inputs), output, res.job.selection if res.job.kind == "USER" else None)

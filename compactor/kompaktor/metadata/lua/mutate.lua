@@ -333,6 +333,10 @@ for i, t in ipairs(spec.tablets or {}) do
       redis.call('HINCRBY', K.counters, 'compactions_committed', 1)
       redis.call('HINCRBY', K.counters, 'committed:' .. op[2], 1)
       redis.call('HINCRBY', K.commits, t.id, 1)
+      if type(op[3]) == 'string' then  -- the ECID: a commit applied twice would show twice
+        redis.call('RPUSH', K.commitlog, op[3])
+        redis.call('LTRIM', K.commitlog, -100000, -1)
+      end
     end
   end
   if deleted then
