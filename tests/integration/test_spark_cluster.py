@@ -296,3 +296,25 @@ def test_a_dead_master_url_is_one_line_and_writes_nothing(tmp_path: Path, storag
     assert r.returncode == 1, r.stderr
     assert r.stderr.count("\n") == 1 and r.stderr.startswith(f"error: Spark master {dead} does not answer"), r.stderr
     assert not out.exists() and files(storage) == sorted(inputs)
+
+
+@pytest.mark.redis
+def test_a_compactor_with_a_dead_master_url_is_one_line_and_leaves_redis_and_the_tablet(
+        redis_url: str, store, storage: Storage, client) -> None:
+    from kompaktor.coordinator import Coordinator
+
+    from .redis_snapshot import snapshot
+
+    store.create_table("t", [], {"table.compaction.major.ratio": "1"})
+    for src in sources()[:2]:
+        client.flush("t", src)
+    assert Coordinator(store, storage).full_scan() == 1  # a job is queued for the group
+    before = snapshot(store._r), files(storage, "")
+    dead = f"spark://127.0.0.1:{free_port()}"
+    exe = Path(sys.executable).parent / "kompaktor"
+    r = subprocess.run([str(exe), "compactor", "--group", "default", "--engine", "spark", "--spark-master", dead,
+                        "--http-port", "-1", "--max-jobs", "1", "--redis", redis_url, "--storage", storage.uri],
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith(f"error: Spark master {dead} does not answer"), r.stderr
+    assert (snapshot(store._r), files(storage, "")) == before  # not reserved, not registered, nothing written

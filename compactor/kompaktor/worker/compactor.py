@@ -115,8 +115,10 @@ class Compactor:
     # -- main loop -----------------------------------------------------------------------------------
     def run(self) -> int:
         """Work until drained (or max_jobs reached). Returns the process exit code."""
+        # start the engine (Spark session) once, before registering and declaring ready: an
+        # engine that cannot start (a Spark master that does not answer) leaves no registration
+        _ = self.engine
         self._publish(IDLE)
-        _ = self.engine  # start the engine (Spark session) once, before declaring ready
         self.ready = True
         idle = self.s.idle_min_s
         try:
