@@ -43,8 +43,14 @@ def crds(out: Path, chart: Path | None, check: bool) -> None:
               help="kopf liveness endpoint URL ('' to disable)")
 @click.option("--redis", "redis_url", envvar="KOMPAKTOR_REDIS_URL", required=True,
               help="Redis URL of the metadata store and queues [env KOMPAKTOR_REDIS_URL]")
+@click.option("--metrics-port", type=int, default=-1, show_default=True, envvar="KOMPAKTOR_OPERATOR_METRICS_PORT",
+              help="Port for the operator's own /metrics (reconciles, scale decisions, external metrics API "
+                   "requests); -1: off [env KOMPAKTOR_OPERATOR_METRICS_PORT]")
+@click.option("--metrics-host", default="0.0.0.0", show_default=True, envvar="KOMPAKTOR_OPERATOR_METRICS_HOST",
+              help="Address the operator's /metrics listens on [env KOMPAKTOR_OPERATOR_METRICS_HOST]")
 @click.option("--verbose", is_flag=True, help="debug logging")
-def operator(namespaces: tuple[str, ...], liveness: str, redis_url: str, verbose: bool) -> None:
+def operator(namespaces: tuple[str, ...], liveness: str, redis_url: str, metrics_port: int, metrics_host: str,
+             verbose: bool) -> None:
     """Run the Kubernetes operator (kopf) in the foreground."""
     import asyncio
     import logging
@@ -54,6 +60,14 @@ def operator(namespaces: tuple[str, ...], liveness: str, redis_url: str, verbose
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO)
 
     from kompaktor_operator import handlers
+
+    if metrics_port >= 0:
+        from prometheus_client import start_http_server
+
+        from kompaktor_operator.metrics import metrics
+
+        start_http_server(metrics_port, addr=metrics_host, registry=metrics().registry)
+        logging.getLogger("kompaktor.operator").info("serving /metrics on %s:%d", metrics_host, metrics_port)
 
     asyncio.run(
         handlers.run(

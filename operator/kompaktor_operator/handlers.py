@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import functools
 import logging
 import os
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from typing import Any, TypeVar
 
 import kopf
@@ -24,6 +27,7 @@ from pydantic import ValidationError
 from kompaktor_operator import admission, conditions, depth, kube, manifests, naming
 from kompaktor_operator import models as m
 from kompaktor_operator.config import OperatorConfig
+from kompaktor_operator.metrics import metrics
 from kompaktor_operator.scaling import PodView, decide_scale
 
 SERVICE = (naming.API_GROUP, naming.API_VERSION, "compactionservices")
@@ -60,11 +64,47 @@ def _mark(patch: kopf.Patch, status: dict[str, Any], type_: str, ok: bool, reaso
         current, type_, ok, reason=reason, message=message, generation=generation, now=now())
 
 
+#: How the reconcile running in this task ended, when not by returning or raising: see ``_refused``.
+_outcome: ContextVar[str | None] = ContextVar("kompaktor_reconcile_outcome", default=None)
+
+
+def _refused() -> None:
+    """Count the running reconcile as ``refused`` (an invalid or disallowed spec), not ``error``."""
+    _outcome.set("refused")
+
+
+def _counted(kind: str) -> Callable[[Callable[..., Awaitable[None]]], Callable[..., Awaitable[None]]]:
+    """Count a reconcile handler's runs in kompaktor_operator_reconciles_total{kind,result}."""
+
+    def wrap(fn: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
+        @functools.wraps(fn)
+        async def counted(**kwargs: Any) -> None:
+            token = _outcome.set(None)
+            started = time.monotonic()
+            result = "error"
+            try:
+                await fn(**kwargs)
+                result = _outcome.get() or "ok"
+            except kopf.PermanentError:
+                result = _outcome.get() or "error"
+                raise
+            finally:
+                _outcome.reset(token)
+                mx = metrics()
+                mx.reconciles.labels(kind, result).inc()
+                mx.reconcile_seconds.labels(kind).observe(time.monotonic() - started)
+
+        return counted
+
+    return wrap
+
+
 def parse(model: type[T], spec: Any, patch: kopf.Patch, status: dict[str, Any], generation: int | None) -> T:
     """Validate a spec; on failure report Ready=False with the reason and stop retrying."""
     try:
         return model.model_validate(dict(spec))
     except ValidationError as exc:
+        _refused()
         message = f"invalid spec: {m.explain(exc)}"
         _mark(patch, status, conditions.READY, False, "InvalidSpec", message, generation)
         patch.status["observedGeneration"] = generation
@@ -165,6 +205,7 @@ def on_login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 # CompactionService
 
 
+@_counted("CompactionService")
 async def reconcile_service(name: str, spec: Any, status: Any, meta: Any, patch: kopf.Patch,
                             **_: Any) -> None:
     generation = meta.get("generation")
@@ -172,6 +213,7 @@ async def reconcile_service(name: str, spec: Any, status: Any, meta: Any, patch:
     try:
         cfg = m.to_service_config(name, svc)
     except ValueError as exc:  # the core's own checks (planner settings)
+        _refused()
         _mark(patch, status, conditions.READY, False, "InvalidSpec", str(exc), generation)
         raise kopf.PermanentError(str(exc)) from None
     await _io(depth.backend().put_service, cfg)
@@ -218,11 +260,13 @@ async def service_status(name: str, namespace: str, spec: Any, status: Any, meta
 # CompactorGroup
 
 
+@_counted("CompactorGroup")
 async def reconcile_group(name: str, namespace: str, spec: Any, status: Any, meta: Any, body: Any,
                           patch: kopf.Patch, **_: Any) -> None:
     generation = meta.get("generation")
     group = parse(m.CompactorGroupSpec, spec, patch, status, generation)
     if len(name) > 40 or not name.replace("-", "").isalnum() or name != name.lower():
+        _refused()
         message = f"name {name!r} must be a DNS label of at most 40 characters"
         _mark(patch, status, conditions.READY, False, "InvalidName", message, generation)
         raise kopf.PermanentError(message)
@@ -231,6 +275,7 @@ async def reconcile_group(name: str, namespace: str, spec: Any, status: Any, met
     if refusal is not None:
         # Refused before anything is stored or applied: no Deployment runs what the author named
         # (one that an earlier, allowed spec made is left as it was).
+        _refused()
         _mark(patch, status, conditions.READY, False, refusal.rule, f"refused: {refusal.message}", generation)
         patch.status["observedGeneration"] = generation
         raise kopf.PermanentError(f"refused ({refusal.rule}): {refusal.message}")
@@ -288,6 +333,7 @@ async def delete_group(name: str, namespace: str, **_: Any) -> None:
     if "v1alpha1" in await _kube(kube.api_versions("keda.sh")):
         await _kube(kube.delete("keda.sh/v1alpha1", "ScaledObject", namespace, naming.scaled_object_name(name)))
     await _io(depth.backend().delete_group, name)
+    metrics().forget_group(name)
 
 
 def _pod_view(pod: dict[str, Any]) -> PodView:
@@ -304,9 +350,17 @@ def _pod_view(pod: dict[str, Any]) -> PodView:
     )
 
 
-async def scale_group(name: str, namespace: str, spec: Any, status: Any, meta: Any, patch: kopf.Patch,
-                      logger: logging.Logger, **_: Any) -> None:
+async def scale_group(name: str, **kwargs: Any) -> None:
     """The HPA says how many (spec.replicas); this picks which pods go, drain first."""
+    try:
+        await _scale_group(name=name, **kwargs)
+    except Exception:
+        metrics().scaler_errors.labels(name).inc()
+        raise
+
+
+async def _scale_group(name: str, namespace: str, spec: Any, status: Any, meta: Any, patch: kopf.Patch,
+                       logger: logging.Logger, **_: Any) -> None:
     try:
         group = m.CompactorGroupSpec.model_validate(dict(spec))
     except ValidationError:
@@ -320,8 +374,10 @@ async def scale_group(name: str, namespace: str, spec: Any, status: Any, meta: A
     backend = depth.backend()
     compactors = await _io(backend.compactors, name)
     decision = decide_scale(current, desired, pods, compactors)
+    mx = metrics()
     for pod in decision.drain:
         await _io(backend.request_drain, pod)
+        mx.drain_requests.labels(name).inc()
     for pod in decision.mark:
         await _kube(kube.patch_annotations("v1", "Pod", namespace, pod, {naming.DRAINING_ANNOTATION: "true"}))
     for pod in decision.lowest_cost:
@@ -332,9 +388,15 @@ async def scale_group(name: str, namespace: str, spec: Any, status: Any, meta: A
                                            {naming.DRAINING_ANNOTATION: None, naming.POD_DELETION_COST: None}))
     for pod in decision.delete:
         await _kube(kube.delete_pod(namespace, pod))
+        mx.pods_deleted.labels(name).inc()
     if decision.replicas != current:
         logger.info("group %s: replicas %d -> %d (%s)", name, current, decision.replicas, decision.reason)
         await _kube(kube.set_replicas(namespace, naming.deployment_name(name), decision.replicas))
+        mx.replica_changes.labels(name, "up" if decision.replicas > current else "down").inc()
+    if not meta.get("deletionTimestamp"):  # a deleted group's series go with it (delete_group)
+        mx.replicas.labels(name).set(decision.replicas)
+        mx.desired.labels(name).set(desired)
+        mx.draining.labels(name).set(len(decision.waiting))
 
     figures = await _io(backend.queue_figures, name)
     ready = int((dep.get("status") or {}).get("readyReplicas") or 0)
@@ -389,6 +451,7 @@ def _terminal(status: Any) -> bool:
     return phase is not None and m.CompactionPhase(phase).terminal
 
 
+@_counted("Compaction")
 async def start_compaction(uid: str, spec: Any, status: Any, meta: Any, patch: kopf.Patch, **_: Any) -> None:
     if (status or {}).get("compactionId"):
         return  # already started (a replayed or resumed handler)
@@ -399,6 +462,7 @@ async def start_compaction(uid: str, spec: Any, status: Any, meta: Any, patch: k
         cid = await _io(depth.backend().start_compaction, uid, comp.table, start_row, end_row,
                         comp.iterator_config())
     except depth.CompactionRejected as exc:
+        _refused()
         patch.status.update({"phase": m.CompactionPhase.FAILED.value, "message": str(exc), "endTime": now(),
                              "observedGeneration": generation})
         _mark(patch, status, conditions.READY, False, "Rejected", str(exc), generation)

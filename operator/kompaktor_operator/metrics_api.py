@@ -40,6 +40,8 @@ SAR_TTL_S = 30.0
 DepthFn = Callable[[str], Awaitable[int]]
 #: (user, groups) -> allowed to get the external metrics API
 AuthorizeFn = Callable[[str, list[str]], Awaitable[bool]]
+#: called with the HTTP status code of every answer (the operator counts them)
+ResponseFn = Callable[[int], None]
 
 
 def _status(code: int, reason: str, message: str) -> web.Response:
@@ -64,16 +66,32 @@ class MetricsAPI:
     depth: DepthFn
     authorize: AuthorizeFn
     allowed_names: list[str] = field(default_factory=list)  # front-proxy client cert CNs ([] = any)
+    on_response: ResponseFn | None = None
     _sar: dict[tuple[str, tuple[str, ...]], tuple[float, bool]] = field(default_factory=dict)
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._auth])
+        app = web.Application(middlewares=[self._count, self._auth])
         prefix = f"/apis/{GROUP}/{VERSION}"
         app.router.add_get(f"/apis/{GROUP}", self.group)
         app.router.add_get(prefix, self.resources)
         app.router.add_get(prefix + "/namespaces/{namespace}/{metric}", self.value)
         app.router.add_get("/healthz", lambda _r: web.Response(text="ok"))
         return app
+
+    @web.middleware
+    async def _count(self, request: web.Request, handler: Callable) -> web.StreamResponse:
+        """Every answer's status code to ``on_response`` (refusals and unknown paths too)."""
+        count = self.on_response or (lambda _code: None)
+        try:
+            response = await handler(request)
+        except web.HTTPException as exc:  # aiohttp's own answers (404 for a path it does not route)
+            count(exc.status)
+            raise
+        except Exception:  # aiohttp answers 500
+            count(500)
+            raise
+        count(response.status)
+        return response
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Callable) -> web.StreamResponse:
@@ -182,7 +200,12 @@ async def start_from_env(env: dict[str, str], kube: Any, depth_backend: Any) -> 
         out = await kube.client().request("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", json=review)
         return bool(((out or {}).get("status") or {}).get("allowed"))
 
-    api = MetricsAPI(depth, authorize, allowed)
+    from kompaktor_operator.metrics import metrics
+
+    def counted(code: int) -> None:
+        metrics().metrics_api_requests.labels(str(code)).inc()
+
+    api = MetricsAPI(depth, authorize, allowed, on_response=counted)
     ctx = server_ssl(env["KOMPAKTOR_METRICS_API_CERT"], env["KOMPAKTOR_METRICS_API_KEY"], ca)
     runner = await serve(api, host or "0.0.0.0", int(port), ctx)
     if env.get("KOMPAKTOR_METRICS_API_REGISTER"):

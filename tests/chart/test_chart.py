@@ -387,3 +387,45 @@ def test_bundled_redis_tls_from_cert_manager_or_a_secret_needs_the_ca() -> None:
                                                                            "issuerRef": {"name": "x"}}}}}):
         with pytest.raises(helm.HelmError, match=r"redis\.tls\.caCert"):
             render(missing_ca)
+
+
+def test_operator_metrics_port_service_and_scrape_config() -> None:
+    """The operator's /metrics: its container port, a Service the ServiceMonitor selects (same
+    label and port name as the coordinator's) and the prometheus.io annotations for scrapers
+    without the Prometheus Operator."""
+    docs = render({"metrics": {"serviceMonitor": {"enabled": True}}})
+    by = kinds(docs)
+    (op,) = [d for d in by["Deployment"] if d["metadata"]["name"] == "kompaktor-operator"]
+    c = container(docs, "Deployment", "kompaktor-operator", "operator")
+    assert "--metrics-port=9091" in c["args"]
+    assert {"name": "op-metrics", "containerPort": 9091} in c["ports"]
+    ports = [p["name"] for k in op["spec"]["template"]["spec"]["containers"] for p in k["ports"]]
+    assert len(ports) == len(set(ports)), ports  # port names are unique in a pod
+    svcs = {s["metadata"]["name"]: s for s in by["Service"]}
+    svc = svcs["kompaktor-operator-metrics"]
+    (port,) = svc["spec"]["ports"]
+    assert port["port"] == 9091 and port["targetPort"] == "op-metrics"
+    pod_labels = op["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["selector"].items() <= pod_labels.items()
+    (sm,) = by["ServiceMonitor"]
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert port["name"] in {e["port"] for e in sm["spec"]["endpoints"]}
+    assert sm["spec"]["namespaceSelector"] == {"any": True}
+    for name, number in (("kompaktor-operator-metrics", "9091"), ("kompaktor-metrics", "9090")):
+        assert svcs[name]["metadata"]["annotations"] == {
+            "prometheus.io/scrape": "true", "prometheus.io/port": number, "prometheus.io/path": "/metrics"}
+
+    moved = render({"operator": {"metricsPort": 9100}})
+    assert "--metrics-port=9100" in container(moved, "Deployment", "kompaktor-operator", "operator")["args"]
+    svc = next(s for s in moved if s["kind"] == "Service" and s["metadata"]["name"] == "kompaktor-operator-metrics")
+    assert svc["spec"]["ports"][0]["port"] == 9100 and svc["metadata"]["annotations"]["prometheus.io/port"] == "9100"
+    # 6443 is free when the operator does not serve the metrics API
+    assert "--metrics-port=6443" in container(render({"operator": {"metricsPort": 6443}, "autoscaler": "hpa"}),
+                                              "Deployment", "kompaktor-operator", "operator")["args"]
+    for taken in ({"operator": {"metricsPort": 9090}}, {"operator": {"metricsPort": 8080}},
+                  {"operator": {"metricsPort": 6443}},
+                  {"operator": {"metricsPort": 9200}, "coordinator": {"metricsPort": 9200}}):
+        with pytest.raises(helm.HelmError, match="is taken in the operator pod"):
+            render(taken)
+    with helm.Chart.load(str(CHART)) as chart, pytest.raises(helm.HelmError):
+        chart.validate_schema({"operator": {"metricsPort": 80}})

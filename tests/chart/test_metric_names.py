@@ -16,6 +16,7 @@ from prometheus_client import Metric
 from kompaktor.coordinator.metrics import QueueMetrics
 from kompaktor.worker.metrics import CompactorMetrics
 from kompaktor_operator.manifests import queue_depth_query
+from kompaktor_operator.metrics import OperatorMetrics
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_chart import kinds, render
@@ -28,9 +29,10 @@ SUFFIXES = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", 
 
 
 def exported() -> set[str]:
-    """The series names Prometheus sees from the coordinator's and the compactor's /metrics."""
+    """The series names Prometheus sees from the coordinator's, the compactor's and the operator's /metrics."""
     names: set[str] = set()
-    for registry in (QueueMetrics.create().registry, CompactorMetrics.create().registry):
+    for registry in (QueueMetrics.create().registry, CompactorMetrics.create().registry,
+                     OperatorMetrics.create().registry):
         fam: Metric
         for fam in registry.collect():
             names |= {fam.name + s for s in SUFFIXES[fam.type]}
@@ -53,8 +55,11 @@ def referenced() -> dict[str, set[str]]:
 
 def test_every_shipped_query_names_an_exported_metric() -> None:
     have = exported()
-    assert {"kompaktor_queue_depth", "kompaktor_compactions_completed_total"} <= have
-    for where, names in referenced().items():
+    assert {"kompaktor_queue_depth", "kompaktor_compactions_completed_total",
+            "kompaktor_operator_reconciles_total", "kompaktor_operator_group_replicas"} <= have
+    refs = referenced()
+    assert {"kompaktor_operator_reconciles_total", "kompaktor_operator_group_replicas"} <= refs["dashboard"]
+    for where, names in refs.items():
         assert names, f"{where}: no kompaktor_ metric found (the test would pass vacuously)"
         assert names <= have, f"{where} names metrics nobody exports: {sorted(names - have)}"
 

@@ -1,12 +1,12 @@
 """Every /metrics endpoint passes ``promtool check metrics`` (Prometheus' own linter), scraped over
 HTTP from real processes that have done real work: a coordinator that planned a job and a
-compactor that committed it. promtool comes from Debian's prometheus package (``make promtool``
-unpacks it into ~/.cache/kompaktor/promtool; no Prometheus server is installed or started)."""
+compactor that committed it (the operator's, which needs a Kubernetes API, is checked the same
+way in tests/k8s/test_user_path.py). promtool comes from Debian's prometheus package (``make
+promtool`` unpacks it into ~/.cache/kompaktor/promtool; no Prometheus server is installed or started)."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -19,16 +19,11 @@ from kompaktor.local.redis_server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(ROOT / "tests"))
+from promcheck import check, promtool  # noqa: E402
 from test_coordinator import write_files  # noqa: E402
 
 pytestmark = pytest.mark.redis
-
-
-def promtool() -> str:
-    found = shutil.which("promtool") or str(Path.home() / ".cache/kompaktor/promtool/usr/bin/promtool")
-    if not os.access(found, os.X_OK):
-        pytest.fail("promtool is missing: run `make promtool` (make test does)")
-    return found
 
 
 def scrape(port: int) -> str:
@@ -47,12 +42,6 @@ def poll(pred, what: str, timeout: float = 60.0):
             return v
         time.sleep(0.1)
     raise AssertionError(f"timed out waiting for {what}")
-
-
-def check(text: str) -> None:
-    res = subprocess.run([promtool(), "check", "metrics"], input=text, capture_output=True, text=True)
-    assert res.returncode == 0 and not res.stdout.strip() and not res.stderr.strip(), (
-        f"promtool check metrics:\n{res.stdout}{res.stderr}\n--- exposition ---\n{text}")
 
 
 def test_promtool_catches_a_bad_exposition() -> None:

@@ -5,7 +5,8 @@ README describes); the operator and coordinator run as local processes authentic
 chart's operator ServiceAccount (never admin: a verb the chart's RBAC lacks fails here); `kubectl
 apply -f examples/`, `kubectl get`, `kubectl scale`, `kubectl delete` with the real kubectl; the
 compactor pods of the end-to-end group run as real `kompaktor compactor` processes through the
-node agent.
+node agent. The operator serves its own /metrics on loopback (``--metrics-port``), scraped and
+checked with promtool after the user's path.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +30,7 @@ import pytest
 from controlplane import ControlPlane, free_port, wait_until
 from nodeagent import NodeAgent
 
+from kompaktor import __version__
 from kompaktor.files.sortedfile import write_sorted
 from kompaktor.files.storage import Storage
 from kompaktor.metadata.store import MetadataStore
@@ -35,6 +38,9 @@ from kompaktor.model.keys import Entry
 from kompaktor_operator import naming
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+from promcheck import check, samples  # noqa: E402
+
 CHART = ROOT / "helm" / "kompaktor"
 NS = "kompaktor"
 RELEASE = "kompaktor"
@@ -52,6 +58,7 @@ class Release:
     env: dict[str, str]  # the operator's and coordinator's environment, as the chart sets it
     procs: dict[str, subprocess.Popen]
     manifest: list[dict[str, Any]]
+    operator_metrics_port: int
 
     def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
         return self.cp.kubectl("-n", NS, *args, check=check, input=input)
@@ -136,15 +143,18 @@ def release(control_plane: ControlPlane, redis_server: Any, tmp_path_factory: py
                "KOMPAKTOR_SCALE_INTERVAL": "1", "KOMPAKTOR_STATUS_INTERVAL": "2",
                **_metrics_api_env(cp, core, tmp_path_factory.mktemp("metrics-api")),
                "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+        # the operator's own /metrics, on loopback here (the chart listens on 0.0.0.0:9091)
+        metrics_port = free_port()
         with open(logs / "operator.log", "wb") as out:
             procs["operator"] = subprocess.Popen(
-                [str(BIN / "kompaktor"), "operator", "--liveness", ""], env=env, stdout=out,
+                [str(BIN / "kompaktor"), "operator", "--liveness", "", "--metrics-port", str(metrics_port)],
+                env={**env, "KOMPAKTOR_OPERATOR_METRICS_HOST": "127.0.0.1"}, stdout=out,
                 stderr=subprocess.STDOUT, start_new_session=True)
         with open(logs / "coordinator.log", "wb") as out:
             procs["coordinator"] = subprocess.Popen(
                 [str(BIN / "kompaktor"), "coordinator", "--metrics-port", str(free_port()),
                  "--full-scan-interval", "5"], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        yield Release(cp, agent, store, storage_dir, redis_server.url, env, procs, manifest)
+        yield Release(cp, agent, store, storage_dir, redis_server.url, env, procs, manifest, metrics_port)
     finally:
         for p in procs.values():
             if p.poll() is None:
@@ -464,6 +474,79 @@ def test_an_untrusted_metrics_api_is_a_degraded_group_not_a_silent_one(release: 
     release.kompaktor("table", "delete", "blind")
     release.kubectl("delete", "compactorgroup", "blind")
     release.kubectl("delete", "compactionservice", "svc-blind")
+
+
+# -- 4. the operator's own /metrics ------------------------------------------------------------------
+def _operator_metrics(release: Release) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{release.operator_metrics_port}/metrics", timeout=5) as r:
+        return r.read().decode()
+
+
+def _value(text: str, name: str, **labels: str) -> float | None:
+    return samples(text).get((name, frozenset(labels.items())))
+
+
+def test_operator_metrics_count_reconciles_and_scaling_and_pass_promtool(release: Release) -> None:
+    """What a platform team reads from the operator: a group applied is a reconcile counted ok, an
+    invalid one refused; the scaler's replicas, drain requests and replica changes per group; the
+    builtin external metrics API's answers by code; a deleted group's series gone. promtool is clean."""
+    _CP[:] = [release.cp]
+    operator = next(d for d in release.manifest if d["kind"] == "Deployment"
+                    and d["metadata"]["name"] == f"{RELEASE}-operator")
+    (args,) = [c["args"] for c in operator["spec"]["template"]["spec"]["containers"] if c["name"] == "operator"]
+    assert "--metrics-port=9091" in args  # the chart serves it; the process here listens on loopback
+    before = wait_until(lambda: _operator_metrics(release), "the operator's /metrics", timeout=60)
+    ok = "kompaktor_operator_reconciles_total"
+    ok0 = _value(before, ok, kind="CompactorGroup", result="ok")
+    refused0 = _value(before, ok, kind="CompactorGroup", result="refused")
+    assert ok0 is not None and refused0 is not None  # every kind and result exported from the start
+
+    # a group with two (node-agent) pods, then scaled down by one: no heartbeat, so the scaler asks
+    # the victim to drain, gives it the lowest deletion cost and lowers the Deployment's replicas
+    group = {"apiVersion": naming.GROUP_VERSION, "kind": "CompactorGroup", "metadata": {"name": "metered"},
+             "spec": {"replicas": 2, "minReplicas": 1, "maxReplicas": 3, "autoscaler": "none",
+                      "spark": {"engine": "arrow", "master": "local[1]"}}}
+    bad = {"apiVersion": naming.GROUP_VERSION, "kind": "CompactorGroup", "metadata": {"name": "metered-bad"},
+           "spec": {"minReplicas": 3, "maxReplicas": 1}}
+    release.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [group, bad]}))
+    wait_until(lambda: (c := release.condition("compactorgroup", "metered", "Ready")) and c["status"] == "True",
+               "metered Ready", timeout=60)
+    wait_until(lambda: (c := release.condition("compactorgroup", "metered-bad", "Ready")) and c["status"] == "False",
+               "metered-bad refused", timeout=60)
+    text = wait_until(lambda: (t := _operator_metrics(release))
+                      and _value(t, "kompaktor_operator_group_replicas", group="metered") == 2 and t,
+                      "the scaler's replicas for metered", timeout=60)
+    assert _value(text, ok, kind="CompactorGroup", result="ok") >= ok0 + 1
+    assert _value(text, ok, kind="CompactorGroup", result="refused") >= refused0 + 1
+    assert _value(text, "kompaktor_operator_group_desired_replicas", group="metered") == 2
+    wait_until(lambda: len(json.loads(release.kubectl("get", "pods", "-l", naming.selector("metered"), "-o",
+                                                      "json").stdout)["items"]) == 2, "metered's 2 pods", timeout=60)
+    release.kubectl("scale", "compactorgroup", "metered", "--replicas=1")
+    text = wait_until(lambda: (t := _operator_metrics(release))
+                      and _value(t, "kompaktor_operator_group_replicas", group="metered") == 1 and t,
+                      "the scaler to lower metered to 1", timeout=60)
+    assert release.get("deployment", naming.deployment_name("metered"))["spec"]["replicas"] == 1
+    assert _value(text, "kompaktor_operator_group_desired_replicas", group="metered") == 1
+    assert _value(text, "kompaktor_operator_drain_requests_total", group="metered") >= 1
+    assert _value(text, "kompaktor_operator_replica_changes_total", group="metered", direction="down") == 1
+
+    # the builtin external metrics API, through the aggregator: a known group and an unknown one
+    _metrics_api_available(release)
+    raw = f"/apis/external.metrics.k8s.io/v1beta1/namespaces/{NS}/kompaktor_queue_depth?labelSelector=group%3D"
+    codes0 = {c: _value(text, "kompaktor_operator_metrics_api_requests_total", code=c) or 0 for c in ("200", "404")}
+    wait_until(lambda: release.cp.kubectl("get", "--raw", raw + "metered", check=False).returncode == 0,
+               "the metric for metered", timeout=60)
+    assert release.cp.kubectl("get", "--raw", raw + "nobody", check=False).returncode != 0
+    text = wait_until(lambda: (t := _operator_metrics(release)) and all(
+        (_value(t, "kompaktor_operator_metrics_api_requests_total", code=c) or 0) > codes0[c] for c in codes0) and t,
+        "the metrics API's 200 and 404 counted", timeout=30)
+
+    # a deleted group's series go with it
+    release.kubectl("delete", "compactorgroup", "metered", "metered-bad")
+    text = wait_until(lambda: (t := _operator_metrics(release)) and 'group="metered"' not in t and t,
+                      "metered's series removed", timeout=60)
+    assert _value(text, "kompaktor_operator_build_info", version=__version__) == 1
+    check(text)
 
 
 def test_deleting_resources_collects_children_and_uninstall_keeps_crds(release: Release) -> None:

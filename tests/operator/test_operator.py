@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from kompaktor_operator import depth, naming
+from kompaktor_operator.metrics import metrics
 from kompaktor_operator.scaling import CompactorView
 
 from .conftest import NS, Api, FakeBackend, eventually
@@ -48,6 +49,14 @@ def body(kind: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
 
 def group_body(name: str, **spec: Any) -> dict[str, Any]:
     return body("CompactorGroup", name, spec)
+
+
+def reconciles(kind: str, result: str) -> float:
+    """kompaktor_operator_reconciles_total{kind,result} in this process (kopf runs in a thread here)."""
+    value = metrics().registry.get_sample_value("kompaktor_operator_reconciles_total",
+                                                {"kind": kind, "result": result})
+    assert value is not None
+    return value
 
 
 async def test_group_creates_children_and_status(operator, api: Api, backend: FakeBackend) -> None:
@@ -104,6 +113,7 @@ async def test_spec_change_patches_children_and_switches_autoscaler(operator, ap
 async def test_hostile_group_is_refused_and_nothing_is_created(operator, api: Api, backend: FakeBackend,
                                                                spec: dict[str, Any], rule: str) -> None:
     kmock = operator
+    refused0 = reconciles("CompactorGroup", "refused")
     await api.create(GROUPS_RES, group_body("hostile", **spec))
 
     def refused() -> dict[str, Any] | None:
@@ -119,6 +129,7 @@ async def test_hostile_group_is_refused_and_nothing_is_created(operator, api: Ap
     for res in (DEPLOY, HPA, "v1/services"):
         assert gone(kmock, res, "kompaktor-hostile")
     assert "hostile" not in backend.groups
+    assert reconciles("CompactorGroup", "refused") > refused0
 
 
 async def test_group_changed_to_a_refused_image_keeps_what_its_allowed_spec_made(operator, api: Api,
@@ -270,6 +281,7 @@ async def test_compaction_start_track_succeed(operator, api: Api, backend: FakeB
 
 async def test_compaction_rejected_by_the_store_fails_cleanly(operator, api: Api, backend: FakeBackend) -> None:
     kmock = operator
+    refused0, ok0 = reconciles("Compaction", "refused"), reconciles("Compaction", "ok")
     await api.create(COMPACTIONS_RES, compaction_body("c3", table="missing"))
 
     def failed() -> bool:
@@ -278,10 +290,12 @@ async def test_compaction_rejected_by_the_store_fails_cleanly(operator, api: Api
 
     await eventually(failed, what="Failed")
     assert backend.started == []
+    assert reconciles("Compaction", "refused") == refused0 + 1 and reconciles("Compaction", "ok") == ok0
 
 
 async def test_redis_down_is_retried_not_fatal(operator, api: Api, backend: FakeBackend) -> None:
     kmock = operator
+    error0, ok0 = reconciles("CompactorGroup", "error"), reconciles("CompactorGroup", "ok")
     backend.unavailable = True
     await api.create(GROUPS_RES, group_body("r"))
 
@@ -294,3 +308,5 @@ async def test_redis_down_is_retried_not_fatal(operator, api: Api, backend: Fake
     backend.unavailable = False
     await eventually(lambda: "r" in backend.groups, what="retried after Redis returned")
     await eventually(lambda: obj(kmock, DEPLOY, "kompaktor-r"), what="Deployment after the retry")
+    await eventually(lambda: reconciles("CompactorGroup", "ok") > ok0, what="the retried reconcile counted ok")
+    assert reconciles("CompactorGroup", "error") > error0  # the attempt while Redis was down
