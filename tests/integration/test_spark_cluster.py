@@ -195,15 +195,25 @@ def merge(driver: Driver, storage: Storage, inputs: list[str], id_: str, **kw) -
     driver.send(op="merge", id=id_, storage=storage.uri, inputs=inputs, output="t1/A000001.parquet", **kw)
 
 
-def tasks_of_last_merge(driver: Driver, n_parts: int) -> list[dict]:
-    """Task attempts of the last merge stage (the REST API lags behind the job by a little)."""
+def last_stage(driver: Driver) -> int:
+    """The newest stage the driver's REST API knows of (-1: none)."""
+    return max((t["stage"] for t in driver.ask("tasks")["tasks"]), default=-1)
+
+
+def tasks_of_merge(driver: Driver, n_parts: int, after: int) -> list[dict]:
+    """Task attempts of the merge's stage, the first complete one after stage ``after`` (the
+    REST API lags behind the job by a little: polled until it shows the stage complete)."""
+    def stage(a: dict) -> int | None:
+        done = [t["stage"] for t in a["tasks"] if t["stage_status"] == "COMPLETE" and t["stage"] > after]
+        return min(done) if done else None
+
     def merged(a: dict) -> bool:
-        ts = [t for t in a["tasks"] if t["stage_status"] == "COMPLETE"]
-        return bool(ts) and sum(1 for t in ts if t["stage"] == max(x["stage"] for x in ts)
-                                and t["status"] == "SUCCESS") == n_parts
+        sid = stage(a)
+        return sid is not None and sum(1 for t in a["tasks"]
+                                       if t["stage"] == sid and t["status"] == "SUCCESS") == n_parts
     ans = driver.wait_for("the merge stage in the REST API", merged, "tasks")
-    last = max(t["stage"] for t in ans["tasks"] if t["stage_status"] == "COMPLETE")
-    return [t for t in ans["tasks"] if t["stage"] == last]
+    sid = stage(ans)
+    return [t for t in ans["tasks"] if t["stage"] == sid]
 
 
 def executor_id(worker) -> str:
@@ -221,12 +231,13 @@ def executor_id(worker) -> str:
 def test_merge_runs_on_both_workers_and_equals_the_arrow_engine(cluster, driver, storage, inputs):
     ensure_two_workers(cluster, driver)
     expected = arrow_reference(storage, inputs)
+    after = last_stage(driver)
     merge(driver, storage, inputs, "both")
     done = driver.next_event("done", id="both")
     assert "error" not in done, done
     assert pq.read_table(storage.path("t1/A000001.parquet")).equals(expected)
     assert files(storage) == sorted([*inputs, "t1/A000001.parquet"])
-    tasks = tasks_of_last_merge(driver, N_FILES * PER_FILE // TASK_ENTRIES)
+    tasks = tasks_of_merge(driver, N_FILES * PER_FILE // TASK_ENTRIES, after)
     on = {t["executor"] for t in tasks if t["status"] == "SUCCESS"}
     assert on == {executor_id(w) for w in cluster.workers if w.proc.poll() is None}, tasks
 
@@ -246,6 +257,7 @@ def test_a_worker_killed_mid_merge_its_task_runs_elsewhere(cluster, driver, stor
     victim, survivor = [w for w in cluster.workers if w.proc.poll() is None][:2]
     lost, kept = executor_id(victim), executor_id(survivor)
     n = N_FILES * PER_FILE // TASK_ENTRIES
+    after = last_stage(driver)
     victim.signal_executors(signal.SIGSTOP)  # the task it is given cannot finish
     merge(driver, storage, inputs, "kill")
     driver.wait_for("every task but the stopped worker's done", lambda a: any(
@@ -255,7 +267,7 @@ def test_a_worker_killed_mid_merge_its_task_runs_elsewhere(cluster, driver, stor
     assert "error" not in done, done
     assert pq.read_table(storage.path("t1/A000001.parquet")).equals(expected)
     assert files(storage) == sorted([*inputs, "t1/A000001.parquet"])  # no stray part
-    tasks = tasks_of_last_merge(driver, n)
+    tasks = tasks_of_merge(driver, n, after)
     failed = [t for t in tasks if t["executor"] == lost]
     assert failed and all(t["status"] != "SUCCESS" for t in failed), tasks
     retried = {t["index"] for t in tasks if t["executor"] == kept and t["status"] == "SUCCESS"}
