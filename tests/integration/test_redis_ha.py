@@ -206,3 +206,50 @@ def test_sentinel_url_is_redacted_in_errors() -> None:
     url = f"redis+sentinel://:{PASSWORD}@127.0.0.1:{free_port()}/k/0?sentinel_password={PASSWORD}"
     r = _cli("table", "list", "--redis", url)
     _one_line(r, "redis+sentinel://***@", "sentinel_password=***")
+
+
+def test_up_ha_runs_primary_replica_and_three_sentinels_and_stops_them(tmp_path: Path) -> None:
+    """`kompaktor up --ha`: the URL it prints is a Sentinel URL that works (a table created through
+    it lands on the primary and its replica); Ctrl-C stops every Redis and Sentinel process."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from .test_local import ARROW_ONLY
+
+    cfg = tmp_path / "local.yaml"
+    cfg.write_text(ARROW_ONLY)
+    p = subprocess.Popen([sys.executable, "-m", "kompaktor", "up", "--ha", "--config", str(cfg), "--data-dir",
+                          str(tmp_path / "data")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        line = p.stdout.readline()  # type: ignore[union-attr]
+        assert "kompaktor is up: KOMPAKTOR_REDIS_URL=redis+sentinel://127.0.0.1:" in line, line
+        url = line.split("KOMPAKTOR_REDIS_URL=", 1)[1].split()[0]
+        env = {**os.environ, "KOMPAKTOR_REDIS_URL": url}
+        subprocess.run([sys.executable, "-m", "kompaktor", "table", "create", "t"], env=env, check=True,
+                       capture_output=True, timeout=120)
+        sentinels = [int(hp.rsplit(":", 1)[1]) for hp in url.split("//", 1)[1].split("/", 1)[0].split(",")]
+        assert len(sentinels) == 3
+        data = tmp_path / "data" / "redis-ha"
+        assert sorted(d.name for d in data.iterdir()) == ["redis-0", "redis-1", "sentinel-0", "sentinel-1",
+                                                          "sentinel-2"]
+        store = MetadataStore.from_url(url)
+        assert store.durability.plan(store._r).commands[0][:2] == ("WAIT", 1)
+        ports = [int(store._r.info("replication")["slave0"]["port"]), store._r.connection_pool.get_master_address()[1]]
+        store.close()
+        p.send_signal(signal.SIGINT)
+        assert p.wait(timeout=120) == 0
+        for port in [*sentinels, *ports]:  # every server and sentinel is gone: nothing listens any more
+            deadline = time.monotonic() + 30
+            while True:
+                with socket.socket() as s:
+                    if s.connect_ex(("127.0.0.1", port)) != 0:
+                        break
+                assert time.monotonic() < deadline, f"port {port} still listening"
+                time.sleep(0.05)
+    finally:
+        if p.poll() is None:
+            p.kill()
