@@ -9,9 +9,40 @@ import time
 from kompaktor.files.storage import Storage
 from kompaktor.metadata import failures
 from kompaktor.metadata.compactions import delete_outputs, remove_running, running_compactions
+from kompaktor.metadata.connection import NotDurable
 from kompaktor.metadata.store import MetadataStore
+from kompaktor.model.errors import StoreUnavailable
+from kompaktor.model.tablet import RunningCompaction
 
 log = logging.getLogger("kompaktor.coordinator")
+
+#: how long to wait for Redis to answer again (a failover) when a removal's outcome is unknown
+REREAD_S = 30.0
+
+
+def _removed(store: MetadataStore, tablet_id: str, ecid: str, rc: RunningCompaction) -> bool:
+    """Remove a dead compaction from its tablet; True when it is gone because of this removal.
+
+    A removal not confirmed durable (:class:`NotDurable`: a failover while it was replicated)
+    may or may not have applied: the tablet, read once Redis answers again, says which. Without
+    this, an applied removal whose reply was lost ended the pass before its outputs, failure and
+    dead-log entry were handled, and the next pass no longer saw the ECID."""
+    try:
+        return remove_running(store, tablet_id, ecid)
+    except NotDurable:
+        log.warning("removing dead compaction %s: outcome unknown (failover?); reading the tablet", ecid)
+    deadline = time.monotonic() + REREAD_S
+    while True:
+        try:
+            t = store.tablet(tablet_id)
+            break
+        except StoreUnavailable:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+    # gone from the tablet and its output not committed there: our removal applied (a release by
+    # the compactor in between is handled the same way: its outputs are garbage either way)
+    return t is not None and ecid not in t.running and rc.output not in t.files
 
 
 def detect_dead(store: MetadataStore, storage: Storage, dead_after_s: float, max_attempts: int, *,
@@ -31,7 +62,7 @@ def detect_dead(store: MetadataStore, storage: Storage, dead_after_s: float, max
             continue
         log.warning("compaction %s on %s (compactor %s) is dead: no heartbeat for %.0fs",
                     ecid, tablet_id, rc.compactor, now - last)
-        if remove_running(store, tablet_id, ecid):
+        if _removed(store, tablet_id, ecid, rc):
             delete_outputs(storage, rc.output, ecid)
             store.drop_heartbeat(ecid)
             store.log_dead(ecid, rc.group)
