@@ -91,6 +91,11 @@ def bad_inputs(tmp: Path, redis_port: int) -> list[tuple[list[str], str | None, 
          f"error: -o {afile}/x.parquet: {afile} is not an existing directory"),
         (["table", "list", "--redis", f"redis://127.0.0.1:{redis_port}/99"], None, 1,
          f"error: Redis at redis://127.0.0.1:{redis_port}/99 has no such database (DB index out of range)"),
+        (["table", "list", "--redis", f"redis://127.0.0.1:{redis_port}/0?ssl_ca_certs=/etc/ca.crt"], None, 1,
+         f"error: invalid Redis URL 'redis://127.0.0.1:{redis_port}/0?ssl_ca_certs=/etc/ca.crt': ssl_ca_certs "
+         "needs TLS: use rediss://"),
+        (["table", "list", "--redis", f"redis://127.0.0.1:{redis_port}/0?timeout=5"], None, 1,
+         f"error: invalid Redis URL 'redis://127.0.0.1:{redis_port}/0?timeout=5': unknown parameter(s) timeout"),
         *[(["table", "create", name], None, 1,
            f"error: invalid table name {name!r}: use 1 to 128 ASCII letters, digits, '-', '_' or '.', "
            "not '.' or '..'")

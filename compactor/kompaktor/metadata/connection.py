@@ -125,6 +125,24 @@ def parse_sentinel_url(url: str) -> SentinelURL:
                        parts.scheme.lower().startswith("rediss"), query)
 
 
+#: query parameters of a plain ``redis://`` / ``rediss://`` URL (redis-py passes anything else to
+#: the connection, which fails on first use with a TypeError), and those only TLS has
+_URL_PARAMS = {"db", "client_name", "protocol", "health_check_interval", "socket_timeout", "socket_connect_timeout"}
+_TLS_PARAMS = {"ssl_ca_certs", "ssl_cert_reqs", "ssl_certfile", "ssl_keyfile", "ssl_check_hostname", "ssl_ca_path"}
+
+
+def _check_query(url: str) -> None:
+    parts = urlsplit(url)
+    keys = set(parse_qs(parts.query, keep_blank_values=True))
+    tls = parts.scheme.lower() == "rediss"
+    where = f"invalid Redis URL {redact_url(url)!r}"
+    if not tls and keys & _TLS_PARAMS:
+        raise StoreUnavailable(f"{where}: {', '.join(sorted(keys & _TLS_PARAMS))} needs TLS: use rediss://")
+    unknown = sorted(keys - _URL_PARAMS - (_TLS_PARAMS if tls else set()))
+    if unknown:
+        raise StoreUnavailable(f"{where}: unknown parameter(s) {', '.join(unknown)}")
+
+
 def connect(url: str, *, retries: int = 6, socket_timeout: float = 5.0) -> redis.Redis:
     """A Redis client on the primary that retries connection errors with exponential backoff, a
     bounded number of times (about 3 s in all by default), then fails. ``rediss://`` URLs use TLS;
@@ -146,6 +164,7 @@ def connect(url: str, *, retries: int = 6, socket_timeout: float = 5.0) -> redis
         sentinel = Sentinel(s.sentinels, sentinel_kwargs=sentinel_kwargs)
         return sentinel.master_for(s.service, db=s.db, password=s.password, username=s.username,
                                    check_connection=True, **common, **tls)
+    _check_query(url)
     try:
         return redis.Redis.from_url(url, **common)
     except ValueError as exc:
