@@ -56,6 +56,7 @@ class Chaos:
         self.lock = threading.Lock()  # held while Redis is down, so others can wait
         #: while set, no Redis fault is injected (the demo's burst import, which is not retried)
         self.hold_redis = threading.Event()
+        self._froze = False  # the last failover attempt froze the replica (and its moment did not come)
         self.thread = threading.Thread(target=self._run, name="chaos", daemon=True)
         # a fixed plan: each step is one fault; Redis restarts once, in the middle — with an HA
         # Redis the primary is SIGKILLed instead, once early (ingest running) and once later
@@ -150,6 +151,7 @@ class Chaos:
         within ``window_s`` (the step is tried again soon)."""
         ha = self.cluster.redis_ha
         assert ha is not None
+        self._froze = False
         if self.hold_redis.is_set():
             return False
         primary = ha.primary()
@@ -163,6 +165,7 @@ class Chaos:
             committed = int(pc.hget(C.COUNTERS, "compactions_committed") or 0)
             for r in replicas:
                 r.proc.send_signal(signal.SIGSTOP)  # type: ignore[union-attr]
+            self._froze = True
             hit = False
             pending = commits = 0
             try:
@@ -206,8 +209,9 @@ class Chaos:
             if done:
                 self.plan.pop(0)
                 wait = self.interval_s * self.rng.uniform(0.7, 1.3)
-            elif action.startswith("failover-"):
-                # the moment did not come: let the replica catch up (acknowledgments resume) first
+            elif action.startswith("failover-") and self._froze:
+                # the moment did not come while the replica was frozen: let it catch up
+                # (acknowledgments resume) first
                 wait = 1.5
             else:
                 wait = 0.02  # nothing busy to hit yet: look again soon

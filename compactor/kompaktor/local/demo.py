@@ -285,7 +285,17 @@ def _run(opts: DemoOptions, cfg: LocalConfig, cluster: LocalCluster, data_dir: P
                     time.sleep(0.5)
                     continue
                 if chaos is not None and chaos.plan and chaos.thread.is_alive():
-                    busy += 1  # the fault schedule is not through (an HA run's failover mid-commit)
+                    if busy == 0 and dirty == 0:
+                        # the fault schedule waits for a commit (the failover mid-commit) and nothing
+                        # is left to commit: compact the whole table once more to give it some
+                        chaos.hold_redis.set()  # a user compaction's start is not retried
+                        try:
+                            user_compactions.start(store, opts.table)
+                        except StoreUnavailable:
+                            pass
+                        finally:
+                            chaos.hold_redis.clear()
+                    busy += 1  # the fault schedule is not through
                 idle = busy == 0 and dirty == 0
                 quiet = quiet + 1 if idle else 0
                 if quiet == 1:
