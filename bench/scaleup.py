@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> None:
         with helm.Config(kubeconfig_path=str(cp.kubeconfig), namespace=NS) as cfg:
             cfg.install(str(ROOT / "helm" / "kompaktor"), "kompaktor", {
                 "redis": {"bundled": False, "external": {"existingSecret": "redis-url"}},
+                "storage": {"uri": str(root / "files")},
                 "metricsApi": {"serviceType": "NodePort"}, "coordinator": {"enabled": False}}, namespace=NS,
                 timeout=120)
         svc = core.read_namespaced_service("kompaktor-metrics-api", NS)

@@ -27,7 +27,14 @@ VALUES = sorted((CHART / "ci").glob("*.yaml"))
 FOREIGN = {"ServiceMonitor", "Certificate"}
 
 
-def render(values: dict[str, Any]) -> list[dict[str, Any]]:
+#: the one value without a default: storage every pod shares
+STORAGE = {"storage": {"uri": "s3://compactions/kompaktor"}}
+
+
+def render(values: dict[str, Any], *, storage: bool = True) -> list[dict[str, Any]]:
+    """The chart's manifests for ``values`` (plus :data:`STORAGE` unless they name storage)."""
+    if storage and "storage" not in values:
+        values = {**values, **STORAGE}
     with helm.Chart.load(str(CHART)) as chart:
         out = chart.render(values, name="kompaktor", namespace="kompaktor-system", is_install=True)
     docs = []
@@ -116,6 +123,29 @@ def test_default_install_has_the_whole_system() -> None:
     assert re.fullmatch(r"redis://:[A-Za-z0-9]{32}@kompaktor-redis\.kompaktor-system\.svc:6379/0", url)
     assert {"ClusterRole", "ClusterRoleBinding", "ServiceAccount", "Service", "ConfigMap"} <= set(by)
     assert "ServiceMonitor" not in by
+
+
+def test_install_without_shared_storage_is_refused_in_one_line() -> None:
+    """A default install used to give each pod its own local directory: compactors' outputs were
+    invisible to the coordinator and the scans. Now the chart names the value to set."""
+    with pytest.raises(helm.HelmError) as err:
+        render({}, storage=False)
+    message = str(err.value)
+    assert "storage.uri is required" in message and "s3://bucket/prefix" in message
+    with pytest.raises(helm.HelmError):
+        render({"storage": {"uri": ""}}, storage=False)
+
+
+def test_bundled_redis_runs_the_projects_image_with_its_pull_policy() -> None:
+    (redis,) = kinds(render({}))["StatefulSet"]
+    (c,) = redis["spec"]["template"]["spec"]["containers"]
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert c["image"] == f"ghcr.io/kompaktor/kompaktor-redis:{version}"
+    assert c["imagePullPolicy"] == "IfNotPresent"
+    (c,) = kinds(render({"redis": {"image": {"repository": "docker.io/library/redis", "tag": "7.2-alpine",
+                                              "pullPolicy": "Always"}}}))["StatefulSet"][0]["spec"]["template"][
+        "spec"]["containers"]
+    assert (c["image"], c["imagePullPolicy"]) == ("docker.io/library/redis:7.2-alpine", "Always")
 
 
 def test_rbac_is_least_privilege() -> None:

@@ -96,6 +96,7 @@ def install(control_plane: ControlPlane, redis_server: Any, tmp_path_factory: py
         "operator": {"watchNamespaces": [WATCHED]},
         "redis": {"bundled": False, "external": {"existingSecret": REDIS_SECRET}},
         "autoscaler": "hpa",
+        "storage": {"uri": str(tmp_path_factory.mktemp("storage"))},
     }
     log = tmp_path_factory.mktemp("sec-logs") / "operator.log"
     proc: subprocess.Popen | None = None
