@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build kube-apiserver and kube-controller-manager (Kubernetes 1.20.2) from Debian 12's
-# `kubernetes` source package, once per machine, into a cache outside the repository keyed by the
+# Build kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and kube-proxy (Kubernetes
+# 1.20.2) and the pod sandbox's `pause` binary from Debian 12's `kubernetes` source package, once per machine, into a cache outside the repository keyed by the
 # package version; install etcd, kubectl and openssl from Debian when missing. Idempotent: when the
 # binaries are cached it prints their directory and exits at once. Needs root (apt-get).
 set -euo pipefail
@@ -9,9 +9,11 @@ PKG_VERSION="1.20.5+really1.20.2-1.1+deb12u1"
 CACHE="${KOMPAKTOR_K8S_CACHE:-$HOME/.cache/kompaktor/k8s}/$PKG_VERSION"
 BIN="$CACHE/bin"
 
+BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy pause)
+have_bins() { local b; for b in "${BINARIES[@]}"; do [[ -x "$BIN/$b" ]] || return 1; done; }
 have_tools() { command -v etcd >/dev/null && command -v kubectl >/dev/null && command -v openssl >/dev/null; }
 
-if [[ -x "$BIN/kube-apiserver" && -x "$BIN/kube-controller-manager" ]] && have_tools; then
+if have_bins && have_tools; then
   echo "$BIN"
   exit 0
 fi
@@ -27,12 +29,12 @@ if ! have_tools; then
   command -v openssl >/dev/null || apt-get install -y -qq openssl >/dev/null
 fi
 
-if [[ -x "$BIN/kube-apiserver" && -x "$BIN/kube-controller-manager" ]]; then
+if have_bins; then
   echo "$BIN"
   exit 0
 fi
 
-echo "building kube-apiserver and kube-controller-manager $PKG_VERSION (first run only, ~5 min)" >&2
+echo "building ${BINARIES[*]} $PKG_VERSION (first run only, ~10 min)" >&2
 # Source packages: the same Debian mirrors as the binary entries, as deb-src.
 SRC_LIST=/etc/apt/sources.list.d/kompaktor-deb-src.sources
 if ! grep -rqs "deb-src" /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null; then
@@ -45,7 +47,7 @@ if ! grep -rqs "deb-src" /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/n
   apt_updated=0
 fi
 apt_update
-apt-get install -y -qq golang-go rsync jq dpkg-dev golang-github-modern-go-reflect2-dev \
+apt-get install -y -qq golang-go gcc libc6-dev rsync jq dpkg-dev golang-github-modern-go-reflect2-dev \
   golang-github-json-iterator-go-dev >/dev/null
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/kompaktor-k8s-build.XXXXXX")"
@@ -65,7 +67,9 @@ mkdir -p "$WORK/home"
 GOPATH="$PWD/.go" CGO_ENABLED=0 GOPROXY=off GOFLAGS=-mod=vendor HOME="$WORK/home" \
   GOCACHE="${KOMPAKTOR_GO_CACHE:-$HOME/.cache/kompaktor/go-build}" \
   KUBE_GIT_VERSION=v1.20.2 KUBE_GIT_TREE_STATE=clean \
-  make WHAT="cmd/kube-apiserver cmd/kube-controller-manager" >&2
+  make WHAT="cmd/kube-apiserver cmd/kube-controller-manager cmd/kube-scheduler cmd/kubelet cmd/kube-proxy" >&2
+# The pod sandbox's process: no pause image can be pulled, so the real-node tier builds one from this.
+gcc -Os -static -o _output/bin/pause build/pause/linux/pause.c
 mkdir -p "$BIN"
-install -m 0755 _output/bin/kube-apiserver _output/bin/kube-controller-manager "$BIN/"
+for b in "${BINARIES[@]}"; do install -m 0755 "_output/bin/$b" "$BIN/"; done
 echo "$BIN"

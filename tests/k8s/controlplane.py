@@ -64,16 +64,18 @@ def _openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
 
 
-def make_pki(d: Path) -> None:
-    """A CA, the apiserver's serving certificate (SAN 127.0.0.1 and the in-cluster names), the
-    service-account key pair, and a front-proxy CA + client certificate for aggregated APIs."""
+def make_pki(d: Path, extra_ips: tuple[str, ...] = ()) -> None:
+    """A CA, the apiserver's serving certificate (SAN 127.0.0.1, ``extra_ips`` and the in-cluster
+    names), the service-account key pair, and a front-proxy CA + client certificate for aggregated
+    APIs."""
     d.mkdir(parents=True, exist_ok=True)
     for ca in ("ca", "front-proxy-ca"):
         _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{ca}.key", "-out", f"{ca}.crt",
                  "-days", "2", "-subj", f"/CN={ca}", cwd=d)
     (d / "san.cnf").write_text(
         "[req]\ndistinguished_name=dn\n[dn]\n[ext]\nsubjectAltName=IP:127.0.0.1,IP:127.100.0.1,"
-        "DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:localhost\n"
+        + "".join(f"IP:{ip}," for ip in extra_ips if ip != "127.0.0.1")
+        + "DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:localhost\n"
         "extendedKeyUsage=serverAuth\n")
     _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "apiserver.key", "-out", "apiserver.csr",
              "-subj", "/CN=kube-apiserver", cwd=d)
@@ -118,6 +120,12 @@ class ControlPlane:
     #: kube-controller-manager's client rate (Kubernetes' default is 20/s, burst 30); large
     #: clusters raise it, and so does the 660-pod benchmark
     kcm_qps: int = 20
+    #: where the apiserver listens and what it advertises (the real-node tier: the node's bridge
+    #: address, so pods reach it through the `kubernetes` Service)
+    bind_address: str = "127.0.0.1"
+    service_range: str = SERVICE_RANGE
+    #: extra IP SANs of the serving certificate (the `kubernetes` Service's ClusterIP)
+    extra_sans: tuple[str, ...] = ()
     processes: list[Process] = field(default_factory=list)
     token: str = field(default_factory=lambda: secrets.token_hex(16))
     server: str = ""
@@ -149,7 +157,7 @@ class ControlPlane:
         t0 = time.monotonic()
         bin_dir = self.bin_dir or binaries()
         self.root.mkdir(parents=True, exist_ok=True)
-        make_pki(self.pki)
+        make_pki(self.pki, (self.bind_address, *self.extra_sans))
         (self.pki / "tokens.csv").write_text(f"{self.token},admin,admin,system:masters\n")
         etcd_client, etcd_peer, api_port, kcm_port = free_port(), free_port(), free_port(), free_port()
         etcd_url = f"http://127.0.0.1:{etcd_client}"
@@ -163,14 +171,15 @@ class ControlPlane:
         p = self.pki
         self._spawn("kube-apiserver", [
             str(bin_dir / "kube-apiserver"), "--etcd-servers", etcd_url,
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={api_port}",
+            f"--bind-address={self.bind_address}", f"--advertise-address={self.bind_address}",
+            f"--secure-port={api_port}", "--kubelet-preferred-address-types=InternalIP",
             "--insecure-port=0", f"--cert-dir={self.root / 'apiserver-certs'}",
             f"--tls-cert-file={p / 'apiserver.crt'}", f"--tls-private-key-file={p / 'apiserver.key'}",
             f"--client-ca-file={p / 'ca.crt'}", f"--token-auth-file={p / 'tokens.csv'}",
             "--authorization-mode=RBAC",
             f"--service-account-key-file={p / 'sa.pub'}", f"--service-account-signing-key-file={p / 'sa.key'}",
             "--service-account-issuer=https://kubernetes.default.svc",
-            f"--service-cluster-ip-range={SERVICE_RANGE}",
+            f"--service-cluster-ip-range={self.service_range}",
             f"--requestheader-client-ca-file={p / 'front-proxy-ca.crt'}",
             "--requestheader-allowed-names=front-proxy-client",
             "--requestheader-extra-headers-prefix=X-Remote-Extra-",
@@ -178,7 +187,7 @@ class ControlPlane:
             f"--proxy-client-cert-file={p / 'front-proxy-client.crt'}",
             f"--proxy-client-key-file={p / 'front-proxy-client.key'}",
             "--enable-priority-and-fairness=false"])
-        self.server = f"https://127.0.0.1:{api_port}"
+        self.server = f"https://{self.bind_address}:{api_port}"
         self._write_kubeconfig(self.kubeconfig, self.token)
         try:
             wait_until(lambda: self._get("/readyz") == "ok", "kube-apiserver /readyz", timeout=60)
