@@ -11,10 +11,12 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # controlplane, nodeagent
+sys.path.insert(0, str(Path(__file__).parent))  # controlplane, nodeagent, node
+sys.path.insert(0, str(Path(__file__).parents[1]))  # harness (containerd, images, S3 server)
 from controlplane import ControlPlane
 
 _versions: list[str] = []
@@ -40,6 +42,26 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
         cp.stop()
 
 
+@pytest.fixture(scope="session")
+def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ControlPlane, Any]]:
+    """A control plane on the node bridge and a real node (kubelet + containerd) running the
+    project's own images (built by `make images`, imported into the node's containerd)."""
+    from harness.images import ensure_images
+    from node import start_cluster
+
+    images = ensure_images()
+    cp, node = start_cluster(tmp_path_factory.mktemp("real-node"), images)
+    _versions.append(f"real node {node.started_in_s:.1f} s (images imported in {node.image_import_s:.1f} s)")
+    try:
+        yield cp, node
+    finally:
+        try:
+            node.remove_pods(timeout=90)
+        finally:
+            node.stop()
+            cp.stop()
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
     if _versions:
-        terminalreporter.write_line(f"Kubernetes control plane: {_versions[0]}")
+        terminalreporter.write_line(f"Kubernetes: {'; '.join(_versions)}")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -54,6 +55,12 @@ def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
     return out
 
 
+def _unquote(rule: str) -> list[str]:
+    import shlex
+
+    return shlex.split(rule)
+
+
 def _sysctl_path(name: str) -> Path:
     return Path("/proc/sys") / name.replace(".", "/")
 
@@ -71,15 +78,34 @@ class Network:
         _run("ip", "link", "set", BRIDGE, "up")
         # Services resolve to the bridge, never to the default route
         _run("ip", "route", "add", SERVICE_RANGE, "dev", BRIDGE, "src", GATEWAY)
-        for name, value in (("net.ipv4.ip_forward", "1"), ("net.bridge.bridge-nf-call-iptables", "1")):
+        for name, value in (("net.ipv4.ip_forward", "1"), ("net.bridge.bridge-nf-call-iptables", "1"),
+                            ("net.ipv4.conf.all.route_localnet", None)):  # kube-proxy sets the last
             path = _sysctl_path(name)
             self.saved_sysctls[name] = path.read_text().strip()
-            path.write_text(value)
+            if value is not None:
+                path.write_text(value)
         # nothing from the pods leaves the machine: only the bridge itself and the host answer
         _run("iptables", "-I", "FORWARD", "1", "-i", BRIDGE, "!", "-o", BRIDGE, "-m", "comment",
              "--comment", GUARD_COMMENT, "-j", "REJECT")
 
+    @staticmethod
+    def remove_kube_chains() -> None:
+        """Every KUBE-* chain the kubelet and kube-proxy made, and the jumps to them (kube-proxy
+        --cleanup leaves the kubelet's and fails on ipset without the ipset tool)."""
+        for table in ("filter", "nat", "mangle"):
+            rules = _run("iptables", "-t", table, "-S", check=False).stdout.splitlines()
+            for rule in rules:
+                parts = rule.split()
+                if parts[:1] == ["-A"] and not parts[1].startswith("KUBE-") and "KUBE-" in rule:
+                    _run("iptables", "-t", table, "-D", *_unquote(rule)[1:], check=False)
+            chains = [r.split()[1] for r in rules if r.startswith("-N KUBE-")]
+            for chain in chains:
+                _run("iptables", "-t", table, "-F", chain, check=False)
+            for chain in chains:
+                _run("iptables", "-t", table, "-X", chain, check=False)
+
     def teardown(self) -> None:
+        self.remove_kube_chains()
         while _run("iptables", "-D", "FORWARD", "-i", BRIDGE, "!", "-o", BRIDGE, "-m", "comment",
                    "--comment", GUARD_COMMENT, "-j", "REJECT", check=False).returncode == 0:
             pass
@@ -296,11 +322,9 @@ class RealNode:
         if self.containerd is not None:
             with contextlib.suppress(Exception):
                 self.containerd.stop()
+        self._remove_cgroups()
         self._unmount_under(self.root)
         self._remove_netns()
-        self._remove_cgroups()
-        bin_dir = self.cp.bin_dir or binaries()
-        _run(str(bin_dir / "kube-proxy"), "--cleanup", check=False)
         self.network.teardown()
 
     @staticmethod
@@ -322,7 +346,25 @@ class RealNode:
                     ns.unlink()
 
     @staticmethod
+    def _kill_pod_processes() -> list[int]:
+        """SIGKILL every process left in the node's cgroups (containers whose shim is gone)."""
+        killed: set[int] = set()
+        for _ in range(50):
+            pids = {int(p) for ctrl in RealNode._cgroup_controllers()
+                    for procs in (ctrl / CGROUP_ROOT.lstrip("/")).rglob("cgroup.procs")
+                    for p in procs.read_text().split()} - {os.getpid()}
+            if not pids:
+                break
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            killed |= pids
+            time.sleep(0.1)
+        return sorted(killed)
+
+    @staticmethod
     def _remove_cgroups() -> None:
+        RealNode._kill_pod_processes()
         for ctrl in RealNode._cgroup_controllers():
             top = ctrl / CGROUP_ROOT.lstrip("/")
             if not top.exists():

@@ -1,0 +1,267 @@
+"""The user's path, literally, on a real node: the product as shipped.
+
+A control plane listening on the node's bridge, a kubelet with containerd + runc, CNI bridge
+networking, kube-proxy, kube-scheduler and cluster DNS (tests/k8s/node.py). The project's own
+images (`make images`) are imported into the node's containerd; `helm install` with the README's
+values (storage on an S3 API server the pods reach on the bridge) runs the operator, the
+coordinator and the bundled Redis as pods; `kubectl apply -f examples/`; a burst loaded through
+the Redis Service; the real HPA raises the group; the kubelet starts compactor containers that
+merge with Spark inside the container and commit; the scan is exact; the HPA lowers the group and
+the kubelet runs the preStop drain; `kubectl delete` and `helm uninstall` leave no container.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import kubernetes
+import pytest
+from controlplane import ControlPlane, wait_until
+from node import GATEWAY, NODE_NAME, RealNode, running_containers
+
+from kompaktor import __version__
+from kompaktor.model.keys import Entry
+from kompaktor_operator import naming
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "kompaktor"
+NS = "kompaktor"
+RELEASE = "kompaktor"
+BIN = Path(sys.executable).parent
+BUCKET = "kompaktor-data"
+TABLE = "ci_burst"  # served by the examples' CompactionService cs1 (tables ci, ci_*) → group small
+
+
+@dataclass
+class Shipped:
+    cp: ControlPlane
+    node: RealNode
+    env: dict[str, str]  # the `kompaktor` CLI's environment on the host: Redis through its Service, S3
+    s3: Any
+    replicas_seen: list[int] = field(default_factory=list)
+
+    def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
+        return self.cp.kubectl("-n", NS, *args, check=check, input=input)
+
+    def get(self, kind: str, name: str) -> dict[str, Any] | None:
+        out = self.kubectl("get", kind, name, "-o", "json", check=False)
+        return json.loads(out.stdout) if out.returncode == 0 else None
+
+    def pods(self, selector: str) -> list[dict[str, Any]]:
+        return json.loads(self.kubectl("get", "pods", "-l", selector, "-o", "json").stdout)["items"]
+
+    def condition(self, kind: str, name: str, ctype: str) -> dict[str, Any] | None:
+        obj = self.get(kind, name) or {}
+        return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == ctype), None)
+
+    def kompaktor(self, *args: str, check: bool = True, timeout: float = 180) -> subprocess.CompletedProcess:
+        out = subprocess.run([str(BIN / "kompaktor"), *args], env=self.env, capture_output=True, text=True,
+                             timeout=timeout)
+        if check and out.returncode != 0:
+            raise AssertionError(f"kompaktor {' '.join(args)} ({out.returncode}): {out.stderr}")
+        return out
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod.get("status", {}).get("conditions", []))
+
+
+def _diagnose(s: Shipped) -> str:
+    out = s.cp.kubectl("get", "pods", "-A", "-o", "wide", check=False).stdout
+    events = s.cp.kubectl("get", "events", "-A", "--sort-by=.lastTimestamp", check=False).stdout[-4000:]
+    return f"{out}\n--- events ---\n{events}\n--- kubelet ---\n{s.node.log('kubelet', 3000)}"
+
+
+@pytest.fixture(scope="module")
+def shipped(real_cluster: tuple[ControlPlane, RealNode], tmp_path_factory: pytest.TempPathFactory
+            ) -> Iterator[Shipped]:
+    from harness.s3server import S3Server
+
+    cp, node = real_cluster
+    core = kubernetes.client.CoreV1Api(cp.api())
+    s3 = S3Server(tmp_path_factory.mktemp("s3"), host=GATEWAY)
+    s3.start()
+    try:
+        s3.create_bucket(BUCKET)
+        storage_env = {"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key,
+                       "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": s3.endpoint}
+        core.create_namespace({"metadata": {"name": NS}})
+        # the README's storage step: credentials as environment variables in a Secret
+        core.create_namespaced_secret(NS, {"metadata": {"name": "s3-credentials"}, "stringData": storage_env})
+        # the bundled Redis' volume: this node has no provisioner, so a local volume an admin made
+        data = tmp_path_factory.mktemp("redis-data")
+        os.chown(data, 999, 999)
+        core.create_persistent_volume({
+            "metadata": {"name": "kompaktor-redis-data"},
+            "spec": {"capacity": {"storage": "8Gi"}, "accessModes": ["ReadWriteOnce"],
+                     "persistentVolumeReclaimPolicy": "Retain",
+                     "hostPath": {"path": str(data), "type": "Directory"}}})
+        # `helm install` with the README's values
+        with helm.Config(kubeconfig_path=str(cp.kubeconfig), namespace=NS) as cfg:
+            cfg.install(str(CHART), RELEASE, {
+                "storage": {"uri": f"s3://{BUCKET}/tables", "existingSecret": "s3-credentials"},
+            }, namespace=NS, timeout=120)
+        s = Shipped(cp, node, {}, s3)
+        try:
+            wait_until(lambda: (p := s.pods("app.kubernetes.io/component=operator")) and all(map(_ready, p)),
+                       "the operator pod (operator + coordinator) Ready", timeout=240, every=1)
+            wait_until(lambda: (p := s.pods("app.kubernetes.io/component=redis")) and all(map(_ready, p)),
+                       "the bundled Redis pod Ready", timeout=120, every=1)
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}\n{_diagnose(s)}") from None
+        # the host reaches Redis through its Service (kube-proxy), as a client in the cluster would
+        svc = core.read_namespaced_service(f"{RELEASE}-redis", NS)
+        password = base64.b64decode(core.read_namespaced_secret(f"{RELEASE}-redis", NS).data["password"]).decode()
+        s.env = {**os.environ, **storage_env, "KOMPAKTOR_REDIS_URL": f"redis://:{password}@{svc.spec.cluster_ip}:6379/0",
+                 "KOMPAKTOR_STORAGE": f"s3://{BUCKET}/tables"}
+        yield s
+    finally:
+        s3.stop()
+
+
+# -- 1. what helm install started ------------------------------------------------------------------
+def test_the_operator_coordinator_and_redis_run_as_pods_from_the_projects_images(shipped: Shipped) -> None:
+    pods = shipped.pods(f"app.kubernetes.io/instance={RELEASE}")
+    images = {c["name"]: c["image"] for p in pods for c in p["spec"]["containers"]}
+    assert images == {"operator": f"ghcr.io/kompaktor/kompaktor-operator:{__version__}",
+                      "coordinator": f"ghcr.io/kompaktor/kompaktor-operator:{__version__}",
+                      "redis": f"ghcr.io/kompaktor/kompaktor-redis:{__version__}"}, images
+    for p in pods:
+        assert p["spec"]["nodeName"] == NODE_NAME
+        for st in p["status"]["containerStatuses"]:
+            assert st["ready"] and st["restartCount"] == 0, st
+            assert st["imageID"], st  # from the node's containerd, not pulled: IfNotPresent found it
+    # uid 10001 / 999, not root, as the runtime enforces it
+    op = next(p for p in pods if p["metadata"]["labels"].get("app.kubernetes.io/component") == "operator")
+    out = shipped.kubectl("exec", op["metadata"]["name"], "-c", "operator", "--", "id", "-u")
+    assert out.stdout.strip() == "10001"
+    ro = shipped.kubectl("exec", op["metadata"]["name"], "-c", "operator", "--", "touch", "/opt/x", check=False)
+    assert ro.returncode != 0 and "Read-only file system" in ro.stderr + ro.stdout
+    # the coordinator reaches Redis through the Service's DNS name (cluster DNS on the bridge)
+    logs = shipped.kubectl("logs", op["metadata"]["name"], "-c", "coordinator").stdout
+    assert "Traceback" not in logs, logs[-3000:]
+
+
+# -- 2. the burst, scaled by the real HPA, merged by compactor containers ----------------------------
+def _entries(rows: range, version: int) -> list[Entry]:
+    return [Entry(f"row{r:05d}".encode(), b"f", b"q", b"", 1000 + version, False, f"v{version}-{r}".encode())
+            for r in rows]
+
+
+def _watch_replicas(s: Shipped, stop: threading.Event) -> None:
+    apps = kubernetes.client.AppsV1Api(s.cp.api())
+    while not stop.is_set():
+        try:
+            dep = apps.read_namespaced_deployment(naming.deployment_name("small"), NS)
+            s.replicas_seen.append(dep.spec.replicas or 0)
+        except Exception:
+            pass
+        stop.wait(1)
+
+
+def test_burst_hpa_compactor_containers_scan_and_drain(shipped: Shipped, tmp_path: Path) -> None:
+    s = shipped
+    s.kubectl("apply", "-f", str(ROOT / "examples"))
+    # this node has 2 cores: the small group's pods ask for a quarter core each, at most 3 of them,
+    # and the HPA lowers them 10 s after the queue empties (examples/ asks 1 core, 20 pods, 5 min)
+    s.kubectl("patch", "compactorgroup", "small", "--type=merge", "-p", json.dumps({"spec": {
+        "maxReplicas": 3, "behavior": {"scaleDownStabilizationSeconds": 10}, "drainGraceSeconds": 60,
+        "resources": {"requests": {"cpu": "250m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}}}))
+    try:
+        wait_until(lambda: (p := s.pods(naming.selector("small"))) and len(p) == 2 and all(map(_ready, p)),
+                   "the small group's 2 compactor pods Ready", timeout=240, every=1)
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}\n{_diagnose(s)}") from None
+    stop = threading.Event()
+    watcher = threading.Thread(target=_watch_replicas, args=(s, stop), daemon=True)
+    watcher.start()
+    try:
+        # 20 tablets, 3 imported files each: 20 jobs for the small group
+        splits = ",".join(f"row{r:05d}" for r in range(50, 1000, 50))
+        s.kompaktor("table", "create", TABLE, "--splits", splits)
+        from kompaktor.files.sortedfile import write_sorted
+        from kompaktor.files.storage import Storage
+
+        local = Storage.from_uri(str(tmp_path))
+        files = []
+        for version in range(3):
+            write_sorted(local, f"import-{version}.parquet", _entries(range(1000), version))
+            files.append(str(tmp_path / f"import-{version}.parquet"))
+        s.kompaktor("import", TABLE, *files)
+        # the real HPA reads the operator-served queue depth and raises the group to its maximum
+        try:
+            wait_until(lambda: max(s.replicas_seen, default=0) == 3, "the HPA raising small to 3", timeout=120)
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}: seen {sorted(set(s.replicas_seen))}\n{_diagnose(s)}") from None
+
+        def compacted() -> bool:
+            out = s.kompaktor("status", "--json", check=False)
+            if out.returncode != 0:
+                return False
+            st = json.loads(out.stdout)
+            table, group = st["tables"][TABLE], st["groups"].get("small", {})
+            return (table["tablets"] == 20 and table["files_per_tablet"]["max"] == 1
+                    and group.get("queued") == 0 and group.get("running") == 0)
+
+        try:
+            wait_until(compacted, "every tablet compacted to one file by the compactor containers",
+                       timeout=300, every=2)
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}\n{_diagnose(s)}") from None
+        out_file = tmp_path / "scan.parquet"
+        s.kompaktor("scan", TABLE, "-o", str(out_file))
+        import pyarrow.parquet as pq
+
+        scanned = pq.read_table(out_file).to_pylist()
+        assert [(r["row"], r["value"]) for r in scanned] == [(e.row, e.value) for e in _entries(range(1000), 2)]
+        # the queue is empty: the HPA lowers the group to minReplicas, the operator drains idle
+        # compactors first and the kubelet runs their preStop drain
+        try:
+            wait_until(lambda: len(s.pods(naming.selector("small"))) == 2
+                       and s.get("deployment", naming.deployment_name("small"))["spec"]["replicas"] == 2,
+                       "small back at 2 pods", timeout=180, every=2)
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}\n{_diagnose(s)}") from None
+    finally:
+        stop.set()
+        watcher.join(5)
+    st = json.loads(s.kompaktor("status", "--json").stdout)
+    # 0 busy compactors terminated: no compaction was declared dead (no heartbeat lost mid-job),
+    # none failed or waits for a retry, and every job was committed by a compactor container
+    assert st["groups"]["small"]["dead_compactions_recovered"] == 0, st["groups"]
+    assert not st["dead_letters"] and not st["retries_pending"], st
+    assert st["groups"]["small"]["compactions_committed"] >= 20, st["groups"]
+
+
+def test_kubectl_logs_and_exec_on_a_compactor_pod(shipped: Shipped) -> None:
+    pod = shipped.pods(naming.selector("small"))[0]["metadata"]["name"]
+    logs = shipped.kubectl("logs", pod, "-c", "compactor").stdout
+    assert logs.strip(), "no log"
+    out = shipped.kubectl("exec", pod, "-c", "compactor", "--", "kompaktor", "--version")
+    assert __version__ in out.stdout
+    # Spark's scratch is the pod's emptyDir, the root filesystem is read-only, uid 10001
+    probe = shipped.kubectl("exec", pod, "-c", "compactor", "--", "sh", "-c",
+                            "id -u; touch /scratch/x && echo scratch-ok; touch /opt/x 2>&1 || true")
+    assert probe.stdout.splitlines()[:2] == ["10001", "scratch-ok"], probe.stdout
+    assert "Read-only file system" in probe.stdout
+
+
+# -- 3. delete and uninstall leave nothing running ---------------------------------------------------
+def test_delete_and_uninstall_leave_no_container_running(shipped: Shipped) -> None:
+    s = shipped
+    s.kubectl("delete", "-f", str(ROOT / "examples"), "--wait=true")
+    with helm.Config(kubeconfig_path=str(s.cp.kubeconfig), namespace=NS) as cfg:
+        cfg.uninstall(RELEASE, timeout=120)
+    wait_until(lambda: not json.loads(s.kubectl("get", "pods", "-o", "json").stdout)["items"],
+               "every pod in the namespace gone", timeout=180, every=1)
+    wait_until(lambda: not running_containers(s.node), "no container running on the node", timeout=60, every=1)
