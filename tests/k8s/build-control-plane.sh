@@ -11,7 +11,16 @@ BIN="$CACHE/bin"
 
 BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy pause)
 have_bins() { local b; for b in "${BINARIES[@]}"; do [[ -x "$BIN/$b" ]] || return 1; done; }
-have_tools() { command -v etcd >/dev/null && command -v kubectl >/dev/null && command -v openssl >/dev/null; }
+# the real node's runtime and networking: containerd + runc, CNI plugins, iptables (kube-proxy),
+# dnsmasq (the harness's cluster DNS)
+NODE_PACKAGES=(containerd runc containernetworking-plugins iptables dnsmasq-base)
+have_node_tools() {
+  command -v containerd >/dev/null && command -v runc >/dev/null && [[ -x /usr/lib/cni/bridge ]] \
+    && command -v iptables >/dev/null && command -v dnsmasq >/dev/null
+}
+have_tools() {
+  command -v etcd >/dev/null && command -v kubectl >/dev/null && command -v openssl >/dev/null && have_node_tools
+}
 
 if have_bins && have_tools; then
   echo "$BIN"
@@ -27,6 +36,7 @@ if ! have_tools; then
   command -v etcd >/dev/null || apt-get install -y -qq etcd-server >/dev/null
   command -v kubectl >/dev/null || apt-get install -y -qq kubernetes-client >/dev/null
   command -v openssl >/dev/null || apt-get install -y -qq openssl >/dev/null
+  have_node_tools || apt-get install -y -qq "${NODE_PACKAGES[@]}" >/dev/null
 fi
 
 if have_bins; then
