@@ -8,9 +8,10 @@ VERSION         := $(shell sed -n 's/^version *= *"\(.*\)"/\1/p' pyproject.toml 
 REGISTRY        ?= ghcr.io/kompaktor
 OPERATOR_IMAGE  ?= $(REGISTRY)/kompaktor-operator:$(VERSION)
 COMPACTOR_IMAGE ?= $(REGISTRY)/kompaktor-compactor:$(VERSION)
+REDIS_IMAGE     ?= $(REGISTRY)/kompaktor-redis:$(VERSION)
 PROMTOOL_DIR    := $(HOME)/.cache/kompaktor/promtool
 
-.PHONY: help install test test-operator test-k8s control-plane promtool demo lint bench crds images clean
+.PHONY: help install test test-operator test-k8s control-plane promtool demo lint bench crds images test-images clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -21,16 +22,16 @@ $(STAMP): pyproject.toml
 	@java -version 2>&1 | grep -Eq 'version "(1[7-9]|[2-9][0-9])' || { apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless; }
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,spark]'
 	@touch $(STAMP)
 
 install: $(STAMP) ## virtualenv in .venv with the package and dev extras; redis-server, redis-sentinel and Java 17 via apt-get when missing
 
-test: $(STAMP) control-plane promtool ## the layer contract, then the whole suite (unit, Redis, Spark, operator, chart, real Kubernetes)
+test: $(STAMP) control-plane promtool test-images ## the layer contract, then the whole suite (unit, Redis, Spark, operator, chart, images, real Kubernetes on a real node)
 	PYTHONPATH=compactor:operator $(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
 
-control-plane: ## build kube-apiserver + kube-controller-manager 1.20 from Debian's source package once (cached in ~/.cache/kompaktor)
+control-plane: ## build kube-apiserver, -controller-manager, -scheduler, kubelet, kube-proxy 1.20 from Debian's source once (cached in ~/.cache/kompaktor); install containerd, runc, CNI, dnsmasq
 	@if [ "$$KOMPAKTOR_SKIP_K8S" != 1 ]; then bash tests/k8s/build-control-plane.sh >/dev/null; fi
 
 promtool: ## promtool from Debian's prometheus package, unpacked into ~/.cache/kompaktor (no server installed or started)
@@ -38,7 +39,7 @@ promtool: ## promtool from Debian's prometheus package, unpacked into ~/.cache/k
 	  d=$$(mktemp -d) && cd $$d && { apt-get download -qq prometheus 2>/dev/null || { apt-get update -qq && apt-get download -qq prometheus; }; } \
 	  && dpkg -x prometheus_*.deb $(PROMTOOL_DIR) && rm -rf $$d; }
 
-test-k8s: $(STAMP) control-plane ## only the real Kubernetes control-plane tier (helm install, kubectl, RBAC, HPA, node agent)
+test-k8s: $(STAMP) control-plane test-images ## only the real Kubernetes control-plane tier (helm install, kubectl, RBAC, HPA, node agent)
 	$(PY) -m pytest -q tests/k8s
 
 test-operator: $(STAMP) ## only the operator: kopf handlers against the kmock Kubernetes emulator
@@ -58,11 +59,13 @@ crds: $(STAMP) ## regenerate crds/ from the pydantic models
 bench: $(STAMP) control-plane ## benchmarks: planner, queues, merge engines, end-to-end ingest, autoscaling to 660 pods
 	$(PY) -m bench.run
 
-images: ## build the operator and compactor images (needs Docker), tagged with the version in pyproject.toml
-	@test -n "$(VERSION)" || { echo "make images: no version found in pyproject.toml" >&2; exit 1; }
-	@docker info >/dev/null 2>&1 || { echo "make images: no Docker engine reachable ('docker info' failed): install or start Docker, or set DOCKER_HOST" >&2; exit 1; }
-	DOCKER_BUILDKIT=1 docker build -f operator/Dockerfile --build-arg VERSION=$(VERSION) -t $(OPERATOR_IMAGE) .
-	DOCKER_BUILDKIT=1 docker build -f compactor/Dockerfile --build-arg VERSION=$(VERSION) -t $(COMPACTOR_IMAGE) .
+images: $(STAMP) ## build the operator, compactor and Redis images with docker, podman or buildah (CONTAINER_TOOL=), offline from a host wheelhouse; cached by their inputs
+	REGISTRY=$(REGISTRY) OPERATOR_IMAGE=$(OPERATOR_IMAGE) COMPACTOR_IMAGE=$(COMPACTOR_IMAGE) REDIS_IMAGE=$(REDIS_IMAGE) \
+	  PYTHON=$(PY) bash scripts/build-images.sh >/dev/null
+
+# the test tier's images: built after the node binaries (the pause image comes from them)
+test-images: $(STAMP) control-plane
+	@if [ "$$KOMPAKTOR_SKIP_K8S" != 1 ]; then $(MAKE) --no-print-directory images; fi
 
 clean: ## remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .hypothesis

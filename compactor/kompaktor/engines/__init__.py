@@ -7,9 +7,11 @@ groups of small jobs. Both are held to the same conformance tests.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Mapping
 
 from kompaktor.engines.api import MergeEngine
+from kompaktor.model.errors import KompaktorError
 
 ENGINES = ("spark", "arrow")
 
@@ -23,6 +25,9 @@ def make_engine(kind: str = "spark", *, spark_master: str = "local[*]", spark_co
 
         return ArrowMergeEngine()
     if kind == "spark":
+        if importlib.util.find_spec("pyspark") is None:
+            raise KompaktorError("the spark engine needs PySpark, which is not installed: "
+                                 "pip install 'kompaktor[spark]' (or use the arrow engine)")
         from kompaktor.engines.spark import SparkMergeEngine
 
         return SparkMergeEngine(master=spark_master, conf=dict(spark_conf or {}), driver_memory=driver_memory)
