@@ -428,7 +428,7 @@ def test_operator_metrics_port_service_and_scrape_config() -> None:
     (op,) = [d for d in by["Deployment"] if d["metadata"]["name"] == "kompaktor-operator"]
     c = container(docs, "Deployment", "kompaktor-operator", "operator")
     assert "--metrics-port=9091" in c["args"]
-    assert {"name": "op-metrics", "containerPort": 9091} in c["ports"]
+    assert {"name": "op-metrics", "containerPort": 9091, "protocol": "TCP"} in c["ports"]
     ports = [p["name"] for k in op["spec"]["template"]["spec"]["containers"] for p in k["ports"]]
     assert len(ports) == len(set(ports)), ports  # port names are unique in a pod
     svcs = {s["metadata"]["name"]: s for s in by["Service"]}
@@ -459,3 +459,18 @@ def test_operator_metrics_port_service_and_scrape_config() -> None:
             render(taken)
     with helm.Chart.load(str(CHART)) as chart, pytest.raises(helm.HelmError):
         chart.validate_schema({"operator": {"metricsPort": 80}})
+
+
+@pytest.mark.parametrize("values", VALUES, ids=lambda p: p.stem)
+def test_every_port_names_its_protocol_for_server_side_apply(values: Path) -> None:
+    """Helm installs with server-side apply; on Kubernetes before 1.26 a port list entry without
+    `protocol` fails it ("associative list with keys has an element that omits key field
+    protocol"), which a real node's `helm install` of the bundled Redis hit first."""
+    for doc in render(load(values)):
+        spec = doc.get("spec") or {}
+        for port in spec.get("ports") or [] if doc["kind"] == "Service" else []:
+            assert port.get("protocol") == "TCP", (doc["metadata"]["name"], port)
+        pod = ((spec.get("template") or {}).get("spec")) or {}
+        for c in pod.get("containers", []) + pod.get("initContainers", []):
+            for port in c.get("ports") or []:
+                assert port.get("protocol") == "TCP", (doc["metadata"]["name"], c["name"], port)
