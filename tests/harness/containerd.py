@@ -18,6 +18,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import time
 import uuid
@@ -110,14 +111,19 @@ state = "{r / 'state'}"
         listed = self.ctr("images", "ls", "-q").stdout.split()
         return refs or listed
 
-    def run(self, image: str, argv: list[str], *, user: str = "10001:10001", read_only: bool = True,
+    def run(self, image: str, argv: list[str], *, read_only: bool = True,
             mounts: list[tuple[Path, str, bool]] | tuple = (), env: dict[str, str] | None = None,
             timeout: float = 300) -> subprocess.CompletedProcess:
-        """A one-off container (no network but its own loopback), removed afterwards."""
-        args = ["run", "--rm", "--user", user]
+        """A one-off container as the image's own USER (ctr 1.6 cannot override it), with no network
+        but its own loopback, removed afterwards."""
+        args = ["run", "--rm"]
         if read_only:
             args.append("--read-only")
         args += ["--mount", "type=tmpfs,src=tmpfs,dst=/tmp,options=rw:nosuid:nodev:mode=1777"]
+        # an /etc/hosts naming the container's host name, as the kubelet and docker write one
+        hosts = self.root / "hosts"
+        hosts.write_text(f"127.0.0.1\tlocalhost {socket.gethostname()}\n::1\tlocalhost\n")
+        args += ["--mount", f"type=bind,src={hosts},dst=/etc/hosts,options=rbind:ro"]
         for src, dst, ro in mounts:
             args += ["--mount", f"type=bind,src={src},dst={dst},options=rbind:{'ro' if ro else 'rw'}"]
         for k, v in (env or {}).items():
