@@ -31,6 +31,12 @@ K8S_BIN="${KOMPAKTOR_K8S_CACHE:-$HOME/.cache/kompaktor/k8s}/1.20.5+really1.20.2-
 SUITE=bookworm
 MIRROR="${KOMPAKTOR_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 BASE_PACKAGES="python3,python3-venv,tini,ca-certificates"
+if [[ "${1:-}" == --list ]]; then  # what would be built: NAME IMAGE DOCKERFILE
+  echo "operator $OPERATOR_IMAGE operator/Dockerfile"
+  echo "compactor $COMPACTOR_IMAGE compactor/Dockerfile"
+  echo "redis $REDIS_IMAGE helm/redis/Dockerfile"
+  exit 0
+fi
 mkdir -p "$CACHE" "$WHEEL_CACHE"
 log() { echo "build-images: $*" >&2; }
 sha() { sha256sum | cut -c1-16; }
@@ -52,7 +58,11 @@ if [[ -z "$TOOL" ]]; then
   fi
 fi
 case "$TOOL" in
-  docker) build() { docker build "$@"; } ;;
+  docker)
+    docker info >/dev/null 2>&1 || {
+      echo "build-images: no Docker engine reachable ('docker info' failed): start Docker, set DOCKER_HOST, or use CONTAINER_TOOL=buildah" >&2
+      exit 1; }
+    build() { docker build "$@"; } ;;
   podman) build() { podman build "$@"; } ;;
   buildah) build() { buildah bud --isolation chroot "$@"; } ;;
   *) echo "build-images: CONTAINER_TOOL must be docker, podman or buildah (got '$TOOL')" >&2; exit 1 ;;
