@@ -1,8 +1,8 @@
 """The images as built by `make images`, run in a real container runtime (containerd + runc).
 
 As the pods run them: as the images' own numeric USER, 10001 (Redis 999), a read-only root
-filesystem, only /tmp (and the mounted data) writable. The compactor image starts, imports every engine, and merges real files
-mounted into it to exactly the bytes the host's engine writes; the operator image has no PySpark;
+filesystem, only /tmp (and the mounted data) writable. The compactor image starts, imports every
+engine, and merges real files mounted into it to exactly the bytes the host's engine writes; the operator image has no PySpark;
 the Redis image serves as uid 999 from a read-only root with its data on a mounted volume.
 """
 
