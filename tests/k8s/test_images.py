@@ -3,7 +3,8 @@
 As the pods run them: as the images' own numeric USER, 10001 (Redis 999), a read-only root
 filesystem, only /tmp (and the mounted data) writable. The compactor image starts, imports every
 engine, and merges real files mounted into it to exactly the bytes the host's engine writes; the
-operator image has no PySpark; the Redis image serves as uid 999 from a read-only root with its data on a mounted volume.
+operator image has no PySpark; the Redis image serves as uid 999 from a read-only root
+with its data on a mounted volume.
 """
 
 from __future__ import annotations
