@@ -102,6 +102,7 @@ PRINTER_COLUMNS: dict[str, list[dict[str, Any]]] = {
          "description": "age in seconds of the oldest queued job"},
         {"name": "Autoscaler", "type": "string", "jsonPath": ".spec.autoscaler", "priority": 1},
         {"name": "Status", "type": "string", "jsonPath": _READY},
+        {"name": "Pods", "type": "string", "jsonPath": '.status.conditions[?(@.type=="PodsHealthy")].reason'},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ],
     "Compaction": [

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import kopf
 from pydantic import ValidationError
 
-from kompaktor_operator import admission, conditions, depth, kube, manifests, naming
+from kompaktor_operator import admission, conditions, depth, kube, manifests, naming, podhealth
 from kompaktor_operator import models as m
 from kompaktor_operator.config import OperatorConfig
 from kompaktor_operator.metrics import metrics
@@ -298,12 +298,17 @@ async def reconcile_group(name: str, namespace: str, spec: Any, status: Any, met
         children = [c for c in children if c["kind"] in ("NetworkPolicy", "Deployment", "Service")]
     for child in children:
         kopf.adopt(child, owner=body)
+        created_with = None
         if child["kind"] == "Deployment":
             # Only at creation: afterwards the scaler alone changes the replicas.
             existing = await _kube(kube.get("apps/v1", "Deployment", namespace, child["metadata"]["name"]))
             if existing is None:
-                child["spec"]["replicas"] = group.desired_replicas()
+                created_with = child["spec"]["replicas"] = group.desired_replicas()
         await _kube(kube.apply(child, namespace))
+        if created_with is not None:
+            # ... and the scaler owns them from then on: the next apply, which renders none,
+            # must not remove them (server-side apply removes what its manager stops sending)
+            await _kube(kube.claim_replicas(namespace, child["metadata"]["name"], created_with))
     offered = {hpa_version} | ({"keda.sh/v1alpha1"} if keda else set())
     for api_version, kind, autoscaler in manifests.AUTOSCALER_KINDS:
         if api_version in offered and autoscaler != group.autoscaler:
@@ -370,7 +375,8 @@ async def _scale_group(name: str, namespace: str, spec: Any, status: Any, meta: 
         return  # the reconcile handler has not created it yet
     current = int((dep.get("spec") or {}).get("replicas", 1))
     desired = group.desired_replicas()
-    pods = [_pod_view(p) for p in await _kube(kube.list_pods(namespace, naming.selector_labels(name)))]
+    raw_pods = await _kube(kube.list_pods(namespace, naming.selector_labels(name)))
+    pods = [_pod_view(p) for p in raw_pods]
     backend = depth.backend()
     compactors = await _io(backend.compactors, name)
     decision = decide_scale(current, desired, pods, compactors)
@@ -413,6 +419,12 @@ async def _scale_group(name: str, namespace: str, spec: Any, status: Any, meta: 
     generation = meta.get("generation")
     if not _settled(status, meta):
         return  # the figures now, the condition once the reconcile handler has set Ready
+    trouble = podhealth.diagnose(raw_pods)
+    if trouble is not None:
+        _mark(patch, status, podhealth.PODS_HEALTHY, False, trouble.reason, trouble.message, generation)
+    else:
+        _mark(patch, status, podhealth.PODS_HEALTHY, True, podhealth.HEALTHY,
+              f"{ready} of {decision.replicas} compactor pod(s) ready; none failing", generation)
     blind = await _hpa_cannot_scale(namespace, name) \
         if figures.queued > 0 and group.autoscaler == m.Autoscaler.HPA.value else None
     if blind is not None:

@@ -1,7 +1,7 @@
 """The only module that talks to the Kubernetes API (besides kopf itself).
 
 Owns: a `kubernetes_asyncio` client built from the same ``kopf.ConnectionInfo`` kopf logs in with,
-and the few verbs the operator needs — create-or-patch (never "create if absent"), get, delete,
+and the few verbs the operator needs — server-side apply (never "create if absent"), get, delete,
 list pods of a selector, patch pod annotations, set a Deployment's replicas — plus API discovery
 (which optional APIs the server offers: ``autoscaling/v2`` or ``v2beta2``, KEDA). Errors come back
 as :class:`KubeError` with the status and the message as Kubernetes returns it (a JSON Status, or
@@ -83,12 +83,14 @@ class Client:
 
     async def request(self, method: str, path: str, *, json: Any = None, content_type: str | None = None,
                       params: dict[str, str] | None = None) -> Any:
+        """``json`` is serialized by the client (JSON content types and apply patches: JSON is YAML)."""
         headers = {"Accept": "application/json"}
         if content_type:
             headers["Content-Type"] = content_type
         try:
             return await self.api().call_api(
-                path, method, query_params=list((params or {}).items()), header_params=headers, body=json,
+                path, method, query_params=list((params or {}).items()), header_params=headers,
+                body=json,
                 response_types_map={200: "object", 201: "object", 202: "object"},
                 _return_http_data_only=True)
         except ApiException as exc:
@@ -145,19 +147,77 @@ async def get(api_version: str, kind: str, namespace: str, name: str) -> dict[st
         raise
 
 
+#: the field manager of everything the operator renders (server-side apply)
+FIELD_MANAGER = "kompaktor-operator"
+#: the field manager of the scaler's writes (a Deployment's replicas, pods' drain annotations),
+#: which the rendered objects leave out so that an apply never resets them
+SCALER_MANAGER = "kompaktor-scaler"
+#: the manager name an operator before server-side apply wrote under (the client's user agent)
+LEGACY_MANAGER = "OpenAPI-Generator"
+#: fields the legacy manager wrote for the scaler, not for the rendering: never adopted by apply
+_SCALER_FIELDS = ("f:replicas",)
+
+
+def _without_scaler_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    spec = fields.get("f:spec")
+    if not isinstance(spec, dict):
+        return fields
+    return {**fields, "f:spec": {k: v for k, v in spec.items() if k not in _SCALER_FIELDS}}
+
+
+async def _adopt_legacy_fields(existing: dict[str, Any], api_version: str, kind: str, namespace: str) -> None:
+    """An object an older operator created or merge-patched is owned by an "Update" manager, so
+    applying the new rendering would leave every field it no longer renders in place forever.
+    Hand those fields to the apply manager once (as client-go's csaupgrade does), keeping out the
+    replicas the scaler set; the apply that follows then removes what is no longer rendered."""
+    managed = existing.get("metadata", {}).get("managedFields") or []
+    if not any(m.get("manager") == LEGACY_MANAGER and m.get("operation") == "Update" for m in managed):
+        return
+    if any(m.get("manager") == FIELD_MANAGER and m.get("operation") == "Apply" for m in managed):
+        return
+    adopted = []
+    for m in managed:
+        if m.get("manager") == LEGACY_MANAGER and m.get("operation") == "Update" and not m.get("subresource"):
+            m = {**m, "manager": FIELD_MANAGER, "operation": "Apply",
+                 "fieldsV1": _without_scaler_fields(m.get("fieldsV1") or {})}
+        adopted.append(m)
+    name = existing["metadata"]["name"]
+    await client().request("PATCH", _path(api_version, kind, namespace, name),
+                           json={"metadata": {"managedFields": adopted,
+                                              "resourceVersion": existing["metadata"]["resourceVersion"]}},
+                           content_type="application/merge-patch+json")
+
+
 async def apply(obj: dict[str, Any], namespace: str) -> dict[str, Any]:
-    """Create or merge-patch ``obj``: safe to run any number of times."""
+    """Server-side apply of ``obj`` (field manager :data:`FIELD_MANAGER`, forced): creates it or
+    makes it exactly the rendering — a field dropped from the rendering (an affinity, a
+    toleration, an env var, a label) disappears from the object, while fields other managers own
+    (the scaler's replicas, controllers' annotations) stay. Safe to run any number of times."""
     api_version, kind, name = obj["apiVersion"], obj["kind"], obj["metadata"]["name"]
     body = {**obj, "metadata": {**obj["metadata"], "namespace": namespace}}
-    existing = await get(api_version, kind, namespace, name)
-    if existing is None:
+    for attempt in range(5):
+        existing = await get(api_version, kind, namespace, name)
+        if existing is None:
+            break
         try:
-            return await client().request("POST", _path(api_version, kind, namespace), json=body)
-        except KubeError as exc:
-            if exc.status != 409:  # created meanwhile (a replayed handler): patch it instead
+            await _adopt_legacy_fields(existing, api_version, kind, namespace)
+            break
+        except KubeError as exc:  # a controller wrote the status meanwhile: read it again
+            if exc.status != 409 or attempt == 4:
                 raise
-    return await client().request("PATCH", _path(api_version, kind, namespace, name), json=body,
-                                  content_type="application/merge-patch+json")
+    return await client().request(
+        "PATCH", _path(api_version, kind, namespace, name), json=body,
+        content_type="application/apply-patch+yaml", params={"fieldManager": FIELD_MANAGER, "force": "true"})
+
+
+async def claim_replicas(namespace: str, deployment: str, replicas: int) -> None:
+    """Make :data:`SCALER_MANAGER` the owner of a Deployment's ``spec.replicas`` (a forced apply of
+    just that field), so that the operator's applies, which render no replicas, leave them."""
+    body = {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": deployment, "namespace": namespace}, "spec": {"replicas": replicas}}
+    await client().request("PATCH", _path("apps/v1", "Deployment", namespace, deployment), json=body,
+                           content_type="application/apply-patch+yaml",
+                           params={"fieldManager": SCALER_MANAGER, "force": "true"})
 
 
 async def delete(api_version: str, kind: str, namespace: str, name: str) -> bool:
@@ -184,12 +244,13 @@ async def patch_annotations(api_version: str, kind: str, namespace: str, name: s
                             annotations: dict[str, str | None]) -> None:
     await client().request("PATCH", _path(api_version, kind, namespace, name),
                            json={"metadata": {"annotations": annotations}},
-                           content_type="application/merge-patch+json")
+                           content_type="application/merge-patch+json", params={"fieldManager": SCALER_MANAGER})
 
 
 async def set_replicas(namespace: str, deployment: str, replicas: int) -> None:
     await client().request("PATCH", _path("apps/v1", "Deployment", namespace, deployment),
-                           json={"spec": {"replicas": replicas}}, content_type="application/merge-patch+json")
+                           json={"spec": {"replicas": replicas}}, content_type="application/merge-patch+json",
+                           params={"fieldManager": SCALER_MANAGER})
 
 
 async def delete_pod(namespace: str, name: str) -> None:

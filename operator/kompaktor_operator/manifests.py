@@ -88,6 +88,9 @@ def build_pod_template(group: str, spec: CompactorGroupSpec, config: OperatorCon
         "args": compactor_args(group, spec),
         "env": _env(spec, config),
         "ports": [{"name": http, "containerPort": naming.HTTP_PORT, "protocol": "TCP"}],
+        # a container that exits with an error leaves its log's tail as its termination message:
+        # the CompactorGroup's PodsHealthy condition quotes it (podhealth)
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "livenessProbe": {
             "httpGet": {"path": "/healthz", "port": http},
             "initialDelaySeconds": 10, "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 6,

@@ -189,7 +189,8 @@ def _chart_redis(tls: bool) -> dict[str, Any]:
 
     chart_dir = Path(__file__).resolve().parents[2] / "helm" / "kompaktor"
     with helm.Chart.load(str(chart_dir)) as chart:
-        out = chart.render({"redis": {"tls": {"enabled": tls}}}, name="kompaktor", namespace="ns", is_install=True)
+        out = chart.render({"redis": {"tls": {"enabled": tls}}, "storage": {"uri": "s3://compactions/kompaktor"}},
+                           name="kompaktor", namespace="ns", is_install=True)
     sts = next(d for d in yaml.safe_load_all(out["kompaktor/templates/redis.yaml"]) if d and d["kind"] == "StatefulSet")
     return sts["spec"]["template"]["spec"]["containers"][0]
 

@@ -79,7 +79,18 @@ def _ready(pod: dict[str, Any]) -> bool:
 def _diagnose(s: Shipped) -> str:
     out = s.cp.kubectl("get", "pods", "-A", "-o", "wide", check=False).stdout
     events = s.cp.kubectl("get", "events", "-A", "--sort-by=.lastTimestamp", check=False).stdout[-4000:]
-    return f"{out}\n--- events ---\n{events}\n--- kubelet ---\n{s.node.log('kubelet', 3000)}"
+    logs = []
+    for pod in s.pods(f"app.kubernetes.io/instance={RELEASE}"):
+        if _ready(pod):
+            continue
+        name = pod["metadata"]["name"]
+        for c in pod["spec"]["containers"]:
+            for prev in ("--previous", None):
+                got = s.cp.kubectl("logs", "-n", NS, name, "-c", c["name"], "--tail", "30",
+                                   *([prev] if prev else []), check=False)
+                logs.append(f"--- logs {name}/{c['name']} {prev or ''} ---\n{got.stdout[-2500:]}{got.stderr[-300:]}")
+    return (f"{out}\n--- events ---\n{events}\n" + "\n".join(logs)
+            + f"\n--- kubelet ---\n{s.node.log('kubelet', 3000)}")
 
 
 @pytest.fixture(scope="module")
@@ -254,6 +265,97 @@ def test_kubectl_logs_and_exec_on_a_compactor_pod(shipped: Shipped) -> None:
                             "id -u; touch /scratch/x && echo scratch-ok; touch /opt/x 2>&1 || true")
     assert probe.stdout.splitlines()[:2] == ["10001", "scratch-ok"], probe.stdout
     assert "Read-only file system" in probe.stdout
+
+
+# -- 3. a group whose pods cannot run says why ---------------------------------------------------------
+def _group(name: str, **spec: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {"minReplicas": 1, "maxReplicas": 1, "jobsPerReplica": 1, "autoscaler": "hpa",
+                            "drainGraceSeconds": 10,
+                            "spark": {"engine": "arrow", "master": "local[1]"},
+                            "resources": {"requests": {"cpu": "50m", "memory": "128Mi"},
+                                          "limits": {"memory": "1Gi"}}}
+    return {"apiVersion": "kompaktor.io/v1alpha1", "kind": "CompactorGroup", "metadata": {"name": name},
+            "spec": {**base, **spec}}
+
+
+#: each group made to fail one way, and the fix a user would apply
+BROKEN: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
+    # an image the node does not hold and no registry here can serve
+    "t-pull": ({"imagePullPolicy": "Always"}, {"imagePullPolicy": "IfNotPresent"}, "ImagePullFailed"),
+    # a Spark master nobody answers: the compactor cannot start its engine and exits
+    "t-crash": ({"spark": {"engine": "spark", "master": "spark://nowhere.invalid:7077", "driverMemory": "512m"}},
+                {"spark": {"engine": "arrow", "master": "local[1]"}}, "CrashLoop"),
+    # Spark's JVM in 64 MiB
+    "t-oom": ({"spark": {"engine": "spark", "master": "local[1]", "driverMemory": "512m"},
+               "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "64Mi"}}},
+              {"spark": {"engine": "arrow", "master": "local[1]"},
+               "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "1Gi"}}},
+              "OOMKilled"),
+    # more cores than the node has
+    "t-sched": ({"resources": {"requests": {"cpu": "64", "memory": "128Mi"}, "limits": {"memory": "1Gi"}}},
+                {"resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "1Gi"}}},
+                "Unschedulable"),
+}
+
+
+def _untouched(s: Shipped) -> dict[str, Any]:
+    """What the broken groups must not change: the other pods (and their restarts), the small
+    group's Deployment and the operator's Deployment."""
+    pods = json.loads(s.kubectl("get", "pods", "-o", "json").stdout)["items"]
+    others = {p["metadata"]["uid"]: sum(c.get("restartCount", 0) for c in p["status"].get("containerStatuses") or [])
+              for p in pods if not p["metadata"]["name"].startswith(tuple(f"kompaktor-{n}" for n in BROKEN))
+              and p["metadata"]["name"].startswith(("kompaktor-small", "kompaktor-operator", "kompaktor-redis"))}
+    deps = {n: s.get("deployment", n)["metadata"]["generation"]
+            for n in (naming.deployment_name("small"), f"{RELEASE}-operator")}
+    return {"pods": others, "deployments": deps}
+
+
+def test_a_group_whose_pods_cannot_run_says_why_and_clears_when_fixed(shipped: Shipped) -> None:
+    s = shipped
+    before = _untouched(s)
+    for name, (broken, _, _) in BROKEN.items():
+        s.kubectl("apply", "-f", "-", input=json.dumps(_group(name, **broken)))
+    try:
+        def reasons() -> dict[str, str | None]:
+            return {n: (s.condition("compactorgroup", n, "PodsHealthy") or {}).get("reason") for n in BROKEN}
+
+        try:
+            wait_until(lambda: reasons() == {n: want for n, (_, _, want) in BROKEN.items()},
+                       "each broken group's PodsHealthy condition naming its failure", timeout=240, every=2)
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}\n{reasons()}\n{_diagnose(s)}") from None
+        msg = {n: s.condition("compactorgroup", n, "PodsHealthy")["message"] for n in BROKEN}
+        assert "kompaktor-compactor" in msg["t-pull"], msg["t-pull"]
+        assert "last exit: Error (exit code" in msg["t-crash"] and "nowhere.invalid" in msg["t-crash"], msg["t-crash"]
+        assert "64Mi" in msg["t-oom"], msg["t-oom"]
+        assert "Insufficient cpu" in msg["t-sched"], msg["t-sched"]
+        for n in BROKEN:
+            assert s.condition("compactorgroup", n, "PodsHealthy")["status"] == "False"
+        # the printer column: `kubectl get compactorgroups` shows it without -o yaml
+        table = s.kubectl("get", "compactorgroups").stdout
+        assert "PODS" in table.splitlines()[0], table
+        for n, (_, _, want) in BROKEN.items():
+            assert any(line.split()[0] == n and want in line.split() for line in table.splitlines()), table
+        # the fix a user applies clears it
+        for name, (_, fix, _) in BROKEN.items():
+            s.kubectl("patch", "compactorgroup", name, "--type=merge", "-p", json.dumps({"spec": fix}))
+        try:
+            wait_until(lambda: set(reasons().values()) == {"PodsRunning"}
+                       and all((s.condition("compactorgroup", n, "PodsHealthy") or {}).get("status") == "True"
+                               for n in BROKEN),
+                       "every fixed group's PodsHealthy back to True", timeout=240, every=2)
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}\n{reasons()}\n{_diagnose(s)}") from None
+        for n in BROKEN:
+            pods = s.pods(naming.selector(n))
+            assert pods and all(_ready(p) for p in pods if not p["metadata"].get("deletionTimestamp")), n
+        # nothing else in the namespace changed: no other pod restarted or replaced, no other
+        # Deployment rolled
+        assert _untouched(s) == before
+    finally:
+        s.kubectl("delete", "compactorgroup", *BROKEN, "--wait=true", check=False)
+        wait_until(lambda: not any(s.pods(naming.selector(n)) for n in BROKEN),
+                   "the broken groups' pods gone", timeout=120, every=1)
 
 
 # -- 3. delete and uninstall leave nothing running ---------------------------------------------------

@@ -222,6 +222,35 @@ def test_examples_apply_and_show_their_columns(release: Release) -> None:
     assert svc["status"] == "True", svc
 
 
+def test_a_field_removed_from_a_group_leaves_its_deployment(release: Release) -> None:
+    """The operator reconciles with server-side apply: an affinity, a toleration and a pod label
+    dropped from a CompactorGroup disappear from its Deployment (a merge patch kept them)."""
+    extras = {"tolerations": [{"key": "dedicated", "operator": "Equal", "value": "compaction",
+                               "effect": "NoSchedule"}],
+              "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                  "nodeSelectorTerms": [{"matchExpressions": [{"key": "disk", "operator": "In",
+                                                               "values": ["ssd"]}]}]}}},
+              "podLabels": {"team": "storage"}}
+    group = {"apiVersion": naming.GROUP_VERSION, "kind": "CompactorGroup", "metadata": {"name": "trimmed"},
+             "spec": {"minReplicas": 0, "replicas": 0, "autoscaler": "none", **extras}}
+    release.kubectl("apply", "-f", "-", input=json.dumps(group))
+
+    def template() -> dict[str, Any] | None:
+        dep = release.get("deployment", naming.deployment_name("trimmed"))
+        return dep["spec"]["template"] if dep else None
+
+    wait_until(lambda: (t := template()) and t["spec"].get("tolerations") and t["spec"].get("affinity"),
+               "the Deployment with the extras", timeout=60)
+    release.kubectl("patch", "compactorgroup", "trimmed", "--type=merge", "-p",
+                    json.dumps({"spec": {"tolerations": None, "affinity": None, "podLabels": None}}))
+    t = wait_until(lambda: (t := template()) and not t["spec"].get("tolerations")
+                   and "team" not in t["metadata"]["labels"] and t, "the extras gone from the Deployment",
+                   timeout=60)
+    assert not (t["spec"].get("affinity") or {}).get("nodeAffinity", {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution")
+    release.kubectl("delete", "compactorgroup", "trimmed")
+
+
 def test_kubectl_scale_reaches_the_deployment(release: Release) -> None:
     release.kubectl("scale", "compactorgroup", "small", "--replicas=3")
     wait_until(lambda: release.get("deployment", naming.deployment_name("small"))["spec"]["replicas"] == 3,
