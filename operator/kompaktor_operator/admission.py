@@ -12,13 +12,33 @@ may name only:
 - Secrets (``spec.redis.secretName``, ``spec.storage.credentialsSecret``) that are the operator's
   own defaults or in ``KOMPAKTOR_ALLOWED_SECRETS`` (``compactor.allowedSecrets``).
 
-Anything else is a :class:`Refusal` naming the rule; the handler reports it as a condition and
-creates nothing. Pure: no I/O. Must not import: kopf, redis, kube.
+- Spark settings (``spec.spark.conf``) whose keys are in :data:`SPARK_CONF_ALLOWED` or
+  ``KOMPAKTOR_ALLOWED_SPARK_CONF`` (``compactor.allowedSparkConf``): several Spark settings load or
+  run code (``spark.jars*``, ``spark.*.extraJavaOptions``, ``spark.python.daemon.module``,
+  ``spark.plugins``), move files (``spark.local.dir``, ``spark.eventLog.dir``) or unmask secrets
+  (``spark.redaction.regex``) in a pod that holds the Redis password and storage credentials;
+- a Spark master ``local``, ``local[N]`` or ``local[*]``, or one listed in
+  ``KOMPAKTOR_ALLOWED_SPARK_MASTERS`` (``compactor.allowedSparkMasters``): a master elsewhere
+  receives the table's rows and, in the settings, the storage access;
+- a storage URI equal to the operator's default storage or under a prefix in
+  ``KOMPAKTOR_ALLOWED_STORAGE`` (``compactor.allowedStorage``), with no query, fragment or user
+  part (pyarrow reads ``?endpoint_override=`` from a URI: the credentials would go there);
+- ``maxReplicas`` at most ``KOMPAKTOR_MAX_REPLICAS_LIMIT`` (``compactor.maxReplicasLimit``);
+- pod labels and annotations outside the keys the operator, the Deployment's selector, the
+  scale-down and other controllers act on (:data:`RESERVED_KEY_PREFIXES`).
+
+In the list-valued settings an entry ending in ``*`` allows everything that starts with what
+comes before it. Anything else is a :class:`Refusal` naming the rule; the handler reports it as a
+condition and creates nothing (an edited group's Deployment keeps its last allowed spec). Pure:
+no I/O. Must not import: kopf, redis, kube.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from kompaktor_operator.config import OperatorConfig
 from kompaktor_operator.models import CompactorGroupSpec
@@ -26,6 +46,33 @@ from kompaktor_operator.models import CompactorGroupSpec
 IMAGE_NOT_ALLOWED = "ImageNotAllowed"
 SERVICE_ACCOUNT_NOT_ALLOWED = "ServiceAccountNotAllowed"
 SECRET_NOT_ALLOWED = "SecretNotAllowed"
+SPARK_CONF_NOT_ALLOWED = "SparkConfNotAllowed"
+SPARK_MASTER_NOT_ALLOWED = "SparkMasterNotAllowed"
+STORAGE_NOT_ALLOWED = "StorageNotAllowed"
+MAX_REPLICAS_NOT_ALLOWED = "MaxReplicasNotAllowed"
+LABEL_NOT_ALLOWED = "LabelNotAllowed"
+
+#: Spark settings that size or tune a merge and cannot load code, move files or reveal secrets
+SPARK_CONF_ALLOWED: frozenset[str] = frozenset({
+    "spark.cores.max", "spark.default.parallelism", "spark.driver.cores", "spark.driver.maxResultSize",
+    "spark.driver.memoryOverhead", "spark.dynamicAllocation.enabled", "spark.dynamicAllocation.executorIdleTimeout",
+    "spark.dynamicAllocation.initialExecutors", "spark.dynamicAllocation.maxExecutors",
+    "spark.dynamicAllocation.minExecutors", "spark.executor.cores", "spark.executor.heartbeatInterval",
+    "spark.executor.instances", "spark.executor.memory", "spark.executor.memoryOverhead",
+    "spark.io.compression.codec", "spark.locality.wait", "spark.memory.fraction", "spark.memory.offHeap.enabled",
+    "spark.memory.offHeap.size", "spark.memory.storageFraction", "spark.network.timeout",
+    "spark.python.worker.memory", "spark.python.worker.reuse", "spark.rdd.compress", "spark.reducer.maxSizeInFlight",
+    "spark.scheduler.mode", "spark.shuffle.compress", "spark.shuffle.file.buffer", "spark.speculation",
+    "spark.sql.execution.arrow.maxRecordsPerBatch", "spark.sql.execution.arrow.pyspark.enabled",
+    "spark.sql.files.maxPartitionBytes", "spark.sql.shuffle.partitions", "spark.task.cpus", "spark.task.maxFailures",
+})
+#: label and annotation keys a group may not put on its pods: the operator's own and its
+#: selectors' (app.kubernetes.io/*, kompaktor.io/*), kopf's, the scale-down's
+#: (controller.kubernetes.io/pod-deletion-cost) and the ReplicaSet's (pod-template-hash)
+RESERVED_KEY_PREFIXES = ("app.kubernetes.io/", "kompaktor.io/", "kopf.zalando.org/", "controller.kubernetes.io/",
+                         "kubernetes.io/", "k8s.io/")
+RESERVED_KEYS = frozenset({"pod-template-hash"})
+_LOCAL_MASTER = re.compile(r"^local(\[(\*|[1-9][0-9]{0,3})(,[1-9][0-9]{0,2})?\])?$")
 
 
 @dataclass(frozen=True)
@@ -43,6 +90,34 @@ def image_allowed(image: str, config: OperatorConfig) -> bool:
         if image == entry:
             return True
     return False
+
+
+def listed(value: str, entries: Iterable[str]) -> bool:
+    """``value`` equals an entry, or starts with an entry's text before its trailing ``*``."""
+    return any(value.startswith(e[:-1]) if e.endswith("*") else value == e for e in entries)
+
+
+def storage_allowed(uri: str, config: OperatorConfig) -> bool:
+    if config.storage_uri and uri == config.storage_uri:
+        return True
+    parts = urlsplit(uri)
+    if parts.query or parts.fragment or "@" in parts.netloc or not parts.scheme:
+        return False
+    if any(seg in (".", "..") for seg in parts.path.split("/")):
+        return False
+    for prefix in config.allowed_storage:
+        base = prefix.rstrip("/")
+        if uri == base or uri.startswith(base + "/"):
+            return True
+    return False
+
+
+def reserved_key(key: str) -> bool:
+    """A label/annotation key the operator or a controller acts on (with or without a subdomain)."""
+    prefix, _, name = key.rpartition("/")
+    domain = prefix + "/" if prefix else ""
+    return key in RESERVED_KEYS or any(domain == p or domain.endswith("." + p) for p in RESERVED_KEY_PREFIXES) \
+        or (not domain and name in RESERVED_KEYS)
 
 
 def allowed_secrets(config: OperatorConfig) -> set[str]:
@@ -72,6 +147,34 @@ def check_group(spec: CompactorGroupSpec, config: OperatorConfig) -> Refusal | N
                            f"{field} {secret!r} is not allowed: a group may use only the Secrets "
                            f"{', '.join(repr(s) for s in sorted(allowed)) or '(none)'} "
                            f"(chart value compactor.allowedSecrets)")
+    for key in sorted(spec.spark.conf):
+        if key not in SPARK_CONF_ALLOWED and not listed(key, config.allowed_spark_conf):
+            return Refusal(SPARK_CONF_NOT_ALLOWED,
+                           f"spec.spark.conf key {key!r} is not allowed: a group may set only Spark settings that "
+                           f"size or tune a merge (chart value compactor.allowedSparkConf adds keys)")
+    master = spec.spark.master
+    if not _LOCAL_MASTER.match(master) and not listed(master, config.allowed_spark_masters):
+        return Refusal(SPARK_MASTER_NOT_ALLOWED,
+                       f"spec.spark.master {master!r} is not allowed: local, local[N] or local[*]"
+                       f"{_and(config.allowed_spark_masters)} (chart value compactor.allowedSparkMasters)")
+    uri = spec.storage.uri if spec.storage else None
+    if uri and not storage_allowed(uri, config):
+        allowed = ([config.storage_uri] if config.storage_uri else []) + [f"{p}…" for p in config.allowed_storage]
+        return Refusal(STORAGE_NOT_ALLOWED,
+                       f"spec.storage.uri {uri!r} is not allowed: a group may use "
+                       f"{', '.join(repr(a) for a in allowed) or 'only the default storage'} "
+                       f"(chart value compactor.allowedStorage; no query, user or '..' part)")
+    if spec.max_replicas > config.max_replicas_limit:
+        return Refusal(MAX_REPLICAS_NOT_ALLOWED,
+                       f"spec.maxReplicas {spec.max_replicas} is more than {config.max_replicas_limit} "
+                       f"(chart value compactor.maxReplicasLimit)")
+    for field, keys in (("spec.podLabels", spec.pod_labels), ("spec.podAnnotations", spec.pod_annotations)):
+        for key in sorted(keys):
+            if reserved_key(key):
+                return Refusal(LABEL_NOT_ALLOWED,
+                               f"{field} key {key!r} is not allowed: the operator, the Deployment's selector or "
+                               f"another controller acts on it (reserved: "
+                               f"{', '.join(p + '*' for p in RESERVED_KEY_PREFIXES)}, pod-template-hash)")
     return None
 
 

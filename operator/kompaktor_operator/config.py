@@ -33,6 +33,10 @@ class OperatorConfig(BaseModel):
     allowed_images: tuple[str, ...] = ()
     allowed_service_accounts: tuple[str, ...] = ()
     allowed_secrets: tuple[str, ...] = ()
+    allowed_spark_conf: tuple[str, ...] = ()
+    allowed_spark_masters: tuple[str, ...] = ()
+    allowed_storage: tuple[str, ...] = ()
+    max_replicas_limit: int = Field(1000, ge=1)
     #: Secret (in the group's namespace) whose key becomes KOMPAKTOR_DRAIN_TOKEN in compactor pods.
     drain_token_secret: str | None = None
     drain_token_secret_key: str = "token"
@@ -67,6 +71,7 @@ class OperatorConfig(BaseModel):
             "redis_ca_configmap": "KOMPAKTOR_REDIS_CA_CONFIGMAP",
             "network_policy": "KOMPAKTOR_NETWORK_POLICY",
             "operator_namespace": "KOMPAKTOR_OPERATOR_NAMESPACE",
+            "max_replicas_limit": "KOMPAKTOR_MAX_REPLICAS_LIMIT",
         }
         as_json = {  # JSON documents
             "operator_pod_labels": "KOMPAKTOR_OPERATOR_POD_LABELS",
@@ -76,6 +81,9 @@ class OperatorConfig(BaseModel):
             "allowed_images": "KOMPAKTOR_ALLOWED_IMAGES",
             "allowed_service_accounts": "KOMPAKTOR_ALLOWED_SERVICE_ACCOUNTS",
             "allowed_secrets": "KOMPAKTOR_ALLOWED_SECRETS",
+            "allowed_spark_conf": "KOMPAKTOR_ALLOWED_SPARK_CONF",
+            "allowed_spark_masters": "KOMPAKTOR_ALLOWED_SPARK_MASTERS",
+            "allowed_storage": "KOMPAKTOR_ALLOWED_STORAGE",
         }
         values: dict[str, object] = {field: env[var] for field, var in names.items() if env.get(var)}
         for field, var in lists.items():

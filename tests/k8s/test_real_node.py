@@ -121,6 +121,8 @@ def shipped(real_cluster: tuple[ControlPlane, RealNode], tmp_path_factory: pytes
         with helm.Config(kubeconfig_path=str(cp.kubeconfig), namespace=NS) as cfg:
             cfg.install(str(CHART), RELEASE, {
                 "storage": {"uri": f"s3://{BUCKET}/tables", "existingSecret": "s3-credentials"},
+                # a Spark cluster the admin allowed, which is down (the crash-loop case below)
+                "compactor": {"allowedSparkMasters": ["spark://nowhere.invalid:7077"]},
             }, namespace=NS, timeout=120)
         s = Shipped(cp, node, {}, s3)
         try:

@@ -164,17 +164,41 @@ def test_allowed_group_is_reconciled_with_the_namespaced_rbac_alone(install: Ins
     ("foreign-image", {"image": "evil.example/miner:latest"}, "ImageNotAllowed"),
     ("foreign-sa", {"serviceAccountName": "default"}, "ServiceAccountNotAllowed"),
     ("foreign-secret", {"storage": {"credentialsSecret": "cloud-admin"}}, "SecretNotAllowed"),
+    # issue 25: what code runs, where the rows and the credentials go, how many pods
+    ("foreign-code", {"spark": {"conf": {"spark.driver.extraJavaOptions": "-javaagent:/x.jar"}}},
+     "SparkConfNotAllowed"),
+    ("foreign-master", {"spark": {"master": "spark://attacker.example:7077"}}, "SparkMasterNotAllowed"),
+    ("foreign-storage", {"storage": {"uri": "s3://someone-elses-bucket/x"}}, "StorageNotAllowed"),
+    ("too-many", {"maxReplicas": 100000}, "MaxReplicasNotAllowed"),
+    ("reserved-label", {"podLabels": {"app.kubernetes.io/component": "operator"}}, "LabelNotAllowed"),
 ])
 def test_hostile_group_is_refused_and_nothing_is_created(install: Install, name: str, spec: dict[str, Any],
                                                          rule: str) -> None:
     _apply_group(install, name, **spec)
     ready = wait_until(lambda: install.ready(name), f"{name}'s Ready condition", timeout=60)
     assert ready["status"] == "False" and ready["reason"] == rule, ready
-    assert ready["message"].startswith("refused: ") and "compactor.allowed" in ready["message"], ready
+    assert ready["message"].startswith("refused: ") and (
+        "compactor." in ready["message"] or rule == "LabelNotAllowed"), ready
     for kind, child in CHILDREN:
         assert install.get(kind, child(name)) is None, kind
     assert not install.core.list_namespaced_pod(WATCHED, label_selector=naming.selector(name)).items
     install.kubectl("delete", "compactorgroup", name, "--wait=false")
+
+
+def test_an_edit_that_breaks_a_rule_leaves_the_running_deployment_as_it_was(install: Install) -> None:
+    _apply_group(install, "edited", minReplicas=1)
+    wait_until(lambda: (install.ready("edited") or {}).get("reason") == "Reconciled", "edited reconciled", timeout=60)
+    before = install.get("deployment", naming.deployment_name("edited"))
+    install.kubectl("patch", "compactorgroup", "edited", "--type=merge", "-p", json.dumps({"spec": {
+        "spark": {"conf": {"spark.jars.packages": "org.evil:agent:1.0"}}}}))
+    ready = wait_until(lambda: (r := install.ready("edited")) and r["reason"] == "SparkConfNotAllowed" and r,
+                       "edited refused", timeout=60)
+    assert ready["status"] == "False" and "spark.jars.packages" in ready["message"]
+    after = install.get("deployment", naming.deployment_name("edited"))
+    assert after["metadata"]["generation"] == before["metadata"]["generation"]
+    assert after["spec"]["template"] == before["spec"]["template"]
+    assert "spark.jars" not in json.dumps(after)
+    install.kubectl("delete", "compactorgroup", "edited", "--wait=false")
 
 
 def test_the_operator_account_has_no_pod_rights_outside_the_watched_namespace(install: Install) -> None:

@@ -123,3 +123,88 @@ def test_config_reads_network_policy_settings_from_the_environment() -> None:
         "KOMPAKTOR_REDIS_CA_CONFIGMAP": "rel-redis-ca"})
     assert cfg.network_policy is True and cfg.operator_pod_labels == {"a": "b"}
     assert cfg.metrics_peers == ({"podSelector": {}},) and cfg.redis_ca_configmap == "rel-redis-ca"
+
+
+# -- issue 25 §1: what code runs and where data goes is the operator's decision too --------------
+STORE = CONFIG.model_copy(update={"storage_uri": "s3://kompaktor-data/tables"})
+
+
+@pytest.mark.parametrize("spec, rule, named", [
+    # settings that load or run code in the compactor's JVM or Python workers
+    ({"spark": {"conf": {"spark.driver.extraJavaOptions": "-javaagent:/tmp/x.jar"}}},
+     admission.SPARK_CONF_NOT_ALLOWED, "spark.driver.extraJavaOptions"),
+    ({"spark": {"conf": {"spark.jars.packages": "evil:evil:1"}}}, admission.SPARK_CONF_NOT_ALLOWED,
+     "spark.jars.packages"),
+    ({"spark": {"conf": {"spark.python.daemon.module": "evil"}}}, admission.SPARK_CONF_NOT_ALLOWED, "daemon.module"),
+    ({"spark": {"conf": {"spark.plugins": "evil.Plugin"}}}, admission.SPARK_CONF_NOT_ALLOWED, "spark.plugins"),
+    ({"spark": {"conf": {"spark.executorEnv.LD_PRELOAD": "/tmp/x.so"}}}, admission.SPARK_CONF_NOT_ALLOWED,
+     "LD_PRELOAD"),
+    # ... that move files or unmask secrets
+    ({"spark": {"conf": {"spark.local.dir": "/etc"}}}, admission.SPARK_CONF_NOT_ALLOWED, "spark.local.dir"),
+    ({"spark": {"conf": {"spark.redaction.regex": "^$"}}}, admission.SPARK_CONF_NOT_ALLOWED, "spark.redaction.regex"),
+    ({"spark": {"conf": {"spark.eventLog.dir": "s3://elsewhere/"}}}, admission.SPARK_CONF_NOT_ALLOWED, "eventLog"),
+    # a master the group's author runs would receive the rows
+    ({"spark": {"master": "spark://attacker.example:7077"}}, admission.SPARK_MASTER_NOT_ALLOWED, "attacker.example"),
+    ({"spark": {"master": "k8s://https://elsewhere:6443"}}, admission.SPARK_MASTER_NOT_ALLOWED, "k8s://"),
+    ({"spark": {"master": "local[*]x"}}, admission.SPARK_MASTER_NOT_ALLOWED, "local[*]x"),
+    ({"spark": {"master": "yarn"}}, admission.SPARK_MASTER_NOT_ALLOWED, "'yarn'"),
+    # the chart's storage credentials pointed elsewhere
+    ({"storage": {"uri": "s3://someone-elses-bucket/x"}}, admission.STORAGE_NOT_ALLOWED, "someone-elses-bucket"),
+    ({"storage": {"uri": "s3://kompaktor-data/tables-other"}}, admission.STORAGE_NOT_ALLOWED, "tables-other"),
+    ({"storage": {"uri": "s3://kompaktor-data/tables/../../other"}}, admission.STORAGE_NOT_ALLOWED, ".."),
+    ({"storage": {"uri": "s3://kompaktor-data/tables?endpoint_override=evil.example"}},
+     admission.STORAGE_NOT_ALLOWED, "endpoint_override"),
+    ({"storage": {"uri": "file:///etc"}}, admission.STORAGE_NOT_ALLOWED, "file:///etc"),
+    # one group asking the HPA for any number of pods
+    ({"maxReplicas": 100000}, admission.MAX_REPLICAS_NOT_ALLOWED, "100000"),
+    # labels and annotations other controllers or the operator's own selectors act on
+    ({"podLabels": {"app.kubernetes.io/component": "operator"}}, admission.LABEL_NOT_ALLOWED,
+     "app.kubernetes.io/component"),
+    ({"podLabels": {"pod-template-hash": "x"}}, admission.LABEL_NOT_ALLOWED, "pod-template-hash"),
+    ({"podAnnotations": {"controller.kubernetes.io/pod-deletion-cost": "100000"}}, admission.LABEL_NOT_ALLOWED,
+     "pod-deletion-cost"),
+    ({"podLabels": {"node-role.kubernetes.io/control-plane": ""}}, admission.LABEL_NOT_ALLOWED, "node-role"),
+])
+def test_code_masters_storage_and_limits_are_the_operators_decision(spec: dict[str, Any], rule: str,
+                                                                    named: str) -> None:
+    refusal = check(STORE, **spec)
+    assert refusal is not None and refusal.rule == rule, refusal
+    assert named in refusal.message
+    assert "chart value compactor." in refusal.message or rule == admission.LABEL_NOT_ALLOWED
+
+
+def test_what_a_group_may_ask_for_by_default() -> None:
+    ok = check(STORE, maxReplicas=1000, podLabels={"team": "storage", "example.com/cost-center": "42"},
+               podAnnotations={"prometheus.io/scrape": "true"},
+               spark={"master": "local[4]", "executorMemory": "2g", "driverMemory": "1g",
+                      "conf": {"spark.sql.shuffle.partitions": "8", "spark.default.parallelism": "4",
+                               "spark.sql.execution.arrow.maxRecordsPerBatch": "65536"}},
+               storage={"uri": "s3://kompaktor-data/tables"})
+    assert ok is None
+    for master in ("local", "local[*]", "local[1]", "local[16]", "local[4,2]"):
+        assert check(STORE, spark={"master": master}) is None, master
+
+
+def test_the_chart_widens_exactly_what_it_lists() -> None:
+    cfg = STORE.model_copy(update={"allowed_spark_conf": ("spark.kryoserializer.buffer.max", "spark.ui.*"),
+                                   "allowed_spark_masters": ("spark://spark-master.spark:7077", "k8s://https://kube:*"),
+                                   "allowed_storage": ("s3://team-bucket/kompaktor/",),
+                                   "max_replicas_limit": 50})
+    assert check(cfg, spark={"conf": {"spark.kryoserializer.buffer.max": "1g", "spark.ui.enabled": "false"}}) is None
+    assert check(cfg, spark={"conf": {"spark.jars": "x"}}).rule == admission.SPARK_CONF_NOT_ALLOWED
+    assert check(cfg, spark={"master": "spark://spark-master.spark:7077"}) is None
+    assert check(cfg, spark={"master": "k8s://https://kube:6443"}) is None
+    assert check(cfg, spark={"master": "spark://spark-master.spark:7078"}).rule == admission.SPARK_MASTER_NOT_ALLOWED
+    assert check(cfg, storage={"uri": "s3://team-bucket/kompaktor/t1"}) is None
+    assert check(cfg, storage={"uri": "s3://team-bucket/kompaktor"}) is None
+    assert check(cfg, storage={"uri": "s3://team-bucket/kompaktorx"}).rule == admission.STORAGE_NOT_ALLOWED
+    assert check(cfg, maxReplicas=50) is None
+    assert check(cfg, maxReplicas=51).rule == admission.MAX_REPLICAS_NOT_ALLOWED
+
+
+def test_config_reads_the_new_rules_from_the_environment() -> None:
+    cfg = OperatorConfig.from_env({"KOMPAKTOR_ALLOWED_SPARK_CONF": "a.b, c.*", "KOMPAKTOR_ALLOWED_SPARK_MASTERS": "",
+                                   "KOMPAKTOR_ALLOWED_STORAGE": "s3://b/p", "KOMPAKTOR_MAX_REPLICAS_LIMIT": "64"})
+    assert cfg.allowed_spark_conf == ("a.b", "c.*") and cfg.allowed_spark_masters == ()
+    assert cfg.allowed_storage == ("s3://b/p",) and cfg.max_replicas_limit == 64
+    assert OperatorConfig.from_env({}).max_replicas_limit == 1000
