@@ -9,6 +9,8 @@ in the environment (pyarrow's S3 filesystem reads it), with ``AWS_ACCESS_KEY_ID`
 
 from __future__ import annotations
 
+import json
+import os
 import secrets
 import signal
 import socket
@@ -16,6 +18,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections import Counter
 from pathlib import Path
 
 
@@ -26,9 +29,12 @@ def _free_port(host: str) -> int:
 
 
 class S3Server:
-    def __init__(self, root: Path, host: str = "127.0.0.1") -> None:
+    def __init__(self, root: Path, host: str = "127.0.0.1", *, record: bool = False) -> None:
         self.root = Path(root)
         self.host = host
+        #: every request the server answers, as moto's recorder writes it (method, URL, headers)
+        self.record = record
+        self.recording = self.root / "requests.jsonl"
         self.port = 0
         self.access_key = "AKIA" + secrets.token_hex(8).upper()
         self.secret_key = secrets.token_urlsafe(30)
@@ -48,7 +54,10 @@ class S3Server:
         self.port = _free_port(self.host)
         server = Path(sys.executable).parent / "moto_server"
         log = open(self.root / "moto.log", "wb")  # noqa: SIM115 - the server's for its life
-        self.popen = subprocess.Popen([str(server), "-H", self.host, "-p", str(self.port)], stdout=log,
+        env = dict(os.environ)
+        if self.record:
+            env.update(MOTO_ENABLE_RECORDING="true", MOTO_RECORDER_FILEPATH=str(self.recording))
+        self.popen = subprocess.Popen([str(server), "-H", self.host, "-p", str(self.port)], stdout=log, env=env,
                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                                       cwd=self.root)
         log.close()
@@ -63,6 +72,45 @@ class S3Server:
             except OSError:
                 time.sleep(0.1)
         raise RuntimeError(f"moto_server did not answer on {self.endpoint}")
+
+    def requests(self, bucket: str | None = None) -> Counter[str]:
+        """Requests by S3 operation kind since the last :meth:`reset_requests` (needs ``record``):
+        PUT (an object or a part of a multipart upload), COPY (server-side copy: a PUT with
+        x-amz-copy-source), GET, RANGE_GET, HEAD, LIST, DELETE, MULTIPART (create / complete /
+        abort an upload)."""
+        kinds: Counter[str] = Counter()
+        if not self.recording.exists():
+            return kinds
+        for line in self.recording.read_text().splitlines():
+            req = json.loads(line)
+            method, url = req["method"], req["url"]
+            path, _, query = url.partition("?")
+            parts = path.split("/", 4)  # http: '' host bucket key
+            if bucket is not None and (len(parts) < 4 or parts[3] != bucket):
+                continue
+            headers = {k.lower(): v for k, v in req["headers"].items()}
+            has_key = len(parts) > 4 and parts[4] != ""
+            if method == "PUT" and "x-amz-copy-source" in headers:
+                kinds["COPY"] += 1
+            elif method == "PUT":
+                kinds["PUT"] += 1
+            elif (method == "POST" and ("uploads" in query or "uploadId" in query)) or \
+                    (method == "DELETE" and "uploadId" in query):
+                kinds["MULTIPART"] += 1
+            elif method == "DELETE" or (method == "POST" and "delete" in query):
+                kinds["DELETE"] += 1
+            elif method == "HEAD":
+                kinds["HEAD"] += 1
+            elif method == "GET" and not has_key:
+                kinds["LIST"] += 1
+            elif method == "GET":
+                kinds["RANGE_GET" if "range" in headers else "GET"] += 1
+            else:
+                kinds[method] += 1
+        return kinds
+
+    def reset_requests(self) -> None:
+        self.recording.write_text("")
 
     def create_bucket(self, name: str) -> None:
         import pyarrow.fs as pafs

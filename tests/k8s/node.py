@@ -26,6 +26,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -138,6 +139,20 @@ class ServiceDns:
             f"--listen-address={GATEWAY}", "--bind-interfaces", "--port=53", f"--local=/{CLUSTER_DOMAIN}/",
             "--local=/svc/", "--domain-needed", "--user=root", "--group=root", "--log-facility=-",
             f"--pid-file={self.root / 'dnsmasq.pid'}"])
+        # Only once dnsmasq answers: the watch's first write sends SIGHUP, and a SIGHUP that
+        # arrives before dnsmasq has installed its handler kills it — every pod then fails to
+        # resolve its Services (seen once in CI: operator and coordinator in a crash loop).
+        deadline = time.monotonic() + 15
+        while True:
+            if self.proc.popen.poll() is not None:
+                raise RuntimeError(f"dnsmasq exited with {self.proc.popen.returncode}")
+            try:
+                socket.create_connection((GATEWAY, 53), timeout=0.5).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("dnsmasq does not listen on the bridge after 15 s") from None
+                time.sleep(0.05)
         self._thread = threading.Thread(target=self._watch, name="service-dns", daemon=True)
         self._thread.start()
 
@@ -146,7 +161,9 @@ class ServiceDns:
         tmp = self.hosts.with_suffix(".tmp")
         tmp.write_text("".join(lines))
         tmp.replace(self.hosts)
-        if self.proc is not None and self.proc.popen.poll() is None:
+        if self.proc is not None:
+            if self.proc.popen.poll() is not None:
+                raise RuntimeError(f"cluster DNS (dnsmasq) died with {self.proc.popen.returncode}")
             self.proc.popen.send_signal(signal.SIGHUP)  # dnsmasq re-reads --addn-hosts
 
     def _watch(self) -> None:

@@ -89,6 +89,9 @@ def _diagnose(s: Shipped) -> str:
                 got = s.cp.kubectl("logs", "-n", NS, name, "-c", c["name"], "--tail", "30",
                                    *([prev] if prev else []), check=False)
                 logs.append(f"--- logs {name}/{c['name']} {prev or ''} ---\n{got.stdout[-2500:]}{got.stderr[-300:]}")
+    dns = s.node.dns
+    dns_state = "running" if dns and dns.proc and dns.proc.popen.poll() is None else "NOT RUNNING"
+    logs.append(f"--- cluster DNS (dnsmasq): {dns_state} ---")
     return (f"{out}\n--- events ---\n{events}\n" + "\n".join(logs)
             + f"\n--- kubelet ---\n{s.node.log('kubelet', 3000)}")
 

@@ -19,18 +19,22 @@ from kompaktor.cli.common import friendly_errors
 @click.option("--redis", "redis_url", default=None, help="Use this Redis instead of an embedded one.")
 @click.option("--data-dir", default=".kompaktor", show_default=True,
               help="Embedded Redis data (AOF), data files and process logs.")
+@click.option("--storage", default=None, metavar="URI",
+              help="Data files here instead of under the data directory: a pyarrow.fs URI such as "
+                   "s3://bucket/prefix (an empty prefix; credentials and AWS_ENDPOINT_URL from the environment).")
 @click.option("--ha", is_flag=True,
               help="Embedded Redis as a primary, a replica and three sentinels (redis+sentinel:// URL): "
                    "writes are acknowledged once on two nodes, and survive the loss of either.")
 @friendly_errors
-def up(config_path, redis_url: str | None, data_dir: str, ha: bool) -> None:
+def up(config_path, redis_url: str | None, data_dir: str, storage: str | None, ha: bool) -> None:
     """Run Redis, the coordinator and autoscaled compactors locally until Ctrl-C."""
     from kompaktor.local.cluster import LocalCluster
     from kompaktor.local.config import DEMO_CONFIG, load_config
     from kompaktor.local.procs import Interrupted, interruptible
 
     cfg = load_config(config_path.read() if config_path else DEMO_CONFIG)
-    cluster = LocalCluster(cfg, data_dir, redis_url=redis_url, ha=ha)
+    _check_storage(storage)
+    cluster = LocalCluster(cfg, data_dir, redis_url=redis_url, ha=ha, storage=storage)
     # Ctrl-C, SIGTERM and a hang-up (the terminal closed) stop everything the same way: drain the
     # compactors, stop the coordinator and Redis; a second signal kills them at once
     with interruptible(on_second=cluster.kill) as received:
@@ -72,6 +76,9 @@ def up(config_path, redis_url: str | None, data_dir: str, ha: bool) -> None:
 @click.option("--config", "config_path", type=click.File("r"), default=None, help="Local YAML (as for `up`).")
 @click.option("--data-dir", default=None,
               help="Keep data here (default: a temporary directory, removed at the end unless verification fails).")
+@click.option("--storage", default=None, metavar="URI",
+              help="Data files here instead of under the data directory: a pyarrow.fs URI such as "
+                   "s3://bucket/prefix (an empty prefix; credentials and AWS_ENDPOINT_URL from the environment).")
 @click.option("--chaos", is_flag=True,
               help="Inject faults on a fixed-seed schedule: SIGKILL and SIGTERM busy compactors, restart the "
                    "coordinator, SIGKILL the Redis primary mid-ingest and mid-commit (Sentinel promotes the "
@@ -84,8 +91,8 @@ def up(config_path, redis_url: str | None, data_dir: str, ha: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @friendly_errors
 def demo(entries: int, tablets: int, compactors: int | None, duration: float, batch: int, burst_entries: int,
-         burst_files: int, config_path, data_dir: str | None, chaos: bool, seed: int, ha: bool | None,
-         as_json: bool) -> None:
+         burst_files: int, config_path, data_dir: str | None, storage: str | None, chaos: bool, seed: int,
+         ha: bool | None, as_json: bool) -> None:
     """Continuous ingest, then a burst of imported files, while autoscaled compactors keep files per
     tablet down; then verify that nothing was lost. Exit 0 only when verified. Ctrl-C, SIGTERM and
     a hang-up stop every process the demo started and remove its temporary directory."""
@@ -99,8 +106,9 @@ def demo(entries: int, tablets: int, compactors: int | None, duration: float, ba
         raise ValueError("--burst-entries must be >= 0 and --burst-files >= 1")
     if compactors is not None and compactors < 1:
         raise ValueError("--compactors must be >= 1")
+    _check_storage(storage)
     t0 = time.monotonic()
-    opts = DemoOptions(entries=entries, tablets=tablets, compactors=compactors, duration_s=duration,
+    opts = DemoOptions(storage=storage, entries=entries, tablets=tablets, compactors=compactors, duration_s=duration,
                        batch=batch, burst_entries=burst_entries, burst_files=burst_files, data_dir=data_dir,
                        live=not as_json and sys.stdout.isatty(),
                        config_text=config_path.read() if config_path else DEMO_CONFIG,
@@ -120,3 +128,22 @@ def demo(entries: int, tablets: int, compactors: int | None, duration: float, ba
     if res.data_kept and not data_dir:
         click.echo(f"verification failed: data and process logs kept in {res.data_kept}", err=True)
     sys.exit(0 if res.verified else 1)
+
+
+def _check_storage(uri: str | None) -> None:
+    """A storage URI the filesystem layer cannot open, or one that already holds tables, is one
+    line before anything starts (a demo verifies every file under ``tables/``)."""
+    if uri is None:
+        return
+    from kompaktor.files.storage import Storage
+    from kompaktor.model.errors import StorageError
+    from kompaktor.model.names import TABLES_DIR
+
+    try:
+        storage = Storage.from_uri(uri)
+        present = storage.list_files(TABLES_DIR)
+    except (OSError, ValueError) as exc:
+        raise StorageError(f"storage {uri}: {' '.join(str(exc).split())}") from None
+    if present:
+        raise StorageError(f"storage {uri}: already holds {len(present)} file(s) under {TABLES_DIR}/; "
+                           "give an empty prefix")

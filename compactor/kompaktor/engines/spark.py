@@ -176,7 +176,9 @@ class SparkMergeEngine:
             # every part, also one a retried task may have rewritten after it was consumed
             for i in range(len(tasks)):
                 final, _ = part_names(req.output, req.tmp_tag, i)
-                for name in (final, tmp_name(final, req.tmp_tag)):  # done, and in progress
+                # done, and in progress (object stores write parts at their final name only)
+                staged = (tmp_name(final, req.tmp_tag),) if storage.renames_atomically else ()
+                for name in (final, *staged):
                     storage.delete(name)
         report(progress_dict(read, written, bytes_in, info.size, len(tasks), len(tasks), started))
         return MergeResult(info=info, entries_read=read, entries_written=written, bytes_read=bytes_in,

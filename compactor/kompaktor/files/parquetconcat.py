@@ -21,7 +21,6 @@ from typing import Any
 from kompaktor.files.sortedfile import _decode_key, _metadata
 from kompaktor.files.storage import Storage
 from kompaktor.model.errors import BadFileError, UnsortedError
-from kompaktor.model.names import tmp_name
 from kompaktor.model.tablet import FileInfo
 
 MAGIC = b"PAR1"
@@ -257,7 +256,7 @@ class ConcatWriter:
 
     def __init__(self, storage: Storage, rel_path: str, *, tmp_tag: str | None = None) -> None:
         self.storage, self.rel_path = storage, rel_path
-        self.tmp_rel = tmp_name(rel_path, tmp_tag)
+        self.tmp_rel = storage.staging_name(rel_path, tmp_tag)
         storage.ensure_dir(posixpath.dirname(rel_path))
         self._sink = storage.fs.open_output_stream(storage.path(self.tmp_rel))
         self._sink.write(MAGIC)
@@ -334,7 +333,7 @@ class ConcatWriter:
         self._sink.write(len(footer).to_bytes(4, "little") + MAGIC)
         self._sink.close()
         self._closed = True
-        self.storage.move(self.tmp_rel, self.rel_path)
+        self.storage.publish(self.tmp_rel, self.rel_path)
         return FileInfo(self.rel_path, self.storage.size(self.rel_path), self.entries, self.deletes,
                         self.first, self.last)
 

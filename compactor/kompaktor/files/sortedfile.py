@@ -22,7 +22,6 @@ import pyarrow.parquet as pq
 from kompaktor.files.storage import Storage
 from kompaktor.model.errors import BadFileError, UnsortedError
 from kompaktor.model.keys import ARROW_SORT_KEYS, Entry, sort_key
-from kompaktor.model.names import tmp_name
 from kompaktor.model.tablet import FileInfo
 
 SCHEMA = pa.schema(
@@ -142,7 +141,7 @@ class SortedFileWriter:
         self.storage = storage
         self.rel_path = rel_path
         self.source = source or rel_path  # what error messages name (e.g. the imported file)
-        self.tmp_rel = tmp_name(rel_path, tmp_tag)
+        self.tmp_rel = storage.staging_name(rel_path, tmp_tag)
         storage.ensure_dir(posixpath.dirname(rel_path))
         self._sink = storage.fs.open_output_stream(storage.path(self.tmp_rel))
         self._writer = pq.ParquetWriter(self._sink, SCHEMA, compression="zstd")
@@ -180,7 +179,7 @@ class SortedFileWriter:
         self._writer.close()
         self._sink.close()
         self._closed = True
-        self.storage.move(self.tmp_rel, self.rel_path)
+        self.storage.publish(self.tmp_rel, self.rel_path)
         return FileInfo(self.rel_path, self.storage.size(self.rel_path), self.entries, self.deletes,
                         self.first, self.last)
 

@@ -3,6 +3,15 @@
 A plain path (or ``file://``) is a local directory; ``s3://bucket/prefix`` and
 ``hdfs://namenode/prefix`` go through the same code. Files are named by paths relative to the
 root, which is what the metadata store records.
+
+How a finished file gets its name depends on the store. Where a rename is atomic (a local disk,
+HDFS) a writer writes under a temporary name and renames. On object stores (S3, GCS, ABFS
+without a hierarchical namespace) a rename is a server-side copy of the whole object and a
+delete: there a writer writes once, directly at the final name (:meth:`Storage.staging_name`).
+That is safe because every final name is unique (a compaction output carries its ECID, a flush
+or import file a random part) and nothing reads a file the metadata store does not reference: an
+object whose writer died is either invisible (a multipart upload never completed) or
+unreferenced, and the garbage collector removes it after its grace period.
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ from dataclasses import dataclass
 import pyarrow.fs as pafs
 
 from kompaktor.model.errors import StorageError
+from kompaktor.model.names import tmp_name
 
 DEFAULT_STORAGE = os.path.join(os.path.expanduser("~"), ".local", "share", "kompaktor", "files")
 TMP_PREFIX = "_tmp_"
@@ -57,7 +67,10 @@ class Storage:
         return posixpath.join(self.root, rel)
 
     def ensure_dir(self, rel_dir: str) -> None:
-        self.fs.create_dir(self.path(rel_dir), recursive=True)
+        """Directories exist on disks and HDFS; an object store has none (pyarrow would PUT an
+        empty marker object per level, a request per file written for nothing)."""
+        if self.renames_atomically:
+            self.fs.create_dir(self.path(rel_dir), recursive=True)
 
     def exists(self, rel: str) -> bool:
         return self.fs.get_file_info(self.path(rel)).type != pafs.FileType.NotFound
@@ -67,6 +80,26 @@ class Storage:
         if info.type == pafs.FileType.NotFound:
             raise FileNotFoundError(self.path(rel))
         return int(info.size)
+
+    @property
+    def renames_atomically(self) -> bool:
+        """A local disk or HDFS: finished files are renamed into place. Object stores: not."""
+        return isinstance(self.fs, pafs.LocalFileSystem) or self.fs.type_name == "hdfs"
+
+    def staging_name(self, rel: str, tag: str | None = None) -> str:
+        """Where a writer of ``rel`` writes: a temporary name renamed by :meth:`publish` where a
+        rename is atomic; on object stores ``rel`` itself, written once (refused, before any
+        byte is written, if an object already has that name)."""
+        if self.renames_atomically:
+            return tmp_name(rel, tag)
+        if self.exists(rel):
+            raise FileExistsError(f"{rel}: a file with this name exists; not replacing it")
+        return rel
+
+    def publish(self, staged: str, rel: str) -> None:
+        """Make a finished file visible under ``rel`` (nothing to do when it was written there)."""
+        if staged != rel:
+            self.move(staged, rel)
 
     def move(self, src_rel: str, dst_rel: str) -> None:
         """Give a finished file its name; never replaces a file already there (that is

@@ -78,6 +78,9 @@ class LocalCluster:
     data_dir: Path
     redis_url: str | None = None
     coordinator_args: list[str] = field(default_factory=list)
+    #: where data files go (a pyarrow.fs URI such as s3://bucket/prefix; credentials from the
+    #: environment, which every child inherits); default: ``files/`` under ``data_dir``
+    storage: str | None = None
     compactor_args: list[str] = field(default_factory=list)
     quiet: bool = True
     #: as the HPA's scale-down stabilization window: scale down only to the highest desired count
@@ -92,7 +95,7 @@ class LocalCluster:
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir)
-        self.storage_uri = str(self.data_dir / "files")
+        self.storage_uri = self.storage or str(self.data_dir / "files")
         self.redis: RedisProcess | None = None
         self.redis_ha: RedisHA | None = None
         self.coordinator: Proc | None = None

@@ -42,6 +42,7 @@ class DemoOptions:
     drain_timeout_s: float = 240.0
     data_dir: str | None = None
     redis_url: str | None = None
+    storage: str | None = None  # data files elsewhere than under data_dir (e.g. s3://bucket/prefix)
     config_text: str = DEMO_CONFIG
     table: str = "ci"
     live: bool = True
@@ -146,7 +147,7 @@ def run_demo(opts: DemoOptions) -> DemoResult:
         if opts.chaos:
             coord_args += ["--dead-after", "5"]
         cluster = LocalCluster(cfg, data_dir, redis_url=opts.redis_url, coordinator_args=coord_args,
-                               ha=opts.ha and opts.redis_url is None)
+                               ha=opts.ha and opts.redis_url is None, storage=opts.storage)
         if opts.command is not None:
             cluster.command = list(opts.command)
         # SIGINT, SIGTERM, SIGHUP: Interrupted, and the clean-up below drains and stops every
