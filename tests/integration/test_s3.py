@@ -138,6 +138,11 @@ def test_bad_storage_is_one_line_and_starts_nothing(s3: S3Server, s3_env: dict[s
         lines = [line for line in out.stderr.splitlines() if line.strip()]
         assert len(lines) == 1 and named in lines[0], out.stderr
         assert "Traceback" not in out.stderr
+    # an endpoint that does not answer
+    out = _demo({**s3_env, "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}, "--storage", f"s3://{BUCKET}/x",
+                "--entries", "10", "--duration", "1", timeout=120)
+    lines = [x for x in out.stderr.splitlines() if x.strip()]
+    assert out.returncode != 0 and len(lines) == 1 and "Could not connect" in lines[0], out.stderr
     # (wrong credentials are not in this table: moto in server mode does not check signatures)
     # a prefix that already holds tables is refused (the demo verifies every file under it)
     storage = Storage.from_uri(f"s3://{BUCKET}/taken")

@@ -290,14 +290,22 @@ class NodeAgent:
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             out = open(self.log_dir / f"{p.name}.{p.restarts}.log", "wb")  # noqa: SIM115
-        popen = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 start_new_session=True)
-        if out is not subprocess.DEVNULL:
-            out.close()
-        rec = RunRecord(p.name, popen.pid, p.ip, time.time(), argv)
+        # Checked and started under the lock the deletion path takes to mark the pod terminating:
+        # a restart racing a deletion either happens before it (and is then terminated) or not
+        # at all — never after it, which left a compactor running with no pod (found when a
+        # drained compactor's restart and its pod's deletion came together).
         with self._lock:
+            if p.terminating:
+                if out is not subprocess.DEVNULL:
+                    out.close()
+                return
+            popen = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+            rec = RunRecord(p.name, popen.pid, p.ip, time.time(), argv)
             p.popen, p.record, p.ready = popen, rec, False
             self.records.append(rec)
+        if out is not subprocess.DEVNULL:
+            out.close()
 
     def _probe(self, p: _PodProc) -> bool:
         probe = p.spec.spec.containers[0].readiness_probe
@@ -318,6 +326,8 @@ class NodeAgent:
             for p in procs:
                 if p.popen is not None and p.popen.poll() is not None:
                     self._exited(p)
+                    if p.terminating:
+                        continue
                     p.restarts += 1
                     self._spawn(p)
                     self._set_status(p.namespace, p.name, p.ip, ready=False, pod=p.spec, restarts=p.restarts)
