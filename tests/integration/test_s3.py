@@ -181,3 +181,63 @@ def test_an_arrow_compaction_on_s3_reads_each_input_once_and_never_copies_or_del
     # every input: its footer and its data, fetched by range, no more than a few requests each
     assert kinds["GET"] + kinds["RANGE_GET"] <= 4 * len(inputs), kinds
     assert read_table(storage, req.output).num_rows == 20000
+
+
+_DIES_MID_UPLOAD = """
+import os, signal, sys
+from kompaktor.files.storage import Storage
+storage = Storage.from_uri(sys.argv[1])
+rel = storage.staging_name(sys.argv[2])
+sink = storage.fs.open_output_stream(storage.path(rel))
+for _ in range(12):  # 12 MiB: pyarrow uploads 5 MiB parts as it goes
+    sink.write(os.urandom(1 << 20))
+sink.flush()
+os.kill(os.getpid(), signal.SIGKILL)  # the writer dies before completing the upload
+"""
+
+
+def test_a_writer_killed_mid_upload_leaves_no_visible_object(s3: S3Server, s3_env: dict[str, str]) -> None:
+    import boto3
+
+    uri, rel = f"s3://{BUCKET}/killed", "tables/t/a/C0001.parquet"
+    s3.reset_requests()
+    proc = subprocess.run([sys.executable, "-c", _DIES_MID_UPLOAD, uri, rel], env=s3_env, timeout=120)
+    assert proc.returncode == -9
+    assert s3.requests(BUCKET)["PUT"] >= 1  # parts went up ...
+    storage = Storage.from_uri(uri)
+    assert not storage.exists(rel) and storage.list_files("tables") == []  # ... and nothing is visible
+    s3api = boto3.client("s3", endpoint_url=s3.endpoint, aws_access_key_id=s3.access_key,
+                         aws_secret_access_key=s3.secret_key, region_name="us-east-1")
+    uploads = s3api.list_multipart_uploads(Bucket=BUCKET, Prefix="killed/").get("Uploads", [])
+    assert [u["Key"] for u in uploads] == [f"killed/{rel}"]
+    # what a bucket's AbortIncompleteMultipartUpload rule does (docs/storage.md)
+    s3api.abort_multipart_upload(Bucket=BUCKET, Key=uploads[0]["Key"], UploadId=uploads[0]["UploadId"])
+    assert not s3api.list_multipart_uploads(Bucket=BUCKET, Prefix="killed/").get("Uploads")
+    assert not storage.exists(rel)
+
+
+@pytest.mark.redis
+def test_gc_on_s3_removes_what_no_tablet_references_and_keeps_the_rest(s3: S3Server, s3_env: dict[str, str],
+                                                                       redis_url: str) -> None:
+    from kompaktor.client import Client
+    from kompaktor.coordinator.gc import collect_garbage
+    from kompaktor.metadata.store import MetadataStore
+
+    storage = Storage.from_uri(f"s3://{BUCKET}/gc")
+    store = MetadataStore.from_url(redis_url)
+    client = Client(store, storage)
+    store.create_table("t", [])
+    client.flush("t", _entries(100))
+    tid = store.table_id("t")
+    (tablet,) = store.tablets(tid)
+    (referenced,) = tablet.files
+    # a complete object nobody references: a writer that finished its upload and died before
+    # its commit, at a final name in the table's directory
+    orphan = referenced.rsplit("/", 1)[0] + "/A-orphan.parquet"
+    with SortedFileWriter(storage, orphan) as w:
+        w.write_entries(_entries(3))
+        w.commit()
+    assert collect_garbage(store, storage, grace_s=3600) == []  # younger than the grace period: kept
+    assert collect_garbage(store, storage, grace_s=0) == [orphan]
+    assert [rel for rel, _ in storage.list_files("tables")] == [referenced]
+    assert [e.row for e in client.scan("t")] == [e.row for e in _entries(100)]
