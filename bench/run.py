@@ -1,6 +1,7 @@
 """`make bench`: every benchmark, each printing figures measured in this run.
 
-Set KOMPAKTOR_BENCH_QUICK=1 for a short smoke run (smaller sizes), KOMPAKTOR_BENCH_LARGE=1 to add
+Set KOMPAKTOR_BENCH_QUICK=1 for a short smoke run (smaller sizes), KOMPAKTOR_BENCH_SOAK_MINUTES=60
+for the hour-long soak (10 minutes by default), KOMPAKTOR_BENCH_LARGE=1 to add
 the 16M-entry merge (every layout and engine: ~30 min and ~7 GB of memory for the in-memory peers
 on a 2-core machine, so not in the default run)."""
 
@@ -16,7 +17,9 @@ from bench import common  # noqa: F401 — puts the packages on sys.path
 def main() -> None:
     quick = os.environ.get("KOMPAKTOR_BENCH_QUICK") == "1"
     large = os.environ.get("KOMPAKTOR_BENCH_LARGE") == "1"
-    from bench import ingest_bench, merge_bench, planning_bench, queue_bench, scaleup, smalljob_bench
+    from bench import ingest_bench, merge_bench, planning_bench, queue_bench, scaleup, smalljob_bench, soak
+
+    soak_minutes = os.environ.get("KOMPAKTOR_BENCH_SOAK_MINUTES", "2" if quick else "10")
 
     runs = [
         ("planner", planning_bench.main, ["--tablets", "5000"] if quick else []),
@@ -30,6 +33,7 @@ def main() -> None:
         ("end-to-end ingest", ingest_bench.main, ["--entries", "60000", "--duration", "30"] if quick else []),
         ("autoscaling to 660 compactors (real control plane)", scaleup.main,
          ["--pods", "110", "--jobs", "1100"] if quick else []),
+        (f"soak with faults, {soak_minutes} minutes", soak.main, ["--minutes", soak_minutes]),
     ]
     failed = []
     for name, fn, args in runs:

@@ -29,7 +29,7 @@ from kompaktor.metadata import user_compactions as usercompaction
 from kompaktor.metadata.compactions import Reservation
 from kompaktor.metadata.status import gather
 from kompaktor.metadata.store import MetadataStore, Mutation
-from kompaktor.model.errors import ConditionFailed
+from kompaktor.model.errors import ConditionFailed, KompaktorError
 from kompaktor.model.job import Job
 from kompaktor.model.keys import Entry
 from kompaktor.model.tablet import OFFLINE, ONLINE, FileMeta
@@ -763,3 +763,44 @@ def test_table_deleted_removes_queued_jobs_and_refuses_reservation(
     got = reserve_all(coord)
     assert [res.tablet for res in got] == [only_tablet(store, "other")]
     assert store._r.hlen(C.RUNNING) == 1
+
+
+def test_finished_user_compactions_are_forgotten_after_their_retention(store: MetadataStore) -> None:
+    """Found by the soak bench: every user compaction ever run stayed in Redis (two keys and an
+    id), and every coordinator pass read them all. A finished one is kept for its retention
+    (status, `kompaktor compact --status`), then forgotten; a running one never is."""
+    store.create_table("empty", [])
+    store.create_table("busy", [])
+    fake_files(store, only_tablet(store, "busy"), {"t/F1.parquet": 10, "t/F2.parquet": 10})
+    running = usercompaction.start(store, "busy")
+    done = usercompaction.start(store, "empty")
+    usercompaction.advance(store)  # no files: every tablet done at once
+    assert usercompaction.get(store, done).state == usercompaction.SUCCEEDED
+    usercompaction.advance(store, retention_s=3600)
+    assert usercompaction.get(store, done).state == usercompaction.SUCCEEDED  # within retention: kept
+    usercompaction.advance(store, retention_s=0)
+    assert store.list_user_compactions() == [running]  # running: never forgotten
+    assert usercompaction.get(store, running).state == usercompaction.RUNNING
+    assert not store.call(store._r.exists, C.ucomp_key(done), C.ucomp_done_key(done))
+    with pytest.raises(KompaktorError, match="unknown user compaction"):
+        usercompaction.get(store, done)
+
+
+def test_failures_of_jobs_that_cannot_come_back_are_forgotten(store: MetadataStore) -> None:
+    """Found by the soak bench: a failed job's record stayed in kz:failures for good once the
+    job ran again and committed (or its files went elsewhere), and every pass read them all."""
+    store.create_table("t", [])
+    tablet = only_tablet(store)
+    fake_files(store, tablet, {"t/F1.parquet": 10, "t/F2.parquet": 10})
+    failures.record_failure(store, tablet, ["t/F1.parquet", "t/F2.parquet"], "default", "boom")  # can recur
+    failures.record_failure(store, tablet, ["t/F1.parquet", "t/F0.parquet"], "default", "boom")  # F0 is gone
+    failures.record_failure(store, "gone;~", ["t/F9.parquet"], "default", "boom")  # its tablet is gone
+    assert failures.forget_settled(store) == 2
+    (left,) = store.failures().values()
+    assert left["files"] == ["t/F1.parquet", "t/F2.parquet"]
+    # the job ran again and committed: its files are replaced, its failure goes with them
+    m = Mutation(table=store.tablet(tablet).table)
+    m.tablet(tablet).do("remove_files", ["t/F1.parquet", "t/F2.parquet"]).do(
+        "add_files", {"t/A3.parquet": FileMeta(20, 1).to_json()})
+    store.mutate(m)
+    assert failures.forget_settled(store) == 1 and store.failures() == {}

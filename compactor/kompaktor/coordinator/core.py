@@ -125,6 +125,7 @@ class Coordinator:
         user_compactions.advance(self.store)
         self.check_lease()
         failures.redirty_due(self.store)
+        failures.forget_settled(self.store)
         self.check_lease()
         try:  # before planning: it reads the dirty set that planning pops
             tablet_ops.auto_split(self.store, self.queues)

@@ -70,6 +70,12 @@ class Chaos:
     def start(self) -> None:
         self.thread.start()
 
+    def inject(self, action: str) -> bool:
+        """One fault now, outside the plan (the soak bench draws its own schedule): ``kill``,
+        ``term``, ``coordinator``, ``failover-ingest``, ``failover-commit`` or ``redis``. False
+        when it could not happen now (nothing busy, no moment)."""
+        return self._step(action)
+
     def finish(self) -> ChaosLog:
         self.stop.set()
         self.thread.join(timeout=60)

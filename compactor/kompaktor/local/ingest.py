@@ -54,6 +54,7 @@ class ContinuousIngest:
     batch: int = 2000
     chain: int = 50  # entries per chain before a new chain starts
     ephemeral: int = 20  # per flush: write this many ephemeral rows, delete those of 3 flushes ago
+    flush_attempts: int = 10  # a flush retried this often (with backoff up to 2 s) while Redis is away
     stats: IngestStats = field(default_factory=IngestStats)
 
     def __post_init__(self) -> None:
@@ -88,7 +89,7 @@ class ContinuousIngest:
         self.pending.append(fresh)
         doomed = self.pending.pop(0) if len(self.pending) > 3 else []
         entries += [Entry(r, EPHEMERAL_CF, CQ, b"", ts, True, b"") for r in doomed]
-        files = self._flush_retrying(entries)
+        files = self._flush_retrying(entries, self.flush_attempts)
         self.stats.ephemeral_live.update(fresh)
         self.stats.ephemeral_live.difference_update(doomed)
         self.stats.ephemeral_deleted.update(doomed)

@@ -37,6 +37,22 @@ def redirty_due(store: MetadataStore, now: float | None = None) -> list[str]:
     return store.redirty_failed(time.time() if now is None else now)
 
 
+def forget_settled(store: MetadataStore) -> int:
+    """Forget the failures of jobs that cannot come back: their tablet is gone, or no longer
+    holds all of their files (the job ran again and committed, or the files were compacted away
+    by another job, split off or merged). Without this every job that ever failed once stayed in
+    ``kz:failures`` for good, and every planning pass read them all (found by the soak bench).
+    Returns how many were forgotten."""
+    recs = store.failures()
+    if not recs:
+        return 0
+    tablets = {t.id: t for t in store.get_tablets(sorted({r["tablet"] for r in recs.values()}))}
+    stale = [fp for fp, r in recs.items()
+             if (t := tablets.get(r["tablet"])) is None or not set(r["files"]) <= set(t.files)]
+    store.forget_failures(stale)
+    return len(stale)
+
+
 def pending_retries(store: MetadataStore) -> int:
     """Failed jobs waiting out their backoff: not queued and not dirty, yet still to be run."""
     return sum(1 for rec in store.failures().values() if not rec.get("redirtied"))

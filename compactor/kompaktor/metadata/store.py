@@ -519,6 +519,10 @@ class MetadataStore:
         raw = self.call(self._r.hget, C.ucomp_key(cid), name)
         return None if raw is None else raw.decode()
 
+    def forget_user_compaction(self, cid: str) -> None:
+        """Remove a finished user compaction's record, its finished tablets and its id."""
+        self._write(("DEL", C.ucomp_key(cid), C.ucomp_done_key(cid)), ("SREM", C.UCOMPS, cid))
+
     def list_user_compactions(self) -> list[str]:
         return sorted(c.decode() for c in self.call(self._r.smembers, C.UCOMPS))
 
@@ -553,6 +557,10 @@ class MetadataStore:
 
     def failures(self) -> dict[str, dict[str, Any]]:
         return {k.decode(): json.loads(v) for k, v in self.call(self._r.hgetall, C.FAILURES).items()}
+
+    def forget_failures(self, fps: list[str]) -> None:
+        if fps:
+            self._write(("HDEL", C.FAILURES, *fps))
 
     def dead_letter(self, fp: str, rec: dict[str, Any]) -> None:
         """Move a job from the failures to the dead letters (counted), atomically."""

@@ -21,6 +21,10 @@ from kompaktor.model.keys import check_row_range, encode_row
 from kompaktor.model.tablet import DELETED, ONLINE, Tablet, now_ms
 
 RUNNING, SUCCEEDED, CANCELLED, FAILED = "RUNNING", "SUCCEEDED", "CANCELLED", "FAILED"
+#: a finished user compaction's record is kept this long (status, `kompaktor compact --status`),
+#: then forgotten: without a bound, every user compaction ever run stayed in Redis and every
+#: coordinator pass read them all (found by the soak bench)
+RETENTION_S = 7 * 86400
 
 
 @dataclass(frozen=True)
@@ -179,14 +183,25 @@ def select_files(store: MetadataStore, t: Tablet, files: list[str], kind: str, s
         return False
 
 
-def advance(store: MetadataStore) -> None:
+def advance(store: MetadataStore, *, retention_s: float = RETENTION_S) -> None:
     """One coordinator step of every running user compaction: cancel those whose table is no
     longer ONLINE; select the files of each held tablet once none of its compactions run (a
-    tablet without files is done at once); mark the compaction SUCCEEDED when every tablet is."""
-    for uc in all_compactions(store):
+    tablet without files is done at once); mark the compaction SUCCEEDED when every tablet is.
+    Finished ones are forgotten ``retention_s`` after they ended."""
+    now = now_ms()
+    for cid in store.list_user_compactions():
+        try:
+            uc = get(store, cid)
+        except KompaktorError:  # forgotten half-way (its id left): finish forgetting it
+            store.forget_user_compaction(cid)
+            continue
         if uc.state != RUNNING:
             if uc.state == CANCELLED and store.user_compaction_field(uc.id, "released") is None:
                 _release(store, uc)  # a cancel that stopped half-way (crash): finish it
+                continue
+            ended = store.user_compaction_field(uc.id, "ended")
+            if ended is not None and now - int(ended) >= retention_s * 1000:
+                store.forget_user_compaction(uc.id)
             continue
         try:
             state = store.table_info(uc.table).state
