@@ -122,8 +122,10 @@ def test_the_demo_runs_on_s3_with_both_engines(s3: S3Server, s3_env: dict[str, s
     kinds = s3.requests(BUCKET)
     # no rename anywhere: every output, flush and import written once at its name
     assert kinds["COPY"] == 0, kinds
-    # the credentials went through the environment only
+    # the credentials went through the environment only: in no output and no process' log
     assert s3.secret_key not in out.stdout + out.stderr
+    logs = list((tmp_path / "demo" / "logs").rglob("*.log"))
+    assert logs and not [f for f in logs if s3.secret_key in f.read_text(errors="replace")]
 
 
 def test_bad_storage_is_one_line_and_starts_nothing(s3: S3Server, s3_env: dict[str, str], tmp_path: Path) -> None:
