@@ -17,7 +17,7 @@ from bench import common  # noqa: F401 — puts the packages on sys.path
 def main() -> None:
     quick = os.environ.get("KOMPAKTOR_BENCH_QUICK") == "1"
     large = os.environ.get("KOMPAKTOR_BENCH_LARGE") == "1"
-    from bench import ingest_bench, merge_bench, planning_bench, queue_bench, scaleup, smalljob_bench, soak
+    from bench import ingest_bench, merge_bench, planning_bench, queue_bench, s3_bench, scaleup, smalljob_bench, soak
 
     soak_minutes = os.environ.get("KOMPAKTOR_BENCH_SOAK_MINUTES", "2" if quick else "10")
 
@@ -28,6 +28,8 @@ def main() -> None:
         *([("merge engines, 16M entries", merge_bench.main,
             ["--entries", "16000000", "--repeat", "2", "--csv", str(merge_bench.OUT_DIR / "merge16m.csv")])]
           if large and not quick else []),
+        ("the same merge on the local disk and on an S3 API server", s3_bench.main,
+         ["--entries", "200000", "--repeat", "1"] if quick else []),
         ("small jobs: reserve -> merge 2 x 1,000 entries -> commit", smalljob_bench.main,
          ["--jobs", "10"] if quick else []),
         ("end-to-end ingest", ingest_bench.main, ["--entries", "60000", "--duration", "30"] if quick else []),
