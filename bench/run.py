@@ -17,7 +17,17 @@ from bench import common  # noqa: F401 — puts the packages on sys.path
 def main() -> None:
     quick = os.environ.get("KOMPAKTOR_BENCH_QUICK") == "1"
     large = os.environ.get("KOMPAKTOR_BENCH_LARGE") == "1"
-    from bench import ingest_bench, merge_bench, planning_bench, queue_bench, s3_bench, scaleup, smalljob_bench, soak
+    from bench import (
+        ingest_bench,
+        merge_bench,
+        planning_bench,
+        queue_bench,
+        s3_bench,
+        scaleup,
+        smalljob_bench,
+        soak,
+        wakeup_bench,
+    )
 
     soak_minutes = os.environ.get("KOMPAKTOR_BENCH_SOAK_MINUTES", "2" if quick else "10")
 
@@ -30,6 +40,8 @@ def main() -> None:
           if large and not quick else []),
         ("the same merge on the local disk and on an S3 API server", s3_bench.main,
          ["--entries", "200000", "--repeat", "1"] if quick else []),
+        ("an idle compactor woken by a queued job, against polling", wakeup_bench.main,
+         ["--jobs", "10", "--idle-seconds", "5"] if quick else []),
         ("small jobs: reserve -> merge 2 x 1,000 entries -> commit", smalljob_bench.main,
          ["--jobs", "10"] if quick else []),
         ("end-to-end ingest", ingest_bench.main, ["--entries", "60000", "--duration", "30"] if quick else []),

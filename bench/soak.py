@@ -46,9 +46,9 @@ from bench import common
 KEY_ID = re.compile(r"(ECID-[0-9a-f]+|[0-9a-f]{8,}|\d+|compactor-[\w-]+)")
 #: key families bounded by a TTL or a retention rather than by the tables (left out of the
 #: comparison with the baseline; their bounds are printed): applied-mutation outcomes (600 s),
-#: the auto-split check, finished user compactions (kept
+#: the auto-split check, wake-up tokens (30 s), finished user compactions (kept
 #: user_compactions.RETENTION_S, 7 days), Compaction requests (30 days)
-BOUNDED = ("kz:mut:", "kz:split:", "kz:ucomp:", "kz:ucomps", "kz:operator:compaction:")
+BOUNDED = ("kz:mut:", "kz:split:", "kz:wake:", "kz:ucomp:", "kz:ucomps", "kz:operator:compaction:")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 

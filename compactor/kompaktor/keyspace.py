@@ -89,6 +89,12 @@ def queue_ages_key(group: str) -> str:
     return f"{PREFIX}queue:{group}:ages"  # sorted set: tablet id -> time its jobs were added (ms)
 
 
+def wake_key(group: str) -> str:
+    # list (TTL 30 s, at most 16 tokens): pushed when jobs are queued for the group; idle
+    # compactors wait on it with BLPOP instead of sleeping between polls
+    return f"{PREFIX}wake:{group}"
+
+
 SPLIT_CHECK = PREFIX + "split:checked"  # string with TTL: auto-split checked every tablet recently
 
 
@@ -109,7 +115,7 @@ _LUA_FUNCTIONS = {"table": table_key, "tablets": tablets_key, "tablet": tablet_k
                   "rgroup": running_group_key, "ucomp_done": ucomp_done_key, "mutation": mutation_key,
                   "queue": queue_key, "queue_jobs": queue_jobs_key, "queue_index": queue_index_key,
                   "queue_stats": queue_stats_key, "queue_ages": queue_ages_key, "ucomp": ucomp_key,
-                  "request": request_key}
+                  "request": request_key, "wake": wake_key}
 
 
 def _lua_str(text: str) -> str:

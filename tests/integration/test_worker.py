@@ -710,3 +710,24 @@ def test_sigterm_while_busy_beyond_the_grace_period_releases_the_job_at_once(sto
     assert Coordinator(store, storage).tick() and store.queues.stats(GROUP).queued == 1
     assert "dead_compactions" not in store.counters()
     assert "released" in p.log or "cancelled" in p.log
+
+
+def test_an_idle_compactor_is_woken_by_a_queued_job_not_by_its_next_poll(store, storage, client) -> None:
+    """Issue 27 §3: a job queued for a group with an idle compactor starts at once. The
+    compactor polls only every 60 s here, so a job taken within 20 s was a wake-up; and a drain
+    still ends an idle wait at once."""
+    w = Compactor(store, storage, settings(idle_min_s=60.0, idle_max_s=60.0, max_jobs=1))
+    run = Running(w.run)
+    wait_for(lambda: compactor_state(store, "c1") == "idle", "the compactor idle")
+    wait_for(lambda: any(t.name == "wake-up" for t in threading.enumerate()), "the compactor in its idle wait")
+    make_table(client, splits=())
+    queued_at = time.monotonic()
+    assert plan(store, storage) == 1
+    assert run.join(timeout=20) == 0, "the queued job was not taken before the next poll"
+    assert w.jobs_done == 1 and time.monotonic() - queued_at < 20
+    # a drain ends the idle wait at once, as it did before the wake-ups
+    w2 = Compactor(store, storage, settings("c2", idle_min_s=60.0, idle_max_s=60.0))
+    run2 = Running(w2.run)
+    wait_for(lambda: compactor_state(store, "c2") == "idle", "the second compactor idle")
+    w2.request_drain("test")
+    assert run2.join(timeout=10) == 0

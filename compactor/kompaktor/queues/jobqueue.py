@@ -91,10 +91,16 @@ def mapped(fn: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
+#: wake-up tokens kept per group (one per job queued, at most this many) and how long
+WAKE_MAX = 16
+WAKE_TTL_MS = 30_000
+
+
 def _lua(name: str) -> str:
     """A queue script as loaded: the key names, the shared functions (``lua/lib.lua``), the script."""
     lua = resources.files("kompaktor.queues").joinpath("lua")
-    return (C.lua_prelude(PRIORITY_MAX=PRIORITY_MAX) + lua.joinpath("lib.lua").read_text()
+    return (C.lua_prelude(PRIORITY_MAX=PRIORITY_MAX, WAKE_MAX=WAKE_MAX, WAKE_TTL_MS=WAKE_TTL_MS)
+            + lua.joinpath("lib.lua").read_text()
             + lua.joinpath(f"{name}.lua").read_text())
 
 
@@ -272,6 +278,12 @@ class JobQueues:
             raise
 
     @mapped
+    @mapped
+    def wait_for_work(self, group: str, timeout_s: float) -> bool:
+        """Block until a job is queued for ``group`` (a wake-up token, taken) or ``timeout_s``
+        passes; True when woken. One BLPOP: an idle compactor costs Redis no more than a poll."""
+        return self._r.blpop([C.wake_key(group)], timeout=max(0.01, timeout_s)) is not None
+
     def poll(self, group: str) -> Job | None:
         raw = self._poll(args=[self._token(), group])
         return None if raw is None else Job.from_json(json.loads(raw))

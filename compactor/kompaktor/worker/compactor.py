@@ -45,6 +45,12 @@ class WorkerSettings:
     heartbeat_s: float = 2.0
     idle_min_s: float = 0.1
     idle_max_s: float = 2.0
+    #: an idle compactor waits for a wake-up (a job queued) between polls; False: it only polls
+    #: (the baseline the wake-up bench compares with)
+    wake: bool = True
+    #: with wake-ups, an idle compactor still polls this often (a wake-up lost to a failover, a
+    #: drain flag in Redis); below the Redis socket timeout (5 s), which bounds one BLPOP
+    idle_wake_poll_s: float = 4.0
     default_throughput_bps: float = 20e6  # until measured: bytes of input merged per second
     max_jobs: int | None = None  # stop after this many jobs (tests, benchmarks)
     #: how long to keep retrying a finished merge's commit while the store is unreachable; None:
@@ -72,6 +78,8 @@ class Compactor:
             series.labels(settings.group)  # every series exists (at 0) from the start, for rate() and alerts
         self._engine = engine
         self.drain = threading.Event()
+        #: set when there may be work (a wake-up token taken) or a drain was asked for
+        self._wake = threading.Event()
         self.drain_deadline: float | None = None
         self.state = IDLE
         self.ready = False
@@ -96,6 +104,7 @@ class Compactor:
             log.info("compactor %s draining (%s)", self.s.compactor_id, why)
             self.drain_deadline = time.monotonic() + self.s.drain_grace_s
             self.drain.set()
+            self._wake.set()
 
     def install_signal_handlers(self) -> None:
         def on_term(signum: int, _frame: Any) -> None:
@@ -113,6 +122,29 @@ class Compactor:
             log.warning("cannot publish state: %s", exc)
 
     # -- main loop -----------------------------------------------------------------------------------
+    def _idle_wait(self, wait: float) -> None:
+        """Wait up to ``wait`` seconds for work: a job queued for the group wakes this compactor
+        at once (a BLPOP on the group's wake-up list, in a helper thread), a drain too; else
+        the next poll comes after ``wait`` as before."""
+        self._wake.clear()
+        if self.drain.is_set():
+            return
+        if not self.s.wake:
+            self.drain.wait(wait)
+            return
+
+        def blpop() -> None:
+            deadline = time.monotonic() + wait
+            while not self._wake.is_set() and (left := deadline - time.monotonic()) > 0:
+                try:  # one BLPOP at most 4 s: below the Redis socket timeout (5 s)
+                    if self.queues.wait_for_work(self.s.group, min(left, 4.0)):
+                        self._wake.set()
+                except StoreUnavailable:
+                    return  # the main loop sees the outage on its next call
+
+        threading.Thread(target=blpop, name="wake-up", daemon=True).start()
+        self._wake.wait(wait + 0.5)
+
     def run(self) -> int:
         """Work until drained (or max_jobs reached). Returns the process exit code."""
         # start the engine (Spark session) once, before registering and declaring ready: an
@@ -133,9 +165,10 @@ class Compactor:
                     outcome = None
                 if outcome is None:
                     self._publish(IDLE)
-                    wait = min(self.s.idle_max_s, idle) * random.uniform(0.9, 1.1)
-                    self.drain.wait(wait)
-                    idle = min(self.s.idle_max_s, idle * 2)
+                    cap = max(self.s.idle_max_s, self.s.idle_wake_poll_s) if self.s.wake else self.s.idle_max_s
+                    wait = min(cap, idle) * random.uniform(0.9, 1.1)
+                    self._idle_wait(wait)
+                    idle = min(cap, idle * 2)
                     continue
                 idle = self.s.idle_min_s
                 if self.s.max_jobs is not None and self.jobs_done >= self.s.max_jobs:

@@ -13,7 +13,7 @@ local function add(group, tablet, first, n)  -- the jobs are in ARGV[first .. fi
   if not g then
     redis.call('SADD', K.queue_groups, group)
     g = queue_keys(group)
-    g.rejected, g.lowest = 0, nil
+    g.rejected, g.lowest, g.admitted = 0, nil, 0
     groups[group] = g
   end
   local qk, jk, ik, ak = g.qk, g.jk, g.ik, g.ak
@@ -64,6 +64,7 @@ local function add(group, tablet, first, n)  -- the jobs are in ARGV[first .. fi
     end
   end
 
+  g.admitted = g.admitted + #admitted
   -- 3. index
   if #admitted > 0 then
     local added = now
@@ -82,5 +83,15 @@ while i <= #ARGV do
 end
 for group, g in pairs(groups) do
   if g.rejected > 0 then redis.call('HINCRBY', g.sk, 'rejected', g.rejected) end
+  if g.admitted > 0 then
+    -- wake idle compactors: a token per job queued (at most WAKE_MAX), short-lived (an idle
+    -- system keeps none); each idle compactor's BLPOP takes one and it reserves at once
+    local wk = K.wake(group)
+    local tokens = {}
+    for _ = 1, math.min(g.admitted, WAKE_MAX) do table.insert(tokens, '1') end
+    redis.call('LPUSH', wk, unpack(tokens))
+    redis.call('LTRIM', wk, 0, WAKE_MAX - 1)
+    redis.call('PEXPIRE', wk, WAKE_TTL_MS)
+  end
 end
 return total
