@@ -11,7 +11,7 @@ COMPACTOR_IMAGE ?= $(REGISTRY)/kompaktor-compactor:$(VERSION)
 REDIS_IMAGE     ?= $(REGISTRY)/kompaktor-redis:$(VERSION)
 PROMTOOL_DIR    := $(HOME)/.cache/kompaktor/promtool
 
-.PHONY: help install test test-operator test-k8s control-plane promtool demo lint bench crds images test-images clean
+.PHONY: help install test test-unit test-operator test-k8s control-plane promtool demo lint bench crds images test-images clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -41,6 +41,9 @@ promtool: ## promtool from Debian's prometheus package, unpacked into ~/.cache/k
 
 test-k8s: $(STAMP) control-plane test-images ## only the real Kubernetes control-plane tier (helm install, kubectl, RBAC, HPA, node agent)
 	$(PY) -m pytest -q tests/k8s
+
+test-unit: $(STAMP) ## the fast loop: the pure tiers (tests/unit), no external process, well under a minute
+	$(PY) -m pytest -q tests/unit
 
 test-operator: $(STAMP) ## only the operator: kopf handlers against the kmock Kubernetes emulator
 	$(PY) -m pytest -q tests/operator
