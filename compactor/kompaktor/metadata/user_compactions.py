@@ -55,7 +55,11 @@ def validate_iterators(its: dict[str, Any]) -> dict[str, Any]:
     unknown = set(its) - allowed
     if unknown:
         raise ValueError(f"unknown iterator options {sorted(unknown)}; allowed: {sorted(allowed)}")
-    IteratorSettings.from_json(its)  # raises ValueError with a clear message
+    settings = IteratorSettings.from_json(its)  # raises ValueError with a clear message
+    lo, hi = settings.row_start, settings.row_end
+    if lo is not None and hi is not None and lo >= hi:
+        raise ValueError(f"empty row range to delete: {lo.decode(errors='replace')!r} is not before "
+                         f"{hi.decode(errors='replace')!r} (rows in [FROM, TO) are deleted)")
     return {k: v for k, v in its.items() if v is not None}
 
 
