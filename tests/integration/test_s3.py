@@ -243,3 +243,30 @@ def test_gc_on_s3_removes_what_no_tablet_references_and_keeps_the_rest(s3: S3Ser
     assert collect_garbage(store, storage, grace_s=0) == [orphan]
     assert [rel for rel, _ in storage.list_files("tables")] == [referenced]
     assert [e.row for e in client.scan("t")] == [e.row for e in _entries(100)]
+
+
+@pytest.mark.redis
+def test_split_and_merge_on_s3_keep_the_scan_exact(s3: S3Server, s3_env: dict[str, str], redis_url: str) -> None:
+    from kompaktor.client import Client
+    from kompaktor.metadata import tablet_ops
+    from kompaktor.metadata.store import MetadataStore
+
+    storage = Storage.from_uri(f"s3://{BUCKET}/splits")
+    store = MetadataStore.from_url(redis_url)
+    client = Client(store, storage)
+    store.create_table("t", [])
+    expected = []
+    for k in range(3):
+        batch = _entries(200, prefix=f"{k}-")
+        client.flush("t", batch)
+        expected += batch
+    rows = sorted(e.row for e in expected)
+
+    def scanned() -> list[bytes]:
+        return [e.row for e in client.scan("t")]
+
+    assert scanned() == rows
+    tablet_ops.split(store, "t", [b"1-", b"2-"])
+    assert len(store.tablets(store.table_id("t"))) == 3 and scanned() == rows
+    assert tablet_ops.merge(store, "t", None, None) is not None
+    assert len(store.tablets(store.table_id("t"))) == 1 and scanned() == rows
