@@ -30,6 +30,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from kompaktor.policy import services as group_defaults
 from kompaktor.policy.planner import DEFAULTS as PLANNER_DEFAULTS
 from kompaktor_operator.naming import API_GROUP
 
@@ -275,10 +276,11 @@ class SparkSettings(CRDModel):
     """How the compactor runs its merge: a local Spark, a Spark cluster or Spark on Kubernetes."""
 
     engine: Literal["spark", "arrow"] = Field(
-        "spark",
+        group_defaults.DEFAULT_ENGINE,
         description="merge engine: spark, or arrow (in-process, for groups that only hold small jobs)",
     )
-    master: str = Field("local[*]", min_length=1, description="Spark master URL (spark.master)")
+    master: str = Field(group_defaults.DEFAULT_SPARK_MASTER, min_length=1,
+                        description="Spark master URL (spark.master)")
     conf: dict[str, str] = Field(default_factory=dict, description="extra Spark settings (--spark-conf k=v)")
     driver_memory: str | None = Field(
         None, pattern=r"^[0-9]+([kKmMgGtTpP][bB]?)?$", description="spark.driver.memory in Spark's units, e.g. 2g"
@@ -371,17 +373,20 @@ class CompactorGroupSpec(CRDModel):
     replicas: int | None = Field(
         None, ge=0, description="desired compactors; written by the autoscaler (scale subresource)"
     )
-    min_replicas: int = Field(1, ge=0, description="fewest compactors (0 needs autoscaler keda or none)")
-    max_replicas: int = Field(10, ge=1, description="most compactors")
+    min_replicas: int = Field(group_defaults.DEFAULT_MIN_REPLICAS, ge=0,
+                              description="fewest compactors (0 needs autoscaler keda or none)")
+    max_replicas: int = Field(group_defaults.DEFAULT_MAX_REPLICAS, ge=1, description="most compactors")
     jobs_per_replica: int = Field(
-        1, ge=1, description="target queued plus running jobs per compactor (HPA AverageValue)"
+        group_defaults.DEFAULT_JOBS_PER_REPLICA, ge=1,
+        description="target queued plus running jobs per compactor (HPA AverageValue)",
     )
     autoscaler: Autoscaler = Field(Autoscaler.HPA.value, description="hpa (default), keda, or none (fixed replicas)")
     behavior: ScalingBehavior = Field(default_factory=ScalingBehavior)
     spark: SparkSettings = Field(default_factory=SparkSettings)
     resources: ResourceRequirements | None = None
     drain_grace_seconds: int = Field(
-        300, ge=0, le=86400, description="time a draining compactor has to finish its job"
+        group_defaults.DEFAULT_DRAIN_GRACE_S, ge=0, le=86400,
+        description="time a draining compactor has to finish its job",
     )
     redis: RedisRef | None = Field(None, description="Redis URL Secret; the operator's default when left out")
     storage: StorageSettings | None = None

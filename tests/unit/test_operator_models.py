@@ -192,3 +192,25 @@ def test_executor_settings_reach_the_group_config_and_the_pod_args() -> None:
 def test_conflicting_or_invalid_executor_settings_are_refused(spark: dict) -> None:
     with pytest.raises(ValueError):
         m.CompactorGroupSpec.model_validate({"spark": spark})
+
+
+def test_a_groups_defaults_are_the_same_everywhere() -> None:
+    """Issue 26 §1: drain grace was 300 s in the CRD and 60 s in GroupConfig and the compactor;
+    maxReplicas 10 against 4; jobsPerReplica 1 against 2. One home now (policy.services)."""
+    import dataclasses
+
+    from kompaktor.policy import services as d
+    from kompaktor.worker.compactor import WorkerSettings
+    from kompaktor_operator import models as m
+
+    spec = m.CompactorGroupSpec()
+    cfg = d.GroupConfig("g")
+    worker = WorkerSettings("g", "c")
+    assert (spec.min_replicas, cfg.min_replicas) == (d.DEFAULT_MIN_REPLICAS,) * 2
+    assert (spec.max_replicas, cfg.max_replicas) == (d.DEFAULT_MAX_REPLICAS,) * 2
+    assert (spec.jobs_per_replica, cfg.jobs_per_replica) == (d.DEFAULT_JOBS_PER_REPLICA,) * 2
+    assert (spec.drain_grace_seconds, cfg.drain_grace_seconds, worker.drain_grace_s) == (d.DEFAULT_DRAIN_GRACE_S,) * 3
+    assert (spec.spark.master, cfg.spark_master, worker.spark_master) == (d.DEFAULT_SPARK_MASTER,) * 3
+    assert (spec.spark.engine, cfg.engine, worker.engine) == (d.DEFAULT_ENGINE,) * 3
+    # and what the operator stores for a group that leaves everything out is exactly that
+    assert dataclasses.asdict(m.to_group_config("g", spec)) == dataclasses.asdict(cfg)

@@ -42,6 +42,7 @@ def compactor(group: str, compactor_id: str | None, engine: str | None, spark_ma
     """Run one compactor: reserve a job of GROUP, merge it, commit, repeat; drain on SIGTERM."""
     from kompaktor.files.storage import Storage
     from kompaktor.metadata.store import MetadataStore
+    from kompaktor.policy import services as defaults
     from kompaktor.worker import Compactor, WorkerSettings
 
     setup_logging()
@@ -57,11 +58,12 @@ def compactor(group: str, compactor_id: str | None, engine: str | None, spark_ma
     settings = WorkerSettings(
         group=group,
         compactor_id=compactor_id or f"{socket.gethostname()}-{os.getpid()}",
-        engine=engine or (cfg.engine if cfg else "spark"),
-        spark_master=spark_master or (cfg.spark_master if cfg else "local[*]"),
+        engine=engine or (cfg.engine if cfg else defaults.DEFAULT_ENGINE),
+        spark_master=spark_master or (cfg.spark_master if cfg else defaults.DEFAULT_SPARK_MASTER),
         spark_conf=conf,
         driver_memory=driver_memory or (cfg.driver_memory if cfg else None),
-        drain_grace_s=drain_grace if drain_grace is not None else (cfg.drain_grace_seconds if cfg else 60.0),
+        drain_grace_s=drain_grace if drain_grace is not None else float(
+            cfg.drain_grace_seconds if cfg else defaults.DEFAULT_DRAIN_GRACE_S),
         max_jobs=max_jobs,
     )
     from kompaktor.worker.http import TOKEN_ENV, token_source

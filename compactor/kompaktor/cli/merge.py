@@ -9,6 +9,7 @@ import uuid
 import click
 
 from kompaktor.cli.common import friendly_errors
+from kompaktor.policy.services import DEFAULT_SPARK_MASTER
 
 
 def _mb(n: int) -> str:
@@ -27,7 +28,8 @@ def _mb(n: int) -> str:
               help="Age-off filter: drop puts older than now minus this many milliseconds.")
 @click.option("--row-regex", default=None, help="Row filter: drop puts whose row matches this regex.")
 @click.option("--engine", type=click.Choice(["spark", "arrow"]), default="spark", show_default=True)
-@click.option("--spark-master", default="local[*]", show_default=True, help="Spark master for --engine spark.")
+@click.option("--spark-master", default=DEFAULT_SPARK_MASTER, show_default=True,
+              help="Spark master for --engine spark.")
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists.")
 @friendly_errors
 def merge(inputs: tuple[str, ...], output: str, full: bool, max_versions: int, ageoff_ttl_ms: int | None,

@@ -12,12 +12,13 @@ from collections.abc import Mapping
 
 from kompaktor.engines.api import MergeEngine
 from kompaktor.model.errors import KompaktorError
+from kompaktor.policy.services import DEFAULT_SPARK_MASTER
 
 ENGINES = ("spark", "arrow")
 
 
-def make_engine(kind: str = "spark", *, spark_master: str = "local[*]", spark_conf: Mapping[str, str] | None = None,
-                driver_memory: str | None = None) -> MergeEngine:
+def make_engine(kind: str = "spark", *, spark_master: str = DEFAULT_SPARK_MASTER,
+                spark_conf: Mapping[str, str] | None = None, driver_memory: str | None = None) -> MergeEngine:
     """An engine by name. ``spark`` creates (or reuses) the process's one SparkSession now, so a
     compactor pays the JVM start-up once, before its first job."""
     if kind == "arrow":

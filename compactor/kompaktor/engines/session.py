@@ -19,6 +19,7 @@ import threading
 from collections.abc import Mapping
 
 from kompaktor.engines.api import MergeError
+from kompaktor.policy.services import DEFAULT_SPARK_MASTER
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,8 @@ def probe_master(master: str, timeout: float = MASTER_PROBE_TIMEOUT_S) -> None:
     raise SparkUnavailable(f"Spark master {master} does not answer ({'; '.join(errors)})")
 
 
-def get_session(master: str = "local[*]", conf: Mapping[str, str] | None = None, driver_memory: str | None = None):
+def get_session(master: str = DEFAULT_SPARK_MASTER, conf: Mapping[str, str] | None = None,
+                driver_memory: str | None = None):
     """The process's SparkSession, created on the first call. Later calls return the same
     session; if they ask for a different master or conf, a warning says the first one stays
     (a JVM's Spark settings cannot change while it runs)."""

@@ -49,6 +49,7 @@ from kompaktor.files.storage import Storage
 from kompaktor.model.errors import BadFileError, UnsortedError
 from kompaktor.model.iterators import IteratorSettings
 from kompaktor.model.names import part_names, tmp_name
+from kompaktor.policy.services import DEFAULT_SPARK_MASTER
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,7 @@ class SparkMergeEngine:
 
     name = "spark"
 
-    def __init__(self, master: str = "local[*]", conf: Mapping[str, str] | None = None,
+    def __init__(self, master: str = DEFAULT_SPARK_MASTER, conf: Mapping[str, str] | None = None,
                  driver_memory: str | None = None, *, task_entries: int | None = None,
                  tasks_per_core: int = 2, warm: bool = True, task_memory: int = TASK_MEMORY,
                  no_executor_timeout: float = NO_EXECUTOR_TIMEOUT_S) -> None:

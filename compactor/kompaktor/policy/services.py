@@ -76,19 +76,29 @@ class ServiceConfig:
 DEFAULT = ServiceConfig(DEFAULT_SERVICE)
 
 
+#: A compactor group's defaults, in one home: the CompactorGroup CRD (operator models), GroupConfig,
+#: the compactor's command line and WorkerSettings all read them from here.
+DEFAULT_MIN_REPLICAS = 1
+DEFAULT_MAX_REPLICAS = 10
+DEFAULT_JOBS_PER_REPLICA = 1
+DEFAULT_SPARK_MASTER = "local[*]"
+DEFAULT_ENGINE = "spark"
+DEFAULT_DRAIN_GRACE_S = 300
+
+
 @dataclass(frozen=True)
 class GroupConfig:
     """A compactor resource group: how many compactors, and how they run merges."""
 
     name: str
-    min_replicas: int = 1
-    max_replicas: int = 4
-    jobs_per_replica: int = 2
-    spark_master: str = "local[*]"
+    min_replicas: int = DEFAULT_MIN_REPLICAS
+    max_replicas: int = DEFAULT_MAX_REPLICAS
+    jobs_per_replica: int = DEFAULT_JOBS_PER_REPLICA
+    spark_master: str = DEFAULT_SPARK_MASTER
     spark_conf: Mapping[str, str] = field(default_factory=dict)
     driver_memory: str | None = None
-    drain_grace_seconds: int = 60
-    engine: str = "spark"  # "spark", or "arrow" for groups that only hold small jobs
+    drain_grace_seconds: int = DEFAULT_DRAIN_GRACE_S
+    engine: str = DEFAULT_ENGINE  # "spark", or "arrow" for groups that only hold small jobs
 
     def __post_init__(self) -> None:
         if self.min_replicas < 0 or self.max_replicas < max(1, self.min_replicas):

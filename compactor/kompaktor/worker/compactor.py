@@ -25,6 +25,7 @@ from kompaktor.metadata.compactions import Reservation
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.errors import ConditionFailed, KompaktorError, StoreUnavailable
 from kompaktor.model.tablet import ONLINE
+from kompaktor.policy.services import DEFAULT_DRAIN_GRACE_S, DEFAULT_ENGINE, DEFAULT_SPARK_MASTER
 from kompaktor.worker.metrics import CompactorMetrics
 
 log = logging.getLogger("kompaktor.compactor")
@@ -37,11 +38,11 @@ IDLE, BUSY, DRAINING = "idle", "busy", "draining"
 class WorkerSettings:
     group: str
     compactor_id: str
-    engine: str = "spark"  # or "arrow"
-    spark_master: str = "local[*]"
+    engine: str = DEFAULT_ENGINE  # or "arrow"
+    spark_master: str = DEFAULT_SPARK_MASTER
     spark_conf: dict[str, str] = field(default_factory=dict)
     driver_memory: str | None = None
-    drain_grace_s: float = 60.0
+    drain_grace_s: float = float(DEFAULT_DRAIN_GRACE_S)
     heartbeat_s: float = 2.0
     idle_min_s: float = 0.1
     idle_max_s: float = 2.0
