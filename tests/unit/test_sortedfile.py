@@ -237,3 +237,28 @@ def test_storage_uris_and_operations(tmp_path: Path) -> None:
         assert s.delete("x/y/F1.parquet") and not s.delete("x/y/F1.parquet")
         with pytest.raises(FileNotFoundError):
             s.size("x/y/F1.parquet")
+
+
+def test_commit_does_not_read_back_a_file_someone_may_consume_at_once(store_dir: Storage,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found in CI under load: a Spark task's part was consumed and deleted by the driver right
+    after the task published it, and the task's read-back of its size then failed the merge.
+    The size is the bytes written; nothing is read after publishing."""
+    published = Storage.publish
+
+    def publish_then_consume(self: Storage, staged: str, rel: str) -> None:
+        published(self, staged, rel)
+        self.delete(rel)  # the consumer, as fast as it can be
+
+    monkeypatch.setattr(Storage, "publish", publish_then_consume)
+    with sf.SortedFileWriter(store_dir, "t/F0001.parquet") as w:
+        w.write_entries(sorted([Entry(b"r%03d" % i, b"f", b"q", b"", 1, False, b"v") for i in range(50)],
+                               key=sort_key))
+        info = w.commit()
+    assert info.entries == 50 and info.size > 0
+    monkeypatch.setattr(Storage, "publish", published)
+    with sf.SortedFileWriter(store_dir, "t/F0002.parquet") as w:
+        w.write_entries(sorted([Entry(b"r%03d" % i, b"f", b"q", b"", 1, False, b"v") for i in range(50)],
+                               key=sort_key))
+        again = w.commit()
+    assert again.size == store_dir.size("t/F0002.parquet") == info.size  # the same bytes as written

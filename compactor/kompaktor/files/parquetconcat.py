@@ -331,11 +331,11 @@ class ConcatWriter:
         footer = encode(md)
         self._sink.write(footer)
         self._sink.write(len(footer).to_bytes(4, "little") + MAGIC)
+        size = int(self._sink.tell())  # as written: see SortedFileWriter.commit
         self._sink.close()
         self._closed = True
         self.storage.publish(self.tmp_rel, self.rel_path)
-        return FileInfo(self.rel_path, self.storage.size(self.rel_path), self.entries, self.deletes,
-                        self.first, self.last)
+        return FileInfo(self.rel_path, size, self.entries, self.deletes, self.first, self.last)
 
     def abort(self) -> None:
         if not self._closed:

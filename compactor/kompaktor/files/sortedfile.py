@@ -177,11 +177,14 @@ class SortedFileWriter:
         self._writer.add_key_value_metadata({**(extra_metadata or {}),
                                              **_metadata(self.entries, self.deletes, self.first, self.last)})
         self._writer.close()
+        # the size as written, not read back after publishing: once visible, the file may be
+        # consumed and deleted at once (a Spark part by the driver), and on an object store a
+        # read-back is one more request
+        size = int(self._sink.tell())
         self._sink.close()
         self._closed = True
         self.storage.publish(self.tmp_rel, self.rel_path)
-        return FileInfo(self.rel_path, self.storage.size(self.rel_path), self.entries, self.deletes,
-                        self.first, self.last)
+        return FileInfo(self.rel_path, size, self.entries, self.deletes, self.first, self.last)
 
     def position(self) -> int:
         """Bytes written so far (progress reports)."""
