@@ -208,7 +208,9 @@ class Soak:
                     with self.redis_hold:
                         done = False
                         for _ in range(50):  # the moment it waits for may take a while
-                            if self.stop.is_set() or chaos.inject(f"failover-{failover_moment}"):
+                            if self.stop.is_set():
+                                break
+                            if chaos.inject(f"failover-{failover_moment}"):
                                 done = True
                                 break
                             self.stop.wait(1.5)
