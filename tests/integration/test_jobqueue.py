@@ -368,3 +368,17 @@ def test_concurrent_reserve_processes_never_reserve_twice(store: MetadataStore, 
             got = [r for res in results for r in res.get(timeout=120)]
     check_reservations(store, got, files)
     assert q.stats("g").dequeued + q.stats("h").dequeued == total
+
+
+def test_queue_operations_of_an_unreachable_redis_are_store_unavailable() -> None:
+    """What a compactor's loop handles: polling and waiting for work on a Redis that is not
+    there fail as StoreUnavailable (one line, retried), never as a raw client error."""
+    from kompaktor.local.redis_server import free_port
+    from kompaktor.metadata.connection import connect
+    from kompaktor.model.errors import StoreUnavailable
+
+    queues = JobQueues(connect(f"redis://127.0.0.1:{free_port()}/0", retries=0, socket_timeout=1.0))
+    with pytest.raises(StoreUnavailable):
+        queues.poll("g")
+    with pytest.raises(StoreUnavailable):
+        queues.wait_for_work("g", 0.1)

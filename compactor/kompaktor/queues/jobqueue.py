@@ -94,6 +94,9 @@ def mapped(fn: Callable[P, R]) -> Callable[P, R]:
 #: wake-up tokens kept per group (one per job queued, at most this many) and how long
 WAKE_MAX = 16
 WAKE_TTL_MS = 30_000
+#: one BLPOP waits at most this long: below the Redis client's socket timeout (5 s), past which
+#: the wait would fail as an outage
+WAKE_WAIT_MAX_S = 4.0
 
 
 def _lua(name: str) -> str:
@@ -278,12 +281,13 @@ class JobQueues:
             raise
 
     @mapped
-    @mapped
     def wait_for_work(self, group: str, timeout_s: float) -> bool:
         """Block until a job is queued for ``group`` (a wake-up token, taken) or ``timeout_s``
-        passes; True when woken. One BLPOP: an idle compactor costs Redis no more than a poll."""
-        return self._r.blpop([C.wake_key(group)], timeout=max(0.01, timeout_s)) is not None
+        passes (at most :data:`WAKE_WAIT_MAX_S`); True when woken. One BLPOP: an idle compactor
+        costs Redis no more than a poll."""
+        return self._r.blpop([C.wake_key(group)], timeout=min(max(0.01, timeout_s), WAKE_WAIT_MAX_S)) is not None
 
+    @mapped
     def poll(self, group: str) -> Job | None:
         raw = self._poll(args=[self._token(), group])
         return None if raw is None else Job.from_json(json.loads(raw))

@@ -50,7 +50,7 @@ class WorkerSettings:
     #: (the baseline the wake-up bench compares with)
     wake: bool = True
     #: with wake-ups, an idle compactor still polls this often (a wake-up lost to a failover, a
-    #: drain flag in Redis); below the Redis socket timeout (5 s), which bounds one BLPOP
+    #: drain flag in Redis)
     idle_wake_poll_s: float = 4.0
     default_throughput_bps: float = 20e6  # until measured: bytes of input merged per second
     max_jobs: int | None = None  # stop after this many jobs (tests, benchmarks)
@@ -137,8 +137,8 @@ class Compactor:
         def blpop() -> None:
             deadline = time.monotonic() + wait
             while not self._wake.is_set() and (left := deadline - time.monotonic()) > 0:
-                try:  # one BLPOP at most 4 s: below the Redis socket timeout (5 s)
-                    if self.queues.wait_for_work(self.s.group, min(left, 4.0)):
+                try:  # one BLPOP waits at most WAKE_WAIT_MAX_S: the loop covers the rest
+                    if self.queues.wait_for_work(self.s.group, left):
                         self._wake.set()
                 except StoreUnavailable:
                     return  # the main loop sees the outage on its next call
