@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -12,6 +13,25 @@ OUT = ROOT / "bench" / "out"
 for p in (ROOT / "compactor", ROOT / "operator"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
+
+
+def descendants(pid: int) -> list[int]:
+    """Child processes (recursively) of ``pid``, from /proc: Spark's JVM and its Python workers."""
+    parents: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            parents.setdefault(ppid, []).append(int(d))
+    out, todo = [], [pid]
+    while todo:
+        for c in parents.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
 
 
 def start_redis():

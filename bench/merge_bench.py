@@ -39,6 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from bench.common import descendants
 from kompaktor.files.sortedfile import SCHEMA, write_sorted
 from kompaktor.files.storage import Storage
 from kompaktor.model.keys import ARROW_SORT_KEYS
@@ -134,25 +135,6 @@ def relayout(storage: Storage, inputs: list[str], layout: str) -> list[str]:
     return out
 
 
-def _descendants(pid: int) -> list[int]:
-    """Child processes (recursively) of ``pid``, from /proc: Spark's JVM and its Python workers."""
-    parents: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except OSError:
-                continue
-            parents.setdefault(ppid, []).append(int(d))
-    out, todo = [], [pid]
-    while todo:
-        for c in parents.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
 def _hwm_mb(pid: int | str) -> float:
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -166,7 +148,7 @@ def _hwm_mb(pid: int | str) -> float:
 
 def reset_peaks() -> None:
     """Reset the peak-RSS counters (VmHWM) of this process and its descendants (Linux)."""
-    for pid in ["self", *_descendants(os.getpid())]:
+    for pid in ["self", *descendants(os.getpid())]:
         try:
             with open(f"/proc/{pid}/clear_refs", "w") as f:
                 f.write("5")
@@ -181,7 +163,7 @@ def peak_rss_mb() -> float:
 
 def children_peak_rss_mb() -> float:
     """Sum of the peak RSS of the descendants (JVM, Python workers) since the last reset."""
-    return sum(_hwm_mb(p) for p in _descendants(os.getpid()))
+    return sum(_hwm_mb(p) for p in descendants(os.getpid()))
 
 
 # ---- peers -----------------------------------------------------------------------------------
@@ -258,7 +240,7 @@ def cpu_seconds(children: bool = False) -> float:
     changes less than its wall time."""
     total = sum(os.times()[:2])
     tick = os.sysconf("SC_CLK_TCK")
-    for pid in _descendants(os.getpid()) if children else []:
+    for pid in descendants(os.getpid()) if children else []:
         try:
             with open(f"/proc/{pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()

@@ -71,27 +71,6 @@ class SoakLog:
     outages: int = 0
 
 
-def _children(pids: list[int]) -> dict[int, int]:
-    """Descendant processes of each pid (one pass over /proc)."""
-    parent: dict[int, int] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    parent[int(d)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-    out = {}
-    for pid in pids:
-        n, frontier = 0, {pid}
-        while frontier:
-            kids = {c for c, p in parent.items() if p in frontier}
-            n += len(kids)
-            frontier = kids
-        out[pid] = n
-    return out
-
-
 def _proc(pid: int) -> tuple[float, int, int] | None:
     try:
         with open(f"/proc/{pid}/statm") as f:
@@ -122,7 +101,6 @@ class Soak:
         from kompaktor.local.config import DEMO_CONFIG, load_config
 
         self.args = args
-        self.rng = random.Random(args.seed)
         self.data_dir = Path(args.data_dir or tempfile.mkdtemp(prefix="kompaktor-soak-"))
         self.cfg = load_config(DEMO_CONFIG)
         self.cluster = LocalCluster(self.cfg, self.data_dir, ha=True, coordinator_args=[
@@ -134,6 +112,7 @@ class Soak:
         self.log = SoakLog()
         self.started = 0.0
         self.errors: list[str] = []
+        self.work: Counter = Counter()  # workload operations done, refused, or hit by an outage
         self.warm = min(10.0, args.minutes / 3)
         self.base: Counter | None = None
 
@@ -260,6 +239,12 @@ class Soak:
         self.log.outages += 1
         return True
 
+    def _autoscale(self, stop: threading.Event) -> None:
+        """`kompaktor up`'s autoscaler, a pass every 0.5 s until ``stop``."""
+        while not stop.wait(0.5):
+            with contextlib.suppress(Exception):
+                self.cluster.autoscale()
+
     # -- sampling -----------------------------------------------------------------------------------
     def _processes(self) -> dict[str, int]:
         c = self.cluster
@@ -303,12 +288,12 @@ class Soak:
         from kompaktor.model.names import TMP_PREFIX
 
         procs = self._processes()
-        kids = _children(list(procs.values()))
         m = round(self.minutes(), 2)
         for name, pid in procs.items():
             got = _proc(pid)
             if got is not None:
-                self.samples.append(Sample(m, name, pid, round(got[0], 1), got[1], got[2], kids.get(pid, 0)))
+                self.samples.append(Sample(m, name, pid, round(got[0], 1), got[1], got[2],
+                                           len(common.descendants(pid))))
         row: dict = {"minute": m}
         try:
             store = client.store
@@ -341,7 +326,6 @@ class Soak:
         from kompaktor.local.chaos import Chaos
         from kompaktor.local.ingest import ContinuousIngest, split_points
 
-        self.work: Counter = Counter()
         c = self.cluster
         try:
             c.start()
@@ -358,13 +342,7 @@ class Soak:
                        threading.Thread(target=self._faults, args=(chaos,), daemon=True),
                        threading.Thread(target=self._sampler, args=(client,), daemon=True)]
 
-            def scaler() -> None:
-                while not self.stop.wait(0.5):
-                    with contextlib.suppress(Exception):
-                        c.autoscale()
-
-            scaling = threading.Thread(target=scaler, daemon=True)
-            scaling.start()
+            threading.Thread(target=self._autoscale, args=(self.stop,), daemon=True).start()
             for th in threads:
                 th.start()
             self._sample(client)
@@ -403,13 +381,7 @@ class Soak:
         drain_deadline = time.monotonic() + 900
         quiet = 0
         scaler_stop = threading.Event()
-
-        def scaler() -> None:
-            while not scaler_stop.wait(0.5):
-                with contextlib.suppress(Exception):
-                    self.cluster.autoscale()
-
-        th = threading.Thread(target=scaler, daemon=True)
+        th = threading.Thread(target=self._autoscale, args=(scaler_stop,), daemon=True)
         th.start()
         while time.monotonic() < drain_deadline and quiet < 6:
             try:

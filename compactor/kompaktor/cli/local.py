@@ -12,6 +12,12 @@ import click
 
 from kompaktor.cli.common import friendly_errors
 
+#: where `up` and `demo` keep data files, when not under the data directory
+_storage_option = click.option(
+    "--storage", default=None, metavar="URI",
+    help="Data files here instead of under the data directory: a pyarrow.fs URI such as s3://bucket/prefix "
+         "(an empty prefix; credentials and AWS_ENDPOINT_URL from the environment).")
+
 
 @click.command()
 @click.option("--config", "config_path", type=click.File("r"), default=None,
@@ -19,9 +25,7 @@ from kompaktor.cli.common import friendly_errors
 @click.option("--redis", "redis_url", default=None, help="Use this Redis instead of an embedded one.")
 @click.option("--data-dir", default=".kompaktor", show_default=True,
               help="Embedded Redis data (AOF), data files and process logs.")
-@click.option("--storage", default=None, metavar="URI",
-              help="Data files here instead of under the data directory: a pyarrow.fs URI such as "
-                   "s3://bucket/prefix (an empty prefix; credentials and AWS_ENDPOINT_URL from the environment).")
+@_storage_option
 @click.option("--ha", is_flag=True,
               help="Embedded Redis as a primary, a replica and three sentinels (redis+sentinel:// URL): "
                    "writes are acknowledged once on two nodes, and survive the loss of either.")
@@ -76,9 +80,7 @@ def up(config_path, redis_url: str | None, data_dir: str, storage: str | None, h
 @click.option("--config", "config_path", type=click.File("r"), default=None, help="Local YAML (as for `up`).")
 @click.option("--data-dir", default=None,
               help="Keep data here (default: a temporary directory, removed at the end unless verification fails).")
-@click.option("--storage", default=None, metavar="URI",
-              help="Data files here instead of under the data directory: a pyarrow.fs URI such as "
-                   "s3://bucket/prefix (an empty prefix; credentials and AWS_ENDPOINT_URL from the environment).")
+@_storage_option
 @click.option("--chaos", is_flag=True,
               help="Inject faults on a fixed-seed schedule: SIGKILL and SIGTERM busy compactors, restart the "
                    "coordinator, SIGKILL the Redis primary mid-ingest and mid-commit (Sentinel promotes the "

@@ -38,6 +38,7 @@ class UserCompaction:
     iterators: dict[str, Any]
     created_ms: int
     message: str
+    ended_ms: int | None = None  # when it left RUNNING
 
     @property
     def total(self) -> int:
@@ -112,7 +113,8 @@ def get(store: MetadataStore, cid: str) -> UserCompaction:
         raise KompaktorError(f"unknown user compaction {cid!r}")
     h, done = rec
     return UserCompaction(cid, h["table"], h["table_name"], h["state"], tuple(json.loads(h["tablets"])), done,
-                          json.loads(h["iterators"]), int(h["created"]), h.get("message", ""))
+                          json.loads(h["iterators"]), int(h["created"]), h.get("message", ""),
+                          int(h["ended"]) if h.get("ended") else None)
 
 
 def all_compactions(store: MetadataStore) -> list[UserCompaction]:
@@ -203,8 +205,7 @@ def advance(store: MetadataStore, *, retention_s: float = RETENTION_S) -> None:
             if uc.state == CANCELLED and store.user_compaction_field(uc.id, "released") is None:
                 _release(store, uc)  # a cancel that stopped half-way (crash): finish it
                 continue
-            ended = store.user_compaction_field(uc.id, "ended")
-            if ended is not None and now - int(ended) >= retention_s * 1000:
+            if uc.ended_ms is not None and now - uc.ended_ms >= retention_s * 1000:
                 store.forget_user_compaction(uc.id)
             continue
         try:
