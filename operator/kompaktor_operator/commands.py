@@ -56,8 +56,11 @@ def operator(namespaces: tuple[str, ...], liveness: str, redis_url: str, metrics
     import logging
     import os
 
+    import kopf
+
     os.environ["KOMPAKTOR_REDIS_URL"] = redis_url
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO)
+    # kopf's own format: a timestamp, and the object each message is about ("[ns/name]")
+    kopf.configure(verbose=verbose, log_prefix=True)
 
     from kompaktor_operator import handlers
 

@@ -155,6 +155,10 @@ async def on_startup(settings: kopf.OperatorSettings, logger: logging.Logger, **
     settings.posting.level = logging.WARNING
     # Re-open watches every few minutes: long-lived idle watches are cut by load balancers.
     settings.watching.server_timeout = 300
+    # A resource being deleted waits for its timers to stop; kopf re-checks a timer caught
+    # mid-run only after this many seconds (default 60: a `kubectl delete` of a group whose
+    # scale timer was running hung for a minute). Timers here finish in milliseconds.
+    settings.background.cancellation_polling = 1
     logger.info("kompaktor operator started; compactor image %s", config().compactor_image)
     if os.environ.get("KOMPAKTOR_METRICS_API"):
         global _metrics_task

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness.s3server import S3Server
 
 from kompaktor.files.sortedfile import SortedFileWriter
-from kompaktor.files.storage import Storage
+from kompaktor.files.storage import REQUESTS, Storage
 from kompaktor.model.keys import Entry
 
 BIN = Path(sys.executable).parent
@@ -157,10 +157,13 @@ def test_bad_storage_is_one_line_and_starts_nothing(s3: S3Server, s3_env: dict[s
 
 def test_an_arrow_compaction_on_s3_reads_each_input_once_and_never_copies_or_deletes(
         s3: S3Server, s3_env: dict[str, str]) -> None:
+    from prometheus_client import generate_latest
+
     from kompaktor.engines import make_engine
     from kompaktor.engines.api import MergeRequest
     from kompaktor.files.sortedfile import read_table
     from kompaktor.model.iterators import IteratorSettings
+    from kompaktor.worker.metrics import CompactorMetrics
 
     storage = Storage.from_uri(f"s3://{BUCKET}/merge")
     inputs = []
@@ -171,10 +174,12 @@ def test_an_arrow_compaction_on_s3_reads_each_input_once_and_never_copies_or_del
             w.commit()
         inputs.append(rel)
     s3.reset_requests()
+    before = REQUESTS.snapshot()
     req = MergeRequest(inputs=tuple(inputs), output="tables/t/a/A0001.parquet", prev=None, end=None,
                        settings=IteratorSettings(), tmp_tag="ECID-s3")
     result = make_engine("arrow").merge(storage, req)
     kinds = s3.requests(BUCKET)
+    counted = {op: n - before[op] for op, n in REQUESTS.snapshot().items()}
     assert result.entries_written == 20000
     assert kinds["COPY"] == 0 and kinds["DELETE"] == 0, kinds
     print("requests of one arrow compaction on S3:", dict(kinds))
@@ -183,14 +188,20 @@ def test_an_arrow_compaction_on_s3_reads_each_input_once_and_never_copies_or_del
     # every input: its footer and its data, fetched by range, no more than a few requests each
     assert kinds["GET"] + kinds["RANGE_GET"] <= 4 * len(inputs), kinds
     assert read_table(storage, req.output).num_rows == 20000
+    # what a compactor's /metrics says of the same merge: one object written, each input opened,
+    # nothing copied or deleted
+    assert counted["put"] == 1 and counted["copy"] == counted["delete"] == 0, counted
+    assert len(inputs) <= counted["get"] <= kinds["GET"] + kinds["RANGE_GET"], (counted, kinds)
+    exposition = generate_latest(CompactorMetrics.create().registry).decode()
+    assert f'kompaktor_storage_requests_total{{op="put"}} {float(REQUESTS.snapshot()["put"])}' in exposition
 
 
 _DIES_MID_UPLOAD = """
 import os, signal, sys
-from kompaktor.files.storage import Storage
+from kompaktor.files.storage import REQUESTS, Storage
 storage = Storage.from_uri(sys.argv[1])
 rel = storage.staging_name(sys.argv[2])
-sink = storage.fs.open_output_stream(storage.path(rel))
+sink = storage.open_output(rel)
 for _ in range(12):  # 12 MiB: pyarrow uploads 5 MiB parts as it goes
     sink.write(os.urandom(1 << 20))
 sink.flush()

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Gauge
 
+from kompaktor.files.storage import RequestsCollector
 from kompaktor.metadata.store import MetadataStore
 
 
@@ -24,6 +25,7 @@ class QueueMetrics:
     @classmethod
     def create(cls) -> QueueMetrics:
         r = CollectorRegistry()
+        r.register(RequestsCollector())
         g = "group"
         return cls(
             r,

@@ -115,7 +115,7 @@ def inspect_inputs(storage: Storage, inputs: tuple[str, ...] | list[str]) -> lis
     for path in inputs:
         try:
             size = storage.size(path)
-            with storage.fs.open_input_file(storage.path(path)) as f:
+            with storage.open_input(path) as f:
                 pf = pq.ParquetFile(f)
                 conform(pf.schema_arrow.empty_table(), path)
                 md = pf.metadata
@@ -206,7 +206,7 @@ def refine_inputs(storage: Storage, metas: list[InputMeta], prev: Bound, end: Bo
         groups: list[tuple[bytes, bytes, int, int]] = []
         new_index: list[int] = []
         try:
-            with storage.fs.open_input_file(storage.path(m.path)) as f:
+            with storage.open_input(m.path) as f:
                 pf = pq.ParquetFile(f)
                 for i, grp in enumerate(m.groups):
                     if i in big:
@@ -229,7 +229,7 @@ def _sample_file(storage: Storage, m: InputMeta, seg_rows: int) -> InputMeta:
     groups: list[tuple[bytes, bytes, int, int]] = []
     index: list[int] = []
     try:
-        with storage.fs.open_input_file(storage.path(m.path)) as f:
+        with storage.open_input(m.path) as f:
             pf = pq.ParquetFile(f)
             md = pf.metadata
             row_col = _row_column(md)
@@ -321,7 +321,7 @@ class InputCursor:
         self.path, self.prev, self.end = path, prev, end
         self.batch_rows = batch_rows
         try:
-            self._file = storage.fs.open_input_file(storage.path(path))
+            self._file = storage.open_input(path)
             self._pf = pq.ParquetFile(self._file, **(READ_OPTIONS if storage.renames_atomically
                                                      else OBJECT_STORE_READ_OPTIONS))
             conform(self._pf.schema_arrow.empty_table(), path)

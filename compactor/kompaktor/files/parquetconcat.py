@@ -258,7 +258,7 @@ class ConcatWriter:
         self.storage, self.rel_path = storage, rel_path
         self.tmp_rel = storage.staging_name(rel_path, tmp_tag)
         storage.ensure_dir(posixpath.dirname(rel_path))
-        self._sink = storage.fs.open_output_stream(storage.path(self.tmp_rel))
+        self._sink = storage.open_output(self.tmp_rel)
         self._sink.write(MAGIC)
         self._pos = len(MAGIC)
         self._template: Struct | None = None
@@ -274,7 +274,7 @@ class ConcatWriter:
 
     def append(self, part: str) -> dict[bytes, bytes]:
         """Copy one part's data after the previous ones; returns its key/value metadata."""
-        with self.storage.fs.open_input_file(self.storage.path(part)) as f:
+        with self.storage.open_input(part) as f:
             size = f.size()
             if size < 12:
                 raise BadFileError(f"{part}: not a Parquet file ({size} bytes)")

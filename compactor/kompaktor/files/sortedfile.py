@@ -143,7 +143,7 @@ class SortedFileWriter:
         self.source = source or rel_path  # what error messages name (e.g. the imported file)
         self.tmp_rel = storage.staging_name(rel_path, tmp_tag)
         storage.ensure_dir(posixpath.dirname(rel_path))
-        self._sink = storage.fs.open_output_stream(storage.path(self.tmp_rel))
+        self._sink = storage.open_output(self.tmp_rel)
         self._writer = pq.ParquetWriter(self._sink, SCHEMA, compression="zstd")
         self.entries = 0
         self.deletes = 0
@@ -229,7 +229,7 @@ def read_info(storage: Storage, rel_path: str) -> FileInfo:
     """Footer metadata of a file; computed from the data for foreign files without it.
     Raises :class:`BadFileError` for unreadable or wrongly-shaped files."""
     try:
-        with storage.fs.open_input_file(storage.path(rel_path)) as f:
+        with storage.open_input(rel_path) as f:
             pf = pq.ParquetFile(f)
             meta = pf.metadata.metadata or {}  # the footer's key/value metadata
             if b"kompaktor.entries" in meta:
@@ -265,7 +265,7 @@ def read_table(storage: Storage, rel_path: str, prev_end: bytes | None = None,
                end: bytes | None = None) -> pa.Table:
     """Read a file's entries within a tablet's row range, in the file schema."""
     try:
-        with storage.fs.open_input_file(storage.path(rel_path)) as f:
+        with storage.open_input(rel_path) as f:
             table = pq.read_table(f, filters=range_filter(prev_end, end))
     except FileNotFoundError:
         raise
@@ -279,7 +279,7 @@ def iter_entries(storage: Storage, rel_path: str, prev_end: bytes | None = None,
     """Stream a file's entries within (prev_end, end], batch by batch (bounded memory)."""
     expr = range_filter(prev_end, end)
     try:
-        f = storage.fs.open_input_file(storage.path(rel_path))
+        f = storage.open_input(rel_path)
     except FileNotFoundError:
         raise
     except OSError as exc:

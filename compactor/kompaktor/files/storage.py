@@ -19,15 +19,58 @@ from __future__ import annotations
 import errno
 import os
 import posixpath
+import threading
+from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pyarrow.fs as pafs
+from prometheus_client.core import CounterMetricFamily
 
 from kompaktor.model.errors import StorageError
 from kompaktor.model.names import tmp_name
 
 DEFAULT_STORAGE = os.path.join(os.path.expanduser("~"), ".local", "share", "kompaktor", "files")
-TMP_PREFIX = "_tmp_"
+#: objects per LIST response on S3-compatible stores (ListObjectsV2's page)
+LIST_PAGE = 1000
+
+
+class RequestCounts:
+    """Requests this process made to its storage, by kind (``put``: an object written, one per
+    file however many parts its upload took; ``get``: an object opened for reading, whose row
+    groups are then fetched by range GETs the filesystem layer issues and this count does not see;
+    ``head``, ``list``, ``copy``, ``delete``). Process-wide: every :class:`Storage` adds to it,
+    and the coordinator's and compactors' ``/metrics`` export it as
+    ``kompaktor_storage_requests_total{op}``."""
+
+    OPS = ("put", "get", "head", "list", "copy", "delete")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: Counter[str] = Counter()
+
+    def add(self, op: str, n: int = 1) -> None:
+        with self._lock:
+            self._counts[op] += n
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return {op: self._counts[op] for op in self.OPS}
+
+
+REQUESTS = RequestCounts()
+
+
+class RequestsCollector:
+    """Exports :data:`REQUESTS` as ``kompaktor_storage_requests_total{op}`` into a registry."""
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily("kompaktor_storage_requests", "Requests to the file storage by kind "
+                                     "(get: objects opened for reading; their range GETs are not counted)",
+                                     labels=["op"])
+        for op, n in REQUESTS.snapshot().items():
+            family.add_metric([op], n)
+        yield family
 
 
 def default_storage_uri() -> str:
@@ -72,10 +115,22 @@ class Storage:
         if self.renames_atomically:
             self.fs.create_dir(self.path(rel_dir), recursive=True)
 
+    def open_input(self, rel: str) -> pafs.NativeFile:
+        """A finished file, for reading (random access: row groups are fetched by range)."""
+        REQUESTS.add("get")
+        return self.fs.open_input_file(self.path(rel))
+
+    def open_output(self, rel: str) -> pafs.NativeFile:
+        """A new file, written as a stream (on object stores: one object, uploaded in parts)."""
+        REQUESTS.add("put")
+        return self.fs.open_output_stream(self.path(rel))
+
     def exists(self, rel: str) -> bool:
+        REQUESTS.add("head")
         return self.fs.get_file_info(self.path(rel)).type != pafs.FileType.NotFound
 
     def size(self, rel: str) -> int:
+        REQUESTS.add("head")
         info = self.fs.get_file_info(self.path(rel))
         if info.type == pafs.FileType.NotFound:
             raise FileNotFoundError(self.path(rel))
@@ -123,11 +178,15 @@ class Storage:
             else:
                 os.unlink(src)
                 return
-        if self.fs.get_file_info(dst).type != pafs.FileType.NotFound:
+        if self.exists(dst_rel):
             raise FileExistsError(f"{dst_rel}: a file with this name exists; not replacing it")
+        if not self.renames_atomically:
+            REQUESTS.add("copy")
+            REQUESTS.add("delete")
         self.fs.move(src, dst)
 
     def delete(self, rel: str) -> bool:
+        REQUESTS.add("delete")
         try:
             self.fs.delete_file(self.path(rel))
         except FileNotFoundError:
@@ -138,7 +197,9 @@ class Storage:
         """(relative path, modification time in seconds) of every file under a directory."""
         sel = pafs.FileSelector(self.path(rel_dir), recursive=True, allow_not_found=True)
         out = []
-        for info in self.fs.get_file_info(sel):
+        infos = self.fs.get_file_info(sel)
+        REQUESTS.add("list", max(1, -(-len(infos) // LIST_PAGE)))
+        for info in infos:
             if info.type == pafs.FileType.File:
                 rel = posixpath.relpath(info.path, self.root)
                 mtime = info.mtime.timestamp() if info.mtime is not None else 0.0

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from kompaktor.files.storage import RequestsCollector
+
 
 @dataclass
 class CompactorMetrics:
@@ -24,6 +26,7 @@ class CompactorMetrics:
     @classmethod
     def create(cls) -> CompactorMetrics:
         r = CollectorRegistry()
+        r.register(RequestsCollector())
         g = ["group"]
         return cls(
             r,
