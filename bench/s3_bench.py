@@ -6,6 +6,10 @@ suite's; pure Python, so its figures are a floor for the protocol's overhead, no
 AWS); each engine merges them on each store. Prints wall time per store, the ratio S3 / local,
 and the requests the merge made by kind (the server's own request log): a compaction's output is
 written once — no COPY, no DELETE.
+
+Then the garbage collector's listing: ``--gc-objects`` objects in table directories, listed as a
+coordinator's pass lists them; prints objects/s, LIST requests, and what a store of a million
+objects costs per bounded pass (``GC_PASS_OBJECTS``) and in all.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--entries", type=int, default=1_000_000)
     p.add_argument("--files", type=int, default=8)
     p.add_argument("--repeat", type=int, default=2)
+    p.add_argument("--gc-objects", type=int, default=20_000)
     args = p.parse_args(argv)
 
     sys.path.insert(0, str(common.ROOT / "tests"))
@@ -65,9 +70,37 @@ def main(argv: list[str] | None = None) -> int:
             if kinds.get("COPY", 0) or kinds.get("DELETE", 0):
                 print("  a merge on S3 copied or deleted objects", file=sys.stderr)
                 return 1
+        gc_listing(s3, args.gc_objects)
         return 0
     finally:
         s3.stop()
+
+
+def gc_listing(s3, n: int, tables: int = 10) -> None:
+    """List ``n`` objects in ``tables`` table directories the way a garbage-collection pass does."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import boto3
+
+    from kompaktor.coordinator.gc import GC_PASS_OBJECTS
+    from kompaktor.files.storage import Storage
+
+    api = boto3.client("s3", endpoint_url=s3.endpoint, aws_access_key_id=s3.access_key,
+                       aws_secret_access_key=s3.secret_key, region_name="us-east-1")
+    keys = [f"gc/tables/{i % tables:04d}/F{i:010x}-0000000000000000.parquet" for i in range(n)]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda k: api.put_object(Bucket="bench", Key=k, Body=b""), keys))
+    storage = Storage.from_uri("s3://bench/gc")
+    s3.reset_requests()
+    t0 = time.perf_counter()
+    listed = sum(len(storage.list_files(f"tables/{d}")) for d in storage.list_dirs("tables"))
+    wall = time.perf_counter() - t0
+    lists = s3.requests("bench")["LIST"]
+    rate = listed / wall
+    print(f"gc listing: {listed:,} objects in {tables} table directories, {wall:.2f}s, {rate:,.0f} objects/s, "
+          f"{lists} LIST requests")
+    print(f"  at this rate a store of 1,000,000 objects lists in {1e6 / rate:.0f}s; a coordinator pass lists "
+          f"at most {GC_PASS_OBJECTS:,} ({GC_PASS_OBJECTS / rate:.0f}s) and the next resumes after it")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness.s3server import S3Server
 
+from kompaktor import keyspace as C
 from kompaktor.files.sortedfile import SortedFileWriter
 from kompaktor.files.storage import REQUESTS, Storage
 from kompaktor.model.keys import Entry
@@ -145,7 +146,7 @@ def test_bad_storage_is_one_line_and_starts_nothing(s3: S3Server, s3_env: dict[s
                 "--entries", "10", "--duration", "1", timeout=120)
     lines = [x for x in out.stderr.splitlines() if x.strip()]
     assert out.returncode != 0 and len(lines) == 1 and "Could not connect" in lines[0], out.stderr
-    # (wrong credentials are not in this table: moto in server mode does not check signatures)
+    # (wrong and read-only credentials: test_credentials_..., on a server that checks them)
     # a prefix that already holds tables is refused (the demo verifies every file under it)
     storage = Storage.from_uri(f"s3://{BUCKET}/taken")
     with SortedFileWriter(storage, "tables/t/a/F0009.parquet") as w:
@@ -153,6 +154,54 @@ def test_bad_storage_is_one_line_and_starts_nothing(s3: S3Server, s3_env: dict[s
         w.commit()
     out = _demo(s3_env, "--storage", f"s3://{BUCKET}/taken", "--entries", "10", "--duration", "1", timeout=120)
     assert out.returncode != 0 and "already holds 1 file" in out.stderr, out.stderr
+
+
+@pytest.fixture(scope="module")
+def s3_iam(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict[str, str]]]:
+    """A second S3 server that checks signatures and rights, as S3 does: a user allowed
+    everything on S3 and one allowed only to read; each user's client environment."""
+    server = S3Server(tmp_path_factory.mktemp("s3-iam")).start()
+    try:
+        server.create_bucket(BUCKET)
+        yield server.enforce_auth({"writer": ["s3:*"], "reader": ["s3:GetObject", "s3:ListBucket"]})
+    finally:
+        server.stop()
+
+
+@pytest.mark.redis
+def test_credentials_that_cannot_write_are_one_line_before_anything_starts(
+        s3_iam: dict[str, dict[str, str]], redis_url: str, tmp_path: Path) -> None:
+    writer, reader = s3_iam["writer"], s3_iam["reader"]
+    wrong = {**writer, "AWS_SECRET_ACCESS_KEY": writer["AWS_SECRET_ACCESS_KEY"][::-1]}
+    unknown = {**writer, "AWS_ACCESS_KEY_ID": "AKIA" + "0" * 16}
+    uri = f"s3://{BUCKET}/iam"
+    cases = {"read-only": (reader, "Access Denied"), "wrong secret": (wrong, "signature"),
+             "unknown key": (unknown, "Access Key Id")}
+    for case, (env, named) in cases.items():
+        for cmd in (["demo", "--storage", uri, "--entries", "10", "--duration", "1", "--data-dir",
+                     str(tmp_path / case)],
+                    ["coordinator", "--redis", redis_url, "--storage", uri],
+                    ["compactor", "--group", "g", "--http-port", "-1", "--redis", redis_url, "--storage", uri]):
+            out = subprocess.run([str(BIN / "kompaktor"), *cmd], env={**os.environ, **env}, capture_output=True,
+                                 text=True, timeout=120)
+            lines = [line for line in out.stderr.splitlines() if line.strip()]
+            assert out.returncode != 0 and "Traceback" not in out.stderr, (case, cmd[0], out.stderr)
+            assert len(lines) == 1 and uri in lines[0] and named.lower() in lines[0].lower(), (case, cmd, out.stderr)
+            assert env["AWS_SECRET_ACCESS_KEY"] not in out.stdout + out.stderr
+    # nothing was written by any of them; the writer's probe was removed
+    probe = subprocess.run([sys.executable, "-c", _PROBE, uri], env={**os.environ, **writer}, capture_output=True,
+                           text=True, timeout=120)
+    assert probe.returncode == 0 and probe.stdout.split() == ["writable", "0"], probe.stderr
+
+
+_PROBE = """
+import sys
+from kompaktor.files.storage import Storage
+s = Storage.from_uri(sys.argv[1])
+s.check_writable()
+import pyarrow.fs as pafs
+print("writable", len(s.fs.get_file_info(pafs.FileSelector(s.root, recursive=True, allow_not_found=True))))
+"""
 
 
 def test_an_arrow_compaction_on_s3_reads_each_input_once_and_never_copies_or_deletes(
@@ -198,7 +247,7 @@ def test_an_arrow_compaction_on_s3_reads_each_input_once_and_never_copies_or_del
 
 _DIES_MID_UPLOAD = """
 import os, signal, sys
-from kompaktor.files.storage import REQUESTS, Storage
+from kompaktor.files.storage import Storage
 storage = Storage.from_uri(sys.argv[1])
 rel = storage.staging_name(sys.argv[2])
 sink = storage.open_output(rel)
@@ -257,6 +306,41 @@ def test_gc_on_s3_removes_what_no_tablet_references_and_keeps_the_rest(s3: S3Ser
 
 
 @pytest.mark.redis
+def test_gc_passes_on_s3_are_bounded_and_resume_where_the_last_stopped(s3: S3Server, s3_env: dict[str, str],
+                                                                       redis_url: str) -> None:
+    from kompaktor.client import Client
+    from kompaktor.coordinator.gc import GcCursor, collect_garbage
+    from kompaktor.metadata.store import MetadataStore
+
+    storage = Storage.from_uri(f"s3://{BUCKET}/gc-bounded")
+    store = MetadataStore.from_url(redis_url)
+    client = Client(store, storage)
+    orphans, kept = {}, set()
+    for name in ("ta", "tb", "tc"):
+        store.create_table(name, [])
+        client.flush(name, _entries(50))
+        (tablet,) = store.tablets(store.table_id(name))
+        kept.update(tablet.files)
+        orphan = next(iter(tablet.files)).rsplit("/", 1)[0] + "/A-orphan.parquet"
+        with SortedFileWriter(storage, orphan) as w:
+            w.write_entries(_entries(3))
+            w.commit()
+        orphans[store.table_id(name)] = orphan
+    cursor = GcCursor()
+    passes = []
+    for _ in range(3):  # two objects per table: each pass lists one table's directory, no more
+        s3.reset_requests()
+        passes.append(collect_garbage(store, storage, grace_s=0, cursor=cursor, max_objects=2))
+        assert s3.requests(BUCKET)["LIST"] == 2, s3.requests(BUCKET)  # the tables, then one directory
+    assert passes == [[orphans[tid]] for tid in sorted(orphans)]
+    assert {rel for rel, _ in storage.list_files("tables")} == kept
+    # the next pass starts over from the first table and finds nothing more
+    assert collect_garbage(store, storage, grace_s=0, cursor=cursor, max_objects=2) == []
+    for name in ("ta", "tb", "tc"):
+        assert [e.row for e in client.scan(name)] == [e.row for e in _entries(50)]
+
+
+@pytest.mark.redis
 def test_split_and_merge_on_s3_keep_the_scan_exact(s3: S3Server, s3_env: dict[str, str], redis_url: str) -> None:
     from kompaktor.client import Client
     from kompaktor.metadata import tablet_ops
@@ -281,3 +365,52 @@ def test_split_and_merge_on_s3_keep_the_scan_exact(s3: S3Server, s3_env: dict[st
     assert len(store.tablets(store.table_id("t"))) == 3 and scanned() == rows
     assert tablet_ops.merge(store, "t", None, None) is not None
     assert len(store.tablets(store.table_id("t"))) == 1 and scanned() == rows
+
+
+@pytest.mark.redis
+def test_a_storage_outage_mid_merge_fails_the_job_cleanly_and_it_is_retried(
+        s3: S3Server, s3_env: dict[str, str], redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store's endpoint goes away while a compactor uploads its output: the job fails and is
+    released (no commit, no failure counted against it, the compactor keeps running), and once
+    the store is back the job is planned again and commits; the scan is exact throughout."""
+    from harness.tcpproxy import TcpProxy
+
+    from kompaktor.client import Client
+    from kompaktor.coordinator import Coordinator
+    from kompaktor.metadata import failures
+    from kompaktor.metadata.store import MetadataStore
+    from kompaktor.worker import Compactor, WorkerSettings
+
+    proxy = TcpProxy((s3.host, s3.port)).start()
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)  # the compactor reaches S3 through it
+        storage = Storage.from_uri(f"s3://{BUCKET}/outage")
+        store = MetadataStore.from_url(redis_url)
+        client = Client(store, storage)
+        store.create_table("t", [])
+        for k in range(4):  # ~2 MiB of incompressible values per file: the output is uploaded in parts
+            client.flush("t", [Entry(b"row%06d" % (i * 4 + k), b"cf", b"cq", b"", 1, False, os.urandom(128))
+                               for i in range(15000)])
+        before = list(client.scan("t"))
+        (tablet,) = store.tablets(store.table_id("t"))
+        inputs = set(tablet.files)
+        assert Coordinator(store, storage).full_scan() == 1
+        worker = Compactor(store, storage, WorkerSettings("default", "c-outage", engine="arrow"))
+
+        proxy.cut_when(b"partNumber=")  # the first part of the output cuts the store off
+        outcome = worker.run_one()
+        assert proxy.cut_event.is_set()
+        assert outcome is not None and outcome.status == "failed" and outcome.storage_down, outcome
+        (tablet,) = store.tablets(store.table_id("t"))
+        assert set(tablet.files) == inputs and tablet.running == {}  # nothing committed, released
+        assert store._r.hlen(C.FAILURES) == 0 and not failures.dead_letters(store)  # not the job's fault
+
+        proxy.restore()
+        assert Coordinator(store, storage).full_scan() == 1  # planned again at once
+        outcome = worker.run_one()
+        assert outcome is not None and outcome.status == "committed", outcome
+        (tablet,) = store.tablets(store.table_id("t"))
+        assert len(tablet.files) == 1 and not set(tablet.files) & inputs
+        assert list(client.scan("t")) == before
+    finally:
+        proxy.stop()

@@ -69,7 +69,9 @@ def compactor(group: str, compactor_id: str | None, engine: str | None, spark_ma
     from kompaktor.worker.http import TOKEN_ENV, token_source
 
     drain_token = token_source(os.environ.get(TOKEN_ENV), drain_token_file)
-    worker = Compactor(store, Storage.from_uri(storage_uri), settings)
+    storage = Storage.from_uri(storage_uri)
+    storage.check_writable()  # read-only or wrong credentials: one line, now
+    worker = Compactor(store, storage, settings)
     worker.install_signal_handlers()
     if http_port >= 0:
         port = worker.serve_http(http_port, http_host, drain_token)

@@ -41,7 +41,9 @@ def coordinator(metrics_port: int, metrics_host: str, full_scan_interval: float,
     setup_logging()
     store = MetadataStore.from_url(redis_url)
     store.ping()
-    coord = Coordinator(store, Storage.from_uri(storage_uri), CoordinatorSettings(
+    storage = Storage.from_uri(storage_uri)
+    storage.check_writable()  # read-only or wrong credentials: one line, now
+    coord = Coordinator(store, storage, CoordinatorSettings(
         full_scan_s=full_scan_interval, dead_after_s=dead_after, gc_grace_s=gc_grace, gc_interval_s=gc_interval,
         lease_ms=int(lease_s * 1000)))
     if metrics_port >= 0:

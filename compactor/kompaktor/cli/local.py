@@ -149,3 +149,4 @@ def _check_storage(uri: str | None) -> None:
     if present:
         raise StorageError(f"storage {uri}: already holds {len(present)} file(s) under {TABLES_DIR}/; "
                            "give an empty prefix")
+    storage.check_writable()

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from kompaktor.coordinator.dead import detect_dead
-from kompaktor.coordinator.gc import collect_garbage
+from kompaktor.coordinator.gc import GcCursor, collect_garbage
 from kompaktor.coordinator.lease import Lease
 from kompaktor.coordinator.metrics import QueueMetrics
 from kompaktor.files.storage import Storage
@@ -71,6 +71,7 @@ class Coordinator:
         self._store_lost = False
         self._last_full = float("-inf")  # never: the first pass as leader is a full scan
         self._last_gc = time.monotonic()
+        self._gc_cursor = GcCursor()  # where the next bounded garbage-collection pass resumes
         self._known_tables: set[str] | None = None  # table ids seen by the last pass
         self.stats = {"planned": 0, "queued": 0, "dead": 0, "gc_deleted": 0, "full_scans": 0}
 
@@ -249,6 +250,6 @@ class Coordinator:
         write, once older than the grace period; and temporary outputs of finished ECIDs."""
         self._last_gc = time.monotonic()
         deleted = collect_garbage(self.store, self.storage, self.settings.gc_grace_s if grace_s is None else grace_s,
-                                  check=self.check_lease)
+                                  check=self.check_lease, cursor=self._gc_cursor)
         self.stats["gc_deleted"] += len(deleted)
         return deleted

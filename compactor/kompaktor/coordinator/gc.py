@@ -4,12 +4,19 @@ Files of bulk imports still in progress are left alone whatever their age.
 
 The decision is fenced: before each batch of deletions the collector records it in Redis with
 the coordinator's fencing token (:meth:`MetadataStore.record_gc`), and a coordinator that has
-been replaced is refused there and deletes nothing more."""
+been replaced is refused there and deletes nothing more.
+
+On an object store the listing is the expensive part (one LIST request per 1,000 objects). A pass
+of the coordinator is therefore bounded: it lists table directories one after the other, from
+where the previous pass stopped (:class:`GcCursor`), until it has listed ``max_objects``, and
+keeps in memory only the references into the directories it listed. A one-shot collection (no
+cursor) lists everything."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from kompaktor.files.storage import Storage
 from kompaktor.metadata.compactions import running_compactions
@@ -18,23 +25,47 @@ from kompaktor.model.names import TABLES_DIR, tmp_tag
 
 #: files deleted per fenced decision
 GC_BATCH = 100
+#: objects a coordinator's pass lists at most (it stops after the table directory crossing this)
+GC_PASS_OBJECTS = 50_000
+
+
+@dataclass
+class GcCursor:
+    """Where the coordinator's garbage collection resumes: after this table directory."""
+
+    last: str = ""
 
 
 def collect_garbage(store: MetadataStore, storage: Storage, grace_s: float,
-                    check: Callable[[], None] = lambda: None) -> list[str]:
+                    check: Callable[[], None] = lambda: None, cursor: GcCursor | None = None,
+                    max_objects: int = GC_PASS_OBJECTS) -> list[str]:
     """Delete unreferenced files older than ``grace_s``; returns what was deleted. ``check`` is
-    called before each batch and may raise to stop (the coordinator's lease check)."""
+    called before each batch and may raise to stop (the coordinator's lease check). With a
+    ``cursor``, list table directories from where it points until ``max_objects`` were listed,
+    and move it; without, list them all."""
     started = time.time()
     running = running_compactions(store)
+    dirs = storage.list_dirs(TABLES_DIR)
+    if cursor is not None:  # resume after the last directory handled, wrapping around
+        dirs = [d for d in dirs if d > cursor.last] + [d for d in dirs if d <= cursor.last]
+    listed: list[tuple[str, float]] = []
+    for d in dirs:
+        listed.extend(storage.list_files(f"{TABLES_DIR}/{d}"))
+        if cursor is not None:
+            cursor.last = d
+            if len(listed) >= max_objects:
+                break
+    prefixes = tuple({rel.rsplit("/", 1)[0] + "/" for rel, _ in listed})
     referenced: set[str] = set()
-    for t in store.iter_all_tablets():
-        referenced.update(t.files)
+    if prefixes:
+        for t in store.iter_all_tablets():
+            referenced.update(f for f in t.files if f.startswith(prefixes))
     for _tid, rc in running.values():
         if rc is not None:
             referenced.add(rc.output)
     now = time.time()
     candidates = []
-    for rel, mtime in storage.list_files(TABLES_DIR):
+    for rel, mtime in listed:
         if now - mtime < grace_s:
             continue
         tag = tmp_tag(rel)

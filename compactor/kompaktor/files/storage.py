@@ -28,9 +28,11 @@ import pyarrow.fs as pafs
 from prometheus_client.core import CounterMetricFamily
 
 from kompaktor.model.errors import StorageError
-from kompaktor.model.names import tmp_name
+from kompaktor.model.names import new_nonce, tmp_name
 
 DEFAULT_STORAGE = os.path.join(os.path.expanduser("~"), ".local", "share", "kompaktor", "files")
+#: the name of :meth:`Storage.check_writable`'s probe (outside ``tables/``: never a data file)
+PROBE_PREFIX = "_kompaktor_write_probe_"
 #: objects per LIST response on S3-compatible stores (ListObjectsV2's page)
 LIST_PAGE = 1000
 
@@ -71,6 +73,31 @@ class RequestsCollector:
         for op, n in REQUESTS.snapshot().items():
             family.add_metric([op], n)
         yield family
+
+
+#: how an unreachable store, or one that takes no writes for now, words it (pyarrow's S3 and HDFS
+#: clients, the JVM's under Spark, the OS): a fault of the place, not of the job
+_UNAVAILABLE_TEXT = ("network_connection", "couldn't connect to server", "connection refused", "connection reset",
+                     "service_unavailable", "slow_down", "read-only file system", "no space left on device",
+                     "timed out", "broken pipe")
+_UNAVAILABLE_ERRNO = {errno.ECONNREFUSED, errno.ECONNRESET, errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH,
+                      errno.EROFS, errno.ENOSPC, errno.EPIPE}
+
+
+def unavailable(exc: BaseException) -> bool:
+    """Whether an error (or one it was raised from) says the storage cannot be reached or
+    written for now: a job that met it is retried later without counting against it."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, OSError) and seen.errno in _UNAVAILABLE_ERRNO:
+            return True
+        text = str(seen).lower()
+        if any(marker in text for marker in _UNAVAILABLE_TEXT):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def default_storage_uri() -> str:
@@ -114,6 +141,18 @@ class Storage:
         empty marker object per level, a request per file written for nothing)."""
         if self.renames_atomically:
             self.fs.create_dir(self.path(rel_dir), recursive=True)
+
+    def check_writable(self) -> None:
+        """Write, then delete, a small probe object at the root: a store this process cannot
+        write to (read-only or wrong credentials, a missing bucket, an endpoint that does not
+        answer) is one line before anything starts, not a failure of every job later."""
+        rel = f"{PROBE_PREFIX}{new_nonce()}"
+        try:
+            with self.open_output(rel) as f:
+                f.write(b"kompaktor write probe\n")
+            self.delete(rel)
+        except (OSError, ValueError) as exc:
+            raise StorageError(f"storage {self.uri}: cannot write: {' '.join(str(exc).split())}") from None
 
     def open_input(self, rel: str) -> pafs.NativeFile:
         """A finished file, for reading (random access: row groups are fetched by range)."""
@@ -192,6 +231,14 @@ class Storage:
         except FileNotFoundError:
             return False
         return True
+
+    def list_dirs(self, rel_dir: str) -> list[str]:
+        """Names of the directories right under ``rel_dir`` (on object stores: the common
+        prefixes of one delimited listing), sorted."""
+        sel = pafs.FileSelector(self.path(rel_dir), recursive=False, allow_not_found=True)
+        infos = self.fs.get_file_info(sel)
+        REQUESTS.add("list", max(1, -(-len(infos) // LIST_PAGE)))
+        return sorted(posixpath.basename(i.path.rstrip("/")) for i in infos if i.type == pafs.FileType.Directory)
 
     def list_files(self, rel_dir: str) -> list[tuple[str, float]]:
         """(relative path, modification time in seconds) of every file under a directory."""

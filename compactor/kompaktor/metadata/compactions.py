@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ from kompaktor.model.names import ecid_nonce, file_order_key, output_template, t
 from kompaktor.model.tablet import ONLINE, FileInfo, RunningCompaction, Tablet, now_ms
 from kompaktor.policy.tableprops import max_versions, selection_expiry_ms
 from kompaktor.queues.jobqueue import JobQueues
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -189,8 +192,13 @@ def remove_running(store: MetadataStore, tablet_id: str, ecid: str) -> bool:
 
 
 def delete_outputs(storage: Storage, output: str, ecid: str) -> None:
-    storage.delete(tmp_name(output, ecid))
-    storage.delete(output)
+    """Remove what a compaction may have written. A store that cannot be reached leaves them:
+    unreferenced, under the ECID's names, the garbage collector removes them after its grace."""
+    for rel in (tmp_name(output, ecid), output):
+        try:
+            storage.delete(rel)
+        except OSError as exc:
+            log.warning("%s: left for the garbage collector (storage: %s)", rel, " ".join(str(exc).split()))
 
 
 def running_compactions(store: MetadataStore) -> dict[str, tuple[str, RunningCompaction | None]]:

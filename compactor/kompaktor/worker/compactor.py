@@ -20,6 +20,7 @@ from http.server import ThreadingHTTPServer
 from typing import Any
 
 from kompaktor.files.storage import Storage
+from kompaktor.files.storage import unavailable as storage_unavailable
 from kompaktor.metadata import compactions, failures
 from kompaktor.metadata.compactions import Reservation
 from kompaktor.metadata.store import MetadataStore
@@ -64,6 +65,8 @@ class JobOutcome:
     status: str  # committed, failed, cancelled
     reason: str = ""
     ecid: str = ""
+    #: failed because the storage could not be reached or written: not counted against the job
+    storage_down: bool = False
 
 
 class Compactor:
@@ -164,11 +167,14 @@ class Compactor:
                 except StoreUnavailable as exc:
                     log.warning("metadata store unavailable: %s", exc)
                     outcome = None
-                if outcome is None:
+                if outcome is None or outcome.storage_down:
                     self._publish(IDLE)
                     cap = max(self.s.idle_max_s, self.s.idle_wake_poll_s) if self.s.wake else self.s.idle_max_s
                     wait = min(cap, idle) * random.uniform(0.9, 1.1)
-                    self._idle_wait(wait)
+                    if outcome is None:
+                        self._idle_wait(wait)
+                    else:  # the storage is down: back off, however much work is queued
+                        self.drain.wait(wait)
                     idle = min(cap, idle * 2)
                     continue
                 idle = self.s.idle_min_s
@@ -274,6 +280,14 @@ class Compactor:
             compactions.release(self.store, self.storage, res)
             self.metrics.cancelled.labels(g).inc()
             return JobOutcome("cancelled", cancel_reason[0] if cancel_reason else "cancelled", res.ecid)
+        if err is not None and storage_unavailable(err):
+            # the place failed, not the job: released for a later attempt, no failure counted
+            # (an outage longer than the backoff must not dead-letter every job it touched)
+            compactions.release(self.store, self.storage, res)
+            self.metrics.failed.labels(g).inc()
+            reason = f"storage unavailable: {' '.join(str(err).split())[:300]}"
+            log.warning("%s released: %s", res.ecid, reason)
+            return JobOutcome("failed", reason, res.ecid, storage_down=True)
         if err is not None:
             reason = str(err) if not isinstance(err, MergeCancelled) else "cancelled"
             compactions.release(self.store, self.storage, res)
