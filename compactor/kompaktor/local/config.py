@@ -16,12 +16,21 @@ class LocalConfig:
 
 
 def load_config(yaml_text: str) -> LocalConfig:
-    from kompaktor_operator.models import DocumentError, configs, load_documents
+    from kompaktor_operator.admission import check_group
+    from kompaktor_operator.config import OperatorConfig
+    from kompaktor_operator.models import CompactorGroup, DocumentError, configs, load_documents
 
     try:
         docs = load_documents(yaml_text)
     except DocumentError as exc:
         raise KompaktorError(f"invalid configuration: {exc}") from None
+    # the operator's rules, with the allowances an admin set in this environment (the chart's
+    # compactor.allowed* values are the same KOMPAKTOR_ALLOWED_* variables): a group cannot
+    # choose what code its compactors run or where their data goes here either
+    rules = OperatorConfig.from_env()
+    for doc in docs:
+        if isinstance(doc, CompactorGroup) and (refusal := check_group(doc.spec, rules)) is not None:
+            raise KompaktorError(f"CompactorGroup {doc.name}: {refusal.message} ({refusal.rule})")
     services, groups = configs(docs)
     cfg = LocalConfig({s.name: s for s in services}, {g.name: g for g in groups})
     missing = sorted({t.group for s in cfg.services.values() for t in s.tiers} - set(cfg.groups))
