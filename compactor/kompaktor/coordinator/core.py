@@ -118,6 +118,8 @@ class Coordinator:
         what would have been written after is not)."""
         if not self.try_lead():
             return False
+        if self.store.load_scripts():  # after a restart or failover: compactors cannot load them
+            log.info("loaded the metadata scripts into Redis")
         if self._store_lost:
             self._store_lost = False
             self._store_back = time.time()

@@ -29,6 +29,7 @@ from pathlib import Path
 from kompaktor.local.config import LocalConfig
 from kompaktor.local.procs import kill_group, spawn, stop_popen
 from kompaktor.local.redis_server import RedisHA, RedisProcess
+from kompaktor.metadata import acl
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.errors import StoreUnavailable
 from kompaktor.queues.jobqueue import JobQueues
@@ -98,6 +99,8 @@ class LocalCluster:
         self.storage_uri = self.storage or str(self.data_dir / "files")
         self.redis: RedisProcess | None = None
         self.redis_ha: RedisHA | None = None
+        #: each role's URL on the embedded Redis (none when given a Redis URL: all use it)
+        self.role_urls: dict[str, str] = {}
         self.coordinator: Proc | None = None
         self.compactors: dict[str, list[Proc]] = {g: [] for g in self.config.groups}
         self.store: MetadataStore | None = None
@@ -114,8 +117,9 @@ class LocalCluster:
         logs = self.data_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         out = open(logs / f"{name}.log", "ab")  # noqa: SIM115 — owned by the child for its lifetime
-        env = {**self.env, "KOMPAKTOR_REDIS_URL": self.url, "KOMPAKTOR_STORAGE": self.storage_uri,
-               "PYTHONUNBUFFERED": "1"}
+        role = "coordinator" if name == "coordinator" else "compactor"
+        env = {**self.env, "KOMPAKTOR_REDIS_URL": self.role_urls.get(role, self.url),
+               "KOMPAKTOR_STORAGE": self.storage_uri, "PYTHONUNBUFFERED": "1"}
         # Spark's scratch space inside the data directory: nothing is left in /tmp by a killed compactor
         env.setdefault("KOMPAKTOR_SPARK_LOCAL_DIR", str(self.data_dir / "spark" / name))
         try:
@@ -131,15 +135,20 @@ class LocalCluster:
 
     def start(self) -> LocalCluster:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        # the embedded Redis has the chart's users: coordinator and compactors connect as theirs,
+        # so a right their code needs and the ACL lacks fails here, as it would in a cluster
         if self.redis_url is None and self.ha:
-            self.redis_ha = RedisHA(self.data_dir / "redis-ha")  # known before it starts: stop() stops it
+            self.redis_ha = RedisHA(self.data_dir / "redis-ha", users=acl.new_passwords())  # stop() stops it
             self.redis_ha.start()
             self.redis_url = self.redis_ha.url
+            self.role_urls = {role: self.redis_ha.role_url(role) for role in acl.ROLES}
         elif self.redis_url is None:
-            self.redis = RedisProcess(self.data_dir / "redis")  # known before it starts: stop() stops it
+            self.redis = RedisProcess(self.data_dir / "redis", users=acl.new_passwords())  # stop() stops it
             self.redis.start()
             self.redis_url = self.redis.url
-        self.store = MetadataStore.from_url(self.url)
+            self.role_urls = {role: self.redis.role_url(role) for role in acl.ROLES}
+        self.store = MetadataStore.from_url(self.role_urls.get("admin", self.url))
+        self.store.load_scripts()  # before the compactors' first EVALSHA (they may not load scripts)
         self.queues = self.store.queues
         for g in self.config.groups.values():
             self.store.put_group(g)

@@ -16,6 +16,7 @@ from urllib.parse import quote
 import redis
 
 from kompaktor.local.procs import kill_group, spawn
+from kompaktor.metadata import acl
 from kompaktor.model.errors import KompaktorError
 
 
@@ -30,7 +31,8 @@ class RedisProcess:
     and data directory, which is how fault tests restart Redis."""
 
     def __init__(self, data_dir: str | Path, port: int | None = None, *, password: str | None = None,
-                 replica_of: int | None = None, appendfsync: str = "always") -> None:
+                 replica_of: int | None = None, appendfsync: str = "always",
+                 users: dict[str, str] | None = None) -> None:
         exe = shutil.which("redis-server")
         if exe is None:
             raise KompaktorError("redis-server is not installed (run `make install`, or apt-get install redis-server)")
@@ -44,6 +46,10 @@ class RedisProcess:
         #: the port of the primary this server replicates (on 127.0.0.1), or None: a primary
         self.replica_of = replica_of
         self.appendfsync = appendfsync
+        #: a Redis user per role (:mod:`kompaktor.metadata.acl`) with these passwords (role ->
+        #: password, :func:`acl.new_passwords`); :meth:`role_url` gives each component its own URL.
+        #: The default user stays (with ``password`` if given): what sets the server up uses it.
+        self.role_passwords = dict(users or {})
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -53,14 +59,23 @@ class RedisProcess:
         auth = f":{quote(self.password, safe='')}@" if self.password else ""
         return f"redis://{auth}127.0.0.1:{self.port}/0"
 
+    def role_url(self, role: str) -> str:
+        """The URL ``role``'s user connects with (the default user's :attr:`url` without users)."""
+        if not self.role_passwords:
+            return self.url
+        return acl.role_url(self.url, role, self.role_passwords[role])
+
     def _config_args(self) -> list[str]:
-        if not self.password:
+        if not self.password and not self.role_passwords:
             return []
         conf = self.data_dir / "redis.conf"
         fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
-            f.write(f'requirepass "{self.password}"\n')
-            f.write(f'masterauth "{self.password}"\n')  # a replica (or a demoted primary) syncs with it
+            if self.password:
+                f.write(f'requirepass "{self.password}"\n')
+                f.write(f'masterauth "{self.password}"\n')  # a replica (or a demoted primary) syncs with it
+            for role, password in self.role_passwords.items():
+                f.write(acl.rule(role, password) + "\n")
         return [str(conf)]
 
     def start(self, timeout: float = 30.0) -> RedisProcess:
@@ -199,12 +214,14 @@ class RedisHA:
     SERVICE = "kompaktor"
 
     def __init__(self, data_dir: str | Path, *, replicas: int = 1, sentinels: int = 3,
-                 password: str | None = None, down_after_ms: int = 1000) -> None:
+                 password: str | None = None, down_after_ms: int = 1000,
+                 users: dict[str, str] | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.password = password
-        primary = RedisProcess(self.data_dir / "redis-0", password=password)
+        self.role_passwords = dict(users or {})  # the same users on every server
+        primary = RedisProcess(self.data_dir / "redis-0", password=password, users=users)
         self.servers = [primary] + [RedisProcess(self.data_dir / f"redis-{i + 1}", password=password,
-                                                 replica_of=primary.port) for i in range(replicas)]
+                                                 replica_of=primary.port, users=users) for i in range(replicas)]
         self.sentinels = [SentinelProcess(self.data_dir / f"sentinel-{i}", primary.port, service=self.SERVICE,
                                           quorum=sentinels // 2 + 1, password=password,
                                           down_after_ms=down_after_ms) for i in range(sentinels)]
@@ -215,6 +232,12 @@ class RedisHA:
         auth = f":{quote(self.password, safe='')}@" if self.password else ""
         hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
         return f"redis+sentinel://{auth}{hosts}/{self.SERVICE}/0"
+
+    def role_url(self, role: str) -> str:
+        """The Sentinel URL ``role``'s user connects with (:attr:`url` without users)."""
+        if not self.role_passwords:
+            return self.url
+        return acl.role_url(self.url, role, self.role_passwords[role])
 
     def start(self, timeout: float = 60.0) -> RedisHA:
         for srv in self.servers:

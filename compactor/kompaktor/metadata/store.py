@@ -140,6 +140,19 @@ class MetadataStore:
         self._failures = client.register_script(_FAILURES)
         self._queues: JobQueues | None = None
 
+    def load_scripts(self) -> int:
+        """Load every script of the store and the queues that Redis does not hold (a new server, a
+        restart, a failover): compactors run them by hash and may not load them (their Redis user
+        has ``EVALSHA`` only, :mod:`kompaktor.metadata.acl`). One round trip when nothing is
+        missing; returns how many were loaded. The coordinator calls it on every pass."""
+        scripts = [self._mutate, self._lease_acquire, self._lease_renew, self._lease_release, self._fenced_write,
+                   self._failures, *self.queues.scripts()]
+        held = self.call(self._r.script_exists, *[s.sha for s in scripts])
+        missing = [s for s, ok in zip(scripts, held, strict=True) if not ok]
+        for s in missing:
+            self.call(self._r.script_load, s.script)
+        return len(missing)
+
     def fenced(self, token: Callable[[], int | None]) -> MetadataStore:
         """A view of this store, on the same connection, whose every write (mutations, queue
         scripts, sets, counters) carries the fencing token ``token()`` and is refused atomically,

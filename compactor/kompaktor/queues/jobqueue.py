@@ -44,8 +44,8 @@ def setup_error(exc: BaseException) -> bool:
     """A server reply that refuses the connection itself rather than a command: a database index
     the server does not have (``SELECT`` while connecting), or credentials it does not take."""
     text = str(exc)
-    return isinstance(exc, redis.ResponseError) and (
-        "DB index is out of range" in text or text.startswith(("NOAUTH", "WRONGPASS", "NOPERM")))
+    return isinstance(exc, redis.exceptions.NoPermissionError) or (isinstance(exc, redis.ResponseError) and (
+        "DB index is out of range" in text or text.startswith(("NOAUTH", "WRONGPASS", "NOPERM"))))
 
 
 def fenced_error(exc: BaseException) -> bool:
@@ -67,7 +67,7 @@ def unreachable(where: str, exc: BaseException) -> StoreUnavailable:
     if "DB index is out of range" in text:
         return StoreUnavailable(f"Redis at {where} has no such database (DB index out of range): "
                                 "check the number at the end of the Redis URL")
-    if text.startswith("NOPERM"):
+    if text.startswith("NOPERM") or isinstance(exc, redis.exceptions.NoPermissionError):
         return StoreUnavailable(f"Redis at {where} denied a command to this user: {redact_text(text)}")
     return StoreUnavailable(f"Redis at {where} is unreachable: {redact_text(text)}")
 
@@ -213,6 +213,11 @@ class JobQueues:
     def _token(self) -> str:
         token = None if self._fence is None else self._fence()
         return "" if token is None else str(token)
+
+    def scripts(self) -> list[Any]:
+        """The queues' scripts (redis-py ``Script`` objects): what :meth:`MetadataStore.load_scripts`
+        loads for the roles that may not (compactors: ``EVALSHA`` only)."""
+        return [self._add, self._poll, self._sweep, self._resize, self._call]
 
     # -- bound --------------------------------------------------------------------------------
     @mapped

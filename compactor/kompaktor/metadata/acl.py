@@ -1,0 +1,79 @@
+"""Redis users per role: each component connects with only the commands and keys its code uses.
+
+Roles
+  ``compactor``    reads its job and the tablets, heartbeats and commits through the scripts the
+                   coordinator loaded (``EVALSHA``), waits for work (``BLPOP``) — and nothing else:
+                   no ``EVAL`` or ``SCRIPT LOAD`` (no code of its own in Redis), no ``CONFIG``,
+                   ``FLUSH*``, ``DEBUG``, ``MODULE``, ``KEYS``, ``SHUTDOWN``, no key outside ``kz:*``,
+                   no Pub/Sub.
+  ``coordinator``  the compactor's rights, plus ``SCRIPT LOAD`` (it loads every script, again after
+                   a restart or failover) and ``SCAN``, ``CONFIG GET`` (the durability it can rely on).
+  ``operator``     the coordinator's rights (it writes groups and services, starts and cancels
+                   user compactions through the same scripts).
+  ``admin``        the ``kompaktor`` CLI of the people running it: the coordinator's rights.
+
+Redis runs a script's commands with the rights of the user calling it, so a user that may run
+the commit script may also run its commands (``HSET`` on ``kz:*``) directly: the ACL bounds what a
+compromised compactor can reach (no code execution on the Redis host through ``CONFIG SET``, no
+``FLUSHALL``, no key outside Kompaktor's), not which ``kz:`` keys it writes.
+
+Pure: the rules as text, new passwords, and URLs with a role's user in them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from urllib.parse import quote, urlsplit, urlunsplit
+
+from kompaktor import keyspace as C
+
+ROLES = ("compactor", "coordinator", "operator", "admin")
+
+#: what every role needs: connecting (not CLIENT KILL, PAUSE or LIST: dangerous), transactions,
+#: the durability barrier's WAIT, INFO (replication role, persistence), the scripts by hash
+_BASE = ("+@connection", "+@transaction", "-@dangerous", "+info", "+evalsha", "+script|exists")
+#: reads of Kompaktor's structures
+_READS = ("+get", "+mget", "+exists", "+type", "+pttl", "+ttl", "+strlen",
+          "+hget", "+hmget", "+hgetall", "+hkeys", "+hvals", "+hlen", "+hexists", "+hscan", "+hstrlen",
+          "+smembers", "+sismember", "+smismember", "+scard", "+sscan",
+          "+zrange", "+zrangebyscore", "+zrevrange", "+zrevrangebyscore", "+zcard", "+zscore", "+zcount", "+zscan",
+          "+llen", "+lrange", "+lindex")
+#: the writes the scripts and the clients make
+_WRITES = ("+set", "+del", "+unlink", "+incr", "+incrby", "+expire", "+pexpire",
+           "+hset", "+hsetnx", "+hdel", "+hincrby",
+           "+sadd", "+srem", "+spop", "+zadd", "+zrem", "+zincrby", "+zpopmin", "+zremrangebyscore",
+           "+lpush", "+rpush", "+lpop", "+rpop", "+lrem", "+ltrim", "+blpop")
+#: what only the roles that load scripts and decide durability get
+_LEADER = ("+script|load", "+scan", "+dbsize", "+config|get")
+
+RIGHTS: dict[str, tuple[str, ...]] = {
+    "compactor": _BASE + _READS + _WRITES,
+    "coordinator": _BASE + _READS + _WRITES + _LEADER,
+    "operator": _BASE + _READS + _WRITES + _LEADER,
+    "admin": _BASE + _READS + _WRITES + _LEADER,
+}
+
+
+def new_passwords() -> dict[str, str]:
+    """A random password per role."""
+    return {role: secrets.token_urlsafe(18) for role in ROLES}
+
+
+def rule(role: str, password: str) -> str:
+    """The ``user`` line of ``role`` for redis.conf or an ACL file: on, its password as a SHA-256
+    (never in clear in the file), only Kompaktor's keys, no channels, only its commands."""
+    if role not in RIGHTS:
+        raise ValueError(f"unknown Redis role {role!r}: one of {', '.join(ROLES)}")
+    digest = hashlib.sha256(password.encode()).hexdigest()
+    return " ".join(("user", role, "reset", "on", f"#{digest}", f"~{C.PREFIX}*", "resetchannels", "-@all",
+                     *RIGHTS[role]))
+
+
+def role_url(url: str, role: str, password: str) -> str:
+    """``url`` (redis://, rediss://, redis+sentinel://…) with ``role`` and its password as the
+    user part, replacing any user or password it had."""
+    parts = urlsplit(url)
+    host = parts.netloc.rsplit("@", 1)[-1]
+    netloc = f"{quote(role, safe='')}:{quote(password, safe='')}@{host}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
