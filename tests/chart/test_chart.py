@@ -109,7 +109,7 @@ def test_default_install_has_the_whole_system() -> None:
     assert set(containers) == {"operator", "coordinator"}
     assert containers["operator"]["args"][0] == "operator" and containers["coordinator"]["args"][0] == "coordinator"
     env = {e["name"]: e for e in containers["operator"]["env"]}
-    assert env["KOMPAKTOR_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "kompaktor-redis", "key": "url"}
+    assert env["KOMPAKTOR_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "kompaktor-redis-operator", "key": "url"}
     assert env["KOMPAKTOR_COMPACTOR_IMAGE"]["value"].endswith(":0.1.0")
     assert operator["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
     (redis,) = by["StatefulSet"]
@@ -291,6 +291,48 @@ def test_redis_password_can_come_from_an_existing_secret_and_stays_put() -> None
     fixed = [by_name(render({"redis": {"password": "chosen"}}), "Secret")[("kompaktor-redis", "kompaktor-system")]
              for _ in range(2)]
     assert fixed[0] == fixed[1] and fixed[0]["stringData"]["password"] == "chosen"
+
+
+def test_each_role_connects_to_the_bundled_redis_as_its_own_user() -> None:
+    """Issue 25 §2: a Redis user per role with the rights of kompaktor.metadata.acl, each
+    password in its own Secret; compactor pods (in every namespace that holds them) get only the
+    compactor's; the operator and the coordinator theirs."""
+    from kompaktor.metadata import acl
+
+    docs = render({"operator": {"watchNamespaces": ["team-a"]}})
+    secrets = by_name(docs, "Secret")
+    passwords = {}
+    for role in acl.ROLES:
+        secret = secrets[(f"kompaktor-redis-{role}", "kompaktor-system")]
+        passwords[role] = secret["stringData"]["password"]
+        assert secret["stringData"]["url"] == \
+            f"redis://{role}:{passwords[role]}@kompaktor-redis.kompaktor-system.svc:6379/0"
+    assert len(set(passwords.values())) == len(acl.ROLES)
+    assert secrets[("kompaktor-redis-compactor", "team-a")]["stringData"]["password"] == passwords["compactor"]
+    assert ("kompaktor-redis-operator", "team-a") not in secrets and ("kompaktor-redis", "team-a") not in secrets
+    redis = container(docs, "StatefulSet", "kompaktor-redis", "redis")
+    config = redis["args"][0]
+    for role in acl.ROLES:
+        assert f"user {role} reset on >$REDIS_PASSWORD_{role.upper()} {acl.rights(role)}\n" in config
+        assert env_of(redis)[f"REDIS_PASSWORD_{role.upper()}"]["valueFrom"]["secretKeyRef"] == {
+            "name": f"kompaktor-redis-{role}", "key": "password"}
+        assert passwords[role] not in config
+    operator = env_of(container(docs, "Deployment", "kompaktor-operator", "operator"))
+    assert operator["KOMPAKTOR_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "kompaktor-redis-operator",
+                                                                          "key": "url"}
+    assert operator["KOMPAKTOR_REDIS_SECRET"]["value"] == "kompaktor-redis-compactor"
+    coordinator = env_of(container(docs, "Deployment", "kompaktor-operator", "coordinator"))
+    assert coordinator["KOMPAKTOR_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {
+        "name": "kompaktor-redis-coordinator", "key": "url"}
+    # a given password (GitOps): the roles' are derived from it, the same at every render
+    fixed = [by_name(render({"redis": {"password": "chosen"}}), "Secret") for _ in range(2)]
+    for role in acl.ROLES:
+        key = (f"kompaktor-redis-{role}", "kompaktor-system")
+        assert fixed[0][key] == fixed[1][key] and fixed[0][key]["stringData"]["password"] != "chosen"
+    # the operator's own Redis Secret, or an external Redis: one URL for all (docs/kubernetes.md)
+    for values in ({"redis": {"existingSecret": "my-redis"}}, load(CHART / "ci" / "external-redis-values.yaml")):
+        names = {n for n, _ in by_name(render(values), "Secret")}
+        assert not {n for n in names if n.startswith("kompaktor-redis-")}, names
 
 
 def test_what_a_group_may_use_reaches_the_operator() -> None:

@@ -137,8 +137,10 @@ def shipped(real_cluster: tuple[ControlPlane, RealNode], tmp_path_factory: pytes
             raise AssertionError(f"{exc}\n{_diagnose(s)}") from None
         # the host reaches Redis through its Service (kube-proxy), as a client in the cluster would
         svc = core.read_namespaced_service(f"{RELEASE}-redis", NS)
-        password = base64.b64decode(core.read_namespaced_secret(f"{RELEASE}-redis", NS).data["password"]).decode()
-        s.env = {**os.environ, **storage_env, "KOMPAKTOR_REDIS_URL": f"redis://:{password}@{svc.spec.cluster_ip}:6379/0",
+        # the CLI of the people running it, as the admin user (docs/kubernetes.md)
+        password = base64.b64decode(core.read_namespaced_secret(f"{RELEASE}-redis-admin", NS).data["password"]).decode()
+        s.env = {**os.environ, **storage_env,
+                 "KOMPAKTOR_REDIS_URL": f"redis://admin:{password}@{svc.spec.cluster_ip}:6379/0",
                  "KOMPAKTOR_STORAGE": f"s3://{BUCKET}/tables"}
         yield s
     finally:
@@ -270,6 +272,44 @@ def test_kubectl_logs_and_exec_on_a_compactor_pod(shipped: Shipped) -> None:
                             "id -u; touch /scratch/x && echo scratch-ok; touch /opt/x 2>&1 || true")
     assert probe.stdout.splitlines()[:2] == ["10001", "scratch-ok"], probe.stdout
     assert "Read-only file system" in probe.stdout
+
+
+_AS_COMPACTOR = """
+import os, redis
+r = redis.Redis.from_url(os.environ["KOMPAKTOR_REDIS_URL"])
+print("user", r.client_info()["user"])
+for cmd in (("FLUSHALL",), ("CONFIG", "SET", "dir", "/tmp"), ("EVAL", "return 1", "0"), ("SCRIPT", "LOAD", "return 1"),
+            ("KEYS", "*"), ("ACL", "LIST"), ("SET", "elsewhere", "1")):
+    try:
+        r.execute_command(*cmd)
+        print("ALLOWED", cmd[0])
+    except redis.ResponseError as exc:
+        print("refused", cmd[0], "permission" in str(exc))
+"""
+
+
+def test_each_pod_reaches_redis_as_its_own_user(shipped: Shipped) -> None:
+    """Issue 25 §2 on the real node: the bundled Redis has a user per role; a compactor pod holds
+    only the compactor's URL and, as that user, is refused what would hurt everyone."""
+    from kompaktor.metadata import acl
+
+    redis_pod = shipped.pods("app.kubernetes.io/component=redis")[0]["metadata"]["name"]
+    users = shipped.kubectl("exec", redis_pod, "-c", "redis", "--", "redis-cli", "ACL", "USERS").stdout.split()
+    assert set(acl.ROLES) <= set(users), users
+    pod = shipped.pods(naming.selector("small"))[0]
+    refs = {e["name"]: e.get("valueFrom", {}).get("secretKeyRef", {}).get("name")
+            for c in pod["spec"]["containers"] for e in c.get("env", [])}
+    assert refs["KOMPAKTOR_REDIS_URL"] == f"{RELEASE}-redis-compactor"
+    assert not [n for n in refs.values() if n and n.startswith(f"{RELEASE}-redis") and not n.endswith("-compactor")]
+    out = shipped.kubectl("exec", pod["metadata"]["name"], "-c", "compactor", "--", "python", "-c", _AS_COMPACTOR)
+    lines = out.stdout.splitlines()
+    assert lines[0] == "user compactor", out.stdout
+    assert lines[1:] and all(line.startswith("refused") and line.endswith("True") for line in lines[1:]), out.stdout
+    # the operator and the coordinator connect as theirs
+    op = shipped.pods("app.kubernetes.io/component=operator")[0]
+    for c in op["spec"]["containers"]:
+        env = {e["name"]: e for e in c.get("env", [])}
+        assert env["KOMPAKTOR_REDIS_URL"]["valueFrom"]["secretKeyRef"]["name"] == f"{RELEASE}-redis-{c['name']}"
 
 
 def test_the_storage_secret_key_is_nowhere_a_person_looks(shipped: Shipped) -> None:

@@ -128,3 +128,12 @@ def test_invalid_examples_are_rejected_by_the_schema_too() -> None:
     bad["spec"] = {"maxReplicas": 0}
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(bad, schema)
+
+
+def test_the_charts_redis_users_are_the_code_s() -> None:
+    """helm/kompaktor/files/redis-users.acl is generated from kompaktor.metadata.acl."""
+    from kompaktor.metadata import acl
+
+    path = ROOT / acl.CHART_FILE
+    assert path.read_text() == acl.chart_file(), (
+        f"{acl.CHART_FILE} drifted: run `python -m kompaktor.metadata.acl > {acl.CHART_FILE}`")

@@ -60,14 +60,27 @@ def new_passwords() -> dict[str, str]:
     return {role: secrets.token_urlsafe(18) for role in ROLES}
 
 
-def rule(role: str, password: str) -> str:
-    """The ``user`` line of ``role`` for redis.conf or an ACL file: on, its password as a SHA-256
-    (never in clear in the file), only Kompaktor's keys, no channels, only its commands."""
+def rights(role: str) -> str:
+    """What ``role`` may touch, as ACL rules: only Kompaktor's keys, no channels, its commands."""
     if role not in RIGHTS:
         raise ValueError(f"unknown Redis role {role!r}: one of {', '.join(ROLES)}")
+    return " ".join((f"~{C.PREFIX}*", "resetchannels", "-@all", *RIGHTS[role]))
+
+
+def rule(role: str, password: str) -> str:
+    """The ``user`` line of ``role`` for redis.conf or an ACL file: on, its password as a SHA-256
+    (never in clear in the file), and its :func:`rights`."""
     digest = hashlib.sha256(password.encode()).hexdigest()
-    return " ".join(("user", role, "reset", "on", f"#{digest}", f"~{C.PREFIX}*", "resetchannels", "-@all",
-                     *RIGHTS[role]))
+    return f"user {role} reset on #{digest} {rights(role)}"
+
+
+#: where the chart reads the rights from (one line per role: the role, then its rules)
+CHART_FILE = "helm/kompaktor/files/redis-users.acl"
+
+
+def chart_file() -> str:
+    """The text of :data:`CHART_FILE` (``python -m kompaktor.metadata.acl > helm/kompaktor/files/redis-users.acl``)."""
+    return "".join(f"{role} {rights(role)}\n" for role in ROLES)
 
 
 def role_url(url: str, role: str, password: str) -> str:
@@ -77,3 +90,7 @@ def role_url(url: str, role: str, password: str) -> str:
     host = parts.netloc.rsplit("@", 1)[-1]
     netloc = f"{quote(role, safe='')}:{quote(password, safe='')}@{host}"
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+if __name__ == "__main__":
+    print(chart_file(), end="")

@@ -67,6 +67,27 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- else }}url{{- end }}
 {{- end }}
 
+{{/* Redis users per role (compactor, coordinator, operator, admin; rights in files/redis-users.acl,
+     generated from kompaktor.metadata.acl): with the bundled Redis whose passwords the chart manages.
+     Each role's URL is in its own Secret; with redis.existingSecret or an external Redis every
+     component uses the one URL (docs/kubernetes.md says how to give an external Redis the users). */}}
+{{- define "kompaktor.redisUsers" -}}
+{{- if and .Values.redis.bundled (not .Values.redis.existingSecret) }}true{{- end }}
+{{- end }}
+
+{{/* The Secret and key holding a role's Redis URL; call with (dict "root" $ "role" "compactor"). */}}
+{{- define "kompaktor.redisRoleSecret" -}}
+{{- if include "kompaktor.redisUsers" .root }}
+{{- printf "%s-redis-%s" (include "kompaktor.fullname" .root) .role }}
+{{- else }}
+{{- include "kompaktor.redisSecret" .root }}
+{{- end }}
+{{- end }}
+
+{{- define "kompaktor.redisRoleSecretKey" -}}
+{{- if include "kompaktor.redisUsers" .root }}url{{- else }}{{ include "kompaktor.redisSecretKey" .root }}{{- end }}
+{{- end }}
+
 {{- define "kompaktor.redisHost" -}}
 {{- printf "%s-redis.%s.svc" (include "kompaktor.fullname" .) .Release.Namespace }}
 {{- end }}
