@@ -30,6 +30,7 @@ COORDINATOR_SEEN = PREFIX + "coordinator:seen"  # string: when a leader last com
 QUEUE_GENERATION = PREFIX + "queue:generation"
 QUEUE_GROUPS = PREFIX + "queue:groups"  # set of group names that have a queue
 QUEUE_MAX = PREFIX + "queue:max"  # queue bound (jobs per group)
+QUEUE_MAX_BYTES = PREFIX + "queue:maxbytes"  # queue bound (input bytes per group; absent: the default)
 QUEUE_SEQ = PREFIX + "queue:seq"
 
 
@@ -85,6 +86,10 @@ def ucomp_done_key(cid: str) -> str:
     return f"{PREFIX}ucomp:{cid}:done"  # set of tablet ids finished for a user compaction
 
 
+def queue_vt_key(group: str) -> str:
+    return f"{PREFIX}queue:{group}:vt"  # hash: table id -> virtual time of its last job queued (fairness)
+
+
 def queue_ages_key(group: str) -> str:
     return f"{PREFIX}queue:{group}:ages"  # sorted set: tablet id -> time its jobs were added (ms)
 
@@ -108,14 +113,15 @@ def request_key(request_id: str) -> str:
 
 _LUA_CONSTANTS = {"tables": TABLES, "seq": SEQ, "dirty": DIRTY, "running": RUNNING, "counters": COUNTERS,
                   "commits": COMMITS_BY_TABLET, "commitlog": COMMITLOG, "queue_groups": QUEUE_GROUPS,
-                  "queue_max": QUEUE_MAX, "queue_seq": QUEUE_SEQ, "fence": FENCE, "lease": LEASE, "ucomps": UCOMPS,
+                  "queue_max": QUEUE_MAX, "queue_max_bytes": QUEUE_MAX_BYTES, "queue_seq": QUEUE_SEQ, "fence": FENCE,
+                  "lease": LEASE, "ucomps": UCOMPS,
                   "failures": FAILURES, "deadletter": DEADLETTER,
                   "queue_generation": QUEUE_GENERATION}
 _LUA_FUNCTIONS = {"table": table_key, "tablets": tablets_key, "tablet": tablet_key, "heartbeat": heartbeat_key,
                   "rgroup": running_group_key, "ucomp_done": ucomp_done_key, "mutation": mutation_key,
                   "queue": queue_key, "queue_jobs": queue_jobs_key, "queue_index": queue_index_key,
                   "queue_stats": queue_stats_key, "queue_ages": queue_ages_key, "ucomp": ucomp_key,
-                  "request": request_key, "wake": wake_key}
+                  "request": request_key, "wake": wake_key, "queue_vt": queue_vt_key}
 
 
 def _lua_str(text: str) -> str:

@@ -46,6 +46,65 @@ def q(store: MetadataStore) -> JobQueues:
 
 
 # -- order ----------------------------------------------------------------------------------------
+def test_one_tables_burst_does_not_hold_another_tables_jobs_behind_it(q: JobQueues) -> None:
+    """Issue 27 §2: within one priority and file count, jobs are served fairly by table (start-time
+    fair queuing): table A queues 2,000 jobs, then table B 10 of the same priority; B's jobs are
+    served within the first 20 (one job of each table in turn), each table's own in FIFO order.
+    Priority and file count still come first."""
+    q.add_many([(f"ta;{i:05x}", [job(f"ta;{i:05x}", 5, 2)]) for i in range(2000)])
+    for i in range(10):
+        q.add(f"tb;{i:05x}", [job(f"tb;{i:05x}", 5, 2)])
+    q.add("tc;00000", [job("tc;00000", 6, 1)])  # a higher priority, queued last: first
+    q.add("td;00000", [job("td;00000", 5, 3)])  # more files at the same priority: before A and B
+    first = [j.tablet for j in (q.poll("g") for _ in range(22))]
+    assert first[:2] == ["tc;00000", "td;00000"]
+    served = first[2:]
+    assert [t for t in served if t.startswith("tb;")] == [f"tb;{i:05x}" for i in range(10)], served
+    assert [t for t in served if t.startswith("ta;")] == [f"ta;{i:05x}" for i in range(10)], served
+    # then A's remaining jobs, still FIFO; a table that was idle starts from the group's
+    # virtual time, not ahead of it with credit saved while it had nothing queued
+    q.add("tb;99999", [job("tb;99999", 5, 2)])
+    rest = [j.tablet for j in drain(q, "g")]
+    assert rest.index("tb;99999") <= 1 and len(rest) == 1991
+    assert [t for t in rest if t.startswith("ta;")] == [f"ta;{i:05x}" for i in range(10, 2000)]
+
+
+def sized(tablet: str, priority: int, nbytes: int) -> Job:
+    return Job(tablet, "SYSTEM", priority, "g", {f"{tablet}/f0": nbytes})
+
+
+def test_the_queue_is_bounded_in_input_bytes_as_well_as_in_jobs(q: JobQueues, store: MetadataStore) -> None:
+    """Issue 27 §2: whichever bound is hit first. With 1,000 bytes allowed, jobs of 400 bytes:
+    two fit; a third of higher priority evicts the last (lowest) one; one of the same priority is
+    rejected; the group's bytes follow every insert and removal, and a job bigger than the bound
+    still runs when the queue is empty."""
+    assert q.max_bytes() == jobqueue.DEFAULT_MAX_BYTES
+    q.set_max_bytes(1000)
+    assert q.add("t;1", [sized("t;1", 5, 400)]) == 1
+    assert q.add("t;2", [sized("t;2", 4, 400)]) == 1
+    assert q.stats("g").bytes == 800
+    assert q.add("t;3", [sized("t;3", 4, 400)]) == 0  # not above the lowest: rejected
+    assert q.add("t;4", [sized("t;4", 9, 400)]) == 1  # above it: t;2 evicted
+    st = q.stats("g")
+    assert (st.queued, st.bytes, st.rejected) == (2, 800, 2)
+    from kompaktor.coordinator.metrics import QueueMetrics
+
+    metrics = QueueMetrics.create()
+    metrics.export(store)  # what the coordinator's /metrics says
+    assert metrics.registry.get_sample_value("kompaktor_queue_bytes", {"group": "g"}) == 800
+    assert [j.tablet for j in drain(q, "g")] == ["t;4", "t;1"]
+    assert q.stats("g").bytes == 0
+    assert q.add("t;5", [sized("t;5", 1, 5000)]) == 1  # alone it may exceed the bound
+    assert q.stats("g").bytes == 5000
+    assert q.remove_tablets(["t;5"]) == 1  # a tablet that left: its bytes go with it
+    assert q.stats("g").bytes == 0
+    with pytest.raises(ValueError):
+        q.set_max_bytes(-1)
+    q.set_max_bytes(0)  # no byte bound
+    assert q.add_many([(f"u;{i}", [sized(f"u;{i}", 1, 10**12)]) for i in range(3)]) == 3
+    assert q.stats("g").bytes == 3 * 10**12
+
+
 def test_order_priority_desc_then_files_desc_then_fifo(q: JobQueues) -> None:
     q.add("a", [job("a", -5, 2)])
     q.add("b", [job("b", 10, 1)])

@@ -18,6 +18,7 @@ class QueueMetrics:
     queued: Gauge
     running: Gauge
     oldest: Gauge
+    bytes: Gauge
     rejected: Gauge
     dead: Gauge
     dead_lettered: Gauge
@@ -33,6 +34,7 @@ class QueueMetrics:
             Gauge("kompaktor_queued_jobs", "Jobs waiting in the group's queue", [g], registry=r),
             Gauge("kompaktor_running_compactions", "Compactions running in the group", [g], registry=r),
             Gauge("kompaktor_oldest_queued_job_age_seconds", "Age of the oldest queued tablet", [g], registry=r),
+            Gauge("kompaktor_queue_bytes", "Bytes of input the group's queued jobs read", [g], registry=r),
             Gauge("kompaktor_rejected_jobs", "Jobs rejected or evicted by the queue bound (cumulative)", [g],
                   registry=r),
             Gauge("kompaktor_dead_compactions", "Dead compactions detected (cumulative)", [], registry=r),
@@ -49,6 +51,7 @@ class QueueMetrics:
             self.queued.labels(g).set(s.queued)
             self.running.labels(g).set(s.running)
             self.oldest.labels(g).set(s.oldest_age_s)
+            self.bytes.labels(g).set(s.bytes)
             self.rejected.labels(g).set(s.rejected)
             self.dead_lettered.labels(g).set(s.dead_lettered)
         self.dead.set(store.counters().get("dead_compactions", 0))

@@ -33,6 +33,11 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 DEFAULT_MAX = 10_000
+#: the default bound of a group's queue in bytes of input (1 TiB): whichever of the two bounds is
+#: hit first applies (issue 27 §2); ``JobQueues.set_max_bytes`` changes it, 0 removes it
+DEFAULT_MAX_BYTES = 1 << 40
+#: an entry records its job's input bytes in 15 digits
+MAX_ENTRY_BYTES = 10**15 - 1
 
 
 #: what redis-py raises when the server cannot be reached (after the client's bounded retries)
@@ -102,21 +107,22 @@ WAKE_WAIT_MAX_S = 4.0
 def _lua(name: str) -> str:
     """A queue script as loaded: the key names, the shared functions (``lua/lib.lua``), the script."""
     lua = resources.files("kompaktor.queues").joinpath("lua")
-    return (C.lua_prelude(PRIORITY_MAX=PRIORITY_MAX, WAKE_MAX=WAKE_MAX, WAKE_TTL_MS=WAKE_TTL_MS)
+    return (C.lua_prelude(PRIORITY_MAX=PRIORITY_MAX, WAKE_MAX=WAKE_MAX, WAKE_TTL_MS=WAKE_TTL_MS,
+                          DEFAULT_MAX_BYTES=DEFAULT_MAX_BYTES)
             + lua.joinpath("lib.lua").read_text()
             + lua.joinpath(f"{name}.lua").read_text())
 
 
 def _add_args(args: list[Any], tablet: str, jobs: Sequence[Job]) -> None:
     """Append one tablet's jobs to the arguments of ``queue_add.lua``: per group, the group, the
-    tablet, the number of jobs, then each job's priority, file count and JSON."""
+    tablet, the number of jobs, then each job's priority, file count, input bytes and JSON."""
     by_group: dict[str, list[Job]] = defaultdict(list)
     for j in jobs:
         by_group[j.group].append(j)
     for group, gjobs in by_group.items():
         args += (group, tablet, len(gjobs))
         for j in gjobs:
-            args += (j.priority, len(j.files), orjson.dumps(j.to_json()))
+            args += (j.priority, len(j.files), min(j.size, MAX_ENTRY_BYTES), orjson.dumps(j.to_json()))
 
 
 class QueueAdder:
@@ -190,6 +196,8 @@ class QueueStats:
     dead_lettered: int
     oldest_age_s: float
     lowest_priority: int
+    #: bytes of input the queued jobs read
+    bytes: int = 0
 
     @property
     def depth(self) -> int:
@@ -224,6 +232,18 @@ class JobQueues:
     def max_size(self) -> int:
         raw = self._r.get(C.QUEUE_MAX)
         return DEFAULT_MAX if raw is None else int(raw)
+
+    @mapped
+    def max_bytes(self) -> int:
+        raw = self._r.get(C.QUEUE_MAX_BYTES)
+        return DEFAULT_MAX_BYTES if raw is None else int(raw)
+
+    @mapped
+    def set_max_bytes(self, new_max: int) -> None:
+        """Set every queue's bound in input bytes (0: none); it applies to the next insertions."""
+        if new_max < 0 or new_max > MAX_ENTRY_BYTES:
+            raise ValueError(f"queue byte bound must be in [0, {MAX_ENTRY_BYTES}], got {new_max}")
+        self._call(args=[self._token(), "SET", C.QUEUE_MAX_BYTES, new_max])
 
     @mapped
     def resize(self, new_max: int) -> int:
@@ -309,7 +329,7 @@ class JobQueues:
         bound stays (:meth:`resize`), and so does the entry sequence (it only grows); the
         generation goes, so the queues count as lost (:meth:`has_generation`) and the
         coordinator rebuilds them."""
-        keep = {C.QUEUE_MAX.encode(), C.QUEUE_SEQ.encode()}
+        keep = {C.QUEUE_MAX.encode(), C.QUEUE_MAX_BYTES.encode(), C.QUEUE_SEQ.encode()}
         keys = [k for k in self._r.scan_iter(match=C.PREFIX + "queue:*") if k not in keep]
         if keys:
             self._r.delete(*keys)
@@ -347,4 +367,4 @@ class JobQueues:
         lowest = PRIORITY_MAX - int(last[0][:5]) if last else 0
         dl = sum(1 for d in dead if json.loads(d).get("group") == group)
         return QueueStats(int(queued), int(running), int(st.get(b"rejected", 0)), int(st.get(b"dequeued", 0)),
-                          dl, age, lowest)
+                          dl, age, lowest, int(st.get(b"bytes", 0)))

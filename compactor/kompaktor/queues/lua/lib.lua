@@ -11,7 +11,29 @@ end
 -- ({gen, ids, added}), the statistics and the tablets' queued ages.
 local function queue_keys(group)
   return {qk = K.queue(group), jk = K.queue_jobs(group), ik = K.queue_index(group), sk = K.queue_stats(group),
-          ak = K.queue_ages(group)}
+          ak = K.queue_ages(group), vk = K.queue_vt(group)}
+end
+
+-- An entry's sort key: inverted priority (5 digits), inverted file count (4), then the virtual
+-- time of its table (12) and the insertion sequence (12). Within one priority and file count,
+-- entries go by virtual time: start-time fair queuing by table, so one table's burst cannot hold
+-- another table's jobs behind it (each table's jobs get 1, 2, 3, ... from the group's current
+-- virtual time on; the tables' jobs interleave), and FIFO within a table.
+local function entry_vt(member)
+  return tonumber(string.sub(member, 10, 21))
+end
+
+-- The bytes of input an entry's job reads: the member's last 15 digits, after the sort key (the
+-- group's total is the 'bytes' field of its statistics, kept by every insert and removal).
+local function entry_bytes(member)
+  return tonumber(string.sub(member, 34)) or 0
+end
+
+local function remove_member(g, member)
+  redis.call('ZREM', g.qk, member)
+  redis.call('HDEL', g.jk, member)
+  local b = entry_bytes(member)
+  if b > 0 then redis.call('HINCRBY', g.sk, 'bytes', -b) end
 end
 
 -- Remove one member from its tablet's index entry; the entry goes when it has no member left.
@@ -35,10 +57,7 @@ local function drop_tablet(g, tab)
   local raw = redis.call('HGET', g.ik, tab)
   if not raw then return 0 end
   local idx = cjson.decode(raw)
-  for _, m in ipairs(idx.ids) do
-    redis.call('ZREM', g.qk, m)
-    redis.call('HDEL', g.jk, m)
-  end
+  for _, m in ipairs(idx.ids) do remove_member(g, m) end
   redis.call('HDEL', g.ik, tab)
   redis.call('ZREM', g.ak, tab)
   return #idx.ids
@@ -47,8 +66,7 @@ end
 -- Remove one entry (a member of the sorted set) and return its job's JSON.
 local function take_entry(g, member)
   local raw = redis.call('HGET', g.jk, member)
-  redis.call('ZREM', g.qk, member)
-  redis.call('HDEL', g.jk, member)
+  remove_member(g, member)
   if raw then drop_from_index(g, cjson.decode(raw).tablet, member) end
   return raw
 end

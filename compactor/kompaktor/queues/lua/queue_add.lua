@@ -2,8 +2,11 @@
 -- (group, tablet) in turn: replace the tablet's entries in that group's queue by its new jobs,
 -- under the bound. One call per batch of tablets: the same result as one call per tablet in order.
 -- ARGV: generation, max, now_ms, then per (group, tablet): group, tablet, n, and n times
---       priority, nfiles, job JSON (stored as given)
+--       priority, nfiles, input bytes, job JSON (stored as given)
+-- The bound is in jobs (max) and in input bytes (K.queue_max_bytes, 0: none), whichever is hit
+-- first; a job bigger than the byte bound on its own is admitted into an empty queue.
 local gen, max, now = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local max_bytes = tonumber(redis.call('GET', K.queue_max_bytes) or DEFAULT_MAX_BYTES)
 -- per group touched by this call: its keys, rejections to count, and while its queue is known to be
 -- full and unchanged since, the priority of its last entry (a job not above it is rejected at once)
 local groups = {}
@@ -14,9 +17,13 @@ local function add(group, tablet, first, n)  -- the jobs are in ARGV[first .. fi
     redis.call('SADD', K.queue_groups, group)
     g = queue_keys(group)
     g.rejected, g.lowest, g.admitted = 0, nil, 0
+    g.vnow = tonumber(redis.call('HGET', g.sk, 'vnow') or '0')
     groups[group] = g
   end
   local qk, jk, ik, ak = g.qk, g.jk, g.ik, g.ak
+  local tbl = string.match(tablet, '^[^;]*')
+  local vt = tonumber(redis.call('HGET', g.vk, tbl) or '0')
+  if vt < g.vnow then vt = g.vnow end
 
   -- 1. remove every entry this tablet has in this queue; its queued age (the time it was first
   --    queued) carries over to the new entries: a re-plan does not make a job young again
@@ -25,23 +32,30 @@ local function add(group, tablet, first, n)  -- the jobs are in ARGV[first .. fi
 
   -- 2. insert under the bound
   local admitted = {}
-  for a = first, first + 3 * (n - 1), 3 do
-    local prio = tonumber(ARGV[a])
+  for a = first, first + 4 * (n - 1), 4 do
+    local prio, bytes = tonumber(ARGV[a]), tonumber(ARGV[a + 2])
     local ok = true
     if g.lowest and prio <= g.lowest then
       g.rejected = g.rejected + 1
       ok = false
-    elseif redis.call('ZCARD', qk) >= max then
-      local last = redis.call('ZRANGE', qk, -1, -1)[1]
-      local last_prio = PRIORITY_MAX - tonumber(string.sub(last, 1, 5))
-      g.rejected = g.rejected + 1
-      if prio <= last_prio then
-        g.lowest = last_prio
-        ok = false
-      else
+    else
+      while true do
+        local count = redis.call('ZCARD', qk)
+        local full = count >= max
+        if not full and (max_bytes <= 0 or count == 0 or
+            tonumber(redis.call('HGET', g.sk, 'bytes') or '0') + bytes <= max_bytes) then
+          break
+        end
+        local last = redis.call('ZRANGE', qk, -1, -1)[1]
+        local last_prio = PRIORITY_MAX - tonumber(string.sub(last, 1, 5))
+        g.rejected = g.rejected + 1
+        if prio <= last_prio then
+          if full then g.lowest = last_prio end  -- the count is full: no job up to it fits
+          ok = false
+          break
+        end
         local lj = cjson.decode(redis.call('HGET', jk, last))
-        redis.call('ZREM', qk, last)
-        redis.call('HDEL', jk, last)
+        remove_member(g, last)
         if lj.tablet == tablet then
           -- one of this add's own jobs: it is no longer queued, so not in the tablet's index
           for i, m in ipairs(admitted) do
@@ -56,15 +70,18 @@ local function add(group, tablet, first, n)  -- the jobs are in ARGV[first .. fi
       local nf = tonumber(ARGV[a + 1])
       if nf > 9999 then nf = 9999 end
       local seq = redis.call('INCR', K.queue_seq)
-      local member = string.format('%05d%04d%012d', PRIORITY_MAX - prio, 9999 - nf, seq)
+      vt = vt + 1
+      local member = string.format('%05d%04d%012d%012d%015d', PRIORITY_MAX - prio, 9999 - nf, vt, seq, bytes)
       redis.call('ZADD', qk, 0, member)
-      redis.call('HSET', jk, member, ARGV[a + 2])
+      redis.call('HSET', jk, member, ARGV[a + 3])
+      if bytes > 0 then redis.call('HINCRBY', g.sk, 'bytes', bytes) end
       table.insert(admitted, member)
       g.lowest = nil
     end
   end
 
   g.admitted = g.admitted + #admitted
+  if #admitted > 0 then redis.call('HSET', g.vk, tbl, vt) end
   -- 3. index
   if #admitted > 0 then
     local added = now
@@ -79,7 +96,7 @@ local total, i = 0, 4
 while i <= #ARGV do
   local n = tonumber(ARGV[i + 2])
   total = total + add(ARGV[i], ARGV[i + 1], i + 3, n)
-  i = i + 3 + 3 * n
+  i = i + 3 + 4 * n
 end
 for group, g in pairs(groups) do
   if g.rejected > 0 then redis.call('HINCRBY', g.sk, 'rejected', g.rejected) end
