@@ -231,7 +231,7 @@ class Coordinator:
 
     def full_scan(self) -> int:
         """Plan every tablet; then sweep queued jobs of tablets that no longer need them."""
-        self.store.pop_dirty(1_000_000)  # everything is planned now
+        self.store.clear_dirty()  # everything is planned now
         self._known_tables = {t.id for t in self.store.tables()}  # the sweep drops the rest
         gen = self.queues.begin_full_scan()
         queued = self._plan(self.store.tablet_batches(self.store.all_tablet_ids(), PLAN_BATCH), gen)

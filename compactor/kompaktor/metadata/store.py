@@ -121,6 +121,10 @@ class Mutation:
         })
 
 
+#: the most a single call reads or pops of a structure that grows with the instance (a table's
+#: tablets, the dirty set): Redis runs one command at a time, so bigger calls hold everyone up
+SCAN_CHUNK = 10_000
+
 class MetadataStore:
     """Typed access to Kompaktor's metadata in Redis."""
 
@@ -331,8 +335,18 @@ class MetadataStore:
         return sorted(files)
 
     # -- tablets --------------------------------------------------------------------------
-    def tablet_ids(self, tid: str) -> list[str]:
-        return [f"{tid};{e.decode()}" for e in self.call(self._r.zrange, C.tablets_key(tid), 0, -1)]
+    def tablet_ids(self, tid: str, chunk: int | None = None) -> list[str]:
+        """The table's tablet ids in row order, read ``chunk`` (:data:`SCAN_CHUNK`) at a time: one
+        table may have a million tablets, and one ZRANGE over all would hold Redis that long."""
+        chunk = chunk or SCAN_CHUNK
+        out: list[str] = []
+        start = 0
+        while True:
+            part = self.call(self._r.zrange, C.tablets_key(tid), start, start + chunk - 1)
+            out.extend(f"{tid};{e.decode()}" for e in part)
+            if len(part) < chunk:
+                return out
+            start += chunk
 
     def tablet(self, tablet_id: str) -> Tablet | None:
         raw = self.call(self._r.get, C.tablet_key(tablet_id))
@@ -399,9 +413,14 @@ class MetadataStore:
         return touched
 
     # -- dirty tablets (for the coordinator) ----------------------------------------------
-    def pop_dirty(self, count: int = 10000) -> list[str]:
-        (raw,) = self._write(("SPOP", C.DIRTY, count))
+    def pop_dirty(self, count: int | None = None) -> list[str]:
+        (raw,) = self._write(("SPOP", C.DIRTY, min(count or SCAN_CHUNK, SCAN_CHUNK)))
         return sorted(r.decode() for r in raw or [])
+
+    def clear_dirty(self) -> None:
+        """Forget every dirty mark (a full scan plans everything): UNLINK frees a big set in the
+        background, where SPOP of a million would hold Redis for the whole pop."""
+        self._write(("UNLINK", C.DIRTY))
 
     def mark_dirty(self, tablet_ids: Iterable[str]) -> None:
         ids = list(tablet_ids)
