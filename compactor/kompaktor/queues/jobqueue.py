@@ -125,6 +125,12 @@ def _add_args(args: list[Any], tablet: str, jobs: Sequence[Job]) -> None:
             args += (j.priority, len(j.files), min(j.size, MAX_ENTRY_BYTES), orjson.dumps(j.to_json()))
 
 
+#: tablets per queue_add call. Redis runs one command at a time; a call of 1,000 tablets' jobs ran
+#: for ~20 ms, holding every compactor's commit up meanwhile; 200 keeps a call to a few ms, and the
+#: next call is prepared while Redis runs this one
+ADD_BATCH = 200
+
+
 class QueueAdder:
     """Adds batches of tablets' jobs (:meth:`JobQueues.add_many`), one script call per batch, sent
     without waiting for its reply: the caller prepares the next batch while Redis runs this one
@@ -138,6 +144,12 @@ class QueueAdder:
         self.admitted = 0
 
     def send(self, plans: Iterable[tuple[str, Sequence[Job]]]) -> None:
+        """Queue these tablets' jobs, in script calls of :data:`ADD_BATCH` tablets at most."""
+        plans = list(plans)
+        for i in range(0, len(plans), ADD_BATCH):
+            self._send(plans[i:i + ADD_BATCH])
+
+    def _send(self, plans: Sequence[tuple[str, Sequence[Job]]]) -> None:
         args = self._head.copy()
         for tablet, jobs in plans:
             _add_args(args, tablet, jobs)
