@@ -27,7 +27,9 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## virtualenv in .venv with the package and dev extras; redis-server, redis-sentinel and Java 17 via apt-get when missing
 
-test: $(STAMP) control-plane promtool test-images ## the layer contract, then the whole suite (unit, Redis, Spark, operator, chart, images, real Kubernetes on a real node)
+test: $(STAMP) control-plane promtool test-images ## the gates (ruff lint and format, the layer contract), then the whole suite (unit, Redis, Spark, operator, chart, images, real Kubernetes on a real node)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	PYTHONPATH=compactor:operator $(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
 
@@ -51,10 +53,10 @@ test-operator: $(STAMP) ## only the operator: kopf handlers against the kmock Ku
 demo: $(STAMP) ## run the main job locally: embedded Redis, coordinator, autoscaled compactors, continuous ingest, verification
 	$(VENV)/bin/kompaktor demo
 
-lint: $(STAMP) ## ruff and the import-layer contract (pyproject.toml [tool.importlinter])
+lint: $(STAMP) ## ruff (lint and format) and the import-layer contract (pyproject.toml [tool.importlinter])
 	$(VENV)/bin/ruff check .
 	PYTHONPATH=compactor:operator $(VENV)/bin/lint-imports
-	$(VENV)/bin/ruff format --check . || true
+	$(VENV)/bin/ruff format --check .
 
 crds: $(STAMP) ## regenerate crds/ from the pydantic models
 	$(VENV)/bin/kompaktor crds --out crds

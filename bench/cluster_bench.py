@@ -59,15 +59,24 @@ def driver(master: str, root: str, inputs: list[str], repeat: int) -> None:
     out = []
     for i in range(repeat + 1):
         spent[0] = 0.0
-        req = MergeRequest(tuple(inputs), "out/spark.parquet", None, None, IteratorSettings(max_versions=1, full=True),
-                           f"b{i}")
+        req = MergeRequest(
+            tuple(inputs), "out/spark.parquet", None, None, IteratorSettings(max_versions=1, full=True), f"b{i}"
+        )
         if storage.exists(req.output):
             storage.delete(req.output)
         t1 = time.perf_counter()
         res = eng.merge(storage, req)
         wall = time.perf_counter() - t1
-        out.append({"run": i, "wall_s": wall, "append_s": spent[0], "entries_written": res.entries_written,
-                    "executors": eng.executors(), "startup_s": startup})
+        out.append(
+            {
+                "run": i,
+                "wall_s": wall,
+                "append_s": spent[0],
+                "entries_written": res.entries_written,
+                "executors": eng.executors(),
+                "startup_s": startup,
+            }
+        )
     print(json.dumps(out), flush=True)
 
 
@@ -98,32 +107,62 @@ def main(argv: list[str] | None = None) -> list[dict]:
         inputs = generate(storage, args.entries, 8, row_bytes=16, value_bytes=64)
         t0 = time.perf_counter()
         cluster.start(workers=args.workers)
-        print(f"cluster: master + {args.workers} workers (1 core each) up in {time.perf_counter() - t0:.1f}s",
-              flush=True)
-        env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1",
-                   PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "compactor"), str(ROOT / "operator")]))
-        r = subprocess.run([sys.executable, "-m", "bench.cluster_bench", "--repeat", str(args.repeat), "--driver",
-                            cluster.url, storage.uri, json.dumps(inputs)], env=env, cwd=str(ROOT),
-                           capture_output=True, text=True, check=False)
+        print(
+            f"cluster: master + {args.workers} workers (1 core each) up in {time.perf_counter() - t0:.1f}s", flush=True
+        )
+        env = dict(
+            os.environ,
+            SPARK_LOCAL_IP="127.0.0.1",
+            PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "compactor"), str(ROOT / "operator")]),
+        )
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "bench.cluster_bench",
+                "--repeat",
+                str(args.repeat),
+                "--driver",
+                cluster.url,
+                storage.uri,
+                json.dumps(inputs),
+            ],
+            env=env,
+            cwd=str(ROOT),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if r.returncode:
             raise SystemExit(f"cluster bench driver failed: {r.stderr.strip().splitlines()[-1:]}")
         runs = json.loads(r.stdout.strip().splitlines()[-1])
         arrow = []
         for i in range(args.repeat):
-            req = MergeRequest(tuple(inputs), "out/arrow.parquet", None, None,
-                               IteratorSettings(max_versions=1, full=True), f"a{i}")
+            req = MergeRequest(
+                tuple(inputs), "out/arrow.parquet", None, None, IteratorSettings(max_versions=1, full=True), f"a{i}"
+            )
             if storage.exists(req.output):
                 storage.delete(req.output)
             t1 = time.perf_counter()
             ArrowMergeEngine().merge(storage, req)
             arrow.append(time.perf_counter() - t1)
         for run in runs:
-            rows.append({"entries": args.entries, "workers": args.workers, **run,
-                         "append_share": run["append_s"] / run["wall_s"], "arrow_engine_s": min(arrow)})
-            print(f"  run {run['run']}{' (first)' if run['run'] == 0 else ''}: {run['wall_s']:.2f}s on "
-                  f"{run['executors']} executors, of which the driver appending the parts to the output "
-                  f"{run['append_s']:.2f}s ({100 * run['append_s'] / run['wall_s']:.0f}%); "
-                  f"Arrow engine in-process {min(arrow):.2f}s", flush=True)
+            rows.append(
+                {
+                    "entries": args.entries,
+                    "workers": args.workers,
+                    **run,
+                    "append_share": run["append_s"] / run["wall_s"],
+                    "arrow_engine_s": min(arrow),
+                }
+            )
+            print(
+                f"  run {run['run']}{' (first)' if run['run'] == 0 else ''}: {run['wall_s']:.2f}s on "
+                f"{run['executors']} executors, of which the driver appending the parts to the output "
+                f"{run['append_s']:.2f}s ({100 * run['append_s'] / run['wall_s']:.0f}%); "
+                f"Arrow engine in-process {min(arrow):.2f}s",
+                flush=True,
+            )
         print(f"wrote {write_csv('cluster.csv', rows)}")
     finally:
         cluster.stop()

@@ -29,8 +29,12 @@ from pathlib import Path
 from bench.common import percentile, write_csv
 from bench.queue_bench import _worker
 
-SETUPS = [("before", "everysec", False, "none"), ("fsync", "always", False, "auto"),
-          ("replica", "everysec", True, "replicas"), ("replica+fsync", "always", True, "replicas")]
+SETUPS = [
+    ("before", "everysec", False, "none"),
+    ("fsync", "always", False, "auto"),
+    ("replica", "everysec", True, "replicas"),
+    ("replica+fsync", "always", True, "replicas"),
+]
 
 
 def _fill(store, jobs: int, name: str) -> tuple[list[str], str]:
@@ -43,9 +47,19 @@ def _fill(store, jobs: int, name: str) -> tuple[list[str], str]:
     prev = None
     for n, (tablet_id, end) in enumerate(zip(ids, [*splits, None], strict=True)):
         fs = {f"tables/{tid}/F{n:07x}{k}.parquet": {"size": 1000, "entries": 10, "deletes": 0} for k in range(3)}
-        pipe.set(C.tablet_key(tablet_id), json.dumps({
-            "table": tid, "prev": None if prev is None else prev.hex(),
-            "end": None if end is None else end.hex(), "files": fs, "running": {}, "v": 1}))
+        pipe.set(
+            C.tablet_key(tablet_id),
+            json.dumps(
+                {
+                    "table": tid,
+                    "prev": None if prev is None else prev.hex(),
+                    "end": None if end is None else end.hex(),
+                    "files": fs,
+                    "running": {},
+                    "v": 1,
+                }
+            ),
+        )
         prev = end
     pipe.execute()
     return ids, tid
@@ -70,11 +84,13 @@ def _one(label: str, fsync: str, replica: bool, durability: str, jobs: int, proc
         queues = store.queues
         queues.resize(max(jobs, 1))
         ids, tid = _fill(store, jobs, "dbench")
-        plans = [(t, [Job(t, "SYSTEM", -32000, "g", {f"tables/{tid}/F{n:07x}{k}.parquet": 1000 for k in range(3)})])
-                 for n, t in enumerate(ids)]
+        plans = [
+            (t, [Job(t, "SYSTEM", -32000, "g", {f"tables/{tid}/F{n:07x}{k}.parquet": 1000 for k in range(3)})])
+            for n, t in enumerate(ids)
+        ]
         t0 = time.perf_counter()
         for i in range(0, len(plans), 100):  # the coordinator adds in batches
-            queues.add_many(plans[i:i + 100])
+            queues.add_many(plans[i : i + 100])
         add_s = time.perf_counter() - t0
         ctx = mp.get_context("spawn")
         out: mp.Queue = ctx.Queue()
@@ -93,13 +109,22 @@ def _one(label: str, fsync: str, replica: bool, durability: str, jobs: int, proc
             p.join()
         lat = [x for r in results for x in r["lat"]]
         store.close()
-        row = {"setup": label, "durability": plan, "jobs": jobs, "procs": procs,
-               "queue_adds_per_s": round(jobs / add_s), "reserve_commit_per_s": round(len(lat) / wall),
-               "p50_ms": round(percentile(lat, 0.5) * 1000, 2), "p99_ms": round(percentile(lat, 0.99) * 1000, 2),
-               "lost": jobs - len(lat)}
-        print(f"{label:14} queue adds {row['queue_adds_per_s']:>7,}/s · reserve+commit "
-              f"{row['reserve_commit_per_s']:>6,}/s (p50 {row['p50_ms']} ms, p99 {row['p99_ms']} ms) · {plan}",
-              flush=True)
+        row = {
+            "setup": label,
+            "durability": plan,
+            "jobs": jobs,
+            "procs": procs,
+            "queue_adds_per_s": round(jobs / add_s),
+            "reserve_commit_per_s": round(len(lat) / wall),
+            "p50_ms": round(percentile(lat, 0.5) * 1000, 2),
+            "p99_ms": round(percentile(lat, 0.99) * 1000, 2),
+            "lost": jobs - len(lat),
+        }
+        print(
+            f"{label:14} queue adds {row['queue_adds_per_s']:>7,}/s · reserve+commit "
+            f"{row['reserve_commit_per_s']:>6,}/s (p50 {row['p50_ms']} ms, p99 {row['p99_ms']} ms) · {plan}",
+            flush=True,
+        )
         return row
     finally:
         os.environ.pop("KOMPAKTOR_DURABILITY", None)
@@ -111,8 +136,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=3000)
     ap.add_argument("--procs", type=int, default=4)
-    ap.add_argument("--rounds", type=int, default=3,
-                    help="run every setup this many times, interleaved (a busy machine varies); medians reported")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="run every setup this many times, interleaved (a busy machine varies); medians reported",
+    )
     args = ap.parse_args(argv)
     rows = [dict(_one(*s, args.jobs, args.procs), round=r + 1) for r in range(args.rounds) for s in SETUPS]
     write_csv("durability.csv", rows)
@@ -124,8 +153,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         trips = statistics.median(r["reserve_commit_per_s"] for r in mine)
         p50 = statistics.median(r["p50_ms"] for r in mine)
         base = base or (adds, trips)
-        print(f"  {label:14} queue adds {adds:>8,.0f}/s ({adds / base[0]:.0%}) · reserve+commit {trips:>6,.0f}/s "
-              f"({trips / base[1]:.0%}), p50 {p50} ms")
+        print(
+            f"  {label:14} queue adds {adds:>8,.0f}/s ({adds / base[0]:.0%}) · reserve+commit {trips:>6,.0f}/s "
+            f"({trips / base[1]:.0%}), p50 {p50} ms"
+        )
     if any(r["lost"] for r in rows):
         raise SystemExit("durability benchmark: a job was lost")
     return rows

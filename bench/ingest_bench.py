@@ -20,16 +20,20 @@ def main(argv: list[str] | None = None) -> list[dict]:
     from kompaktor.local.demo import DemoOptions, run_demo
 
     res = run_demo(DemoOptions(entries=args.entries, duration_s=args.duration, tablets=args.tablets, live=False))
-    rows = [{"seconds": t, "entries": e, "avg_files_per_tablet": round(f, 3), "compactions": c}
-            for t, e, f, c in res.samples]
+    rows = [
+        {"seconds": t, "entries": e, "avg_files_per_tablet": round(f, 3), "compactions": c}
+        for t, e, f, c in res.samples
+    ]
     path = write_csv("ingest.csv", rows)
     s = res.summary
     wall = s["wall time (s)"]
     comps = sum(v for k, v in s.items() if k.startswith("compactions run"))
-    print(f"ingest: {s['entries written']:,} entries at {s['ingest rate (entries/s)']:,} entries/s; "
-          f"{comps} compactions in {wall}s ({comps / wall:.2f}/s); files per tablet max during ingest "
-          f"{s['max files per tablet during ingest']}, after {s['files per tablet after (max)']}; "
-          f"verified {s['verified']}; CSV {path}")
+    print(
+        f"ingest: {s['entries written']:,} entries at {s['ingest rate (entries/s)']:,} entries/s; "
+        f"{comps} compactions in {wall}s ({comps / wall:.2f}/s); files per tablet max during ingest "
+        f"{s['max files per tablet during ingest']}, after {s['files per tablet after (max)']}; "
+        f"verified {s['verified']}; CSV {path}"
+    )
     try:
         import matplotlib
 
@@ -41,8 +45,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
         ax.set_xlabel("seconds")
         ax.set_ylabel("files per tablet")
         ax2 = ax.twinx()
-        ax2.plot([r["seconds"] for r in rows], [r["entries"] for r in rows], color="tab:gray", alpha=0.5,
-                 label="entries ingested")
+        ax2.plot(
+            [r["seconds"] for r in rows],
+            [r["entries"] for r in rows],
+            color="tab:gray",
+            alpha=0.5,
+            label="entries ingested",
+        )
         ax2.set_ylabel("entries")
         ax.set_title("Kompaktor continuous ingest: files per tablet over time")
         fig.tight_layout()

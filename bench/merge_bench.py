@@ -60,13 +60,19 @@ def _row_keys(values: np.ndarray, width: int) -> pa.Array:
         return _binary(values, width)
     raw = np.zeros((len(values), width), dtype=np.uint8)
     raw[:, : width - 8] = 0x6B  # 'k'
-    raw[:, width - 8:] = values.astype(">u8").view(np.uint8).reshape(-1, 8)
+    raw[:, width - 8 :] = values.astype(">u8").view(np.uint8).reshape(-1, 8)
     fsb = pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), len(values), [None, pa.py_buffer(raw.tobytes())])
     return fsb.cast(pa.binary())
 
 
-def make_table(ids: np.ndarray, ts: np.ndarray, deleted: np.ndarray, rng: np.random.Generator,
-               value_bytes: int = 40, row_bytes: int = 8) -> pa.Table:
+def make_table(
+    ids: np.ndarray,
+    ts: np.ndarray,
+    deleted: np.ndarray,
+    rng: np.random.Generator,
+    value_bytes: int = 40,
+    row_bytes: int = 8,
+) -> pa.Table:
     """Entries for column-key ids: row = id // 4 (``row_bytes``), cf = 2 families, cq = 2 qualifiers."""
     n = len(ids)
     row = _row_keys(ids // 4, row_bytes)
@@ -76,13 +82,13 @@ def make_table(ids: np.ndarray, ts: np.ndarray, deleted: np.ndarray, rng: np.ran
     vals = rng.integers(0, 256, size=n * value_bytes, dtype=np.uint8).tobytes()
     value = pa.FixedSizeBinaryArray.from_buffers(pa.binary(value_bytes), n, [None, pa.py_buffer(vals)])
     value = pc.if_else(pa.array(deleted), pa.scalar(b"", pa.binary()), value.cast(pa.binary()))
-    t = pa.Table.from_arrays([row, fam, qual, vis, pa.array(ts, pa.int64()), pa.array(deleted), value],
-                             schema=SCHEMA)
+    t = pa.Table.from_arrays([row, fam, qual, vis, pa.array(ts, pa.int64()), pa.array(deleted), value], schema=SCHEMA)
     return t.sort_by(ARROW_SORT_KEYS)
 
 
-def generate(storage: Storage, entries: int, files: int = 8, seed: int = 7, *, row_bytes: int = 8,
-             value_bytes: int = 40) -> list[str]:
+def generate(
+    storage: Storage, entries: int, files: int = 8, seed: int = 7, *, row_bytes: int = 8, value_bytes: int = 40
+) -> list[str]:
     """Write ``files`` sorted inputs holding ``entries`` in total; return their paths, oldest first."""
     rng = np.random.default_rng(seed)
     per = entries // files
@@ -94,13 +100,13 @@ def generate(storage: Storage, entries: int, files: int = 8, seed: int = 7, *, r
         n_over = n // 10 if f else 0
         n_del = n // 50 if f else 0
         n_new = n - n_over - n_del
-        new = universe[next_id:next_id + n_new]
+        new = universe[next_id : next_id + n_new]
         next_id += n_new
-        old = universe[:next_id - n_new] if f else new
+        old = universe[: next_id - n_new] if f else new
         picks = rng.choice(old, size=n_over + n_del, replace=True) if f else np.array([], np.uint64)
         ids = np.concatenate([new, picks])
         deleted = np.zeros(len(ids), dtype=bool)
-        deleted[n_new + n_over:] = True
+        deleted[n_new + n_over :] = True
         ts = (f + 1) * 10_000_000 + rng.integers(0, 1_000_000, size=len(ids))
         path = f"bench/F{f:06d}.parquet"
         write_sorted(storage, path, make_table(ids, ts, deleted, rng, value_bytes, row_bytes))
@@ -168,6 +174,7 @@ def children_peak_rss_mb() -> float:
 
 # ---- peers -----------------------------------------------------------------------------------
 
+
 def io_floor(storage: Storage, inputs: list[str], out: str) -> int:
     """Read every input and write them into one file, no sort, no stack."""
     with pq.ParquetWriter(storage.path(out), SCHEMA, compression="zstd") as w:
@@ -194,12 +201,15 @@ def polars_merge(storage: Storage, inputs: list[str], out: str) -> int:
     import polars as pl
 
     key = ["row", "cf", "cq", "vis"]
-    lf = pl.concat([pl.scan_parquet(storage.path(p)).with_columns(pl.lit(i, pl.Int32).alias("src"))
-                    for i, p in enumerate(inputs)])
-    lf = (lf.sort([*key, "ts", "deleted", "src"], descending=[False] * 4 + [True, True, True])
-          .unique(subset=key, keep="first", maintain_order=True)
-          .filter(~pl.col("deleted"))
-          .drop("src"))
+    lf = pl.concat(
+        [pl.scan_parquet(storage.path(p)).with_columns(pl.lit(i, pl.Int32).alias("src")) for i, p in enumerate(inputs)]
+    )
+    lf = (
+        lf.sort([*key, "ts", "deleted", "src"], descending=[False] * 4 + [True, True, True])
+        .unique(subset=key, keep="first", maintain_order=True)
+        .filter(~pl.col("deleted"))
+        .drop("src")
+    )
     df = lf.collect()
     df.write_parquet(storage.path(out), compression="zstd", row_group_size=128 * 1024)
     return df.height
@@ -215,7 +225,8 @@ def duckdb_merge(storage: Storage, inputs: list[str], out: str) -> int:
     con.execute(f"SET threads={threads}")
     con.execute(f"SET temp_directory='{storage.path('duckdb_tmp')}'")
     union = " UNION ALL ".join(
-        f"SELECT *, {i} AS src FROM read_parquet('{storage.path(p)}')" for i, p in enumerate(inputs))
+        f"SELECT *, {i} AS src FROM read_parquet('{storage.path(p)}')" for i, p in enumerate(inputs)
+    )
     del files
     sql = f"""
     COPY (
@@ -233,6 +244,7 @@ def duckdb_merge(storage: Storage, inputs: list[str], out: str) -> int:
 
 
 # ---- runner ----------------------------------------------------------------------------------
+
 
 def cpu_seconds(children: bool = False) -> float:
     """CPU time (user + system) of this process and, with ``children``, of its live descendants
@@ -273,8 +285,12 @@ def same_entries(storage: Storage, a: str, b: str) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bench.merge_bench", description=__doc__.splitlines()[0])
-    ap.add_argument("--entries", type=int, default=int(os.environ.get("MERGE_BENCH_ENTRIES", 4_000_000)),
-                    help="entries in all inputs (env MERGE_BENCH_ENTRIES; default 4,000,000)")
+    ap.add_argument(
+        "--entries",
+        type=int,
+        default=int(os.environ.get("MERGE_BENCH_ENTRIES", 4_000_000)),
+        help="entries in all inputs (env MERGE_BENCH_ENTRIES; default 4,000,000)",
+    )
     ap.add_argument("--files", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=3, help="timed runs per engine (median reported)")
     ap.add_argument("--layouts", default=",".join(LAYOUTS), help=f"input layouts, of {', '.join(LAYOUTS)}")
@@ -304,11 +320,12 @@ def main(argv: list[str] | None = None) -> int:
     spark_engine = None
     try:
         t0 = time.perf_counter()
-        generated = generate(storage, args.entries, args.files, row_bytes=args.row_bytes,
-                             value_bytes=args.value_bytes)
-        console.print(f"generated {args.entries:,} entries in {args.files} files "
-                      f"({sum(storage.size(p) for p in generated) / 1e6:.1f} MB; {args.row_bytes}-byte rows, "
-                      f"{args.value_bytes}-byte values) in {time.perf_counter() - t0:.1f}s")
+        generated = generate(storage, args.entries, args.files, row_bytes=args.row_bytes, value_bytes=args.value_bytes)
+        console.print(
+            f"generated {args.entries:,} entries in {args.files} files "
+            f"({sum(storage.size(p) for p in generated) / 1e6:.1f} MB; {args.row_bytes}-byte rows, "
+            f"{args.value_bytes}-byte values) in {time.perf_counter() - t0:.1f}s"
+        )
         if "spark" in engines:
             from kompaktor.engines import session as ksp
 
@@ -317,18 +334,32 @@ def main(argv: list[str] | None = None) -> int:
             ksp.get_session(args.spark_master, {"spark.local.dir": str(scratch / "spark-local")})
             spark_engine = make_engine("spark", spark_master=args.spark_master)  # also warms the Python workers
             startup = time.perf_counter() - t0
-            rows.append({"layout": "", "engine": "Spark session + worker start-up", "median_s": startup,
-                         "min_s": startup, "runs": 1, "entries_in": 0, "entries_out": 0, "entries_per_s": 0,
-                         "peak_rss_mb": peak_rss_mb(), "children_peak_rss_mb": children_peak_rss_mb(),
-                         "note": "JVM, session and Python workers, once per compactor process"})
+            rows.append(
+                {
+                    "layout": "",
+                    "engine": "Spark session + worker start-up",
+                    "median_s": startup,
+                    "min_s": startup,
+                    "runs": 1,
+                    "entries_in": 0,
+                    "entries_out": 0,
+                    "entries_per_s": 0,
+                    "peak_rss_mb": peak_rss_mb(),
+                    "children_peak_rss_mb": children_peak_rss_mb(),
+                    "note": "JVM, session and Python workers, once per compactor process",
+                }
+            )
             console.print(f"Spark session + worker warm-up: {startup:.2f}s")
         for layout in layouts:
             inputs = relayout(storage, generated, layout)
             md = pq.ParquetFile(storage.path(inputs[0])).metadata
-            console.print(f"\n[bold]layout {layout}[/bold]: {md.num_row_groups} row group(s) of "
-                          f"{md.row_group(0).num_rows:,} rows in the first file")
-            rows.extend(run_layout(console, storage, inputs, layout, engines, args, settings, spark_engine,
-                                   MergeRequest))
+            console.print(
+                f"\n[bold]layout {layout}[/bold]: {md.num_row_groups} row group(s) of "
+                f"{md.row_group(0).num_rows:,} rows in the first file"
+            )
+            rows.extend(
+                run_layout(console, storage, inputs, layout, engines, args, settings, spark_engine, MergeRequest)
+            )
         print_tables(console, rows, layouts, args, Table)
         csv_path = Path(args.csv)
         csv_path.parent.mkdir(parents=True, exist_ok=True)
@@ -347,8 +378,17 @@ PEERS = ("Polars", "DuckDB", "pyarrow sort")
 FLOOR = "I/O floor"
 
 
-def run_layout(console, storage: Storage, inputs: list[str], layout: str, engines: list[str], args, settings,
-               spark_engine, request_cls) -> list[dict]:
+def run_layout(
+    console,
+    storage: Storage,
+    inputs: list[str],
+    layout: str,
+    engines: list[str],
+    args,
+    settings,
+    spark_engine,
+    request_cls,
+) -> list[dict]:
     """Every engine on one layout's inputs; rows with their ratios to the best peer and floor."""
     rows: list[dict] = []
     outputs: dict[str, str] = {}
@@ -357,23 +397,37 @@ def run_layout(console, storage: Storage, inputs: list[str], layout: str, engine
     def record(name: str, times: list[float], n_out: int, base_mb: float, note: str = "") -> None:
         med = statistics.median(times)
         peak = peak_rss_mb()
-        rows.append({"layout": layout, "engine": name, "median_s": med, "min_s": min(times), "runs": len(times),
-                     "cpu_s": LAST_CPU[0],
-                     "entries_in": args.entries, "entries_out": n_out, "entries_per_s": args.entries / med,
-                     "mb_per_s": input_bytes / 1e6 / med, "peak_rss_mb": peak,
-                     "peak_rss_growth_mb": max(0.0, peak - base_mb),
-                     "children_peak_rss_mb": children_peak_rss_mb(), "note": note})
-        console.print(f"  {name}: median {med:.2f}s, min {min(times):.2f}s over {len(times)} runs "
-                      f"({args.entries / med / 1e6:.2f} M entries/s), {LAST_CPU[0]:.2f} CPU s per run, "
-                      f"peak RSS {peak:.0f} MB")
+        rows.append(
+            {
+                "layout": layout,
+                "engine": name,
+                "median_s": med,
+                "min_s": min(times),
+                "runs": len(times),
+                "cpu_s": LAST_CPU[0],
+                "entries_in": args.entries,
+                "entries_out": n_out,
+                "entries_per_s": args.entries / med,
+                "mb_per_s": input_bytes / 1e6 / med,
+                "peak_rss_mb": peak,
+                "peak_rss_growth_mb": max(0.0, peak - base_mb),
+                "children_peak_rss_mb": children_peak_rss_mb(),
+                "note": note,
+            }
+        )
+        console.print(
+            f"  {name}: median {med:.2f}s, min {min(times):.2f}s over {len(times)} runs "
+            f"({args.entries / med / 1e6:.2f} M entries/s), {LAST_CPU[0]:.2f} CPU s per run, "
+            f"peak RSS {peak:.0f} MB"
+        )
 
     def engine_fn(engine, out: str) -> Callable[[], int]:
         def run() -> int:
             if storage.exists(out):
                 storage.delete(out)
-            req = request_cls(inputs=tuple(inputs), output=out, prev=None, end=None, settings=settings,
-                              tmp_tag="bench")
+            req = request_cls(inputs=tuple(inputs), output=out, prev=None, end=None, settings=settings, tmp_tag="bench")
             return engine.merge(storage, req).entries_written
+
         return run
 
     def file_fn(fn, out: str) -> Callable[[], int]:
@@ -381,6 +435,7 @@ def run_layout(console, storage: Storage, inputs: list[str], layout: str, engine
             if storage.exists(out):
                 storage.delete(out)
             return fn(storage, inputs, out)
+
         return run
 
     def bench(name: str, fn: Callable[[], int], out: str | None, note: str = "", children: bool = False) -> None:
@@ -393,8 +448,12 @@ def run_layout(console, storage: Storage, inputs: list[str], layout: str, engine
     from kompaktor.engines.arrow import ArrowMergeEngine
 
     if "arrow" in engines:  # first: the reference output
-        bench("Arrow engine", engine_fn(ArrowMergeEngine(), f"out/{layout}-arrow.parquet"),
-              f"out/{layout}-arrow.parquet", "in-process, key ranges streamed")
+        bench(
+            "Arrow engine",
+            engine_fn(ArrowMergeEngine(), f"out/{layout}-arrow.parquet"),
+            f"out/{layout}-arrow.parquet",
+            "in-process, key ranges streamed",
+        )
     if "floor" in engines:
         bench(FLOOR, file_fn(io_floor, f"out/{layout}-floor.parquet"), None, "read + write, no sort: not a merge")
     if "polars" in engines:
@@ -402,14 +461,18 @@ def run_layout(console, storage: Storage, inputs: list[str], layout: str, engine
     if "duckdb" in engines:
         bench("DuckDB", file_fn(duckdb_merge, f"out/{layout}-duckdb.parquet"), f"out/{layout}-duckdb.parquet")
     if "pyarrow" in engines:
-        bench("pyarrow sort", file_fn(pyarrow_sort, f"out/{layout}-pyarrow.parquet"),
-              f"out/{layout}-pyarrow.parquet")
+        bench("pyarrow sort", file_fn(pyarrow_sort, f"out/{layout}-pyarrow.parquet"), f"out/{layout}-pyarrow.parquet")
     if spark_engine is not None:
         reset_peaks()
         cold, _n = timed(engine_fn(spark_engine, f"out/{layout}-spark.parquet"), 1)
         console.print(f"  Spark engine, first run on this layout: {cold[0]:.2f}s")
-        bench("Spark engine (warm)", engine_fn(spark_engine, f"out/{layout}-spark.parquet"),
-              f"out/{layout}-spark.parquet", f"master {args.spark_master}", children=True)
+        bench(
+            "Spark engine (warm)",
+            engine_fn(spark_engine, f"out/{layout}-spark.parquet"),
+            f"out/{layout}-spark.parquet",
+            f"master {args.spark_master}",
+            children=True,
+        )
 
     names = list(outputs)
     for name in names[1:]:
@@ -450,27 +513,59 @@ def print_tables(console, rows: list[dict], layouts: list[str], args, table_cls)
     def f2(v) -> str:
         return f"{v:.2f}" if isinstance(v, float) else ""
 
-    table = table_cls(title=f"merge of {args.files} sorted files, {args.entries:,} entries, {os.cpu_count()} cores; "
-                            "speed = best peer s / engine s (> 1: faster)")
-    for col in ("layout", "engine", "median s", "min s", "CPU s", "M entries/s", "vs best peer (median/min/CPU)",
-                "vs I/O floor (median/min)", "peak RSS MB", "RSS growth MB", "JVM+workers MB"):
+    table = table_cls(
+        title=f"merge of {args.files} sorted files, {args.entries:,} entries, {os.cpu_count()} cores; "
+        "speed = best peer s / engine s (> 1: faster)"
+    )
+    for col in (
+        "layout",
+        "engine",
+        "median s",
+        "min s",
+        "CPU s",
+        "M entries/s",
+        "vs best peer (median/min/CPU)",
+        "vs I/O floor (median/min)",
+        "peak RSS MB",
+        "RSS growth MB",
+        "JVM+workers MB",
+    ):
         table.add_column(col, justify="left" if col in ("layout", "engine") else "right")
     for r in rows:
-        table.add_row(r["layout"], r["engine"][:28], f"{r['median_s']:.2f}", f"{r['min_s']:.2f}",
-                      f2(r.get("cpu_s")), f"{r['entries_per_s'] / 1e6:.2f}" if r["entries_per_s"] else "",
-                      "/".join(f2(r.get(k)) for k in ("speed_vs_best_peer", "min_vs_best_peer", "cpu_vs_best_peer"))
-                      if r.get("best_peer") else "",
-                      "/".join(f2(r.get(k)) for k in ("speed_vs_floor", "min_vs_floor")) if r.get("best_peer") else "",
-                      f"{r['peak_rss_mb']:.0f}",
-                      f"{r['peak_rss_growth_mb']:.0f}" if "peak_rss_growth_mb" in r else "",
-                      f"{r['children_peak_rss_mb']:.0f}" if r["children_peak_rss_mb"] else "")
+        table.add_row(
+            r["layout"],
+            r["engine"][:28],
+            f"{r['median_s']:.2f}",
+            f"{r['min_s']:.2f}",
+            f2(r.get("cpu_s")),
+            f"{r['entries_per_s'] / 1e6:.2f}" if r["entries_per_s"] else "",
+            "/".join(f2(r.get(k)) for k in ("speed_vs_best_peer", "min_vs_best_peer", "cpu_vs_best_peer"))
+            if r.get("best_peer")
+            else "",
+            "/".join(f2(r.get(k)) for k in ("speed_vs_floor", "min_vs_floor")) if r.get("best_peer") else "",
+            f"{r['peak_rss_mb']:.0f}",
+            f"{r['peak_rss_growth_mb']:.0f}" if "peak_rss_growth_mb" in r else "",
+            f"{r['children_peak_rss_mb']:.0f}" if r["children_peak_rss_mb"] else "",
+        )
     console.print(table)
     small = {r["engine"]: r["median_s"] for r in rows if r["layout"] == "small"}
-    summary = table_cls(title="per layout: aims Arrow >= 1.2x best peer, Spark (warm) >= 1.0x best peer; "
-                              "a layout's time vs the small-row-group layout (aim <= 1.2x)")
-    for col in ("layout", "best peer", "floor s", "Arrow s", "Arrow vs peer (median/min/CPU)", "Arrow vs floor",
-                "Arrow vs small layout", "Spark s", "Spark vs peer (median/min/CPU)", "Spark vs floor",
-                "Spark vs small layout"):
+    summary = table_cls(
+        title="per layout: aims Arrow >= 1.2x best peer, Spark (warm) >= 1.0x best peer; "
+        "a layout's time vs the small-row-group layout (aim <= 1.2x)"
+    )
+    for col in (
+        "layout",
+        "best peer",
+        "floor s",
+        "Arrow s",
+        "Arrow vs peer (median/min/CPU)",
+        "Arrow vs floor",
+        "Arrow vs small layout",
+        "Spark s",
+        "Spark vs peer (median/min/CPU)",
+        "Spark vs floor",
+        "Spark vs small layout",
+    ):
         summary.add_column(col, justify="left" if col in ("layout", "best peer") else "right")
     for layout in layouts:
         by = {r["engine"]: r for r in rows if r["layout"] == layout}
@@ -484,9 +579,13 @@ def print_tables(console, rows: list[dict], layouts: list[str], args, table_cls)
             vs_peer = "/".join(f2(r.get(k)) for k in ("speed_vs_best_peer", "min_vs_best_peer", "cpu_vs_best_peer"))
             return [f"{r['median_s']:.2f}", vs_peer, f2(r["speed_vs_floor"]), f2(rel)]
 
-        summary.add_row(layout, f"{peer} {by[peer]['median_s']:.2f}s" if peer in by else "",
-                        f"{fl['median_s']:.2f}" if fl else "", *cells(a, "Arrow engine"),
-                        *cells(sp, "Spark engine (warm)"))
+        summary.add_row(
+            layout,
+            f"{peer} {by[peer]['median_s']:.2f}s" if peer in by else "",
+            f"{fl['median_s']:.2f}" if fl else "",
+            *cells(a, "Arrow engine"),
+            *cells(sp, "Spark engine (warm)"),
+        )
     console.print(summary)
 
 

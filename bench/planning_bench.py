@@ -27,11 +27,24 @@ def setup(store, tablets: int, files: int, seed: int = 7) -> list[str]:
     pipe = store._r.pipeline(transaction=False)
     prev = None
     for n, (tablet_id, end) in enumerate(zip(ids, [*splits, None], strict=True)):
-        fs = {f"tables/{tid}/F{n:07x}{k:03x}.parquet": {"size": rng.randint(1, 64) * 1_000_000,
-                                                     "entries": 1000, "deletes": 0, "first": None, "last": None}
-              for k in range(files)}
-        doc = {"table": tid, "prev": None if prev is None else prev.hex(), "end": None if end is None else end.hex(),
-               "files": fs, "running": {}, "v": 1}
+        fs = {
+            f"tables/{tid}/F{n:07x}{k:03x}.parquet": {
+                "size": rng.randint(1, 64) * 1_000_000,
+                "entries": 1000,
+                "deletes": 0,
+                "first": None,
+                "last": None,
+            }
+            for k in range(files)
+        }
+        doc = {
+            "table": tid,
+            "prev": None if prev is None else prev.hex(),
+            "end": None if end is None else end.hex(),
+            "files": fs,
+            "running": {},
+            "v": 1,
+        }
         pipe.set(C.tablet_key(tablet_id), json.dumps(doc))
         prev = end
         if n % 5000 == 4999:
@@ -79,23 +92,42 @@ def main(argv: list[str] | None = None) -> list[dict]:
         queued_inc = coord.plan_dirty()
         inc_s = time.perf_counter() - t0
         rows = [
-            {"pass": "full scan", "tablets": len(ids), "seconds": round(full_s, 3),
-             "tablets_per_s": round(len(ids) / full_s), "jobs_queued": queued_full},
-            {"pass": "full scan, queues built", "tablets": len(ids), "seconds": round(again_s, 3),
-             "tablets_per_s": round(len(ids) / again_s), "jobs_queued": queued_again},
-            {"pass": "incremental (1% changed)", "tablets": len(changed), "seconds": round(inc_s, 3),
-             "tablets_per_s": round(len(changed) / inc_s), "jobs_queued": queued_inc},
+            {
+                "pass": "full scan",
+                "tablets": len(ids),
+                "seconds": round(full_s, 3),
+                "tablets_per_s": round(len(ids) / full_s),
+                "jobs_queued": queued_full,
+            },
+            {
+                "pass": "full scan, queues built",
+                "tablets": len(ids),
+                "seconds": round(again_s, 3),
+                "tablets_per_s": round(len(ids) / again_s),
+                "jobs_queued": queued_again,
+            },
+            {
+                "pass": "incremental (1% changed)",
+                "tablets": len(changed),
+                "seconds": round(inc_s, 3),
+                "tablets_per_s": round(len(changed) / inc_s),
+                "jobs_queued": queued_inc,
+            },
         ]
         slow = store._r.slowlog_get(10_000)
         longest = max((e["duration"] for e in slow), default=0) / 1000
         aim = 30 if len(ids) >= 1_000_000 else 10
-        print(f"planning: setup {setup_s:.1f}s; full scan of {len(ids):,} tablets × {args.files} files: "
-              f"{full_s:.2f}s ({len(ids) / full_s:,.0f} tablets/s, aim < {aim} s), again with the queues built: "
-              f"{again_s:.2f}s; incremental 1%: {inc_s:.3f}s (aim < 1 s)")
-        print(f"  coordinator RSS {rss0:,.0f} MB before the passes, {_rss_mb():,.0f} MB after, peak "
-              f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MB (aim < 1,024; includes the "
-              f"bench's own setup); Redis {per_tablet:,.0f} bytes per tablet of {args.files} files; Redis commands "
-              f"over 5 ms during the passes: {len(slow)}, longest {longest:.1f} ms")
+        print(
+            f"planning: setup {setup_s:.1f}s; full scan of {len(ids):,} tablets × {args.files} files: "
+            f"{full_s:.2f}s ({len(ids) / full_s:,.0f} tablets/s, aim < {aim} s), again with the queues built: "
+            f"{again_s:.2f}s; incremental 1%: {inc_s:.3f}s (aim < 1 s)"
+        )
+        print(
+            f"  coordinator RSS {rss0:,.0f} MB before the passes, {_rss_mb():,.0f} MB after, peak "
+            f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MB (aim < 1,024; includes the "
+            f"bench's own setup); Redis {per_tablet:,.0f} bytes per tablet of {args.files} files; Redis commands "
+            f"over 5 ms during the passes: {len(slow)}, longest {longest:.1f} ms"
+        )
         write_csv("planning.csv", rows)
         return rows
     finally:

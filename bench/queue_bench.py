@@ -64,16 +64,22 @@ def _print_commandstats(stats: dict, cycles: int) -> None:
     """Redis server time per command during the measured part, per reserve+commit cycle."""
     print("redis commandstats (measured part): command, calls per cycle, µs per call, server µs per cycle")
     for name, st in sorted(stats.items(), key=lambda kv: -kv[1]["usec"]):
-        print(f"  {name.removeprefix('cmdstat_'):<16} {st['calls'] / max(cycles, 1):6.2f} "
-              f"{st['usec_per_call']:8.1f} {st['usec'] / max(cycles, 1):8.1f}")
+        print(
+            f"  {name.removeprefix('cmdstat_'):<16} {st['calls'] / max(cycles, 1):6.2f} "
+            f"{st['usec_per_call']:8.1f} {st['usec'] / max(cycles, 1):8.1f}"
+        )
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--jobs", type=int, default=10_000)
     ap.add_argument("--procs", type=int, default=8)
-    ap.add_argument("--profile", metavar="DIR", help="write each client's cProfile stats to DIR and print Redis "
-                    "server time per command (INFO commandstats) for the measured part")
+    ap.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="write each client's cProfile stats to DIR and print Redis "
+        "server time per command (INFO commandstats) for the measured part",
+    )
     args = ap.parse_args(argv)
     from kompaktor.metadata.store import MetadataStore
     from kompaktor.model.job import Job
@@ -92,22 +98,36 @@ def main(argv: list[str] | None = None) -> list[dict]:
         prev = None
         for n, (tablet_id, end) in enumerate(zip(ids, [*splits, None], strict=True)):
             fs = {f"tables/{tid}/F{n:07x}{k}.parquet": {"size": 1000, "entries": 10, "deletes": 0} for k in range(3)}
-            pipe.set(C.tablet_key(tablet_id), json.dumps({
-                "table": tid, "prev": None if prev is None else prev.hex(),
-                "end": None if end is None else end.hex(), "files": fs, "running": {}, "v": 1}))
+            pipe.set(
+                C.tablet_key(tablet_id),
+                json.dumps(
+                    {
+                        "table": tid,
+                        "prev": None if prev is None else prev.hex(),
+                        "end": None if end is None else end.hex(),
+                        "files": fs,
+                        "running": {},
+                        "v": 1,
+                    }
+                ),
+            )
             prev = end
         pipe.execute()
-        queues.add_many([(t, [Job(t, "SYSTEM", -32000, "g", {f"tables/{tid}/F{n:07x}{k}.parquet": 1000
-                                                            for k in range(3)})])
-                         for n, t in enumerate(ids)])
+        queues.add_many(
+            [
+                (t, [Job(t, "SYSTEM", -32000, "g", {f"tables/{tid}/F{n:07x}{k}.parquet": 1000 for k in range(3)})])
+                for n, t in enumerate(ids)
+            ]
+        )
         ctx = mp.get_context("spawn")
         out: mp.Queue = ctx.Queue()
         ready: mp.Queue = ctx.Queue()
         go = ctx.Event()
         if args.profile:
             Path(args.profile).mkdir(parents=True, exist_ok=True)
-        procs = [ctx.Process(target=_worker, args=(redis.url, "g", out, ready, go, args.profile))
-                 for _ in range(args.procs)]
+        procs = [
+            ctx.Process(target=_worker, args=(redis.url, "g", out, ready, go, args.profile)) for _ in range(args.procs)
+        ]
         for p in procs:
             p.start()
         for _ in procs:
@@ -127,15 +147,25 @@ def main(argv: list[str] | None = None) -> list[dict]:
         client_cpu = sum(r["cpu"] for r in results)
         twice = len(files) - len(set(files))
         lost = args.jobs - len(ecids)
-        row = {"procs": args.procs, "jobs": args.jobs, "round_trips": len(lat), "wall_s": round(wall, 2),
-               "round_trips_per_s": round(len(lat) / wall), "p50_ms": round(percentile(lat, 0.5) * 1000, 2),
-               "p99_ms": round(percentile(lat, 0.99) * 1000, 2), "reserved_twice": twice, "lost": lost,
-               "client_cpu_us_per_trip": round(client_cpu / max(len(lat), 1) * 1e6),
-               "redis_cpu_us_per_trip": round(redis_cpu / max(len(lat), 1) * 1e6)}
-        print(f"queue: {args.procs} processes, {len(lat):,} reserve+commit round trips in {wall:.1f}s = "
-              f"{row['round_trips_per_s']:,}/s; p50 {row['p50_ms']} ms, "
-              f"p99 {row['p99_ms']} ms; reserved twice: {twice}, lost: {lost} (aim 2,000/s); CPU per round trip: "
-              f"clients {row['client_cpu_us_per_trip']} µs, Redis {row['redis_cpu_us_per_trip']} µs")
+        row = {
+            "procs": args.procs,
+            "jobs": args.jobs,
+            "round_trips": len(lat),
+            "wall_s": round(wall, 2),
+            "round_trips_per_s": round(len(lat) / wall),
+            "p50_ms": round(percentile(lat, 0.5) * 1000, 2),
+            "p99_ms": round(percentile(lat, 0.99) * 1000, 2),
+            "reserved_twice": twice,
+            "lost": lost,
+            "client_cpu_us_per_trip": round(client_cpu / max(len(lat), 1) * 1e6),
+            "redis_cpu_us_per_trip": round(redis_cpu / max(len(lat), 1) * 1e6),
+        }
+        print(
+            f"queue: {args.procs} processes, {len(lat):,} reserve+commit round trips in {wall:.1f}s = "
+            f"{row['round_trips_per_s']:,}/s; p50 {row['p50_ms']} ms, "
+            f"p99 {row['p99_ms']} ms; reserved twice: {twice}, lost: {lost} (aim 2,000/s); CPU per round trip: "
+            f"clients {row['client_cpu_us_per_trip']} µs, Redis {row['redis_cpu_us_per_trip']} µs"
+        )
         if args.profile:
             _print_commandstats(store._r.info("commandstats"), len(lat))
         write_csv("queue.csv", [row])

@@ -27,8 +27,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--tablets", type=int, default=20_000)
     ap.add_argument("--files", type=int, default=10, help="file references per tablet")
     ap.add_argument("--mutations", type=int, default=4000, help="mutations timed per client count")
-    ap.add_argument("--appendfsync", choices=["always", "everysec", "no"], default=None,
-                    help="set the server's appendfsync before measuring (default: as started)")
+    ap.add_argument(
+        "--appendfsync",
+        choices=["always", "everysec", "no"],
+        default=None,
+        help="set the server's appendfsync before measuring (default: as started)",
+    )
     args = ap.parse_args(argv)
     import tempfile
 
@@ -53,13 +57,14 @@ def main(argv: list[str] | None = None) -> dict:
         seq = 0
         for i in range(0, len(ids), 500):
             m = Mutation(table=tid)
-            for k, tab in enumerate(ids[i:i + 500]):
+            for k, tab in enumerate(ids[i : i + 500]):
                 prev = rows[i + k] or b"row0000000000"
                 files = {}
                 for _ in range(args.files):
                     seq += 1
-                    files[data_file(tid, "flush", seq)] = FileMeta(64_000_000, 1_000_000, 0, prev + b"a",
-                                                                   prev + b"z").to_json()
+                    files[data_file(tid, "flush", seq)] = FileMeta(
+                        64_000_000, 1_000_000, 0, prev + b"a", prev + b"z"
+                    ).to_json()
                 m.tablet(tab).do("add_files", files)
             store.mutate(m)
         r.delete("kz:dirty")
@@ -83,8 +88,9 @@ def main(argv: list[str] | None = None) -> dict:
                 for j in range(n):
                     tab = ids[(c * 7919 + j * 104729) % len(ids)]
                     m = Mutation(table=tid)
-                    m.tablet(tab).require("exists").do("add_files", {f"tables/{tid}/X{c}-{j}.parquet":
-                                                                      FileMeta(1, 1).to_json()})
+                    m.tablet(tab).require("exists").do(
+                        "add_files", {f"tables/{tid}/X{c}-{j}.parquet": FileMeta(1, 1).to_json()}
+                    )
                     s.mutate(m)
                 done.append(n)
                 s.close()
@@ -103,13 +109,18 @@ def main(argv: list[str] | None = None) -> dict:
         job_b = (after_queue - after_files) / max(1, queued)
         gib = 1 << 30
         out = {
-            "redis": info["redis_version"], "appendfsync": persistence.get("appendfsync"),
-            "tablets": len(ids), "files_per_tablet": args.files, "jobs_queued": queued,
-            "bytes_per_tablet": round(tablet_b), "bytes_per_file_reference": round(file_b),
+            "redis": info["redis_version"],
+            "appendfsync": persistence.get("appendfsync"),
+            "tablets": len(ids),
+            "files_per_tablet": args.files,
+            "jobs_queued": queued,
+            "bytes_per_tablet": round(tablet_b),
+            "bytes_per_file_reference": round(file_b),
             "bytes_per_queued_job": round(job_b),
             "tablets_per_GiB_with_10_files_each": int(gib / (tablet_b + 10 * file_b)),
             "file_references_per_GiB": int(gib / file_b),
-            "mutations_per_s_1_client": round(rates[1]), "mutations_per_s_4_clients": round(rates[4]),
+            "mutations_per_s_1_client": round(rates[1]),
+            "mutations_per_s_4_clients": round(rates[4]),
         }
         print(json.dumps(out, indent=1))
         return out

@@ -35,18 +35,38 @@ def main() -> None:
         ("planner", planning_bench.main, ["--tablets", "5000"] if quick else []),
         ("queues", queue_bench.main, ["--jobs", "2000"] if quick else []),
         ("merge engines, every input layout", merge_bench.main, ["--entries", "200000"] if quick else []),
-        *([("merge engines, 16M entries", merge_bench.main,
-            ["--entries", "16000000", "--repeat", "2", "--csv", str(merge_bench.OUT_DIR / "merge16m.csv")])]
-          if large and not quick else []),
-        ("the same merge on the local disk and on an S3 API server", s3_bench.main,
-         ["--entries", "200000", "--repeat", "1"] if quick else []),
-        ("an idle compactor woken by a queued job, against polling", wakeup_bench.main,
-         ["--jobs", "10", "--idle-seconds", "5"] if quick else []),
-        ("small jobs: reserve -> merge 2 x 1,000 entries -> commit", smalljob_bench.main,
-         ["--jobs", "10"] if quick else []),
+        *(
+            [
+                (
+                    "merge engines, 16M entries",
+                    merge_bench.main,
+                    ["--entries", "16000000", "--repeat", "2", "--csv", str(merge_bench.OUT_DIR / "merge16m.csv")],
+                )
+            ]
+            if large and not quick
+            else []
+        ),
+        (
+            "the same merge on the local disk and on an S3 API server",
+            s3_bench.main,
+            ["--entries", "200000", "--repeat", "1"] if quick else [],
+        ),
+        (
+            "an idle compactor woken by a queued job, against polling",
+            wakeup_bench.main,
+            ["--jobs", "10", "--idle-seconds", "5"] if quick else [],
+        ),
+        (
+            "small jobs: reserve -> merge 2 x 1,000 entries -> commit",
+            smalljob_bench.main,
+            ["--jobs", "10"] if quick else [],
+        ),
         ("end-to-end ingest", ingest_bench.main, ["--entries", "60000", "--duration", "30"] if quick else []),
-        ("autoscaling to 660 compactors (real control plane)", scaleup.main,
-         ["--pods", "110", "--jobs", "1100"] if quick else []),
+        (
+            "autoscaling to 660 compactors (real control plane)",
+            scaleup.main,
+            ["--pods", "110", "--jobs", "1100"] if quick else [],
+        ),
         (f"soak with faults, {soak_minutes} minutes", soak.main, ["--minutes", soak_minutes]),
     ]
     failed = []

@@ -55,8 +55,14 @@ def main(argv: list[str] | None = None) -> int:
             for sname, st in stores.items():
                 times = []
                 for r in range(args.repeat):
-                    req = MergeRequest(inputs=tuple(inputs[sname]), output=f"out/{ename}-{r}.parquet", prev=None,
-                                       end=None, settings=IteratorSettings(), tmp_tag=f"ECID-bench{r}")
+                    req = MergeRequest(
+                        inputs=tuple(inputs[sname]),
+                        output=f"out/{ename}-{r}.parquet",
+                        prev=None,
+                        end=None,
+                        settings=IteratorSettings(),
+                        tmp_tag=f"ECID-bench{r}",
+                    )
                     if sname == "s3":
                         s3.reset_requests()
                     t0 = time.perf_counter()
@@ -65,8 +71,10 @@ def main(argv: list[str] | None = None) -> int:
                     if sname == "s3":
                         kinds = dict(sorted(s3.requests("bench").items()))
                 best[sname] = min(times)
-            print(f"  {ename:6s} local {best['local']:6.2f}s   s3 {best['s3']:6.2f}s   "
-                  f"s3/local {best['s3'] / best['local']:.2f}x   requests on s3: {kinds}")
+            print(
+                f"  {ename:6s} local {best['local']:6.2f}s   s3 {best['s3']:6.2f}s   "
+                f"s3/local {best['s3'] / best['local']:.2f}x   requests on s3: {kinds}"
+            )
             if kinds.get("COPY", 0) or kinds.get("DELETE", 0):
                 print("  a merge on S3 copied or deleted objects", file=sys.stderr)
                 return 1
@@ -85,8 +93,13 @@ def gc_listing(s3, n: int, tables: int = 10) -> None:
     from kompaktor.coordinator.gc import GC_PASS_OBJECTS
     from kompaktor.files.storage import Storage
 
-    api = boto3.client("s3", endpoint_url=s3.endpoint, aws_access_key_id=s3.access_key,
-                       aws_secret_access_key=s3.secret_key, region_name="us-east-1")
+    api = boto3.client(
+        "s3",
+        endpoint_url=s3.endpoint,
+        aws_access_key_id=s3.access_key,
+        aws_secret_access_key=s3.secret_key,
+        region_name="us-east-1",
+    )
     keys = [f"gc/tables/{i % tables:04d}/F{i:010x}-0000000000000000.parquet" for i in range(n)]
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda k: api.put_object(Bucket="bench", Key=k, Body=b""), keys))
@@ -97,10 +110,14 @@ def gc_listing(s3, n: int, tables: int = 10) -> None:
     wall = time.perf_counter() - t0
     lists = s3.requests("bench")["LIST"]
     rate = listed / wall
-    print(f"gc listing: {listed:,} objects in {tables} table directories, {wall:.2f}s, {rate:,.0f} objects/s, "
-          f"{lists} LIST requests")
-    print(f"  at this rate a store of 1,000,000 objects lists in {1e6 / rate:.0f}s; a coordinator pass lists "
-          f"at most {GC_PASS_OBJECTS:,} ({GC_PASS_OBJECTS / rate:.0f}s) and the next resumes after it")
+    print(
+        f"gc listing: {listed:,} objects in {tables} table directories, {wall:.2f}s, {rate:,.0f} objects/s, "
+        f"{lists} LIST requests"
+    )
+    print(
+        f"  at this rate a store of 1,000,000 objects lists in {1e6 / rate:.0f}s; a coordinator pass lists "
+        f"at most {GC_PASS_OBJECTS:,} ({GC_PASS_OBJECTS / rate:.0f}s) and the next resumes after it"
+    )
 
 
 if __name__ == "__main__":

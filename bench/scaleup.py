@@ -42,8 +42,12 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.scaleup", description=__doc__.split("\n\n")[0])
     ap.add_argument("--pods", type=int, default=660, help="the group's maxReplicas")
     ap.add_argument("--jobs", type=int, default=11_000, help="jobs queued by the burst")
-    ap.add_argument("--kcm-qps", type=int, default=100,
-                    help="kube-controller-manager's API rate (Kubernetes' default 20/s caps pod creation at ~5/s)")
+    ap.add_argument(
+        "--kcm-qps",
+        type=int,
+        default=100,
+        help="kube-controller-manager's API rate (Kubernetes' default 20/s caps pod creation at ~5/s)",
+    )
     ap.add_argument("--stabilization", type=int, default=30, help="scale-down stabilisation window, seconds")
     args = ap.parse_args(argv)
 
@@ -71,35 +75,72 @@ def main(argv: list[str] | None = None) -> None:
         core.create_namespace({"metadata": {"name": NS}})
         core.create_namespaced_secret(NS, {"metadata": {"name": "redis-url"}, "stringData": {"url": redis.url}})
         with helm.Config(kubeconfig_path=str(cp.kubeconfig), namespace=NS) as cfg:
-            cfg.install(str(ROOT / "helm" / "kompaktor"), "kompaktor", {
-                "redis": {"bundled": False, "external": {"existingSecret": "redis-url"}},
-                "storage": {"uri": str(root / "files")},
-                "metricsApi": {"serviceType": "NodePort"}, "coordinator": {"enabled": False}}, namespace=NS,
-                timeout=120)
+            cfg.install(
+                str(ROOT / "helm" / "kompaktor"),
+                "kompaktor",
+                {
+                    "redis": {"bundled": False, "external": {"existingSecret": "redis-url"}},
+                    "storage": {"uri": str(root / "files")},
+                    "metricsApi": {"serviceType": "NodePort"},
+                    "coordinator": {"enabled": False},
+                },
+                namespace=NS,
+                timeout=120,
+            )
         svc = core.read_namespaced_service("kompaktor-metrics-api", NS)
         tls = core.read_namespaced_secret("kompaktor-metrics-api-tls", NS)
         for key in ("tls.crt", "tls.key", "ca.crt"):
             (root / key).write_bytes(base64.b64decode(tls.data[key]))
-        env = {**os.environ, "KUBECONFIG": str(cp.kubeconfig), "KOMPAKTOR_REDIS_URL": redis.url,
-               "KOMPAKTOR_REDIS_SECRET": "redis-url", "KOMPAKTOR_SCALE_INTERVAL": "1",
-               "KOMPAKTOR_METRICS_API": f"{svc.spec.cluster_ip}:443",
-               "KOMPAKTOR_METRICS_API_CERT": str(root / "tls.crt"),
-               "KOMPAKTOR_METRICS_API_KEY": str(root / "tls.key"), "KOMPAKTOR_METRICS_API_CA": str(root / "ca.crt"),
-               "KOMPAKTOR_METRICS_API_REGISTER": f"{NS}/kompaktor-metrics-api/kompaktor-metrics-api-auth-delegator"}
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(cp.kubeconfig),
+            "KOMPAKTOR_REDIS_URL": redis.url,
+            "KOMPAKTOR_REDIS_SECRET": "redis-url",
+            "KOMPAKTOR_SCALE_INTERVAL": "1",
+            "KOMPAKTOR_METRICS_API": f"{svc.spec.cluster_ip}:443",
+            "KOMPAKTOR_METRICS_API_CERT": str(root / "tls.crt"),
+            "KOMPAKTOR_METRICS_API_KEY": str(root / "tls.key"),
+            "KOMPAKTOR_METRICS_API_CA": str(root / "ca.crt"),
+            "KOMPAKTOR_METRICS_API_REGISTER": f"{NS}/kompaktor-metrics-api/kompaktor-metrics-api-auth-delegator",
+        }
         with open(root / "operator.log", "wb") as out:
-            operator = subprocess.Popen([str(Path(sys.executable).parent / "kompaktor"), "operator", "--liveness", ""],
-                                        env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        group = {"apiVersion": naming.GROUP_VERSION, "kind": "CompactorGroup", "metadata": {"name": GROUP},
-                 "spec": {"minReplicas": 1, "maxReplicas": args.pods, "jobsPerReplica": jobs_per_replica,
-                          "autoscaler": "hpa", "behavior": {"scaleDownStabilizationSeconds": args.stabilization},
-                          "spark": {"engine": "arrow", "master": "local[1]"}}}
+            operator = subprocess.Popen(
+                [str(Path(sys.executable).parent / "kompaktor"), "operator", "--liveness", ""],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        group = {
+            "apiVersion": naming.GROUP_VERSION,
+            "kind": "CompactorGroup",
+            "metadata": {"name": GROUP},
+            "spec": {
+                "minReplicas": 1,
+                "maxReplicas": args.pods,
+                "jobsPerReplica": jobs_per_replica,
+                "autoscaler": "hpa",
+                "behavior": {"scaleDownStabilizationSeconds": args.stabilization},
+                "spark": {"engine": "arrow", "master": "local[1]"},
+            },
+        }
         cp.kubectl("-n", NS, "apply", "-f", "-", input=json.dumps(group))
         dep_name = naming.deployment_name(GROUP)
-        wait_until(lambda: (apps.read_namespaced_deployment(dep_name, NS).status.ready_replicas or 0) >= 1,
-                   "the group's first pod Ready", timeout=120)
-        wait_until(lambda: json.loads(cp.kubectl("get", "apiservice", "v1beta1.external.metrics.k8s.io", "-o",
-                                                 "json").stdout)["status"]["conditions"][0]["status"] == "True",
-                   "the external metrics API Available", timeout=120)
+        wait_until(
+            lambda: (apps.read_namespaced_deployment(dep_name, NS).status.ready_replicas or 0) >= 1,
+            "the group's first pod Ready",
+            timeout=120,
+        )
+        wait_until(
+            lambda: (
+                json.loads(cp.kubectl("get", "apiservice", "v1beta1.external.metrics.k8s.io", "-o", "json").stdout)[
+                    "status"
+                ]["conditions"][0]["status"]
+                == "True"
+            ),
+            "the external metrics API Available",
+            timeout=120,
+        )
 
         t0 = time.monotonic()
 
@@ -108,8 +149,12 @@ def main(argv: list[str] | None = None) -> None:
                 try:
                     d = apps.read_namespaced_deployment(dep_name, NS)
                     queue = store.queues.stats(GROUP)
-                    row = {"t_s": round(time.monotonic() - t0, 2), "desired": d.spec.replicas,
-                           "ready": d.status.ready_replicas or 0, "queued": queue.queued}
+                    row = {
+                        "t_s": round(time.monotonic() - t0, 2),
+                        "desired": d.spec.replicas,
+                        "ready": d.status.ready_replicas or 0,
+                        "queued": queue.queued,
+                    }
                     samples.append(row)
                     if len(samples) % 10 == 0:
                         print(f"  {row}", flush=True)
@@ -123,12 +168,19 @@ def main(argv: list[str] | None = None) -> None:
         # the burst: one job per tablet of an 11,000-tablet table, as a full-table compaction queues them
         # (the queue bound, 10,000 by default, raised to hold them all)
         store.queues.resize(max(args.jobs, store.queues.max_size()))
-        store.queues.add_many([(f"t1;{i:08x}", [Job(f"t1;{i:08x}", "USER", 100, GROUP, {"f": 1})])
-                               for i in range(args.jobs)])
+        store.queues.add_many(
+            [(f"t1;{i:08x}", [Job(f"t1;{i:08x}", "USER", 100, GROUP, {"f": 1})]) for i in range(args.jobs)]
+        )
         burst = time.monotonic()
         ready_at = wait_until(
-            lambda: (apps.read_namespaced_deployment(dep_name, NS).status.ready_replicas or 0) >= args.pods
-            and time.monotonic(), f"{args.pods} Ready pods", timeout=900, every=0.5)
+            lambda: (
+                (apps.read_namespaced_deployment(dep_name, NS).status.ready_replicas or 0) >= args.pods
+                and time.monotonic()
+            ),
+            f"{args.pods} Ready pods",
+            timeout=900,
+            every=0.5,
+        )
         ready_s = ready_at - burst
         # hold the burst a while: no scale-down while jobs are queued
         hold_until = time.monotonic() + 20
@@ -136,8 +188,12 @@ def main(argv: list[str] | None = None) -> None:
             time.sleep(1)
         store.queues.clear_all()  # the jobs are done
         emptied = time.monotonic()
-        down_at = wait_until(lambda: apps.read_namespaced_deployment(dep_name, NS).spec.replicas < args.pods
-                             and time.monotonic(), "the scale-down to start", timeout=600, every=0.5)
+        down_at = wait_until(
+            lambda: apps.read_namespaced_deployment(dep_name, NS).spec.replicas < args.pods and time.monotonic(),
+            "the scale-down to start",
+            timeout=600,
+            every=0.5,
+        )
         down_s = down_at - emptied
         time.sleep(2)
         stop.set()
@@ -148,8 +204,11 @@ def main(argv: list[str] | None = None) -> None:
         csv_path = write_csv("scaleup.csv", samples)
         _plot(samples, emptied - t0, burst - t0)
         print(f"samples: {csv_path}; replica decreases while jobs were queued: {decreases}")
-        print(f"scale-up: {args.pods} ready in {ready_s:.1f} s; replica changes {changes}; "
-              f"scale-down started after {down_s:.1f} s", flush=True)
+        print(
+            f"scale-up: {args.pods} ready in {ready_s:.1f} s; replica changes {changes}; "
+            f"scale-down started after {down_s:.1f} s",
+            flush=True,
+        )
         store.close()
     finally:
         stop.set()

@@ -28,8 +28,9 @@ def entries(k: int, n: int = 1000) -> list:
     from kompaktor.model.keys import Entry
 
     # every job's files overlap (same rows, newer timestamps): versions to suppress
-    return [Entry(b"row%06d" % i, b"f", b"q", b"", 1000 + k, k % 2 == 1 and i % 10 == 0, b"v%08d" % i)
-            for i in range(n)]
+    return [
+        Entry(b"row%06d" % i, b"f", b"q", b"", 1000 + k, k % 2 == 1 and i % 10 == 0, b"v%08d" % i) for i in range(n)
+    ]
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -80,12 +81,24 @@ def main(argv: list[str] | None = None) -> list[dict]:
             assert len(tablet.files) == 1, tablet.files
             med, p90 = statistics.median(times) * 1000, percentile(times, 0.9) * 1000
             aim = AIMS_MS.get(engine)
-            rows.append({"engine": engine, "jobs": len(times), "median_ms": round(med, 1), "p90_ms": round(p90, 1),
-                         "min_ms": round(min(times) * 1000, 1), "aim_ms": aim, "met": med <= aim if aim else None,
-                         "engine_startup_s": round(startup, 2)})
-            print(f"  {engine}: reserve -> merge 2 x 1,000 entries -> commit: median {med:.1f} ms, p90 {p90:.1f} ms "
-                  f"over {len(times)} jobs (aim <= {aim:.0f} ms: {'met' if med <= aim else 'NOT met'}); "
-                  f"engine start-up {startup:.2f}s", flush=True)
+            rows.append(
+                {
+                    "engine": engine,
+                    "jobs": len(times),
+                    "median_ms": round(med, 1),
+                    "p90_ms": round(p90, 1),
+                    "min_ms": round(min(times) * 1000, 1),
+                    "aim_ms": aim,
+                    "met": med <= aim if aim else None,
+                    "engine_startup_s": round(startup, 2),
+                }
+            )
+            print(
+                f"  {engine}: reserve -> merge 2 x 1,000 entries -> commit: median {med:.1f} ms, p90 {p90:.1f} ms "
+                f"over {len(times)} jobs (aim <= {aim:.0f} ms: {'met' if med <= aim else 'NOT met'}); "
+                f"engine start-up {startup:.2f}s",
+                flush=True,
+            )
         path = write_csv("smalljob.csv", rows)
         print(f"wrote {path}")
     finally:

@@ -103,8 +103,21 @@ class Soak:
         self.args = args
         self.data_dir = Path(args.data_dir or tempfile.mkdtemp(prefix="kompaktor-soak-"))
         self.cfg = load_config(DEMO_CONFIG)
-        self.cluster = LocalCluster(self.cfg, self.data_dir, ha=True, coordinator_args=[
-            "--full-scan-interval", "10", "--gc-grace", "30", "--gc-interval", "20", "--dead-after", "10"])
+        self.cluster = LocalCluster(
+            self.cfg,
+            self.data_dir,
+            ha=True,
+            coordinator_args=[
+                "--full-scan-interval",
+                "10",
+                "--gc-grace",
+                "30",
+                "--gc-interval",
+                "20",
+                "--dead-after",
+                "10",
+            ],
+        )
         self.stop = threading.Event()
         self.redis_hold = threading.Lock()  # held by operations whose outcome a Redis fault would blur
         self.samples: list[Sample] = []
@@ -151,8 +164,12 @@ class Soak:
                     if op == "import":
                         ingests[table].import_burst(3000, 3, self.data_dir / "imports")
                     elif op == "split":
-                        tablet_ops.split(client.store, table, [format(rng.getrandbits(16), "04x").encode()],
-                                         queues=client.store.queues)
+                        tablet_ops.split(
+                            client.store,
+                            table,
+                            [format(rng.getrandbits(16), "04x").encode()],
+                            queues=client.store.queues,
+                        )
                     elif op == "merge":
                         a, b = sorted(format(rng.getrandbits(16), "04x").encode() for _ in range(2))
                         tablet_ops.merge(client.store, table, a, b, queues=client.store.queues)
@@ -205,8 +222,12 @@ class Soak:
 
     def _kill_idle(self, rng: random.Random) -> bool:
         store = self.cluster.store
-        idle = [(g, p) for g, ps in self.cluster.compactors.items() for p in ps if p.alive and not p.draining
-                and any(c.id == p.name and c.state == "idle" for c in store.compactors(g))]
+        idle = [
+            (g, p)
+            for g, ps in self.cluster.compactors.items()
+            for p in ps
+            if p.alive and not p.draining and any(c.id == p.name and c.state == "idle" for c in store.compactors(g))
+        ]
         if not idle:
             return False
         _g, p = rng.choice(idle)
@@ -292,8 +313,9 @@ class Soak:
         for name, pid in procs.items():
             got = _proc(pid)
             if got is not None:
-                self.samples.append(Sample(m, name, pid, round(got[0], 1), got[1], got[2],
-                                           len(common.descendants(pid))))
+                self.samples.append(
+                    Sample(m, name, pid, round(got[0], 1), got[1], got[2], len(common.descendants(pid)))
+                )
         row: dict = {"minute": m}
         try:
             store = client.store
@@ -334,13 +356,17 @@ class Soak:
             tables = [f"soak{i}" for i in range(self.args.tables)]
             for t in tables:
                 store.create_table(t, split_points(self.args.tablets))
-            ingests = {t: ContinuousIngest(client, t, seed=self.args.seed + i, batch=500, flush_attempts=40)
-                       for i, t in enumerate(tables)}
+            ingests = {
+                t: ContinuousIngest(client, t, seed=self.args.seed + i, batch=500, flush_attempts=40)
+                for i, t in enumerate(tables)
+            }
             chaos = Chaos(c, seed=self.args.seed)
             self.started = time.monotonic()
-            threads = [threading.Thread(target=self._ingest, args=(client, ingests), daemon=True),
-                       threading.Thread(target=self._faults, args=(chaos,), daemon=True),
-                       threading.Thread(target=self._sampler, args=(client,), daemon=True)]
+            threads = [
+                threading.Thread(target=self._ingest, args=(client, ingests), daemon=True),
+                threading.Thread(target=self._faults, args=(chaos,), daemon=True),
+                threading.Thread(target=self._sampler, args=(client,), daemon=True),
+            ]
 
             threading.Thread(target=self._autoscale, args=(self.stop,), daemon=True).start()
             for th in threads:
@@ -396,8 +422,12 @@ class Soak:
         th.join(timeout=30)
         killed = chaos.log.killed
         alive_tablets = {t.id for t in store.iter_all_tablets()}
-        rerun_missing = [e for e, t in killed if store.running_tablet(e) is not None
-                         or (t in alive_tablets and store.commits_on(t) <= chaos.log.commits_at_kill.get(t, 0))]
+        rerun_missing = [
+            e
+            for e, t in killed
+            if store.running_tablet(e) is not None
+            or (t in alive_tablets and store.commits_on(t) <= chaos.log.commits_at_kill.get(t, 0))
+        ]
         applied = Counter(e.decode() for e in store.call(store._r.lrange, C.COMMITLOG, 0, -1))
         acked = set(acknowledged_commits(self.data_dir / "logs"))
         lost = [e for e in acked if e not in applied]
@@ -416,33 +446,55 @@ class Soak:
         baseline = self.accounted(base_fams) + tablets
         rss_growth, fd_growth = self.growth()
         compactions = int(store.counters().get("compactions_committed", 0))
-        verified = (drained and not self.errors and all(v.ok for v in checks.values()) and not lost and not twice
-                    and not rerun_missing and not garbage and not missing)
+        verified = (
+            drained
+            and not self.errors
+            and all(v.ok for v in checks.values())
+            and not lost
+            and not twice
+            and not rerun_missing
+            and not garbage
+            and not missing
+        )
         self.write_outputs()
         faults = sum(self.log.faults.values())
         failovers = len(chaos.log.failovers)
-        print(f"work: {dict(self.work)}; faults: {dict(self.log.faults)}; not possible when drawn: "
-              f"{dict(self.log.skipped)}; killed {len(killed)} busy compactors, terminated {len(chaos.log.termed)}, "
-              f"coordinator restarts {chaos.log.coordinator_restarts}, takeovers {self.log.takeovers}, "
-              f"outages {self.log.outages}")
-        print(f"checks: drained={drained} entries scanned={sum(v.entries for v in checks.values())} "
-              f"undefined={sum(v.undefined for v in checks.values())} "
-              f"resurrected={sum(v.resurrected for v in checks.values())} "
-              f"lost_ephemeral={sum(v.lost_ephemeral for v in checks.values())} acknowledged commits={len(acked)} "
-              f"lost={len(lost)} twice={len(twice)} killed-not-rerun={len(rerun_missing)} "
-              f"missing files={len(missing)} errors={self.errors[:3]}")
-        changed = {f: (base_fams.get(f, 0), fams.get(f, 0)) for f in set(base_fams) | set(fams)
-                   if base_fams.get(f, 0) != fams.get(f, 0)}
+        print(
+            f"work: {dict(self.work)}; faults: {dict(self.log.faults)}; not possible when drawn: "
+            f"{dict(self.log.skipped)}; killed {len(killed)} busy compactors, terminated {len(chaos.log.termed)}, "
+            f"coordinator restarts {chaos.log.coordinator_restarts}, takeovers {self.log.takeovers}, "
+            f"outages {self.log.outages}"
+        )
+        print(
+            f"checks: drained={drained} entries scanned={sum(v.entries for v in checks.values())} "
+            f"undefined={sum(v.undefined for v in checks.values())} "
+            f"resurrected={sum(v.resurrected for v in checks.values())} "
+            f"lost_ephemeral={sum(v.lost_ephemeral for v in checks.values())} acknowledged commits={len(acked)} "
+            f"lost={len(lost)} twice={len(twice)} killed-not-rerun={len(rerun_missing)} "
+            f"missing files={len(missing)} errors={self.errors[:3]}"
+        )
+        changed = {
+            f: (base_fams.get(f, 0), fams.get(f, 0))
+            for f in set(base_fams) | set(fams)
+            if base_fams.get(f, 0) != fams.get(f, 0)
+        }
         print(f"redis key families changed since the warm-up (then, now): {changed}")
-        print("bounded by TTL or retention, now: "
-              + ", ".join(f"{f} {n}" for f, n in sorted(fams.items()) if f.startswith(BOUNDED)))
-        print("growth per process (from the warm-up to the end): "
-              + ", ".join(f"{k} rss {v:+.1f}% fds {fd_growth[k]:+d}" for k, v in sorted(rss_growth.items())))
-        print(f"soak: verified={'yes' if verified else 'no'} minutes={self.args.minutes} compactions={compactions} "
-              f"faults={faults} failovers={failovers} "
-              f"rss_growth_max_pct={max(rss_growth.values(), default=0.0):.1f} "
-              f"fd_growth_max={max(fd_growth.values(), default=0)} redis_keys_after={after} "
-              f"redis_keys_baseline={baseline} garbage_files={len(garbage)}", flush=True)
+        print(
+            "bounded by TTL or retention, now: "
+            + ", ".join(f"{f} {n}" for f, n in sorted(fams.items()) if f.startswith(BOUNDED))
+        )
+        print(
+            "growth per process (from the warm-up to the end): "
+            + ", ".join(f"{k} rss {v:+.1f}% fds {fd_growth[k]:+d}" for k, v in sorted(rss_growth.items()))
+        )
+        print(
+            f"soak: verified={'yes' if verified else 'no'} minutes={self.args.minutes} compactions={compactions} "
+            f"faults={faults} failovers={failovers} "
+            f"rss_growth_max_pct={max(rss_growth.values(), default=0.0):.1f} "
+            f"fd_growth_max={max(fd_growth.values(), default=0)} redis_keys_after={after} "
+            f"redis_keys_baseline={baseline} garbage_files={len(garbage)}",
+            flush=True,
+        )
         return 0 if verified else 1
 
     def growth(self) -> tuple[dict[str, float], dict[str, int]]:

@@ -45,8 +45,10 @@ def run_mode(url: str, root: Path, wake: bool, args: argparse.Namespace) -> tupl
     store = MetadataStore.from_url(url)
     storage = Storage.from_uri(str(root / ("wake" if wake else "poll")))
     client = Client(store, storage)
-    workers = [Compactor(MetadataStore.from_url(url), storage,
-                         WorkerSettings(GROUP, f"c{i}", engine="arrow", wake=wake)) for i in range(args.compactors)]
+    workers = [
+        Compactor(MetadataStore.from_url(url), storage, WorkerSettings(GROUP, f"c{i}", engine="arrow", wake=wake))
+        for i in range(args.compactors)
+    ]
     threads = [threading.Thread(target=w.run, daemon=True) for w in workers]
     for t in threads:
         t.start()
@@ -95,12 +97,15 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(root, ignore_errors=True)
     print(f"{args.compactors} idle compactors, {args.jobs} jobs queued one at a time")
     for mode, (lat, idle) in res.items():
-        print(f"  {mode:4s}: pick-up p50 {percentile(lat, 0.5):7.1f} ms  p99 {percentile(lat, 0.99):7.1f} ms"
-              f"   idle Redis commands {idle:5.2f}/s per compactor")
+        print(
+            f"  {mode:4s}: pick-up p50 {percentile(lat, 0.5):7.1f} ms  p99 {percentile(lat, 0.99):7.1f} ms"
+            f"   idle Redis commands {idle:5.2f}/s per compactor"
+        )
     p99 = percentile(res["wake"][0], 0.99)
     ratio = res["wake"][1] / max(1e-9, res["poll"][1])
-    print(f"  wake-up p99 {p99:.1f} ms (aim <= {AIM_P99_MS:.0f} ms); "
-          f"idle commands wake/poll {ratio:.2f}x (aim <= 1.0x)")
+    print(
+        f"  wake-up p99 {p99:.1f} ms (aim <= {AIM_P99_MS:.0f} ms); idle commands wake/poll {ratio:.2f}x (aim <= 1.0x)"
+    )
     return 0
 
 

@@ -25,10 +25,14 @@ def check(text: str) -> None:
     """promtool finds nothing to say about the exposition ``text``."""
     res = subprocess.run([promtool(), "check", "metrics"], input=text, capture_output=True, text=True)
     assert res.returncode == 0 and not res.stdout.strip() and not res.stderr.strip(), (
-        f"promtool check metrics:\n{res.stdout}{res.stderr}\n--- exposition ---\n{text}")
+        f"promtool check metrics:\n{res.stdout}{res.stderr}\n--- exposition ---\n{text}"
+    )
 
 
 def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     """Every sample of an exposition: (series name, labels) -> value."""
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }

@@ -114,8 +114,7 @@ class Client:
             try:
                 self.storage.ensure_dir(f"{TABLES_DIR}/{tid}")  # storage unusable: no name taken yet
                 for src in sources:
-                    w = SortedFileWriter(self.storage, self.new_file_path(tid, "import"), source=src,
-                                         tmp_tag=guard.id)
+                    w = SortedFileWriter(self.storage, self.new_file_path(tid, "import"), source=src, tmp_tag=guard.id)
                     staged.append(w)
                     guard.refresh()
                     for batch in _read_foreign(src):
@@ -143,8 +142,7 @@ class Client:
         return sorted(done)
 
     # -- reading -----------------------------------------------------------------------------
-    def tablet_sources(self, t: Tablet, start: bytes | None = None, end: bytes | None = None
-                       ) -> list[Iterator[Entry]]:
+    def tablet_sources(self, t: Tablet, start: bytes | None = None, end: bytes | None = None) -> list[Iterator[Entry]]:
         lo = t.prev
         hi = t.end if end is None or (t.end is not None and t.end <= end) else end
         srcs = []

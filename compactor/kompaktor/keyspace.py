@@ -111,17 +111,43 @@ def request_key(request_id: str) -> str:
     return f"{PREFIX}operator:compaction:{request_id}"  # string: user compaction id of a Compaction uid
 
 
-_LUA_CONSTANTS = {"tables": TABLES, "seq": SEQ, "dirty": DIRTY, "running": RUNNING, "counters": COUNTERS,
-                  "commits": COMMITS_BY_TABLET, "commitlog": COMMITLOG, "queue_groups": QUEUE_GROUPS,
-                  "queue_max": QUEUE_MAX, "queue_max_bytes": QUEUE_MAX_BYTES, "queue_seq": QUEUE_SEQ, "fence": FENCE,
-                  "lease": LEASE, "ucomps": UCOMPS,
-                  "failures": FAILURES, "deadletter": DEADLETTER,
-                  "queue_generation": QUEUE_GENERATION}
-_LUA_FUNCTIONS = {"table": table_key, "tablets": tablets_key, "tablet": tablet_key, "heartbeat": heartbeat_key,
-                  "rgroup": running_group_key, "ucomp_done": ucomp_done_key, "mutation": mutation_key,
-                  "queue": queue_key, "queue_jobs": queue_jobs_key, "queue_index": queue_index_key,
-                  "queue_stats": queue_stats_key, "queue_ages": queue_ages_key, "ucomp": ucomp_key,
-                  "request": request_key, "wake": wake_key, "queue_vt": queue_vt_key}
+_LUA_CONSTANTS = {
+    "tables": TABLES,
+    "seq": SEQ,
+    "dirty": DIRTY,
+    "running": RUNNING,
+    "counters": COUNTERS,
+    "commits": COMMITS_BY_TABLET,
+    "commitlog": COMMITLOG,
+    "queue_groups": QUEUE_GROUPS,
+    "queue_max": QUEUE_MAX,
+    "queue_max_bytes": QUEUE_MAX_BYTES,
+    "queue_seq": QUEUE_SEQ,
+    "fence": FENCE,
+    "lease": LEASE,
+    "ucomps": UCOMPS,
+    "failures": FAILURES,
+    "deadletter": DEADLETTER,
+    "queue_generation": QUEUE_GENERATION,
+}
+_LUA_FUNCTIONS = {
+    "table": table_key,
+    "tablets": tablets_key,
+    "tablet": tablet_key,
+    "heartbeat": heartbeat_key,
+    "rgroup": running_group_key,
+    "ucomp_done": ucomp_done_key,
+    "mutation": mutation_key,
+    "queue": queue_key,
+    "queue_jobs": queue_jobs_key,
+    "queue_index": queue_index_key,
+    "queue_stats": queue_stats_key,
+    "queue_ages": queue_ages_key,
+    "ucomp": ucomp_key,
+    "request": request_key,
+    "wake": wake_key,
+    "queue_vt": queue_vt_key,
+}
 
 
 def _lua_str(text: str) -> str:

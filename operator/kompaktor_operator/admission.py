@@ -53,24 +53,57 @@ MAX_REPLICAS_NOT_ALLOWED = "MaxReplicasNotAllowed"
 LABEL_NOT_ALLOWED = "LabelNotAllowed"
 
 #: Spark settings that size or tune a merge and cannot load code, move files or reveal secrets
-SPARK_CONF_ALLOWED: frozenset[str] = frozenset({
-    "spark.cores.max", "spark.default.parallelism", "spark.driver.cores", "spark.driver.maxResultSize",
-    "spark.driver.memoryOverhead", "spark.dynamicAllocation.enabled", "spark.dynamicAllocation.executorIdleTimeout",
-    "spark.dynamicAllocation.initialExecutors", "spark.dynamicAllocation.maxExecutors",
-    "spark.dynamicAllocation.minExecutors", "spark.executor.cores", "spark.executor.heartbeatInterval",
-    "spark.executor.instances", "spark.executor.memory", "spark.executor.memoryOverhead",
-    "spark.io.compression.codec", "spark.locality.wait", "spark.memory.fraction", "spark.memory.offHeap.enabled",
-    "spark.memory.offHeap.size", "spark.memory.storageFraction", "spark.network.timeout",
-    "spark.python.worker.memory", "spark.python.worker.reuse", "spark.rdd.compress", "spark.reducer.maxSizeInFlight",
-    "spark.scheduler.mode", "spark.shuffle.compress", "spark.shuffle.file.buffer", "spark.speculation",
-    "spark.sql.execution.arrow.maxRecordsPerBatch", "spark.sql.execution.arrow.pyspark.enabled",
-    "spark.sql.files.maxPartitionBytes", "spark.sql.shuffle.partitions", "spark.task.cpus", "spark.task.maxFailures",
-})
+SPARK_CONF_ALLOWED: frozenset[str] = frozenset(
+    {
+        "spark.cores.max",
+        "spark.default.parallelism",
+        "spark.driver.cores",
+        "spark.driver.maxResultSize",
+        "spark.driver.memoryOverhead",
+        "spark.dynamicAllocation.enabled",
+        "spark.dynamicAllocation.executorIdleTimeout",
+        "spark.dynamicAllocation.initialExecutors",
+        "spark.dynamicAllocation.maxExecutors",
+        "spark.dynamicAllocation.minExecutors",
+        "spark.executor.cores",
+        "spark.executor.heartbeatInterval",
+        "spark.executor.instances",
+        "spark.executor.memory",
+        "spark.executor.memoryOverhead",
+        "spark.io.compression.codec",
+        "spark.locality.wait",
+        "spark.memory.fraction",
+        "spark.memory.offHeap.enabled",
+        "spark.memory.offHeap.size",
+        "spark.memory.storageFraction",
+        "spark.network.timeout",
+        "spark.python.worker.memory",
+        "spark.python.worker.reuse",
+        "spark.rdd.compress",
+        "spark.reducer.maxSizeInFlight",
+        "spark.scheduler.mode",
+        "spark.shuffle.compress",
+        "spark.shuffle.file.buffer",
+        "spark.speculation",
+        "spark.sql.execution.arrow.maxRecordsPerBatch",
+        "spark.sql.execution.arrow.pyspark.enabled",
+        "spark.sql.files.maxPartitionBytes",
+        "spark.sql.shuffle.partitions",
+        "spark.task.cpus",
+        "spark.task.maxFailures",
+    }
+)
 #: label and annotation keys a group may not put on its pods: the operator's own and its
 #: selectors' (app.kubernetes.io/*, kompaktor.io/*), kopf's, the scale-down's
 #: (controller.kubernetes.io/pod-deletion-cost) and the ReplicaSet's (pod-template-hash)
-RESERVED_KEY_PREFIXES = ("app.kubernetes.io/", "kompaktor.io/", "kopf.zalando.org/", "controller.kubernetes.io/",
-                         "kubernetes.io/", "k8s.io/")
+RESERVED_KEY_PREFIXES = (
+    "app.kubernetes.io/",
+    "kompaktor.io/",
+    "kopf.zalando.org/",
+    "controller.kubernetes.io/",
+    "kubernetes.io/",
+    "k8s.io/",
+)
 RESERVED_KEYS = frozenset({"pod-template-hash"})
 _LOCAL_MASTER = re.compile(r"^local(\[(\*|[1-9][0-9]{0,3})(,[1-9][0-9]{0,2})?\])?$")
 
@@ -116,8 +149,11 @@ def reserved_key(key: str) -> bool:
     """A label/annotation key the operator or a controller acts on (with or without a subdomain)."""
     prefix, _, name = key.rpartition("/")
     domain = prefix + "/" if prefix else ""
-    return key in RESERVED_KEYS or any(domain == p or domain.endswith("." + p) for p in RESERVED_KEY_PREFIXES) \
+    return (
+        key in RESERVED_KEYS
+        or any(domain == p or domain.endswith("." + p) for p in RESERVED_KEY_PREFIXES)
         or (not domain and name in RESERVED_KEYS)
+    )
 
 
 def allowed_secrets(config: OperatorConfig) -> set[str]:
@@ -129,52 +165,70 @@ def check_group(spec: CompactorGroupSpec, config: OperatorConfig) -> Refusal | N
     """The first rule ``spec`` breaks, or None when the operator may build its pods."""
     image = spec.image or config.compactor_image
     if not image_allowed(image, config):
-        return Refusal(IMAGE_NOT_ALLOWED,
-                       f"image {image!r} is not allowed: the operator runs only {config.compactor_image!r}"
-                       f"{_and(config.allowed_images)} (chart value compactor.allowedImages)")
+        return Refusal(
+            IMAGE_NOT_ALLOWED,
+            f"image {image!r} is not allowed: the operator runs only {config.compactor_image!r}"
+            f"{_and(config.allowed_images)} (chart value compactor.allowedImages)",
+        )
     account = spec.service_account_name
     if account and account != config.compactor_service_account and account not in config.allowed_service_accounts:
-        return Refusal(SERVICE_ACCOUNT_NOT_ALLOWED,
-                       f"serviceAccountName {account!r} is not allowed: compactors run as "
-                       f"{config.compactor_service_account!r}{_and(config.allowed_service_accounts)} "
-                       f"(chart value compactor.allowedServiceAccounts)")
+        return Refusal(
+            SERVICE_ACCOUNT_NOT_ALLOWED,
+            f"serviceAccountName {account!r} is not allowed: compactors run as "
+            f"{config.compactor_service_account!r}{_and(config.allowed_service_accounts)} "
+            f"(chart value compactor.allowedServiceAccounts)",
+        )
     allowed = allowed_secrets(config)
-    named = [("spec.redis.secretName", spec.redis.secret_name if spec.redis else None),
-             ("spec.storage.credentialsSecret", spec.storage.credentials_secret if spec.storage else None)]
+    named = [
+        ("spec.redis.secretName", spec.redis.secret_name if spec.redis else None),
+        ("spec.storage.credentialsSecret", spec.storage.credentials_secret if spec.storage else None),
+    ]
     for field, secret in named:
         if secret and secret not in allowed:
-            return Refusal(SECRET_NOT_ALLOWED,
-                           f"{field} {secret!r} is not allowed: a group may use only the Secrets "
-                           f"{', '.join(repr(s) for s in sorted(allowed)) or '(none)'} "
-                           f"(chart value compactor.allowedSecrets)")
+            return Refusal(
+                SECRET_NOT_ALLOWED,
+                f"{field} {secret!r} is not allowed: a group may use only the Secrets "
+                f"{', '.join(repr(s) for s in sorted(allowed)) or '(none)'} "
+                f"(chart value compactor.allowedSecrets)",
+            )
     for key in sorted(spec.spark.conf):
         if key not in SPARK_CONF_ALLOWED and not listed(key, config.allowed_spark_conf):
-            return Refusal(SPARK_CONF_NOT_ALLOWED,
-                           f"spec.spark.conf key {key!r} is not allowed: a group may set only Spark settings that "
-                           f"size or tune a merge (chart value compactor.allowedSparkConf adds keys)")
+            return Refusal(
+                SPARK_CONF_NOT_ALLOWED,
+                f"spec.spark.conf key {key!r} is not allowed: a group may set only Spark settings that "
+                f"size or tune a merge (chart value compactor.allowedSparkConf adds keys)",
+            )
     master = spec.spark.master
     if not _LOCAL_MASTER.match(master) and not listed(master, config.allowed_spark_masters):
-        return Refusal(SPARK_MASTER_NOT_ALLOWED,
-                       f"spec.spark.master {master!r} is not allowed: local, local[N] or local[*]"
-                       f"{_and(config.allowed_spark_masters)} (chart value compactor.allowedSparkMasters)")
+        return Refusal(
+            SPARK_MASTER_NOT_ALLOWED,
+            f"spec.spark.master {master!r} is not allowed: local, local[N] or local[*]"
+            f"{_and(config.allowed_spark_masters)} (chart value compactor.allowedSparkMasters)",
+        )
     uri = spec.storage.uri if spec.storage else None
     if uri and not storage_allowed(uri, config):
         allowed = ([config.storage_uri] if config.storage_uri else []) + [f"{p}…" for p in config.allowed_storage]
-        return Refusal(STORAGE_NOT_ALLOWED,
-                       f"spec.storage.uri {uri!r} is not allowed: a group may use "
-                       f"{', '.join(repr(a) for a in allowed) or 'only the default storage'} "
-                       f"(chart value compactor.allowedStorage; no query, user or '..' part)")
+        return Refusal(
+            STORAGE_NOT_ALLOWED,
+            f"spec.storage.uri {uri!r} is not allowed: a group may use "
+            f"{', '.join(repr(a) for a in allowed) or 'only the default storage'} "
+            f"(chart value compactor.allowedStorage; no query, user or '..' part)",
+        )
     if spec.max_replicas > config.max_replicas_limit:
-        return Refusal(MAX_REPLICAS_NOT_ALLOWED,
-                       f"spec.maxReplicas {spec.max_replicas} is more than {config.max_replicas_limit} "
-                       f"(chart value compactor.maxReplicasLimit)")
+        return Refusal(
+            MAX_REPLICAS_NOT_ALLOWED,
+            f"spec.maxReplicas {spec.max_replicas} is more than {config.max_replicas_limit} "
+            f"(chart value compactor.maxReplicasLimit)",
+        )
     for field, keys in (("spec.podLabels", spec.pod_labels), ("spec.podAnnotations", spec.pod_annotations)):
         for key in sorted(keys):
             if reserved_key(key):
-                return Refusal(LABEL_NOT_ALLOWED,
-                               f"{field} key {key!r} is not allowed: the operator, the Deployment's selector or "
-                               f"another controller acts on it (reserved: "
-                               f"{', '.join(p + '*' for p in RESERVED_KEY_PREFIXES)}, pod-template-hash)")
+                return Refusal(
+                    LABEL_NOT_ALLOWED,
+                    f"{field} key {key!r} is not allowed: the operator, the Deployment's selector or "
+                    f"another controller acts on it (reserved: "
+                    f"{', '.join(p + '*' for p in RESERVED_KEY_PREFIXES)}, pod-template-hash)",
+                )
     return None
 
 

@@ -12,10 +12,21 @@ import click
 
 
 @click.command("crds")
-@click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), default=Path("crds"),
-              show_default=True, help="directory for the CRD YAML (examples go to OUT/examples)")
-@click.option("--chart", "chart", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Helm chart whose files/crds/ gets the same CRDs [default: OUT/../helm/kompaktor if present]")
+@click.option(
+    "--out",
+    "out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("crds"),
+    show_default=True,
+    help="directory for the CRD YAML (examples go to OUT/examples)",
+)
+@click.option(
+    "--chart",
+    "chart",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Helm chart whose files/crds/ gets the same CRDs [default: OUT/../helm/kompaktor if present]",
+)
 @click.option("--check", is_flag=True, help="write nothing; exit 1 if a generated file is out of date")
 def crds(out: Path, chart: Path | None, check: bool) -> None:
     """Generate the CustomResourceDefinitions from the pydantic models."""
@@ -37,20 +48,46 @@ def crds(out: Path, chart: Path | None, check: bool) -> None:
 
 
 @click.command("operator")
-@click.option("-n", "--namespace", "namespaces", multiple=True,
-              help="namespace to watch (repeatable; globs allowed); default: all namespaces")
-@click.option("--liveness", default="http://0.0.0.0:8080/healthz", show_default=True,
-              help="kopf liveness endpoint URL ('' to disable)")
-@click.option("--redis", "redis_url", envvar="KOMPAKTOR_REDIS_URL", required=True,
-              help="Redis URL of the metadata store and queues [env KOMPAKTOR_REDIS_URL]")
-@click.option("--metrics-port", type=int, default=-1, show_default=True, envvar="KOMPAKTOR_OPERATOR_METRICS_PORT",
-              help="Port for the operator's own /metrics (reconciles, scale decisions, external metrics API "
-                   "requests); -1: off [env KOMPAKTOR_OPERATOR_METRICS_PORT]")
-@click.option("--metrics-host", default="0.0.0.0", show_default=True, envvar="KOMPAKTOR_OPERATOR_METRICS_HOST",
-              help="Address the operator's /metrics listens on [env KOMPAKTOR_OPERATOR_METRICS_HOST]")
+@click.option(
+    "-n",
+    "--namespace",
+    "namespaces",
+    multiple=True,
+    help="namespace to watch (repeatable; globs allowed); default: all namespaces",
+)
+@click.option(
+    "--liveness",
+    default="http://0.0.0.0:8080/healthz",
+    show_default=True,
+    help="kopf liveness endpoint URL ('' to disable)",
+)
+@click.option(
+    "--redis",
+    "redis_url",
+    envvar="KOMPAKTOR_REDIS_URL",
+    required=True,
+    help="Redis URL of the metadata store and queues [env KOMPAKTOR_REDIS_URL]",
+)
+@click.option(
+    "--metrics-port",
+    type=int,
+    default=-1,
+    show_default=True,
+    envvar="KOMPAKTOR_OPERATOR_METRICS_PORT",
+    help="Port for the operator's own /metrics (reconciles, scale decisions, external metrics API "
+    "requests); -1: off [env KOMPAKTOR_OPERATOR_METRICS_PORT]",
+)
+@click.option(
+    "--metrics-host",
+    default="0.0.0.0",
+    show_default=True,
+    envvar="KOMPAKTOR_OPERATOR_METRICS_HOST",
+    help="Address the operator's /metrics listens on [env KOMPAKTOR_OPERATOR_METRICS_HOST]",
+)
 @click.option("--verbose", is_flag=True, help="debug logging")
-def operator(namespaces: tuple[str, ...], liveness: str, redis_url: str, metrics_port: int, metrics_host: str,
-             verbose: bool) -> None:
+def operator(
+    namespaces: tuple[str, ...], liveness: str, redis_url: str, metrics_port: int, metrics_host: str, verbose: bool
+) -> None:
     """Run the Kubernetes operator (kopf) in the foreground."""
     import asyncio
     import logging

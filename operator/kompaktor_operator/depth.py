@@ -53,14 +53,21 @@ class Backend(Protocol):
     def compactors(self, group: str) -> dict[str, CompactorView]: ...
     def request_drain(self, compactor_id: str) -> None: ...
     def queue_figures(self, group: str) -> QueueFigures: ...
-    def start_compaction(self, request_id: str, table: str, start_row: bytes | None, end_row: bytes | None,
-                         iterators: dict[str, Any]) -> str: ...
+    def start_compaction(
+        self, request_id: str, table: str, start_row: bytes | None, end_row: bytes | None, iterators: dict[str, Any]
+    ) -> str: ...
     def compaction_progress(self, compaction_id: str) -> Progress: ...
     def cancel_compaction(self, compaction_id: str) -> None: ...
 
 
-_PHASES = {"RUNNING": "Running", "SUCCEEDED": "Succeeded", "CANCELLED": "Cancelled", "FAILED": "Failed",
-           "SELECTING": "Selecting", "PENDING": "Pending"}
+_PHASES = {
+    "RUNNING": "Running",
+    "SUCCEEDED": "Succeeded",
+    "CANCELLED": "Cancelled",
+    "FAILED": "Failed",
+    "SELECTING": "Selecting",
+    "PENDING": "Pending",
+}
 
 
 class RedisBackend:
@@ -110,18 +117,25 @@ class RedisBackend:
 
     def queue_figures(self, group: str) -> QueueFigures:
         s = self._call(self.queues.stats, group)
-        return QueueFigures(queued=s.queued, running=s.running, rejected=s.rejected,
-                            dead_lettered=s.dead_lettered, oldest_age_s=float(s.oldest_age_s))
+        return QueueFigures(
+            queued=s.queued,
+            running=s.running,
+            rejected=s.rejected,
+            dead_lettered=s.dead_lettered,
+            oldest_age_s=float(s.oldest_age_s),
+        )
 
-    def start_compaction(self, request_id: str, table: str, start_row: bytes | None, end_row: bytes | None,
-                         iterators: dict[str, Any]) -> str:
+    def start_compaction(
+        self, request_id: str, table: str, start_row: bytes | None, end_row: bytes | None, iterators: dict[str, Any]
+    ) -> str:
         """Start once per request id (the Compaction's uid): a replayed handler gets the same id."""
         from kompaktor.metadata import user_compactions
         from kompaktor.model.errors import KompaktorError
 
         try:
-            return self._call(user_compactions.start, self.store, table, start_row, end_row, iterators,
-                              request_id=request_id)
+            return self._call(
+                user_compactions.start, self.store, table, start_row, end_row, iterators, request_id=request_id
+            )
         except (KompaktorError, ValueError, KeyError) as exc:
             raise CompactionRejected(str(exc)) from exc
 
@@ -129,8 +143,9 @@ class RedisBackend:
         from kompaktor.metadata import user_compactions as usercompaction
 
         uc = self._call(usercompaction.get, self.store, compaction_id)
-        return Progress(phase=_PHASES.get(uc.state, "Running"), tablets_done=uc.done,
-                        tablets_total=uc.total, message=uc.message)
+        return Progress(
+            phase=_PHASES.get(uc.state, "Running"), tablets_done=uc.done, tablets_total=uc.total, message=uc.message
+        )
 
     def cancel_compaction(self, compaction_id: str) -> None:
         from kompaktor.metadata import user_compactions as usercompaction

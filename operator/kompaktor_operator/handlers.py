@@ -57,11 +57,13 @@ def now() -> str:
     return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _mark(patch: kopf.Patch, status: dict[str, Any], type_: str, ok: bool, reason: str, message: str,
-          generation: int | None) -> None:
+def _mark(
+    patch: kopf.Patch, status: dict[str, Any], type_: str, ok: bool, reason: str, message: str, generation: int | None
+) -> None:
     current = patch.status.get("conditions") or status.get("conditions")
     patch.status["conditions"] = conditions.set_condition(
-        current, type_, ok, reason=reason, message=message, generation=generation, now=now())
+        current, type_, ok, reason=reason, message=message, generation=generation, now=now()
+    )
 
 
 #: How the reconcile running in this task ended, when not by returning or raising: see ``_refused``.
@@ -137,8 +139,11 @@ def _settled(status: Any, meta: Any) -> bool:
     latest body), and leave the list to the reconcile handler until then."""
     generation = meta.get("generation")
     ready = conditions.get((status or {}).get("conditions"), conditions.READY)
-    return (ready is not None and ready.get("observedGeneration") == generation
-            and (status or {}).get("observedGeneration") == generation)
+    return (
+        ready is not None
+        and ready.get("observedGeneration") == generation
+        and (status or {}).get("observedGeneration") == generation
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -150,7 +155,8 @@ async def on_startup(settings: kopf.OperatorSettings, logger: logging.Logger, **
     settings.persistence.finalizer = naming.FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=naming.API_GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=naming.API_GROUP, key="last-handled-configuration")
+        prefix=naming.API_GROUP, key="last-handled-configuration"
+    )
     # Events for problems only: a busy cluster need not store one per reconcile.
     settings.posting.level = logging.WARNING
     # Re-open watches every few minutes: long-lived idle watches are cut by load balancers.
@@ -210,8 +216,7 @@ def on_login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 
 
 @_counted("CompactionService")
-async def reconcile_service(name: str, spec: Any, status: Any, meta: Any, patch: kopf.Patch,
-                            **_: Any) -> None:
+async def reconcile_service(name: str, spec: Any, status: Any, meta: Any, patch: kopf.Patch, **_: Any) -> None:
     generation = meta.get("generation")
     svc = parse(m.CompactionServiceSpec, spec, patch, status, generation)
     try:
@@ -222,16 +227,24 @@ async def reconcile_service(name: str, spec: Any, status: Any, meta: Any, patch:
         raise kopf.PermanentError(str(exc)) from None
     await _io(depth.backend().put_service, cfg)
     patch.status["observedGeneration"] = generation
-    _mark(patch, status, conditions.READY, True, "Stored",
-          f"planner settings and {len(svc.tiers)} tier(s) stored for the coordinator", generation)
+    _mark(
+        patch,
+        status,
+        conditions.READY,
+        True,
+        "Stored",
+        f"planner settings and {len(svc.tiers)} tier(s) stored for the coordinator",
+        generation,
+    )
 
 
 async def delete_service(name: str, **_: Any) -> None:
     await _io(depth.backend().delete_service, name)
 
 
-async def service_status(name: str, namespace: str, spec: Any, status: Any, meta: Any, patch: kopf.Patch,
-                         **_: Any) -> None:
+async def service_status(
+    name: str, namespace: str, spec: Any, status: Any, meta: Any, patch: kopf.Patch, **_: Any
+) -> None:
     try:
         svc = m.CompactionServiceSpec.model_validate(dict(spec))
     except ValidationError:
@@ -244,8 +257,9 @@ async def service_status(name: str, namespace: str, spec: Any, status: Any, meta
             missing.append(group)
     for tier in svc.tiers:
         f = figures[tier.compactor_group]
-        tiers.append({"name": tier.name, "compactorGroup": tier.compactor_group,
-                      "queued": f.queued, "running": f.running})
+        tiers.append(
+            {"name": tier.name, "compactorGroup": tier.compactor_group, "queued": f.queued, "running": f.running}
+        )
     patch.status["tiers"] = tiers
     patch.status["queued"] = sum(f.queued for f in figures.values())
     patch.status["running"] = sum(f.running for f in figures.values())
@@ -253,9 +267,15 @@ async def service_status(name: str, namespace: str, spec: Any, status: Any, meta
     if not _settled(status, meta):
         return  # the figures now, the condition once the reconcile handler has set Ready
     if missing:
-        _mark(patch, status, conditions.DEGRADED, True, "CompactorGroupMissing",
-              f"no CompactorGroup {', '.join(missing)} in namespace {namespace}: jobs of those tiers wait",
-              generation)
+        _mark(
+            patch,
+            status,
+            conditions.DEGRADED,
+            True,
+            "CompactorGroupMissing",
+            f"no CompactorGroup {', '.join(missing)} in namespace {namespace}: jobs of those tiers wait",
+            generation,
+        )
     else:
         _mark(patch, status, conditions.DEGRADED, False, "GroupsPresent", "", generation)
 
@@ -265,8 +285,9 @@ async def service_status(name: str, namespace: str, spec: Any, status: Any, meta
 
 
 @_counted("CompactorGroup")
-async def reconcile_group(name: str, namespace: str, spec: Any, status: Any, meta: Any, body: Any,
-                          patch: kopf.Patch, **_: Any) -> None:
+async def reconcile_group(
+    name: str, namespace: str, spec: Any, status: Any, meta: Any, body: Any, patch: kopf.Patch, **_: Any
+) -> None:
     generation = meta.get("generation")
     group = parse(m.CompactorGroupSpec, spec, patch, status, generation)
     if len(name) > 40 or not name.replace("-", "").isalnum() or name != name.lower():
@@ -296,8 +317,9 @@ async def reconcile_group(name: str, namespace: str, spec: Any, status: Any, met
         missing = "the server offers neither autoscaling/v2 nor autoscaling/v2beta2"
     elif group.autoscaler == m.Autoscaler.KEDA.value and not keda:
         missing = "KEDA is not installed (no keda.sh/v1alpha1 API): install KEDA or use autoscaler: hpa"
-    children = manifests.build_children(name, group, cfg, hpa_version or manifests.HPA_API_VERSIONS[0],
-                                        namespace=namespace)
+    children = manifests.build_children(
+        name, group, cfg, hpa_version or manifests.HPA_API_VERSIONS[0], namespace=namespace
+    )
     if missing:
         children = [c for c in children if c["kind"] in ("NetworkPolicy", "Deployment", "Service")]
     for child in children:
@@ -321,12 +343,25 @@ async def reconcile_group(name: str, namespace: str, spec: Any, status: Any, met
     patch.status["desiredReplicas"] = group.desired_replicas()
     patch.status["observedGeneration"] = generation
     if missing:
-        _mark(patch, status, conditions.READY, False, "AutoscalerUnavailable",
-              f"Deployment {naming.deployment_name(name)} and Service applied, no autoscaler: {missing}", generation)
+        _mark(
+            patch,
+            status,
+            conditions.READY,
+            False,
+            "AutoscalerUnavailable",
+            f"Deployment {naming.deployment_name(name)} and Service applied, no autoscaler: {missing}",
+            generation,
+        )
         return
-    _mark(patch, status, conditions.READY, True, "Reconciled",
-          f"Deployment {naming.deployment_name(name)}, Service and {group.autoscaler} autoscaler applied",
-          generation)
+    _mark(
+        patch,
+        status,
+        conditions.READY,
+        True,
+        "Reconciled",
+        f"Deployment {naming.deployment_name(name)}, Service and {group.autoscaler} autoscaler applied",
+        generation,
+    )
 
 
 async def delete_group(name: str, namespace: str, **_: Any) -> None:
@@ -348,8 +383,10 @@ async def delete_group(name: str, namespace: str, **_: Any) -> None:
 def _pod_view(pod: dict[str, Any]) -> PodView:
     meta = pod.get("metadata", {})
     annotations = meta.get("annotations") or {}
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True"
-                for c in (pod.get("status") or {}).get("conditions") or [])
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
     return PodView(
         name=meta["name"],
         ready=ready,
@@ -368,8 +405,9 @@ async def scale_group(name: str, **kwargs: Any) -> None:
         raise
 
 
-async def _scale_group(name: str, namespace: str, spec: Any, status: Any, meta: Any, patch: kopf.Patch,
-                       logger: logging.Logger, **_: Any) -> None:
+async def _scale_group(
+    name: str, namespace: str, spec: Any, status: Any, meta: Any, patch: kopf.Patch, logger: logging.Logger, **_: Any
+) -> None:
     try:
         group = m.CompactorGroupSpec.model_validate(dict(spec))
     except ValidationError:
@@ -391,11 +429,15 @@ async def _scale_group(name: str, namespace: str, spec: Any, status: Any, meta: 
     for pod in decision.mark:
         await _kube(kube.patch_annotations("v1", "Pod", namespace, pod, {naming.DRAINING_ANNOTATION: "true"}))
     for pod in decision.lowest_cost:
-        await _kube(kube.patch_annotations("v1", "Pod", namespace, pod,
-                                           {naming.POD_DELETION_COST: naming.VICTIM_DELETION_COST}))
+        await _kube(
+            kube.patch_annotations("v1", "Pod", namespace, pod, {naming.POD_DELETION_COST: naming.VICTIM_DELETION_COST})
+        )
     for pod in decision.unmark:
-        await _kube(kube.patch_annotations("v1", "Pod", namespace, pod,
-                                           {naming.DRAINING_ANNOTATION: None, naming.POD_DELETION_COST: None}))
+        await _kube(
+            kube.patch_annotations(
+                "v1", "Pod", namespace, pod, {naming.DRAINING_ANNOTATION: None, naming.POD_DELETION_COST: None}
+            )
+        )
     for pod in decision.delete:
         await _kube(kube.delete_pod(namespace, pod))
         mx.pods_deleted.labels(name).inc()
@@ -427,21 +469,51 @@ async def _scale_group(name: str, namespace: str, spec: Any, status: Any, meta: 
     if trouble is not None:
         _mark(patch, status, podhealth.PODS_HEALTHY, False, trouble.reason, trouble.message, generation)
     else:
-        _mark(patch, status, podhealth.PODS_HEALTHY, True, podhealth.HEALTHY,
-              f"{ready} of {decision.replicas} compactor pod(s) ready; none failing", generation)
-    blind = await _hpa_cannot_scale(namespace, name) \
-        if figures.queued > 0 and group.autoscaler == m.Autoscaler.HPA.value else None
+        _mark(
+            patch,
+            status,
+            podhealth.PODS_HEALTHY,
+            True,
+            podhealth.HEALTHY,
+            f"{ready} of {decision.replicas} compactor pod(s) ready; none failing",
+            generation,
+        )
+    blind = (
+        await _hpa_cannot_scale(namespace, name)
+        if figures.queued > 0 and group.autoscaler == m.Autoscaler.HPA.value
+        else None
+    )
     if blind is not None:
-        _mark(patch, status, conditions.DEGRADED, True, "AutoscalerCannotReadMetric",
-              f"{figures.queued} job(s) queued but HorizontalPodAutoscaler {naming.hpa_name(name)} cannot scale on "
-              f"{naming.QUEUE_DEPTH_METRIC}: {blind}", generation)
+        _mark(
+            patch,
+            status,
+            conditions.DEGRADED,
+            True,
+            "AutoscalerCannotReadMetric",
+            f"{figures.queued} job(s) queued but HorizontalPodAutoscaler {naming.hpa_name(name)} cannot scale on "
+            f"{naming.QUEUE_DEPTH_METRIC}: {blind}",
+            generation,
+        )
     elif figures.queued > 0 and ready == 0:
-        _mark(patch, status, conditions.DEGRADED, True, "NoReadyCompactors",
-              f"{figures.queued} job(s) queued but no compactor pod is ready; check the pods' events",
-              generation)
+        _mark(
+            patch,
+            status,
+            conditions.DEGRADED,
+            True,
+            "NoReadyCompactors",
+            f"{figures.queued} job(s) queued but no compactor pod is ready; check the pods' events",
+            generation,
+        )
     elif figures.dead_lettered > 0:
-        _mark(patch, status, conditions.DEGRADED, True, "DeadLetteredJobs",
-              f"{figures.dead_lettered} job(s) failed too often; see `kompaktor status`", generation)
+        _mark(
+            patch,
+            status,
+            conditions.DEGRADED,
+            True,
+            "DeadLetteredJobs",
+            f"{figures.dead_lettered} job(s) failed too often; see `kompaktor status`",
+            generation,
+        )
     else:
         _mark(patch, status, conditions.DEGRADED, False, "Healthy", "", generation)
 
@@ -450,8 +522,9 @@ async def _hpa_cannot_scale(namespace: str, name: str) -> str | None:
     """Why the group's HPA cannot read its metric (its ScalingActive condition is False: the
     external metrics API unreachable or untrusted, the metric unknown), or None."""
     version = await _kube(kube.hpa_api_version())
-    hpa = await _kube(kube.get(version, "HorizontalPodAutoscaler", namespace, naming.hpa_name(name))) \
-        if version else None
+    hpa = (
+        await _kube(kube.get(version, "HorizontalPodAutoscaler", namespace, naming.hpa_name(name))) if version else None
+    )
     for c in ((hpa or {}).get("status") or {}).get("conditions") or []:
         if c.get("type") == "ScalingActive" and c.get("status") == "False":
             return f"{c.get('reason', '')}: {c.get('message', '')}".strip(": ")
@@ -475,16 +548,28 @@ async def start_compaction(uid: str, spec: Any, status: Any, meta: Any, patch: k
     comp = parse(m.CompactionSpec, spec, patch, status, generation)
     start_row, end_row = comp.row_bytes()
     try:
-        cid = await _io(depth.backend().start_compaction, uid, comp.table, start_row, end_row,
-                        comp.iterator_config())
+        cid = await _io(depth.backend().start_compaction, uid, comp.table, start_row, end_row, comp.iterator_config())
     except depth.CompactionRejected as exc:
         _refused()
-        patch.status.update({"phase": m.CompactionPhase.FAILED.value, "message": str(exc), "endTime": now(),
-                             "observedGeneration": generation})
+        patch.status.update(
+            {
+                "phase": m.CompactionPhase.FAILED.value,
+                "message": str(exc),
+                "endTime": now(),
+                "observedGeneration": generation,
+            }
+        )
         _mark(patch, status, conditions.READY, False, "Rejected", str(exc), generation)
         return
-    patch.status.update({"compactionId": cid, "phase": m.CompactionPhase.SELECTING.value, "startTime": now(),
-                         "tabletsDone": 0, "observedGeneration": generation})
+    patch.status.update(
+        {
+            "compactionId": cid,
+            "phase": m.CompactionPhase.SELECTING.value,
+            "startTime": now(),
+            "tabletsDone": 0,
+            "observedGeneration": generation,
+        }
+    )
     _mark(patch, status, conditions.READY, True, "Started", f"user compaction {cid} started", generation)
 
 
@@ -494,11 +579,20 @@ async def track_compaction(status: Any, meta: Any, patch: kopf.Patch, **_: Any) 
         return
     progress = await _io(depth.backend().compaction_progress, cid)
     phase = progress.phase
-    if phase == m.CompactionPhase.RUNNING.value and progress.tablets_done == 0 and status.get("phase") in (
-            None, m.CompactionPhase.SELECTING.value):
+    if (
+        phase == m.CompactionPhase.RUNNING.value
+        and progress.tablets_done == 0
+        and status.get("phase") in (None, m.CompactionPhase.SELECTING.value)
+    ):
         phase = m.CompactionPhase.SELECTING.value  # no tablet done yet: still selecting files
-    patch.status.update({"phase": phase, "tabletsDone": progress.tablets_done,
-                         "tabletsTotal": progress.tablets_total, "message": progress.message or None})
+    patch.status.update(
+        {
+            "phase": phase,
+            "tabletsDone": progress.tablets_done,
+            "tabletsTotal": progress.tablets_total,
+            "message": progress.message or None,
+        }
+    )
     if m.CompactionPhase(phase).terminal:
         patch.status["endTime"] = now()
         ok = phase == m.CompactionPhase.SUCCEEDED.value
@@ -509,9 +603,15 @@ async def compaction_changed(status: Any, meta: Any, patch: kopf.Patch, **_: Any
     """A Compaction's spec cannot change (the CRD's CEL rule says so where the server has CEL;
     this says it everywhere): the running compaction keeps the spec it started with."""
     if (status or {}).get("compactionId"):
-        _mark(patch, status, conditions.DEGRADED, True, "SpecChanged",
-              "a Compaction cannot change; the running compaction keeps its original spec "
-              "(delete it and create another)", meta.get("generation"))
+        _mark(
+            patch,
+            status,
+            conditions.DEGRADED,
+            True,
+            "SpecChanged",
+            "a Compaction cannot change; the running compaction keeps its original spec (delete it and create another)",
+            meta.get("generation"),
+        )
 
 
 async def cancel_compaction(status: Any, **_: Any) -> None:
@@ -553,9 +653,15 @@ def register(registry: kopf.OperatorRegistry, *, login: bool = True) -> kopf.Ope
     return registry
 
 
-async def run(*, namespaces: list[str] | None = None, liveness_endpoint: str | None = None,
-              registry: kopf.OperatorRegistry | None = None, settings: kopf.OperatorSettings | None = None,
-              stop_flag: asyncio.Event | None = None, ready_flag: asyncio.Event | None = None) -> None:
+async def run(
+    *,
+    namespaces: list[str] | None = None,
+    liveness_endpoint: str | None = None,
+    registry: kopf.OperatorRegistry | None = None,
+    settings: kopf.OperatorSettings | None = None,
+    stop_flag: asyncio.Event | None = None,
+    ready_flag: asyncio.Event | None = None,
+) -> None:
     """Run the operator until stopped (``kompaktor operator``; tests call it with kmock)."""
     if registry is None:
         registry = register(kopf.OperatorRegistry())

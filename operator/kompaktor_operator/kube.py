@@ -74,25 +74,37 @@ class Client:
             if info.certificate_path or info.certificate_data:
                 conf.cert_file = info.certificate_path or _tmpfile(info.certificate_data)
                 conf.key_file = info.private_key_path or (
-                    _tmpfile(info.private_key_data) if info.private_key_data else None)
+                    _tmpfile(info.private_key_data) if info.private_key_data else None
+                )
             if info.username:
                 conf.username, conf.password = info.username, info.password or ""
             header = (f"{info.scheme or 'Bearer'} {info.token}", "Authorization") if info.token else (None, None)
             self._api = k8s.ApiClient(conf, header_name=header[1], header_value=header[0])
         return self._api
 
-    async def request(self, method: str, path: str, *, json: Any = None, content_type: str | None = None,
-                      params: dict[str, str] | None = None) -> Any:
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        content_type: str | None = None,
+        params: dict[str, str] | None = None,
+    ) -> Any:
         """``json`` is serialized by the client (JSON content types and apply patches: JSON is YAML)."""
         headers = {"Accept": "application/json"}
         if content_type:
             headers["Content-Type"] = content_type
         try:
             return await self.api().call_api(
-                path, method, query_params=list((params or {}).items()), header_params=headers,
+                path,
+                method,
+                query_params=list((params or {}).items()),
+                header_params=headers,
                 body=json,
                 response_types_map={200: "object", 201: "object", 202: "object"},
-                _return_http_data_only=True)
+                _return_http_data_only=True,
+            )
         except ApiException as exc:
             raise _error(exc) from None
 
@@ -100,8 +112,9 @@ class Client:
         """The versions of an API group the server serves (discovery, cached), [] when absent."""
         if self._groups is None:
             body = await self.request("GET", "/apis")
-            self._groups = {g["name"]: [v["version"] for v in g.get("versions", [])]
-                            for g in (body or {}).get("groups", [])}
+            self._groups = {
+                g["name"]: [v["version"] for v in g.get("versions", [])] for g in (body or {}).get("groups", [])
+            }
         return list(self._groups.get(group, []))
 
     async def close(self) -> None:
@@ -178,14 +191,20 @@ async def _adopt_legacy_fields(existing: dict[str, Any], api_version: str, kind:
     adopted = []
     for m in managed:
         if m.get("manager") == LEGACY_MANAGER and m.get("operation") == "Update" and not m.get("subresource"):
-            m = {**m, "manager": FIELD_MANAGER, "operation": "Apply",
-                 "fieldsV1": _without_scaler_fields(m.get("fieldsV1") or {})}
+            m = {
+                **m,
+                "manager": FIELD_MANAGER,
+                "operation": "Apply",
+                "fieldsV1": _without_scaler_fields(m.get("fieldsV1") or {}),
+            }
         adopted.append(m)
     name = existing["metadata"]["name"]
-    await client().request("PATCH", _path(api_version, kind, namespace, name),
-                           json={"metadata": {"managedFields": adopted,
-                                              "resourceVersion": existing["metadata"]["resourceVersion"]}},
-                           content_type="application/merge-patch+json")
+    await client().request(
+        "PATCH",
+        _path(api_version, kind, namespace, name),
+        json={"metadata": {"managedFields": adopted, "resourceVersion": existing["metadata"]["resourceVersion"]}},
+        content_type="application/merge-patch+json",
+    )
 
 
 async def apply(obj: dict[str, Any], namespace: str) -> dict[str, Any]:
@@ -206,25 +225,38 @@ async def apply(obj: dict[str, Any], namespace: str) -> dict[str, Any]:
             if exc.status != 409 or attempt == 4:
                 raise
     return await client().request(
-        "PATCH", _path(api_version, kind, namespace, name), json=body,
-        content_type="application/apply-patch+yaml", params={"fieldManager": FIELD_MANAGER, "force": "true"})
+        "PATCH",
+        _path(api_version, kind, namespace, name),
+        json=body,
+        content_type="application/apply-patch+yaml",
+        params={"fieldManager": FIELD_MANAGER, "force": "true"},
+    )
 
 
 async def claim_replicas(namespace: str, deployment: str, replicas: int) -> None:
     """Make :data:`SCALER_MANAGER` the owner of a Deployment's ``spec.replicas`` (a forced apply of
     just that field), so that the operator's applies, which render no replicas, leave them."""
-    body = {"apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": deployment, "namespace": namespace}, "spec": {"replicas": replicas}}
-    await client().request("PATCH", _path("apps/v1", "Deployment", namespace, deployment), json=body,
-                           content_type="application/apply-patch+yaml",
-                           params={"fieldManager": SCALER_MANAGER, "force": "true"})
+    body = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": deployment, "namespace": namespace},
+        "spec": {"replicas": replicas},
+    }
+    await client().request(
+        "PATCH",
+        _path("apps/v1", "Deployment", namespace, deployment),
+        json=body,
+        content_type="application/apply-patch+yaml",
+        params={"fieldManager": SCALER_MANAGER, "force": "true"},
+    )
 
 
 async def delete(api_version: str, kind: str, namespace: str, name: str) -> bool:
     """Delete if present; False when it was already gone."""
     try:
-        await client().request("DELETE", _path(api_version, kind, namespace, name),
-                               json={"propagationPolicy": "Background"})
+        await client().request(
+            "DELETE", _path(api_version, kind, namespace, name), json={"propagationPolicy": "Background"}
+        )
         return True
     except KubeError as exc:
         if exc.status == 404:
@@ -240,17 +272,26 @@ async def list_pods(namespace: str, labels: dict[str, str]) -> list[dict[str, An
     return [p for p in items if all(p.get("metadata", {}).get("labels", {}).get(k) == v for k, v in labels.items())]
 
 
-async def patch_annotations(api_version: str, kind: str, namespace: str, name: str,
-                            annotations: dict[str, str | None]) -> None:
-    await client().request("PATCH", _path(api_version, kind, namespace, name),
-                           json={"metadata": {"annotations": annotations}},
-                           content_type="application/merge-patch+json", params={"fieldManager": SCALER_MANAGER})
+async def patch_annotations(
+    api_version: str, kind: str, namespace: str, name: str, annotations: dict[str, str | None]
+) -> None:
+    await client().request(
+        "PATCH",
+        _path(api_version, kind, namespace, name),
+        json={"metadata": {"annotations": annotations}},
+        content_type="application/merge-patch+json",
+        params={"fieldManager": SCALER_MANAGER},
+    )
 
 
 async def set_replicas(namespace: str, deployment: str, replicas: int) -> None:
-    await client().request("PATCH", _path("apps/v1", "Deployment", namespace, deployment),
-                           json={"spec": {"replicas": replicas}}, content_type="application/merge-patch+json",
-                           params={"fieldManager": SCALER_MANAGER})
+    await client().request(
+        "PATCH",
+        _path("apps/v1", "Deployment", namespace, deployment),
+        json={"spec": {"replicas": replicas}},
+        content_type="application/merge-patch+json",
+        params={"fieldManager": SCALER_MANAGER},
+    )
 
 
 async def delete_pod(namespace: str, name: str) -> None:

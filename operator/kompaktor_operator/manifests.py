@@ -31,10 +31,14 @@ def compactor_args(group: str, spec: CompactorGroupSpec) -> list[str]:
     """Arguments of ``kompaktor`` in a compactor pod (the CLI contract of `kompaktor compactor`)."""
     args = [
         "compactor",
-        "--group", group,
-        "--http-port", str(naming.HTTP_PORT),
-        "--drain-grace", str(spec.drain_grace_seconds),
-        "--spark-master", spec.spark.master,
+        "--group",
+        group,
+        "--http-port",
+        str(naming.HTTP_PORT),
+        "--drain-grace",
+        str(spec.drain_grace_seconds),
+        "--spark-master",
+        spec.spark.master,
     ]
     for key, value in sorted(spec.spark.session_conf().items()):
         args += ["--spark-conf", f"{key}={value}"]
@@ -60,8 +64,18 @@ def _env(spec: CompactorGroupSpec, config: OperatorConfig) -> list[dict[str, Any
     if config.drain_token_secret:
         # POST /drain from outside the pod needs this token (the operator holds the same Secret);
         # optional: without the Secret in this namespace, only the pod's own preStop (loopback) drains.
-        env.append({"name": "KOMPAKTOR_DRAIN_TOKEN", "valueFrom": {"secretKeyRef": {
-            "name": config.drain_token_secret, "key": config.drain_token_secret_key, "optional": True}}})
+        env.append(
+            {
+                "name": "KOMPAKTOR_DRAIN_TOKEN",
+                "valueFrom": {
+                    "secretKeyRef": {
+                        "name": config.drain_token_secret,
+                        "key": config.drain_token_secret_key,
+                        "optional": True,
+                    }
+                },
+            }
+        )
     return env
 
 
@@ -93,11 +107,16 @@ def build_pod_template(group: str, spec: CompactorGroupSpec, config: OperatorCon
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "livenessProbe": {
             "httpGet": {"path": "/healthz", "port": http},
-            "initialDelaySeconds": 10, "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 6,
+            "initialDelaySeconds": 10,
+            "periodSeconds": 10,
+            "timeoutSeconds": 5,
+            "failureThreshold": 6,
         },
         "readinessProbe": {
             "httpGet": {"path": "/readyz", "port": http},
-            "periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 3,
+            "periodSeconds": 5,
+            "timeoutSeconds": 3,
+            "failureThreshold": 3,
         },
         # Ask the compactor to drain before SIGTERM: it takes no new job and finishes (or
         # releases) the one it holds within drainGraceSeconds. Drain is a POST, which an httpGet
@@ -183,8 +202,14 @@ def build_metrics_service(group: str) -> Manifest:
         "spec": {
             "type": "ClusterIP",
             "selector": naming.selector_labels(group),
-            "ports": [{"name": "http-metrics", "port": naming.HTTP_PORT, "targetPort": naming.HTTP_PORT_NAME,
-                       "protocol": "TCP"}],
+            "ports": [
+                {
+                    "name": "http-metrics",
+                    "port": naming.HTTP_PORT,
+                    "targetPort": naming.HTTP_PORT_NAME,
+                    "protocol": "TCP",
+                }
+            ],
         },
     }
 
@@ -301,8 +326,9 @@ def build_scaled_object(group: str, spec: CompactorGroupSpec, config: OperatorCo
     }
 
 
-def build_autoscaler(group: str, spec: CompactorGroupSpec, config: OperatorConfig,
-                     hpa_api_version: str = HPA_API_VERSIONS[0]) -> Manifest | None:
+def build_autoscaler(
+    group: str, spec: CompactorGroupSpec, config: OperatorConfig, hpa_api_version: str = HPA_API_VERSIONS[0]
+) -> Manifest | None:
     """The autoscaler object the spec asks for, or None for ``autoscaler: none``."""
     if spec.autoscaler == Autoscaler.HPA:
         return build_hpa(group, spec, hpa_api_version)
@@ -319,8 +345,13 @@ AUTOSCALER_KINDS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def build_children(group: str, spec: CompactorGroupSpec, config: OperatorConfig,
-                   hpa_api_version: str = HPA_API_VERSIONS[0], namespace: str | None = None) -> list[Manifest]:
+def build_children(
+    group: str,
+    spec: CompactorGroupSpec,
+    config: OperatorConfig,
+    hpa_api_version: str = HPA_API_VERSIONS[0],
+    namespace: str | None = None,
+) -> list[Manifest]:
     """Everything a CompactorGroup owns, in apply order (the NetworkPolicy first, before any pod)."""
     children = [build_network_policy(group, namespace, config)] if config.network_policy else []
     children += [build_compactor_deployment(group, spec, config), build_metrics_service(group)]

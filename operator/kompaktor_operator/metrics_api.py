@@ -45,8 +45,18 @@ ResponseFn = Callable[[int], None]
 
 
 def _status(code: int, reason: str, message: str) -> web.Response:
-    return web.json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                              "message": message, "reason": reason, "code": code}, status=code)
+    return web.json_response(
+        {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": message,
+            "reason": reason,
+            "code": code,
+        },
+        status=code,
+    )
 
 
 def parse_selector(selector: str) -> dict[str, str]:
@@ -123,13 +133,27 @@ class MetricsAPI:
 
     async def group(self, _request: web.Request) -> web.Response:
         version = {"groupVersion": GROUP_VERSION, "version": VERSION}
-        return web.json_response({"kind": "APIGroup", "apiVersion": "v1", "name": GROUP, "versions": [version],
-                                  "preferredVersion": version})
+        return web.json_response(
+            {"kind": "APIGroup", "apiVersion": "v1", "name": GROUP, "versions": [version], "preferredVersion": version}
+        )
 
     async def resources(self, _request: web.Request) -> web.Response:
-        return web.json_response({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": GROUP_VERSION,
-                                  "resources": [{"name": METRIC, "singularName": "", "namespaced": True,
-                                                 "kind": "ExternalMetricValueList", "verbs": ["get"]}]})
+        return web.json_response(
+            {
+                "kind": "APIResourceList",
+                "apiVersion": "v1",
+                "groupVersion": GROUP_VERSION,
+                "resources": [
+                    {
+                        "name": METRIC,
+                        "singularName": "",
+                        "namespaced": True,
+                        "kind": "ExternalMetricValueList",
+                        "verbs": ["get"],
+                    }
+                ],
+            }
+        )
 
     async def value(self, request: web.Request) -> web.Response:
         metric = request.match_info["metric"]
@@ -147,9 +171,16 @@ class MetricsAPI:
         except KeyError:
             return _status(404, "NotFound", f"no compactor group {group!r}: no {METRIC} for it")
         now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        return web.json_response({"kind": "ExternalMetricValueList", "apiVersion": GROUP_VERSION, "metadata": {},
-                                  "items": [{"metricName": METRIC, "metricLabels": {"group": group},
-                                             "timestamp": now, "value": str(int(depth))}]})
+        return web.json_response(
+            {
+                "kind": "ExternalMetricValueList",
+                "apiVersion": GROUP_VERSION,
+                "metadata": {},
+                "items": [
+                    {"metricName": METRIC, "metricLabels": {"group": group}, "timestamp": now, "value": str(int(depth))}
+                ],
+            }
+        )
 
 
 def server_ssl(cert_file: str, key_file: str, client_ca_pem: str) -> ssl.SSLContext:
@@ -175,13 +206,16 @@ async def start_from_env(env: dict[str, str], kube: Any, depth_backend: Any) -> 
     if not address:
         return None
     host, _, port = address.rpartition(":")
-    cm = await kube.client().request("GET", "/api/v1/namespaces/kube-system/configmaps/"
-                                            "extension-apiserver-authentication")
+    cm = await kube.client().request(
+        "GET", "/api/v1/namespaces/kube-system/configmaps/extension-apiserver-authentication"
+    )
     data = (cm or {}).get("data") or {}
     ca = data.get("requestheader-client-ca-file")
     if not ca:
-        raise RuntimeError("the cluster has no request-header CA (extension-apiserver-authentication): "
-                           "an aggregated API cannot authenticate the API server")
+        raise RuntimeError(
+            "the cluster has no request-header CA (extension-apiserver-authentication): "
+            "an aggregated API cannot authenticate the API server"
+        )
     import json as _json
 
     allowed = _json.loads(data.get("requestheader-allowed-names") or "[]")
@@ -194,9 +228,15 @@ async def start_from_env(env: dict[str, str], kube: Any, depth_backend: Any) -> 
         return f.queued + f.running
 
     async def authorize(user: str, groups: list[str]) -> bool:
-        review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
-                  "spec": {"user": user, "groups": groups, "resourceAttributes": {
-                      "group": GROUP, "version": VERSION, "resource": METRIC, "verb": "get"}}}
+        review = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {
+                "user": user,
+                "groups": groups,
+                "resourceAttributes": {"group": GROUP, "version": VERSION, "resource": METRIC, "verb": "get"},
+            },
+        }
         out = await kube.client().request("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", json=review)
         return bool(((out or {}).get("status") or {}).get("allowed"))
 
@@ -227,19 +267,35 @@ async def register(kube: Any, spec: str, ca_file: str) -> None:
     with open(ca_file, "rb") as f:
         ca_bundle = base64.b64encode(f.read()).decode()
     name = f"{VERSION}.{GROUP}"
-    body = {"apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
-            "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": naming.MANAGED_BY},
-                         "ownerReferences": [{"apiVersion": "rbac.authorization.k8s.io/v1",
-                                              "kind": "ClusterRoleBinding", "name": owner,
-                                              "uid": binding["metadata"]["uid"]}]},
-            "spec": {"group": GROUP, "version": VERSION, "groupPriorityMinimum": 100, "versionPriority": 100,
-                     "caBundle": ca_bundle, "service": {"name": service, "namespace": namespace, "port": 443}}}
+    body = {
+        "apiVersion": "apiregistration.k8s.io/v1",
+        "kind": "APIService",
+        "metadata": {
+            "name": name,
+            "labels": {"app.kubernetes.io/managed-by": naming.MANAGED_BY},
+            "ownerReferences": [
+                {
+                    "apiVersion": "rbac.authorization.k8s.io/v1",
+                    "kind": "ClusterRoleBinding",
+                    "name": owner,
+                    "uid": binding["metadata"]["uid"],
+                }
+            ],
+        },
+        "spec": {
+            "group": GROUP,
+            "version": VERSION,
+            "groupPriorityMinimum": 100,
+            "versionPriority": 100,
+            "caBundle": ca_bundle,
+            "service": {"name": service, "namespace": namespace, "port": 443},
+        },
+    }
     path = "/apis/apiregistration.k8s.io/v1/apiservices"
     try:
         await kube.client().request("POST", path, json=body)
     except kube.KubeError as exc:
         if exc.status != 409:
             raise
-        await kube.client().request("PATCH", f"{path}/{name}", json=body,
-                                    content_type="application/merge-patch+json")
+        await kube.client().request("PATCH", f"{path}/{name}", json=body, content_type="application/merge-patch+json")
     log.info("registered APIService %s -> %s/%s", name, namespace, service)

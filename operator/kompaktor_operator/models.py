@@ -167,16 +167,18 @@ def _default_tiers() -> list[Tier]:
 class CompactionServiceSpec(CRDModel):
     """Planner settings, size tiers and the tables a compaction service serves."""
 
-    ratio: float = Field(PLANNER_DEFAULTS.ratio, ge=1.0,
-                         description="compaction ratio (Accumulo table.compaction.major.ratio)")
-    max_open: int = Field(PLANNER_DEFAULTS.max_open, ge=2,
-                          description="most files one compaction may merge (planner maxOpen)")
-    max_files_per_tablet: int = Field(
-        PLANNER_DEFAULTS.max_files_per_tablet, ge=0,
-        description="file count above which a tablet is over size (table.file.max); 0 means 99"
+    ratio: float = Field(
+        PLANNER_DEFAULTS.ratio, ge=1.0, description="compaction ratio (Accumulo table.compaction.major.ratio)"
     )
-    lowest_ratio: float = Field(PLANNER_DEFAULTS.lowest_ratio, ge=1.0,
-                                description="floor of the lower-ratio search")
+    max_open: int = Field(
+        PLANNER_DEFAULTS.max_open, ge=2, description="most files one compaction may merge (planner maxOpen)"
+    )
+    max_files_per_tablet: int = Field(
+        PLANNER_DEFAULTS.max_files_per_tablet,
+        ge=0,
+        description="file count above which a tablet is over size (table.file.max); 0 means 99",
+    )
+    lowest_ratio: float = Field(PLANNER_DEFAULTS.lowest_ratio, ge=1.0, description="floor of the lower-ratio search")
     tiers: list[Tier] = Field(
         default_factory=_default_tiers,
         min_length=1,
@@ -279,14 +281,16 @@ class SparkSettings(CRDModel):
         group_defaults.DEFAULT_ENGINE,
         description="merge engine: spark, or arrow (in-process, for groups that only hold small jobs)",
     )
-    master: str = Field(group_defaults.DEFAULT_SPARK_MASTER, min_length=1,
-                        description="Spark master URL (spark.master)")
+    master: str = Field(
+        group_defaults.DEFAULT_SPARK_MASTER, min_length=1, description="Spark master URL (spark.master)"
+    )
     conf: dict[str, str] = Field(default_factory=dict, description="extra Spark settings (--spark-conf k=v)")
     driver_memory: str | None = Field(
         None, pattern=r"^[0-9]+([kKmMgGtTpP][bB]?)?$", description="spark.driver.memory in Spark's units, e.g. 2g"
     )
     executor_memory: str | None = Field(
-        None, pattern=r"^[0-9]+([kKmMgGtTpP][bB]?)?$",
+        None,
+        pattern=r"^[0-9]+([kKmMgGtTpP][bB]?)?$",
         description="spark.executor.memory of each executor on a Spark cluster, in Spark's units, e.g. 4g",
     )
     executor_cores: int | None = Field(
@@ -295,9 +299,12 @@ class SparkSettings(CRDModel):
 
     @model_validator(mode="after")
     def _one_source_per_setting(self) -> SparkSettings:
-        for field_name, key in (("executor_memory", "spark.executor.memory"),
-                                ("executor_cores", "spark.executor.cores"),
-                                ("driver_memory", "spark.driver.memory"), ("master", "spark.master")):
+        for field_name, key in (
+            ("executor_memory", "spark.executor.memory"),
+            ("executor_cores", "spark.executor.cores"),
+            ("driver_memory", "spark.driver.memory"),
+            ("master", "spark.master"),
+        ):
             if key in self.conf and (field_name == "master" or getattr(self, field_name) is not None):
                 raise ValueError(f"spark.conf sets {key}; use spark.{to_camel(field_name)} instead")
         return self
@@ -355,8 +362,7 @@ class CompactorGroupSpec(CRDModel):
         json_schema_extra={
             "x-kubernetes-validations": [
                 {
-                    "rule": "!has(self.minReplicas) || !has(self.maxReplicas) "
-                    "|| self.minReplicas <= self.maxReplicas",
+                    "rule": "!has(self.minReplicas) || !has(self.maxReplicas) || self.minReplicas <= self.maxReplicas",
                     "message": "minReplicas must not be larger than maxReplicas",
                 },
                 {
@@ -373,11 +379,13 @@ class CompactorGroupSpec(CRDModel):
     replicas: int | None = Field(
         None, ge=0, description="desired compactors; written by the autoscaler (scale subresource)"
     )
-    min_replicas: int = Field(group_defaults.DEFAULT_MIN_REPLICAS, ge=0,
-                              description="fewest compactors (0 needs autoscaler keda or none)")
+    min_replicas: int = Field(
+        group_defaults.DEFAULT_MIN_REPLICAS, ge=0, description="fewest compactors (0 needs autoscaler keda or none)"
+    )
     max_replicas: int = Field(group_defaults.DEFAULT_MAX_REPLICAS, ge=1, description="most compactors")
     jobs_per_replica: int = Field(
-        group_defaults.DEFAULT_JOBS_PER_REPLICA, ge=1,
+        group_defaults.DEFAULT_JOBS_PER_REPLICA,
+        ge=1,
         description="target queued plus running jobs per compactor (HPA AverageValue)",
     )
     autoscaler: Autoscaler = Field(Autoscaler.HPA.value, description="hpa (default), keda, or none (fixed replicas)")
@@ -385,7 +393,9 @@ class CompactorGroupSpec(CRDModel):
     spark: SparkSettings = Field(default_factory=SparkSettings)
     resources: ResourceRequirements | None = None
     drain_grace_seconds: int = Field(
-        group_defaults.DEFAULT_DRAIN_GRACE_S, ge=0, le=86400,
+        group_defaults.DEFAULT_DRAIN_GRACE_S,
+        ge=0,
+        le=86400,
         description="time a draining compactor has to finish its job",
     )
     redis: RedisRef | None = Field(None, description="Redis URL Secret; the operator's default when left out")
@@ -400,9 +410,7 @@ class CompactorGroupSpec(CRDModel):
     @model_validator(mode="after")
     def _replicas(self) -> CompactorGroupSpec:
         if self.min_replicas > self.max_replicas:
-            raise ValueError(
-                f"minReplicas ({self.min_replicas}) is larger than maxReplicas ({self.max_replicas})"
-            )
+            raise ValueError(f"minReplicas ({self.min_replicas}) is larger than maxReplicas ({self.max_replicas})")
         if self.autoscaler == Autoscaler.HPA.value and self.min_replicas < 1:
             raise ValueError("minReplicas 0 needs autoscaler: keda (a HorizontalPodAutoscaler cannot scale to 0)")
         return self
@@ -497,11 +505,7 @@ class CompactionSpec(CRDModel):
 
     @model_validator(mode="after")
     def _range(self) -> CompactionSpec:
-        if (
-            self.start_row is not None
-            and self.end_row is not None
-            and self.start_row.encode() >= self.end_row.encode()
-        ):
+        if self.start_row is not None and self.end_row is not None and self.start_row.encode() >= self.end_row.encode():
             raise ValueError(f"startRow {self.start_row!r} must sort before endRow {self.end_row!r}")
         return self
 
@@ -634,9 +638,7 @@ def load_documents(yaml_text: str) -> list[Resource]:
             raise DocumentError(f"{where}: apiVersion must be {GROUP_VERSION}, not {doc.get('apiVersion')!r}")
         model = _BY_KIND.get(str(doc.get("kind")))
         if model is None:
-            raise DocumentError(
-                f"{where}: kind {doc.get('kind')!r} is not one of {', '.join(sorted(_BY_KIND))}"
-            )
+            raise DocumentError(f"{where}: kind {doc.get('kind')!r} is not one of {', '.join(sorted(_BY_KIND))}")
         name = (doc.get("metadata") or {}).get("name")
         try:
             out.append(model.model_validate(doc))
@@ -670,9 +672,7 @@ def to_service_config(name: str, spec: CompactionServiceSpec) -> Any:
         max_open=spec.max_open,
         max_files_per_tablet=spec.max_files_per_tablet,
         lowest_ratio=float(spec.lowest_ratio),
-        tiers=tuple(
-            CoreTier(name=t.name, max_size=t.max_size_bytes(), group=t.compactor_group) for t in spec.tiers
-        ),
+        tiers=tuple(CoreTier(name=t.name, max_size=t.max_size_bytes(), group=t.compactor_group) for t in spec.tiers),
         tables=tuple(spec.tables),
         kinds=tuple(CompactionKind(k).value for k in spec.kinds),
     )

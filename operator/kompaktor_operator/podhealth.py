@@ -26,8 +26,9 @@ HEALTHY = "PodsRunning"
 
 _ORDER = (OOM_KILLED, IMAGE_PULL_FAILED, CRASH_LOOP, UNSCHEDULABLE)
 #: the kubelet's waiting reasons for an image it cannot get
-_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull",
-                           "RegistryUnavailable"})
+_PULL_REASONS = frozenset(
+    {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "RegistryUnavailable"}
+)
 _MESSAGE_MAX = 600
 
 
@@ -78,22 +79,34 @@ def _pod_findings(pod: dict[str, Any]) -> dict[str, str]:
         restarts = int(cs.get("restartCount") or 0)
         if terminated.get("reason") == "OOMKilled":
             limit = _limit(pod, name)
-            found.setdefault(OOM_KILLED, (
-                f"container {name} was killed for using more memory than its limit "
-                f"({limit or 'no limit set: the node ran out of memory'}); {restarts} restart(s). "
-                "Raise spec.resources.limits.memory, or lower spec.spark.driverMemory"))
+            found.setdefault(
+                OOM_KILLED,
+                (
+                    f"container {name} was killed for using more memory than its limit "
+                    f"({limit or 'no limit set: the node ran out of memory'}); {restarts} restart(s). "
+                    "Raise spec.resources.limits.memory, or lower spec.spark.driverMemory"
+                ),
+            )
         if waiting.get("reason") in _PULL_REASONS:
-            found.setdefault(IMAGE_PULL_FAILED, (
-                f"container {name} cannot get image {_image(pod, name, cs)} ({waiting['reason']}): "
-                f"{_one_line(waiting.get('message'))}".rstrip(": ")))
+            found.setdefault(
+                IMAGE_PULL_FAILED,
+                (
+                    f"container {name} cannot get image {_image(pod, name, cs)} ({waiting['reason']}): "
+                    f"{_one_line(waiting.get('message'))}".rstrip(": ")
+                ),
+            )
         if waiting.get("reason") == "CrashLoopBackOff":
             last_exit = _terminated_text(last.get("terminated") or {}) if last.get("terminated") else "unknown"
-            found.setdefault(CRASH_LOOP, (
-                f"container {name} keeps exiting ({restarts} restart(s)); last exit: {last_exit}"))
+            found.setdefault(
+                CRASH_LOOP, (f"container {name} keeps exiting ({restarts} restart(s)); last exit: {last_exit}")
+            )
     if not status.get("containerStatuses") and not (pod.get("metadata") or {}).get("deletionTimestamp"):
         for cond in status.get("conditions") or []:
-            if cond.get("type") == "PodScheduled" and cond.get("status") == "False" \
-                    and cond.get("reason") == "Unschedulable":
+            if (
+                cond.get("type") == "PodScheduled"
+                and cond.get("status") == "False"
+                and cond.get("reason") == "Unschedulable"
+            ):
                 found.setdefault(UNSCHEDULABLE, f"no node can run the pod: {_one_line(cond.get('message'))}")
     return found
 

@@ -60,9 +60,14 @@ def test_values_validate_against_the_schema() -> None:
 
 def test_schema_rejects_mistakes() -> None:
     with helm.Chart.load(str(CHART)) as chart:
-        for bad in ({"redis": {"bundled": False}}, {"operator": {"logLevel": "loud"}}, {"typo": 1},
-                    {"redis": {"external": {"url": "http://x"}}}, {"redis": {"password": 'a"b'}},
-                    {"redis": {"password": "p@ss/word"}}):
+        for bad in (
+            {"redis": {"bundled": False}},
+            {"operator": {"logLevel": "loud"}},
+            {"typo": 1},
+            {"redis": {"external": {"url": "http://x"}}},
+            {"redis": {"password": 'a"b'}},
+            {"redis": {"password": "p@ss/word"}},
+        ):
             with pytest.raises(helm.HelmError):
                 chart.validate_schema(bad)
 
@@ -102,8 +107,13 @@ def test_default_install_has_the_whole_system() -> None:
     for crd in crds.values():
         assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
         plain = {k: v for k, v in crd.items() if k != "metadata"}
-        assert plain == {k: v for k, v in crdgen.build_crd(next(
-            r for r in m.RESOURCES if crd["metadata"]["name"].startswith(r.PLURAL + "."))).items() if k != "metadata"}
+        assert plain == {
+            k: v
+            for k, v in crdgen.build_crd(
+                next(r for r in m.RESOURCES if crd["metadata"]["name"].startswith(r.PLURAL + "."))
+            ).items()
+            if k != "metadata"
+        }
     (operator,) = [d for d in by["Deployment"] if d["metadata"]["name"] == "kompaktor-operator"]
     containers = {c["name"]: c for c in operator["spec"]["template"]["spec"]["containers"]}
     assert set(containers) == {"operator", "coordinator"}
@@ -142,9 +152,11 @@ def test_bundled_redis_runs_the_projects_image_with_its_pull_policy() -> None:
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert c["image"] == f"ghcr.io/kompaktor/kompaktor-redis:{version}"
     assert c["imagePullPolicy"] == "IfNotPresent"
-    (c,) = kinds(render({"redis": {"image": {"repository": "docker.io/library/redis", "tag": "7.2-alpine",
-                                              "pullPolicy": "Always"}}}))["StatefulSet"][0]["spec"]["template"][
-        "spec"]["containers"]
+    (c,) = kinds(
+        render(
+            {"redis": {"image": {"repository": "docker.io/library/redis", "tag": "7.2-alpine", "pullPolicy": "Always"}}}
+        )
+    )["StatefulSet"][0]["spec"]["template"]["spec"]["containers"]
     assert (c["image"], c["imagePullPolicy"]) == ("docker.io/library/redis:7.2-alpine", "Always")
 
 
@@ -182,8 +194,10 @@ def test_external_ha_redis_through_sentinel_and_the_fsync_policy() -> None:
     assert any(d["kind"] == "Secret" for d in tls)
     (redis,) = kinds(render({"redis": {"appendfsync": "everysec"}}))["StatefulSet"]
     assert "--appendfsync everysec" in redis["spec"]["template"]["spec"]["containers"][0]["args"][0]
-    for bad in ({"redis": {"appendfsync": "no"}},
-                {"redis": {"bundled": False, "external": {"url": "sentinel://h:26379/kompaktor"}}}):
+    for bad in (
+        {"redis": {"appendfsync": "no"}},
+        {"redis": {"bundled": False, "external": {"url": "sentinel://h:26379/kompaktor"}}},
+    ):
         with pytest.raises(helm.HelmError):
             render(bad)
 
@@ -196,7 +210,11 @@ def test_service_monitor_and_existing_secret() -> None:
     env = {e["name"]: e for e in by["Deployment"][0]["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["KOMPAKTOR_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "managed-redis", "key": "uri"}
     assert sorted(s["metadata"]["name"] for s in by.get("Secret", [])) == [
-        "kompaktor-drain-token", "kompaktor-drain-token", "kompaktor-drain-token", "kompaktor-metrics-api-tls"]
+        "kompaktor-drain-token",
+        "kompaktor-drain-token",
+        "kompaktor-drain-token",
+        "kompaktor-metrics-api-tls",
+    ]
 
 
 def test_builtin_metrics_api_by_default_and_the_adapter_rule_only_for_hpa() -> None:
@@ -223,8 +241,12 @@ def test_adapter_rule_and_dashboard() -> None:
     assert "kompaktor_queue_depth" in rule["seriesQuery"] and rule["name"]["as"] == "kompaktor_queue_depth"
     dash = json.loads(cms["kompaktor-dashboard"]["data"]["kompaktor.json"])
     exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])
-    for metric in ("kompaktor_queue_depth", "kompaktor_running_compactions",
-                   "kompaktor_oldest_queued_job_age_seconds", "kompaktor_compactions_completed_total"):
+    for metric in (
+        "kompaktor_queue_depth",
+        "kompaktor_running_compactions",
+        "kompaktor_oldest_queued_job_age_seconds",
+        "kompaktor_compactions_completed_total",
+    ):
         assert metric in exprs
     assert cms["kompaktor-dashboard"]["metadata"]["labels"]["grafana_dashboard"] == "1"
 
@@ -240,8 +262,12 @@ def test_image_tags_follow_the_package_version() -> None:
     assert chart["appVersion"] == version
     for image in (values["operator"]["image"], values["compactor"]["image"]):
         assert (image["tag"] or chart["appVersion"]) == version
-    env = {e["name"]: e.get("value") for e in next(
-        d for d in render({}) if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
+    env = {
+        e["name"]: e.get("value")
+        for e in next(d for d in render({}) if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0][
+            "env"
+        ]
+    }
     assert env["KOMPAKTOR_COMPACTOR_IMAGE"].endswith(f":{version}")
 
 
@@ -285,11 +311,15 @@ def test_redis_password_can_come_from_an_existing_secret_and_stays_put() -> None
     for cname in ("operator", "coordinator"):
         env = env_of(container(docs, "Deployment", "kompaktor-operator", cname))
         assert env["KOMPAKTOR_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "my-redis", "key": "url"}
-    assert env_of(container(docs, "Deployment", "kompaktor-operator", "operator"))["KOMPAKTOR_REDIS_SECRET"][
-        "value"] == "my-redis"
+    assert (
+        env_of(container(docs, "Deployment", "kompaktor-operator", "operator"))["KOMPAKTOR_REDIS_SECRET"]["value"]
+        == "my-redis"
+    )
     # a given password renders the same Secret every time (GitOps); a generated one only on the cluster
-    fixed = [by_name(render({"redis": {"password": "chosen"}}), "Secret")[("kompaktor-redis", "kompaktor-system")]
-             for _ in range(2)]
+    fixed = [
+        by_name(render({"redis": {"password": "chosen"}}), "Secret")[("kompaktor-redis", "kompaktor-system")]
+        for _ in range(2)
+    ]
     assert fixed[0] == fixed[1] and fixed[0]["stringData"]["password"] == "chosen"
 
 
@@ -305,8 +335,10 @@ def test_each_role_connects_to_the_bundled_redis_as_its_own_user() -> None:
     for role in acl.ROLES:
         secret = secrets[(f"kompaktor-redis-{role}", "kompaktor-system")]
         passwords[role] = secret["stringData"]["password"]
-        assert secret["stringData"]["url"] == \
-            f"redis://{role}:{passwords[role]}@kompaktor-redis.kompaktor-system.svc:6379/0"
+        assert (
+            secret["stringData"]["url"]
+            == f"redis://{role}:{passwords[role]}@kompaktor-redis.kompaktor-system.svc:6379/0"
+        )
     assert len(set(passwords.values())) == len(acl.ROLES)
     assert secrets[("kompaktor-redis-compactor", "team-a")]["stringData"]["password"] == passwords["compactor"]
     assert ("kompaktor-redis-operator", "team-a") not in secrets and ("kompaktor-redis", "team-a") not in secrets
@@ -315,15 +347,21 @@ def test_each_role_connects_to_the_bundled_redis_as_its_own_user() -> None:
     for role in acl.ROLES:
         assert f"user {role} reset on >$REDIS_PASSWORD_{role.upper()} {acl.rights(role)}\n" in config
         assert env_of(redis)[f"REDIS_PASSWORD_{role.upper()}"]["valueFrom"]["secretKeyRef"] == {
-            "name": f"kompaktor-redis-{role}", "key": "password"}
+            "name": f"kompaktor-redis-{role}",
+            "key": "password",
+        }
         assert passwords[role] not in config
     operator = env_of(container(docs, "Deployment", "kompaktor-operator", "operator"))
-    assert operator["KOMPAKTOR_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "kompaktor-redis-operator",
-                                                                          "key": "url"}
+    assert operator["KOMPAKTOR_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {
+        "name": "kompaktor-redis-operator",
+        "key": "url",
+    }
     assert operator["KOMPAKTOR_REDIS_SECRET"]["value"] == "kompaktor-redis-compactor"
     coordinator = env_of(container(docs, "Deployment", "kompaktor-operator", "coordinator"))
     assert coordinator["KOMPAKTOR_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {
-        "name": "kompaktor-redis-coordinator", "key": "url"}
+        "name": "kompaktor-redis-coordinator",
+        "key": "url",
+    }
     # a given password (GitOps): the roles' are derived from it, the same at every render
     fixed = [by_name(render({"redis": {"password": "chosen"}}), "Secret") for _ in range(2)]
     for role in acl.ROLES:
@@ -336,8 +374,15 @@ def test_each_role_connects_to_the_bundled_redis_as_its_own_user() -> None:
 
 
 def test_what_a_group_may_use_reaches_the_operator() -> None:
-    docs = render({"compactor": {"allowedImages": ["registry.corp/kompaktor/*", "x/y:1"],
-                                 "allowedServiceAccounts": ["irsa"], "allowedSecrets": ["team-redis"]}})
+    docs = render(
+        {
+            "compactor": {
+                "allowedImages": ["registry.corp/kompaktor/*", "x/y:1"],
+                "allowedServiceAccounts": ["irsa"],
+                "allowedSecrets": ["team-redis"],
+            }
+        }
+    )
     env = env_of(container(docs, "Deployment", "kompaktor-operator", "operator"))
     assert env["KOMPAKTOR_ALLOWED_IMAGES"]["value"] == "registry.corp/kompaktor/*,x/y:1"
     assert env["KOMPAKTOR_ALLOWED_SERVICE_ACCOUNTS"]["value"] == "irsa"
@@ -369,7 +414,8 @@ def test_namespaced_rbac_has_no_cluster_wide_pod_rights() -> None:
     assert not {r for rule in rules for r in rule["resources"]} & {"secrets", "serviceaccounts"}
     bindings = by_name(docs, "RoleBinding")
     assert bindings[("kompaktor-operator", "analytics")]["subjects"] == [
-        {"kind": "ServiceAccount", "name": "kompaktor-operator", "namespace": "kompaktor-system"}]
+        {"kind": "ServiceAccount", "name": "kompaktor-operator", "namespace": "kompaktor-system"}
+    ]
 
 
 def test_drain_token_secret_is_shared_by_operator_and_compactor_namespaces() -> None:
@@ -378,8 +424,10 @@ def test_drain_token_secret_is_shared_by_operator_and_compactor_namespaces() -> 
     tokens = {secrets[("kompaktor-drain-token", ns)]["data"]["token"] for ns in ("kompaktor-system", "tables")}
     assert len(tokens) == 1 and len(tokens.pop()) >= 48  # one token, base64 of 48 characters
     env = env_of(container(docs, "Deployment", "kompaktor-operator", "operator"))
-    assert env["KOMPAKTOR_DRAIN_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "kompaktor-drain-token",
-                                                                          "key": "token"}
+    assert env["KOMPAKTOR_DRAIN_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+        "name": "kompaktor-drain-token",
+        "key": "token",
+    }
     assert env["KOMPAKTOR_DRAIN_TOKEN_SECRET"]["value"] == "kompaktor-drain-token"
     own = render({"drain": {"existingSecret": "my-drain"}})
     assert not [k for k in by_name(own, "Secret") if k[0] == "kompaktor-drain-token"]
@@ -396,19 +444,28 @@ def test_network_policies_on_by_default_and_can_be_relaxed() -> None:
     (rule,) = redis["spec"]["ingress"]
     assert rule["ports"] == [{"port": 6379, "protocol": "TCP"}]
     peers = rule["from"]
-    assert peers[0] == {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "kompaktor",
-                                                        "app.kubernetes.io/instance": "kompaktor",
-                                                        "app.kubernetes.io/component": "operator"}}}
+    assert peers[0] == {
+        "podSelector": {
+            "matchLabels": {
+                "app.kubernetes.io/name": "kompaktor",
+                "app.kubernetes.io/instance": "kompaktor",
+                "app.kubernetes.io/component": "operator",
+            }
+        }
+    }
     compactors = {"app.kubernetes.io/part-of": "kompaktor", "app.kubernetes.io/component": "compactor"}
     assert peers[1] == {"podSelector": {"matchLabels": compactors}}
-    assert peers[2] == {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "tables"}},
-                        "podSelector": {"matchLabels": compactors}}
+    assert peers[2] == {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "tables"}},
+        "podSelector": {"matchLabels": compactors},
+    }
     assert len(peers) == 3  # nothing else reaches Redis
     env = env_of(container(docs, "Deployment", "kompaktor-operator", "operator"))
     assert env["KOMPAKTOR_NETWORK_POLICY"]["value"] == "true"
     assert json.loads(env["KOMPAKTOR_OPERATOR_POD_LABELS"]["value"]) == peers[0]["podSelector"]["matchLabels"]
     assert json.loads(env["KOMPAKTOR_METRICS_PEERS"]["value"]) == [
-        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    ]
     extra = {"podSelector": {"matchLabels": {"app": "kompaktor-cli"}}}
     relaxed = render({"networkPolicy": {"extraRedisClients": [extra]}})
     assert next(d for d in relaxed if d["kind"] == "NetworkPolicy")["spec"]["ingress"][0]["from"][-1] == extra
@@ -427,10 +484,14 @@ def test_bundled_redis_over_tls_with_a_generated_certificate() -> None:
     tls = secrets[("kompaktor-redis-tls", "kompaktor-system")]
     assert tls["type"] == "kubernetes.io/tls" and set(tls["data"]) == {"tls.crt", "tls.key", "ca.crt"}
     url = secrets[("kompaktor-redis", "kompaktor-system")]["stringData"]["url"]
-    assert re.fullmatch(r"rediss://:[A-Za-z0-9]{32}@kompaktor-redis\.kompaktor-system\.svc:6379/0"
-                        r"\?ssl_ca_certs=/etc/kompaktor/redis-tls/ca\.crt", url), url
+    assert re.fullmatch(
+        r"rediss://:[A-Za-z0-9]{32}@kompaktor-redis\.kompaktor-system\.svc:6379/0"
+        r"\?ssl_ca_certs=/etc/kompaktor/redis-tls/ca\.crt",
+        url,
+    ), url
     cas = by_name(docs, "ConfigMap")
     import base64
+
     for ns in ("kompaktor-system", "tables"):  # the CA only, never the key, where compactors run
         assert cas[("kompaktor-redis-ca", ns)]["data"] == {"ca.crt": base64.b64decode(tls["data"]["ca.crt"]).decode()}
     for cname in ("operator", "coordinator"):
@@ -442,8 +503,15 @@ def test_bundled_redis_over_tls_with_a_generated_certificate() -> None:
 
 def test_bundled_redis_tls_from_cert_manager_or_a_secret_needs_the_ca() -> None:
     pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
-    cm = {"redis": {"tls": {"enabled": True, "caCert": pem,
-                            "certManager": {"enabled": True, "issuerRef": {"name": "ca-issuer", "kind": "Issuer"}}}}}
+    cm = {
+        "redis": {
+            "tls": {
+                "enabled": True,
+                "caCert": pem,
+                "certManager": {"enabled": True, "issuerRef": {"name": "ca-issuer", "kind": "Issuer"}},
+            }
+        }
+    }
     docs = render(cm)
     (cert,) = [d for d in docs if d["kind"] == "Certificate"]
     assert cert["spec"]["secretName"] == "kompaktor-redis-tls"
@@ -454,9 +522,10 @@ def test_bundled_redis_tls_from_cert_manager_or_a_secret_needs_the_ca() -> None:
     own = render({"redis": {"tls": {"enabled": True, "caCert": pem, "existingSecret": "redis-cert"}}})
     (sts,) = [d for d in own if d["kind"] == "StatefulSet"]
     assert sts["spec"]["template"]["spec"]["volumes"] == [{"name": "tls", "secret": {"secretName": "redis-cert"}}]
-    for missing_ca in ({"redis": {"tls": {"enabled": True, "existingSecret": "redis-cert"}}},
-                       {"redis": {"tls": {"enabled": True, "certManager": {"enabled": True,
-                                                                           "issuerRef": {"name": "x"}}}}}):
+    for missing_ca in (
+        {"redis": {"tls": {"enabled": True, "existingSecret": "redis-cert"}}},
+        {"redis": {"tls": {"enabled": True, "certManager": {"enabled": True, "issuerRef": {"name": "x"}}}}},
+    ):
         with pytest.raises(helm.HelmError, match=r"redis\.tls\.caCert"):
             render(missing_ca)
 
@@ -485,18 +554,31 @@ def test_operator_metrics_port_service_and_scrape_config() -> None:
     assert sm["spec"]["namespaceSelector"] == {"any": True}
     for name, number in (("kompaktor-operator-metrics", "9091"), ("kompaktor-metrics", "9090")):
         assert svcs[name]["metadata"]["annotations"] == {
-            "prometheus.io/scrape": "true", "prometheus.io/port": number, "prometheus.io/path": "/metrics"}
+            "prometheus.io/scrape": "true",
+            "prometheus.io/port": number,
+            "prometheus.io/path": "/metrics",
+        }
 
     moved = render({"operator": {"metricsPort": 9100}})
     assert "--metrics-port=9100" in container(moved, "Deployment", "kompaktor-operator", "operator")["args"]
     svc = next(s for s in moved if s["kind"] == "Service" and s["metadata"]["name"] == "kompaktor-operator-metrics")
     assert svc["spec"]["ports"][0]["port"] == 9100 and svc["metadata"]["annotations"]["prometheus.io/port"] == "9100"
     # 6443 is free when the operator does not serve the metrics API
-    assert "--metrics-port=6443" in container(render({"operator": {"metricsPort": 6443}, "autoscaler": "hpa"}),
-                                              "Deployment", "kompaktor-operator", "operator")["args"]
-    for taken in ({"operator": {"metricsPort": 9090}}, {"operator": {"metricsPort": 8080}},
-                  {"operator": {"metricsPort": 6443}},
-                  {"operator": {"metricsPort": 9200}, "coordinator": {"metricsPort": 9200}}):
+    assert (
+        "--metrics-port=6443"
+        in container(
+            render({"operator": {"metricsPort": 6443}, "autoscaler": "hpa"}),
+            "Deployment",
+            "kompaktor-operator",
+            "operator",
+        )["args"]
+    )
+    for taken in (
+        {"operator": {"metricsPort": 9090}},
+        {"operator": {"metricsPort": 8080}},
+        {"operator": {"metricsPort": 6443}},
+        {"operator": {"metricsPort": 9200}, "coordinator": {"metricsPort": 9200}},
+    ):
         with pytest.raises(helm.HelmError, match="is taken in the operator pod"):
             render(taken)
     with helm.Chart.load(str(CHART)) as chart, pytest.raises(helm.HelmError):

@@ -24,15 +24,22 @@ from test_chart import kinds, render
 pytestmark = pytest.mark.chart
 
 NAME = re.compile(r"\bkompaktor_[a-z0-9_]+\b")
-SUFFIXES = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count", "_created"),
-            "gauge": ("",), "summary": ("_sum", "_count", "_created")}
+SUFFIXES = {
+    "counter": ("_total", "_created"),
+    "histogram": ("_bucket", "_sum", "_count", "_created"),
+    "gauge": ("",),
+    "summary": ("_sum", "_count", "_created"),
+}
 
 
 def exported() -> set[str]:
     """The series names Prometheus sees from the coordinator's, the compactor's and the operator's /metrics."""
     names: set[str] = set()
-    for registry in (QueueMetrics.create().registry, CompactorMetrics.create().registry,
-                     OperatorMetrics.create().registry):
+    for registry in (
+        QueueMetrics.create().registry,
+        CompactorMetrics.create().registry,
+        OperatorMetrics.create().registry,
+    ):
         fam: Metric
         for fam in registry.collect():
             names |= {fam.name + s for s in SUFFIXES[fam.type]}
@@ -46,8 +53,9 @@ def referenced() -> dict[str, set[str]]:
     rules = yaml.safe_load(cms["kompaktor-adapter-rules"]["data"]["config.yaml"])
     out = {
         "dashboard": {n for p in dash["panels"] for t in p.get("targets", []) for n in NAME.findall(t["expr"])},
-        "prometheus-adapter rule": {n for r in rules["external"]
-                                    for n in NAME.findall(f"{r['seriesQuery']} {r['name']['as']}")},
+        "prometheus-adapter rule": {
+            n for r in rules["external"] for n in NAME.findall(f"{r['seriesQuery']} {r['name']['as']}")
+        },
         "KEDA trigger": set(NAME.findall(queue_depth_query("g"))),
     }
     return out
@@ -55,8 +63,12 @@ def referenced() -> dict[str, set[str]]:
 
 def test_every_shipped_query_names_an_exported_metric() -> None:
     have = exported()
-    assert {"kompaktor_queue_depth", "kompaktor_compactions_completed_total",
-            "kompaktor_operator_reconciles_total", "kompaktor_operator_group_replicas"} <= have
+    assert {
+        "kompaktor_queue_depth",
+        "kompaktor_compactions_completed_total",
+        "kompaktor_operator_reconciles_total",
+        "kompaktor_operator_group_replicas",
+    } <= have
     refs = referenced()
     assert {"kompaktor_operator_reconciles_total", "kompaktor_operator_group_replicas"} <= refs["dashboard"]
     for where, names in refs.items():

@@ -28,8 +28,14 @@ K8S_NAMESPACE = "k8s.io"
 
 
 class Containerd:
-    def __init__(self, root: Path, *, cni_conf_dir: Path | None = None, cni_bin_dir: Path = Path("/usr/lib/cni"),
-                 sandbox_image: str = "localhost/kompaktor/pause:3.2") -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        cni_conf_dir: Path | None = None,
+        cni_bin_dir: Path = Path("/usr/lib/cni"),
+        sandbox_image: str = "localhost/kompaktor/pause:3.2",
+    ) -> None:
         self.root = Path(root).resolve()
         self.cni_conf_dir = cni_conf_dir or (self.root / "cni")
         self.cni_bin_dir = cni_bin_dir
@@ -41,15 +47,15 @@ class Containerd:
     def config(self) -> str:
         r = self.root
         return f"""version = 2
-root = "{r / 'root'}"
-state = "{r / 'state'}"
+root = "{r / "root"}"
+state = "{r / "state"}"
 
 [grpc]
   address = "{self.socket}"
 [ttrpc]
-  address = "{r / 'ttrpc.sock'}"
+  address = "{r / "ttrpc.sock"}"
 [debug]
-  address = "{r / 'debug.sock'}"
+  address = "{r / "debug.sock"}"
 [metrics]
   address = ""
 
@@ -73,8 +79,12 @@ state = "{r / 'state'}"
 """
 
     def ctr(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
-        out = subprocess.run(["ctr", "--address", str(self.socket), "-n", K8S_NAMESPACE, *args],
-                             capture_output=True, text=True, timeout=timeout)
+        out = subprocess.run(
+            ["ctr", "--address", str(self.socket), "-n", K8S_NAMESPACE, *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         if check and out.returncode != 0:
             raise RuntimeError(f"ctr {' '.join(args)} failed ({out.returncode}): {out.stderr.strip()}")
         return out
@@ -86,9 +96,13 @@ state = "{r / 'state'}"
         self.cni_conf_dir.mkdir(parents=True, exist_ok=True)
         (self.root / "config.toml").write_text(self.config())
         with open(self.log, "wb") as out:
-            self.popen = subprocess.Popen(["containerd", "--config", str(self.root / "config.toml")],
-                                          stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          start_new_session=True)
+            self.popen = subprocess.Popen(
+                ["containerd", "--config", str(self.root / "config.toml")],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.popen.poll() is not None:
@@ -111,9 +125,16 @@ state = "{r / 'state'}"
         listed = self.ctr("images", "ls", "-q").stdout.split()
         return refs or listed
 
-    def run(self, image: str, argv: list[str], *, read_only: bool = True,
-            mounts: list[tuple[Path, str, bool]] | tuple = (), env: dict[str, str] | None = None,
-            timeout: float = 300) -> subprocess.CompletedProcess:
+    def run(
+        self,
+        image: str,
+        argv: list[str],
+        *,
+        read_only: bool = True,
+        mounts: list[tuple[Path, str, bool]] | tuple = (),
+        env: dict[str, str] | None = None,
+        timeout: float = 300,
+    ) -> subprocess.CompletedProcess:
         """A one-off container as the image's own USER (ctr 1.6 cannot override it), with no network
         but its own loopback, removed afterwards."""
         args = ["run", "--rm"]
@@ -129,8 +150,12 @@ state = "{r / 'state'}"
         for k, v in (env or {}).items():
             args += ["--env", f"{k}={v}"]
         name = f"kz-{uuid.uuid4().hex[:12]}"
-        return subprocess.run(["ctr", "--address", str(self.socket), "-n", K8S_NAMESPACE, *args, image, name,
-                               *argv], capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            ["ctr", "--address", str(self.socket), "-n", K8S_NAMESPACE, *args, image, name, *argv],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
     def _shims(self) -> list[int]:
         pids = []

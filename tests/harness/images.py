@@ -21,7 +21,9 @@ def ensure_images() -> dict[str, Path]:
         raise RuntimeError(f"{SCRIPT} failed ({out.returncode}):\n{out.stderr[-4000:]}")
     lines = out.stdout.strip().splitlines()
     if not lines:
-        raise RuntimeError(f"{SCRIPT} wrote no images.json (docker keeps images in its engine; the test tier "
-                           "needs buildah or podman: CONTAINER_TOOL=buildah)")
+        raise RuntimeError(
+            f"{SCRIPT} wrote no images.json (docker keeps images in its engine; the test tier "
+            "needs buildah or podman: CONTAINER_TOOL=buildah)"
+        )
     manifest = json.loads(Path(lines[-1]).read_text())
     return {ref: Path(path) for ref, path in manifest.items()}

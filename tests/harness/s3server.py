@@ -46,8 +46,12 @@ class S3Server:
 
     def env(self) -> dict[str, str]:
         """What a client needs, as environment variables (never arguments)."""
-        return {"AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key,
-                "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": self.endpoint}
+        return {
+            "AWS_ACCESS_KEY_ID": self.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.secret_key,
+            "AWS_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": self.endpoint,
+        }
 
     def start(self, timeout: float = 60) -> S3Server:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -57,15 +61,22 @@ class S3Server:
         env = dict(os.environ)
         if self.record:
             env.update(MOTO_ENABLE_RECORDING="true", MOTO_RECORDER_FILEPATH=str(self.recording))
-        self.popen = subprocess.Popen([str(server), "-H", self.host, "-p", str(self.port)], stdout=log, env=env,
-                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                                      cwd=self.root)
+        self.popen = subprocess.Popen(
+            [str(server), "-H", self.host, "-p", str(self.port)],
+            stdout=log,
+            env=env,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=self.root,
+        )
         log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.popen.poll() is not None:
-                raise RuntimeError(f"moto_server exited ({self.popen.returncode}): "
-                                   f"{(self.root / 'moto.log').read_text()[-2000:]}")
+                raise RuntimeError(
+                    f"moto_server exited ({self.popen.returncode}): {(self.root / 'moto.log').read_text()[-2000:]}"
+                )
             try:
                 urllib.request.urlopen(f"{self.endpoint}/moto-api/", timeout=2).close()
                 return self
@@ -94,8 +105,9 @@ class S3Server:
                 kinds["COPY"] += 1
             elif method == "PUT":
                 kinds["PUT"] += 1
-            elif (method == "POST" and ("uploads" in query or "uploadId" in query)) or \
-                    (method == "DELETE" and "uploadId" in query):
+            elif (method == "POST" and ("uploads" in query or "uploadId" in query)) or (
+                method == "DELETE" and "uploadId" in query
+            ):
                 kinds["MULTIPART"] += 1
             elif method == "DELETE" or (method == "POST" and "delete" in query):
                 kinds["DELETE"] += 1
@@ -115,8 +127,14 @@ class S3Server:
     def create_bucket(self, name: str) -> None:
         import pyarrow.fs as pafs
 
-        fs = pafs.S3FileSystem(access_key=self.access_key, secret_key=self.secret_key, region="us-east-1",
-                               endpoint_override=self.endpoint, scheme="http", allow_bucket_creation=True)
+        fs = pafs.S3FileSystem(
+            access_key=self.access_key,
+            secret_key=self.secret_key,
+            region="us-east-1",
+            endpoint_override=self.endpoint,
+            scheme="http",
+            allow_bucket_creation=True,
+        )
         fs.create_dir(name)
 
     def enforce_auth(self, users: dict[str, list[str]]) -> dict[str, dict[str, str]]:
@@ -127,19 +145,35 @@ class S3Server:
         server's own keys stop working: buckets are created before."""
         import boto3
 
-        iam = boto3.client("iam", endpoint_url=self.endpoint, aws_access_key_id=self.access_key,
-                           aws_secret_access_key=self.secret_key, region_name="us-east-1")
+        iam = boto3.client(
+            "iam",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+            region_name="us-east-1",
+        )
         envs = {}
         for user, actions in users.items():
             iam.create_user(UserName=user)
-            iam.put_user_policy(UserName=user, PolicyName=f"{user}-s3", PolicyDocument=json.dumps(
-                {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": actions, "Resource": "*"}]}))
+            iam.put_user_policy(
+                UserName=user,
+                PolicyName=f"{user}-s3",
+                PolicyDocument=json.dumps(
+                    {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": actions, "Resource": "*"}]}
+                ),
+            )
             key = iam.create_access_key(UserName=user)["AccessKey"]
-            envs[user] = {**self.env(), "AWS_ACCESS_KEY_ID": key["AccessKeyId"],
-                          "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"]}
-        urllib.request.urlopen(urllib.request.Request(  # moto's switch: authenticate after 0 more requests
-            f"{self.endpoint}/moto-api/reset-auth", data=b"0", method="POST",
-            headers={"Content-Type": "text/plain"}), timeout=10).close()
+            envs[user] = {
+                **self.env(),
+                "AWS_ACCESS_KEY_ID": key["AccessKeyId"],
+                "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"],
+            }
+        urllib.request.urlopen(
+            urllib.request.Request(  # moto's switch: authenticate after 0 more requests
+                f"{self.endpoint}/moto-api/reset-auth", data=b"0", method="POST", headers={"Content-Type": "text/plain"}
+            ),
+            timeout=10,
+        ).close()
         return envs
 
     def stop(self) -> None:

@@ -19,9 +19,10 @@ def spark_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     from kompaktor.engines import session as spark
 
     local_dir = tmp_path_factory.mktemp("spark-local")
-    session = spark.get_session(SPARK_MASTER, {"spark.sql.shuffle.partitions": "2",
-                                               "spark.default.parallelism": "2",
-                                               "spark.local.dir": str(local_dir)})
+    session = spark.get_session(
+        SPARK_MASTER,
+        {"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2", "spark.local.dir": str(local_dir)},
+    )
     yield session
     spark.stop_session()
 

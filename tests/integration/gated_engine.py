@@ -22,8 +22,15 @@ from typing import Any
 
 
 class GatedEngine:
-    def __init__(self, inner: Any, gate: Callable[[], bool] | threading.Event, *, hold_after_parts: int = 1,
-                 on_hold: Callable[[], None] | None = None, after_merge: Callable[[Any], None] | None = None) -> None:
+    def __init__(
+        self,
+        inner: Any,
+        gate: Callable[[], bool] | threading.Event,
+        *,
+        hold_after_parts: int = 1,
+        on_hold: Callable[[], None] | None = None,
+        after_merge: Callable[[Any], None] | None = None,
+    ) -> None:
         self.inner = inner
         self.name = inner.name
         self._gate = gate.is_set if isinstance(gate, threading.Event) else gate
@@ -73,8 +80,7 @@ def _main() -> None:
         return gate.exists() or (armed is not None and not Path(armed).exists())
 
     def make_engine(kind: str = "spark", **kw: Any) -> GatedEngine:
-        return GatedEngine(real_make_engine(kind, **kw), is_open,
-                           on_hold=lambda: Path(f"{gate}.held").touch())
+        return GatedEngine(real_make_engine(kind, **kw), is_open, on_hold=lambda: Path(f"{gate}.held").touch())
 
     engine.make_engine = make_engine
     sys.argv[0] = "kompaktor"

@@ -37,8 +37,15 @@ def free_port() -> int:
 
 def _env(log_dir: Path) -> dict[str, str]:
     env = dict(os.environ)
-    env.update({"SPARK_HOME": spark_home(), "SPARK_LOCAL_IP": HOST, "SPARK_LOG_DIR": str(log_dir),
-                "PYSPARK_PYTHON": sys.executable, "SPARK_NO_DAEMONIZE": "1"})
+    env.update(
+        {
+            "SPARK_HOME": spark_home(),
+            "SPARK_LOCAL_IP": HOST,
+            "SPARK_LOG_DIR": str(log_dir),
+            "PYSPARK_PYTHON": sys.executable,
+            "SPARK_NO_DAEMONIZE": "1",
+        }
+    )
     env.pop("SPARK_CONF_DIR", None)
     return env
 
@@ -128,15 +135,24 @@ class SparkCluster:
     def _launch(self, cls: str, args: list[str], log: Path) -> subprocess.Popen:
         cmd = [os.path.join(spark_home(), "bin", "spark-class"), cls, *args]
         with open(log, "ab") as out:
-            return subprocess.Popen(cmd, env=_env(self.root / "logs"), stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.root)
+            return subprocess.Popen(
+                cmd,
+                env=_env(self.root / "logs"),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=self.root,
+            )
 
     def start(self, workers: int = 2, timeout: float = 120.0) -> SparkCluster:
         (self.root / "logs").mkdir(parents=True, exist_ok=True)
         self.master_port, self.web_port = free_port(), free_port()
-        self.master = self._launch("org.apache.spark.deploy.master.Master",
-                                   ["--host", HOST, "--port", str(self.master_port),
-                                    "--webui-port", str(self.web_port)], self.root / "logs" / "master.log")
+        self.master = self._launch(
+            "org.apache.spark.deploy.master.Master",
+            ["--host", HOST, "--port", str(self.master_port), "--webui-port", str(self.web_port)],
+            self.root / "logs" / "master.log",
+        )
         for _ in range(workers):
             self.add_worker()
         self.wait_workers(workers, timeout)
@@ -147,9 +163,23 @@ class SparkCluster:
         work = self.root / f"worker{i}"
         work.mkdir(parents=True, exist_ok=True)
         log = self.root / "logs" / f"worker{i}.log"
-        proc = self._launch("org.apache.spark.deploy.worker.Worker",
-                            ["--host", HOST, "--cores", "1", "--memory", "1g", "--webui-port", str(free_port()),
-                             "--work-dir", str(work), self.url], log)
+        proc = self._launch(
+            "org.apache.spark.deploy.worker.Worker",
+            [
+                "--host",
+                HOST,
+                "--cores",
+                "1",
+                "--memory",
+                "1g",
+                "--webui-port",
+                str(free_port()),
+                "--work-dir",
+                str(work),
+                self.url,
+            ],
+            log,
+        )
         w = Worker(proc, work, log)
         self.workers.append(w)
         return w

@@ -46,8 +46,9 @@ def main() -> None:
     conf.setdefault("spark.ui.enabled", "true")  # the REST API of task attempts
     conf.setdefault("spark.ui.port", "0")
     try:
-        eng = make_engine("spark", spark_master=setup["master"], spark_conf=conf,
-                          driver_memory=setup.get("driver_memory"))
+        eng = make_engine(
+            "spark", spark_master=setup["master"], spark_conf=conf, driver_memory=setup.get("driver_memory")
+        )
     except Exception as exc:
         emit({"event": "failed", "error": str(exc), "type": type(exc).__name__})
         return
@@ -66,8 +67,14 @@ def main() -> None:
                 cancel.set()
 
         storage = Storage.from_uri(cmd["storage"])
-        req = MergeRequest(tuple(cmd["inputs"]), cmd["output"], None, None,
-                           IteratorSettings(max_versions=1, full=True), cmd.get("tag", "ECID-C"))
+        req = MergeRequest(
+            tuple(cmd["inputs"]),
+            cmd["output"],
+            None,
+            None,
+            IteratorSettings(max_versions=1, full=True),
+            cmd.get("tag", "ECID-C"),
+        )
         try:
             res = eng.merge(storage, req, progress=progress, cancel=cancel)
             emit({"event": "done", "id": cmd["id"], "entries_written": res.entries_written})
@@ -85,8 +92,15 @@ def main() -> None:
             for sid in tr.getActiveStageIds():
                 st = tr.getStageInfo(sid)
                 if st is not None:
-                    stages.append({"stage": sid, "total": st.numTasks, "active": st.numActiveTasks,
-                                   "completed": st.numCompletedTasks, "failed": st.numFailedTasks})
+                    stages.append(
+                        {
+                            "stage": sid,
+                            "total": st.numTasks,
+                            "active": st.numActiveTasks,
+                            "completed": st.numCompletedTasks,
+                            "failed": st.numFailedTasks,
+                        }
+                    )
             emit({"event": "stages", "stages": stages})
         elif op == "executors":
             emit({"event": "executors", "n": eng.executors()})
@@ -97,9 +111,17 @@ def main() -> None:
             tasks = []
             for st in data:
                 for t in (st.get("tasks") or {}).values():
-                    tasks.append({"stage": st["stageId"], "stage_status": st["status"], "index": t["index"],
-                                  "attempt": t["attempt"], "executor": t["executorId"], "status": t["status"],
-                                  "name": st.get("name", "")})
+                    tasks.append(
+                        {
+                            "stage": st["stageId"],
+                            "stage_status": st["status"],
+                            "index": t["index"],
+                            "attempt": t["attempt"],
+                            "executor": t["executorId"],
+                            "status": t["status"],
+                            "name": st.get("name", ""),
+                        }
+                    )
             emit({"event": "tasks", "tasks": tasks})
         elif op == "conf":
             emit({"event": "conf", "conf": dict(sc.getConf().getAll())})

@@ -7,8 +7,15 @@ import time
 
 
 def running_doc(files: list[str], group: str = "g") -> dict:
-    return {"kind": "SYSTEM", "files": files, "group": group, "priority": 1, "compactor": "c",
-            "started": 0, "output": "out"}
+    return {
+        "kind": "SYSTEM",
+        "files": files,
+        "group": group,
+        "priority": 1,
+        "compactor": "c",
+        "started": 0,
+        "output": "out",
+    }
 
 
 def claim(url: str, tablet_ids: list[str], files: list[str], ecid: str, barrier) -> str:
@@ -21,7 +28,8 @@ def claim(url: str, tablet_ids: list[str], files: list[str], ecid: str, barrier)
         m = Mutation()
         for t in tablet_ids:
             m.tablet(t).require("files_present", files).require("files_free", files).do(
-                "add_running", ecid, running_doc(files))
+                "add_running", ecid, running_doc(files)
+            )
         barrier.wait(timeout=60)
         try:
             store.mutate(m)
@@ -50,7 +58,8 @@ def add_files_cas(url: str, tablet_id: str, prefix: str, count: int, barrier, de
                 t = store.tablet(tablet_id)
                 m = Mutation()
                 m.tablet(tablet_id).require("version", t.version).do(
-                    "add_files", {f"{prefix}-{i}": {"size": 1, "entries": 1}})
+                    "add_files", {f"{prefix}-{i}": {"size": 1, "entries": 1}}
+                )
                 try:
                     store.mutate(m)
                     break

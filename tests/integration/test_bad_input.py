@@ -51,8 +51,11 @@ def world(redis_url: str, tmp_path: Path):
     runner = CliRunner()
 
     def run(*args: str, storage_uri: str | None = None):
-        return runner.invoke(main, [*args, "--storage", storage_uri or str(storage)]
-                             + ([] if "--redis" in args else ["--redis", redis_url]), catch_exceptions=False)
+        return runner.invoke(
+            main,
+            [*args, "--storage", storage_uri or str(storage)] + ([] if "--redis" in args else ["--redis", redis_url]),
+            catch_exceptions=False,
+        )
 
     assert run("table", "create", "t", "--splits", "m").exit_code == 0
     assert run("import", "t", str(tmp_path / "a.parquet")).exit_code == 0
@@ -71,25 +74,43 @@ def group_file(tmp: Path, name: str, spec: dict) -> str:
 
     path = tmp / "groups" / f"{name}.yaml"
     path.parent.mkdir(exist_ok=True)
-    path.write_text(yaml.safe_dump({"apiVersion": "kompaktor.io/v1alpha1", "kind": "CompactorGroup",
-                                    "metadata": {"name": name}, "spec": spec}))
+    path.write_text(
+        yaml.safe_dump(
+            {"apiVersion": "kompaktor.io/v1alpha1", "kind": "CompactorGroup", "metadata": {"name": name}, "spec": spec}
+        )
+    )
     return str(path)
 
 
 #: issue 25 §1 and §3: what a group may not choose, refused by `kompaktor service apply` as by the
 #: operator (same rule, same words), and nothing stored
 HOSTILE_GROUPS = [
-    ("jars", {"spark": {"conf": {"spark.jars": "http://evil.example/x.jar"}}},
-     "error: CompactorGroup jars: spec.spark.conf key 'spark.jars' is not allowed"),
-    ("javaopts", {"spark": {"conf": {"spark.driver.extraJavaOptions": "-javaagent:/tmp/a.jar"}}},
-     "error: CompactorGroup javaopts: spec.spark.conf key 'spark.driver.extraJavaOptions' is not allowed"),
-    ("master", {"spark": {"master": "spark://evil.example:7077"}},
-     "error: CompactorGroup master: spec.spark.master 'spark://evil.example:7077' is not allowed"),
-    ("storage", {"storage": {"uri": "s3://someone-elses-bucket/x"}},
-     "error: CompactorGroup storage: spec.storage.uri 's3://someone-elses-bucket/x' is not allowed"),
+    (
+        "jars",
+        {"spark": {"conf": {"spark.jars": "http://evil.example/x.jar"}}},
+        "error: CompactorGroup jars: spec.spark.conf key 'spark.jars' is not allowed",
+    ),
+    (
+        "javaopts",
+        {"spark": {"conf": {"spark.driver.extraJavaOptions": "-javaagent:/tmp/a.jar"}}},
+        "error: CompactorGroup javaopts: spec.spark.conf key 'spark.driver.extraJavaOptions' is not allowed",
+    ),
+    (
+        "master",
+        {"spark": {"master": "spark://evil.example:7077"}},
+        "error: CompactorGroup master: spec.spark.master 'spark://evil.example:7077' is not allowed",
+    ),
+    (
+        "storage",
+        {"storage": {"uri": "s3://someone-elses-bucket/x"}},
+        "error: CompactorGroup storage: spec.storage.uri 's3://someone-elses-bucket/x' is not allowed",
+    ),
     ("many", {"maxReplicas": 100000}, "error: CompactorGroup many: spec.maxReplicas 100000 is more than 1000"),
-    ("labels", {"podLabels": {"app.kubernetes.io/component": "operator"}},
-     "error: CompactorGroup labels: spec.podLabels key 'app.kubernetes.io/component' is not allowed"),
+    (
+        "labels",
+        {"podLabels": {"app.kubernetes.io/component": "operator"}},
+        "error: CompactorGroup labels: spec.podLabels key 'app.kubernetes.io/component' is not allowed",
+    ),
 ]
 
 
@@ -98,62 +119,152 @@ def bad_inputs(tmp: Path, redis_port: int) -> list[tuple[list[str], str | None, 
     out = tmp / "out"
     afile = str(out / "afile")
     return [
-        *[(["service", "apply", group_file(tmp, name, spec)], None, 1, message)
-          for name, spec, message in HOSTILE_GROUPS],
-        (["import", "t", str(tmp / "empty.parquet")], None, 1,
-         f"error: {tmp / 'empty.parquet'}: the file has no entries; nothing to import"),
-        (["compact", "t", "--start", "z", "--end", "a"], None, 1,
-         "error: empty row range to compact: --start 'z' is after --end 'a'"),
-        (["scan", "t", "--start", "b", "--end", "a"], None, 1,
-         "error: empty row range to scan: --start 'b' is after --end 'a'"),
+        *[
+            (["service", "apply", group_file(tmp, name, spec)], None, 1, message)
+            for name, spec, message in HOSTILE_GROUPS
+        ],
+        (
+            ["import", "t", str(tmp / "empty.parquet")],
+            None,
+            1,
+            f"error: {tmp / 'empty.parquet'}: the file has no entries; nothing to import",
+        ),
+        (
+            ["compact", "t", "--start", "z", "--end", "a"],
+            None,
+            1,
+            "error: empty row range to compact: --start 'z' is after --end 'a'",
+        ),
+        (
+            ["scan", "t", "--start", "b", "--end", "a"],
+            None,
+            1,
+            "error: empty row range to scan: --start 'b' is after --end 'a'",
+        ),
         # issue 25 §3: hostile values in what a user controls are refused, never interpreted
-        (["compact", "t", "--delete-rows-from", "z", "--delete-rows-to", "a"], None, 1,
-         "error: empty row range to delete: 'z' is not before 'a' (rows in [FROM, TO) are deleted)"),
-        (["compact", "t", "--row-regex", "("], None, 1,
-         "error: row filter regex '(' is invalid: missing ), unterminated subpattern at position 0"),
+        (
+            ["compact", "t", "--delete-rows-from", "z", "--delete-rows-to", "a"],
+            None,
+            1,
+            "error: empty row range to delete: 'z' is not before 'a' (rows in [FROM, TO) are deleted)",
+        ),
+        (
+            ["compact", "t", "--row-regex", "("],
+            None,
+            1,
+            "error: row filter regex '(' is invalid: missing ), unterminated subpattern at position 0",
+        ),
         (["compact", "t", "--ageoff-ttl", "-5"], None, 1, "error: ageoff ttl must be >= 0 ms, got -5"),
-        (["compact", "--status", "UC-1'; FLUSHALL; '"], None, 1,
-         "error: unknown user compaction \"UC-1'; FLUSHALL; '\""),
+        (
+            ["compact", "--status", "UC-1'; FLUSHALL; '"],
+            None,
+            1,
+            "error: unknown user compaction \"UC-1'; FLUSHALL; '\"",
+        ),
         (["compact", "--cancel", "../../kz:tables"], None, 1, "error: unknown user compaction '../../kz:tables'"),
-        (["table", "config", "t", "kz:tables=x"], None, 1,
-         "error: unknown table property 'kz:tables' (custom properties go under table.custom.)"),
-        (["import", "t", str(tmp / "a.parquet")], READ_ONLY_DIR, 1,
-         f"error: cannot write to storage {READ_ONLY_DIR}: [Errno 1] Cannot create directory "
-         f"'{READ_ONLY_DIR}/tables'"),
-        (["import", "t", str(tmp / "a.parquet")], afile, 1,
-         f"error: storage {afile}: not a directory (a file is in the way)"),
-        (["scan", "t"], afile + "/sub", 1,
-         f"error: storage {afile}/sub: cannot create the directory: Not a directory"),
-        (["scan", "t", "-o", f"{READ_ONLY_DIR}/out.parquet"], None, 1,
-         f"error: -o {READ_ONLY_DIR}/out.parquet: cannot write: Failed to open local file"),
-        (["scan", "t", "-o", str(out / "outdir")], None, 1,
-         f"error: -o {out / 'outdir'}: is a directory; give the name of a Parquet file to write"),
-        (["scan", "t", "-o", afile + "/x.parquet"], None, 1,
-         f"error: -o {afile}/x.parquet: {afile} is not an existing directory"),
-        (["table", "list", "--redis", f"redis://127.0.0.1:{redis_port}/99"], None, 1,
-         f"error: Redis at redis://127.0.0.1:{redis_port}/99 has no such database (DB index out of range)"),
-        (["table", "list", "--redis", f"redis://127.0.0.1:{redis_port}/0?ssl_ca_certs=/etc/ca.crt"], None, 1,
-         f"error: invalid Redis URL 'redis://127.0.0.1:{redis_port}/0?ssl_ca_certs=/etc/ca.crt': ssl_ca_certs "
-         "needs TLS: use rediss://"),
-        (["table", "list", "--redis", f"redis://127.0.0.1:{redis_port}/0?timeout=5"], None, 1,
-         f"error: invalid Redis URL 'redis://127.0.0.1:{redis_port}/0?timeout=5': unknown parameter(s) timeout"),
-        *[(["table", "create", name], None, 1,
-           f"error: invalid table name {name!r}: use 1 to 128 ASCII letters, digits, '-', '_' or '.', "
-           "not '.' or '..'")
-          for name in (".", "..", "é", "tab\u00e9le", "a\x01b", "a\x1b[31mb", "a b", "a/b", "x" * 129)],
-        (["table", "config", "t", "table.iterator.versions=1e23"], None, 1,
-         "error: table.iterator.versions='1e23': not an integer"),
-        (["table", "config", "t", "table.iterator.versions=100000000000000000000000"], None, 1,
-         "error: table.iterator.versions='100000000000000000000000': must be <= 2147483647"),
-        (["table", "config", "t", "table.compaction.major.ratio=nan"], None, 1,
-         "error: table.compaction.major.ratio='nan': must be a finite number in [1.0, ∞)"),
-        (["table", "config", "t", "table.compaction.selector.threshold=x"], None, 1,
-         "error: table.compaction.selector.threshold='x': not a number"),
-        (["table", "config", "t", "table.compaction.dispatcher.opts.service=nope"], None, 1,
-         "error: table.compaction.dispatcher.opts.service='nope': no compaction service 'nope' "
-         "(services: default)"),
-        (["table", "config", "t", "table.compaction.dispatcher.opts.service.user=nope"], None, 1,
-         "error: table.compaction.dispatcher.opts.service.user='nope': no compaction service 'nope'"),
+        (
+            ["table", "config", "t", "kz:tables=x"],
+            None,
+            1,
+            "error: unknown table property 'kz:tables' (custom properties go under table.custom.)",
+        ),
+        (
+            ["import", "t", str(tmp / "a.parquet")],
+            READ_ONLY_DIR,
+            1,
+            f"error: cannot write to storage {READ_ONLY_DIR}: [Errno 1] Cannot create directory "
+            f"'{READ_ONLY_DIR}/tables'",
+        ),
+        (
+            ["import", "t", str(tmp / "a.parquet")],
+            afile,
+            1,
+            f"error: storage {afile}: not a directory (a file is in the way)",
+        ),
+        (["scan", "t"], afile + "/sub", 1, f"error: storage {afile}/sub: cannot create the directory: Not a directory"),
+        (
+            ["scan", "t", "-o", f"{READ_ONLY_DIR}/out.parquet"],
+            None,
+            1,
+            f"error: -o {READ_ONLY_DIR}/out.parquet: cannot write: Failed to open local file",
+        ),
+        (
+            ["scan", "t", "-o", str(out / "outdir")],
+            None,
+            1,
+            f"error: -o {out / 'outdir'}: is a directory; give the name of a Parquet file to write",
+        ),
+        (
+            ["scan", "t", "-o", afile + "/x.parquet"],
+            None,
+            1,
+            f"error: -o {afile}/x.parquet: {afile} is not an existing directory",
+        ),
+        (
+            ["table", "list", "--redis", f"redis://127.0.0.1:{redis_port}/99"],
+            None,
+            1,
+            f"error: Redis at redis://127.0.0.1:{redis_port}/99 has no such database (DB index out of range)",
+        ),
+        (
+            ["table", "list", "--redis", f"redis://127.0.0.1:{redis_port}/0?ssl_ca_certs=/etc/ca.crt"],
+            None,
+            1,
+            f"error: invalid Redis URL 'redis://127.0.0.1:{redis_port}/0?ssl_ca_certs=/etc/ca.crt': ssl_ca_certs "
+            "needs TLS: use rediss://",
+        ),
+        (
+            ["table", "list", "--redis", f"redis://127.0.0.1:{redis_port}/0?timeout=5"],
+            None,
+            1,
+            f"error: invalid Redis URL 'redis://127.0.0.1:{redis_port}/0?timeout=5': unknown parameter(s) timeout",
+        ),
+        *[
+            (
+                ["table", "create", name],
+                None,
+                1,
+                f"error: invalid table name {name!r}: use 1 to 128 ASCII letters, digits, '-', '_' or '.', "
+                "not '.' or '..'",
+            )
+            for name in (".", "..", "é", "tab\u00e9le", "a\x01b", "a\x1b[31mb", "a b", "a/b", "x" * 129)
+        ],
+        (
+            ["table", "config", "t", "table.iterator.versions=1e23"],
+            None,
+            1,
+            "error: table.iterator.versions='1e23': not an integer",
+        ),
+        (
+            ["table", "config", "t", "table.iterator.versions=100000000000000000000000"],
+            None,
+            1,
+            "error: table.iterator.versions='100000000000000000000000': must be <= 2147483647",
+        ),
+        (
+            ["table", "config", "t", "table.compaction.major.ratio=nan"],
+            None,
+            1,
+            "error: table.compaction.major.ratio='nan': must be a finite number in [1.0, ∞)",
+        ),
+        (
+            ["table", "config", "t", "table.compaction.selector.threshold=x"],
+            None,
+            1,
+            "error: table.compaction.selector.threshold='x': not a number",
+        ),
+        (
+            ["table", "config", "t", "table.compaction.dispatcher.opts.service=nope"],
+            None,
+            1,
+            "error: table.compaction.dispatcher.opts.service='nope': no compaction service 'nope' (services: default)",
+        ),
+        (
+            ["table", "config", "t", "table.compaction.dispatcher.opts.service.user=nope"],
+            None,
+            1,
+            "error: table.compaction.dispatcher.opts.service.user='nope': no compaction service 'nope'",
+        ),
     ]
 
 
@@ -175,8 +286,9 @@ def test_the_good_neighbours_still_work(world) -> None:
     run, _state, tmp = world
     assert run("scan", "t", "--start", "a", "--end", "a").stdout.splitlines() == ["a f:q [] 1\tv"]
     assert run("table", "create", "Ab-9_x.y").exit_code == 0
-    r = run("table", "config", "t", "table.compaction.dispatcher.opts.service=default",
-            "table.iterator.versions=2147483647")
+    r = run(
+        "table", "config", "t", "table.compaction.dispatcher.opts.service=default", "table.iterator.versions=2147483647"
+    )
     assert r.exit_code == 0, r.output
     r = run("scan", "t", "-o", str(tmp / "out" / "new.parquet"))
     assert r.exit_code == 0 and r.stdout == f"wrote 2 entries to {tmp / 'out' / 'new.parquet'}\n"
@@ -193,8 +305,10 @@ def test_internal_error_is_one_line_pointing_at_debug(world, monkeypatch: pytest
     before = state()
     result = run("table", "list")
     assert result.exit_code == 70
-    assert result.stderr == ("error: internal error (RuntimeError: planted bug near redis://***@10.0.0.1:6379/0); "
-                             "run `kompaktor --debug …` for the traceback\n")
+    assert result.stderr == (
+        "error: internal error (RuntimeError: planted bug near redis://***@10.0.0.1:6379/0); "
+        "run `kompaktor --debug …` for the traceback\n"
+    )
     result = CliRunner().invoke(main, ["--debug", "table", "list"])
     assert isinstance(result.exception, RuntimeError)  # --debug lets the traceback through
     assert state() == before
@@ -206,8 +320,11 @@ def test_no_traceback_reaches_the_real_console(world, redis_url: str) -> None:
     exe = Path(sys.executable).parent / "kompaktor"
     env = {**os.environ, "KOMPAKTOR_REDIS_URL": redis_url, "KOMPAKTOR_STORAGE": str(tmp / "files")}
     before = state()
-    for args in (["import", "t", str(tmp / "empty.parquet")], ["scan", "t", "-o", str(tmp / "out" / "outdir")],
-                 ["import", "t", str(tmp / "a.parquet"), "--storage", READ_ONLY_DIR]):
+    for args in (
+        ["import", "t", str(tmp / "empty.parquet")],
+        ["scan", "t", "-o", str(tmp / "out" / "outdir")],
+        ["import", "t", str(tmp / "a.parquet"), "--storage", READ_ONLY_DIR],
+    ):
         p = subprocess.run([str(exe), *args], env=env, capture_output=True, text=True, timeout=120)
         assert p.returncode == 1 and p.stdout == "" and p.stderr.count("\n") == 1, p.stderr
         assert p.stderr.startswith("error: ") and "Traceback" not in p.stderr

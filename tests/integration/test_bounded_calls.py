@@ -21,8 +21,9 @@ pytestmark = pytest.mark.redis
 CHUNK = 1_000
 
 
-def test_a_full_scan_reads_tablets_and_dirty_marks_in_bounded_calls(redis_url: str, tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_full_scan_reads_tablets_and_dirty_marks_in_bounded_calls(
+    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(store_mod, "SCAN_CHUNK", CHUNK)  # the same code, at a size a test can make
     store = MetadataStore.from_url(redis_url)
     tid = store.create_table("big", [b"%06d" % i for i in range(1, 2500)])

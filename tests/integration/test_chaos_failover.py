@@ -19,9 +19,20 @@ pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 
 def test_failover_chaos_loses_nothing_acknowledged(tmp_path: Path) -> None:
-    res = run_demo(DemoOptions(entries=30_000, duration_s=20, tablets=3, batch=1000, live=False, chaos=True,
-                               ha=True, chaos_interval_s=1.0, config_text=ARROW_ONLY,
-                               data_dir=str(tmp_path / "chaos")))
+    res = run_demo(
+        DemoOptions(
+            entries=30_000,
+            duration_s=20,
+            tablets=3,
+            batch=1000,
+            live=False,
+            chaos=True,
+            ha=True,
+            chaos_interval_s=1.0,
+            config_text=ARROW_ONLY,
+            data_dir=str(tmp_path / "chaos"),
+        )
+    )
     s = res.summary
     text = "\n".join(f"{k}: {v}" for k, v in s.items())
     assert res.verified, text

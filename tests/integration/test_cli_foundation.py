@@ -51,8 +51,11 @@ def snapshot(url: str, storage: str) -> tuple:
     r = MetadataStore.from_url(url)._r
     keys = sorted(k for k in r.keys("*") if k != C.SEQ.encode())
     meta = {k: r.dump(k) for k in keys}
-    files = sorted(str(p.relative_to(storage)) for p in Path(storage).rglob("*") if p.is_file()) \
-        if os.path.isdir(storage) else []
+    files = (
+        sorted(str(p.relative_to(storage)) for p in Path(storage).rglob("*") if p.is_file())
+        if os.path.isdir(storage)
+        else []
+    )
     return meta, files
 
 
@@ -78,18 +81,21 @@ def test_table_lifecycle(cli, redis_url: str, tmp_path: Path) -> None:
     assert [t.name for t in store.tables()] == ["u"]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["table", "create", "t"], "table 't' already exists"),
-    (["table", "create", "bad name"], "invalid table name"),
-    (["table", "config", "nope"], "unknown table 'nope'"),
-    (["table", "config", "t", "table.iterator.versions=0"], "table.iterator.versions='0': must be >= 1"),
-    (["table", "config", "t", "no.such.prop=1"], "unknown table property 'no.such.prop'"),
-    (["table", "config", "t", "novalue"], "expected KEY=VALUE"),
-    (["table", "offline", "nope"], "unknown table 'nope'"),
-    (["table", "delete", "nope"], "unknown table 'nope'"),
-    (["scan", "nope"], "unknown table 'nope'"),
-    (["import", "nope", "whatever.parquet"], "unknown table 'nope'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["table", "create", "t"], "table 't' already exists"),
+        (["table", "create", "bad name"], "invalid table name"),
+        (["table", "config", "nope"], "unknown table 'nope'"),
+        (["table", "config", "t", "table.iterator.versions=0"], "table.iterator.versions='0': must be >= 1"),
+        (["table", "config", "t", "no.such.prop=1"], "unknown table property 'no.such.prop'"),
+        (["table", "config", "t", "novalue"], "expected KEY=VALUE"),
+        (["table", "offline", "nope"], "unknown table 'nope'"),
+        (["table", "delete", "nope"], "unknown table 'nope'"),
+        (["scan", "nope"], "unknown table 'nope'"),
+        (["import", "nope", "whatever.parquet"], "unknown table 'nope'"),
+    ],
+)
 def test_errors_are_one_line_and_exit_1(cli, redis_url: str, args: list[str], message: str) -> None:
     cli("table", "create", "t")
     before = snapshot(redis_url, cli.storage)
@@ -122,9 +128,11 @@ def test_import_refusal_exits_nonzero_and_changes_nothing(cli, redis_url: str, t
     good = parquet(tmp_path / "good.parquet", [E(b"b"), E(b"y")])
     unsorted = parquet(tmp_path / "unsorted.parquet", [E(b"y"), E(b"b")])
     pq.write_table(entries_to_table([E(b"c")]).drop_columns(["vis"]), tmp_path / "noviz.parquet")
-    for files, message in (([good, unsorted], "unsorted.parquet: entries are not in key order"),
-                           ([str(tmp_path / "noviz.parquet"), good], "noviz.parquet: wrong schema"),
-                           ([good, str(tmp_path / "missing.parquet")], "missing.parquet: cannot open")):
+    for files, message in (
+        ([good, unsorted], "unsorted.parquet: entries are not in key order"),
+        ([str(tmp_path / "noviz.parquet"), good], "noviz.parquet: wrong schema"),
+        ([good, str(tmp_path / "missing.parquet")], "missing.parquet: cannot open"),
+    ):
         result = cli("import", "t", *files, ok=False)
         assert result.exit_code == 1 and message in result.output, result.output
         assert snapshot(redis_url, cli.storage) == before
@@ -201,5 +209,7 @@ def test_the_documented_example_imports(cli, tmp_path: Path, monkeypatch: pytest
     cli("table", "create", "users", "--splits", "user1,user5")
     cli("import", "users", "users.parquet")
     assert cli("scan", "users").output.splitlines() == [
-        "user1 info:name [] 1700000000000\tAnn", "user2 info:email [admin] 1700000000000\tbo@example.com",
-        "user\\x80 info:name [] 1700000000000\tZoë"]
+        "user1 info:name [] 1700000000000\tAnn",
+        "user2 info:email [admin] 1700000000000\tbo@example.com",
+        "user\\x80 info:name [] 1700000000000\tZoë",
+    ]

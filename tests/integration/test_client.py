@@ -41,8 +41,12 @@ def metadata(store: MetadataStore) -> dict:
         if k == C.SEQ.encode():
             continue
         t = store._r.type(k).decode()
-        out[k] = {"string": store._r.get, "hash": store._r.hgetall, "set": store._r.smembers,
-                  "zset": lambda k: store._r.zrange(k, 0, -1)}[t](k)
+        out[k] = {
+            "string": store._r.get,
+            "hash": store._r.hgetall,
+            "set": store._r.smembers,
+            "zset": lambda k: store._r.zrange(k, 0, -1),
+        }[t](k)
     return out
 
 
@@ -88,10 +92,17 @@ def test_import_accepts_files_written_by_users_with_pyarrow(client: Client, tmp_
     ARROW_SORT_KEYS."""
     from kompaktor.model.keys import ARROW_SORT_KEYS
 
-    table = pa.table({
-        "row": ["b", "a", "a"], "cf": ["f", "f", "f"], "cq": ["q", "q", "q"], "vis": ["", "", ""],
-        "ts": pa.array([1, 1, 2], pa.int64()), "deleted": [False, False, False], "value": [b"1", b"2", b"3"],
-    }).sort_by(ARROW_SORT_KEYS)
+    table = pa.table(
+        {
+            "row": ["b", "a", "a"],
+            "cf": ["f", "f", "f"],
+            "cq": ["q", "q", "q"],
+            "vis": ["", "", ""],
+            "ts": pa.array([1, 1, 2], pa.int64()),
+            "deleted": [False, False, False],
+            "value": [b"1", b"2", b"3"],
+        }
+    ).sort_by(ARROW_SORT_KEYS)
     pq.write_table(table, tmp_path / "user.parquet")
     client.store.create_table("t")
     client.store.set_props("t", {"table.iterator.versions": "5"})
@@ -124,13 +135,16 @@ def _unsorted_across_batches(tmp_path: Path) -> str:
     return str(tmp_path / "batches.parquet")
 
 
-@pytest.mark.parametrize("make_bad, error, message", [
-    (_unsorted, UnsortedError, r"unsorted.parquet: entries are not in key order at row 2"),
-    (_unsorted_across_batches, UnsortedError, r"batches.parquet: entries are not in key order at row 2"),
-    (_wrong_schema, BadFileError, r"wrong.parquet: wrong schema: missing columns \['cf', 'cq', 'vis', 'ts'"),
-    (_corrupt, BadFileError, r"corrupt.parquet"),
-    (_missing, BadFileError, r"does-not-exist.parquet: cannot open"),
-])
+@pytest.mark.parametrize(
+    "make_bad, error, message",
+    [
+        (_unsorted, UnsortedError, r"unsorted.parquet: entries are not in key order at row 2"),
+        (_unsorted_across_batches, UnsortedError, r"batches.parquet: entries are not in key order at row 2"),
+        (_wrong_schema, BadFileError, r"wrong.parquet: wrong schema: missing columns \['cf', 'cq', 'vis', 'ts'"),
+        (_corrupt, BadFileError, r"corrupt.parquet"),
+        (_missing, BadFileError, r"does-not-exist.parquet: cannot open"),
+    ],
+)
 def test_refused_import_changes_nothing(client: Client, tmp_path: Path, make_bad, error, message: str) -> None:
     client.store.create_table("t", [b"m"])
     client.import_files("t", [write_parquet(tmp_path / "first.parquet", [E(b"x")])])
@@ -158,13 +172,26 @@ def test_import_refusals_without_files_or_table(client: Client, tmp_path: Path) 
 def test_scan_versions_and_deletes_across_files(client: Client, tmp_path: Path) -> None:
     client.store.create_table("t", [b"m"])
     client.flush("t", [E(b"a", 1), E(b"a", 2), E(b"b", 1), E(b"n", 1), E(b"z", 5)])
-    client.import_files("t", [write_parquet(tmp_path / "i.parquet", [E(b"a", 3), E(b"b", 1, deleted=True),
-                                                                      E(b"n", 4), E(b"z", 5, b"newer")])])
+    client.import_files(
+        "t",
+        [
+            write_parquet(
+                tmp_path / "i.parquet", [E(b"a", 3), E(b"b", 1, deleted=True), E(b"n", 4), E(b"z", 5, b"newer")]
+            )
+        ],
+    )
     client.flush("t", [E(b"z", 2, deleted=True)])  # older than the z put: hides nothing visible
     assert list(client.scan("t")) == [E(b"a", 3), E(b"n", 4), E(b"z", 5, b"newer")]
     client.store.set_props("t", {"table.iterator.versions": "3"})
-    assert list(client.scan("t")) == [E(b"a", 3), E(b"a", 2), E(b"a", 1), E(b"n", 4), E(b"n", 1),
-                                      E(b"z", 5, b"newer"), E(b"z", 5)]
+    assert list(client.scan("t")) == [
+        E(b"a", 3),
+        E(b"a", 2),
+        E(b"a", 1),
+        E(b"n", 4),
+        E(b"n", 1),
+        E(b"z", 5, b"newer"),
+        E(b"z", 5),
+    ]
     client.flush("t", [E(b"a", 2, deleted=True), E(b"n", 9, deleted=True)])
     assert list(client.scan("t")) == [E(b"a", 3), E(b"z", 5, b"newer"), E(b"z", 5)]
 
@@ -189,8 +216,13 @@ entry = st.builds(E, field, st.integers(0, 3), st.binary(max_size=2), st.boolean
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(splits=st.lists(field.filter(bool), max_size=3), batches=st.lists(st.lists(entry, max_size=8), max_size=4),
-       start=st.one_of(st.none(), field), end=st.one_of(st.none(), field), versions=st.integers(1, 3))
+@given(
+    splits=st.lists(field.filter(bool), max_size=3),
+    batches=st.lists(st.lists(entry, max_size=8), max_size=4),
+    start=st.one_of(st.none(), field),
+    end=st.one_of(st.none(), field),
+    versions=st.integers(1, 3),
+)
 def test_scan_equals_the_merge_of_everything_written(client: Client, splits, batches, start, end, versions) -> None:
     """Whatever the splits and flushes, a scan of [start, end] is the merged view of all flushed
     entries in that range (flushes in order, later ones newer)."""
@@ -199,8 +231,10 @@ def test_scan_equals_the_merge_of_everything_written(client: Client, splits, bat
     for b in batches:
         if b:
             client.flush("t", b)
-    in_range = [[e for e in sorted(b, key=sort_key) if (start is None or e.row >= start) and
-                 (end is None or e.row <= end)] for b in batches]
+    in_range = [
+        [e for e in sorted(b, key=sort_key) if (start is None or e.row >= start) and (end is None or e.row <= end)]
+        for b in batches
+    ]
     expected = list(merged_view(in_range, IteratorSettings(max_versions=versions)))
     assert list(client.scan("t", start, end)) == expected
 

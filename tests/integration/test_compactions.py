@@ -33,8 +33,9 @@ def table_with_files(store: MetadataStore, n: int = 3, props: dict[str, str] | N
     tid = store.create_table("t", [b"m"], props)
     tablet = store.tablet_ids(tid)[1]
     m = Mutation(table=tid)
-    m.tablet(tablet).do("add_files", {f"tables/{tid}/F{i:010x}.parquet": FileMeta(100 + i, 1).to_json()
-                                      for i in range(n)})
+    m.tablet(tablet).do(
+        "add_files", {f"tables/{tid}/F{i:010x}.parquet": FileMeta(100 + i, 1).to_json() for i in range(n)}
+    )
     store.mutate(m)
     return tid, tablet
 
@@ -158,8 +159,7 @@ def test_commit_drops_the_heartbeat_and_counts_in_the_same_mutation(store: Metad
     assert store._r.hget(C.COMMITS_BY_TABLET, tablet) == b"1"
 
 
-def test_a_resent_commit_is_recognised_and_counts_once(store: MetadataStore,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_resent_commit_is_recognised_and_counts_once(store: MetadataStore, monkeypatch: pytest.MonkeyPatch) -> None:
     _tid, tablet = table_with_files(store, 3)
     res = compactions.try_reserve(store, job(tablet, sorted(store.tablet(tablet).files)), "c1", "g")
     replies = resend_every_mutation(store, monkeypatch)
@@ -183,13 +183,16 @@ def test_a_rejected_commit_counts_nothing_and_keeps_the_heartbeat(store: Metadat
 
 
 # -- the ops themselves ------------------------------------------------------------------------------
-@pytest.mark.parametrize("op", [
-    ["add_running", "E2", W.running_doc(["f"]), {"template": "t/%s%010x%s", "full": "A", "partial": "C"}],
-    ["add_running", "E2", W.running_doc(["f"]), {"template": "t/%s%010x", "full": "A"}],
-    ["add_running", "E2", W.running_doc(["f"]), "t/%s%010x"],
-    ["drop_heartbeat", 7],
-    ["count_commit", None],
-])
+@pytest.mark.parametrize(
+    "op",
+    [
+        ["add_running", "E2", W.running_doc(["f"]), {"template": "t/%s%010x%s", "full": "A", "partial": "C"}],
+        ["add_running", "E2", W.running_doc(["f"]), {"template": "t/%s%010x", "full": "A"}],
+        ["add_running", "E2", W.running_doc(["f"]), "t/%s%010x"],
+        ["drop_heartbeat", 7],
+        ["count_commit", None],
+    ],
+)
 def test_malformed_new_ops_are_rejected_before_any_write(store: MetadataStore, op: list) -> None:
     tid, tablet = table_with_files(store, 1)
     before = snapshot(store._r)

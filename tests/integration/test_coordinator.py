@@ -43,8 +43,7 @@ ENGINE = make_engine("arrow")
 
 # -- helpers --------------------------------------------------------------------------------------
 def settings(**kw) -> CoordinatorSettings:
-    base = dict(tick_s=0.01, lease_ms=10_000, full_scan_s=1e9, dead_after_s=5.0, gc_interval_s=1e9,
-                gc_grace_s=1e9)
+    base = dict(tick_s=0.01, lease_ms=10_000, full_scan_s=1e9, dead_after_s=5.0, gc_interval_s=1e9, gc_grace_s=1e9)
     base.update(kw)
     return CoordinatorSettings(**base)
 
@@ -174,8 +173,16 @@ def test_system_candidates_exclude_selected_files(store: MetadataStore, coord: C
     tab = only_tablet(store)
     fake_files(store, tab, {**{f"S{i}": 10 for i in range(4)}, **{f"N{i}": 10 for i in range(4)}})
     m = Mutation(table=tid)
-    m.tablet(tab).do("set_selection", {"id": "UC-other", "kind": "USER", "files": [f"S{i}" for i in range(4)],
-                                       "done": 0, "created": int(time.time() * 1000)})
+    m.tablet(tab).do(
+        "set_selection",
+        {
+            "id": "UC-other",
+            "kind": "USER",
+            "files": [f"S{i}" for i in range(4)],
+            "done": 0,
+            "created": int(time.time() * 1000),
+        },
+    )
     store.mutate(m)
     coord.plan_dirty()
     jobs = queued(coord)
@@ -188,13 +195,22 @@ def test_system_candidates_exclude_selected_files(store: MetadataStore, coord: C
 
 
 def test_stale_selection_is_a_system_candidate_and_reserving_over_it_drops_it(
-        store: MetadataStore, coord: Coordinator) -> None:
+    store: MetadataStore, coord: Coordinator
+) -> None:
     tid = store.create_table("t", props={SELECTION_EXPIRY: "1000"})
     tab = only_tablet(store)
     fake_files(store, tab, {**{f"S{i}": 10 for i in range(4)}, **{f"N{i}": 10 for i in range(4)}})
     m = Mutation(table=tid)
-    m.tablet(tab).do("set_selection", {"id": "SEL-1", "kind": "SELECTOR", "files": [f"S{i}" for i in range(4)],
-                                       "done": 0, "created": int(time.time() * 1000) - 60_000})
+    m.tablet(tab).do(
+        "set_selection",
+        {
+            "id": "SEL-1",
+            "kind": "SELECTOR",
+            "files": [f"S{i}" for i in range(4)],
+            "done": 0,
+            "created": int(time.time() * 1000) - 60_000,
+        },
+    )
     store.mutate(m)
     coord.plan_dirty()
     sys_jobs = [j for j in queued(coord) if j.kind == "SYSTEM"]
@@ -210,11 +226,15 @@ def test_stale_selection_is_a_system_candidate_and_reserving_over_it_drops_it(
 
 def test_dispatch_by_table_property(store: MetadataStore, coord: Coordinator) -> None:
     # services serve every table by default (tables=("*",)); these serve only tables that ask
-    set_service(store, name="fast", tables=("none",),
-                tiers=(Tier("small", 100, "g-small"), Tier("big", None, "g-big")))
+    set_service(store, name="fast", tables=("none",), tiers=(Tier("small", 100, "g-small"), Tier("big", None, "g-big")))
     set_service(store, name="users", tables=("none",), tiers=(Tier("all", None, "g-user"),))
-    store.create_table("t", props={"table.compaction.dispatcher.opts.service": "fast",
-                                   "table.compaction.dispatcher.opts.service.user": "users"})
+    store.create_table(
+        "t",
+        props={
+            "table.compaction.dispatcher.opts.service": "fast",
+            "table.compaction.dispatcher.opts.service.user": "users",
+        },
+    )
     store.create_table("plain")
     tab, plain = only_tablet(store), only_tablet(store, "plain")
     fake_files(store, tab, {f"a{i}": 10 for i in range(4)})
@@ -257,8 +277,9 @@ def test_dispatch_by_table_pattern(store: MetadataStore, coord: Coordinator) -> 
 
 
 # -- seed 000 ---------------------------------------------------------------------------------------
-def test_seed000_scenario1_new_files_while_queued(store: MetadataStore, storage: Storage, client: Client,
-                                                  coord: Coordinator) -> None:
+def test_seed000_scenario1_new_files_while_queued(
+    store: MetadataStore, storage: Storage, client: Client, coord: Coordinator
+) -> None:
     """T1 has F1,F4,F5,F6; F4,F5,F6 is queued on EE2; F7 arrives: the queued job becomes
     F4..F7; F8 arrives: F4..F8. The old jobs are gone, never run."""
     set_service(store, name="default", tiers=(Tier("ee2", None, "EE2"),))
@@ -313,8 +334,9 @@ def test_seed000_scenario2_replanned_into_another_group(store: MetadataStore, co
     assert queued(coord, "IE1") == []
 
 
-def test_seed000_scenario3_table_deleted(store: MetadataStore, storage: Storage, client: Client,
-                                         coord: Coordinator) -> None:
+def test_seed000_scenario3_table_deleted(
+    store: MetadataStore, storage: Storage, client: Client, coord: Coordinator
+) -> None:
     """A queued job of a deleted table fails cleanly: no reservation, nothing written; a job
     already running when the table goes fails to commit and leaves no output."""
     store.create_table("t", [b"r5"], props={RATIO: "2"})
@@ -326,8 +348,9 @@ def test_seed000_scenario3_table_deleted(store: MetadataStore, storage: Storage,
     coord.plan_dirty()
     assert sorted(j.tablet for j in queued(coord)) == [t1, t2]
     running = reserve(coord)
-    result = ENGINE.merge(storage, MergeRequest(running.inputs, running.output, running.prev, running.end,
-                                                running.settings, running.ecid))
+    result = ENGINE.merge(
+        storage, MergeRequest(running.inputs, running.output, running.prev, running.end, running.settings, running.ecid)
+    )
     store.delete_table("t")
     with pytest.raises(ConditionFailed):
         compactions.commit(store, running, result.info)
@@ -340,8 +363,9 @@ def test_seed000_scenario3_table_deleted(store: MetadataStore, storage: Storage,
     assert store._r.hlen(C.RUNNING) == 0
 
 
-def test_seed000_scenario4_coordinator_dies_job_queued_again(store: MetadataStore, storage: Storage,
-                                                             client: Client) -> None:
+def test_seed000_scenario4_coordinator_dies_job_queued_again(
+    store: MetadataStore, storage: Storage, client: Client
+) -> None:
     """The process holding the queue dies; T1's compaction is queued again from the metadata
     by whoever takes over (here: a new coordinator, after the queue keys were lost too)."""
     set_service(store, name="default", tiers=(Tier("ee2", None, "EE2"),))
@@ -364,8 +388,9 @@ def test_seed000_scenario4_coordinator_dies_job_queued_again(store: MetadataStor
 
 
 # -- seed 001 -----------------------------------------------------------------------------------------
-def test_seed001_user_compaction_while_system_compactions_run(store: MetadataStore, storage: Storage,
-                                                             client: Client, coord: Coordinator) -> None:
+def test_seed001_user_compaction_while_system_compactions_run(
+    store: MetadataStore, storage: Storage, client: Client, coord: Coordinator
+) -> None:
     set_service(store, name="default", max_open=30)
     store.create_table("t")
     tab = only_tablet(store)
@@ -383,9 +408,12 @@ def test_seed001_user_compaction_while_system_compactions_run(store: MetadataSto
     rows = scan_rows(client)
     assert len(rows) == 200
     # 2. A system compaction job is running on 30 files F171...F200
-    sys1 = compactions.try_reserve(store, Job(tab, "SYSTEM", 0, "default",
-                                              {p: store.tablet(tab).files[p].size for p in f[170:]}), "c-sys1",
-                                   "default")
+    sys1 = compactions.try_reserve(
+        store,
+        Job(tab, "SYSTEM", 0, "default", {p: store.tablet(tab).files[p].size for p in f[170:]}),
+        "c-sys1",
+        "default",
+    )
     # 3. A user compaction is initiated and must wait: it places a hold on the tablet
     cid = usercompaction.start(store, "t")
     usercompaction.advance(coord.store)
@@ -466,7 +494,8 @@ def test_seed001_user_compaction_while_system_compactions_run(store: MetadataSto
 
 # -- user compaction cancel ---------------------------------------------------------------------------
 def test_user_compaction_cancel_removes_selection_holds_and_queued_jobs(
-        store: MetadataStore, storage: Storage, client: Client, coord: Coordinator) -> None:
+    store: MetadataStore, storage: Storage, client: Client, coord: Coordinator
+) -> None:
     # USER jobs run in their own group, so re-planning SYSTEM work does not replace them
     set_service(store, name="users", tables=("none",), tiers=(Tier("all", None, "g-user"),))
     store.create_table("t", [b"r1", b"r2"], props={"table.compaction.dispatcher.opts.service.user": "users"})
@@ -492,8 +521,9 @@ def test_user_compaction_cancel_removes_selection_holds_and_queued_jobs(
     assert sorted(j.tablet for j in queued(coord, "g-user")) == [t1, t2]
     running = reserve(coord, "g-user")  # t1's USER job starts; t2's stays queued
     assert running.job.kind == "USER" and running.tablet == t1
-    result = ENGINE.merge(storage, MergeRequest(running.inputs, running.output, running.prev, running.end,
-                                                running.settings, running.ecid))
+    result = ENGINE.merge(
+        storage, MergeRequest(running.inputs, running.output, running.prev, running.end, running.settings, running.ecid)
+    )
     usercompaction.cancel(store, cid)
     uc = usercompaction.get(store, cid)
     assert uc.state == usercompaction.CANCELLED
@@ -596,8 +626,7 @@ def test_deleted_queue_keys_are_rebuilt(store: MetadataStore, storage: Storage, 
 
 
 # -- dead compactions, failures -------------------------------------------------------------------------
-def test_dead_compaction_recovery(store: MetadataStore, storage: Storage, client: Client,
-                                  coord: Coordinator) -> None:
+def test_dead_compaction_recovery(store: MetadataStore, storage: Storage, client: Client, coord: Coordinator) -> None:
     store.create_table("t")
     tab = only_tablet(store)
     files = write_files(client, "t", 4)
@@ -683,7 +712,8 @@ def test_dead_letter_after_repeated_failures(store: MetadataStore, storage: Stor
 
 # -- garbage collection ---------------------------------------------------------------------------------
 def test_gc_deletes_unreferenced_files_and_old_temp_outputs_only(
-        store: MetadataStore, storage: Storage, client: Client, coord: Coordinator) -> None:
+    store: MetadataStore, storage: Storage, client: Client, coord: Coordinator
+) -> None:
     store.create_table("t", props={RATIO: "2"})
     store.create_table("gone")
     tab = only_tablet(store)
@@ -720,8 +750,7 @@ def test_gc_deletes_unreferenced_files_and_old_temp_outputs_only(
 
 
 # -- tables offline or deleted -----------------------------------------------------------------------
-def test_table_offline_removes_queued_jobs_and_refuses_reservation(
-        store: MetadataStore, coord: Coordinator) -> None:
+def test_table_offline_removes_queued_jobs_and_refuses_reservation(store: MetadataStore, coord: Coordinator) -> None:
     store.create_table("t", [b"m"])
     ids = store.tablet_ids(store.table_id("t"))
     for i, tab in enumerate(ids):
@@ -745,8 +774,7 @@ def test_table_offline_removes_queued_jobs_and_refuses_reservation(
     assert sorted(j.tablet for j in queued(coord)) == ids
 
 
-def test_table_deleted_removes_queued_jobs_and_refuses_reservation(
-        store: MetadataStore, coord: Coordinator) -> None:
+def test_table_deleted_removes_queued_jobs_and_refuses_reservation(store: MetadataStore, coord: Coordinator) -> None:
     store.create_table("t", [b"m"])
     store.create_table("other")
     ids = store.tablet_ids(store.table_id("t"))
@@ -801,6 +829,7 @@ def test_failures_of_jobs_that_cannot_come_back_are_forgotten(store: MetadataSto
     # the job ran again and committed: its files are replaced, its failure goes with them
     m = Mutation(table=store.tablet(tablet).table)
     m.tablet(tablet).do("remove_files", ["t/F1.parquet", "t/F2.parquet"]).do(
-        "add_files", {"t/A3.parquet": FileMeta(20, 1).to_json()})
+        "add_files", {"t/A3.parquet": FileMeta(20, 1).to_json()}
+    )
     store.mutate(m)
     assert failures.forget_settled(store) == 1 and store.failures() == {}

@@ -30,8 +30,9 @@ from kompaktor.local.procs import spawn
 
 GATED_SCRIPT = str(Path(__file__).parent / "gated_engine.py")
 
-ARROW_ONLY = DEMO_CONFIG.replace('spark: {master: "local[1]", conf: {spark.sql.shuffle.partitions: "2"}}',
-                                 "spark: {engine: arrow}")
+ARROW_ONLY = DEMO_CONFIG.replace(
+    'spark: {master: "local[1]", conf: {spark.sql.shuffle.partitions: "2"}}', "spark: {engine: arrow}"
+)
 #: the demo's groups (large = Spark local[1]) with the small tier ending at 160 KiB, so that this
 #: test's smaller data gives the large group jobs on every tablet (merges above 160 KiB)
 BURST_CONFIG = DEMO_CONFIG.replace("maxSize: 512Ki", "maxSize: 160Ki")
@@ -44,7 +45,7 @@ def _stat(pid: int) -> tuple[int, int, str] | None:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
-    fields = raw[raw.rindex(")") + 2:].split()  # after "pid (comm) "
+    fields = raw[raw.rindex(")") + 2 :].split()  # after "pid (comm) "
     state, ppid, start = fields[0], int(fields[1]), int(fields[19])
     return None if state in ("Z", "X") else (ppid, start, state)
 
@@ -118,11 +119,13 @@ def test_a_child_started_from_a_short_lived_thread_outlives_the_thread() -> None
 
 
 def test_children_die_when_their_parent_is_sigkilled(tmp_path: Path) -> None:
-    script = ("import sys, time\n"
-              "from kompaktor.local.procs import spawn\n"
-              "ps = [spawn(['sleep', '300']) for _ in range(3)]\n"
-              "print(' '.join(str(p.pid) for p in ps), flush=True)\n"
-              "time.sleep(300)\n")
+    script = (
+        "import sys, time\n"
+        "from kompaktor.local.procs import spawn\n"
+        "ps = [spawn(['sleep', '300']) for _ in range(3)]\n"
+        "print(' '.join(str(p.pid) for p in ps), flush=True)\n"
+        "time.sleep(300)\n"
+    )
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     kids: dict[tuple[int, int], str] = {}
     try:
@@ -143,8 +146,9 @@ def test_children_die_when_their_parent_is_sigkilled(tmp_path: Path) -> None:
 @pytest.mark.redis
 @pytest.mark.slow
 @pytest.mark.spark
-def test_burst_scales_each_group_to_its_maximum_and_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                          redis_url: str, store) -> None:
+def test_burst_scales_each_group_to_its_maximum_and_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, redis_url: str, store
+) -> None:
     """The demo's compactors run gated (gated_engine.py): once the burst is imported, a group's
     merges hold until that group has its maximum of compactors up at once, so reaching it does not
     depend on how fast this machine merges; then everything runs and drains back."""
@@ -165,9 +169,21 @@ def test_burst_scales_each_group_to_its_maximum_and_back(tmp_path: Path, monkeyp
     opener = threading.Thread(target=open_gates, daemon=True)
     opener.start()
     try:
-        res = run_demo(DemoOptions(entries=20_000, duration_s=8, tablets=6, batch=1000, burst_entries=30_000,
-                                   burst_files=40, live=False, config_text=BURST_CONFIG, redis_url=redis_url,
-                                   command=[sys.executable, GATED_SCRIPT], on_burst=armed.touch))
+        res = run_demo(
+            DemoOptions(
+                entries=20_000,
+                duration_s=8,
+                tablets=6,
+                batch=1000,
+                burst_entries=30_000,
+                burst_files=40,
+                live=False,
+                config_text=BURST_CONFIG,
+                redis_url=redis_url,
+                command=[sys.executable, GATED_SCRIPT],
+                on_burst=armed.touch,
+            )
+        )
     finally:
         stop.set()
         opener.join()
@@ -195,7 +211,8 @@ def test_burst_scales_each_group_to_its_maximum_and_back(tmp_path: Path, monkeyp
 
 @pytest.mark.redis
 def test_a_compactor_stopped_while_holding_a_compaction_counts_as_busy_terminated(
-        redis_url: str, store, storage, tmp_path: Path) -> None:
+    redis_url: str, store, storage, tmp_path: Path
+) -> None:
     """The measure behind "busy compactors terminated": a compactor that ended while its
     registration in Redis named a running compaction. One SIGKILLed while busy counts; one whose
     compaction was released first (a drain), or that unregistered (a clean exit), does not."""
@@ -208,8 +225,9 @@ def test_a_compactor_stopped_while_holding_a_compaction_counts_as_busy_terminate
     tablets = store.tablet_ids(tid)
     for n, tablet in enumerate(tablets):
         m = Mutation(table=tid)
-        m.tablet(tablet).do("add_files", {f"tables/{tid}/F{n}{i:09x}.parquet": FileMeta(100, 1).to_json()
-                                          for i in range(3)})
+        m.tablet(tablet).do(
+            "add_files", {f"tables/{tid}/F{n}{i:09x}.parquet": FileMeta(100, 1).to_json() for i in range(3)}
+        )
         store.mutate(m)
     cluster = LocalCluster(load_config(ARROW_ONLY), tmp_path, redis_url=redis_url)
     cluster.store = store  # only the measuring side: no processes of its own
@@ -241,7 +259,10 @@ def test_a_compactor_stopped_while_holding_a_compaction_counts_as_busy_terminate
             p.popen.wait()
         cluster.reap()
         assert {p.name: p.held_ecid for p in cluster.exited} == {
-            "busy-killed": busy.ecid, "released-first": None, "clean-exit": None}
+            "busy-killed": busy.ecid,
+            "released-first": None,
+            "clean-exit": None,
+        }
         assert not any(p.alive for ps in cluster.compactors.values() for p in ps)
     finally:
         for p in procs:
@@ -258,9 +279,24 @@ def _start_demo(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
     tmp.mkdir()
     env = {**os.environ, "TMPDIR": str(tmp), "PYTHONUNBUFFERED": "1"}
     out = open(tmp_path / "demo.out", "wb")  # noqa: SIM115 — the child's for its lifetime
-    p = subprocess.Popen([sys.executable, "-m", "kompaktor", "demo", "--duration", "600", "--entries", "2000000",
-                          "--burst-entries", "0"], stdout=out, stderr=subprocess.STDOUT, env=env,
-                         start_new_session=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kompaktor",
+            "demo",
+            "--duration",
+            "600",
+            "--entries",
+            "2000000",
+            "--burst-entries",
+            "0",
+        ],
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
     out.close()
     return p, tmp
 
@@ -274,9 +310,13 @@ def _running_tree(p: subprocess.Popen, tmp_path: Path) -> dict[tuple[int, int], 
             raise AssertionError(f"demo exited {p.returncode}: {(tmp_path / 'demo.out').read_text()[-2000:]}")
         tree = descendants(p.pid)
         cmds = list(tree.values())
-        ok = (any("redis-server" in c for c in cmds) and any(" coordinator" in c for c in cmds)
-              and any("--group small" in c for c in cmds) and any("--group large" in c for c in cmds)
-              and any("java" in c.split(" ", 1)[0] for c in cmds))
+        ok = (
+            any("redis-server" in c for c in cmds)
+            and any(" coordinator" in c for c in cmds)
+            and any("--group small" in c for c in cmds)
+            and any("--group large" in c for c in cmds)
+            and any("java" in c.split(" ", 1)[0] for c in cmds)
+        )
         return tree if ok else None
 
     return wait_for(ready, 180, "the demo's processes, Spark JVM included")

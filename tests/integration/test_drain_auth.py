@@ -27,8 +27,9 @@ TOKEN = "drain-token-5b7e"
 
 def call(host: str, port: int, path: str, method: str = "GET", token: str | None = None) -> tuple[int, str]:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    req = urllib.request.Request(f"http://{host}:{port}{path}", method=method, headers=headers,
-                                 data=b"" if method == "POST" else None)
+    req = urllib.request.Request(
+        f"http://{host}:{port}{path}", method=method, headers=headers, data=b"" if method == "POST" else None
+    )
     try:
         with urllib.request.urlopen(req, timeout=5) as resp:
             return resp.status, resp.read().decode()
@@ -54,7 +55,9 @@ def compactor(store, storage) -> Iterator:
 def test_anonymous_drain_from_the_pod_network_is_refused(compactor) -> None:
     w, port = compactor("127.0.0.2", token=TOKEN)
     assert call("127.0.0.2", port, "/drain", "POST") == (
-        403, "forbidden: drain is accepted over loopback or with the drain token\n")
+        403,
+        "forbidden: drain is accepted over loopback or with the drain token\n",
+    )
     assert call("127.0.0.2", port, "/drain", "POST", token="wrong")[0] == 403
     assert call("127.0.0.2", port, "/drain", "POST", token=TOKEN[:-1])[0] == 403
     assert not w.drain.is_set()
@@ -109,8 +112,10 @@ def test_kompaktor_drain_sends_the_token(compactor, monkeypatch: pytest.MonkeyPa
     args = ["drain", "--host", "127.0.0.2", "--port", str(port)]
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 1
-    assert r.stderr == (f"error: the compactor on 127.0.0.2:{port} refused to drain: HTTP 403 forbidden: "
-                        "drain is accepted over loopback or with the drain token\n")
+    assert r.stderr == (
+        f"error: the compactor on 127.0.0.2:{port} refused to drain: HTTP 403 forbidden: "
+        "drain is accepted over loopback or with the drain token\n"
+    )
     assert not w.drain.is_set()
     (tmp_path / "token").write_text(TOKEN)
     r = CliRunner().invoke(main, [*args, "--token-file", str(tmp_path / "token")])
@@ -121,15 +126,18 @@ def test_kompaktor_drain_sends_the_token(compactor, monkeypatch: pytest.MonkeyPa
     assert (r.exit_code, r.stdout) == (0, "draining\n") and w.drain.is_set()
 
 
-@pytest.mark.parametrize(("local", "peer", "ok"), [
-    ("127.0.0.1", "127.0.0.1", True),
-    ("::1", "::1", True),
-    ("::ffff:127.0.0.1", "::ffff:127.0.0.1", True),
-    ("127.0.0.1", "10.1.2.3", False),  # cannot happen on a real network; refused anyway
-    ("127.0.0.2", "127.0.0.1", False),  # arrived at the pod's address
-    ("10.0.0.5", "10.0.0.9", False),
-    ("0.0.0.0", "127.0.0.1", False),
-    ("not-an-ip", "127.0.0.1", False),
-])
+@pytest.mark.parametrize(
+    ("local", "peer", "ok"),
+    [
+        ("127.0.0.1", "127.0.0.1", True),
+        ("::1", "::1", True),
+        ("::ffff:127.0.0.1", "::ffff:127.0.0.1", True),
+        ("127.0.0.1", "10.1.2.3", False),  # cannot happen on a real network; refused anyway
+        ("127.0.0.2", "127.0.0.1", False),  # arrived at the pod's address
+        ("10.0.0.5", "10.0.0.9", False),
+        ("0.0.0.0", "127.0.0.1", False),
+        ("not-an-ip", "127.0.0.1", False),
+    ],
+)
 def test_over_loopback(local: str, peer: str, ok: bool) -> None:
     assert over_loopback(local, peer) is ok

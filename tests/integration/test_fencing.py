@@ -141,14 +141,38 @@ def test_a_replaced_leader_changes_nothing(store: MetadataStore, storage: Storag
 def _coordinator(url: str, storage_uri: str, log: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     with open(log, "wb") as f:
-        return spawn([sys.executable, "-m", "kompaktor", "coordinator", "--redis", url, "--storage", storage_uri,
-                      "--metrics-port", "-1", "--lease", "2", "--full-scan-interval", "0",
-                      "--gc-interval", "0.2", "--gc-grace", "0", "--dead-after", "1"],
-                     stdout=subprocess.DEVNULL, stderr=f, env=env)
+        return spawn(
+            [
+                sys.executable,
+                "-m",
+                "kompaktor",
+                "coordinator",
+                "--redis",
+                url,
+                "--storage",
+                storage_uri,
+                "--metrics-port",
+                "-1",
+                "--lease",
+                "2",
+                "--full-scan-interval",
+                "0",
+                "--gc-interval",
+                "0.2",
+                "--gc-grace",
+                "0",
+                "--dead-after",
+                "1",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=f,
+            env=env,
+        )
 
 
-def test_sigstopped_coordinator_process_is_fenced(store: MetadataStore, storage: Storage, redis_url: str,
-                                                   tmp_path: Path) -> None:
+def test_sigstopped_coordinator_process_is_fenced(
+    store: MetadataStore, storage: Storage, redis_url: str, tmp_path: Path
+) -> None:
     """A real coordinator process, busy with back-to-back full scans (2,000 tablets), is frozen
     with SIGSTOP, its 2 s lease runs out, another coordinator takes over; when the first is
     resumed nothing it does changes the metadata or deletes a file, and it keeps running as a
@@ -170,8 +194,11 @@ def test_sigstopped_coordinator_process_is_fenced(store: MetadataStore, storage:
         put(storage, keep, b"x")
         before = snapshot(store._r)
         os.kill(a.pid, signal.SIGCONT)
-        poll_until(lambda: b"stops acting as leader" in log.read_bytes()
-                   or b"lost the coordinator lease" in log.read_bytes(), "the resumed leader notices", timeout=30)
+        poll_until(
+            lambda: b"stops acting as leader" in log.read_bytes() or b"lost the coordinator lease" in log.read_bytes(),
+            "the resumed leader notices",
+            timeout=30,
+        )
         # watch for a while: the resumed process runs on (as a follower) and changes nothing
         end = time.monotonic() + 3.0
         while time.monotonic() < end:

@@ -35,8 +35,9 @@ def staged(storage: Storage) -> list[str]:
     return [rel for rel, _ in storage.list_files("tables") if TMP_PREFIX in rel]
 
 
-def test_import_longer_than_the_grace_period_keeps_its_staged_files(client: Client, storage: Storage,
-                                                                    tmp_path: Path) -> None:
+def test_import_longer_than_the_grace_period_keeps_its_staged_files(
+    client: Client, storage: Storage, tmp_path: Path
+) -> None:
     """While a multi-file import is staging, its staged files are made older than the grace
     period and the collector runs: it deletes none of them, and the import completes with every
     row."""
@@ -63,8 +64,7 @@ def test_import_longer_than_the_grace_period_keeps_its_staged_files(client: Clie
     assert sum(1 for _ in client.scan("t")) == 402_000
 
 
-def test_a_dead_imports_files_are_collected_after_its_record_expires(store: MetadataStore,
-                                                                     storage: Storage) -> None:
+def test_a_dead_imports_files_are_collected_after_its_record_expires(store: MetadataStore, storage: Storage) -> None:
     tid = store.create_table("t")
     final = f"tables/{tid}/I0000000001-0123456789abcdef.parquet"
     tmp = tmp_name(f"tables/{tid}/I0000000002-0123456789abcdef.parquet", "IMPdead")

@@ -113,16 +113,32 @@ def test_order_priority_desc_then_files_desc_then_fifo(q: JobQueues) -> None:
     q.add("e", [job("e", 20767, 1), job("e", -32768, 1, tag="x")])  # the extremes of the ranges
     q.add("f", [job("f", 10, 4)])
     order = [(j.tablet, j.priority, len(j.files)) for j in drain(q, "g")]
-    assert order == [("e", 20767, 1), ("f", 10, 4), ("b", 10, 1), ("c", -5, 3), ("a", -5, 2), ("d", -5, 2),
-                     ("e", -32768, 1)]
+    assert order == [
+        ("e", 20767, 1),
+        ("f", 10, 4),
+        ("b", 10, 1),
+        ("c", -5, 3),
+        ("a", -5, 2),
+        ("d", -5, 2),
+        ("e", -32768, 1),
+    ]
     assert q.poll("g") is None
     assert q.stats("g").dequeued == 7
     assert q.queued_tablets("g") == set()
 
 
 def test_job_round_trips_through_the_queue(q: JobQueues) -> None:
-    j = Job("1;~", "USER", 7, "g", {"tables/1/F1.parquet": 123456789012, "tables/1/F2.parquet": 0}, "svc",
-            "UC-000001", False, {"note": "x"})
+    j = Job(
+        "1;~",
+        "USER",
+        7,
+        "g",
+        {"tables/1/F1.parquet": 123456789012, "tables/1/F2.parquet": 0},
+        "svc",
+        "UC-000001",
+        False,
+        {"note": "x"},
+    )
     s = Job("1;~", "SYSTEM", -3, "g", {"tables/1/F3.parquet": 5}, overlaps=True)
     q.add("1;~", [j, s])
     assert drain(q, "g") == [j, s]
@@ -241,8 +257,12 @@ def test_add_many_is_add_for_many_tablets(q: JobQueues, store: MetadataStore) ->
     other = store.queues
     q.add("A", [job("A", 9, tag="old")])
     q.resize(4)
-    plans = [("A", [job("A", 1), job("A", 2, group="h")]), ("B", [job("B", 3, 2)]), ("C", []),
-             ("D", [job("D", 3, 3), job("D", 0, tag="x"), job("D", -1, tag="y")])]
+    plans = [
+        ("A", [job("A", 1), job("A", 2, group="h")]),
+        ("B", [job("B", 3, 2)]),
+        ("C", []),
+        ("D", [job("D", 3, 3), job("D", 0, tag="x"), job("D", -1, tag="y")]),
+    ]
     assert q.add_many(plans, gen=7) == 5  # A:1, B:1, D:2 in g (D:y rejected), A:1 in h
     got_g = [(j.tablet, j.priority) for j in q.jobs("g")]
     assert got_g == [("D", 3), ("B", 3), ("A", 1), ("D", 0)]
@@ -285,8 +305,16 @@ def test_stats_counters_and_oldest_age(q: JobQueues, monkeypatch: pytest.MonkeyP
     clock = [1_000_000.0]
     monkeypatch.setattr(jobqueue, "time", SimpleNamespace(time=lambda: clock[0]))
     empty = q.stats("g")
-    assert (empty.queued, empty.running, empty.rejected, empty.dequeued, empty.dead_lettered,
-            empty.oldest_age_s, empty.lowest_priority, empty.depth) == (0, 0, 0, 0, 0, 0.0, 0, 0)
+    assert (
+        empty.queued,
+        empty.running,
+        empty.rejected,
+        empty.dequeued,
+        empty.dead_lettered,
+        empty.oldest_age_s,
+        empty.lowest_priority,
+        empty.depth,
+    ) == (0, 0, 0, 0, 0, 0.0, 0, 0)
     q.add("A", [job("A", 4), job("A", -2, tag="x")])
     clock[0] += 10
     q.add("B", [job("B", 7)])
@@ -349,16 +377,18 @@ def racy_setup(store: MetadataStore, q: JobQueues) -> dict[str, list[str]]:
         m.tablet(t.id).do("add_files", {n: FileMeta(10, 1).to_json() for n in names})
     store.mutate(m)
     for tab, names in files.items():
+
         def j(fs: list[str], group: str, prio: int, tab: str = tab) -> Job:
             return Job(tab, "SYSTEM", prio, group, {f: 10 for f in fs})
-        q.add(tab, [j(names[:4], "g", -20), j(names[:4], "g", -21), j(names[2:6], "g", -22),
-                    j(names[4:], "g", -23)])
+
+        q.add(tab, [j(names[:4], "g", -20), j(names[:4], "g", -21), j(names[2:6], "g", -22), j(names[4:], "g", -23)])
         q.add(tab, [j(names[:2], "h", -20), j(names[3:5], "h", -21), j(names, "h", -30)])
     return files
 
 
-def check_reservations(store: MetadataStore, got: list[tuple[str, str, list[str]]],
-                       files: dict[str, list[str]]) -> None:
+def check_reservations(
+    store: MetadataStore, got: list[tuple[str, str, list[str]]], files: dict[str, list[str]]
+) -> None:
     assert got, "nothing was reserved"
     ecids = [e for e, _, _ in got]
     assert len(ecids) == len(set(ecids))
@@ -373,8 +403,7 @@ def check_reservations(store: MetadataStore, got: list[tuple[str, str, list[str]
     assert store._r.scard(C.running_group_key("g")) + store._r.scard(C.running_group_key("h")) == len(got)
 
 
-def test_concurrent_reserve_threads_never_reserve_twice(store: MetadataStore, q: JobQueues,
-                                                        redis_url: str) -> None:
+def test_concurrent_reserve_threads_never_reserve_twice(store: MetadataStore, q: JobQueues, redis_url: str) -> None:
     files = racy_setup(store, q)
     total = sum(len(q.jobs(g)) for g in ("g", "h"))
     got: list[tuple[str, str, list[str]]] = []
@@ -413,8 +442,7 @@ def test_concurrent_reserve_threads_never_reserve_twice(store: MetadataStore, q:
     assert q.jobs("g") == [] and q.jobs("h") == []
 
 
-def test_concurrent_reserve_processes_never_reserve_twice(store: MetadataStore, q: JobQueues,
-                                                          redis_url: str) -> None:
+def test_concurrent_reserve_processes_never_reserve_twice(store: MetadataStore, q: JobQueues, redis_url: str) -> None:
     files = racy_setup(store, q)
     total = sum(len(q.jobs(g)) for g in ("g", "h"))
     ctx = multiprocessing.get_context("spawn")
@@ -422,8 +450,10 @@ def test_concurrent_reserve_processes_never_reserve_twice(store: MetadataStore, 
     with ctx.Manager() as mgr:
         barrier = mgr.Barrier(n)
         with ctx.Pool(n) as pool:
-            results = [pool.apply_async(W.reserve_all, (redis_url, ["g", "h"] if i % 2 else ["h", "g"],
-                                                        f"p{i}", barrier)) for i in range(n)]
+            results = [
+                pool.apply_async(W.reserve_all, (redis_url, ["g", "h"] if i % 2 else ["h", "g"], f"p{i}", barrier))
+                for i in range(n)
+            ]
             got = [r for res in results for r in res.get(timeout=120)]
     check_reservations(store, got, files)
     assert q.stats("g").dequeued + q.stats("h").dequeued == total

@@ -19,8 +19,9 @@ from kompaktor.local.demo import DemoOptions, run_demo
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
-ARROW_ONLY = DEMO_CONFIG.replace('spark: {master: "local[1]", conf: {spark.sql.shuffle.partitions: "2"}}',
-                                 "spark: {engine: arrow}")
+ARROW_ONLY = DEMO_CONFIG.replace(
+    'spark: {master: "local[1]", conf: {spark.sql.shuffle.partitions: "2"}}', "spark: {engine: arrow}"
+)
 
 
 def wait_for(pred, timeout: float = 60.0, what: str = "condition"):
@@ -42,8 +43,7 @@ def test_hpa_formula_clamps_to_bounds() -> None:
 
 
 def test_demo_small_verifies_with_spark_and_arrow_groups(tmp_path: Path) -> None:
-    opts = DemoOptions(entries=12_000, duration_s=8, tablets=3, batch=1000, live=False,
-                       data_dir=str(tmp_path / "demo"))
+    opts = DemoOptions(entries=12_000, duration_s=8, tablets=3, batch=1000, live=False, data_dir=str(tmp_path / "demo"))
     res = run_demo(opts)
     s = res.summary
     assert res.verified, "\n".join(f"{k}: {v}" for k, v in s.items())
@@ -56,8 +56,19 @@ def test_demo_small_verifies_with_spark_and_arrow_groups(tmp_path: Path) -> None
 
 
 def test_chaos_run_loses_nothing(tmp_path: Path) -> None:
-    res = run_demo(DemoOptions(entries=40_000, duration_s=20, tablets=3, batch=1000, live=False, chaos=True,
-                               chaos_interval_s=1.0, config_text=ARROW_ONLY, data_dir=str(tmp_path / "chaos")))
+    res = run_demo(
+        DemoOptions(
+            entries=40_000,
+            duration_s=20,
+            tablets=3,
+            batch=1000,
+            live=False,
+            chaos=True,
+            chaos_interval_s=1.0,
+            config_text=ARROW_ONLY,
+            data_dir=str(tmp_path / "chaos"),
+        )
+    )
     s = res.summary
     assert res.verified, "\n".join(f"{k}: {v}" for k, v in s.items())
     assert s["chaos: compactors SIGKILLed mid-merge"] >= 1
@@ -88,26 +99,39 @@ def test_up_autoscales_and_status_reports(tmp_path: Path) -> None:
         for _ in range(12):
             ing.flush_once()
         # compactions bring the 12 files per tablet down
-        wait_for(lambda: (cluster.autoscale() is not None
-                          and max(len(t.files) for t in store.tablets(store.table_id("t"))) < 6),
-                 what="compactions to reduce files per tablet")
+        wait_for(
+            lambda: (
+                cluster.autoscale() is not None and max(len(t.files) for t in store.tablets(store.table_id("t"))) < 6
+            ),
+            what="compactions to reduce files per tablet",
+        )
         # scale up beyond min when the queue is deep, then drain back down to min with SIGTERM
         for g in cfg.groups:
             cluster.add_compactor(g)
-        wait_for(lambda: all(len([c for c in store.compactors(g) if c.state == "idle"]) >= 2 for g in cfg.groups),
-                 what="extra compactors to register idle")
+        wait_for(
+            lambda: all(len([c for c in store.compactors(g) if c.state == "idle"]) >= 2 for g in cfg.groups),
+            what="extra compactors to register idle",
+        )
         drained = [p for g in cfg.groups for p in cluster.live(g)]
         cluster.autoscale()
-        wait_for(lambda: all(len(cluster.live(g)) == cfg.groups[g].min_replicas for g in cfg.groups),
-                 what="scale-down to min replicas")
+        wait_for(
+            lambda: all(len(cluster.live(g)) == cfg.groups[g].min_replicas for g in cfg.groups),
+            what="scale-down to min replicas",
+        )
         victims = [p for p in drained if p.draining]
         assert victims, "the autoscaler drained the extra compactors"
         for p in victims:
             assert p.popen.wait(timeout=60) == 0, "a drained compactor exits 0"
         assert store.counters().get("dead_compactions", 0) == 0
         env = {**os.environ, "KOMPAKTOR_REDIS_URL": cluster.url, "KOMPAKTOR_STORAGE": cluster.storage_uri}
-        out = subprocess.run([sys.executable, "-m", "kompaktor", "status", "--json"], env=env,
-                             capture_output=True, text=True, timeout=120, check=True)
+        out = subprocess.run(
+            [sys.executable, "-m", "kompaktor", "status", "--json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
         st = json.loads(out.stdout)
         assert set(st["groups"]) == {"small", "large"}
         for g in st["groups"].values():
@@ -115,8 +139,14 @@ def test_up_autoscales_and_status_reports(tmp_path: Path) -> None:
         assert st["groups"]["small"]["compactions_committed"] > 0
         t = st["tables"]["t"]
         assert t["tablets"] == 2 and t["files_per_tablet"]["max"] < 6
-        human = subprocess.run([sys.executable, "-m", "kompaktor", "status"], env=env, capture_output=True,
-                               text=True, timeout=120, check=True)
+        human = subprocess.run(
+            [sys.executable, "-m", "kompaktor", "status"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
         assert "compactor groups" in human.stdout and "small" in human.stdout
     finally:
         cluster.stop()
@@ -125,8 +155,12 @@ def test_up_autoscales_and_status_reports(tmp_path: Path) -> None:
 def test_up_command_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
     cfg = tmp_path / "local.yaml"
     cfg.write_text(ARROW_ONLY)
-    p = subprocess.Popen([sys.executable, "-m", "kompaktor", "up", "--config", str(cfg), "--data-dir",
-                          str(tmp_path / "data")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "kompaktor", "up", "--config", str(cfg), "--data-dir", str(tmp_path / "data")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         line = wait_for(lambda: p.stdout.readline(), timeout=120, what="kompaktor up to start")
         assert "kompaktor is up" in line

@@ -41,7 +41,10 @@ timestamps = st.one_of(st.integers(-2, 6), st.sampled_from([INT64_MIN, INT64_MAX
 column_keys = st.tuples(st.sampled_from(ROWS), st.sampled_from(FAMS), st.sampled_from(QUALS), st.sampled_from(VIS))
 entries = st.builds(
     lambda k, ts, d, val: Entry(*k, ts, d, b"" if d else val),
-    column_keys, timestamps, st.booleans(), st.binary(max_size=3),
+    column_keys,
+    timestamps,
+    st.booleans(),
+    st.binary(max_size=3),
 )
 
 
@@ -51,12 +54,17 @@ def sources(draw, max_sources: int = 4, max_entries: int = 30) -> list[list[Entr
     versions, identical keys across sources and markers over puts are the common case."""
     keys = draw(st.lists(column_keys, min_size=1, max_size=6))
     stamps = draw(st.lists(timestamps, min_size=1, max_size=4))
-    pooled = st.builds(lambda k, ts, d, val: Entry(*k, ts, d, b"" if d else val),
-                       st.sampled_from(keys), st.sampled_from(stamps),
-                       st.sampled_from([False, False, True]), st.binary(max_size=2))
+    pooled = st.builds(
+        lambda k, ts, d, val: Entry(*k, ts, d, b"" if d else val),
+        st.sampled_from(keys),
+        st.sampled_from(stamps),
+        st.sampled_from([False, False, True]),
+        st.binary(max_size=2),
+    )
     one = st.one_of(pooled, pooled, entries)
     srcs = draw(st.lists(st.lists(one, max_size=max_entries), min_size=1, max_size=max_sources))
     return [sorted(s, key=sort_key) for s in srcs]
+
 
 bounds = st.one_of(st.none(), st.sampled_from(ROWS))
 iterator_settings = st.builds(
@@ -127,8 +135,13 @@ def test_arrowstack_matches_reference(srcs, cfg):
 
 
 @settings(max_examples=150, **common)
-@given(srcs=sources(), cfg=iterator_settings, tablet=tablet_ranges, rg_sizes=row_group_sizes,
-       range_entries=st.sampled_from([1, 3, 10, 10_000]))
+@given(
+    srcs=sources(),
+    cfg=iterator_settings,
+    tablet=tablet_ranges,
+    rg_sizes=row_group_sizes,
+    range_entries=st.sampled_from([1, 3, 10, 10_000]),
+)
 def test_arrow_engine_conforms(storage, srcs, cfg, tablet, rg_sizes, range_entries):
     check_engine(ArrowMergeEngine(range_entries=range_entries), storage, srcs, cfg, tablet, rg_sizes)
 
@@ -177,18 +190,27 @@ def test_first_row_decrease(es):
     assert bad == expected
 
 
-group_stats = st.lists(st.tuples(st.sampled_from(ROWS), st.sampled_from(ROWS), st.integers(1, 50),
-                                 st.integers(0, 10_000)).map(lambda g: (min(g[0], g[1]), max(g[0], g[1]), g[2], g[3])),
-                       max_size=8)
+group_stats = st.lists(
+    st.tuples(st.sampled_from(ROWS), st.sampled_from(ROWS), st.integers(1, 50), st.integers(0, 10_000)).map(
+        lambda g: (min(g[0], g[1]), max(g[0], g[1]), g[2], g[3])
+    ),
+    max_size=8,
+)
 
 
 @settings(max_examples=300, **common)
-@given(files=st.lists(group_stats, min_size=1, max_size=4), tablet=tablet_ranges,
-       target=st.integers(1, 100), target_bytes=st.sampled_from([100, 10_000, 1 << 30]))
+@given(
+    files=st.lists(group_stats, min_size=1, max_size=4),
+    tablet=tablet_ranges,
+    target=st.integers(1, 100),
+    target_bytes=st.sampled_from([100, 10_000, 1 << 30]),
+)
 def test_plan_ranges_tile_the_tablet_range(files, tablet, target, target_bytes):
     """Ranges are consecutive, cover (prev, end] exactly, and cut strictly inside it."""
-    metas = [InputMeta(f"F{i}", 0, sum(g[2] for g in gs), tuple(sorted(gs, key=lambda g: g[1])), True)
-             for i, gs in enumerate(files)]
+    metas = [
+        InputMeta(f"F{i}", 0, sum(g[2] for g in gs), tuple(sorted(gs, key=lambda g: g[1])), True)
+        for i, gs in enumerate(files)
+    ]
     prev, end = tablet
     ranges = plan_ranges(metas, prev, end, target, target_bytes)
     assert ranges[0][0] == prev and ranges[-1][1] == end

@@ -41,8 +41,17 @@ def entries(seed: int, n: int = 200) -> list[Entry]:
     for _ in range(n):
         row = bytes(rng.integers(0, 256, size=int(rng.integers(0, 4)), dtype=np.uint8))
         deleted = bool(rng.random() < 0.1)
-        out.append(Entry(row, b"f", bytes([int(rng.integers(0, 3))]), b"", int(rng.integers(0, 5)), deleted,
-                         b"" if deleted else bytes([seed])))
+        out.append(
+            Entry(
+                row,
+                b"f",
+                bytes([int(rng.integers(0, 3))]),
+                b"",
+                int(rng.integers(0, 5)),
+                deleted,
+                b"" if deleted else bytes([seed]),
+            )
+        )
     return sorted(out, key=sort_key)
 
 
@@ -56,8 +65,14 @@ def good_inputs(storage: Storage, k: int = 3) -> tuple[list[str], list[list[Entr
 
 
 def request(paths: list[str], settings: IteratorSettings | None = None, **kw) -> MergeRequest:
-    return MergeRequest(inputs=tuple(paths), output="t1/A000099.parquet", prev=kw.get("prev"), end=kw.get("end"),
-                        settings=settings or IteratorSettings(), tmp_tag="ECID-42")
+    return MergeRequest(
+        inputs=tuple(paths),
+        output="t1/A000099.parquet",
+        prev=kw.get("prev"),
+        end=kw.get("end"),
+        settings=settings or IteratorSettings(),
+        tmp_tag="ECID-42",
+    )
 
 
 def files(storage: Storage) -> list[str]:
@@ -89,7 +104,8 @@ BAD_FILES = {
     "empty": lambda s, p: Path(s.path(p)).write_bytes(b""),
     "wrong_schema": lambda s, p: pq.write_table(pa.table({"a": [1, 2], "b": ["x", "y"]}), s.path(p)),
     "wrong_type": lambda s, p: pq.write_table(
-        entries_to_table([]).cast(entries_to_table([]).schema.set(4, pa.field("ts", pa.string()))), s.path(p)),
+        entries_to_table([]).cast(entries_to_table([]).schema.set(4, pa.field("ts", pa.string()))), s.path(p)
+    ),
     "corrupt_pages": corrupt_pages,
     "unsorted": lambda s, p: pq.write_table(entries_to_table(list(reversed(entries(5)))), s.path(p)),
     "missing": lambda s, p: os.remove(s.path(p)),
@@ -164,8 +180,14 @@ def test_cancel_stops_a_running_spark_job(spark_session, storage):
 
     paths = generate(storage, 400_000, files=4)
     eng = SparkMergeEngine("local[2]", task_entries=10_000_000)  # one long task
-    req = MergeRequest(inputs=tuple(paths), output="bench/A000001.parquet", prev=None, end=None,
-                       settings=IteratorSettings(), tmp_tag="ECID-cancel")
+    req = MergeRequest(
+        inputs=tuple(paths),
+        output="bench/A000001.parquet",
+        prev=None,
+        end=None,
+        settings=IteratorSettings(),
+        tmp_tag="ECID-cancel",
+    )
     cancel = threading.Event()
     timer = threading.Timer(0.4, cancel.set)
     timer.start()
@@ -234,6 +256,7 @@ def test_merge_request_validation():
 
 
 # ---- kompaktor merge --------------------------------------------------------------------------
+
 
 def _cli(args: list[str]):
     from kompaktor.cli import main

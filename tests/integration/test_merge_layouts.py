@@ -42,8 +42,9 @@ def sources() -> list[list[Entry]]:
     out = []
     for f in range(N_FILES):
         rows = rng.choice(10_000, size=PER_FILE, replace=False)
-        es = [Entry(b"r%05d" % r, b"f", b"q%d" % (r % 3), b"", f + 1, bool(f and r % 17 == 0), b"v%d" % f)
-              for r in rows]
+        es = [
+            Entry(b"r%05d" % r, b"f", b"q%d" % (r % 3), b"", f + 1, bool(f and r % 17 == 0), b"v%d" % f) for r in rows
+        ]
         out.append(sorted(es, key=sort_key))
     return out
 
@@ -66,8 +67,14 @@ def write(storage: Storage, srcs: list[list[Entry]], **opts) -> list[str]:
 
 
 def request(paths: list[str], **kw) -> MergeRequest:
-    return MergeRequest(inputs=tuple(paths), output="t1/A000001.parquet", prev=kw.get("prev"), end=kw.get("end"),
-                        settings=IteratorSettings(max_versions=1, full=True), tmp_tag="ECID-17")
+    return MergeRequest(
+        inputs=tuple(paths),
+        output="t1/A000001.parquet",
+        prev=kw.get("prev"),
+        end=kw.get("end"),
+        settings=IteratorSettings(max_versions=1, full=True),
+        tmp_tag="ECID-17",
+    )
 
 
 def files(storage: Storage) -> list[str]:

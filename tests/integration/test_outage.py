@@ -35,8 +35,9 @@ GATED = str(Path(__file__).parent / "gated_engine.py")
 OUTAGE_S = 30.0
 
 
-def poll_until(cond: Callable[[], object], what: str, timeout: float = 60.0,
-               alive: tuple[subprocess.Popen, ...] = ()) -> None:
+def poll_until(
+    cond: Callable[[], object], what: str, timeout: float = 60.0, alive: tuple[subprocess.Popen, ...] = ()
+) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
         for p in alive:
@@ -48,8 +49,9 @@ def poll_until(cond: Callable[[], object], what: str, timeout: float = 60.0,
 
 def flush(client: Client, table: str, n: int, start: int) -> None:
     for i in range(start, start + n):
-        client.flush(table, [Entry(b"row%04d" % (i * 10 + k), b"f", b"q", b"", 1000 + i, False, b"v" * 64)
-                             for k in range(50)])
+        client.flush(
+            table, [Entry(b"row%04d" % (i * 10 + k), b"f", b"q", b"", 1000 + i, False, b"v" * 64) for k in range(50)]
+        )
 
 
 def tablet_files(store: MetadataStore) -> set[str]:
@@ -73,13 +75,46 @@ def test_coordinator_and_compactor_ride_out_a_30s_outage(tmp_path: Path) -> None
         store.create_table("t", props={"table.compaction.major.ratio": "2"})
         flush(client, "t", 4, 0)
         rows_before = sorted(e.row for e in client.scan("t"))
-        coord = spawn([sys.executable, "-m", "kompaktor", "coordinator", *common, "--metrics-port", "-1",
-                       "--lease", "3", "--dead-after", "10", "--full-scan-interval", "5"],
-                      stdout=subprocess.DEVNULL, stderr=logs["coordinator"], env=env)
+        coord = spawn(
+            [
+                sys.executable,
+                "-m",
+                "kompaktor",
+                "coordinator",
+                *common,
+                "--metrics-port",
+                "-1",
+                "--lease",
+                "3",
+                "--dead-after",
+                "10",
+                "--full-scan-interval",
+                "5",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=logs["coordinator"],
+            env=env,
+        )
         procs.append(coord)
-        comp = spawn([sys.executable, GATED, "compactor", *common, "--group", "default", "--engine", "arrow",
-                      "--http-port", "-1", "--id", "survivor"],
-                     stdout=subprocess.DEVNULL, stderr=logs["compactor"], env=env)
+        comp = spawn(
+            [
+                sys.executable,
+                GATED,
+                "compactor",
+                *common,
+                "--group",
+                "default",
+                "--engine",
+                "arrow",
+                "--http-port",
+                "-1",
+                "--id",
+                "survivor",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=logs["compactor"],
+            env=env,
+        )
         procs.append(comp)
         alive = (coord, comp)
         poll_until(lambda: Path(f"{gate}.held").exists(), "a merge in flight", alive=alive)
@@ -97,8 +132,9 @@ def test_coordinator_and_compactor_ride_out_a_30s_outage(tmp_path: Path) -> None
         server.start()
         back = time.monotonic()
 
-        poll_until(lambda: store.counters().get("compactions_committed", 0) == 1, "the commit after the outage",
-                   alive=alive)
+        poll_until(
+            lambda: store.counters().get("compactions_committed", 0) == 1, "the commit after the outage", alive=alive
+        )
         committed_after = time.monotonic() - back
         (out,) = tablet_files(store)
         assert ecid not in store.running_index()
@@ -106,11 +142,14 @@ def test_coordinator_and_compactor_ride_out_a_30s_outage(tmp_path: Path) -> None
         assert store.counters().get("dead_compactions", 0) == 0 and store.dead_log() == set()
         # both resume: new files are planned by the coordinator and compacted by the compactor
         flush(client, "t", 3, 100)
-        poll_until(lambda: store.counters().get("compactions_committed", 0) == 2, "a compaction after the outage",
-                   alive=alive)
+        poll_until(
+            lambda: store.counters().get("compactions_committed", 0) == 2, "a compaction after the outage", alive=alive
+        )
         assert out not in tablet_files(store) and len(tablet_files(store)) == 1
-        print(f"outage {OUTAGE_S:.0f}s; commit landed {committed_after:.1f}s after Redis came back; "
-              f"fencing token now {int(store._r.get(C.FENCE))}")
+        print(
+            f"outage {OUTAGE_S:.0f}s; commit landed {committed_after:.1f}s after Redis came back; "
+            f"fencing token now {int(store._r.get(C.FENCE))}"
+        )
         for p in alive:
             assert p.poll() is None
     finally:
@@ -134,8 +173,21 @@ def test_a_coordinator_started_after_an_outage_does_not_declare_compactions_dead
     gate = tmp_path / "gate"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "KOMPAKTOR_TEST_GATE": str(gate)}
     common = ["--redis", server.url, "--storage", storage.uri]
-    coord_args = [sys.executable, "-m", "kompaktor", "coordinator", *common, "--metrics-port", "-1", "--lease", "3",
-                  "--dead-after", "10", "--full-scan-interval", "5"]
+    coord_args = [
+        sys.executable,
+        "-m",
+        "kompaktor",
+        "coordinator",
+        *common,
+        "--metrics-port",
+        "-1",
+        "--lease",
+        "3",
+        "--dead-after",
+        "10",
+        "--full-scan-interval",
+        "5",
+    ]
     stack = contextlib.ExitStack()
     log = stack.enter_context((tmp_path / "coordinator.log").open("wb"))
     procs: list[subprocess.Popen] = []
@@ -144,9 +196,25 @@ def test_a_coordinator_started_after_an_outage_does_not_declare_compactions_dead
         flush(client, "t", 4, 0)
         first = spawn(coord_args, stdout=subprocess.DEVNULL, stderr=log, env=env)
         procs.append(first)
-        comp = spawn([sys.executable, GATED, "compactor", *common, "--group", "default", "--engine", "arrow",
-                      "--http-port", "-1", "--id", "held"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                     env=env)
+        comp = spawn(
+            [
+                sys.executable,
+                GATED,
+                "compactor",
+                *common,
+                "--group",
+                "default",
+                "--engine",
+                "arrow",
+                "--http-port",
+                "-1",
+                "--id",
+                "held",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+        )
         procs.append(comp)
         poll_until(lambda: Path(f"{gate}.held").exists(), "a merge in flight", alive=(first, comp))
         (ecid,) = store.running_index()

@@ -31,14 +31,28 @@ def random_plans(rng: random.Random, step: int) -> list[tuple[str, list[Job]]]:
     plans = []
     for n in range(rng.randint(1, 12)):
         t = f"t{rng.randint(0, 9)}"  # a tablet may come more than once in a batch
-        plans.append((t, [job(t, rng.choice([-5, 0, 1, 2, 3, 7]), rng.randint(1, 3), rng.choice(["g1", "g2"]),
-                              f"{step}.{n}.{k}.") for k in range(rng.randint(0, 4))]))
+        plans.append(
+            (
+                t,
+                [
+                    job(
+                        t,
+                        rng.choice([-5, 0, 1, 2, 3, 7]),
+                        rng.randint(1, 3),
+                        rng.choice(["g1", "g2"]),
+                        f"{step}.{n}.{k}.",
+                    )
+                    for k in range(rng.randint(0, 4))
+                ],
+            )
+        )
     return plans
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_batches_give_the_state_of_one_add_per_tablet(redis_url: str, seed: int,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_batches_give_the_state_of_one_add_per_tablet(
+    redis_url: str, seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Bounds of 1 to 6 make rejections and evictions common, also of a tablet's own jobs and of
     tablets earlier in the same batch; polls in between change the last entries."""
     monkeypatch.setattr(jobqueue, "time", SimpleNamespace(time=lambda: 1_700_000_000.0))  # same "added"

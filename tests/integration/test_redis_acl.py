@@ -26,15 +26,32 @@ pytestmark = pytest.mark.redis
 
 #: what a compromised compactor would try, and must not be able to do
 DANGEROUS = [
-    ("FLUSHALL",), ("FLUSHDB",), ("CONFIG", "SET", "dir", "/tmp"), ("CONFIG", "GET", "requirepass"),
-    ("EVAL", "return redis.call('FLUSHALL')", "0"), ("SCRIPT", "LOAD", "return 1"), ("SCRIPT", "FLUSH"),
+    ("FLUSHALL",),
+    ("FLUSHDB",),
+    ("CONFIG", "SET", "dir", "/tmp"),
+    ("CONFIG", "GET", "requirepass"),
+    ("EVAL", "return redis.call('FLUSHALL')", "0"),
+    ("SCRIPT", "LOAD", "return 1"),
+    ("SCRIPT", "FLUSH"),
     ("FUNCTION", "LOAD", "#!lua name=x\nredis.register_function('x', function() return 1 end)"),
-    ("KEYS", "*"), ("SCAN", "0"), ("MODULE", "LOAD", "/tmp/x.so"), ("DEBUG", "SLEEP", "0"), ("SHUTDOWN",),
-    ("ACL", "SETUSER", "compactor", "+@all"), ("ACL", "LIST"), ("CLIENT", "KILL", "TYPE", "normal"),
-    ("SLAVEOF", "127.0.0.1", "9"), ("REPLICAOF", "NO", "ONE"), ("MIGRATE", "127.0.0.1", "9", "", "0", "5", "KEYS",
-                                                                 "kz:tables"),
-    ("SET", "not-kompaktor", "1"), ("GET", "not-kompaktor"), ("PUBLISH", "ch", "x"), ("BGSAVE",), ("SAVE",),
-    ("SWAPDB", "0", "1"), ("MONITOR",),
+    ("KEYS", "*"),
+    ("SCAN", "0"),
+    ("MODULE", "LOAD", "/tmp/x.so"),
+    ("DEBUG", "SLEEP", "0"),
+    ("SHUTDOWN",),
+    ("ACL", "SETUSER", "compactor", "+@all"),
+    ("ACL", "LIST"),
+    ("CLIENT", "KILL", "TYPE", "normal"),
+    ("SLAVEOF", "127.0.0.1", "9"),
+    ("REPLICAOF", "NO", "ONE"),
+    ("MIGRATE", "127.0.0.1", "9", "", "0", "5", "KEYS", "kz:tables"),
+    ("SET", "not-kompaktor", "1"),
+    ("GET", "not-kompaktor"),
+    ("PUBLISH", "ch", "x"),
+    ("BGSAVE",),
+    ("SAVE",),
+    ("SWAPDB", "0", "1"),
+    ("MONITOR",),
 ]
 
 
@@ -49,8 +66,9 @@ def entries(n: int, k: int) -> list[Entry]:
     return [Entry(b"row%05d" % i, b"f", b"q", b"", 1000 + k, False, b"v%d" % k) for i in range(n)]
 
 
-def test_the_compactor_user_is_refused_every_dangerous_command_and_nothing_changes(users: RedisProcess,
-                                                                                    tmp_path: Path) -> None:
+def test_the_compactor_user_is_refused_every_dangerous_command_and_nothing_changes(
+    users: RedisProcess, tmp_path: Path
+) -> None:
     admin = MetadataStore.from_url(users.role_url("admin"))
     client = Client(admin, Storage.from_uri(str(tmp_path / "files")))
     admin.create_table("t", [])
@@ -76,14 +94,17 @@ def test_the_acl_file_holds_no_password_and_urls_carry_the_role(users: RedisProc
         assert f"user {role} reset on #" in conf
         url = users.role_url(role)
         assert url.startswith(f"redis://{role}:") and redis.Redis.from_url(url).client_info()["user"] == role
-    assert acl.role_url("redis+sentinel://:old@127.0.0.1:1,127.0.0.1:2/svc/0", "compactor", "p w") == \
-        "redis+sentinel://compactor:p%20w@127.0.0.1:1,127.0.0.1:2/svc/0"
+    assert (
+        acl.role_url("redis+sentinel://:old@127.0.0.1:1,127.0.0.1:2/svc/0", "compactor", "p w")
+        == "redis+sentinel://compactor:p%20w@127.0.0.1:1,127.0.0.1:2/svc/0"
+    )
     with pytest.raises(ValueError, match="unknown Redis role"):
         acl.rule("root", "x")
 
 
-def test_each_role_on_its_own_user_compacts_and_the_coordinator_reloads_lost_scripts(users: RedisProcess,
-                                                                                     tmp_path: Path) -> None:
+def test_each_role_on_its_own_user_compacts_and_the_coordinator_reloads_lost_scripts(
+    users: RedisProcess, tmp_path: Path
+) -> None:
     storage = Storage.from_uri(str(tmp_path / "files"))
     admin = MetadataStore.from_url(users.role_url("admin"))
     client = Client(admin, storage)

@@ -106,9 +106,13 @@ def test_sentinel_url_parsing() -> None:
     assert u.sentinels == [("10.0.0.1", 26379), ("::1", 26380)] and u.service == "mymaster" and u.db == 3
     assert u.password == "p@ss" and u.sentinel_password == "s" and not u.tls
     assert parse_sentinel_url("rediss+sentinel://h:1/m").tls
-    for bad, why in [("redis+sentinel:///m", "name at least one sentinel"), ("redis+sentinel://h:x/m", "host:port"),
-                     ("redis+sentinel://h:1/", "/SERVICE"), ("redis+sentinel://h:1/m/x", "a number"),
-                     ("redis+sentinel://h:1/m?bogus=1", "unknown parameter")]:
+    for bad, why in [
+        ("redis+sentinel:///m", "name at least one sentinel"),
+        ("redis+sentinel://h:x/m", "host:port"),
+        ("redis+sentinel://h:1/", "/SERVICE"),
+        ("redis+sentinel://h:1/m/x", "a number"),
+        ("redis+sentinel://h:1/m?bogus=1", "unknown parameter"),
+    ]:
         with pytest.raises(StoreUnavailable, match=why):
             parse_sentinel_url(bad)
 
@@ -222,20 +226,34 @@ def test_up_ha_runs_primary_replica_and_three_sentinels_and_stops_them(tmp_path:
 
     cfg = tmp_path / "local.yaml"
     cfg.write_text(ARROW_ONLY)
-    p = subprocess.Popen([sys.executable, "-m", "kompaktor", "up", "--ha", "--config", str(cfg), "--data-dir",
-                          str(tmp_path / "data")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "kompaktor", "up", "--ha", "--config", str(cfg), "--data-dir", str(tmp_path / "data")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         line = p.stdout.readline()  # type: ignore[union-attr]
         assert "kompaktor is up: KOMPAKTOR_REDIS_URL=redis+sentinel://127.0.0.1:" in line, line
         url = line.split("KOMPAKTOR_REDIS_URL=", 1)[1].split()[0]
         env = {**os.environ, "KOMPAKTOR_REDIS_URL": url}
-        subprocess.run([sys.executable, "-m", "kompaktor", "table", "create", "t"], env=env, check=True,
-                       capture_output=True, timeout=120)
+        subprocess.run(
+            [sys.executable, "-m", "kompaktor", "table", "create", "t"],
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
         sentinels = [int(hp.rsplit(":", 1)[1]) for hp in url.split("//", 1)[1].split("/", 1)[0].split(",")]
         assert len(sentinels) == 3
         data = tmp_path / "data" / "redis-ha"
-        assert sorted(d.name for d in data.iterdir()) == ["redis-0", "redis-1", "sentinel-0", "sentinel-1",
-                                                          "sentinel-2"]
+        assert sorted(d.name for d in data.iterdir()) == [
+            "redis-0",
+            "redis-1",
+            "sentinel-0",
+            "sentinel-1",
+            "sentinel-2",
+        ]
         store = MetadataStore.from_url(url)
         assert store.durability.plan(store._r).commands[0][:2] == ("WAIT", 1)
         ports = [int(store._r.info("replication")["slave0"]["port"]), store._r.connection_pool.get_master_address()[1]]

@@ -40,13 +40,44 @@ def _openssl(*args: str, cwd: Path) -> None:
 def make_certs(d: Path) -> Path:
     """A CA and a server certificate for localhost / 127.0.0.1 signed by it; returns the CA file."""
     d.mkdir(parents=True, exist_ok=True)
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
-             "-days", "1", "-subj", "/CN=kompaktor-test-ca", cwd=d)
-    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "tls.key", "-out", "tls.csr",
-             "-subj", "/CN=localhost", cwd=d)
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=kompaktor-test-ca",
+        cwd=d,
+    )
+    _openssl(
+        "req", "-newkey", "rsa:2048", "-nodes", "-keyout", "tls.key", "-out", "tls.csr", "-subj", "/CN=localhost", cwd=d
+    )
     (d / "san.cnf").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
-    _openssl("x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-             "-out", "tls.crt", "-days", "1", "-extfile", "san.cnf", cwd=d)
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        "tls.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "tls.crt",
+        "-days",
+        "1",
+        "-extfile",
+        "san.cnf",
+        cwd=d,
+    )
     return d / "ca.crt"
 
 
@@ -97,11 +128,35 @@ def tls_redis(tmp_path: Path) -> Iterator[TlsRedis]:
         f.write(f'requirepass "{PASSWORD}"\n')
     port = free_port()
     proc = subprocess.Popen(
-        ["redis-server", str(conf), "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
-         "--tls-cert-file", str(d / "tls.crt"), "--tls-key-file", str(d / "tls.key"),
-         "--tls-ca-cert-file", str(ca), "--tls-auth-clients", "no", "--dir", str(d), "--save", "",
-         "--appendonly", "no", "--logfile", str(d / "redis.log")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            "redis-server",
+            str(conf),
+            "--port",
+            "0",
+            "--tls-port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--tls-cert-file",
+            str(d / "tls.crt"),
+            "--tls-key-file",
+            str(d / "tls.key"),
+            "--tls-ca-cert-file",
+            str(ca),
+            "--tls-auth-clients",
+            "no",
+            "--dir",
+            str(d),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--logfile",
+            str(d / "redis.log"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     server = TlsRedis(port, ca, proc)
     try:
         _until(lambda: redis.Redis.from_url(server.url()).ping(), "the TLS redis-server", 30)
@@ -111,8 +166,9 @@ def tls_redis(tmp_path: Path) -> Iterator[TlsRedis]:
 
 
 def run_cli(*args: str, url: str, storage: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([str(EXE), *args, "--redis", url, "--storage", str(storage)], capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [str(EXE), *args, "--redis", url, "--storage", str(storage)], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_the_server_speaks_tls_only(tls_redis: TlsRedis) -> None:
@@ -120,8 +176,13 @@ def test_the_server_speaks_tls_only(tls_redis: TlsRedis) -> None:
     with pytest.raises(redis.ConnectionError):
         plain.ping()
     plain.close()
-    probe = subprocess.run(["redis-cli", "--tls", "--cacert", str(tls_redis.ca), "-p", str(tls_redis.port), "ping"],
-                           capture_output=True, text=True, timeout=30, env={**os.environ, "REDISCLI_AUTH": PASSWORD})
+    probe = subprocess.run(
+        ["redis-cli", "--tls", "--cacert", str(tls_redis.ca), "-p", str(tls_redis.port), "ping"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "REDISCLI_AUTH": PASSWORD},
+    )
     assert probe.stdout.strip() == "PONG", probe  # the chart's probe: password from the environment
 
 
@@ -134,8 +195,10 @@ def test_cli_over_rediss_with_the_ca(tls_redis: TlsRedis, tmp_path: Path) -> Non
     assert out.returncode == 0 and "t-localhost" in out.stdout, out.stderr
     # without the CA the server's certificate is not trusted; in plain text the server hangs up
     # (the wording of that line is the store's; here: one line, exit 1, no password)
-    for url, message in ((tls_redis.url(ca=False), "certificate"),
-                         (tls_redis.url(ca=False).replace("rediss://", "redis://"), "")):
+    for url, message in (
+        (tls_redis.url(ca=False), "certificate"),
+        (tls_redis.url(ca=False).replace("rediss://", "redis://"), ""),
+    ):
         out = run_cli("status", url=url, storage=files)
         assert out.returncode == 1, out
         assert out.stderr.count("\n") == 1 and out.stderr.startswith("error: "), out.stderr
@@ -152,8 +215,19 @@ def test_coordinator_compactor_and_operator_backend_over_rediss(tls_redis: TlsRe
     http_port = free_port()
     args = {
         "coordinator": ["coordinator", "--metrics-port", "-1", "--full-scan-interval", "1"],
-        "compactor": ["compactor", "--group", "small", "--engine", "arrow", "--http-host", "127.0.0.1",
-                      "--http-port", str(http_port), "--id", "tls-c1"],
+        "compactor": [
+            "compactor",
+            "--group",
+            "small",
+            "--engine",
+            "arrow",
+            "--http-host",
+            "127.0.0.1",
+            "--http-port",
+            str(http_port),
+            "--id",
+            "tls-c1",
+        ],
     }
     logs = {name: tmp_path / f"{name}.log" for name in args}
     procs: dict[str, subprocess.Popen] = {}
@@ -161,13 +235,19 @@ def test_coordinator_compactor_and_operator_backend_over_rediss(tls_redis: TlsRe
     try:
         for name, argv in args.items():
             with open(logs[name], "wb") as out:
-                procs[name] = subprocess.Popen([str(EXE), *argv, "--storage", str(tmp_path / "files")],
-                                               stdout=out, stderr=subprocess.STDOUT, env=env)
+                procs[name] = subprocess.Popen(
+                    [str(EXE), *argv, "--storage", str(tmp_path / "files")],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                )
         _until(lambda: "leads (fencing token" in logs["coordinator"].read_text(), "the coordinator's lease")
         # the compactor registered itself in Redis (a heartbeat over TLS) and says it is ready
         _until(lambda: any(c.id == "tls-c1" for c in store.compactors("small")), "the compactor's heartbeat")
-        _until(lambda: urllib.request.urlopen(f"http://127.0.0.1:{http_port}/readyz", timeout=2).status == 200,
-               "the compactor ready")
+        _until(
+            lambda: urllib.request.urlopen(f"http://127.0.0.1:{http_port}/readyz", timeout=2).status == 200,
+            "the compactor ready",
+        )
         backend = RedisBackend(url)  # the operator's Redis path
         assert "tls-c1" in backend.compactors("small")
         assert backend.queue_figures("small").queued == 0
@@ -189,8 +269,12 @@ def _chart_redis(tls: bool) -> dict[str, Any]:
 
     chart_dir = Path(__file__).resolve().parents[2] / "helm" / "kompaktor"
     with helm.Chart.load(str(chart_dir)) as chart:
-        out = chart.render({"redis": {"tls": {"enabled": tls}}, "storage": {"uri": "s3://compactions/kompaktor"}},
-                           name="kompaktor", namespace="ns", is_install=True)
+        out = chart.render(
+            {"redis": {"tls": {"enabled": tls}}, "storage": {"uri": "s3://compactions/kompaktor"}},
+            name="kompaktor",
+            namespace="ns",
+            is_install=True,
+        )
     sts = next(d for d in yaml.safe_load_all(out["kompaktor/templates/redis.yaml"]) if d and d["kind"] == "StatefulSet")
     return sts["spec"]["template"]["spec"]["containers"][0]
 
@@ -218,8 +302,11 @@ def test_the_charts_redis_runs_with_the_password_off_argv(tls: bool, tmp_path: P
     env = {**os.environ, "REDIS_PASSWORD": PASSWORD, "REDISCLI_AUTH": PASSWORD}
     proc = subprocess.Popen([*c["command"], script], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        url = f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={tmp_path / 'tls' / 'ca.crt'}" if tls else \
-            f"redis://127.0.0.1:{port}/0"
+        url = (
+            f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={tmp_path / 'tls' / 'ca.crt'}"
+            if tls
+            else f"redis://127.0.0.1:{port}/0"
+        )
         _until(lambda: subprocess.run(probe, env=env, timeout=10).returncode == 0, "the chart's readiness probe", 30)
         with pytest.raises(redis.AuthenticationError):
             redis.Redis.from_url(url).ping()  # no password: refused

@@ -90,8 +90,9 @@ def test_a_writer_that_fails_leaves_nothing_under_the_name(s3: S3Server, s3_env:
 
 
 def _demo(env: dict[str, str], *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([str(BIN / "kompaktor"), "demo", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [str(BIN / "kompaktor"), "demo", *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.mark.spark
@@ -104,9 +105,28 @@ def test_the_demo_runs_on_s3_with_both_engines(s3: S3Server, s3_env: dict[str, s
     config = tmp_path / "demo.yaml"
     config.write_text(DEMO_CONFIG.replace("maxSize: 512Ki", "maxSize: 48Ki"))
     s3.reset_requests()
-    out = _demo(s3_env, "--storage", uri, "--config", str(config), "--entries", "12000", "--duration", "8",
-                "--tablets", "3", "--batch", "1000", "--burst-entries", "6000", "--burst-files", "6", "--json",
-                "--data-dir", str(tmp_path / "demo"))
+    out = _demo(
+        s3_env,
+        "--storage",
+        uri,
+        "--config",
+        str(config),
+        "--entries",
+        "12000",
+        "--duration",
+        "8",
+        "--tablets",
+        "3",
+        "--batch",
+        "1000",
+        "--burst-entries",
+        "6000",
+        "--burst-files",
+        "6",
+        "--json",
+        "--data-dir",
+        str(tmp_path / "demo"),
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert summary["verified"] == "yes", summary
@@ -115,10 +135,18 @@ def test_the_demo_runs_on_s3_with_both_engines(s3: S3Server, s3_env: dict[str, s
     assert summary["compactions run (small)"] > 0 and summary["compactions run (large)"] > 0, summary
     # the files are in the bucket, not under the data directory
     assert not (tmp_path / "demo" / "files").exists() or not any((tmp_path / "demo" / "files").rglob("*.parquet"))
-    fs = pafs.S3FileSystem(access_key=s3.access_key, secret_key=s3.secret_key, region="us-east-1",
-                           endpoint_override=s3.endpoint, scheme="http")
-    objects = [i.path for i in fs.get_file_info(pafs.FileSelector(f"{BUCKET}/demo/tables", recursive=True))
-               if i.type == pafs.FileType.File]
+    fs = pafs.S3FileSystem(
+        access_key=s3.access_key,
+        secret_key=s3.secret_key,
+        region="us-east-1",
+        endpoint_override=s3.endpoint,
+        scheme="http",
+    )
+    objects = [
+        i.path
+        for i in fs.get_file_info(pafs.FileSelector(f"{BUCKET}/demo/tables", recursive=True))
+        if i.type == pafs.FileType.File
+    ]
     assert objects and not [o for o in objects if "/_tmp_" in o], objects[:5]
     kinds = s3.requests(BUCKET)
     # no rename anywhere: every output, flush and import written once at its name
@@ -135,15 +163,33 @@ def test_bad_storage_is_one_line_and_starts_nothing(s3: S3Server, s3_env: dict[s
         "gopher://somewhere/x": "gopher",
     }
     for uri, named in cases.items():
-        out = _demo(s3_env, "--storage", uri, "--entries", "10", "--duration", "1", "--data-dir",
-                    str(tmp_path / "d"), timeout=120)
+        out = _demo(
+            s3_env,
+            "--storage",
+            uri,
+            "--entries",
+            "10",
+            "--duration",
+            "1",
+            "--data-dir",
+            str(tmp_path / "d"),
+            timeout=120,
+        )
         assert out.returncode != 0
         lines = [line for line in out.stderr.splitlines() if line.strip()]
         assert len(lines) == 1 and named in lines[0], out.stderr
         assert "Traceback" not in out.stderr
     # an endpoint that does not answer
-    out = _demo({**s3_env, "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}, "--storage", f"s3://{BUCKET}/x",
-                "--entries", "10", "--duration", "1", timeout=120)
+    out = _demo(
+        {**s3_env, "AWS_ENDPOINT_URL": "http://127.0.0.1:9"},
+        "--storage",
+        f"s3://{BUCKET}/x",
+        "--entries",
+        "10",
+        "--duration",
+        "1",
+        timeout=120,
+    )
     lines = [x for x in out.stderr.splitlines() if x.strip()]
     assert out.returncode != 0 and len(lines) == 1 and "Could not connect" in lines[0], out.stderr
     # (wrong and read-only credentials: test_credentials_..., on a server that checks them)
@@ -170,27 +216,34 @@ def s3_iam(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict[
 
 @pytest.mark.redis
 def test_credentials_that_cannot_write_are_one_line_before_anything_starts(
-        s3_iam: dict[str, dict[str, str]], redis_url: str, tmp_path: Path) -> None:
+    s3_iam: dict[str, dict[str, str]], redis_url: str, tmp_path: Path
+) -> None:
     writer, reader = s3_iam["writer"], s3_iam["reader"]
     wrong = {**writer, "AWS_SECRET_ACCESS_KEY": writer["AWS_SECRET_ACCESS_KEY"][::-1]}
     unknown = {**writer, "AWS_ACCESS_KEY_ID": "AKIA" + "0" * 16}
     uri = f"s3://{BUCKET}/iam"
-    cases = {"read-only": (reader, "Access Denied"), "wrong secret": (wrong, "signature"),
-             "unknown key": (unknown, "Access Key Id")}
+    cases = {
+        "read-only": (reader, "Access Denied"),
+        "wrong secret": (wrong, "signature"),
+        "unknown key": (unknown, "Access Key Id"),
+    }
     for case, (env, named) in cases.items():
-        for cmd in (["demo", "--storage", uri, "--entries", "10", "--duration", "1", "--data-dir",
-                     str(tmp_path / case)],
-                    ["coordinator", "--redis", redis_url, "--storage", uri],
-                    ["compactor", "--group", "g", "--http-port", "-1", "--redis", redis_url, "--storage", uri]):
-            out = subprocess.run([str(BIN / "kompaktor"), *cmd], env={**os.environ, **env}, capture_output=True,
-                                 text=True, timeout=120)
+        for cmd in (
+            ["demo", "--storage", uri, "--entries", "10", "--duration", "1", "--data-dir", str(tmp_path / case)],
+            ["coordinator", "--redis", redis_url, "--storage", uri],
+            ["compactor", "--group", "g", "--http-port", "-1", "--redis", redis_url, "--storage", uri],
+        ):
+            out = subprocess.run(
+                [str(BIN / "kompaktor"), *cmd], env={**os.environ, **env}, capture_output=True, text=True, timeout=120
+            )
             lines = [line for line in out.stderr.splitlines() if line.strip()]
             assert out.returncode != 0 and "Traceback" not in out.stderr, (case, cmd[0], out.stderr)
             assert len(lines) == 1 and uri in lines[0] and named.lower() in lines[0].lower(), (case, cmd, out.stderr)
             assert env["AWS_SECRET_ACCESS_KEY"] not in out.stdout + out.stderr
     # nothing was written by any of them; the writer's probe was removed
-    probe = subprocess.run([sys.executable, "-c", _PROBE, uri], env={**os.environ, **writer}, capture_output=True,
-                           text=True, timeout=120)
+    probe = subprocess.run(
+        [sys.executable, "-c", _PROBE, uri], env={**os.environ, **writer}, capture_output=True, text=True, timeout=120
+    )
     assert probe.returncode == 0 and probe.stdout.split() == ["writable", "0"], probe.stderr
 
 
@@ -205,7 +258,8 @@ print("writable", len(s.fs.get_file_info(pafs.FileSelector(s.root, recursive=Tru
 
 
 def test_an_arrow_compaction_on_s3_reads_each_input_once_and_never_copies_or_deletes(
-        s3: S3Server, s3_env: dict[str, str]) -> None:
+    s3: S3Server, s3_env: dict[str, str]
+) -> None:
     from prometheus_client import generate_latest
 
     from kompaktor.engines import make_engine
@@ -224,8 +278,14 @@ def test_an_arrow_compaction_on_s3_reads_each_input_once_and_never_copies_or_del
         inputs.append(rel)
     s3.reset_requests()
     before = REQUESTS.snapshot()
-    req = MergeRequest(inputs=tuple(inputs), output="tables/t/a/A0001.parquet", prev=None, end=None,
-                       settings=IteratorSettings(), tmp_tag="ECID-s3")
+    req = MergeRequest(
+        inputs=tuple(inputs),
+        output="tables/t/a/A0001.parquet",
+        prev=None,
+        end=None,
+        settings=IteratorSettings(),
+        tmp_tag="ECID-s3",
+    )
     result = make_engine("arrow").merge(storage, req)
     kinds = s3.requests(BUCKET)
     counted = {op: n - before[op] for op, n in REQUESTS.snapshot().items()}
@@ -268,8 +328,13 @@ def test_a_writer_killed_mid_upload_leaves_no_visible_object(s3: S3Server, s3_en
     assert s3.requests(BUCKET)["PUT"] >= 1  # parts went up ...
     storage = Storage.from_uri(uri)
     assert not storage.exists(rel) and storage.list_files("tables") == []  # ... and nothing is visible
-    s3api = boto3.client("s3", endpoint_url=s3.endpoint, aws_access_key_id=s3.access_key,
-                         aws_secret_access_key=s3.secret_key, region_name="us-east-1")
+    s3api = boto3.client(
+        "s3",
+        endpoint_url=s3.endpoint,
+        aws_access_key_id=s3.access_key,
+        aws_secret_access_key=s3.secret_key,
+        region_name="us-east-1",
+    )
     uploads = s3api.list_multipart_uploads(Bucket=BUCKET, Prefix="killed/").get("Uploads", [])
     assert [u["Key"] for u in uploads] == [f"killed/{rel}"]
     # what a bucket's AbortIncompleteMultipartUpload rule does (docs/storage.md)
@@ -279,8 +344,9 @@ def test_a_writer_killed_mid_upload_leaves_no_visible_object(s3: S3Server, s3_en
 
 
 @pytest.mark.redis
-def test_gc_on_s3_removes_what_no_tablet_references_and_keeps_the_rest(s3: S3Server, s3_env: dict[str, str],
-                                                                       redis_url: str) -> None:
+def test_gc_on_s3_removes_what_no_tablet_references_and_keeps_the_rest(
+    s3: S3Server, s3_env: dict[str, str], redis_url: str
+) -> None:
     from kompaktor.client import Client
     from kompaktor.coordinator.gc import collect_garbage
     from kompaktor.metadata.store import MetadataStore
@@ -306,8 +372,9 @@ def test_gc_on_s3_removes_what_no_tablet_references_and_keeps_the_rest(s3: S3Ser
 
 
 @pytest.mark.redis
-def test_gc_passes_on_s3_are_bounded_and_resume_where_the_last_stopped(s3: S3Server, s3_env: dict[str, str],
-                                                                       redis_url: str) -> None:
+def test_gc_passes_on_s3_are_bounded_and_resume_where_the_last_stopped(
+    s3: S3Server, s3_env: dict[str, str], redis_url: str
+) -> None:
     from kompaktor.client import Client
     from kompaktor.coordinator.gc import GcCursor, collect_garbage
     from kompaktor.metadata.store import MetadataStore
@@ -369,7 +436,8 @@ def test_split_and_merge_on_s3_keep_the_scan_exact(s3: S3Server, s3_env: dict[st
 
 @pytest.mark.redis
 def test_a_storage_outage_mid_merge_fails_the_job_cleanly_and_it_is_retried(
-        s3: S3Server, s3_env: dict[str, str], redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    s3: S3Server, s3_env: dict[str, str], redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The store's endpoint goes away while a compactor uploads its output: the job fails and is
     released (no commit, no failure counted against it, the compactor keeps running), and once
     the store is back the job is planned again and commits; the scan is exact throughout."""
@@ -389,8 +457,10 @@ def test_a_storage_outage_mid_merge_fails_the_job_cleanly_and_it_is_retried(
         client = Client(store, storage)
         store.create_table("t", [])
         for k in range(4):  # ~2 MiB of incompressible values per file: the output is uploaded in parts
-            client.flush("t", [Entry(b"row%06d" % (i * 4 + k), b"cf", b"cq", b"", 1, False, os.urandom(128))
-                               for i in range(15000)])
+            client.flush(
+                "t",
+                [Entry(b"row%06d" % (i * 4 + k), b"cf", b"cq", b"", 1, False, os.urandom(128)) for i in range(15000)],
+            )
         before = list(client.scan("t"))
         (tablet,) = store.tablets(store.table_id("t"))
         inputs = set(tablet.files)

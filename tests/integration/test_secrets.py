@@ -35,8 +35,13 @@ def secured(tmp_path: Path) -> Iterator[RedisProcess]:
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, storage: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([str(EXE), *args, "--storage", str(storage)], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [str(EXE), *args, "--storage", str(storage)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def assert_clean(text: str) -> None:
@@ -80,8 +85,14 @@ def test_cli_never_prints_the_password(secured: RedisProcess, tmp_path: Path) ->
                 assert "redis://***@127.0.0.1:" in p.stderr
     # the working paths, the URL from the environment as pods get it
     env = {"KOMPAKTOR_REDIS_URL": good}
-    for args in (["table", "create", "t"], ["table", "list"], ["status"], ["status", "--json"],
-                 ["scan", "t"], ["table", "config", "t"]):
+    for args in (
+        ["table", "create", "t"],
+        ["table", "list"],
+        ["status"],
+        ["status", "--json"],
+        ["scan", "t"],
+        ["table", "config", "t"],
+    ):
         p = run_cli(*args, env=env, storage=tmp_path / "files")
         assert p.returncode == 0, (args, p.stderr)
         assert_clean(p.stdout + p.stderr)
@@ -126,8 +137,10 @@ def test_coordinator_and_compactor_logs_never_show_the_password(secured: RedisPr
     """Both processes run against the secured Redis, which then goes away: they log that the
     store is unavailable (with its address) and keep retrying; their whole output is grepped."""
     logs = {name: tmp_path / f"{name}.log" for name in PROCESSES}
-    procs = {name: _start([*args, "--storage", str(tmp_path / "files")], secured.url, logs[name])
-             for name, args in PROCESSES.items()}
+    procs = {
+        name: _start([*args, "--storage", str(tmp_path / "files")], secured.url, logs[name])
+        for name, args in PROCESSES.items()
+    }
     try:
         assert _wait_for(logs["coordinator"], "leads (fencing token", 60), logs["coordinator"].read_text()
         assert _wait_for(logs["compactor"], "DEBUG", 60) or procs["compactor"].poll() is None
@@ -148,8 +161,9 @@ def test_coordinator_and_compactor_logs_never_show_the_password(secured: RedisPr
 def test_coordinator_and_compactor_refuse_an_unreachable_url_in_one_line(tmp_path: Path) -> None:
     url = f"redis://:{PASSWORD}@127.0.0.1:{free_port()}/0"
     logs = {name: tmp_path / f"{name}.log" for name in PROCESSES}
-    procs = {name: _start([*args, "--storage", str(tmp_path / "files")], url, logs[name])
-             for name, args in PROCESSES.items()}
+    procs = {
+        name: _start([*args, "--storage", str(tmp_path / "files")], url, logs[name]) for name, args in PROCESSES.items()
+    }
     try:
         for name, p in procs.items():
             assert p.wait(timeout=60) == 1, logs[name].read_text()

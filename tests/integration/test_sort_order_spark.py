@@ -15,10 +15,18 @@ def spark_sorted(spark, es: list[Entry]) -> list[Entry]:
     from pyspark.sql import functions as F
 
     df = spark.createDataFrame(entries_to_table(es)).repartition(3)
-    df = df.orderBy(F.col("row").asc(), F.col("cf").asc(), F.col("cq").asc(), F.col("vis").asc(),
-                    F.col("ts").desc(), F.col("deleted").desc())
-    return [Entry(*(bytes(v) if isinstance(v, bytearray) else v for v in (r[n] for n in SCHEMA.names)))
-            for r in df.collect()]
+    df = df.orderBy(
+        F.col("row").asc(),
+        F.col("cf").asc(),
+        F.col("cq").asc(),
+        F.col("vis").asc(),
+        F.col("ts").desc(),
+        F.col("deleted").desc(),
+    )
+    return [
+        Entry(*(bytes(v) if isinstance(v, bytearray) else v for v in (r[n] for n in SCHEMA.names)))
+        for r in df.collect()
+    ]
 
 
 @pytest.mark.spark
@@ -38,8 +46,9 @@ def _random_keys(n: int, seed: int = 11) -> list[Entry]:
         return rng.choice(pool) if rng.random() < 0.6 else rng.randbytes(rng.randint(0, 3))
 
     stamps = [INT64_MIN, INT64_MAX, -1, 0, 1, 2]
-    return [Entry(f(), f(), f(), rng.choice([b"", b"\xe9"]), rng.choice(stamps), rng.random() < 0.5, b"")
-            for _ in range(n)]
+    return [
+        Entry(f(), f(), f(), rng.choice([b"", b"\xe9"]), rng.choice(stamps), rng.random() < 0.5, b"") for _ in range(n)
+    ]
 
 
 @pytest.mark.spark

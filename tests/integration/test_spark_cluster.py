@@ -49,10 +49,18 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 #: the CompactorGroup the driver's engine is made from (spark.master filled in by the fixture)
 GROUP = {
-    "minReplicas": 1, "maxReplicas": 2,
-    "spark": {"engine": "spark", "executorMemory": "600m", "executorCores": 1,
-              "conf": {"spark.cores.max": "2", "spark.scheduler.minRegisteredResourcesRatio": "1.0",
-                       "spark.task.maxFailures": "4"}},
+    "minReplicas": 1,
+    "maxReplicas": 2,
+    "spark": {
+        "engine": "spark",
+        "executorMemory": "600m",
+        "executorCores": 1,
+        "conf": {
+            "spark.cores.max": "2",
+            "spark.scheduler.minRegisteredResourcesRatio": "1.0",
+            "spark.task.maxFailures": "4",
+        },
+    },
 }
 N_FILES = 4
 PER_FILE = 4000
@@ -61,12 +69,22 @@ TASK_ENTRIES = 1000
 
 class Driver:
     def __init__(self, setup: dict, log: Path) -> None:
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "compactor"), str(ROOT / "operator")]),
-                   SPARK_LOCAL_IP="127.0.0.1")
+        env = dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join([str(ROOT / "compactor"), str(ROOT / "operator")]),
+            SPARK_LOCAL_IP="127.0.0.1",
+        )
         self.log = open(log, "ab")  # noqa: SIM115 — closed in stop()
-        self.proc = subprocess.Popen([sys.executable, str(HERE / "spark_cluster_driver.py"), json.dumps(setup)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
-                                     env=env, cwd=str(log.parent), start_new_session=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, str(HERE / "spark_cluster_driver.py"), json.dumps(setup)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            env=env,
+            cwd=str(log.parent),
+            start_new_session=True,
+        )
         self.pending: list[dict] = []
 
     def send(self, **cmd) -> None:
@@ -142,8 +160,16 @@ def group_spark_settings(master: str) -> tuple[str, dict[str, str], str | None]:
 @pytest.fixture(scope="module")
 def driver(cluster: SparkCluster, tmp_path_factory: pytest.TempPathFactory):
     master, conf, driver_memory = group_spark_settings(cluster.url)
-    d = Driver({"master": master, "conf": conf, "driver_memory": driver_memory, "task_entries": TASK_ENTRIES,
-                "no_executor_timeout": 5.0}, tmp_path_factory.mktemp("spark-driver") / "driver.log")
+    d = Driver(
+        {
+            "master": master,
+            "conf": conf,
+            "driver_memory": driver_memory,
+            "task_entries": TASK_ENTRIES,
+            "no_executor_timeout": 5.0,
+        },
+        tmp_path_factory.mktemp("spark-driver") / "driver.log",
+    )
     try:
         d.next_event("ready", timeout=300)
         yield d
@@ -164,8 +190,12 @@ def sources(seed: int = 5) -> list[list[Entry]]:
     out = []
     for f in range(N_FILES):
         rows = rng.choice(3 * PER_FILE, size=PER_FILE, replace=False)
-        out.append(sorted((Entry(b"r%06d" % r, b"f", b"q", b"", f + 1, bool(f and r % 13 == 0), b"v%d" % f)
-                           for r in rows), key=sort_key))
+        out.append(
+            sorted(
+                (Entry(b"r%06d" % r, b"f", b"q", b"", f + 1, bool(f and r % 13 == 0), b"v%d" % f) for r in rows),
+                key=sort_key,
+            )
+        )
     return out
 
 
@@ -180,8 +210,9 @@ def inputs(storage: Storage) -> list[str]:
 
 
 def arrow_reference(storage: Storage, inputs: list[str]) -> object:
-    req = MergeRequest(tuple(inputs), "ref/A000000.parquet", None, None, IteratorSettings(max_versions=1, full=True),
-                       "REF")
+    req = MergeRequest(
+        tuple(inputs), "ref/A000000.parquet", None, None, IteratorSettings(max_versions=1, full=True), "REF"
+    )
     storage.ensure_dir("ref")
     ArrowMergeEngine().merge(storage, req)
     return pq.read_table(storage.path("ref/A000000.parquet"))
@@ -203,14 +234,17 @@ def last_stage(driver: Driver) -> int:
 def tasks_of_merge(driver: Driver, n_parts: int, after: int) -> list[dict]:
     """Task attempts of the merge's stage, the first complete one after stage ``after`` (the
     REST API lags behind the job by a little: polled until it shows the stage complete)."""
+
     def stage(a: dict) -> int | None:
         done = [t["stage"] for t in a["tasks"] if t["stage_status"] == "COMPLETE" and t["stage"] > after]
         return min(done) if done else None
 
     def merged(a: dict) -> bool:
         sid = stage(a)
-        return sid is not None and sum(1 for t in a["tasks"]
-                                       if t["stage"] == sid and t["status"] == "SUCCESS") == n_parts
+        return (
+            sid is not None and sum(1 for t in a["tasks"] if t["stage"] == sid and t["status"] == "SUCCESS") == n_parts
+        )
+
     ans = driver.wait_for("the merge stage in the REST API", merged, "tasks")
     sid = stage(ans)
     return [t for t in ans["tasks"] if t["stage"] == sid]
@@ -260,8 +294,11 @@ def test_a_worker_killed_mid_merge_its_task_runs_elsewhere(cluster, driver, stor
     after = last_stage(driver)
     victim.signal_executors(signal.SIGSTOP)  # the task it is given cannot finish
     merge(driver, storage, inputs, "kill")
-    driver.wait_for("every task but the stopped worker's done", lambda a: any(
-        s["total"] == n and s["completed"] == n - 1 and s["active"] == 1 for s in a["stages"]), "stages")
+    driver.wait_for(
+        "every task but the stopped worker's done",
+        lambda a: any(s["total"] == n and s["completed"] == n - 1 and s["active"] == 1 for s in a["stages"]),
+        "stages",
+    )
     victim.kill()
     done = driver.next_event("done", id="kill")
     assert "error" not in done, done
@@ -303,8 +340,23 @@ def test_a_dead_master_url_is_one_line_and_writes_nothing(tmp_path: Path, storag
     dead = f"spark://127.0.0.1:{free_port()}"
     exe = Path(sys.executable).parent / "kompaktor"
     out = tmp_path / "out.parquet"
-    r = subprocess.run([str(exe), "merge", *(storage.path(p) for p in inputs), "-o", str(out), "--engine", "spark",
-                        "--spark-master", dead], capture_output=True, text=True, timeout=120, check=False)
+    r = subprocess.run(
+        [
+            str(exe),
+            "merge",
+            *(storage.path(p) for p in inputs),
+            "-o",
+            str(out),
+            "--engine",
+            "spark",
+            "--spark-master",
+            dead,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert r.returncode == 1, r.stderr
     assert r.stderr.count("\n") == 1 and r.stderr.startswith(f"error: Spark master {dead} does not answer"), r.stderr
     assert not out.exists() and files(storage) == sorted(inputs)
@@ -312,7 +364,8 @@ def test_a_dead_master_url_is_one_line_and_writes_nothing(tmp_path: Path, storag
 
 @pytest.mark.redis
 def test_a_compactor_with_a_dead_master_url_is_one_line_and_leaves_redis_and_the_tablet(
-        redis_url: str, store, storage: Storage, client) -> None:
+    redis_url: str, store, storage: Storage, client
+) -> None:
     from kompaktor.coordinator import Coordinator
 
     from .redis_snapshot import snapshot
@@ -324,9 +377,30 @@ def test_a_compactor_with_a_dead_master_url_is_one_line_and_leaves_redis_and_the
     before = snapshot(store._r), files(storage, "")
     dead = f"spark://127.0.0.1:{free_port()}"
     exe = Path(sys.executable).parent / "kompaktor"
-    r = subprocess.run([str(exe), "compactor", "--group", "default", "--engine", "spark", "--spark-master", dead,
-                        "--http-port", "-1", "--max-jobs", "1", "--redis", redis_url, "--storage", storage.uri],
-                       capture_output=True, text=True, timeout=120, check=False)
+    r = subprocess.run(
+        [
+            str(exe),
+            "compactor",
+            "--group",
+            "default",
+            "--engine",
+            "spark",
+            "--spark-master",
+            dead,
+            "--http-port",
+            "-1",
+            "--max-jobs",
+            "1",
+            "--redis",
+            redis_url,
+            "--storage",
+            storage.uri,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert r.returncode == 1, r.stderr
     assert r.stderr.count("\n") == 1 and r.stderr.startswith(f"error: Spark master {dead} does not answer"), r.stderr
     assert (snapshot(store._r), files(storage, "")) == before  # not reserved, not registered, nothing written

@@ -60,9 +60,13 @@ def test_create_table_refusals(store: MetadataStore) -> None:
 
 
 def test_unknown_table(store: MetadataStore) -> None:
-    for call in (lambda: store.table("nope"), lambda: store.set_props("nope", {"table.custom.a": "1"}),
-                 lambda: store.set_state("nope", OFFLINE), lambda: store.delete_table("nope"),
-                 lambda: store.add_files("nope", {"f": FileMeta(1, 1)})):
+    for call in (
+        lambda: store.table("nope"),
+        lambda: store.set_props("nope", {"table.custom.a": "1"}),
+        lambda: store.set_state("nope", OFFLINE),
+        lambda: store.delete_table("nope"),
+        lambda: store.add_files("nope", {"f": FileMeta(1, 1)}),
+    ):
         with pytest.raises(UnknownTableError, match="unknown table 'nope'"):
             call()
 
@@ -71,8 +75,7 @@ def test_props(store: MetadataStore) -> None:
     tid = store.create_table("t", props={"table.iterator.versions": "2"})
     store.pop_dirty()
     store.set_props("t", {"table.custom.x": "é\x80", "table.file.max": "7"})
-    assert store.table("t").props == {"table.iterator.versions": "2", "table.custom.x": "é\x80",
-                                      "table.file.max": "7"}
+    assert store.table("t").props == {"table.iterator.versions": "2", "table.custom.x": "é\x80", "table.file.max": "7"}
     assert store.pop_dirty() == store.tablet_ids(tid)  # tablets are re-planned under new props
     store.set_props("t", {"table.custom.x": None, "table.iterator.versions": None, "table.file.max": None})
     assert store.table("t").props == {}
@@ -119,11 +122,14 @@ def test_offline_table_refuses_online_only_mutations(store: MetadataStore) -> No
 
 def test_add_files_registers_with_each_overlapping_tablet(store: MetadataStore) -> None:
     tid = store.create_table("t", [b"c", b"f", b"j"])
-    touched = store.add_files("t", {
-        "span": FileMeta(100, 10, 0, b"d", b"j"),  # (c,f] and (f,j]: j is the end row, inclusive
-        "edge": FileMeta(1, 1, 0, b"c", b"c"),  # only (-inf,c]
-        "empty": FileMeta(1, 0),  # no entries: registered nowhere
-    })
+    touched = store.add_files(
+        "t",
+        {
+            "span": FileMeta(100, 10, 0, b"d", b"j"),  # (c,f] and (f,j]: j is the end row, inclusive
+            "edge": FileMeta(1, 1, 0, b"c", b"c"),  # only (-inf,c]
+            "empty": FileMeta(1, 0),  # no entries: registered nowhere
+        },
+    )
     files = {t.end: set(t.files) for t in store.tablets(tid)}
     assert files == {b"c": {"edge"}, b"f": {"span"}, b"j": {"span"}, None: set()}
     assert touched == [tablet_id(tid, b"c"), tablet_id(tid, b"f"), tablet_id(tid, b"j")]
@@ -139,11 +145,11 @@ def busy(store: MetadataStore) -> tuple[MetadataStore, str, list[str]]:
     ids = store.tablet_ids(tid)
     m = Mutation(table=tid)
     m.tablet(ids[0]).require("exists").do("add_files", {"a1": {"size": 1, "entries": 1}})
-    m.tablet(ids[1]).require("exists").do(
-        "add_files", {f: {"size": 1, "entries": 1} for f in ("f1", "f2", "f3")}).do(
-        "add_running", "E1", W.running_doc(["f1"])).do(
-        "set_selection", {"id": "S1", "kind": "USER", "files": ["f2"], "done": 0, "created": 0}).do(
-        "set_hold", "H1").do("set_op", "split")
+    m.tablet(ids[1]).require("exists").do("add_files", {f: {"size": 1, "entries": 1} for f in ("f1", "f2", "f3")}).do(
+        "add_running", "E1", W.running_doc(["f1"])
+    ).do("set_selection", {"id": "S1", "kind": "USER", "files": ["f2"], "done": 0, "created": 0}).do(
+        "set_hold", "H1"
+    ).do("set_op", "split")
     store.mutate(m)
     t = store.tablet(ids[1])
     assert set(t.files) == {"f1", "f2", "f3"} and set(t.running) == {"E1"}
@@ -170,9 +176,17 @@ FAILING = [
     (["version", 0], "tablet unchanged"),
     (["no_such_condition"], "unknown condition"),
 ]
-PASSING = [["exists"], ["files_present", ["f1", "f2", "f3"]], ["files_free", ["f2", "f3"]],
-           ["files_exactly", ["f3", "f2", "f1"]], ["ecid", "E1"], ["hold_is", "H1"], ["selection_is", "S1"],
-           ["files_in_selection", ["f2"]], ["files_not_selected", ["f1", "f3"]]]
+PASSING = [
+    ["exists"],
+    ["files_present", ["f1", "f2", "f3"]],
+    ["files_free", ["f2", "f3"]],
+    ["files_exactly", ["f3", "f2", "f1"]],
+    ["ecid", "E1"],
+    ["hold_is", "H1"],
+    ["selection_is", "S1"],
+    ["files_in_selection", ["f2"]],
+    ["files_not_selected", ["f1", "f3"]],
+]
 
 
 def _mutation_touching_everything(tid: str, ids: list[str], cond: list) -> Mutation:
@@ -181,7 +195,8 @@ def _mutation_touching_everything(tid: str, ids: list[str], cond: list) -> Mutat
     m = Mutation(table=tid).require_table(ONLINE)
     m.table_ops = [["set_prop", "table.custom.x", "1"], ["set_state", OFFLINE]]
     m.tablet(ids[0]).require("exists").require("files_present", ["a1"]).do(
-        "add_files", {"new0": {"size": 1, "entries": 1}}).do("add_running", "E9", W.running_doc(["a1"]))
+        "add_files", {"new0": {"size": 1, "entries": 1}}
+    ).do("add_running", "E9", W.running_doc(["a1"]))
     mid = m.tablet(ids[1])
     for c in PASSING:
         mid.require(*c)
@@ -216,11 +231,14 @@ def test_the_same_mutation_with_passing_conditions_applies_everything(busy) -> N
     assert store._r.smembers(C.running_group_key("g")) == {b"E9"}
 
 
-@pytest.mark.parametrize("table_conds, name", [
-    ([["exists"], ["state_in", [OFFLINE]]], "table state"),
-    ([["absent", "other"]], "table absent"),
-    ([["bogus"]], "unknown table condition"),
-])
+@pytest.mark.parametrize(
+    "table_conds, name",
+    [
+        ([["exists"], ["state_in", [OFFLINE]]], "table state"),
+        ([["absent", "other"]], "table absent"),
+        ([["bogus"]], "unknown table condition"),
+    ],
+)
 def test_table_conditions_reject_by_name(busy, table_conds, name: str) -> None:
     store, tid, ids = busy
     before = snapshot(store._r)
@@ -235,16 +253,22 @@ def test_table_conditions_reject_by_name(busy, table_conds, name: str) -> None:
         store.mutate(m)
 
 
-@pytest.mark.parametrize("build, name", [
-    # ops that cannot apply are rejected before anything is written (a Lua error half-way
-    # through would leave the earlier writes in place)
-    (lambda m, ids: m.tablet(ids[0][:-1] + "zz").do("add_files", {"x": {"size": 1, "entries": 1}}), "tablet exists"),
-    (lambda m, ids: m.tablet(ids[0]).do("no_such_op"), "unknown operation"),
-    (lambda m, ids: m.tablet(ids[0]).do("selection_replace", ["a1"], "out"), "selection"),
-    (lambda m, ids: m.tablet(ids[0]).do("create", {"table": "1"}, "zz"), "tablet absent"),
-    (lambda m, ids: m.tablet(ids[0]).do("add_running", "E5", {"files": []}), "bad operation"),
-    (lambda m, ids: m.table_ops.append(["no_such_table_op"]), "unknown operation"),
-])
+@pytest.mark.parametrize(
+    "build, name",
+    [
+        # ops that cannot apply are rejected before anything is written (a Lua error half-way
+        # through would leave the earlier writes in place)
+        (
+            lambda m, ids: m.tablet(ids[0][:-1] + "zz").do("add_files", {"x": {"size": 1, "entries": 1}}),
+            "tablet exists",
+        ),
+        (lambda m, ids: m.tablet(ids[0]).do("no_such_op"), "unknown operation"),
+        (lambda m, ids: m.tablet(ids[0]).do("selection_replace", ["a1"], "out"), "selection"),
+        (lambda m, ids: m.tablet(ids[0]).do("create", {"table": "1"}, "zz"), "tablet absent"),
+        (lambda m, ids: m.tablet(ids[0]).do("add_running", "E5", {"files": []}), "bad operation"),
+        (lambda m, ids: m.table_ops.append(["no_such_table_op"]), "unknown operation"),
+    ],
+)
 def test_ops_that_cannot_apply_are_rejected_before_any_write(busy, build, name: str) -> None:
     store, tid, ids = busy
     before = snapshot(store._r)
@@ -275,8 +299,9 @@ def test_threads_race_for_the_same_files_exactly_one_wins(busy) -> None:
     store, _tid, ids = busy
     barrier = threading.Barrier(N_THREADS)
     with ThreadPoolExecutor(N_THREADS) as pool:
-        results = list(pool.map(lambda i: W.claim(store.url, [ids[1]], ["f2", "f3"], f"T{i}", barrier),
-                                range(N_THREADS)))
+        results = list(
+            pool.map(lambda i: W.claim(store.url, [ids[1]], ["f2", "f3"], f"T{i}", barrier), range(N_THREADS))
+        )
     assert results.count("won") == 1
     assert set(results) == {"won", "files not compacting"}
     winner = f"T{results.index('won')}"
@@ -297,8 +322,10 @@ def test_processes_race_across_two_tablets_all_or_nothing(store: MetadataStore, 
         for rnd in range(3):
             barrier = manager.Barrier(contenders)
             pairs = [["x", "y"], ["y", "z"], ["z", "x"]]
-            jobs = [pool.apply_async(W.claim, (store.url, ids, pairs[i % 3], f"P{rnd}-{i}", barrier))
-                    for i in range(contenders)]
+            jobs = [
+                pool.apply_async(W.claim, (store.url, ids, pairs[i % 3], f"P{rnd}-{i}", barrier))
+                for i in range(contenders)
+            ]
             results = [j.get(timeout=120) for j in jobs]
             assert results.count("won") == 1, results
             assert set(results) <= {"won", "files not compacting"}
@@ -322,11 +349,15 @@ def test_no_lost_updates_threads_and_processes(store: MetadataStore) -> None:
     ctx = multiprocessing.get_context("spawn")
     with ctx.Manager() as manager, ctx.Pool(N_PROCS) as pool:
         barrier = manager.Barrier(N_PROCS + n_threads)
-        jobs = [pool.apply_async(W.add_files_cas, (store.url, tablet_id, f"p{i}", per_worker, barrier))
-                for i in range(N_PROCS)]
+        jobs = [
+            pool.apply_async(W.add_files_cas, (store.url, tablet_id, f"p{i}", per_worker, barrier))
+            for i in range(N_PROCS)
+        ]
         with ThreadPoolExecutor(n_threads) as threads:
-            tjobs = [threads.submit(W.add_files_cas, store.url, tablet_id, f"t{i}", per_worker, barrier)
-                     for i in range(n_threads)]
+            tjobs = [
+                threads.submit(W.add_files_cas, store.url, tablet_id, f"t{i}", per_worker, barrier)
+                for i in range(n_threads)
+            ]
             conflicts = [j.result(timeout=120) for j in tjobs]
         conflicts += [j.get(timeout=120) for j in jobs]
     workers = [f"p{i}" for i in range(N_PROCS)] + [f"t{i}" for i in range(n_threads)]
@@ -365,7 +396,8 @@ def test_a_resent_mutation_is_not_applied_twice(busy) -> None:
     store, _tid, ids = busy
     m = Mutation()
     m.tablet(ids[1]).require("ecid", "E1").require("files_present", ["f1"]).do("remove_running", "E1").do(
-        "remove_files", ["f1"]).do("add_files", {"A9": {"size": 1, "entries": 1}})
+        "remove_files", ["f1"]
+    ).do("add_files", {"A9": {"size": 1, "entries": 1}})
     raw = m.to_json("the-same-id")
     first = store.call(store._mutate, args=[raw])
     version = store.tablet(ids[1]).version

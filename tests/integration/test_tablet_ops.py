@@ -104,14 +104,17 @@ def fill(client: Client, table: str, batches: int, rows: range, step: int = 1) -
 
 # -- property: the merged view survives splits, merges, compactions and flushes ---------------------
 ROWS = st.binary(min_size=1, max_size=3).map(lambda b: bytes(x % 6 + 0x61 if x < 200 else x for x in b))
-ENTRIES = st.lists(st.builds(E, ROWS, st.integers(1, 4), st.booleans(), st.sampled_from([b"a", b"b"])),
-                   max_size=25)
-OPS = st.lists(st.one_of(
-    st.tuples(st.just("split"), st.lists(ROWS, min_size=1, max_size=3)),
-    st.tuples(st.just("merge"), st.one_of(st.none(), ROWS), st.one_of(st.none(), ROWS)),
-    st.tuples(st.just("compact"), ROWS),
-    st.tuples(st.just("flush"), ENTRIES),
-), min_size=1, max_size=8)
+ENTRIES = st.lists(st.builds(E, ROWS, st.integers(1, 4), st.booleans(), st.sampled_from([b"a", b"b"])), max_size=25)
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("split"), st.lists(ROWS, min_size=1, max_size=3)),
+        st.tuples(st.just("merge"), st.one_of(st.none(), ROWS), st.one_of(st.none(), ROWS)),
+        st.tuples(st.just("compact"), ROWS),
+        st.tuples(st.just("flush"), ENTRIES),
+    ),
+    min_size=1,
+    max_size=8,
+)
 _names = itertools.count()
 
 
@@ -143,8 +146,8 @@ def test_merged_view_unchanged_across_splits_and_merges(client: Client, first, s
                 event("merged" if merged else "nothing to merge")
                 if merged is not None:
                     t = store.tablet(merged)
-                    assert (start is None or t.prev is None or t.prev < start)
-                    assert (end is None or t.end is None or t.end >= end)
+                    assert start is None or t.prev is None or t.prev < start
+                    assert end is None or t.end is None or t.end >= end
         elif op[0] == "compact":
             t = next(t for t in tablets(store, name) if t.contains_row(op[1]))
             if t.files:
@@ -173,8 +176,12 @@ def test_split_shares_files_and_divides_their_sizes(client: Client) -> None:
     new = tabletops.split(client.store, "t", [b"row00030", b"row00060", b"zzz"])
     assert new == [tablet_id(t.table, r) for r in (b"row00030", b"row00060", b"zzz")] + [t.id]
     ts = tablets(client.store, "t")
-    assert [(x.prev, x.end) for x in ts] == [(None, b"row00030"), (b"row00030", b"row00060"),
-                                             (b"row00060", b"zzz"), (b"zzz", None)]
+    assert [(x.prev, x.end) for x in ts] == [
+        (None, b"row00030"),
+        (b"row00030", b"row00060"),
+        (b"row00060", b"zzz"),
+        (b"zzz", None),
+    ]
     for x in ts[:3]:
         assert set(x.files) == set(t.files)  # the same files, each read in its own range
         assert all(m.size < t.files[f].size for f, m in x.files.items())
@@ -322,8 +329,9 @@ def test_split_and_merge_refused_while_a_compaction_runs(client: Client, storage
 
 
 @pytest.mark.parametrize("keeps_id", [False, True])
-def test_compaction_committing_after_its_tablet_split_fails_and_removes_output(client: Client, storage,
-                                                                               keeps_id: bool) -> None:
+def test_compaction_committing_after_its_tablet_split_fails_and_removes_output(
+    client: Client, storage, keeps_id: bool
+) -> None:
     """A compactor declared dead (its ECID removed) lets the split happen; when it comes back and
     commits, the commit is rejected (tablet gone, or same id with another range) and the worker's
     release removes its output. The tablet keeping the old id is the right-hand one."""

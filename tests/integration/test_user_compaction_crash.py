@@ -161,8 +161,9 @@ for i in range(int(sys.argv[2])):
 
 
 @pytest.mark.parametrize("kill_after", [0.05, 0.2, 0.5])
-def test_starter_killed_at_a_random_point(store: MetadataStore, storage: Storage, redis_url: str,
-                                          kill_after: float) -> None:
+def test_starter_killed_at_a_random_point(
+    store: MetadataStore, storage: Storage, redis_url: str, kill_after: float
+) -> None:
     """A process starting user compactions on 150 tables one after the other is SIGKILLed
     (usually mid-way; how far it got is printed): every table has a whole compaction or none.
     Replaying every request (as the operator would) starts the missing ones and returns the

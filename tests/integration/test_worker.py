@@ -196,7 +196,8 @@ def test_arrow_compactor_compacts_and_scan_is_unchanged(store, storage, client) 
     assert metric(m, "kompaktor_compactions_failed_total") == 0
     assert metric(m, "kompaktor_entries_read_total") == 4 * len(ROWS)
     assert metric(m, "kompaktor_entries_written_total") == sum(
-        t.files[f].entries for t in store.tablets(tid) for f in t.files)
+        t.files[f].entries for t in store.tablets(tid) for f in t.files
+    )
     assert metric(m, "kompaktor_compaction_duration_seconds_count") == 2
     assert store.compactors(GROUP) == []  # unregistered when it stopped
 
@@ -223,8 +224,9 @@ def test_heartbeat_carries_progress_and_state(store, storage, client) -> None:
     run = Running(w.run_one)
     wait_for(eng.held.is_set, "the merge to hold after its first part")
     ecid = wait_for(lambda: w.current and w.current.ecid, "a reservation")
-    hb = wait_for(lambda: (h := store.heartbeat(ecid)) and int(h.get("parts_done", 0)) >= 1
-                  and h, "a heartbeat with progress")
+    hb = wait_for(
+        lambda: (h := store.heartbeat(ecid)) and int(h.get("parts_done", 0)) >= 1 and h, "a heartbeat with progress"
+    )
     assert hb["compactor"] == "c1"
     assert int(hb["entries_read"]) > 0 and int(hb["entries_written"]) > 0
     assert int(hb["bytes_read"]) > 0 and int(hb["parts"]) > 1
@@ -260,12 +262,15 @@ def _declared_dead(store: MetadataStore, storage: Storage, res: Any) -> None:
     assert Coordinator(store, storage, CoordinatorSettings(dead_after_s=-1)).detect_dead() == [res.ecid]
 
 
-@pytest.mark.parametrize(("change", "reason"), [
-    pytest.param(_delete_table, "table 1 is DELETED", id="seed000-scenario3-table-deleted"),
-    pytest.param(_take_offline, "table 1 is OFFLINE", id="seed000-scenario6-table-offline"),
-    pytest.param(_input_removed, "files present", id="input-file-removed"),
-    pytest.param(_declared_dead, "compaction registered", id="declared-dead"),
-])
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        pytest.param(_delete_table, "table 1 is DELETED", id="seed000-scenario3-table-deleted"),
+        pytest.param(_take_offline, "table 1 is OFFLINE", id="seed000-scenario6-table-offline"),
+        pytest.param(_input_removed, "files present", id="input-file-removed"),
+        pytest.param(_declared_dead, "compaction registered", id="declared-dead"),
+    ],
+)
 def test_commit_rejected_when_things_changed_under_it(store, storage, client, change, reason) -> None:
     """The change lands after the merge finished, before the commit: the conditional commit is
     rejected, the output is deleted, the job fails with the reason, the tablet keeps its files."""
@@ -279,9 +284,12 @@ def test_commit_rejected_when_things_changed_under_it(store, storage, client, ch
         box["output"] = req.output
         change(store, storage, w.current)
 
-    w = Compactor(store, storage, settings(heartbeat_s=3600),
-                  engine=GatedEngine(ArrowMergeEngine(), threading.Event(), hold_after_parts=10**9,
-                                     after_merge=after_merge))
+    w = Compactor(
+        store,
+        storage,
+        settings(heartbeat_s=3600),
+        engine=GatedEngine(ArrowMergeEngine(), threading.Event(), hold_after_parts=10**9, after_merge=after_merge),
+    )
     outcome = w.run_one()
     assert outcome.status == "failed"
     assert reason in outcome.reason and outcome.reason.startswith("commit")
@@ -314,8 +322,7 @@ def test_seed000_scenario3_table_deleted_while_queued(store, storage, client) ->
     assert not eng.held.is_set()
     assert queues.stats(GROUP).queued == 0
     assert store._r.hlen(C.RUNNING) == 0
-    assert [rel for rel, _ in storage.list_files("tables") if "/A" in rel or "/C" in rel
-            or TMP_PREFIX in rel] == []
+    assert [rel for rel, _ in storage.list_files("tables") if "/A" in rel or "/C" in rel or TMP_PREFIX in rel] == []
 
 
 def test_seed000_scenario5_metadata_store_restarts_while_merging(store, storage, client, redis_server) -> None:
@@ -412,7 +419,7 @@ def _wrong_schema(storage: Storage, path: str) -> None:
 def test_bad_input_file_fails_the_job_and_leaves_the_tablet(store, storage, client, damage, monkeypatch) -> None:
     tid = make_table(client, splits=())
     before = tablet_files(store, tid)
-    (t_id, files), = before.items()
+    ((t_id, files),) = before.items()
     bad = sorted(files)[1]
     damage(storage, bad)
     plan(store, storage)
@@ -457,9 +464,9 @@ def _merge_tablet_away(store: MetadataStore, tablet_id: str) -> None:
     upper = next(u for u in store.tablets(t.table) if u.prev == t.end)
     m = Mutation(table=t.table)
     m.tablet(t.id).require("version", t.version).do("delete", end_token(t.end))
-    m.tablet(upper.id).require("version", upper.version).do(
-        "set_range", None if t.prev is None else t.prev.hex()).do("add_files", {f: fm.to_json() for f, fm in
-                                                                                t.files.items()})
+    m.tablet(upper.id).require("version", upper.version).do("set_range", None if t.prev is None else t.prev.hex()).do(
+        "add_files", {f: fm.to_json() for f, fm in t.files.items()}
+    )
     store.mutate(m)
 
 
@@ -588,12 +595,33 @@ class CompactorProcess:
         self.gate = tmp / f"gate-{cid}"
         self.held = Path(f"{self.gate}.held")
         self.cid = cid
-        env = dict(os.environ, KOMPAKTOR_REDIS_URL=redis_url, KOMPAKTOR_STORAGE=storage_root,
-                   KOMPAKTOR_TEST_GATE=str(self.gate), POD_NAME=cid, PYTHONUNBUFFERED="1")
+        env = dict(
+            os.environ,
+            KOMPAKTOR_REDIS_URL=redis_url,
+            KOMPAKTOR_STORAGE=storage_root,
+            KOMPAKTOR_TEST_GATE=str(self.gate),
+            POD_NAME=cid,
+            PYTHONUNBUFFERED="1",
+        )
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "compactor"), env.get("PYTHONPATH", "")])
         self.proc = subprocess.Popen(
-            [sys.executable, GATED_SCRIPT, "compactor", "--group", GROUP, "--engine", "arrow", "--http-port", "0",
-             *extra], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            [
+                sys.executable,
+                GATED_SCRIPT,
+                "compactor",
+                "--group",
+                GROUP,
+                "--engine",
+                "arrow",
+                "--http-port",
+                "0",
+                *extra,
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         self.lines: list[str] = []
         self.port: int | None = None
         threading.Thread(target=self._read, daemon=True).start()
@@ -688,8 +716,7 @@ def test_drain_while_busy_finishes_the_job_within_the_grace_period(store, storag
     assert compactor_state(store, p.cid) is None
 
 
-def test_sigterm_while_busy_beyond_the_grace_period_releases_the_job_at_once(store, storage, client,
-                                                                              spawn) -> None:
+def test_sigterm_while_busy_beyond_the_grace_period_releases_the_job_at_once(store, storage, client, spawn) -> None:
     tid = make_table(client, splits=())
     before = tablet_files(store, tid)
     plan(store, storage)

@@ -70,21 +70,90 @@ def make_pki(d: Path, extra_ips: tuple[str, ...] = ()) -> None:
     APIs."""
     d.mkdir(parents=True, exist_ok=True)
     for ca in ("ca", "front-proxy-ca"):
-        _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{ca}.key", "-out", f"{ca}.crt",
-                 "-days", "2", "-subj", f"/CN={ca}", cwd=d)
+        _openssl(
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            f"{ca}.key",
+            "-out",
+            f"{ca}.crt",
+            "-days",
+            "2",
+            "-subj",
+            f"/CN={ca}",
+            cwd=d,
+        )
     (d / "san.cnf").write_text(
         "[req]\ndistinguished_name=dn\n[dn]\n[ext]\nsubjectAltName=IP:127.0.0.1,IP:127.100.0.1,"
         + "".join(f"IP:{ip}," for ip in extra_ips if ip != "127.0.0.1")
         + "DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:localhost\n"
-        "extendedKeyUsage=serverAuth\n")
-    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "apiserver.key", "-out", "apiserver.csr",
-             "-subj", "/CN=kube-apiserver", cwd=d)
-    _openssl("x509", "-req", "-in", "apiserver.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-             "-out", "apiserver.crt", "-days", "2", "-extfile", "san.cnf", "-extensions", "ext", cwd=d)
-    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "front-proxy-client.key",
-             "-out", "front-proxy-client.csr", "-subj", "/CN=front-proxy-client", cwd=d)
-    _openssl("x509", "-req", "-in", "front-proxy-client.csr", "-CA", "front-proxy-ca.crt",
-             "-CAkey", "front-proxy-ca.key", "-CAcreateserial", "-out", "front-proxy-client.crt", "-days", "2", cwd=d)
+        "extendedKeyUsage=serverAuth\n"
+    )
+    _openssl(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "apiserver.key",
+        "-out",
+        "apiserver.csr",
+        "-subj",
+        "/CN=kube-apiserver",
+        cwd=d,
+    )
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        "apiserver.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "apiserver.crt",
+        "-days",
+        "2",
+        "-extfile",
+        "san.cnf",
+        "-extensions",
+        "ext",
+        cwd=d,
+    )
+    _openssl(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "front-proxy-client.key",
+        "-out",
+        "front-proxy-client.csr",
+        "-subj",
+        "/CN=front-proxy-client",
+        cwd=d,
+    )
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        "front-proxy-client.csr",
+        "-CA",
+        "front-proxy-ca.crt",
+        "-CAkey",
+        "front-proxy-ca.key",
+        "-CAcreateserial",
+        "-out",
+        "front-proxy-client.crt",
+        "-days",
+        "2",
+        cwd=d,
+    )
     _openssl("genrsa", "-out", "sa.key", "2048", cwd=d)
     _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=d)
 
@@ -147,8 +216,14 @@ class ControlPlane:
     def _spawn(self, name: str, argv: list[str]) -> Process:
         log = self.root / f"{name}.log"
         with open(log, "wb") as out:
-            popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     cwd=self.root, start_new_session=True)
+            popen = subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.root,
+                start_new_session=True,
+            )
         proc = Process(name, popen, log)
         self.processes.append(proc)
         return proc
@@ -161,51 +236,94 @@ class ControlPlane:
         (self.pki / "tokens.csv").write_text(f"{self.token},admin,admin,system:masters\n")
         etcd_client, etcd_peer, api_port, kcm_port = free_port(), free_port(), free_port(), free_port()
         etcd_url = f"http://127.0.0.1:{etcd_client}"
-        self._spawn("etcd", [
-            shutil.which("etcd") or "etcd", "--name", "kompaktor-test", "--data-dir", str(self.root / "etcd"),
-            "--listen-client-urls", etcd_url, "--advertise-client-urls", etcd_url,
-            "--listen-peer-urls", f"http://127.0.0.1:{etcd_peer}",
-            "--initial-advertise-peer-urls", f"http://127.0.0.1:{etcd_peer}",
-            "--initial-cluster", f"kompaktor-test=http://127.0.0.1:{etcd_peer}", "--unsafe-no-fsync",
-            "--listen-metrics-urls", f"http://127.0.0.1:{free_port()}"])
+        self._spawn(
+            "etcd",
+            [
+                shutil.which("etcd") or "etcd",
+                "--name",
+                "kompaktor-test",
+                "--data-dir",
+                str(self.root / "etcd"),
+                "--listen-client-urls",
+                etcd_url,
+                "--advertise-client-urls",
+                etcd_url,
+                "--listen-peer-urls",
+                f"http://127.0.0.1:{etcd_peer}",
+                "--initial-advertise-peer-urls",
+                f"http://127.0.0.1:{etcd_peer}",
+                "--initial-cluster",
+                f"kompaktor-test=http://127.0.0.1:{etcd_peer}",
+                "--unsafe-no-fsync",
+                "--listen-metrics-urls",
+                f"http://127.0.0.1:{free_port()}",
+            ],
+        )
         p = self.pki
-        self._spawn("kube-apiserver", [
-            str(bin_dir / "kube-apiserver"), "--etcd-servers", etcd_url,
-            f"--bind-address={self.bind_address}", f"--advertise-address={self.bind_address}",
-            f"--secure-port={api_port}", "--kubelet-preferred-address-types=InternalIP",
-            "--insecure-port=0", f"--cert-dir={self.root / 'apiserver-certs'}",
-            f"--tls-cert-file={p / 'apiserver.crt'}", f"--tls-private-key-file={p / 'apiserver.key'}",
-            f"--client-ca-file={p / 'ca.crt'}", f"--token-auth-file={p / 'tokens.csv'}",
-            "--authorization-mode=RBAC",
-            f"--service-account-key-file={p / 'sa.pub'}", f"--service-account-signing-key-file={p / 'sa.key'}",
-            "--service-account-issuer=https://kubernetes.default.svc",
-            f"--service-cluster-ip-range={self.service_range}",
-            f"--requestheader-client-ca-file={p / 'front-proxy-ca.crt'}",
-            "--requestheader-allowed-names=front-proxy-client",
-            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
-            "--requestheader-group-headers=X-Remote-Group", "--requestheader-username-headers=X-Remote-User",
-            f"--proxy-client-cert-file={p / 'front-proxy-client.crt'}",
-            f"--proxy-client-key-file={p / 'front-proxy-client.key'}",
-            "--enable-priority-and-fairness=false"])
+        self._spawn(
+            "kube-apiserver",
+            [
+                str(bin_dir / "kube-apiserver"),
+                "--etcd-servers",
+                etcd_url,
+                f"--bind-address={self.bind_address}",
+                f"--advertise-address={self.bind_address}",
+                f"--secure-port={api_port}",
+                "--kubelet-preferred-address-types=InternalIP",
+                "--insecure-port=0",
+                f"--cert-dir={self.root / 'apiserver-certs'}",
+                f"--tls-cert-file={p / 'apiserver.crt'}",
+                f"--tls-private-key-file={p / 'apiserver.key'}",
+                f"--client-ca-file={p / 'ca.crt'}",
+                f"--token-auth-file={p / 'tokens.csv'}",
+                "--authorization-mode=RBAC",
+                f"--service-account-key-file={p / 'sa.pub'}",
+                f"--service-account-signing-key-file={p / 'sa.key'}",
+                "--service-account-issuer=https://kubernetes.default.svc",
+                f"--service-cluster-ip-range={self.service_range}",
+                f"--requestheader-client-ca-file={p / 'front-proxy-ca.crt'}",
+                "--requestheader-allowed-names=front-proxy-client",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-username-headers=X-Remote-User",
+                f"--proxy-client-cert-file={p / 'front-proxy-client.crt'}",
+                f"--proxy-client-key-file={p / 'front-proxy-client.key'}",
+                "--enable-priority-and-fairness=false",
+            ],
+        )
         self.server = f"https://{self.bind_address}:{api_port}"
         self._write_kubeconfig(self.kubeconfig, self.token)
         try:
             wait_until(lambda: self._get("/readyz") == "ok", "kube-apiserver /readyz", timeout=60)
         except TimeoutError as exc:
-            raise RuntimeError(f"{exc}\n--- etcd ---\n{self.processes[0].tail()}\n--- kube-apiserver ---\n"
-                               f"{self.processes[1].tail()}") from None
-        self._spawn("kube-controller-manager", [
-            str(bin_dir / "kube-controller-manager"), f"--kubeconfig={self.kubeconfig}", "--leader-elect=false",
-            f"--service-account-private-key-file={p / 'sa.key'}", f"--root-ca-file={p / 'ca.crt'}",
-            "--bind-address=127.0.0.1", f"--secure-port={kcm_port}", "--port=0",
-            f"--cert-dir={self.root / 'kcm-certs'}",
-            f"--horizontal-pod-autoscaler-sync-period={self.hpa_sync_s}s",
-            "--horizontal-pod-autoscaler-downscale-stabilization=15s",
-            f"--kube-api-qps={self.kcm_qps}", f"--kube-api-burst={self.kcm_qps * 3 // 2}",
-            "--controllers=*"])
+            raise RuntimeError(
+                f"{exc}\n--- etcd ---\n{self.processes[0].tail()}\n--- kube-apiserver ---\n{self.processes[1].tail()}"
+            ) from None
+        self._spawn(
+            "kube-controller-manager",
+            [
+                str(bin_dir / "kube-controller-manager"),
+                f"--kubeconfig={self.kubeconfig}",
+                "--leader-elect=false",
+                f"--service-account-private-key-file={p / 'sa.key'}",
+                f"--root-ca-file={p / 'ca.crt'}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={kcm_port}",
+                "--port=0",
+                f"--cert-dir={self.root / 'kcm-certs'}",
+                f"--horizontal-pod-autoscaler-sync-period={self.hpa_sync_s}s",
+                "--horizontal-pod-autoscaler-downscale-stabilization=15s",
+                f"--kube-api-qps={self.kcm_qps}",
+                f"--kube-api-burst={self.kcm_qps * 3 // 2}",
+                "--controllers=*",
+            ],
+        )
         # the controller-manager is up when it has created the default namespace's ServiceAccount
-        wait_until(lambda: json.loads(self._get("/api/v1/namespaces/default/serviceaccounts/default"))["metadata"],
-                   "the controller-manager to create the default ServiceAccount", timeout=60)
+        wait_until(
+            lambda: json.loads(self._get("/api/v1/namespaces/default/serviceaccounts/default"))["metadata"],
+            "the controller-manager to create the default ServiceAccount",
+            timeout=60,
+        )
         self.version = json.loads(self._get("/version"))["gitVersion"]
         self.started_in_s = time.monotonic() - t0
         return self
@@ -226,7 +344,9 @@ class ControlPlane:
 
     def _write_kubeconfig(self, path: Path, token: str, namespace: str = "default", user: str = "admin") -> Path:
         cfg = {
-            "apiVersion": "v1", "kind": "Config", "current-context": "test",
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "test",
             "clusters": [{"name": "test", "cluster": {"server": self.server, "certificate-authority": str(self.ca)}}],
             "users": [{"name": user, "user": {"token": token}}],
             "contexts": [{"name": "test", "context": {"cluster": "test", "user": user, "namespace": namespace}}],
@@ -264,13 +384,23 @@ class ControlPlane:
 
     def service_account_kubeconfig(self, namespace: str, name: str) -> Path:
         path = self.root / f"sa-{namespace}-{name}.kubeconfig"
-        return self._write_kubeconfig(path, self.service_account_token(namespace, name), namespace,
-                                      user=f"system:serviceaccount:{namespace}:{name}")
+        return self._write_kubeconfig(
+            path,
+            self.service_account_token(namespace, name),
+            namespace,
+            user=f"system:serviceaccount:{namespace}:{name}",
+        )
 
-    def kubectl(self, *args: str, kubeconfig: Path | None = None, check: bool = True,
-                input: str | None = None) -> subprocess.CompletedProcess:
-        out = subprocess.run(["kubectl", f"--kubeconfig={kubeconfig or self.kubeconfig}", *args],
-                             capture_output=True, text=True, input=input, timeout=60)
+    def kubectl(
+        self, *args: str, kubeconfig: Path | None = None, check: bool = True, input: str | None = None
+    ) -> subprocess.CompletedProcess:
+        out = subprocess.run(
+            ["kubectl", f"--kubeconfig={kubeconfig or self.kubeconfig}", *args],
+            capture_output=True,
+            text=True,
+            input=input,
+            timeout=60,
+        )
         if check and out.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed ({out.returncode}): {out.stderr}")
         return out

@@ -79,15 +79,33 @@ class Network:
         _run("ip", "link", "set", BRIDGE, "up")
         # Services resolve to the bridge, never to the default route
         _run("ip", "route", "add", SERVICE_RANGE, "dev", BRIDGE, "src", GATEWAY)
-        for name, value in (("net.ipv4.ip_forward", "1"), ("net.bridge.bridge-nf-call-iptables", "1"),
-                            ("net.ipv4.conf.all.route_localnet", None)):  # kube-proxy sets the last
+        for name, value in (
+            ("net.ipv4.ip_forward", "1"),
+            ("net.bridge.bridge-nf-call-iptables", "1"),
+            ("net.ipv4.conf.all.route_localnet", None),
+        ):  # kube-proxy sets the last
             path = _sysctl_path(name)
             self.saved_sysctls[name] = path.read_text().strip()
             if value is not None:
                 path.write_text(value)
         # nothing from the pods leaves the machine: only the bridge itself and the host answer
-        _run("iptables", "-I", "FORWARD", "1", "-i", BRIDGE, "!", "-o", BRIDGE, "-m", "comment",
-             "--comment", GUARD_COMMENT, "-j", "REJECT")
+        _run(
+            "iptables",
+            "-I",
+            "FORWARD",
+            "1",
+            "-i",
+            BRIDGE,
+            "!",
+            "-o",
+            BRIDGE,
+            "-m",
+            "comment",
+            "--comment",
+            GUARD_COMMENT,
+            "-j",
+            "REJECT",
+        )
 
     @staticmethod
     def remove_kube_chains() -> None:
@@ -107,8 +125,26 @@ class Network:
 
     def teardown(self) -> None:
         self.remove_kube_chains()
-        while _run("iptables", "-D", "FORWARD", "-i", BRIDGE, "!", "-o", BRIDGE, "-m", "comment",
-                   "--comment", GUARD_COMMENT, "-j", "REJECT", check=False).returncode == 0:
+        while (
+            _run(
+                "iptables",
+                "-D",
+                "FORWARD",
+                "-i",
+                BRIDGE,
+                "!",
+                "-o",
+                BRIDGE,
+                "-m",
+                "comment",
+                "--comment",
+                GUARD_COMMENT,
+                "-j",
+                "REJECT",
+                check=False,
+            ).returncode
+            == 0
+        ):
             pass
         _run("ip", "route", "del", SERVICE_RANGE, "dev", BRIDGE, check=False)
         _run("ip", "link", "del", BRIDGE, check=False)
@@ -133,12 +169,28 @@ class ServiceDns:
     def start(self, spawn: Any) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         self.hosts.write_text("")
-        self.proc = spawn("dnsmasq", [
-            shutil.which("dnsmasq") or "/usr/sbin/dnsmasq", "--keep-in-foreground", "--no-daemon",
-            "--conf-file=/dev/null", "--no-resolv", "--no-hosts", f"--addn-hosts={self.hosts}",
-            f"--listen-address={GATEWAY}", "--bind-interfaces", "--port=53", f"--local=/{CLUSTER_DOMAIN}/",
-            "--local=/svc/", "--domain-needed", "--user=root", "--group=root", "--log-facility=-",
-            f"--pid-file={self.root / 'dnsmasq.pid'}"])
+        self.proc = spawn(
+            "dnsmasq",
+            [
+                shutil.which("dnsmasq") or "/usr/sbin/dnsmasq",
+                "--keep-in-foreground",
+                "--no-daemon",
+                "--conf-file=/dev/null",
+                "--no-resolv",
+                "--no-hosts",
+                f"--addn-hosts={self.hosts}",
+                f"--listen-address={GATEWAY}",
+                "--bind-interfaces",
+                "--port=53",
+                f"--local=/{CLUSTER_DOMAIN}/",
+                "--local=/svc/",
+                "--domain-needed",
+                "--user=root",
+                "--group=root",
+                "--log-facility=-",
+                f"--pid-file={self.root / 'dnsmasq.pid'}",
+            ],
+        )
         # Only once dnsmasq answers: the watch's first write sends SIGHUP, and a SIGHUP that
         # arrives before dnsmasq has installed its handler kills it — every pod then fails to
         # resolve its Services (seen once in CI: operator and coordinator in a crash loop).
@@ -173,12 +225,18 @@ class ServiceDns:
         while not self._stop.is_set():
             try:
                 listing = core.list_service_for_all_namespaces()
-                self._names = {f"{s.metadata.name}.{s.metadata.namespace}.svc": s.spec.cluster_ip
-                               for s in listing.items if s.spec.cluster_ip not in (None, "", "None")}
+                self._names = {
+                    f"{s.metadata.name}.{s.metadata.namespace}.svc": s.spec.cluster_ip
+                    for s in listing.items
+                    if s.spec.cluster_ip not in (None, "", "None")
+                }
                 self._write()
                 w = kubernetes.watch.Watch()
-                for ev in w.stream(core.list_service_for_all_namespaces,
-                                   resource_version=listing.metadata.resource_version, timeout_seconds=30):
+                for ev in w.stream(
+                    core.list_service_for_all_namespaces,
+                    resource_version=listing.metadata.resource_version,
+                    timeout_seconds=30,
+                ):
                     if self._stop.is_set():
                         w.stop()
                         break
@@ -219,8 +277,15 @@ class RealNode:
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Process:
         log = self.root / f"{name}.log"
         with open(log, "wb") as out:
-            popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     cwd=self.root, start_new_session=True, env=env)
+            popen = subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.root,
+                start_new_session=True,
+                env=env,
+            )
         proc = Process(name, popen, log)
         self.processes.append(proc)
         return proc
@@ -234,14 +299,30 @@ class RealNode:
         self.root.mkdir(parents=True, exist_ok=True)
         cni = self.root / "cni"
         cni.mkdir(exist_ok=True)
-        (cni / "10-kompaktor.conflist").write_text(json.dumps({
-            "cniVersion": "0.4.0", "name": "kompaktor",
-            "plugins": [
-                {"type": "bridge", "bridge": BRIDGE, "isGateway": True, "ipMasq": False, "hairpinMode": True,
-                 "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_CIDR, "gateway": GATEWAY}]],
-                          "routes": [{"dst": "0.0.0.0/0"}], "dataDir": str(self.root / "ipam")}},
-                {"type": "portmap", "capabilities": {"portMappings": True}},
-            ]}))
+        (cni / "10-kompaktor.conflist").write_text(
+            json.dumps(
+                {
+                    "cniVersion": "0.4.0",
+                    "name": "kompaktor",
+                    "plugins": [
+                        {
+                            "type": "bridge",
+                            "bridge": BRIDGE,
+                            "isGateway": True,
+                            "ipMasq": False,
+                            "hairpinMode": True,
+                            "ipam": {
+                                "type": "host-local",
+                                "ranges": [[{"subnet": POD_CIDR, "gateway": GATEWAY}]],
+                                "routes": [{"dst": "0.0.0.0/0"}],
+                                "dataDir": str(self.root / "ipam"),
+                            },
+                        },
+                        {"type": "portmap", "capabilities": {"portMappings": True}},
+                    ],
+                }
+            )
+        )
         self.containerd = Containerd(self.root / "containerd", cni_conf_dir=cni, sandbox_image=PAUSE_IMAGE)
         self.containerd.start()
         t_img = time.monotonic()
@@ -251,19 +332,40 @@ class RealNode:
 
         kubeconfig = self.cp.kubeconfig
         # kube-scheduler
-        self._spawn("kube-scheduler", [
-            str(bin_dir / "kube-scheduler"), f"--kubeconfig={kubeconfig}", "--leader-elect=false",
-            "--bind-address=127.0.0.1", f"--secure-port={free_port()}", "--port=0",
-            f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
-            f"--cert-dir={self.root / 'scheduler-certs'}"])
+        self._spawn(
+            "kube-scheduler",
+            [
+                str(bin_dir / "kube-scheduler"),
+                f"--kubeconfig={kubeconfig}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={free_port()}",
+                "--port=0",
+                f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}",
+                f"--cert-dir={self.root / 'scheduler-certs'}",
+            ],
+        )
         # kube-proxy (iptables); NodePorts only on the bridge address
-        self._spawn("kube-proxy", [
-            str(bin_dir / "kube-proxy"), f"--kubeconfig={kubeconfig}", f"--hostname-override={NODE_NAME}",
-            "--proxy-mode=iptables", f"--cluster-cidr={POD_CIDR}", f"--bind-address={GATEWAY}",
-            f"--healthz-bind-address=127.0.0.1:{free_port()}", f"--metrics-bind-address=127.0.0.1:{free_port()}",
-            f"--nodeport-addresses={GATEWAY}/32", "--conntrack-max-per-core=0",
-            "--conntrack-tcp-timeout-established=0", "--conntrack-tcp-timeout-close-wait=0",
-            "--iptables-sync-period=5s", "--iptables-min-sync-period=0s"])
+        self._spawn(
+            "kube-proxy",
+            [
+                str(bin_dir / "kube-proxy"),
+                f"--kubeconfig={kubeconfig}",
+                f"--hostname-override={NODE_NAME}",
+                "--proxy-mode=iptables",
+                f"--cluster-cidr={POD_CIDR}",
+                f"--bind-address={GATEWAY}",
+                f"--healthz-bind-address=127.0.0.1:{free_port()}",
+                f"--metrics-bind-address=127.0.0.1:{free_port()}",
+                f"--nodeport-addresses={GATEWAY}/32",
+                "--conntrack-max-per-core=0",
+                "--conntrack-tcp-timeout-established=0",
+                "--conntrack-tcp-timeout-close-wait=0",
+                "--iptables-sync-period=5s",
+                "--iptables-min-sync-period=0s",
+            ],
+        )
         # cluster DNS (stand-in)
         self.dns = ServiceDns(self.root / "dns", self.cp.api())
         self.dns.start(self._spawn)
@@ -274,30 +376,57 @@ class RealNode:
         resolv = self.root / "resolv.conf"
         resolv.write_text(f"nameserver {GATEWAY}\n")
         config = {
-            "kind": "KubeletConfiguration", "apiVersion": "kubelet.config.k8s.io/v1beta1",
-            "address": GATEWAY, "port": self.kubelet_port, "readOnlyPort": 0,
-            "healthzBindAddress": "127.0.0.1", "healthzPort": free_port(),
-            "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False},
-                               "x509": {}},
+            "kind": "KubeletConfiguration",
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "address": GATEWAY,
+            "port": self.kubelet_port,
+            "readOnlyPort": 0,
+            "healthzBindAddress": "127.0.0.1",
+            "healthzPort": free_port(),
+            "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False}, "x509": {}},
             "authorization": {"mode": "AlwaysAllow"},
-            "cgroupDriver": "cgroupfs", "cgroupRoot": CGROUP_ROOT, "cgroupsPerQOS": True,
+            "cgroupDriver": "cgroupfs",
+            "cgroupRoot": CGROUP_ROOT,
+            "cgroupsPerQOS": True,
             "enforceNodeAllocatable": ["pods"],
-            "failSwapOn": False, "clusterDNS": [GATEWAY], "clusterDomain": CLUSTER_DOMAIN,
+            "failSwapOn": False,
+            "clusterDNS": [GATEWAY],
+            "clusterDomain": CLUSTER_DOMAIN,
             "resolvConf": str(resolv),
-            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%",
-                             "nodefs.inodesFree": "1%"},
-            "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
-            "serializeImagePulls": False, "syncFrequency": "10s", "nodeStatusUpdateFrequency": "5s",
-            "fileCheckFrequency": "10s", "volumeStatsAggPeriod": "0s", "maxPods": 30,
-            "containerLogMaxSize": "10Mi", "containerLogMaxFiles": 2,
+            "evictionHard": {
+                "memory.available": "100Mi",
+                "nodefs.available": "1%",
+                "imagefs.available": "1%",
+                "nodefs.inodesFree": "1%",
+            },
+            "imageGCHighThresholdPercent": 100,
+            "imageGCLowThresholdPercent": 99,
+            "serializeImagePulls": False,
+            "syncFrequency": "10s",
+            "nodeStatusUpdateFrequency": "5s",
+            "fileCheckFrequency": "10s",
+            "volumeStatsAggPeriod": "0s",
+            "maxPods": 30,
+            "containerLogMaxSize": "10Mi",
+            "containerLogMaxFiles": 2,
         }
         (self.root / "kubelet.yaml").write_text(yaml.safe_dump(config))
-        self._spawn("kubelet", [
-            str(bin_dir / "kubelet"), f"--config={self.root / 'kubelet.yaml'}", f"--kubeconfig={kubeconfig}",
-            "--container-runtime=remote", f"--container-runtime-endpoint=unix://{self.containerd.socket}",
-            f"--root-dir={self.root / 'kubelet'}", f"--cert-dir={self.root / 'kubelet-pki'}",
-            f"--hostname-override={NODE_NAME}", f"--node-ip={GATEWAY}",
-            f"--pod-infra-container-image={PAUSE_IMAGE}", "--v=1"])
+        self._spawn(
+            "kubelet",
+            [
+                str(bin_dir / "kubelet"),
+                f"--config={self.root / 'kubelet.yaml'}",
+                f"--kubeconfig={kubeconfig}",
+                "--container-runtime=remote",
+                f"--container-runtime-endpoint=unix://{self.containerd.socket}",
+                f"--root-dir={self.root / 'kubelet'}",
+                f"--cert-dir={self.root / 'kubelet-pki'}",
+                f"--hostname-override={NODE_NAME}",
+                f"--node-ip={GATEWAY}",
+                f"--pod-infra-container-image={PAUSE_IMAGE}",
+                "--v=1",
+            ],
+        )
         try:
             wait_until(self._node_ready, f"node {NODE_NAME} Ready", timeout=90, every=0.5)
         except TimeoutError as exc:
@@ -326,9 +455,14 @@ class RealNode:
         """Delete every pod outside kube-system and wait until the runtime ran their shutdown."""
         self.cp.kubectl("delete", "pods", "--all", "--all-namespaces", "--wait=false", check=False)
         with contextlib.suppress(TimeoutError):
-            wait_until(lambda: not json.loads(self.cp.kubectl(
-                "get", "pods", "--all-namespaces", "-o", "json").stdout)["items"],
-                "every pod gone", timeout=timeout, every=1)
+            wait_until(
+                lambda: (
+                    not json.loads(self.cp.kubectl("get", "pods", "--all-namespaces", "-o", "json").stdout)["items"]
+                ),
+                "every pod gone",
+                timeout=timeout,
+                every=1,
+            )
 
     def stop(self) -> None:
         for proc in reversed(self.processes):
@@ -367,9 +501,12 @@ class RealNode:
         """SIGKILL every process left in the node's cgroups (containers whose shim is gone)."""
         killed: set[int] = set()
         for _ in range(50):
-            pids = {int(p) for ctrl in RealNode._cgroup_controllers()
-                    for procs in (ctrl / CGROUP_ROOT.lstrip("/")).rglob("cgroup.procs")
-                    for p in procs.read_text().split()} - {os.getpid()}
+            pids = {
+                int(p)
+                for ctrl in RealNode._cgroup_controllers()
+                for procs in (ctrl / CGROUP_ROOT.lstrip("/")).rglob("cgroup.procs")
+                for p in procs.read_text().split()
+            } - {os.getpid()}
             if not pids:
                 break
             for pid in pids:
@@ -397,8 +534,9 @@ def start_cluster(root: Path, images: dict[str, Path]) -> tuple[ControlPlane, Re
     """The bridge, a control plane listening on it, and a real node joined to it."""
     network = Network()
     network.setup()
-    cp = ControlPlane(root / "cp", bind_address=GATEWAY, service_range=SERVICE_RANGE,
-                      extra_sans=(KUBERNETES_SERVICE_IP,))
+    cp = ControlPlane(
+        root / "cp", bind_address=GATEWAY, service_range=SERVICE_RANGE, extra_sans=(KUBERNETES_SERVICE_IP,)
+    )
     node = RealNode(root / "node", cp, images=images, network=network)
     try:
         cp.start()
@@ -413,6 +551,4 @@ def start_cluster(root: Path, images: dict[str, Path]) -> tuple[ControlPlane, Re
 def running_containers(node: RealNode) -> list[str]:
     """Containers containerd still runs for the kubelet (namespace k8s.io)."""
     out = _run("ctr", "--address", str(node.containerd.socket), "-n", "k8s.io", "tasks", "ls", check=False)
-    return [line.split()[0] for line in out.stdout.splitlines()[1:]
-            if line.strip() and "RUNNING" in line]
-
+    return [line.split()[0] for line in out.stdout.splitlines()[1:] if line.strip() and "RUNNING" in line]

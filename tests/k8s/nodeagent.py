@@ -121,31 +121,66 @@ class NodeAgent:
     # -- nodes -----------------------------------------------------------------------------------
     def _node_status(self) -> dict[str, Any]:
         now = _now()
-        return {"conditions": [
-            {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "node agent",
-             "lastHeartbeatTime": now, "lastTransitionTime": now},
-            *({"type": t, "status": "False", "reason": "NoPressure", "lastHeartbeatTime": now,
-               "lastTransitionTime": now} for t in ("MemoryPressure", "DiskPressure", "PIDPressure")),
-        ], "capacity": {"cpu": "64", "memory": "256Gi", "pods": str(PODS_PER_NODE)},
+        return {
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "message": "node agent",
+                    "lastHeartbeatTime": now,
+                    "lastTransitionTime": now,
+                },
+                *(
+                    {
+                        "type": t,
+                        "status": "False",
+                        "reason": "NoPressure",
+                        "lastHeartbeatTime": now,
+                        "lastTransitionTime": now,
+                    }
+                    for t in ("MemoryPressure", "DiskPressure", "PIDPressure")
+                ),
+            ],
+            "capacity": {"cpu": "64", "memory": "256Gi", "pods": str(PODS_PER_NODE)},
             "allocatable": {"cpu": "64", "memory": "256Gi", "pods": str(PODS_PER_NODE)},
             "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
-            "nodeInfo": {"kubeletVersion": "v1.20.2-nodeagent", "kubeProxyVersion": "", "machineID": "",
-                         "systemUUID": "", "bootID": "", "kernelVersion": "", "osImage": "", "architecture": "amd64",
-                         "operatingSystem": "linux", "containerRuntimeVersion": "nodeagent://1"}}
+            "nodeInfo": {
+                "kubeletVersion": "v1.20.2-nodeagent",
+                "kubeProxyVersion": "",
+                "machineID": "",
+                "systemUUID": "",
+                "bootID": "",
+                "kernelVersion": "",
+                "osImage": "",
+                "architecture": "amd64",
+                "operatingSystem": "linux",
+                "containerRuntimeVersion": "nodeagent://1",
+            },
+        }
 
     def _register(self, name: str) -> None:
-        body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {
-            "kubernetes.io/hostname": name, "kubernetes.io/os": "linux"}}}
+        body = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux"}},
+        }
         try:
             self.core.create_node(body)
         except self._k.client.ApiException as exc:
             if exc.status != 409:
                 raise
         self.core.patch_node_status(name, {"status": self._node_status()})
-        lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                 "metadata": {"name": name, "namespace": "kube-node-lease"},
-                 "spec": {"holderIdentity": name, "leaseDurationSeconds": 40,
-                          "renewTime": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")}}
+        lease = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": name, "namespace": "kube-node-lease"},
+            "spec": {
+                "holderIdentity": name,
+                "leaseDurationSeconds": 40,
+                "renewTime": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            },
+        }
         try:
             self.coord.create_namespaced_lease("kube-node-lease", lease)
         except self._k.client.ApiException as exc:
@@ -157,8 +192,11 @@ class NodeAgent:
             for n in list(self.node_names):
                 try:
                     self.core.patch_node_status(n, {"status": {"conditions": self._node_status()["conditions"]}})
-                    self.coord.patch_namespaced_lease(n, "kube-node-lease", {"spec": {
-                        "renewTime": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")}})
+                    self.coord.patch_namespaced_lease(
+                        n,
+                        "kube-node-lease",
+                        {"spec": {"renewTime": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")}},
+                    )
                 except Exception as exc:  # the control plane may be stopping
                     log.debug("heartbeat of %s failed: %s", n, exc)
 
@@ -224,8 +262,12 @@ class NodeAgent:
                 return  # no room: stays Pending, as without capacity
             self._bound[node] = self._bound.get(node, 0) + 1
             self._pod_node[pod.metadata.uid] = node
-        body = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": pod.metadata.name},
-                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+        body = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": pod.metadata.name},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
         try:
             self.core.create_namespaced_binding(pod.metadata.namespace, body, _preload_content=False)
         except self._k.client.ApiException as exc:
@@ -237,14 +279,34 @@ class NodeAgent:
 
     def _set_status(self, ns: str, name: str, ip: str, *, ready: bool, pod: Any, restarts: int = 0) -> None:
         now = _now()
-        containers = [{"name": c.name, "ready": ready, "restartCount": restarts, "image": c.image or "",
-                       "imageID": "", "started": True, "state": {"running": {"startedAt": now}}}
-                      for c in pod.spec.containers]
-        status = {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}], "hostIP": "127.0.0.1",
-                  "startTime": now, "containerStatuses": containers,
-                  "conditions": [{"type": t, "status": "True" if (ready or t in ("PodScheduled", "Initialized"))
-                                  else "False", "lastTransitionTime": now}
-                                 for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")]}
+        containers = [
+            {
+                "name": c.name,
+                "ready": ready,
+                "restartCount": restarts,
+                "image": c.image or "",
+                "imageID": "",
+                "started": True,
+                "state": {"running": {"startedAt": now}},
+            }
+            for c in pod.spec.containers
+        ]
+        status = {
+            "phase": "Running",
+            "podIP": ip,
+            "podIPs": [{"ip": ip}],
+            "hostIP": "127.0.0.1",
+            "startTime": now,
+            "containerStatuses": containers,
+            "conditions": [
+                {
+                    "type": t,
+                    "status": "True" if (ready or t in ("PodScheduled", "Initialized")) else "False",
+                    "lastTransitionTime": now,
+                }
+                for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
+            ],
+        }
         try:
             self.core.patch_namespaced_pod_status(name, ns, {"status": status})
         except self._k.client.ApiException as exc:
@@ -263,8 +325,11 @@ class NodeAgent:
                 env[e.name] = e.value
             elif e.value_from is not None and e.value_from.field_ref is not None:
                 path = e.value_from.field_ref.field_path
-                env[e.name] = {"metadata.name": pod.metadata.name, "metadata.namespace": pod.metadata.namespace,
-                               "status.podIP": ip}.get(path, "")
+                env[e.name] = {
+                    "metadata.name": pod.metadata.name,
+                    "metadata.namespace": pod.metadata.namespace,
+                    "status.podIP": ip,
+                }.get(path, "")
             elif e.value_from is not None and e.value_from.secret_key_ref is not None:
                 ref = e.value_from.secret_key_ref
                 sec = self.core.read_namespaced_secret(ref.name, pod.metadata.namespace)
@@ -299,8 +364,9 @@ class NodeAgent:
                 if out is not subprocess.DEVNULL:
                     out.close()
                 return
-            popen = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+            popen = subprocess.Popen(
+                argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            )
             rec = RunRecord(p.name, popen.pid, p.ip, time.time(), argv)
             p.popen, p.record, p.ready = popen, rec, False
             self.records.append(rec)
@@ -349,8 +415,7 @@ class NodeAgent:
             return
         try:
             if hook._exec is not None:
-                subprocess.run(hook._exec.command, env=self._env_of(p.spec, c, p.ip), timeout=30,
-                               capture_output=True)
+                subprocess.run(hook._exec.command, env=self._env_of(p.spec, c, p.ip), timeout=30, capture_output=True)
             elif hook.http_get is not None:
                 port = _port(c, hook.http_get.port)
                 urllib.request.urlopen(f"http://{p.ip}:{port}{hook.http_get.path or '/'}", timeout=5).close()
@@ -383,8 +448,9 @@ class NodeAgent:
         self._finish_delete(p.namespace, p.name, p.uid)
 
     def _finish_delete(self, ns: str, name: str, uid: str) -> None:
-        body = self._k.client.V1DeleteOptions(grace_period_seconds=0,
-                                              preconditions=self._k.client.V1Preconditions(uid=uid))
+        body = self._k.client.V1DeleteOptions(
+            grace_period_seconds=0, preconditions=self._k.client.V1Preconditions(uid=uid)
+        )
         try:
             self.core.delete_namespaced_pod(name, ns, body=body)
         except self._k.client.ApiException as exc:

@@ -43,13 +43,25 @@ def test_deployment_reaches_available_through_the_node_agent(control_plane: Cont
     try:
         apps = kubernetes.client.AppsV1Api(api)
         labels = {"app": "web"}
-        apps.create_namespaced_deployment(namespace, {
-            "metadata": {"name": "web"},
-            "spec": {"replicas": 3, "selector": {"matchLabels": labels},
-                     "template": {"metadata": {"labels": labels},
-                                  "spec": {"containers": [{"name": "c", "image": "none"}]}}}})
-        wait_until(lambda: (apps.read_namespaced_deployment("web", namespace).status.available_replicas or 0) == 3,
-                   "3/3 available", timeout=60)
+        apps.create_namespaced_deployment(
+            namespace,
+            {
+                "metadata": {"name": "web"},
+                "spec": {
+                    "replicas": 3,
+                    "selector": {"matchLabels": labels},
+                    "template": {
+                        "metadata": {"labels": labels},
+                        "spec": {"containers": [{"name": "c", "image": "none"}]},
+                    },
+                },
+            },
+        )
+        wait_until(
+            lambda: (apps.read_namespaced_deployment("web", namespace).status.available_replicas or 0) == 3,
+            "3/3 available",
+            timeout=60,
+        )
     finally:
         agent.stop()
 
@@ -69,15 +81,32 @@ def test_run_pod_lifecycle_is_a_kubelets(control_plane: ControlPlane, namespace:
     agent = NodeAgent(api, mode=lambda pod: "run").start()
     core = kubernetes.client.CoreV1Api(api)
     try:
-        core.create_namespaced_pod(namespace, {
-            "metadata": {"name": "p"},
-            "spec": {"terminationGracePeriodSeconds": 10, "containers": [{
-                "name": "c", "image": "none", "command": [sys.executable, "-c", server],
-                "readinessProbe": {"httpGet": {"path": "/", "port": port}, "periodSeconds": 1},
-                "lifecycle": {"preStop": {"exec": {"command": ["touch", str(marker)]}}}}]}})
-        wait_until(lambda: any(c.type == "Ready" and c.status == "True"
-                               for c in core.read_namespaced_pod("p", namespace).status.conditions or []),
-                   "the pod to turn Ready", timeout=30)
+        core.create_namespaced_pod(
+            namespace,
+            {
+                "metadata": {"name": "p"},
+                "spec": {
+                    "terminationGracePeriodSeconds": 10,
+                    "containers": [
+                        {
+                            "name": "c",
+                            "image": "none",
+                            "command": [sys.executable, "-c", server],
+                            "readinessProbe": {"httpGet": {"path": "/", "port": port}, "periodSeconds": 1},
+                            "lifecycle": {"preStop": {"exec": {"command": ["touch", str(marker)]}}},
+                        }
+                    ],
+                },
+            },
+        )
+        wait_until(
+            lambda: any(
+                c.type == "Ready" and c.status == "True"
+                for c in core.read_namespaced_pod("p", namespace).status.conditions or []
+            ),
+            "the pod to turn Ready",
+            timeout=30,
+        )
         rec = next(r for r in agent.records if r.pod == "p")
         core.delete_namespaced_pod("p", namespace)
 
@@ -103,31 +132,59 @@ def test_hpa_controller_processes_an_hpa(control_plane: ControlPlane, namespace:
     try:
         apps = kubernetes.client.AppsV1Api(api)
         labels = {"app": "h"}
-        apps.create_namespaced_deployment(namespace, {
-            "metadata": {"name": "h"},
-            "spec": {"replicas": 1, "selector": {"matchLabels": labels},
-                     "template": {"metadata": {"labels": labels},
-                                  "spec": {"containers": [{"name": "c", "image": "none"}]}}}})
-        body = {"apiVersion": "autoscaling/v2beta2", "kind": "HorizontalPodAutoscaler",
+        apps.create_namespaced_deployment(
+            namespace,
+            {
                 "metadata": {"name": "h"},
-                "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "h"},
-                         "minReplicas": 2, "maxReplicas": 4,
-                         "metrics": [{"type": "External", "external": {
-                             "metric": {"name": "kompaktor_queue_depth", "selector": {"matchLabels": {"group": "h"}}},
-                             "target": {"type": "AverageValue", "averageValue": "2"}}}]}}
+                "spec": {
+                    "replicas": 1,
+                    "selector": {"matchLabels": labels},
+                    "template": {
+                        "metadata": {"labels": labels},
+                        "spec": {"containers": [{"name": "c", "image": "none"}]},
+                    },
+                },
+            },
+        )
+        body = {
+            "apiVersion": "autoscaling/v2beta2",
+            "kind": "HorizontalPodAutoscaler",
+            "metadata": {"name": "h"},
+            "spec": {
+                "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "h"},
+                "minReplicas": 2,
+                "maxReplicas": 4,
+                "metrics": [
+                    {
+                        "type": "External",
+                        "external": {
+                            "metric": {"name": "kompaktor_queue_depth", "selector": {"matchLabels": {"group": "h"}}},
+                            "target": {"type": "AverageValue", "averageValue": "2"},
+                        },
+                    }
+                ],
+            },
+        }
         control_plane.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body))
 
         def conditions() -> dict[str, str]:
             out = control_plane.kubectl(
-                "get", "--raw", f"/apis/autoscaling/v2beta2/namespaces/{namespace}/horizontalpodautoscalers/h")
+                "get", "--raw", f"/apis/autoscaling/v2beta2/namespaces/{namespace}/horizontalpodautoscalers/h"
+            )
             return {c["type"]: c["status"] for c in json.loads(out.stdout).get("status", {}).get("conditions", [])}
 
-        got = wait_until(lambda: (c := conditions()) and {"AbleToScale", "ScalingActive"} <= c.keys() and c,
-                         "HPA conditions", timeout=60)
+        got = wait_until(
+            lambda: (c := conditions()) and {"AbleToScale", "ScalingActive"} <= c.keys() and c,
+            "HPA conditions",
+            timeout=60,
+        )
         assert got["AbleToScale"] == "True"
         assert got["ScalingActive"] == "False"  # no external metrics API yet: the HPA says so
         # the controller applies the bounds: the Deployment goes from 1 to minReplicas 2
-        wait_until(lambda: apps.read_namespaced_deployment("h", namespace).spec.replicas == 2,
-                   "the HPA to apply minReplicas", timeout=60)
+        wait_until(
+            lambda: apps.read_namespaced_deployment("h", namespace).spec.replicas == 2,
+            "the HPA to apply minReplicas",
+            timeout=60,
+        )
     finally:
         agent.stop()

@@ -57,15 +57,27 @@ def test_compactor_image_starts_as_10001_on_a_read_only_root(runtime) -> None:
 
 
 def test_every_engine_imports_in_the_compactor_image(runtime) -> None:
-    code = ("import importlib; from kompaktor.engines import ENGINES; "
-            "[importlib.import_module(f'kompaktor.engines.{e}') for e in ENGINES]; "
-            "import numpy, pyarrow, pyspark; print('engines', *ENGINES)")
+    code = (
+        "import importlib; from kompaktor.engines import ENGINES; "
+        "[importlib.import_module(f'kompaktor.engines.{e}') for e in ENGINES]; "
+        "import numpy, pyarrow, pyspark; print('engines', *ENGINES)"
+    )
     assert _ok(runtime.run(COMPACTOR, ["python3", "-c", code])).strip() == "engines spark arrow"
 
 
 def _entries(version: int, rows: range) -> list[Entry]:
-    return [Entry(f"r{r:06d}".encode(), b"cf", f"q{r % 7}".encode(), b"", 1000 + version, r % 97 == version,
-                  f"value-{version}-{r}".encode()) for r in rows]
+    return [
+        Entry(
+            f"r{r:06d}".encode(),
+            b"cf",
+            f"q{r % 7}".encode(),
+            b"",
+            1000 + version,
+            r % 97 == version,
+            f"value-{version}-{r}".encode(),
+        )
+        for r in rows
+    ]
 
 
 @pytest.mark.parametrize("engine", ["arrow", "spark"])
@@ -78,14 +90,24 @@ def test_a_merge_in_the_image_gives_the_hosts_bytes(runtime, tmp_path: Path, eng
         inputs.append(f"in-{version}.parquet")
     os.chmod(data, 0o777)
     args = ["merge", *inputs, "--engine", engine, "--spark-master", "local[1]"]
-    host = subprocess.run([str(BIN / "kompaktor"), *args, "-o", str(data / "host.parquet")], cwd=data,
-                          capture_output=True, text=True, timeout=300)
+    host = subprocess.run(
+        [str(BIN / "kompaktor"), *args, "-o", str(data / "host.parquet")],
+        cwd=data,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     _ok(host)
     scratch = tmp_path / "scratch"  # an emptyDir in pods
     scratch.mkdir(mode=0o777)
     os.chmod(scratch, 0o777)
-    _ok(runtime.run(COMPACTOR, ["sh", "-c", f"cd /data && kompaktor {' '.join(args)} -o image.parquet"],
-                    mounts=[(data, "/data", False), (scratch, "/scratch", False)]))
+    _ok(
+        runtime.run(
+            COMPACTOR,
+            ["sh", "-c", f"cd /data && kompaktor {' '.join(args)} -o image.parquet"],
+            mounts=[(data, "/data", False), (scratch, "/scratch", False)],
+        )
+    )
     assert (data / "image.parquet").read_bytes() == (data / "host.parquet").read_bytes()
 
 
@@ -97,8 +119,9 @@ def test_operator_image_has_no_pyspark(runtime, tmp_path: Path) -> None:
     write_sorted(Storage.from_uri(str(tmp_path)), "in.parquet", _entries(0, range(10)))
     os.chmod(tmp_path, 0o755)  # readable by the image's uid 10001
     os.chmod(tmp_path / "in.parquet", 0o644)
-    out = runtime.run(OPERATOR, ["kompaktor", "merge", "/in/in.parquet", "-o", "/tmp/o.parquet"],
-                      mounts=[(tmp_path, "/in", True)])
+    out = runtime.run(
+        OPERATOR, ["kompaktor", "merge", "/in/in.parquet", "-o", "/tmp/o.parquet"], mounts=[(tmp_path, "/in", True)]
+    )
     assert out.returncode == 1 and "kompaktor[spark]" in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
@@ -106,11 +129,13 @@ def test_redis_image_serves_as_999_from_a_read_only_root(runtime, tmp_path: Path
     data = tmp_path / "redis"
     data.mkdir()
     os.chown(data, 999, 999)
-    script = ("redis-server --port 0 --unixsocket /tmp/r.sock --dir /data --appendonly yes --daemonize yes "
-              "--pidfile /tmp/r.pid --logfile /tmp/r.log && "
-              "for i in $(seq 50); do redis-cli -s /tmp/r.sock ping 2>/dev/null && break; sleep 0.1; done; "
-              "redis-cli -s /tmp/r.sock set k v >/dev/null; redis-cli -s /tmp/r.sock info server | grep redis_version; "
-              "id -u; redis-cli -s /tmp/r.sock shutdown")
+    script = (
+        "redis-server --port 0 --unixsocket /tmp/r.sock --dir /data --appendonly yes --daemonize yes "
+        "--pidfile /tmp/r.pid --logfile /tmp/r.log && "
+        "for i in $(seq 50); do redis-cli -s /tmp/r.sock ping 2>/dev/null && break; sleep 0.1; done; "
+        "redis-cli -s /tmp/r.sock set k v >/dev/null; redis-cli -s /tmp/r.sock info server | grep redis_version; "
+        "id -u; redis-cli -s /tmp/r.sock shutdown"
+    )
     out = _ok(runtime.run(REDIS, ["sh", "-c", script], mounts=[(data, "/data", False)]))
     assert out.startswith("PONG") and "redis_version:7." in out and out.splitlines()[-1] == "999", out
     assert (data / "appendonlydir").is_dir()  # the data went to the volume

@@ -65,8 +65,9 @@ class Shipped:
         return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == ctype), None)
 
     def kompaktor(self, *args: str, check: bool = True, timeout: float = 180) -> subprocess.CompletedProcess:
-        out = subprocess.run([str(BIN / "kompaktor"), *args], env=self.env, capture_output=True, text=True,
-                             timeout=timeout)
+        out = subprocess.run(
+            [str(BIN / "kompaktor"), *args], env=self.env, capture_output=True, text=True, timeout=timeout
+        )
         if check and out.returncode != 0:
             raise AssertionError(f"kompaktor {' '.join(args)} ({out.returncode}): {out.stderr}")
         return out
@@ -86,19 +87,18 @@ def _diagnose(s: Shipped) -> str:
         name = pod["metadata"]["name"]
         for c in pod["spec"]["containers"]:
             for prev in ("--previous", None):
-                got = s.cp.kubectl("logs", "-n", NS, name, "-c", c["name"], "--tail", "30",
-                                   *([prev] if prev else []), check=False)
+                got = s.cp.kubectl(
+                    "logs", "-n", NS, name, "-c", c["name"], "--tail", "30", *([prev] if prev else []), check=False
+                )
                 logs.append(f"--- logs {name}/{c['name']} {prev or ''} ---\n{got.stdout[-2500:]}{got.stderr[-300:]}")
     dns = s.node.dns
     dns_state = "running" if dns and dns.proc and dns.proc.popen.poll() is None else "NOT RUNNING"
     logs.append(f"--- cluster DNS (dnsmasq): {dns_state} ---")
-    return (f"{out}\n--- events ---\n{events}\n" + "\n".join(logs)
-            + f"\n--- kubelet ---\n{s.node.log('kubelet', 3000)}")
+    return f"{out}\n--- events ---\n{events}\n" + "\n".join(logs) + f"\n--- kubelet ---\n{s.node.log('kubelet', 3000)}"
 
 
 @pytest.fixture(scope="module")
-def shipped(real_cluster: tuple[ControlPlane, RealNode], tmp_path_factory: pytest.TempPathFactory
-            ) -> Iterator[Shipped]:
+def shipped(real_cluster: tuple[ControlPlane, RealNode], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shipped]:
     from harness.s3server import S3Server
 
     cp, node = real_cluster
@@ -107,41 +107,68 @@ def shipped(real_cluster: tuple[ControlPlane, RealNode], tmp_path_factory: pytes
     s3.start()
     try:
         s3.create_bucket(BUCKET)
-        storage_env = {"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key,
-                       "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": s3.endpoint}
+        storage_env = {
+            "AWS_ACCESS_KEY_ID": s3.access_key,
+            "AWS_SECRET_ACCESS_KEY": s3.secret_key,
+            "AWS_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": s3.endpoint,
+        }
         core.create_namespace({"metadata": {"name": NS}})
         # the README's storage step: credentials as environment variables in a Secret
         core.create_namespaced_secret(NS, {"metadata": {"name": "s3-credentials"}, "stringData": storage_env})
         # the bundled Redis' volume: this node has no provisioner, so a local volume an admin made
         data = tmp_path_factory.mktemp("redis-data")
         os.chown(data, 999, 999)
-        core.create_persistent_volume({
-            "metadata": {"name": "kompaktor-redis-data"},
-            "spec": {"capacity": {"storage": "8Gi"}, "accessModes": ["ReadWriteOnce"],
-                     "persistentVolumeReclaimPolicy": "Retain",
-                     "hostPath": {"path": str(data), "type": "Directory"}}})
+        core.create_persistent_volume(
+            {
+                "metadata": {"name": "kompaktor-redis-data"},
+                "spec": {
+                    "capacity": {"storage": "8Gi"},
+                    "accessModes": ["ReadWriteOnce"],
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "hostPath": {"path": str(data), "type": "Directory"},
+                },
+            }
+        )
         # `helm install` with the README's values
         with helm.Config(kubeconfig_path=str(cp.kubeconfig), namespace=NS) as cfg:
-            cfg.install(str(CHART), RELEASE, {
-                "storage": {"uri": f"s3://{BUCKET}/tables", "existingSecret": "s3-credentials"},
-                # a Spark cluster the admin allowed, which is down (the crash-loop case below)
-                "compactor": {"allowedSparkMasters": ["spark://nowhere.invalid:7077"]},
-            }, namespace=NS, timeout=120)
+            cfg.install(
+                str(CHART),
+                RELEASE,
+                {
+                    "storage": {"uri": f"s3://{BUCKET}/tables", "existingSecret": "s3-credentials"},
+                    # a Spark cluster the admin allowed, which is down (the crash-loop case below)
+                    "compactor": {"allowedSparkMasters": ["spark://nowhere.invalid:7077"]},
+                },
+                namespace=NS,
+                timeout=120,
+            )
         s = Shipped(cp, node, {}, s3)
         try:
-            wait_until(lambda: (p := s.pods("app.kubernetes.io/component=operator")) and all(map(_ready, p)),
-                       "the operator pod (operator + coordinator) Ready", timeout=240, every=1)
-            wait_until(lambda: (p := s.pods("app.kubernetes.io/component=redis")) and all(map(_ready, p)),
-                       "the bundled Redis pod Ready", timeout=120, every=1)
+            wait_until(
+                lambda: (p := s.pods("app.kubernetes.io/component=operator")) and all(map(_ready, p)),
+                "the operator pod (operator + coordinator) Ready",
+                timeout=240,
+                every=1,
+            )
+            wait_until(
+                lambda: (p := s.pods("app.kubernetes.io/component=redis")) and all(map(_ready, p)),
+                "the bundled Redis pod Ready",
+                timeout=120,
+                every=1,
+            )
         except TimeoutError as exc:
             raise AssertionError(f"{exc}\n{_diagnose(s)}") from None
         # the host reaches Redis through its Service (kube-proxy), as a client in the cluster would
         svc = core.read_namespaced_service(f"{RELEASE}-redis", NS)
         # the CLI of the people running it, as the admin user (docs/kubernetes.md)
         password = base64.b64decode(core.read_namespaced_secret(f"{RELEASE}-redis-admin", NS).data["password"]).decode()
-        s.env = {**os.environ, **storage_env,
-                 "KOMPAKTOR_REDIS_URL": f"redis://admin:{password}@{svc.spec.cluster_ip}:6379/0",
-                 "KOMPAKTOR_STORAGE": f"s3://{BUCKET}/tables"}
+        s.env = {
+            **os.environ,
+            **storage_env,
+            "KOMPAKTOR_REDIS_URL": f"redis://admin:{password}@{svc.spec.cluster_ip}:6379/0",
+            "KOMPAKTOR_STORAGE": f"s3://{BUCKET}/tables",
+        }
         yield s
     finally:
         s3.stop()
@@ -151,9 +178,11 @@ def shipped(real_cluster: tuple[ControlPlane, RealNode], tmp_path_factory: pytes
 def test_the_operator_coordinator_and_redis_run_as_pods_from_the_projects_images(shipped: Shipped) -> None:
     pods = shipped.pods(f"app.kubernetes.io/instance={RELEASE}")
     images = {c["name"]: c["image"] for p in pods for c in p["spec"]["containers"]}
-    assert images == {"operator": f"ghcr.io/kompaktor/kompaktor-operator:{__version__}",
-                      "coordinator": f"ghcr.io/kompaktor/kompaktor-operator:{__version__}",
-                      "redis": f"ghcr.io/kompaktor/kompaktor-redis:{__version__}"}, images
+    assert images == {
+        "operator": f"ghcr.io/kompaktor/kompaktor-operator:{__version__}",
+        "coordinator": f"ghcr.io/kompaktor/kompaktor-operator:{__version__}",
+        "redis": f"ghcr.io/kompaktor/kompaktor-redis:{__version__}",
+    }, images
     for p in pods:
         assert p["spec"]["nodeName"] == NODE_NAME
         for st in p["status"]["containerStatuses"]:
@@ -172,8 +201,9 @@ def test_the_operator_coordinator_and_redis_run_as_pods_from_the_projects_images
 
 # -- 2. the burst, scaled by the real HPA, merged by compactor containers ----------------------------
 def _entries(rows: range, version: int) -> list[Entry]:
-    return [Entry(f"row{r:05d}".encode(), b"f", b"q", b"", 1000 + version, False, f"v{version}-{r}".encode())
-            for r in rows]
+    return [
+        Entry(f"row{r:05d}".encode(), b"f", b"q", b"", 1000 + version, False, f"v{version}-{r}".encode()) for r in rows
+    ]
 
 
 def _watch_replicas(s: Shipped, stop: threading.Event) -> None:
@@ -192,12 +222,30 @@ def test_burst_hpa_compactor_containers_scan_and_drain(shipped: Shipped, tmp_pat
     s.kubectl("apply", "-f", str(ROOT / "examples"))
     # this node has 2 cores: the small group's pods ask for a quarter core each, at most 3 of them,
     # and the HPA lowers them 10 s after the queue empties (examples/ asks 1 core, 20 pods, 5 min)
-    s.kubectl("patch", "compactorgroup", "small", "--type=merge", "-p", json.dumps({"spec": {
-        "maxReplicas": 3, "behavior": {"scaleDownStabilizationSeconds": 10}, "drainGraceSeconds": 60,
-        "resources": {"requests": {"cpu": "250m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}}}))
+    s.kubectl(
+        "patch",
+        "compactorgroup",
+        "small",
+        "--type=merge",
+        "-p",
+        json.dumps(
+            {
+                "spec": {
+                    "maxReplicas": 3,
+                    "behavior": {"scaleDownStabilizationSeconds": 10},
+                    "drainGraceSeconds": 60,
+                    "resources": {"requests": {"cpu": "250m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}},
+                }
+            }
+        ),
+    )
     try:
-        wait_until(lambda: (p := s.pods(naming.selector("small"))) and len(p) == 2 and all(map(_ready, p)),
-                   "the small group's 2 compactor pods Ready", timeout=240, every=1)
+        wait_until(
+            lambda: (p := s.pods(naming.selector("small"))) and len(p) == 2 and all(map(_ready, p)),
+            "the small group's 2 compactor pods Ready",
+            timeout=240,
+            every=1,
+        )
     except TimeoutError as exc:
         raise AssertionError(f"{exc}\n{_diagnose(s)}") from None
     stop = threading.Event()
@@ -228,12 +276,17 @@ def test_burst_hpa_compactor_containers_scan_and_drain(shipped: Shipped, tmp_pat
                 return False
             st = json.loads(out.stdout)
             table, group = st["tables"][TABLE], st["groups"].get("small", {})
-            return (table["tablets"] == 20 and table["files_per_tablet"]["max"] == 1
-                    and group.get("queued") == 0 and group.get("running") == 0)
+            return (
+                table["tablets"] == 20
+                and table["files_per_tablet"]["max"] == 1
+                and group.get("queued") == 0
+                and group.get("running") == 0
+            )
 
         try:
-            wait_until(compacted, "every tablet compacted to one file by the compactor containers",
-                       timeout=300, every=2)
+            wait_until(
+                compacted, "every tablet compacted to one file by the compactor containers", timeout=300, every=2
+            )
         except TimeoutError as exc:
             raise AssertionError(f"{exc}\n{_diagnose(s)}") from None
         out_file = tmp_path / "scan.parquet"
@@ -245,9 +298,15 @@ def test_burst_hpa_compactor_containers_scan_and_drain(shipped: Shipped, tmp_pat
         # the queue is empty: the HPA lowers the group to minReplicas, the operator drains idle
         # compactors first and the kubelet runs their preStop drain
         try:
-            wait_until(lambda: len(s.pods(naming.selector("small"))) == 2
-                       and s.get("deployment", naming.deployment_name("small"))["spec"]["replicas"] == 2,
-                       "small back at 2 pods", timeout=180, every=2)
+            wait_until(
+                lambda: (
+                    len(s.pods(naming.selector("small"))) == 2
+                    and s.get("deployment", naming.deployment_name("small"))["spec"]["replicas"] == 2
+                ),
+                "small back at 2 pods",
+                timeout=180,
+                every=2,
+            )
         except TimeoutError as exc:
             raise AssertionError(f"{exc}\n{_diagnose(s)}") from None
     finally:
@@ -268,8 +327,16 @@ def test_kubectl_logs_and_exec_on_a_compactor_pod(shipped: Shipped) -> None:
     out = shipped.kubectl("exec", pod, "-c", "compactor", "--", "kompaktor", "--version")
     assert __version__ in out.stdout
     # Spark's scratch is the pod's emptyDir, the root filesystem is read-only, uid 10001
-    probe = shipped.kubectl("exec", pod, "-c", "compactor", "--", "sh", "-c",
-                            "id -u; touch /scratch/x && echo scratch-ok; touch /opt/x 2>&1 || true")
+    probe = shipped.kubectl(
+        "exec",
+        pod,
+        "-c",
+        "compactor",
+        "--",
+        "sh",
+        "-c",
+        "id -u; touch /scratch/x && echo scratch-ok; touch /opt/x 2>&1 || true",
+    )
     assert probe.stdout.splitlines()[:2] == ["10001", "scratch-ok"], probe.stdout
     assert "Read-only file system" in probe.stdout
 
@@ -297,8 +364,11 @@ def test_each_pod_reaches_redis_as_its_own_user(shipped: Shipped) -> None:
     users = shipped.kubectl("exec", redis_pod, "-c", "redis", "--", "redis-cli", "ACL", "USERS").stdout.split()
     assert set(acl.ROLES) <= set(users), users
     pod = shipped.pods(naming.selector("small"))[0]
-    refs = {e["name"]: e.get("valueFrom", {}).get("secretKeyRef", {}).get("name")
-            for c in pod["spec"]["containers"] for e in c.get("env", [])}
+    refs = {
+        e["name"]: e.get("valueFrom", {}).get("secretKeyRef", {}).get("name")
+        for c in pod["spec"]["containers"]
+        for e in c.get("env", [])
+    }
     assert refs["KOMPAKTOR_REDIS_URL"] == f"{RELEASE}-redis-compactor"
     assert not [n for n in refs.values() if n and n.startswith(f"{RELEASE}-redis") and not n.endswith("-compactor")]
     out = shipped.kubectl("exec", pod["metadata"]["name"], "-c", "compactor", "--", "python", "-c", _AS_COMPACTOR)
@@ -324,21 +394,37 @@ def test_the_storage_secret_key_is_nowhere_a_person_looks(shipped: Shipped) -> N
             logs = shipped.kubectl("logs", pod["metadata"]["name"], "-c", c["name"], check=False).stdout
             assert secret not in logs, (pod["metadata"]["name"], c["name"])
     pod = shipped.pods(naming.selector("small"))[0]["metadata"]["name"]
-    metrics = shipped.kubectl("exec", pod, "-c", "compactor", "--", "python", "-c",
-                              "import urllib.request; print(urllib.request.urlopen("
-                              "'http://127.0.0.1:8080/metrics', timeout=10).read().decode())").stdout
+    metrics = shipped.kubectl(
+        "exec",
+        pod,
+        "-c",
+        "compactor",
+        "--",
+        "python",
+        "-c",
+        "import urllib.request; print(urllib.request.urlopen("
+        "'http://127.0.0.1:8080/metrics', timeout=10).read().decode())",
+    ).stdout
     assert "kompaktor_storage_requests_total" in metrics and secret not in metrics
 
 
 # -- 3. a group whose pods cannot run says why ---------------------------------------------------------
 def _group(name: str, **spec: Any) -> dict[str, Any]:
-    base: dict[str, Any] = {"minReplicas": 1, "maxReplicas": 1, "jobsPerReplica": 1, "autoscaler": "hpa",
-                            "drainGraceSeconds": 10,
-                            "spark": {"engine": "arrow", "master": "local[1]"},
-                            "resources": {"requests": {"cpu": "50m", "memory": "128Mi"},
-                                          "limits": {"memory": "1Gi"}}}
-    return {"apiVersion": "kompaktor.io/v1alpha1", "kind": "CompactorGroup", "metadata": {"name": name},
-            "spec": {**base, **spec}}
+    base: dict[str, Any] = {
+        "minReplicas": 1,
+        "maxReplicas": 1,
+        "jobsPerReplica": 1,
+        "autoscaler": "hpa",
+        "drainGraceSeconds": 10,
+        "spark": {"engine": "arrow", "master": "local[1]"},
+        "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "1Gi"}},
+    }
+    return {
+        "apiVersion": "kompaktor.io/v1alpha1",
+        "kind": "CompactorGroup",
+        "metadata": {"name": name},
+        "spec": {**base, **spec},
+    }
 
 
 #: each group made to fail one way, and the fix a user would apply
@@ -346,18 +432,29 @@ BROKEN: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
     # an image the node does not hold and no registry here can serve
     "t-pull": ({"imagePullPolicy": "Always"}, {"imagePullPolicy": "IfNotPresent"}, "ImagePullFailed"),
     # a Spark master nobody answers: the compactor cannot start its engine and exits
-    "t-crash": ({"spark": {"engine": "spark", "master": "spark://nowhere.invalid:7077", "driverMemory": "512m"}},
-                {"spark": {"engine": "arrow", "master": "local[1]"}}, "CrashLoop"),
+    "t-crash": (
+        {"spark": {"engine": "spark", "master": "spark://nowhere.invalid:7077", "driverMemory": "512m"}},
+        {"spark": {"engine": "arrow", "master": "local[1]"}},
+        "CrashLoop",
+    ),
     # Spark's JVM in 64 MiB
-    "t-oom": ({"spark": {"engine": "spark", "master": "local[1]", "driverMemory": "512m"},
-               "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "64Mi"}}},
-              {"spark": {"engine": "arrow", "master": "local[1]"},
-               "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "1Gi"}}},
-              "OOMKilled"),
+    "t-oom": (
+        {
+            "spark": {"engine": "spark", "master": "local[1]", "driverMemory": "512m"},
+            "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "64Mi"}},
+        },
+        {
+            "spark": {"engine": "arrow", "master": "local[1]"},
+            "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "1Gi"}},
+        },
+        "OOMKilled",
+    ),
     # more cores than the node has
-    "t-sched": ({"resources": {"requests": {"cpu": "64", "memory": "128Mi"}, "limits": {"memory": "1Gi"}}},
-                {"resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "1Gi"}}},
-                "Unschedulable"),
+    "t-sched": (
+        {"resources": {"requests": {"cpu": "64", "memory": "128Mi"}, "limits": {"memory": "1Gi"}}},
+        {"resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "1Gi"}}},
+        "Unschedulable",
+    ),
 }
 
 
@@ -365,11 +462,16 @@ def _untouched(s: Shipped) -> dict[str, Any]:
     """What the broken groups must not change: the other pods (and their restarts), the small
     group's Deployment and the operator's Deployment."""
     pods = json.loads(s.kubectl("get", "pods", "-o", "json").stdout)["items"]
-    others = {p["metadata"]["uid"]: sum(c.get("restartCount", 0) for c in p["status"].get("containerStatuses") or [])
-              for p in pods if not p["metadata"]["name"].startswith(tuple(f"kompaktor-{n}" for n in BROKEN))
-              and p["metadata"]["name"].startswith(("kompaktor-small", "kompaktor-operator", "kompaktor-redis"))}
-    deps = {n: s.get("deployment", n)["metadata"]["generation"]
-            for n in (naming.deployment_name("small"), f"{RELEASE}-operator")}
+    others = {
+        p["metadata"]["uid"]: sum(c.get("restartCount", 0) for c in p["status"].get("containerStatuses") or [])
+        for p in pods
+        if not p["metadata"]["name"].startswith(tuple(f"kompaktor-{n}" for n in BROKEN))
+        and p["metadata"]["name"].startswith(("kompaktor-small", "kompaktor-operator", "kompaktor-redis"))
+    }
+    deps = {
+        n: s.get("deployment", n)["metadata"]["generation"]
+        for n in (naming.deployment_name("small"), f"{RELEASE}-operator")
+    }
     return {"pods": others, "deployments": deps}
 
 
@@ -379,12 +481,17 @@ def test_a_group_whose_pods_cannot_run_says_why_and_clears_when_fixed(shipped: S
     for name, (broken, _, _) in BROKEN.items():
         s.kubectl("apply", "-f", "-", input=json.dumps(_group(name, **broken)))
     try:
+
         def reasons() -> dict[str, str | None]:
             return {n: (s.condition("compactorgroup", n, "PodsHealthy") or {}).get("reason") for n in BROKEN}
 
         try:
-            wait_until(lambda: reasons() == {n: want for n, (_, _, want) in BROKEN.items()},
-                       "each broken group's PodsHealthy condition naming its failure", timeout=240, every=2)
+            wait_until(
+                lambda: reasons() == {n: want for n, (_, _, want) in BROKEN.items()},
+                "each broken group's PodsHealthy condition naming its failure",
+                timeout=240,
+                every=2,
+            )
         except TimeoutError as exc:
             raise AssertionError(f"{exc}\n{reasons()}\n{_diagnose(s)}") from None
         msg = {n: s.condition("compactorgroup", n, "PodsHealthy")["message"] for n in BROKEN}
@@ -403,10 +510,17 @@ def test_a_group_whose_pods_cannot_run_says_why_and_clears_when_fixed(shipped: S
         for name, (_, fix, _) in BROKEN.items():
             s.kubectl("patch", "compactorgroup", name, "--type=merge", "-p", json.dumps({"spec": fix}))
         try:
-            wait_until(lambda: set(reasons().values()) == {"PodsRunning"}
-                       and all((s.condition("compactorgroup", n, "PodsHealthy") or {}).get("status") == "True"
-                               for n in BROKEN),
-                       "every fixed group's PodsHealthy back to True", timeout=240, every=2)
+            wait_until(
+                lambda: (
+                    set(reasons().values()) == {"PodsRunning"}
+                    and all(
+                        (s.condition("compactorgroup", n, "PodsHealthy") or {}).get("status") == "True" for n in BROKEN
+                    )
+                ),
+                "every fixed group's PodsHealthy back to True",
+                timeout=240,
+                every=2,
+            )
         except TimeoutError as exc:
             raise AssertionError(f"{exc}\n{reasons()}\n{_diagnose(s)}") from None
         for n in BROKEN:
@@ -417,8 +531,12 @@ def test_a_group_whose_pods_cannot_run_says_why_and_clears_when_fixed(shipped: S
         assert _untouched(s) == before
     finally:
         s.kubectl("delete", "compactorgroup", *BROKEN, "--wait=true", check=False)
-        wait_until(lambda: not any(s.pods(naming.selector(n)) for n in BROKEN),
-                   "the broken groups' pods gone", timeout=120, every=1)
+        wait_until(
+            lambda: not any(s.pods(naming.selector(n)) for n in BROKEN),
+            "the broken groups' pods gone",
+            timeout=120,
+            every=1,
+        )
 
 
 # -- 3. delete and uninstall leave nothing running ---------------------------------------------------
@@ -427,6 +545,10 @@ def test_delete_and_uninstall_leave_no_container_running(shipped: Shipped) -> No
     s.kubectl("delete", "-f", str(ROOT / "examples"), "--wait=true")
     with helm.Config(kubeconfig_path=str(s.cp.kubeconfig), namespace=NS) as cfg:
         cfg.uninstall(RELEASE, timeout=120)
-    wait_until(lambda: not json.loads(s.kubectl("get", "pods", "-o", "json").stdout)["items"],
-               "every pod in the namespace gone", timeout=180, every=1)
+    wait_until(
+        lambda: not json.loads(s.kubectl("get", "pods", "-o", "json").stdout)["items"],
+        "every pod in the namespace gone",
+        timeout=180,
+        every=1,
+    )
     wait_until(lambda: not running_containers(s.node), "no container running on the node", timeout=60, every=1)

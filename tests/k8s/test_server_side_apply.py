@@ -50,13 +50,20 @@ def _deployment(name: str, *, extra: bool) -> dict[str, Any]:
         container["env"].append({"name": "EXTRA", "value": "x"})
     spec: dict[str, Any] = {"containers": [container]}
     if extra:
-        spec["tolerations"] = [{"key": "dedicated", "operator": "Equal", "value": "compaction",
-                                "effect": "NoSchedule"}]
-        spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-            "nodeSelectorTerms": [{"matchExpressions": [{"key": "disk", "operator": "In", "values": ["ssd"]}]}]}}}
-    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "labels": labels},
-            "spec": {"selector": {"matchLabels": labels},
-                     "template": {"metadata": {"labels": pod_labels}, "spec": spec}}}
+        spec["tolerations"] = [{"key": "dedicated", "operator": "Equal", "value": "compaction", "effect": "NoSchedule"}]
+        spec["affinity"] = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": [{"key": "disk", "operator": "In", "values": ["ssd"]}]}]
+                }
+            }
+        }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"selector": {"matchLabels": labels}, "template": {"metadata": {"labels": pod_labels}, "spec": spec}},
+    }
 
 
 def _removed_fields_gone(dep: Any) -> None:
@@ -64,9 +71,17 @@ def _removed_fields_gone(dep: Any) -> None:
     # 1.20's apply leaves the emptied parent behind (`affinity: {nodeAffinity: {}}`, no terms:
     # no constraint); newer servers remove it too
     aff = pod.spec.affinity
-    assert aff is None or (aff.pod_affinity is None and aff.pod_anti_affinity is None and (
-        aff.node_affinity is None or (aff.node_affinity.required_during_scheduling_ignored_during_execution is None
-                                      and not aff.node_affinity.preferred_during_scheduling_ignored_during_execution)))
+    assert aff is None or (
+        aff.pod_affinity is None
+        and aff.pod_anti_affinity is None
+        and (
+            aff.node_affinity is None
+            or (
+                aff.node_affinity.required_during_scheduling_ignored_during_execution is None
+                and not aff.node_affinity.preferred_during_scheduling_ignored_during_execution
+            )
+        )
+    )
     assert not pod.spec.tolerations
     assert [e.name for e in pod.spec.containers[0].env] == ["A"]
     assert pod.metadata.labels == {"app": dep.metadata.name}
@@ -101,10 +116,18 @@ def test_a_child_written_by_an_older_operator_converges(control_plane: ControlPl
         body = copy.deepcopy(_deployment(name, extra=True))
         body["metadata"]["namespace"] = NS
         await c.request("POST", f"/apis/apps/v1/namespaces/{NS}/deployments", json=body)
-        await c.request("PATCH", f"/apis/apps/v1/namespaces/{NS}/deployments/{name}", json=body,
-                        content_type="application/merge-patch+json")
-        await c.request("PATCH", f"/apis/apps/v1/namespaces/{NS}/deployments/{name}",
-                        json={"spec": {"replicas": 4}}, content_type="application/merge-patch+json")
+        await c.request(
+            "PATCH",
+            f"/apis/apps/v1/namespaces/{NS}/deployments/{name}",
+            json=body,
+            content_type="application/merge-patch+json",
+        )
+        await c.request(
+            "PATCH",
+            f"/apis/apps/v1/namespaces/{NS}/deployments/{name}",
+            json={"spec": {"replicas": 4}},
+            content_type="application/merge-patch+json",
+        )
 
     _run(control_plane, legacy)
     before = apps.read_namespaced_deployment(name, NS)

@@ -72,8 +72,7 @@ class Release:
         return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == ctype), None)
 
     def kompaktor(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        out = subprocess.run([str(BIN / "kompaktor"), *args], env=self.env, capture_output=True, text=True,
-                             timeout=120)
+        out = subprocess.run([str(BIN / "kompaktor"), *args], env=self.env, capture_output=True, text=True, timeout=120)
         if check and out.returncode != 0:
             raise AssertionError(f"kompaktor {' '.join(args)}: {out.stderr}")
         return out
@@ -99,8 +98,12 @@ def _metrics_api_env(cp: ControlPlane, core: Any, d: Path) -> dict[str, str]:
     secret = core.read_namespaced_secret(f"{RELEASE}-metrics-api-tls", NS)
     for key in ("tls.crt", "tls.key", "ca.crt"):
         (d / key).write_bytes(base64.b64decode(secret.data[key]))
-    return {"KOMPAKTOR_METRICS_API": f"{svc.spec.cluster_ip}:443", "KOMPAKTOR_METRICS_API_CERT": str(d / "tls.crt"),
-            "KOMPAKTOR_METRICS_API_KEY": str(d / "tls.key"), "KOMPAKTOR_METRICS_API_CA": str(d / "ca.crt")}
+    return {
+        "KOMPAKTOR_METRICS_API": f"{svc.spec.cluster_ip}:443",
+        "KOMPAKTOR_METRICS_API_CERT": str(d / "tls.crt"),
+        "KOMPAKTOR_METRICS_API_KEY": str(d / "tls.key"),
+        "KOMPAKTOR_METRICS_API_CA": str(d / "ca.crt"),
+    }
 
 
 def _is_e2e_compactor(pod: Any) -> bool:
@@ -108,8 +111,9 @@ def _is_e2e_compactor(pod: Any) -> bool:
 
 
 @pytest.fixture(scope="module")
-def release(control_plane: ControlPlane, redis_server: Any, tmp_path_factory: pytest.TempPathFactory
-            ) -> Iterator[Release]:
+def release(
+    control_plane: ControlPlane, redis_server: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Release]:
     cp = control_plane
     api = cp.api()
     core = kubernetes.client.CoreV1Api(api)
@@ -122,38 +126,65 @@ def release(control_plane: ControlPlane, redis_server: Any, tmp_path_factory: py
     core.create_namespaced_secret(NS, {"metadata": {"name": REDIS_SECRET}, "stringData": {"url": redis_server.url}})
     storage_dir = tmp_path_factory.mktemp("storage")
     logs = tmp_path_factory.mktemp("logs")
-    agent = NodeAgent(api, mode=lambda pod: "run" if _is_e2e_compactor(pod) else "fake",
-                      env={"PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "KOMPAKTOR_LOG": "INFO"},
-                      log_dir=logs).start()
+    agent = NodeAgent(
+        api,
+        mode=lambda pod: "run" if _is_e2e_compactor(pod) else "fake",
+        env={"PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "KOMPAKTOR_LOG": "INFO"},
+        log_dir=logs,
+    ).start()
     procs: dict[str, subprocess.Popen] = {}
     store = MetadataStore.from_url(redis_server.url)
     try:
         with helm.Config(kubeconfig_path=str(cp.kubeconfig), namespace=NS) as cfg:
-            rel = cfg.install(str(CHART), RELEASE, {
-                "redis": {"bundled": False, "external": {"existingSecret": REDIS_SECRET}},
-                "storage": {"uri": str(storage_dir)},
-                # Endpoints cannot hold loopback addresses: a NodePort Service makes the aggregator
-                # dial the Service's ClusterIP (127.100.x.y), where the operator below listens
-                "metricsApi": {"serviceType": "NodePort"},
-            }, namespace=NS, timeout=120)
+            rel = cfg.install(
+                str(CHART),
+                RELEASE,
+                {
+                    "redis": {"bundled": False, "external": {"existingSecret": REDIS_SECRET}},
+                    "storage": {"uri": str(storage_dir)},
+                    # Endpoints cannot hold loopback addresses: a NodePort Service makes the aggregator
+                    # dial the Service's ClusterIP (127.100.x.y), where the operator below listens
+                    "metricsApi": {"serviceType": "NodePort"},
+                },
+                namespace=NS,
+                timeout=120,
+            )
         manifest = [d for d in _yaml_docs(rel["manifest"]) if d]
         dep = json.loads(cp.kubectl("-n", NS, "get", "deployment", f"{RELEASE}-operator", "-o", "json").stdout)
-        env = {**os.environ, **_container_env(dep, "operator", core),
-               "KUBECONFIG": str(cp.service_account_kubeconfig(NS, f"{RELEASE}-operator")),
-               "KOMPAKTOR_SCALE_INTERVAL": "1", "KOMPAKTOR_STATUS_INTERVAL": "2",
-               **_metrics_api_env(cp, core, tmp_path_factory.mktemp("metrics-api")),
-               "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+        env = {
+            **os.environ,
+            **_container_env(dep, "operator", core),
+            "KUBECONFIG": str(cp.service_account_kubeconfig(NS, f"{RELEASE}-operator")),
+            "KOMPAKTOR_SCALE_INTERVAL": "1",
+            "KOMPAKTOR_STATUS_INTERVAL": "2",
+            **_metrics_api_env(cp, core, tmp_path_factory.mktemp("metrics-api")),
+            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
         # the operator's own /metrics, on loopback here (the chart listens on 0.0.0.0:9091)
         metrics_port = free_port()
         with open(logs / "operator.log", "wb") as out:
             procs["operator"] = subprocess.Popen(
                 [str(BIN / "kompaktor"), "operator", "--liveness", "", "--metrics-port", str(metrics_port)],
-                env={**env, "KOMPAKTOR_OPERATOR_METRICS_HOST": "127.0.0.1"}, stdout=out,
-                stderr=subprocess.STDOUT, start_new_session=True)
+                env={**env, "KOMPAKTOR_OPERATOR_METRICS_HOST": "127.0.0.1"},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         with open(logs / "coordinator.log", "wb") as out:
             procs["coordinator"] = subprocess.Popen(
-                [str(BIN / "kompaktor"), "coordinator", "--metrics-port", str(free_port()),
-                 "--full-scan-interval", "5"], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                [
+                    str(BIN / "kompaktor"),
+                    "coordinator",
+                    "--metrics-port",
+                    str(free_port()),
+                    "--full-scan-interval",
+                    "5",
+                ],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         yield Release(cp, agent, store, storage_dir, redis_server.url, env, procs, manifest, metrics_port)
     finally:
         for p in procs.values():
@@ -193,26 +224,46 @@ def test_helm_install_is_accepted_by_the_apiserver(release: Release) -> None:
 # -- 2. kubectl apply -f examples/ ---------------------------------------------------------------------
 def test_examples_apply_and_show_their_columns(release: Release) -> None:
     release.kubectl("apply", "-f", str(ROOT / "examples"))
-    ready = wait_until(lambda: (c := release.condition("compactorgroup", "small", "Ready")) and c, "small Ready",
-                       timeout=60)
+    ready = wait_until(
+        lambda: (c := release.condition("compactorgroup", "small", "Ready")) and c, "small Ready", timeout=60
+    )
     assert ready["status"] == "True", ready
     dep = wait_until(lambda: release.get("deployment", naming.deployment_name("small")), "small's Deployment")
     assert dep["spec"]["replicas"] == 2  # minReplicas
-    hpa = json.loads(release.cp.kubectl("get", "--raw", f"/apis/autoscaling/v2beta2/namespaces/{NS}/"
-                                        f"horizontalpodautoscalers/{naming.hpa_name('small')}").stdout)
+    hpa = json.loads(
+        release.cp.kubectl(
+            "get",
+            "--raw",
+            f"/apis/autoscaling/v2beta2/namespaces/{NS}/horizontalpodautoscalers/{naming.hpa_name('small')}",
+        ).stdout
+    )
     assert hpa["spec"]["minReplicas"] == 2 and hpa["spec"]["maxReplicas"] == 20
     # the HPA controller processes it (it applies the bounds; the metric comes with the metrics API)
-    wait_until(lambda: json.loads(release.cp.kubectl(
-        "get", "--raw", f"/apis/autoscaling/v2beta2/namespaces/{NS}/horizontalpodautoscalers/"
-        f"{naming.hpa_name('small')}").stdout).get("status", {}).get("conditions"), "HPA conditions", timeout=60)
+    wait_until(
+        lambda: (
+            json.loads(
+                release.cp.kubectl(
+                    "get",
+                    "--raw",
+                    f"/apis/autoscaling/v2beta2/namespaces/{NS}/horizontalpodautoscalers/{naming.hpa_name('small')}",
+                ).stdout
+            )
+            .get("status", {})
+            .get("conditions")
+        ),
+        "HPA conditions",
+        timeout=60,
+    )
     # KEDA is not installed: the large group says so instead of failing in a loop
     large = wait_until(lambda: (c := release.condition("compactorgroup", "large", "Ready")) and c, "large", timeout=60)
     assert large["status"] == "False" and large["reason"] == "AutoscalerUnavailable", large
     assert "KEDA" in large["message"]
     assert release.get("deployment", naming.deployment_name("large")) is not None
     # printer columns with real values
-    wait_until(lambda: (release.get("compactorgroup", "small") or {}).get("status", {}).get("replicas") == 2,
-               "small's status.replicas")
+    wait_until(
+        lambda: (release.get("compactorgroup", "small") or {}).get("status", {}).get("replicas") == 2,
+        "small's status.replicas",
+    )
     table = release.kubectl("get", "compactorgroups").stdout.splitlines()
     header = table[0].split()
     assert header[:6] == ["NAME", "DESIRED", "REPLICAS", "READY", "QUEUED", "RUNNING"], header
@@ -225,86 +276,143 @@ def test_examples_apply_and_show_their_columns(release: Release) -> None:
 def test_a_field_removed_from_a_group_leaves_its_deployment(release: Release) -> None:
     """The operator reconciles with server-side apply: an affinity, a toleration and a pod label
     dropped from a CompactorGroup disappear from its Deployment (a merge patch kept them)."""
-    extras = {"tolerations": [{"key": "dedicated", "operator": "Equal", "value": "compaction",
-                               "effect": "NoSchedule"}],
-              "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-                  "nodeSelectorTerms": [{"matchExpressions": [{"key": "disk", "operator": "In",
-                                                               "values": ["ssd"]}]}]}}},
-              "podLabels": {"team": "storage"}}
-    group = {"apiVersion": naming.GROUP_VERSION, "kind": "CompactorGroup", "metadata": {"name": "trimmed"},
-             "spec": {"minReplicas": 0, "replicas": 0, "autoscaler": "none", **extras}}
+    extras = {
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "compaction", "effect": "NoSchedule"}],
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": [{"key": "disk", "operator": "In", "values": ["ssd"]}]}]
+                }
+            }
+        },
+        "podLabels": {"team": "storage"},
+    }
+    group = {
+        "apiVersion": naming.GROUP_VERSION,
+        "kind": "CompactorGroup",
+        "metadata": {"name": "trimmed"},
+        "spec": {"minReplicas": 0, "replicas": 0, "autoscaler": "none", **extras},
+    }
     release.kubectl("apply", "-f", "-", input=json.dumps(group))
 
     def template() -> dict[str, Any] | None:
         dep = release.get("deployment", naming.deployment_name("trimmed"))
         return dep["spec"]["template"] if dep else None
 
-    wait_until(lambda: (t := template()) and t["spec"].get("tolerations") and t["spec"].get("affinity"),
-               "the Deployment with the extras", timeout=60)
-    release.kubectl("patch", "compactorgroup", "trimmed", "--type=merge", "-p",
-                    json.dumps({"spec": {"tolerations": None, "affinity": None, "podLabels": None}}))
-    t = wait_until(lambda: (t := template()) and not t["spec"].get("tolerations")
-                   and "team" not in t["metadata"]["labels"] and t, "the extras gone from the Deployment",
-                   timeout=60)
-    assert not (t["spec"].get("affinity") or {}).get("nodeAffinity", {}).get(
-        "requiredDuringSchedulingIgnoredDuringExecution")
+    wait_until(
+        lambda: (t := template()) and t["spec"].get("tolerations") and t["spec"].get("affinity"),
+        "the Deployment with the extras",
+        timeout=60,
+    )
+    release.kubectl(
+        "patch",
+        "compactorgroup",
+        "trimmed",
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"tolerations": None, "affinity": None, "podLabels": None}}),
+    )
+    t = wait_until(
+        lambda: (t := template()) and not t["spec"].get("tolerations") and "team" not in t["metadata"]["labels"] and t,
+        "the extras gone from the Deployment",
+        timeout=60,
+    )
+    assert (
+        not (t["spec"].get("affinity") or {})
+        .get("nodeAffinity", {})
+        .get("requiredDuringSchedulingIgnoredDuringExecution")
+    )
     release.kubectl("delete", "compactorgroup", "trimmed")
 
 
 def test_kubectl_scale_reaches_the_deployment(release: Release) -> None:
     release.kubectl("scale", "compactorgroup", "small", "--replicas=3")
-    wait_until(lambda: release.get("deployment", naming.deployment_name("small"))["spec"]["replicas"] == 3,
-               "the Deployment at 3 replicas", timeout=30)
+    wait_until(
+        lambda: release.get("deployment", naming.deployment_name("small"))["spec"]["replicas"] == 3,
+        "the Deployment at 3 replicas",
+        timeout=30,
+    )
 
 
-@pytest.mark.parametrize("name, spec, refused_by", [
-    ("bad-quantity", {"resources": {"requests": {"memory": "lots"}}}, "schema"),
-    ("min-over-max", {"minReplicas": 5, "maxReplicas": 2}, "operator"),
-])
-def test_invalid_groups_are_refused_and_nothing_is_created(release: Release, name: str, spec: dict[str, Any],
-                                                           refused_by: str) -> None:
-    body = {"apiVersion": naming.GROUP_VERSION, "kind": "CompactorGroup", "metadata": {"name": name},
-            "spec": spec}
+@pytest.mark.parametrize(
+    "name, spec, refused_by",
+    [
+        ("bad-quantity", {"resources": {"requests": {"memory": "lots"}}}, "schema"),
+        ("min-over-max", {"minReplicas": 5, "maxReplicas": 2}, "operator"),
+    ],
+)
+def test_invalid_groups_are_refused_and_nothing_is_created(
+    release: Release, name: str, spec: dict[str, Any], refused_by: str
+) -> None:
+    body = {"apiVersion": naming.GROUP_VERSION, "kind": "CompactorGroup", "metadata": {"name": name}, "spec": spec}
     out = release.kubectl("apply", "-f", "-", input=json.dumps(body), check=False)
     if refused_by == "schema":
         assert out.returncode != 0 and "memory" in out.stderr, out.stderr
         assert release.get("compactorgroup", name) is None
     else:
         assert out.returncode == 0, out.stderr  # no CEL on 1.20: the operator enforces the rule
-        cond = wait_until(lambda: (c := release.condition("compactorgroup", name, "Ready")) and c, "a condition",
-                          timeout=30)
+        cond = wait_until(
+            lambda: (c := release.condition("compactorgroup", name, "Ready")) and c, "a condition", timeout=30
+        )
         assert cond["status"] == "False" and "maxReplicas" in cond["message"], cond
         release.kubectl("delete", "compactorgroup", name, "--wait=false")
     assert release.get("deployment", naming.deployment_name(name)) is None
 
 
 def test_a_service_naming_an_unknown_group_is_degraded(release: Release) -> None:
-    body = {"apiVersion": naming.GROUP_VERSION, "kind": "CompactionService", "metadata": {"name": "ghostly"},
-            "spec": {"tiers": [{"name": "all", "compactorGroup": "ghost"}], "tables": ["nothing-here"]}}
+    body = {
+        "apiVersion": naming.GROUP_VERSION,
+        "kind": "CompactionService",
+        "metadata": {"name": "ghostly"},
+        "spec": {"tiers": [{"name": "all", "compactorGroup": "ghost"}], "tables": ["nothing-here"]},
+    }
     release.kubectl("apply", "-f", "-", input=json.dumps(body))
-    cond = wait_until(lambda: (c := release.condition("compactionservice", "ghostly", "Degraded")) and c
-                      and c["status"] == "True" and c, "Degraded", timeout=60)
+    cond = wait_until(
+        lambda: (
+            (c := release.condition("compactionservice", "ghostly", "Degraded")) and c and c["status"] == "True" and c
+        ),
+        "Degraded",
+        timeout=60,
+    )
     assert "ghost" in cond["message"]
     release.kubectl("delete", "compactionservice", "ghostly")
 
 
 # -- 3. end to end ----------------------------------------------------------------------------------
 def _entries(table_rows: range, version: int) -> list[Entry]:
-    return [Entry(f"row{r:05d}".encode(), b"f", b"q", b"", 1000 + version, False, f"v{version}-{r}".encode())
-            for r in table_rows]
+    return [
+        Entry(f"row{r:05d}".encode(), b"f", b"q", b"", 1000 + version, False, f"v{version}-{r}".encode())
+        for r in table_rows
+    ]
 
 
 def test_burst_scale_up_drain_and_scale_down(release: Release, tmp_path: Path) -> None:
     e2e = [
-        {"apiVersion": naming.GROUP_VERSION, "kind": "CompactionService", "metadata": {"name": "svc-e2e"},
-         "spec": {"ratio": 2.0, "tiers": [{"name": "all", "compactorGroup": "e2e"}], "tables": ["e2e"]}},
-        {"apiVersion": naming.GROUP_VERSION, "kind": "CompactorGroup", "metadata": {"name": "e2e"},
-         "spec": {"minReplicas": 0, "maxReplicas": 3, "autoscaler": "none", "drainGraceSeconds": 20,
-                  "spark": {"engine": "arrow", "master": "local[1]"}}},
+        {
+            "apiVersion": naming.GROUP_VERSION,
+            "kind": "CompactionService",
+            "metadata": {"name": "svc-e2e"},
+            "spec": {"ratio": 2.0, "tiers": [{"name": "all", "compactorGroup": "e2e"}], "tables": ["e2e"]},
+        },
+        {
+            "apiVersion": naming.GROUP_VERSION,
+            "kind": "CompactorGroup",
+            "metadata": {"name": "e2e"},
+            "spec": {
+                "minReplicas": 0,
+                "maxReplicas": 3,
+                "autoscaler": "none",
+                "drainGraceSeconds": 20,
+                "spark": {"engine": "arrow", "master": "local[1]"},
+            },
+        },
     ]
     release.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": e2e}))
-    wait_until(lambda: (c := release.condition("compactorgroup", "e2e", "Ready")) and c["status"] == "True",
-               "e2e Ready", timeout=60)
+    wait_until(
+        lambda: (c := release.condition("compactorgroup", "e2e", "Ready")) and c["status"] == "True",
+        "e2e Ready",
+        timeout=60,
+    )
     # a burst: 20 tablets, 3 imported files each
     splits = ",".join(f"row{r:05d}" for r in range(50, 1000, 50))
     release.kompaktor("table", "create", "e2e", "--splits", splits)
@@ -318,11 +426,17 @@ def test_burst_scale_up_drain_and_scale_down(release: Release, tmp_path: Path) -
     wait_until(lambda: release.store.queues.stats("e2e").queued >= 10, "a burst of queued jobs", timeout=60)
     # raise the replicas through the scale subresource, as the HPA would
     release.kubectl("scale", "compactorgroup", "e2e", "--replicas=3")
-    wait_until(lambda: len([r for r in release.agent.records if r.pod.startswith("kompaktor-e2e-")]) >= 3,
-               "3 compactor processes", timeout=60)
+    wait_until(
+        lambda: len([r for r in release.agent.records if r.pod.startswith("kompaktor-e2e-")]) >= 3,
+        "3 compactor processes",
+        timeout=60,
+    )
     tablets = release.store.tablets(release.store.table_id("e2e"))
-    wait_until(lambda: all(len(t.files) == 1 for t in release.store.tablets(release.store.table_id("e2e"))),
-               "every tablet compacted to one file", timeout=180)
+    wait_until(
+        lambda: all(len(t.files) == 1 for t in release.store.tablets(release.store.table_id("e2e"))),
+        "every tablet compacted to one file",
+        timeout=180,
+    )
     wait_until(lambda: (s := release.store.queues.stats("e2e")).queued == 0 and s.running == 0, "the queue drained")
     assert len(tablets) == 20
     # exactly what was imported: the newest version of every row
@@ -361,11 +475,18 @@ def test_kubectl_delete_compaction_cancels_it(release: Release) -> None:
     # no compactor: a user compaction of e2e cannot finish while we look
     release.kubectl("scale", "compactorgroup", "e2e", "--replicas=0")
     wait_until(lambda: not release.store.compactors("e2e"), "no e2e compactor", timeout=120)
-    body = {"apiVersion": naming.GROUP_VERSION, "kind": "Compaction", "metadata": {"name": "uc"},
-            "spec": {"table": "e2e"}}
+    body = {
+        "apiVersion": naming.GROUP_VERSION,
+        "kind": "Compaction",
+        "metadata": {"name": "uc"},
+        "spec": {"table": "e2e"},
+    }
     release.kubectl("apply", "-f", "-", input=json.dumps(body))
-    cid = wait_until(lambda: (release.get("compaction", "uc") or {}).get("status", {}).get("compactionId"),
-                     "the compaction to start", timeout=30)
+    cid = wait_until(
+        lambda: (release.get("compaction", "uc") or {}).get("status", {}).get("compactionId"),
+        "the compaction to start",
+        timeout=30,
+    )
     from kompaktor.metadata import user_compactions
 
     assert user_compactions.get(release.store, cid).state == user_compactions.RUNNING
@@ -375,15 +496,28 @@ def test_kubectl_delete_compaction_cancels_it(release: Release) -> None:
     assert cond["status"] == "True" and cond["reason"] == "SpecChanged"
     assert user_compactions.get(release.store, cid).state == user_compactions.RUNNING
     release.kubectl("delete", "compaction", "uc")
-    wait_until(lambda: user_compactions.get(release.store, cid).state == user_compactions.CANCELLED,
-               "the user compaction cancelled", timeout=30)
+    wait_until(
+        lambda: user_compactions.get(release.store, cid).state == user_compactions.CANCELLED,
+        "the user compaction cancelled",
+        timeout=30,
+    )
 
 
 def _hpa(name: str) -> dict[str, Any]:
-    return json.loads(subprocess.run(
-        ["kubectl", f"--kubeconfig={_CP[0].kubeconfig}", "get", "--raw",
-         f"/apis/autoscaling/v2beta2/namespaces/{NS}/horizontalpodautoscalers/{naming.hpa_name(name)}"],
-        capture_output=True, text=True, check=True).stdout)
+    return json.loads(
+        subprocess.run(
+            [
+                "kubectl",
+                f"--kubeconfig={_CP[0].kubeconfig}",
+                "get",
+                "--raw",
+                f"/apis/autoscaling/v2beta2/namespaces/{NS}/horizontalpodautoscalers/{naming.hpa_name(name)}",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
 
 
 _CP: list[ControlPlane] = []
@@ -391,10 +525,19 @@ _CP: list[ControlPlane] = []
 
 def _metrics_api_available(release: Release) -> dict[str, Any]:
     """The external metrics APIService, once registered (by the operator, below 1.22) and Available."""
-    return wait_until(lambda: (a := json.loads(release.cp.kubectl(
-        "get", "apiservice", "v1beta1.external.metrics.k8s.io", "-o", "json").stdout)) and any(
-        c["type"] == "Available" and c["status"] == "True" for c in a["status"].get("conditions", [])) and a,
-        "the external metrics APIService Available", timeout=60)
+    return wait_until(
+        lambda: (
+            (
+                a := json.loads(
+                    release.cp.kubectl("get", "apiservice", "v1beta1.external.metrics.k8s.io", "-o", "json").stdout
+                )
+            )
+            and any(c["type"] == "Available" and c["status"] == "True" for c in a["status"].get("conditions", []))
+            and a
+        ),
+        "the external metrics APIService Available",
+        timeout=60,
+    )
 
 
 def test_hpa_scales_a_group_on_the_operator_served_queue_depth(release: Release) -> None:
@@ -403,22 +546,42 @@ def test_hpa_scales_a_group_on_the_operator_served_queue_depth(release: Release)
     _CP[:] = [release.cp]
     api = _metrics_api_available(release)
     assert api["spec"]["service"]["name"] == f"{RELEASE}-metrics-api"
-    group = {"apiVersion": naming.GROUP_VERSION, "kind": "CompactorGroup", "metadata": {"name": "auto"},
-             "spec": {"minReplicas": 1, "maxReplicas": 4, "jobsPerReplica": 2, "autoscaler": "hpa",
-                      "behavior": {"scaleDownStabilizationSeconds": 10},
-                      "spark": {"engine": "arrow", "master": "local[1]"}}}
-    service = {"apiVersion": naming.GROUP_VERSION, "kind": "CompactionService", "metadata": {"name": "svc-auto"},
-               "spec": {"ratio": 2.0, "tiers": [{"name": "all", "compactorGroup": "auto"}], "tables": ["auto"]}}
-    release.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
-                                                          "items": [service, group]}))
-    wait_until(lambda: (c := release.condition("compactorgroup", "auto", "Ready")) and c["status"] == "True",
-               "auto Ready", timeout=60)
+    group = {
+        "apiVersion": naming.GROUP_VERSION,
+        "kind": "CompactorGroup",
+        "metadata": {"name": "auto"},
+        "spec": {
+            "minReplicas": 1,
+            "maxReplicas": 4,
+            "jobsPerReplica": 2,
+            "autoscaler": "hpa",
+            "behavior": {"scaleDownStabilizationSeconds": 10},
+            "spark": {"engine": "arrow", "master": "local[1]"},
+        },
+    }
+    service = {
+        "apiVersion": naming.GROUP_VERSION,
+        "kind": "CompactionService",
+        "metadata": {"name": "svc-auto"},
+        "spec": {"ratio": 2.0, "tiers": [{"name": "all", "compactorGroup": "auto"}], "tables": ["auto"]},
+    }
+    release.kubectl(
+        "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [service, group]})
+    )
+    wait_until(
+        lambda: (c := release.condition("compactorgroup", "auto", "Ready")) and c["status"] == "True",
+        "auto Ready",
+        timeout=60,
+    )
     # the metric, as the HPA reads it through the aggregator (admin here; the HPA controller likewise)
     raw = f"/apis/external.metrics.k8s.io/v1beta1/namespaces/{NS}/kompaktor_queue_depth?labelSelector=group%3Dauto"
     # Available is set by the aggregator's availability check; its proxy for the group may follow
     # a moment later (a generic NotFound until then, seen when this test runs first)
-    value = wait_until(lambda: json.loads(release.cp.kubectl("get", "--raw", raw).stdout),
-                       "the aggregator to serve the metric", timeout=60)
+    value = wait_until(
+        lambda: json.loads(release.cp.kubectl("get", "--raw", raw).stdout),
+        "the aggregator to serve the metric",
+        timeout=60,
+    )
     assert value["items"][0]["value"] == "0" and value["items"][0]["metricLabels"] == {"group": "auto"}
     unknown = release.cp.kubectl("get", "--raw", raw.replace("group%3Dauto", "group%3Dnope"), check=False)
     assert unknown.returncode != 0 and "no compactor group 'nope'" in unknown.stderr
@@ -434,14 +597,20 @@ def test_hpa_scales_a_group_on_the_operator_served_queue_depth(release: Release)
     release.kompaktor("import", "auto", *files)
     wait_until(lambda: release.store.queues.stats("auto").queued == 10, "10 queued jobs", timeout=60)
     wait_until(lambda: _hpa("auto").get("status", {}).get("desiredReplicas") == 4, "the HPA to want 4", timeout=90)
-    wait_until(lambda: release.get("deployment", naming.deployment_name("auto"))["spec"]["replicas"] == 4,
-               "the Deployment at 4 (maxReplicas)", timeout=60)
+    wait_until(
+        lambda: release.get("deployment", naming.deployment_name("auto"))["spec"]["replicas"] == 4,
+        "the Deployment at 4 (maxReplicas)",
+        timeout=60,
+    )
     scaled_up_s = time.monotonic() - burst
     # the queue empties: back to minReplicas after the stabilisation window, idle pods drained first
     release.kompaktor("table", "delete", "auto")
     wait_until(lambda: release.store.queues.stats("auto").queued == 0, "the queue emptied", timeout=60)
-    wait_until(lambda: release.get("deployment", naming.deployment_name("auto"))["spec"]["replicas"] == 1,
-               "the Deployment back at 1", timeout=180)
+    wait_until(
+        lambda: release.get("deployment", naming.deployment_name("auto"))["spec"]["replicas"] == 1,
+        "the Deployment back at 1",
+        timeout=180,
+    )
     conditions = {c["type"]: c for c in _hpa("auto")["status"]["conditions"]}
     assert conditions["ScalingActive"]["status"] == "True", conditions
     print(f"HPA: 4 replicas {scaled_up_s:.1f} s after the burst")
@@ -468,19 +637,35 @@ def test_an_untrusted_metrics_api_is_a_degraded_group_not_a_silent_one(release: 
         out = release.cp.kubectl("get", "--raw", raw, check=False)
         return out.stderr if out.returncode != 0 and "ServiceUnavailable" in out.stderr else None
 
-    group = {"apiVersion": naming.GROUP_VERSION, "kind": "CompactorGroup", "metadata": {"name": "blind"},
-             "spec": {"minReplicas": 1, "maxReplicas": 3, "jobsPerReplica": 1, "autoscaler": "hpa",
-                      "spark": {"engine": "arrow", "master": "local[1]"}}}
-    service = {"apiVersion": naming.GROUP_VERSION, "kind": "CompactionService", "metadata": {"name": "svc-blind"},
-               "spec": {"ratio": 2.0, "tiers": [{"name": "all", "compactorGroup": "blind"}], "tables": ["blind"]}}
-    release.cp.kubectl("patch", "apiservice", name, "--type=merge", "-p",
-                       json.dumps({"spec": {"caBundle": wrong_ca}}))
+    group = {
+        "apiVersion": naming.GROUP_VERSION,
+        "kind": "CompactorGroup",
+        "metadata": {"name": "blind"},
+        "spec": {
+            "minReplicas": 1,
+            "maxReplicas": 3,
+            "jobsPerReplica": 1,
+            "autoscaler": "hpa",
+            "spark": {"engine": "arrow", "master": "local[1]"},
+        },
+    }
+    service = {
+        "apiVersion": naming.GROUP_VERSION,
+        "kind": "CompactionService",
+        "metadata": {"name": "svc-blind"},
+        "spec": {"ratio": 2.0, "tiers": [{"name": "all", "compactorGroup": "blind"}], "tables": ["blind"]},
+    }
+    release.cp.kubectl("patch", "apiservice", name, "--type=merge", "-p", json.dumps({"spec": {"caBundle": wrong_ca}}))
     try:
         wait_until(refused, "the aggregator to refuse the metrics API's certificate", timeout=60)
-        release.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
-                                                              "items": [service, group]}))
-        wait_until(lambda: (c := release.condition("compactorgroup", "blind", "Ready")) and c["status"] == "True",
-                   "blind Ready", timeout=60)
+        release.kubectl(
+            "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [service, group]})
+        )
+        wait_until(
+            lambda: (c := release.condition("compactorgroup", "blind", "Ready")) and c["status"] == "True",
+            "blind Ready",
+            timeout=60,
+        )
         release.kompaktor("table", "create", "blind", "--splits", "row00500")
         local = Storage.from_uri(str(release.storage_dir / "blind-src"))
         files = []
@@ -490,19 +675,36 @@ def test_an_untrusted_metrics_api_is_a_degraded_group_not_a_silent_one(release: 
         release.kompaktor("import", "blind", *files)
         wait_until(lambda: release.store.queues.stats("blind").queued == 2, "2 queued jobs", timeout=60)
         degraded = wait_until(
-            lambda: (c := release.condition("compactorgroup", "blind", "Degraded")) and c["status"] == "True"
-            and c["reason"] == "AutoscalerCannotReadMetric" and c, "the group Degraded by its blind HPA", timeout=120)
+            lambda: (
+                (c := release.condition("compactorgroup", "blind", "Degraded"))
+                and c["status"] == "True"
+                and c["reason"] == "AutoscalerCannotReadMetric"
+                and c
+            ),
+            "the group Degraded by its blind HPA",
+            timeout=120,
+        )
         assert "kompaktor_queue_depth" in degraded["message"] and "2 job(s) queued" in degraded["message"]
         assert release.get("deployment", naming.deployment_name("blind"))["spec"]["replicas"] == 1  # unchanged
     finally:
-        release.cp.kubectl("patch", "apiservice", name, "--type=merge", "-p",
-                           json.dumps({"spec": {"caBundle": good_ca}}))
-    wait_until(lambda: release.cp.kubectl("get", "--raw", raw, check=False).returncode == 0,
-               "the metric served again", timeout=60)
-    wait_until(lambda: release.get("deployment", naming.deployment_name("blind"))["spec"]["replicas"] == 2,
-               "the HPA scaling the group again (2 jobs, 1 per replica)", timeout=120)
-    wait_until(lambda: (c := release.condition("compactorgroup", "blind", "Degraded")) and c["status"] == "False",
-               "the Degraded condition cleared", timeout=60)
+        release.cp.kubectl(
+            "patch", "apiservice", name, "--type=merge", "-p", json.dumps({"spec": {"caBundle": good_ca}})
+        )
+    wait_until(
+        lambda: release.cp.kubectl("get", "--raw", raw, check=False).returncode == 0,
+        "the metric served again",
+        timeout=60,
+    )
+    wait_until(
+        lambda: release.get("deployment", naming.deployment_name("blind"))["spec"]["replicas"] == 2,
+        "the HPA scaling the group again (2 jobs, 1 per replica)",
+        timeout=120,
+    )
+    wait_until(
+        lambda: (c := release.condition("compactorgroup", "blind", "Degraded")) and c["status"] == "False",
+        "the Degraded condition cleared",
+        timeout=60,
+    )
     release.kompaktor("table", "delete", "blind")
     release.kubectl("delete", "compactorgroup", "blind")
     release.kubectl("delete", "compactionservice", "svc-blind")
@@ -523,8 +725,9 @@ def test_operator_metrics_count_reconciles_and_scaling_and_pass_promtool(release
     invalid one refused; the scaler's replicas, drain requests and replica changes per group; the
     builtin external metrics API's answers by code; a deleted group's series gone. promtool is clean."""
     _CP[:] = [release.cp]
-    operator = next(d for d in release.manifest if d["kind"] == "Deployment"
-                    and d["metadata"]["name"] == f"{RELEASE}-operator")
+    operator = next(
+        d for d in release.manifest if d["kind"] == "Deployment" and d["metadata"]["name"] == f"{RELEASE}-operator"
+    )
     (args,) = [c["args"] for c in operator["spec"]["template"]["spec"]["containers"] if c["name"] == "operator"]
     assert "--metrics-port=9091" in args  # the chart serves it; the process here listens on loopback
     before = wait_until(lambda: _operator_metrics(release), "the operator's /metrics", timeout=60)
@@ -535,28 +738,69 @@ def test_operator_metrics_count_reconciles_and_scaling_and_pass_promtool(release
 
     # a group with two (node-agent) pods, then scaled down by one: no heartbeat, so the scaler asks
     # the victim to drain, gives it the lowest deletion cost and lowers the Deployment's replicas
-    group = {"apiVersion": naming.GROUP_VERSION, "kind": "CompactorGroup", "metadata": {"name": "metered"},
-             "spec": {"replicas": 2, "minReplicas": 1, "maxReplicas": 3, "autoscaler": "none",
-                      "spark": {"engine": "arrow", "master": "local[1]"}}}
-    bad = {"apiVersion": naming.GROUP_VERSION, "kind": "CompactorGroup", "metadata": {"name": "metered-bad"},
-           "spec": {"minReplicas": 3, "maxReplicas": 1}}
+    group = {
+        "apiVersion": naming.GROUP_VERSION,
+        "kind": "CompactorGroup",
+        "metadata": {"name": "metered"},
+        "spec": {
+            "replicas": 2,
+            "minReplicas": 1,
+            "maxReplicas": 3,
+            "autoscaler": "none",
+            "spark": {"engine": "arrow", "master": "local[1]"},
+        },
+    }
+    bad = {
+        "apiVersion": naming.GROUP_VERSION,
+        "kind": "CompactorGroup",
+        "metadata": {"name": "metered-bad"},
+        "spec": {"minReplicas": 3, "maxReplicas": 1},
+    }
     release.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [group, bad]}))
-    wait_until(lambda: (c := release.condition("compactorgroup", "metered", "Ready")) and c["status"] == "True",
-               "metered Ready", timeout=60)
-    wait_until(lambda: (c := release.condition("compactorgroup", "metered-bad", "Ready")) and c["status"] == "False",
-               "metered-bad refused", timeout=60)
-    text = wait_until(lambda: (t := _operator_metrics(release))
-                      and _value(t, "kompaktor_operator_group_replicas", group="metered") == 2 and t,
-                      "the scaler's replicas for metered", timeout=60)
+    wait_until(
+        lambda: (c := release.condition("compactorgroup", "metered", "Ready")) and c["status"] == "True",
+        "metered Ready",
+        timeout=60,
+    )
+    wait_until(
+        lambda: (c := release.condition("compactorgroup", "metered-bad", "Ready")) and c["status"] == "False",
+        "metered-bad refused",
+        timeout=60,
+    )
+    text = wait_until(
+        lambda: (
+            (t := _operator_metrics(release))
+            and _value(t, "kompaktor_operator_group_replicas", group="metered") == 2
+            and t
+        ),
+        "the scaler's replicas for metered",
+        timeout=60,
+    )
     assert _value(text, ok, kind="CompactorGroup", result="ok") >= ok0 + 1
     assert _value(text, ok, kind="CompactorGroup", result="refused") >= refused0 + 1
     assert _value(text, "kompaktor_operator_group_desired_replicas", group="metered") == 2
-    wait_until(lambda: len(json.loads(release.kubectl("get", "pods", "-l", naming.selector("metered"), "-o",
-                                                      "json").stdout)["items"]) == 2, "metered's 2 pods", timeout=60)
+    wait_until(
+        lambda: (
+            len(
+                json.loads(release.kubectl("get", "pods", "-l", naming.selector("metered"), "-o", "json").stdout)[
+                    "items"
+                ]
+            )
+            == 2
+        ),
+        "metered's 2 pods",
+        timeout=60,
+    )
     release.kubectl("scale", "compactorgroup", "metered", "--replicas=1")
-    text = wait_until(lambda: (t := _operator_metrics(release))
-                      and _value(t, "kompaktor_operator_group_replicas", group="metered") == 1 and t,
-                      "the scaler to lower metered to 1", timeout=60)
+    text = wait_until(
+        lambda: (
+            (t := _operator_metrics(release))
+            and _value(t, "kompaktor_operator_group_replicas", group="metered") == 1
+            and t
+        ),
+        "the scaler to lower metered to 1",
+        timeout=60,
+    )
     assert release.get("deployment", naming.deployment_name("metered"))["spec"]["replicas"] == 1
     assert _value(text, "kompaktor_operator_group_desired_replicas", group="metered") == 1
     assert _value(text, "kompaktor_operator_drain_requests_total", group="metered") >= 1
@@ -566,31 +810,50 @@ def test_operator_metrics_count_reconciles_and_scaling_and_pass_promtool(release
     _metrics_api_available(release)
     raw = f"/apis/external.metrics.k8s.io/v1beta1/namespaces/{NS}/kompaktor_queue_depth?labelSelector=group%3D"
     codes0 = {c: _value(text, "kompaktor_operator_metrics_api_requests_total", code=c) or 0 for c in ("200", "404")}
-    wait_until(lambda: release.cp.kubectl("get", "--raw", raw + "metered", check=False).returncode == 0,
-               "the metric for metered", timeout=60)
+    wait_until(
+        lambda: release.cp.kubectl("get", "--raw", raw + "metered", check=False).returncode == 0,
+        "the metric for metered",
+        timeout=60,
+    )
     assert release.cp.kubectl("get", "--raw", raw + "nobody", check=False).returncode != 0
-    text = wait_until(lambda: (t := _operator_metrics(release)) and all(
-        (_value(t, "kompaktor_operator_metrics_api_requests_total", code=c) or 0) > codes0[c] for c in codes0) and t,
-        "the metrics API's 200 and 404 counted", timeout=30)
+    text = wait_until(
+        lambda: (
+            (t := _operator_metrics(release))
+            and all(
+                (_value(t, "kompaktor_operator_metrics_api_requests_total", code=c) or 0) > codes0[c] for c in codes0
+            )
+            and t
+        ),
+        "the metrics API's 200 and 404 counted",
+        timeout=30,
+    )
 
     # a deleted group's series go with it
     release.kubectl("delete", "compactorgroup", "metered", "metered-bad")
-    text = wait_until(lambda: (t := _operator_metrics(release)) and 'group="metered"' not in t and t,
-                      "metered's series removed", timeout=60)
+    text = wait_until(
+        lambda: (t := _operator_metrics(release)) and 'group="metered"' not in t and t,
+        "metered's series removed",
+        timeout=60,
+    )
     assert _value(text, "kompaktor_operator_build_info", version=__version__) == 1
     check(text)
 
 
 def test_deleting_resources_collects_children_and_uninstall_keeps_crds(release: Release) -> None:
     release.kubectl("delete", "compactorgroup", "e2e")
-    wait_until(lambda: release.get("deployment", naming.deployment_name("e2e")) is None, "e2e's Deployment gone",
-               timeout=60)
+    wait_until(
+        lambda: release.get("deployment", naming.deployment_name("e2e")) is None, "e2e's Deployment gone", timeout=60
+    )
     release.kubectl("delete", "-f", str(ROOT / "examples"), "--wait=true")
-    wait_until(lambda: release.get("deployment", naming.deployment_name("small")) is None, "small's Deployment gone",
-               timeout=60)
+    wait_until(
+        lambda: release.get("deployment", naming.deployment_name("small")) is None,
+        "small's Deployment gone",
+        timeout=60,
+    )
     with helm.Config(kubeconfig_path=str(release.cp.kubeconfig), namespace=NS) as cfg:
         cfg.uninstall(RELEASE, timeout=60)
-    wait_until(lambda: release.get("deployment", f"{RELEASE}-operator") is None, "the operator Deployment gone",
-               timeout=60)
+    wait_until(
+        lambda: release.get("deployment", f"{RELEASE}-operator") is None, "the operator Deployment gone", timeout=60
+    )
     for crd in ("compactorgroups.kompaktor.io", "compactionservices.kompaktor.io", "compactions.kompaktor.io"):
         release.cp.kubectl("get", "crd", crd)  # kept: helm.sh/resource-policy keep

@@ -36,8 +36,8 @@ from kompaktor_operator import naming
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "kompaktor"
-NS = "kompaktor-sec"          # the release's namespace
-WATCHED = "tables-sec"        # the only namespace the operator watches
+NS = "kompaktor-sec"  # the release's namespace
+WATCHED = "tables-sec"  # the only namespace the operator watches
 RELEASE = "kompaktor-sec"
 REDIS_SECRET = "sec-redis-url"
 BIN = Path(sys.executable).parent
@@ -83,8 +83,9 @@ def _crds_installed(cp: ControlPlane) -> bool:
 
 
 @pytest.fixture(scope="module")
-def install(control_plane: ControlPlane, redis_server: Any, tmp_path_factory: pytest.TempPathFactory
-            ) -> Iterator[Install]:
+def install(
+    control_plane: ControlPlane, redis_server: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Install]:
     cp = control_plane
     core = kubernetes.client.CoreV1Api(cp.api())
     for ns in (NS, WATCHED):
@@ -103,14 +104,23 @@ def install(control_plane: ControlPlane, redis_server: Any, tmp_path_factory: py
     with helm.Config(kubeconfig_path=str(cp.kubeconfig), namespace=NS) as cfg:
         cfg.install(str(CHART), RELEASE, values, namespace=NS, timeout=120)
         try:
-            env = {**os.environ, **_operator_env(cp, core),
-                   "KUBECONFIG": str(cp.service_account_kubeconfig(NS, OPERATOR_SA)),  # never admin
-                   "KOMPAKTOR_SCALE_INTERVAL": "1", "KOMPAKTOR_STATUS_INTERVAL": "2",
-                   "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+            env = {
+                **os.environ,
+                **_operator_env(cp, core),
+                "KUBECONFIG": str(cp.service_account_kubeconfig(NS, OPERATOR_SA)),  # never admin
+                "KOMPAKTOR_SCALE_INTERVAL": "1",
+                "KOMPAKTOR_STATUS_INTERVAL": "2",
+                "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+            }
             with open(log, "wb") as out:
                 # as the chart runs it: --namespace for each watched namespace
-                proc = subprocess.Popen([str(BIN / "kompaktor"), "operator", "--liveness", "", "--namespace", WATCHED],
-                                        env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                proc = subprocess.Popen(
+                    [str(BIN / "kompaktor"), "operator", "--liveness", "", "--namespace", WATCHED],
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
             yield Install(cp, core, values, proc, log)
         finally:
             if proc is not None and proc.poll() is None:
@@ -124,13 +134,21 @@ def install(control_plane: ControlPlane, redis_server: Any, tmp_path_factory: py
 
 
 def _apply_group(inst: Install, name: str, **spec: Any) -> None:
-    body = {"apiVersion": naming.GROUP_VERSION, "kind": "CompactorGroup", "metadata": {"name": name},
-            "spec": {"maxReplicas": 2, **spec}}
+    body = {
+        "apiVersion": naming.GROUP_VERSION,
+        "kind": "CompactorGroup",
+        "metadata": {"name": name},
+        "spec": {"maxReplicas": 2, **spec},
+    }
     inst.kubectl("apply", "-f", "-", input=json.dumps(body))
 
 
-CHILDREN = (("deployment", naming.deployment_name), ("service", naming.metrics_service_name),
-            ("hpa", naming.hpa_name), ("networkpolicy", naming.network_policy_name))
+CHILDREN = (
+    ("deployment", naming.deployment_name),
+    ("service", naming.metrics_service_name),
+    ("hpa", naming.hpa_name),
+    ("networkpolicy", naming.network_policy_name),
+)
 
 
 def test_allowed_group_is_reconciled_with_the_namespaced_rbac_alone(install: Install) -> None:
@@ -144,8 +162,11 @@ def test_allowed_group_is_reconciled_with_the_namespaced_rbac_alone(install: Ins
     assert rule["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
     assert rule["from"][0]["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": NS}}
     # the ReplicaSet controller makes the pod; admission accepts the chart's account, no token mounted
-    pods = wait_until(lambda: install.core.list_namespaced_pod(
-        WATCHED, label_selector=naming.selector("good")).items, "good's pod", timeout=60)
+    pods = wait_until(
+        lambda: install.core.list_namespaced_pod(WATCHED, label_selector=naming.selector("good")).items,
+        "good's pod",
+        timeout=60,
+    )
     pod = pods[0]
     assert pod.spec.service_account_name == f"{RELEASE}-compactor"
     assert pod.spec.automount_service_account_token is False
@@ -155,30 +176,41 @@ def test_allowed_group_is_reconciled_with_the_namespaced_rbac_alone(install: Ins
     token_ref = next(e for e in c.env if e.name == "KOMPAKTOR_DRAIN_TOKEN").value_from.secret_key_ref
     assert (token_ref.name, token_ref.key) == (f"{RELEASE}-drain-token", "token")
     # the scale timer (lists pods, patches the group's status) works with the same Roles
-    wait_until(lambda: ((install.get("compactorgroup", "good") or {}).get("status") or {}).get("replicas") == 1,
-               "good's status.replicas", timeout=30)
+    wait_until(
+        lambda: ((install.get("compactorgroup", "good") or {}).get("status") or {}).get("replicas") == 1,
+        "good's status.replicas",
+        timeout=30,
+    )
     assert "403" not in install.log.read_text() and "Forbidden" not in install.log.read_text()
 
 
-@pytest.mark.parametrize("name, spec, rule", [
-    ("foreign-image", {"image": "evil.example/miner:latest"}, "ImageNotAllowed"),
-    ("foreign-sa", {"serviceAccountName": "default"}, "ServiceAccountNotAllowed"),
-    ("foreign-secret", {"storage": {"credentialsSecret": "cloud-admin"}}, "SecretNotAllowed"),
-    # issue 25: what code runs, where the rows and the credentials go, how many pods
-    ("foreign-code", {"spark": {"conf": {"spark.driver.extraJavaOptions": "-javaagent:/x.jar"}}},
-     "SparkConfNotAllowed"),
-    ("foreign-master", {"spark": {"master": "spark://attacker.example:7077"}}, "SparkMasterNotAllowed"),
-    ("foreign-storage", {"storage": {"uri": "s3://someone-elses-bucket/x"}}, "StorageNotAllowed"),
-    ("too-many", {"maxReplicas": 100000}, "MaxReplicasNotAllowed"),
-    ("reserved-label", {"podLabels": {"app.kubernetes.io/component": "operator"}}, "LabelNotAllowed"),
-])
-def test_hostile_group_is_refused_and_nothing_is_created(install: Install, name: str, spec: dict[str, Any],
-                                                         rule: str) -> None:
+@pytest.mark.parametrize(
+    "name, spec, rule",
+    [
+        ("foreign-image", {"image": "evil.example/miner:latest"}, "ImageNotAllowed"),
+        ("foreign-sa", {"serviceAccountName": "default"}, "ServiceAccountNotAllowed"),
+        ("foreign-secret", {"storage": {"credentialsSecret": "cloud-admin"}}, "SecretNotAllowed"),
+        # issue 25: what code runs, where the rows and the credentials go, how many pods
+        (
+            "foreign-code",
+            {"spark": {"conf": {"spark.driver.extraJavaOptions": "-javaagent:/x.jar"}}},
+            "SparkConfNotAllowed",
+        ),
+        ("foreign-master", {"spark": {"master": "spark://attacker.example:7077"}}, "SparkMasterNotAllowed"),
+        ("foreign-storage", {"storage": {"uri": "s3://someone-elses-bucket/x"}}, "StorageNotAllowed"),
+        ("too-many", {"maxReplicas": 100000}, "MaxReplicasNotAllowed"),
+        ("reserved-label", {"podLabels": {"app.kubernetes.io/component": "operator"}}, "LabelNotAllowed"),
+    ],
+)
+def test_hostile_group_is_refused_and_nothing_is_created(
+    install: Install, name: str, spec: dict[str, Any], rule: str
+) -> None:
     _apply_group(install, name, **spec)
     ready = wait_until(lambda: install.ready(name), f"{name}'s Ready condition", timeout=60)
     assert ready["status"] == "False" and ready["reason"] == rule, ready
     assert ready["message"].startswith("refused: ") and (
-        "compactor." in ready["message"] or rule == "LabelNotAllowed"), ready
+        "compactor." in ready["message"] or rule == "LabelNotAllowed"
+    ), ready
     for kind, child in CHILDREN:
         assert install.get(kind, child(name)) is None, kind
     assert not install.core.list_namespaced_pod(WATCHED, label_selector=naming.selector(name)).items
@@ -189,10 +221,19 @@ def test_an_edit_that_breaks_a_rule_leaves_the_running_deployment_as_it_was(inst
     _apply_group(install, "edited", minReplicas=1)
     wait_until(lambda: (install.ready("edited") or {}).get("reason") == "Reconciled", "edited reconciled", timeout=60)
     before = install.get("deployment", naming.deployment_name("edited"))
-    install.kubectl("patch", "compactorgroup", "edited", "--type=merge", "-p", json.dumps({"spec": {
-        "spark": {"conf": {"spark.jars.packages": "org.evil:agent:1.0"}}}}))
-    ready = wait_until(lambda: (r := install.ready("edited")) and r["reason"] == "SparkConfNotAllowed" and r,
-                       "edited refused", timeout=60)
+    install.kubectl(
+        "patch",
+        "compactorgroup",
+        "edited",
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"spark": {"conf": {"spark.jars.packages": "org.evil:agent:1.0"}}}}),
+    )
+    ready = wait_until(
+        lambda: (r := install.ready("edited")) and r["reason"] == "SparkConfNotAllowed" and r,
+        "edited refused",
+        timeout=60,
+    )
     assert ready["status"] == "False" and "spark.jars.packages" in ready["message"]
     after = install.get("deployment", naming.deployment_name("edited"))
     assert after["metadata"]["generation"] == before["metadata"]["generation"]

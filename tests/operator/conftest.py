@@ -91,8 +91,15 @@ class FakeBackend:
             if c["request_id"] == request_id:
                 return cid
         cid = f"UC-{len(self.compactions) + 1:06d}"
-        self.compactions[cid] = {"request_id": request_id, "table": table, "rows": (start_row, end_row),
-                                 "iterators": iterators, "state": "Running", "done": 0, "total": 3}
+        self.compactions[cid] = {
+            "request_id": request_id,
+            "table": table,
+            "rows": (start_row, end_row),
+            "iterators": iterators,
+            "state": "Running",
+            "done": 0,
+            "total": 3,
+        }
         self.started.append(cid)
         return cid
 
@@ -141,8 +148,9 @@ async def _emulator_apply(obj: dict[str, Any], namespace: str) -> dict[str, Any]
         except kube.KubeError as exc:
             if exc.status != 409:
                 raise
-    return await kube.client().request("PATCH", kube._path(api_version, kind, namespace, name), json=body,
-                                       content_type="application/merge-patch+json")
+    return await kube.client().request(
+        "PATCH", kube._path(api_version, kind, namespace, name), json=body, content_type="application/merge-patch+json"
+    )
 
 
 @pytest_asyncio.fixture
@@ -152,11 +160,20 @@ async def operator(kmock, backend: FakeBackend, monkeypatch: pytest.MonkeyPatch)
     for plural in CRDS:
         kmock.resources[f"kompaktor.io/v1alpha1/{plural}"] = kopf_resource(KINDS[plural], plural)
     for key, (kind, namespaced) in BUILTIN.items():
-        kmock.resources[key] = {"kind": kind, "namespaced": namespaced,
-                                "verbs": ["list", "watch", "get", "create", "patch", "delete"]}
+        kmock.resources[key] = {
+            "kind": kind,
+            "namespaced": namespaced,
+            "verbs": ["list", "watch", "get", "create", "patch", "delete"],
+        }
 
-    handlers.set_config(OperatorConfig(compactor_image="example.org/compactor:test", scale_interval=0.2,
-                                       status_interval=0.2, prometheus_url="http://prom:9090"))
+    handlers.set_config(
+        OperatorConfig(
+            compactor_image="example.org/compactor:test",
+            scale_interval=0.2,
+            status_interval=0.2,
+            prometheus_url="http://prom:9090",
+        )
+    )
     registry = handlers.register(kopf.OperatorRegistry(), login=False)
 
     @kopf.on.login(registry=registry)
@@ -176,8 +193,9 @@ async def operator(kmock, backend: FakeBackend, monkeypatch: pytest.MonkeyPatch)
 
     def _main() -> None:
         try:
-            asyncio.run(handlers.run(namespaces=[NS], registry=registry, settings=settings,
-                                     stop_flag=stop, ready_flag=ready))
+            asyncio.run(
+                handlers.run(namespaces=[NS], registry=registry, settings=settings, stop_flag=stop, ready_flag=ready)
+            )
         except BaseException as exc:  # reported at teardown
             errors.append(exc)
 
@@ -227,8 +245,9 @@ class Api:
         return await self._send("POST", api_path(res), json=body)
 
     async def patch(self, res: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
-        return await self._send("PATCH", api_path(res, name), json=patch,
-                                headers={"Content-Type": "application/merge-patch+json"})
+        return await self._send(
+            "PATCH", api_path(res, name), json=patch, headers={"Content-Type": "application/merge-patch+json"}
+        )
 
     async def delete(self, res: str, name: str) -> dict[str, Any]:
         return await self._send("DELETE", api_path(res, name))
@@ -240,6 +259,10 @@ def api(operator: Any) -> Api:
 
 
 def kopf_resource(kind: str, plural: str) -> dict[str, Any]:
-    return {"kind": kind, "namespaced": True, "singular": kind.lower(),
-            "verbs": ["list", "watch", "get", "patch", "update", "create", "delete"],
-            "subresources": ["status"] + (["scale"] if kind == "CompactorGroup" else [])}
+    return {
+        "kind": kind,
+        "namespaced": True,
+        "singular": kind.lower(),
+        "verbs": ["list", "watch", "get", "patch", "update", "create", "delete"],
+        "subresources": ["status"] + (["scale"] if kind == "CompactorGroup" else []),
+    }

@@ -17,8 +17,13 @@ pytestmark = [pytest.mark.operator, pytest.mark.redis]
 def test_configs_heartbeats_drain_and_figures(redis_url: str) -> None:
     backend = depth.RedisBackend(redis_url)
     svc = m.CompactionServiceSpec.model_validate(
-        {"tiers": [{"name": "small", "maxSize": "32Mi", "compactorGroup": "small"},
-                   {"name": "large", "compactorGroup": "large"}]})
+        {
+            "tiers": [
+                {"name": "small", "maxSize": "32Mi", "compactorGroup": "small"},
+                {"name": "large", "compactorGroup": "large"},
+            ]
+        }
+    )
     backend.put_service(m.to_service_config("cs1", svc))
     backend.put_group(m.to_group_config("small", m.CompactorGroupSpec(max_replicas=3)))
     assert backend.store.groups()["small"].max_replicas == 3
@@ -28,8 +33,9 @@ def test_configs_heartbeats_drain_and_figures(redis_url: str) -> None:
     assert beats["pod-a"].state == "idle" and beats["pod-b"].working
     backend.request_drain("pod-a")
     assert backend.store.drain_requested("pod-a")
-    assert backend.queue_figures("small") == depth.QueueFigures(queued=0, running=0, rejected=0,
-                                                                dead_lettered=0, oldest_age_s=0.0)
+    assert backend.queue_figures("small") == depth.QueueFigures(
+        queued=0, running=0, rejected=0, dead_lettered=0, oldest_age_s=0.0
+    )
     # two queued jobs, one of them reserved: the figures the HPA's metric adds up
     backend.store.create_table("t", splits=[b"m"])
     tablets = backend.store.tablets(backend.store.table_id("t"))
@@ -64,8 +70,11 @@ def test_redis_going_away_is_backend_unavailable(redis_url: str) -> None:
     from kompaktor.local.redis_server import free_port
 
     backend = depth.RedisBackend(f"redis://127.0.0.1:{free_port()}/0")  # nothing listens there
-    for call in (lambda: backend.compactors("g"), lambda: backend.queue_figures("g"),
-                 lambda: backend.start_compaction("uid", "t", None, None, {})):
+    for call in (
+        lambda: backend.compactors("g"),
+        lambda: backend.queue_figures("g"),
+        lambda: backend.start_compaction("uid", "t", None, None, {}),
+    ):
         with pytest.raises(depth.BackendUnavailable, match="unreachable"):
             call()
 

@@ -42,9 +42,12 @@ def gone(kmock, res: str, name: str) -> bool:
 
 def body(kind: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
     """A custom resource of ``kind`` as a user would apply it (generation 1)."""
-    return {"apiVersion": "kompaktor.io/v1alpha1", "kind": kind,
-            "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}", "generation": 1,
-                         "resourceVersion": "1"}, "spec": spec}
+    return {
+        "apiVersion": "kompaktor.io/v1alpha1",
+        "kind": kind,
+        "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}", "generation": 1, "resourceVersion": "1"},
+        "spec": spec,
+    }
 
 
 def group_body(name: str, **spec: Any) -> dict[str, Any]:
@@ -53,8 +56,7 @@ def group_body(name: str, **spec: Any) -> dict[str, Any]:
 
 def reconciles(kind: str, result: str) -> float:
     """kompaktor_operator_reconciles_total{kind,result} in this process (kopf runs in a thread here)."""
-    value = metrics().registry.get_sample_value("kompaktor_operator_reconciles_total",
-                                                {"kind": kind, "result": result})
+    value = metrics().registry.get_sample_value("kompaktor_operator_reconciles_total", {"kind": kind, "result": result})
     assert value is not None
     return value
 
@@ -77,9 +79,13 @@ async def test_group_creates_children_and_status(operator, api: Api, backend: Fa
     def ready() -> bool:
         status = obj(kmock, GROUPS_RES, "small").get("status", {})
         conds = {c["type"]: c for c in status.get("conditions", [])}
-        return (conds["Ready"]["status"] == "True" and status["observedGeneration"] == 1
-                and status["selector"] == naming.selector("small") and status["replicas"] == 2
-                and "Degraded" in conds)
+        return (
+            conds["Ready"]["status"] == "True"
+            and status["observedGeneration"] == 1
+            and status["selector"] == naming.selector("small")
+            and status["replicas"] == 2
+            and "Degraded" in conds
+        )
 
     await eventually(ready, what="Ready status with replicas and selector")
     # a second reconcile (kopf may replay) changes nothing and never fails with 409
@@ -91,9 +97,14 @@ async def test_spec_change_patches_children_and_switches_autoscaler(operator, ap
     kmock = operator
     await api.create(GROUPS_RES, group_body("g", maxReplicas=3))
     await eventually(lambda: obj(kmock, HPA, "kompaktor-g"), what="HPA")
-    await api.patch(GROUPS_RES, "g", {"metadata": {"generation": 2},
-                                      "spec": {"autoscaler": "keda", "minReplicas": 0, "maxReplicas": 9,
-                                               "drainGraceSeconds": 42}})
+    await api.patch(
+        GROUPS_RES,
+        "g",
+        {
+            "metadata": {"generation": 2},
+            "spec": {"autoscaler": "keda", "minReplicas": 0, "maxReplicas": 9, "drainGraceSeconds": 42},
+        },
+    )
     so = await eventually(lambda: obj(kmock, "keda.sh/v1alpha1/scaledobjects", "kompaktor-g"), what="ScaledObject")
     assert so["spec"]["maxReplicaCount"] == 9 and so["spec"]["minReplicaCount"] == 0
     await eventually(lambda: gone(kmock, HPA, "kompaktor-g"), what="HPA removed")
@@ -105,13 +116,17 @@ async def test_spec_change_patches_children_and_switches_autoscaler(operator, ap
     await eventually(patched, what="Deployment patched")
 
 
-@pytest.mark.parametrize("spec, rule", [
-    ({"image": "evil.example/miner:latest"}, "ImageNotAllowed"),
-    ({"serviceAccountName": "default"}, "ServiceAccountNotAllowed"),
-    ({"redis": {"secretName": "payroll-db"}}, "SecretNotAllowed"),
-])
-async def test_hostile_group_is_refused_and_nothing_is_created(operator, api: Api, backend: FakeBackend,
-                                                               spec: dict[str, Any], rule: str) -> None:
+@pytest.mark.parametrize(
+    "spec, rule",
+    [
+        ({"image": "evil.example/miner:latest"}, "ImageNotAllowed"),
+        ({"serviceAccountName": "default"}, "ServiceAccountNotAllowed"),
+        ({"redis": {"secretName": "payroll-db"}}, "SecretNotAllowed"),
+    ],
+)
+async def test_hostile_group_is_refused_and_nothing_is_created(
+    operator, api: Api, backend: FakeBackend, spec: dict[str, Any], rule: str
+) -> None:
     kmock = operator
     refused0 = reconciles("CompactorGroup", "refused")
     await api.create(GROUPS_RES, group_body("hostile", **spec))
@@ -124,22 +139,27 @@ async def test_hostile_group_is_refused_and_nothing_is_created(operator, api: Ap
     ready = await eventually(refused, what=f"Ready=False {rule}")
     assert ready["reason"] == rule and ready["message"].startswith("refused: "), ready
     # nothing created: no child of any kind, nothing stored for the coordinator
-    assert not [r for r in list(kmock) if r.method in ("POST", "PATCH") and "hostile" in str(r.url)
-                and "compactorgroups" not in str(r.url)]
+    assert not [
+        r
+        for r in list(kmock)
+        if r.method in ("POST", "PATCH") and "hostile" in str(r.url) and "compactorgroups" not in str(r.url)
+    ]
     for res in (DEPLOY, HPA, "v1/services"):
         assert gone(kmock, res, "kompaktor-hostile")
     assert "hostile" not in backend.groups
     assert reconciles("CompactorGroup", "refused") > refused0
 
 
-async def test_group_changed_to_a_refused_image_keeps_what_its_allowed_spec_made(operator, api: Api,
-                                                                                backend: FakeBackend) -> None:
+async def test_group_changed_to_a_refused_image_keeps_what_its_allowed_spec_made(
+    operator, api: Api, backend: FakeBackend
+) -> None:
     kmock = operator
     await api.create(GROUPS_RES, group_body("turned", maxReplicas=3))
     dep = await eventually(lambda: obj(kmock, DEPLOY, "kompaktor-turned"), what="Deployment")
     image = dep["spec"]["template"]["spec"]["containers"][0]["image"]
-    await api.patch(GROUPS_RES, "turned", {"metadata": {"generation": 2},
-                                           "spec": {"image": "evil.example/miner:latest"}})
+    await api.patch(
+        GROUPS_RES, "turned", {"metadata": {"generation": 2}, "spec": {"image": "evil.example/miner:latest"}}
+    )
 
     def refused() -> dict[str, Any] | None:
         ready = next(c for c in obj(kmock, GROUPS_RES, "turned")["status"]["conditions"] if c["type"] == "Ready")
@@ -151,9 +171,12 @@ async def test_group_changed_to_a_refused_image_keeps_what_its_allowed_spec_made
 
 
 def pod(name: str, group: str, ready: bool = True) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": NS, "labels": naming.selector_labels(group)},
-            "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS, "labels": naming.selector_labels(group)},
+        "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+    }
 
 
 async def test_scale_down_drains_idle_compactors_never_busy(operator, api: Api, backend: FakeBackend) -> None:
@@ -170,8 +193,10 @@ async def test_scale_down_drains_idle_compactors_never_busy(operator, api: Api, 
 
     # the HPA writes spec.replicas through the scale subresource
     await api.patch(GROUPS_RES, "w", {"spec": {"replicas": 1}})
-    await eventually(lambda: obj(kmock, DEPLOY, "kompaktor-w")["spec"]["replicas"] == 2,
-                     what="one idle compactor drained and removed")
+    await eventually(
+        lambda: obj(kmock, DEPLOY, "kompaktor-w")["spec"]["replicas"] == 2,
+        what="one idle compactor drained and removed",
+    )
     assert backend.drained == ["w-b"]
     annotations = obj(kmock, "v1/pods", "w-b")["metadata"]["annotations"]
     assert annotations[naming.POD_DELETION_COST] == naming.VICTIM_DELETION_COST
@@ -181,9 +206,14 @@ async def test_scale_down_drains_idle_compactors_never_busy(operator, api: Api, 
     status = await eventually(lambda: obj(kmock, GROUPS_RES, "w")["status"], what="status")
     # the busy ones hold the rest: replicas never fall below the busy count
     await eventually(lambda: obj(kmock, GROUPS_RES, "w")["status"]["replicas"] == 2, what="status.replicas")
-    replica_patches = [r.data["spec"]["replicas"] for r in list(kmock)
-                       if r.method == "PATCH" and "deployments/kompaktor-w" in str(r.url)
-                       and isinstance(r.data, dict) and "replicas" in r.data.get("spec", {})]
+    replica_patches = [
+        r.data["spec"]["replicas"]
+        for r in list(kmock)
+        if r.method == "PATCH"
+        and "deployments/kompaktor-w" in str(r.url)
+        and isinstance(r.data, dict)
+        and "replicas" in r.data.get("spec", {})
+    ]
     assert min(replica_patches) == 2, replica_patches
     assert status["desiredReplicas"] == 1
 
@@ -212,11 +242,13 @@ async def test_deleting_a_group_removes_children_and_store_entry(operator, api: 
     kmock = operator
     await api.create(GROUPS_RES, group_body("d"))
     await eventually(lambda: obj(kmock, HPA, "kompaktor-d"), what="HPA")
-    await eventually(lambda: naming.FINALIZER in obj(kmock, GROUPS_RES, "d")["metadata"].get("finalizers", []),
-                     what="finalizer")
+    await eventually(
+        lambda: naming.FINALIZER in obj(kmock, GROUPS_RES, "d")["metadata"].get("finalizers", []), what="finalizer"
+    )
     await api.delete(GROUPS_RES, "d")
-    await eventually(lambda: gone(kmock, DEPLOY, "kompaktor-d") and gone(kmock, HPA, "kompaktor-d"),
-                     what="children deleted")
+    await eventually(
+        lambda: gone(kmock, DEPLOY, "kompaktor-d") and gone(kmock, HPA, "kompaktor-d"), what="children deleted"
+    )
     await eventually(lambda: "d" not in backend.groups, what="group removed from the store")
 
 
@@ -224,26 +256,46 @@ async def test_service_stored_with_status_and_missing_group(operator, api: Api, 
     kmock = operator
     backend.figures["small"] = depth.QueueFigures(queued=4, running=2)
     await api.create(GROUPS_RES, group_body("small"))
-    await api.create(SERVICES_RES, body("CompactionService", "cs1", {
-        "tiers": [{"name": "small", "maxSize": "32Mi", "compactorGroup": "small"},
-                  {"name": "large", "compactorGroup": "large"}]}))
+    await api.create(
+        SERVICES_RES,
+        body(
+            "CompactionService",
+            "cs1",
+            {
+                "tiers": [
+                    {"name": "small", "maxSize": "32Mi", "compactorGroup": "small"},
+                    {"name": "large", "compactorGroup": "large"},
+                ]
+            },
+        ),
+    )
     await eventually(lambda: "cs1" in backend.services, what="service stored")
     assert backend.services["cs1"].tiers[0].max_size == 33_554_432
 
     def status_ok() -> bool:
         st = obj(kmock, SERVICES_RES, "cs1")["status"]
         conds = {c["type"]: c for c in st["conditions"]}
-        return (st["queued"] == 4 and st["running"] == 2 and conds["Ready"]["status"] == "True"
-                and conds["Degraded"]["reason"] == "CompactorGroupMissing" and "large" in conds["Degraded"]["message"])
+        return (
+            st["queued"] == 4
+            and st["running"] == 2
+            and conds["Ready"]["status"] == "True"
+            and conds["Degraded"]["reason"] == "CompactorGroupMissing"
+            and "large" in conds["Degraded"]["message"]
+        )
 
     await eventually(status_ok, what="service status")
 
 
 async def test_invalid_service_tiers_are_reported(operator, api: Api, backend: FakeBackend) -> None:
     kmock = operator
-    await api.create(SERVICES_RES, body("CompactionService", "bad", {
-        "tiers": [{"name": "a", "compactorGroup": "a"},
-                  {"name": "b", "maxSize": "1Gi", "compactorGroup": "b"}]}))
+    await api.create(
+        SERVICES_RES,
+        body(
+            "CompactionService",
+            "bad",
+            {"tiers": [{"name": "a", "compactorGroup": "a"}, {"name": "b", "maxSize": "1Gi", "compactorGroup": "b"}]},
+        ),
+    )
 
     def failed() -> bool:
         ready = next(c for c in obj(kmock, SERVICES_RES, "bad")["status"]["conditions"] if c["type"] == "Ready")
@@ -259,10 +311,11 @@ def compaction_body(name: str, **spec: Any) -> dict[str, Any]:
 
 async def test_compaction_start_track_succeed(operator, api: Api, backend: FakeBackend) -> None:
     kmock = operator
-    await api.create(COMPACTIONS_RES, compaction_body(
-        "c1", table="ci", startRow="a", endRow="m", iterators={"ageOff": {"ttlSeconds": 3600}}))
-    await eventually(lambda: obj(kmock, COMPACTIONS_RES, "c1")["status"]["compactionId"] == "UC-000001",
-                     what="started")
+    await api.create(
+        COMPACTIONS_RES,
+        compaction_body("c1", table="ci", startRow="a", endRow="m", iterators={"ageOff": {"ttlSeconds": 3600}}),
+    )
+    await eventually(lambda: obj(kmock, COMPACTIONS_RES, "c1")["status"]["compactionId"] == "UC-000001", what="started")
     (cid,) = backend.started
     assert backend.compactions[cid]["rows"] == (b"a", b"m")
     assert backend.compactions[cid]["iterators"] == {"ageoff_ttl_ms": 3_600_000}

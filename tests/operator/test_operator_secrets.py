@@ -50,16 +50,20 @@ def backend(kmock: Any, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iter
     depth.set_backend(None)
 
 
-@pytest.mark.parametrize("redis_url, expected", [
-    ("unreachable", "is unreachable"),
-    ("wrong-password", "refused the credentials"),
-], indirect=["redis_url"])
-async def test_operator_never_shows_the_redis_password(operator: Any, api: Api, redis_url: str, expected: str,
-                                                       caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize(
+    "redis_url, expected",
+    [
+        ("unreachable", "is unreachable"),
+        ("wrong-password", "refused the credentials"),
+    ],
+    indirect=["redis_url"],
+)
+async def test_operator_never_shows_the_redis_password(
+    operator: Any, api: Api, redis_url: str, expected: str, caplog: pytest.LogCaptureFixture
+) -> None:
     kmock = operator
     caplog.set_level(logging.DEBUG)
-    await api.create(SERVICES_RES, body("CompactionService", "cs", {"tiers": [{"name": "all",
-                                                                              "compactorGroup": "g"}]}))
+    await api.create(SERVICES_RES, body("CompactionService", "cs", {"tiers": [{"name": "all", "compactorGroup": "g"}]}))
 
     def failed_twice() -> bool:
         return caplog.text.count(expected) >= 2  # the first attempt and a retry

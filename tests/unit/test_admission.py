@@ -11,9 +11,13 @@ from kompaktor_operator.config import OperatorConfig
 from kompaktor_operator.models import CompactorGroupSpec
 
 DEFAULT_IMAGE = "ghcr.io/kompaktor/kompaktor-compactor:0.1.0"
-CONFIG = OperatorConfig(compactor_image=DEFAULT_IMAGE, redis_secret="kompaktor-redis",
-                        storage_secret="s3-credentials", drain_token_secret="kompaktor-drain-token",
-                        compactor_service_account="kompaktor-compactor")
+CONFIG = OperatorConfig(
+    compactor_image=DEFAULT_IMAGE,
+    redis_secret="kompaktor-redis",
+    storage_secret="s3-credentials",
+    drain_token_secret="kompaktor-drain-token",
+    compactor_service_account="kompaktor-compactor",
+)
 
 
 def check(config: OperatorConfig = CONFIG, **spec: Any) -> admission.Refusal | None:
@@ -22,20 +26,33 @@ def check(config: OperatorConfig = CONFIG, **spec: Any) -> admission.Refusal | N
 
 def test_the_defaults_are_allowed() -> None:
     assert check() is None
-    assert check(image=DEFAULT_IMAGE, serviceAccountName="kompaktor-compactor",
-                 redis={"secretName": "kompaktor-redis"}, storage={"credentialsSecret": "s3-credentials"}) is None
+    assert (
+        check(
+            image=DEFAULT_IMAGE,
+            serviceAccountName="kompaktor-compactor",
+            redis={"secretName": "kompaktor-redis"},
+            storage={"credentialsSecret": "s3-credentials"},
+        )
+        is None
+    )
 
 
-@pytest.mark.parametrize("spec, rule, named", [
-    ({"image": "evil.example/miner:latest"}, admission.IMAGE_NOT_ALLOWED, "evil.example/miner:latest"),
-    # a tag of the default repository is another image
-    ({"image": "ghcr.io/kompaktor/kompaktor-compactor:0.1.0-evil"}, admission.IMAGE_NOT_ALLOWED, "0.1.0-evil"),
-    ({"serviceAccountName": "default"}, admission.SERVICE_ACCOUNT_NOT_ALLOWED, "'default'"),
-    ({"serviceAccountName": "kompaktor-operator"}, admission.SERVICE_ACCOUNT_NOT_ALLOWED, "kompaktor-operator"),
-    ({"redis": {"secretName": "payroll-db"}}, admission.SECRET_NOT_ALLOWED, "spec.redis.secretName 'payroll-db'"),
-    ({"storage": {"credentialsSecret": "cloud-admin"}}, admission.SECRET_NOT_ALLOWED,
-     "spec.storage.credentialsSecret 'cloud-admin'"),
-])
+@pytest.mark.parametrize(
+    "spec, rule, named",
+    [
+        ({"image": "evil.example/miner:latest"}, admission.IMAGE_NOT_ALLOWED, "evil.example/miner:latest"),
+        # a tag of the default repository is another image
+        ({"image": "ghcr.io/kompaktor/kompaktor-compactor:0.1.0-evil"}, admission.IMAGE_NOT_ALLOWED, "0.1.0-evil"),
+        ({"serviceAccountName": "default"}, admission.SERVICE_ACCOUNT_NOT_ALLOWED, "'default'"),
+        ({"serviceAccountName": "kompaktor-operator"}, admission.SERVICE_ACCOUNT_NOT_ALLOWED, "kompaktor-operator"),
+        ({"redis": {"secretName": "payroll-db"}}, admission.SECRET_NOT_ALLOWED, "spec.redis.secretName 'payroll-db'"),
+        (
+            {"storage": {"credentialsSecret": "cloud-admin"}},
+            admission.SECRET_NOT_ALLOWED,
+            "spec.storage.credentialsSecret 'cloud-admin'",
+        ),
+    ],
+)
 def test_anything_else_is_refused_naming_the_rule(spec: dict[str, Any], rule: str, named: str) -> None:
     refusal = check(**spec)
     assert refusal is not None and refusal.rule == rule
@@ -44,9 +61,13 @@ def test_anything_else_is_refused_naming_the_rule(spec: dict[str, Any], rule: st
 
 
 def test_allow_lists_widen_exactly_what_they_name() -> None:
-    cfg = CONFIG.model_copy(update={"allowed_images": ("registry.corp/kompaktor/*", "other/img:1"),
-                                    "allowed_service_accounts": ("compactor-irsa",),
-                                    "allowed_secrets": ("team-redis",)})
+    cfg = CONFIG.model_copy(
+        update={
+            "allowed_images": ("registry.corp/kompaktor/*", "other/img:1"),
+            "allowed_service_accounts": ("compactor-irsa",),
+            "allowed_secrets": ("team-redis",),
+        }
+    )
     assert check(cfg, image="registry.corp/kompaktor/compactor:2") is None
     assert check(cfg, image="other/img:1") is None
     assert check(cfg, image="other/img:2").rule == admission.IMAGE_NOT_ALLOWED
@@ -57,9 +78,14 @@ def test_allow_lists_widen_exactly_what_they_name() -> None:
 
 
 def test_config_reads_the_allow_lists_from_the_environment() -> None:
-    cfg = OperatorConfig.from_env({"KOMPAKTOR_ALLOWED_IMAGES": "a/b:1, c/*", "KOMPAKTOR_ALLOWED_SECRETS": "",
-                                   "KOMPAKTOR_COMPACTOR_SERVICE_ACCOUNT": "rel-compactor",
-                                   "KOMPAKTOR_DRAIN_TOKEN_SECRET": "rel-drain-token"})
+    cfg = OperatorConfig.from_env(
+        {
+            "KOMPAKTOR_ALLOWED_IMAGES": "a/b:1, c/*",
+            "KOMPAKTOR_ALLOWED_SECRETS": "",
+            "KOMPAKTOR_COMPACTOR_SERVICE_ACCOUNT": "rel-compactor",
+            "KOMPAKTOR_DRAIN_TOKEN_SECRET": "rel-drain-token",
+        }
+    )
     assert cfg.allowed_images == ("a/b:1", "c/*")
     assert cfg.allowed_secrets == () and cfg.allowed_service_accounts == ()
     assert cfg.compactor_service_account == "rel-compactor" and cfg.drain_token_secret == "rel-drain-token"
@@ -71,17 +97,25 @@ def test_compactor_pods_use_their_own_account_without_a_token_and_get_the_drain_
     assert pod["automountServiceAccountToken"] is False
     env = {e["name"]: e for e in pod["containers"][0]["env"]}
     assert env["KOMPAKTOR_DRAIN_TOKEN"]["valueFrom"]["secretKeyRef"] == {
-        "name": "kompaktor-drain-token", "key": "token", "optional": True}
+        "name": "kompaktor-drain-token",
+        "key": "token",
+        "optional": True,
+    }
     # no drain-token Secret configured: no variable (loopback drain only)
     pod = manifests.build_pod_template("g", CompactorGroupSpec(), OperatorConfig())["spec"]
     assert "KOMPAKTOR_DRAIN_TOKEN" not in {e["name"] for e in pod["containers"][0]["env"]}
     assert pod["automountServiceAccountToken"] is False
 
 
-NETPOL_CONFIG = CONFIG.model_copy(update={
-    "network_policy": True, "operator_namespace": "kompaktor-system", "redis_ca_configmap": "kompaktor-redis-ca",
-    "operator_pod_labels": {"app.kubernetes.io/name": "kompaktor", "app.kubernetes.io/component": "operator"},
-    "metrics_peers": ({"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}},)})
+NETPOL_CONFIG = CONFIG.model_copy(
+    update={
+        "network_policy": True,
+        "operator_namespace": "kompaktor-system",
+        "redis_ca_configmap": "kompaktor-redis-ca",
+        "operator_pod_labels": {"app.kubernetes.io/name": "kompaktor", "app.kubernetes.io/component": "operator"},
+        "metrics_peers": ({"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}},),
+    }
+)
 
 
 @pytest.mark.parametrize("namespace", ["kompaktor-system", "tables"])
@@ -91,8 +125,9 @@ def test_network_policy_admits_only_the_operator_and_prometheus_to_the_http_port
     children = manifests.build_children("g", CompactorGroupSpec(), NETPOL_CONFIG, namespace=namespace)
     assert children[0]["kind"] == "NetworkPolicy"  # before any pod exists
     netpol = children[0]
-    kubernetes_validate.validate({**netpol, "metadata": {**netpol["metadata"], "namespace": namespace}}, "1.30",
-                                 strict=True)
+    kubernetes_validate.validate(
+        {**netpol, "metadata": {**netpol["metadata"], "namespace": namespace}}, "1.30", strict=True
+    )
     spec = netpol["spec"]
     assert spec["podSelector"]["matchLabels"] == manifests.naming.selector_labels("g")
     assert spec["policyTypes"] == ["Ingress"]
@@ -117,10 +152,15 @@ def test_compactor_pods_mount_the_redis_ca_for_rediss() -> None:
 
 
 def test_config_reads_network_policy_settings_from_the_environment() -> None:
-    cfg = OperatorConfig.from_env({
-        "KOMPAKTOR_NETWORK_POLICY": "true", "KOMPAKTOR_OPERATOR_NAMESPACE": "ns",
-        "KOMPAKTOR_OPERATOR_POD_LABELS": '{"a": "b"}', "KOMPAKTOR_METRICS_PEERS": '[{"podSelector": {}}]',
-        "KOMPAKTOR_REDIS_CA_CONFIGMAP": "rel-redis-ca"})
+    cfg = OperatorConfig.from_env(
+        {
+            "KOMPAKTOR_NETWORK_POLICY": "true",
+            "KOMPAKTOR_OPERATOR_NAMESPACE": "ns",
+            "KOMPAKTOR_OPERATOR_POD_LABELS": '{"a": "b"}',
+            "KOMPAKTOR_METRICS_PEERS": '[{"podSelector": {}}]',
+            "KOMPAKTOR_REDIS_CA_CONFIGMAP": "rel-redis-ca",
+        }
+    )
     assert cfg.network_policy is True and cfg.operator_pod_labels == {"a": "b"}
     assert cfg.metrics_peers == ({"podSelector": {}},) and cfg.redis_ca_configmap == "rel-redis-ca"
 
@@ -129,44 +169,78 @@ def test_config_reads_network_policy_settings_from_the_environment() -> None:
 STORE = CONFIG.model_copy(update={"storage_uri": "s3://kompaktor-data/tables"})
 
 
-@pytest.mark.parametrize("spec, rule, named", [
-    # settings that load or run code in the compactor's JVM or Python workers
-    ({"spark": {"conf": {"spark.driver.extraJavaOptions": "-javaagent:/tmp/x.jar"}}},
-     admission.SPARK_CONF_NOT_ALLOWED, "spark.driver.extraJavaOptions"),
-    ({"spark": {"conf": {"spark.jars.packages": "evil:evil:1"}}}, admission.SPARK_CONF_NOT_ALLOWED,
-     "spark.jars.packages"),
-    ({"spark": {"conf": {"spark.python.daemon.module": "evil"}}}, admission.SPARK_CONF_NOT_ALLOWED, "daemon.module"),
-    ({"spark": {"conf": {"spark.plugins": "evil.Plugin"}}}, admission.SPARK_CONF_NOT_ALLOWED, "spark.plugins"),
-    ({"spark": {"conf": {"spark.executorEnv.LD_PRELOAD": "/tmp/x.so"}}}, admission.SPARK_CONF_NOT_ALLOWED,
-     "LD_PRELOAD"),
-    # ... that move files or unmask secrets
-    ({"spark": {"conf": {"spark.local.dir": "/etc"}}}, admission.SPARK_CONF_NOT_ALLOWED, "spark.local.dir"),
-    ({"spark": {"conf": {"spark.redaction.regex": "^$"}}}, admission.SPARK_CONF_NOT_ALLOWED, "spark.redaction.regex"),
-    ({"spark": {"conf": {"spark.eventLog.dir": "s3://elsewhere/"}}}, admission.SPARK_CONF_NOT_ALLOWED, "eventLog"),
-    # a master the group's author runs would receive the rows
-    ({"spark": {"master": "spark://attacker.example:7077"}}, admission.SPARK_MASTER_NOT_ALLOWED, "attacker.example"),
-    ({"spark": {"master": "k8s://https://elsewhere:6443"}}, admission.SPARK_MASTER_NOT_ALLOWED, "k8s://"),
-    ({"spark": {"master": "local[*]x"}}, admission.SPARK_MASTER_NOT_ALLOWED, "local[*]x"),
-    ({"spark": {"master": "yarn"}}, admission.SPARK_MASTER_NOT_ALLOWED, "'yarn'"),
-    # the chart's storage credentials pointed elsewhere
-    ({"storage": {"uri": "s3://someone-elses-bucket/x"}}, admission.STORAGE_NOT_ALLOWED, "someone-elses-bucket"),
-    ({"storage": {"uri": "s3://kompaktor-data/tables-other"}}, admission.STORAGE_NOT_ALLOWED, "tables-other"),
-    ({"storage": {"uri": "s3://kompaktor-data/tables/../../other"}}, admission.STORAGE_NOT_ALLOWED, ".."),
-    ({"storage": {"uri": "s3://kompaktor-data/tables?endpoint_override=evil.example"}},
-     admission.STORAGE_NOT_ALLOWED, "endpoint_override"),
-    ({"storage": {"uri": "file:///etc"}}, admission.STORAGE_NOT_ALLOWED, "file:///etc"),
-    # one group asking the HPA for any number of pods
-    ({"maxReplicas": 100000}, admission.MAX_REPLICAS_NOT_ALLOWED, "100000"),
-    # labels and annotations other controllers or the operator's own selectors act on
-    ({"podLabels": {"app.kubernetes.io/component": "operator"}}, admission.LABEL_NOT_ALLOWED,
-     "app.kubernetes.io/component"),
-    ({"podLabels": {"pod-template-hash": "x"}}, admission.LABEL_NOT_ALLOWED, "pod-template-hash"),
-    ({"podAnnotations": {"controller.kubernetes.io/pod-deletion-cost": "100000"}}, admission.LABEL_NOT_ALLOWED,
-     "pod-deletion-cost"),
-    ({"podLabels": {"node-role.kubernetes.io/control-plane": ""}}, admission.LABEL_NOT_ALLOWED, "node-role"),
-])
-def test_code_masters_storage_and_limits_are_the_operators_decision(spec: dict[str, Any], rule: str,
-                                                                    named: str) -> None:
+@pytest.mark.parametrize(
+    "spec, rule, named",
+    [
+        # settings that load or run code in the compactor's JVM or Python workers
+        (
+            {"spark": {"conf": {"spark.driver.extraJavaOptions": "-javaagent:/tmp/x.jar"}}},
+            admission.SPARK_CONF_NOT_ALLOWED,
+            "spark.driver.extraJavaOptions",
+        ),
+        (
+            {"spark": {"conf": {"spark.jars.packages": "evil:evil:1"}}},
+            admission.SPARK_CONF_NOT_ALLOWED,
+            "spark.jars.packages",
+        ),
+        (
+            {"spark": {"conf": {"spark.python.daemon.module": "evil"}}},
+            admission.SPARK_CONF_NOT_ALLOWED,
+            "daemon.module",
+        ),
+        ({"spark": {"conf": {"spark.plugins": "evil.Plugin"}}}, admission.SPARK_CONF_NOT_ALLOWED, "spark.plugins"),
+        (
+            {"spark": {"conf": {"spark.executorEnv.LD_PRELOAD": "/tmp/x.so"}}},
+            admission.SPARK_CONF_NOT_ALLOWED,
+            "LD_PRELOAD",
+        ),
+        # ... that move files or unmask secrets
+        ({"spark": {"conf": {"spark.local.dir": "/etc"}}}, admission.SPARK_CONF_NOT_ALLOWED, "spark.local.dir"),
+        (
+            {"spark": {"conf": {"spark.redaction.regex": "^$"}}},
+            admission.SPARK_CONF_NOT_ALLOWED,
+            "spark.redaction.regex",
+        ),
+        ({"spark": {"conf": {"spark.eventLog.dir": "s3://elsewhere/"}}}, admission.SPARK_CONF_NOT_ALLOWED, "eventLog"),
+        # a master the group's author runs would receive the rows
+        (
+            {"spark": {"master": "spark://attacker.example:7077"}},
+            admission.SPARK_MASTER_NOT_ALLOWED,
+            "attacker.example",
+        ),
+        ({"spark": {"master": "k8s://https://elsewhere:6443"}}, admission.SPARK_MASTER_NOT_ALLOWED, "k8s://"),
+        ({"spark": {"master": "local[*]x"}}, admission.SPARK_MASTER_NOT_ALLOWED, "local[*]x"),
+        ({"spark": {"master": "yarn"}}, admission.SPARK_MASTER_NOT_ALLOWED, "'yarn'"),
+        # the chart's storage credentials pointed elsewhere
+        ({"storage": {"uri": "s3://someone-elses-bucket/x"}}, admission.STORAGE_NOT_ALLOWED, "someone-elses-bucket"),
+        ({"storage": {"uri": "s3://kompaktor-data/tables-other"}}, admission.STORAGE_NOT_ALLOWED, "tables-other"),
+        ({"storage": {"uri": "s3://kompaktor-data/tables/../../other"}}, admission.STORAGE_NOT_ALLOWED, ".."),
+        (
+            {"storage": {"uri": "s3://kompaktor-data/tables?endpoint_override=evil.example"}},
+            admission.STORAGE_NOT_ALLOWED,
+            "endpoint_override",
+        ),
+        ({"storage": {"uri": "file:///etc"}}, admission.STORAGE_NOT_ALLOWED, "file:///etc"),
+        # one group asking the HPA for any number of pods
+        ({"maxReplicas": 100000}, admission.MAX_REPLICAS_NOT_ALLOWED, "100000"),
+        # labels and annotations other controllers or the operator's own selectors act on
+        (
+            {"podLabels": {"app.kubernetes.io/component": "operator"}},
+            admission.LABEL_NOT_ALLOWED,
+            "app.kubernetes.io/component",
+        ),
+        ({"podLabels": {"pod-template-hash": "x"}}, admission.LABEL_NOT_ALLOWED, "pod-template-hash"),
+        (
+            {"podAnnotations": {"controller.kubernetes.io/pod-deletion-cost": "100000"}},
+            admission.LABEL_NOT_ALLOWED,
+            "pod-deletion-cost",
+        ),
+        ({"podLabels": {"node-role.kubernetes.io/control-plane": ""}}, admission.LABEL_NOT_ALLOWED, "node-role"),
+    ],
+)
+def test_code_masters_storage_and_limits_are_the_operators_decision(
+    spec: dict[str, Any], rule: str, named: str
+) -> None:
     refusal = check(STORE, **spec)
     assert refusal is not None and refusal.rule == rule, refusal
     assert named in refusal.message
@@ -174,22 +248,37 @@ def test_code_masters_storage_and_limits_are_the_operators_decision(spec: dict[s
 
 
 def test_what_a_group_may_ask_for_by_default() -> None:
-    ok = check(STORE, maxReplicas=1000, podLabels={"team": "storage", "example.com/cost-center": "42"},
-               podAnnotations={"prometheus.io/scrape": "true"},
-               spark={"master": "local[4]", "executorMemory": "2g", "driverMemory": "1g",
-                      "conf": {"spark.sql.shuffle.partitions": "8", "spark.default.parallelism": "4",
-                               "spark.sql.execution.arrow.maxRecordsPerBatch": "65536"}},
-               storage={"uri": "s3://kompaktor-data/tables"})
+    ok = check(
+        STORE,
+        maxReplicas=1000,
+        podLabels={"team": "storage", "example.com/cost-center": "42"},
+        podAnnotations={"prometheus.io/scrape": "true"},
+        spark={
+            "master": "local[4]",
+            "executorMemory": "2g",
+            "driverMemory": "1g",
+            "conf": {
+                "spark.sql.shuffle.partitions": "8",
+                "spark.default.parallelism": "4",
+                "spark.sql.execution.arrow.maxRecordsPerBatch": "65536",
+            },
+        },
+        storage={"uri": "s3://kompaktor-data/tables"},
+    )
     assert ok is None
     for master in ("local", "local[*]", "local[1]", "local[16]", "local[4,2]"):
         assert check(STORE, spark={"master": master}) is None, master
 
 
 def test_the_chart_widens_exactly_what_it_lists() -> None:
-    cfg = STORE.model_copy(update={"allowed_spark_conf": ("spark.kryoserializer.buffer.max", "spark.ui.*"),
-                                   "allowed_spark_masters": ("spark://spark-master.spark:7077", "k8s://https://kube:*"),
-                                   "allowed_storage": ("s3://team-bucket/kompaktor/",),
-                                   "max_replicas_limit": 50})
+    cfg = STORE.model_copy(
+        update={
+            "allowed_spark_conf": ("spark.kryoserializer.buffer.max", "spark.ui.*"),
+            "allowed_spark_masters": ("spark://spark-master.spark:7077", "k8s://https://kube:*"),
+            "allowed_storage": ("s3://team-bucket/kompaktor/",),
+            "max_replicas_limit": 50,
+        }
+    )
     assert check(cfg, spark={"conf": {"spark.kryoserializer.buffer.max": "1g", "spark.ui.enabled": "false"}}) is None
     assert check(cfg, spark={"conf": {"spark.jars": "x"}}).rule == admission.SPARK_CONF_NOT_ALLOWED
     assert check(cfg, spark={"master": "spark://spark-master.spark:7077"}) is None
@@ -203,8 +292,14 @@ def test_the_chart_widens_exactly_what_it_lists() -> None:
 
 
 def test_config_reads_the_new_rules_from_the_environment() -> None:
-    cfg = OperatorConfig.from_env({"KOMPAKTOR_ALLOWED_SPARK_CONF": "a.b, c.*", "KOMPAKTOR_ALLOWED_SPARK_MASTERS": "",
-                                   "KOMPAKTOR_ALLOWED_STORAGE": "s3://b/p", "KOMPAKTOR_MAX_REPLICAS_LIMIT": "64"})
+    cfg = OperatorConfig.from_env(
+        {
+            "KOMPAKTOR_ALLOWED_SPARK_CONF": "a.b, c.*",
+            "KOMPAKTOR_ALLOWED_SPARK_MASTERS": "",
+            "KOMPAKTOR_ALLOWED_STORAGE": "s3://b/p",
+            "KOMPAKTOR_MAX_REPLICAS_LIMIT": "64",
+        }
+    )
     assert cfg.allowed_spark_conf == ("a.b", "c.*") and cfg.allowed_spark_masters == ()
     assert cfg.allowed_storage == ("s3://b/p",) and cfg.max_replicas_limit == 64
     assert OperatorConfig.from_env({}).max_replicas_limit == 1000

@@ -121,8 +121,12 @@ def _as_jsonschema(node):
 
 def test_invalid_examples_are_rejected_by_the_schema_too() -> None:
     schema = _as_jsonschema(crdgen.openapi_schema(m.CompactorGroup))
-    bad = {"apiVersion": m.GROUP_VERSION, "kind": "CompactorGroup", "metadata": {"name": "x"},
-           "spec": {"autoscaler": "cpu"}}
+    bad = {
+        "apiVersion": m.GROUP_VERSION,
+        "kind": "CompactorGroup",
+        "metadata": {"name": "x"},
+        "spec": {"autoscaler": "cpu"},
+    }
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(bad, schema)
     bad["spec"] = {"maxReplicas": 0}
@@ -136,4 +140,5 @@ def test_the_charts_redis_users_are_the_code_s() -> None:
 
     path = ROOT / acl.CHART_FILE
     assert path.read_text() == acl.chart_file(), (
-        f"{acl.CHART_FILE} drifted: run `python -m kompaktor.metadata.acl > {acl.CHART_FILE}`")
+        f"{acl.CHART_FILE} drifted: run `python -m kompaktor.metadata.acl > {acl.CHART_FILE}`"
+    )

@@ -36,8 +36,10 @@ def _normal(name: str) -> str:
 def test_every_imported_third_party_module_is_declared() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     declared = {_normal(re.split(r"[\[<>=!~;\s]", d, maxsplit=1)[0]) for d in project["dependencies"]}
-    extras = {extra: {_normal(re.split(r"[\[<>=!~;\s]", d, maxsplit=1)[0]) for d in deps}
-              for extra, deps in project["optional-dependencies"].items()}
+    extras = {
+        extra: {_normal(re.split(r"[\[<>=!~;\s]", d, maxsplit=1)[0]) for d in deps}
+        for extra, deps in project["optional-dependencies"].items()
+    }
     dists = packages_distributions()
     ours = set(PACKAGES.values())
     missing: dict[str, set[str]] = {}

@@ -42,6 +42,7 @@ SHELLS = {"sh", "bash", "/bin/sh", "/bin/bash", "/usr/bin/env"}
 
 # --- a small Dockerfile reader --------------------------------------------------------------
 
+
 @dataclass
 class Stage:
     image: str
@@ -120,7 +121,7 @@ def program(entrypoint: list[str]) -> list[str]:
     """The entry point without a PID-1 helper such as `tini --`."""
     if entrypoint[0] in INIT_PREFIXES:
         end = entrypoint.index(INIT_PREFIXES[entrypoint[0]])
-        return entrypoint[end + 1:]
+        return entrypoint[end + 1 :]
     return entrypoint
 
 
@@ -150,10 +151,13 @@ def image_uid(stage: Stage) -> int:
 
 # --- the Dockerfiles -------------------------------------------------------------------------
 
+
 def test_the_test_reads_dockerfiles_as_docker_does(tmp_path: Path) -> None:
     path = tmp_path / "Dockerfile"
-    path.write_text('ARG BASE=python:3.11-slim\n# c\nFROM ${BASE} AS b\nRUN a \\\n  && b\n'
-                    'FROM --platform=linux/amd64 debian:12\nUSER app\nCMD ["x"]\n')
+    path.write_text(
+        "ARG BASE=python:3.11-slim\n# c\nFROM ${BASE} AS b\nRUN a \\\n  && b\n"
+        'FROM --platform=linux/amd64 debian:12\nUSER app\nCMD ["x"]\n'
+    )
     parsed = parse_dockerfile(path)
     assert [(s.image, s.name) for s in parsed.stages] == [("python:3.11-slim", "b"), ("debian:12", None)]
     assert parsed.stages[0].instructions == [("RUN", "a  && b")]
@@ -215,8 +219,9 @@ def test_package_is_built_from_the_repository_and_installed_offline(image: str) 
     script = (ROOT / "scripts" / "build-images.sh").read_text()
     assert re.search(r"pip wheel -q --no-deps --wheel-dir \S+ \.", script), "the package wheel comes from the repo"
     installs = [run_text(s) for s in parsed.stages[:-1]]
-    assert any("python3 -m venv /opt/kompaktor" in t and "--no-index" in t and "--find-links=/wheels" in t
-               for t in installs), installs
+    assert any(
+        "python3 -m venv /opt/kompaktor" in t and "--no-index" in t and "--find-links=/wheels" in t for t in installs
+    ), installs
     assert any(args.startswith("--from=") and "/opt/kompaktor" in args for args in parsed.final.all("COPY"))
     assert "/usr/local/bin/pip" not in (ROOT / image / "Dockerfile").read_text()
     assert "/opt/kompaktor/bin" in " ".join(parsed.final.all("ENV"))
@@ -230,7 +235,8 @@ def test_compactor_image_has_java_17_and_a_scratch_dir() -> None:
     assert f"SPARK_LOCAL_DIRS={manifests.SCRATCH_DIR}" in env
     uid = image_uid(final)
     assert re.search(rf"install -d -o {uid} -g \d+ -m \d+ {manifests.SCRATCH_DIR}\b", run_text(final)), (
-        f"{manifests.SCRATCH_DIR} must exist and belong to UID {uid}")
+        f"{manifests.SCRATCH_DIR} must exist and belong to UID {uid}"
+    )
 
 
 def test_operator_image_works_without_pyspark() -> None:
@@ -257,11 +263,18 @@ def test_operator_image_works_without_pyspark() -> None:
 
 # --- versions: pyproject.toml is the one place ----------------------------------------------
 
+
 def built_tags() -> dict[str, str]:
     """Image (operator/compactor/redis) -> the tag `make images` gives it (the build script's
     --list, with the Makefile's variables)."""
-    out = subprocess.run(["bash", str(ROOT / "scripts" / "build-images.sh"), "--list"], cwd=ROOT,
-                         capture_output=True, text=True, check=True, timeout=60).stdout
+    out = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "build-images.sh"), "--list"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
     tags = {}
     for line in out.splitlines():
         name, ref, path = line.split()
@@ -283,12 +296,20 @@ def test_make_images_tags_every_image_with_the_pyproject_version() -> None:
     assert OperatorConfig().compactor_image == tags["compactor"]
 
 
-@pytest.mark.parametrize(("tool", "message"), [("docker", "no Docker engine reachable"),
-                                                ("kaniko", "CONTAINER_TOOL must be docker, podman or buildah")])
+@pytest.mark.parametrize(
+    ("tool", "message"),
+    [("docker", "no Docker engine reachable"), ("kaniko", "CONTAINER_TOOL must be docker, podman or buildah")],
+)
 def test_make_images_fails_clearly_with_a_tool_it_cannot_use(tmp_path: Path, tool: str, message: str) -> None:
     env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock", "CONTAINER_TOOL": tool}
-    result = subprocess.run(["bash", str(ROOT / "scripts" / "build-images.sh")], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "build-images.sh")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 1
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
 
@@ -300,8 +321,11 @@ def chart_files() -> tuple[dict[str, Any], dict[str, Any], str]:
     assert (CHART / "Chart.yaml").is_file(), "the chart has values or templates but no Chart.yaml"
     assert (CHART / "values.yaml").is_file(), "the chart has no values.yaml"
     templates = "\n".join(p.read_text() for p in sorted((CHART / "templates").glob("*")) if p.is_file())
-    return (yaml.safe_load((CHART / "Chart.yaml").read_text()),
-            yaml.safe_load((CHART / "values.yaml").read_text()), templates)
+    return (
+        yaml.safe_load((CHART / "Chart.yaml").read_text()),
+        yaml.safe_load((CHART / "values.yaml").read_text()),
+        templates,
+    )
 
 
 def images_in(values: Any, path: str = "") -> dict[str, dict[str, Any]]:
@@ -334,4 +358,5 @@ def test_chart_default_images_are_the_ones_make_images_builds() -> None:
         else:
             actions = re.findall(r"\{\{.*?\}\}", templates, flags=re.S)
             assert any(f".Values.{path}.tag" in a and ".Chart.AppVersion" in a for a in actions), (
-                f"{path}.tag is empty, but no template defaults it to .Chart.AppVersion")
+                f"{path}.tag is empty, but no template defaults it to .Chart.AppVersion"
+            )

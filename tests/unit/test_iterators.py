@@ -71,7 +71,9 @@ def test_scan_and_full_compaction_drop_markers_partial_keeps_the_newest() -> Non
     assert view([delete(b"r", 7)], [delete(b"r", 3)], full=False) == [delete(b"r", 7)]
     # puts newer than the marker survive alongside it
     assert view([put(b"r", 8), delete(b"r", 7), put(b"r", 6)], full=False, max_versions=3) == [
-        put(b"r", 8), delete(b"r", 7)]
+        put(b"r", 8),
+        delete(b"r", 7),
+    ]
 
 
 def test_ageoff_drops_old_puts_but_not_markers() -> None:
@@ -104,8 +106,9 @@ def test_settings_validation_and_json_round_trip() -> None:
         IteratorSettings(ageoff_ttl_ms=-1)
     with pytest.raises(ValueError, match="regex"):
         IteratorSettings(row_regex="(")
-    s = IteratorSettings(max_versions=3, full=False, ageoff_ttl_ms=5, now_ms=9, row_regex="x+",
-                         row_start=b"\x80", row_end=b"\xff\x00")
+    s = IteratorSettings(
+        max_versions=3, full=False, ageoff_ttl_ms=5, now_ms=9, row_regex="x+", row_start=b"\x80", row_end=b"\xff\x00"
+    )
     assert IteratorSettings.from_json(s.to_json()) == s
     assert IteratorSettings.from_json({}) == SCAN
 
@@ -177,8 +180,9 @@ settings_st = st.builds(
 def tag(sources: list[list[Entry]]) -> list[list[Entry]]:
     """Make every entry distinguishable (value = source, position) so the comparison also checks
     *which* of several identical keys was kept."""
-    return [[e._replace(value=bytes([si, pos]) + e.value) for pos, e in enumerate(src)]
-            for si, src in enumerate(sources)]
+    return [
+        [e._replace(value=bytes([si, pos]) + e.value) for pos, e in enumerate(src)] for si, src in enumerate(sources)
+    ]
 
 
 @settings(max_examples=300, deadline=None)

@@ -27,10 +27,13 @@ from kompaktor.model.keys import (
 from kompaktor.model.tablet import end_token
 
 # Few distinct short values so equal prefixes, equal keys and ties are common; plus arbitrary bytes.
-field = st.one_of(st.sampled_from([b"", b"\x00", b"\x7f", b"\x80", b"\xff", b"a", b"a\x00", b"a\xff", b"\xff\x00"]),
-                  st.binary(max_size=4))
-stamp = st.one_of(st.sampled_from([INT64_MIN, -1, 0, 1, INT64_MAX]), st.integers(INT64_MIN, INT64_MAX),
-                  st.integers(-3, 3))
+field = st.one_of(
+    st.sampled_from([b"", b"\x00", b"\x7f", b"\x80", b"\xff", b"a", b"a\x00", b"a\xff", b"\xff\x00"]),
+    st.binary(max_size=4),
+)
+stamp = st.one_of(
+    st.sampled_from([INT64_MIN, -1, 0, 1, INT64_MAX]), st.integers(INT64_MIN, INT64_MAX), st.integers(-3, 3)
+)
 entry = st.builds(Entry, field, field, field, field, stamp, st.booleans(), st.binary(max_size=3))
 
 
@@ -118,9 +121,11 @@ _ROWS = [bytes(t) for n in range(4) for t in itertools.product(range(5), repeat=
 def test_span_overlaps_means_some_row_of_the_span_is_in_the_range(first, last, prev, end) -> None:
     """span_overlaps is the one overlap rule: true exactly when a row in [first, last] (None =
     unbounded on that side) lies in (prev, end], for every non-empty span and range."""
-    if (first is not None and last is not None and first > last) or (prev is not None and end is not None
-                                                                      and prev >= end):
+    if (first is not None and last is not None and first > last) or (
+        prev is not None and end is not None and prev >= end
+    ):
         return
-    inside = any((first is None or r >= first) and (last is None or r <= last) and row_in_range(r, prev, end)
-                 for r in _ROWS)
+    inside = any(
+        (first is None or r >= first) and (last is None or r <= last) and row_in_range(r, prev, end) for r in _ROWS
+    )
     assert span_overlaps(first, last, prev, end) == inside

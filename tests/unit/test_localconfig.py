@@ -12,8 +12,10 @@ from kompaktor.model.errors import KompaktorError
 def test_demo_config_loads_two_tiers_and_groups() -> None:
     cfg = load_config(DEMO_CONFIG)
     svc = cfg.services["default"]
-    assert [(t.name, t.max_size, t.group) for t in svc.tiers] == [("small", 512 * 1024, "small"),
-                                                                   ("large", None, "large")]
+    assert [(t.name, t.max_size, t.group) for t in svc.tiers] == [
+        ("small", 512 * 1024, "small"),
+        ("large", None, "large"),
+    ]
     assert cfg.groups["small"].engine == "arrow" and cfg.groups["large"].engine == "spark"
 
 
@@ -22,12 +24,21 @@ def test_demo_config_loads_two_tiers_and_groups() -> None:
     [
         (("ratio: 2", "ratio: -1"), "ratio"),
         (("compactorGroup: large}", "compactorGroup: huge}"), "unknown compactor groups ['huge']"),
-        (("{name: small, maxSize: 512Ki, compactorGroup: small}\n    - {name: large, compactorGroup: large}",
-          "{name: large, compactorGroup: large}\n    - {name: small, maxSize: 512Ki, compactorGroup: small}"),
-         "only the last tier may be unbounded"),
+        (
+            (
+                "{name: small, maxSize: 512Ki, compactorGroup: small}\n    - {name: large, compactorGroup: large}",
+                "{name: large, compactorGroup: large}\n    - {name: small, maxSize: 512Ki, compactorGroup: small}",
+            ),
+            "only the last tier may be unbounded",
+        ),
         (("maxOpen: 10", "maxOpen: 1"), "maxOpen"),
-        (("minReplicas: 1\n  maxReplicas: 3\n  jobsPerReplica: 2",
-          "minReplicas: 4\n  maxReplicas: 3\n  jobsPerReplica: 2"), "minReplicas"),
+        (
+            (
+                "minReplicas: 1\n  maxReplicas: 3\n  jobsPerReplica: 2",
+                "minReplicas: 4\n  maxReplicas: 3\n  jobsPerReplica: 2",
+            ),
+            "minReplicas",
+        ),
         (("kind: CompactorGroup", "kind: CompactorGroupz"), "kind"),
     ],
 )

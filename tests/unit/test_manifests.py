@@ -14,20 +14,40 @@ from kompaktor_operator.models import CompactorGroupSpec
 K8S = "1.30"
 CONFIG = OperatorConfig(compactor_image="example.org/kompaktor-compactor:0.1.0", prometheus_url="http://prom:9090")
 
-FULL = CompactorGroupSpec.model_validate({
-    "image": "example.org/compactor:1", "minReplicas": 2, "maxReplicas": 40, "jobsPerReplica": 3,
-    "spark": {"master": "k8s://https://kubernetes.default.svc", "conf": {"spark.executor.instances": "4",
-              "spark.a": "b"}, "driverMemory": "4g"},
-    "resources": {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"memory": "8Gi"}},
-    "drainGraceSeconds": 600, "redis": {"secretName": "my-redis", "key": "uri"},
-    "storage": {"uri": "s3://bucket/kompaktor", "credentialsSecret": "s3-creds"},
-    "nodeSelector": {"pool": "compaction"},
-    "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "compaction", "effect": "NoSchedule"}],
-    "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
-        {"weight": 50, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
-                                           "labelSelector": {"matchLabels": {"kompaktor.io/group": "large"}}}}]}},
-    "podAnnotations": {"team": "storage"}, "serviceAccountName": "compactor",
-})
+FULL = CompactorGroupSpec.model_validate(
+    {
+        "image": "example.org/compactor:1",
+        "minReplicas": 2,
+        "maxReplicas": 40,
+        "jobsPerReplica": 3,
+        "spark": {
+            "master": "k8s://https://kubernetes.default.svc",
+            "conf": {"spark.executor.instances": "4", "spark.a": "b"},
+            "driverMemory": "4g",
+        },
+        "resources": {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"memory": "8Gi"}},
+        "drainGraceSeconds": 600,
+        "redis": {"secretName": "my-redis", "key": "uri"},
+        "storage": {"uri": "s3://bucket/kompaktor", "credentialsSecret": "s3-creds"},
+        "nodeSelector": {"pool": "compaction"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "compaction", "effect": "NoSchedule"}],
+        "affinity": {
+            "podAntiAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "weight": 50,
+                        "podAffinityTerm": {
+                            "topologyKey": "kubernetes.io/hostname",
+                            "labelSelector": {"matchLabels": {"kompaktor.io/group": "large"}},
+                        },
+                    }
+                ]
+            }
+        },
+        "podAnnotations": {"team": "storage"},
+        "serviceAccountName": "compactor",
+    }
+)
 SPECS = {
     "default": CompactorGroupSpec(),
     "full": FULL,
@@ -104,8 +124,10 @@ def test_hpa_targets_the_group_on_queue_depth() -> None:
     assert spec["scaleTargetRef"] == {"apiVersion": "kompaktor.io/v1alpha1", "kind": "CompactorGroup", "name": "large"}
     (metric,) = spec["metrics"]
     assert metric["type"] == "External"
-    assert metric["external"]["metric"] == {"name": "kompaktor_queue_depth",
-                                            "selector": {"matchLabels": {"group": "large"}}}
+    assert metric["external"]["metric"] == {
+        "name": "kompaktor_queue_depth",
+        "selector": {"matchLabels": {"group": "large"}},
+    }
     assert metric["external"]["target"] == {"type": "AverageValue", "averageValue": "3"}
     assert (spec["minReplicas"], spec["maxReplicas"]) == (2, 40)
     up, down = spec["behavior"]["scaleUp"], spec["behavior"]["scaleDown"]
@@ -141,4 +163,5 @@ def test_names_fit_in_63_characters() -> None:
     for name in (naming.deployment_name(group), naming.metrics_service_name(group), naming.hpa_name(group)):
         assert len(name) <= 63
     assert naming.selector("a") == (
-        "app.kubernetes.io/component=compactor,app.kubernetes.io/name=kompaktor,kompaktor.io/group=a")
+        "app.kubernetes.io/component=compactor,app.kubernetes.io/name=kompaktor,kompaktor.io/group=a"
+    )

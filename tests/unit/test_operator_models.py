@@ -17,8 +17,14 @@ def test_service_defaults_match_the_planner_defaults() -> None:
 
 def test_camel_case_on_the_wire_and_frozen() -> None:
     spec = m.CompactionServiceSpec.model_validate(
-        {"maxOpen": 5, "tiers": [{"name": "small", "maxSize": "32Mi", "compactorGroup": "small"},
-                                 {"name": "large", "compactorGroup": "large"}]})
+        {
+            "maxOpen": 5,
+            "tiers": [
+                {"name": "small", "maxSize": "32Mi", "compactorGroup": "small"},
+                {"name": "large", "compactorGroup": "large"},
+            ],
+        }
+    )
     assert spec.max_open == 5
     assert spec.to_wire()["tiers"][0] == {"name": "small", "maxSize": "32Mi", "compactorGroup": "small"}
     with pytest.raises(ValidationError):
@@ -32,12 +38,23 @@ def test_camel_case_on_the_wire_and_frozen() -> None:
         ({"maxOpen": 1}, "maxOpen"),
         ({"unknown": 1}, "Extra inputs"),
         ({"tiers": []}, "tiers"),
-        ({"tiers": [{"name": "a", "compactorGroup": "a"}, {"name": "b", "maxSize": "1Gi", "compactorGroup": "b"}]},
-         "only the last tier may be unbounded"),
-        ({"tiers": [{"name": "a", "maxSize": "1Gi", "compactorGroup": "a"},
-                    {"name": "b", "maxSize": "1G", "compactorGroup": "b"}]}, "larger than the previous"),
-        ({"tiers": [{"name": "a", "maxSize": "1Gi", "compactorGroup": "a"},
-                    {"name": "a", "compactorGroup": "b"}]}, "repeated: a"),
+        (
+            {"tiers": [{"name": "a", "compactorGroup": "a"}, {"name": "b", "maxSize": "1Gi", "compactorGroup": "b"}]},
+            "only the last tier may be unbounded",
+        ),
+        (
+            {
+                "tiers": [
+                    {"name": "a", "maxSize": "1Gi", "compactorGroup": "a"},
+                    {"name": "b", "maxSize": "1G", "compactorGroup": "b"},
+                ]
+            },
+            "larger than the previous",
+        ),
+        (
+            {"tiers": [{"name": "a", "maxSize": "1Gi", "compactorGroup": "a"}, {"name": "a", "compactorGroup": "b"}]},
+            "repeated: a",
+        ),
         ({"tiers": [{"name": "a", "maxSize": "lots", "compactorGroup": "a"}]}, "not a Kubernetes quantity"),
         ({"tiers": [{"name": "a", "maxSize": 0, "compactorGroup": "a"}]}, "greater than zero"),
         ({"tiers": [{"name": "a", "compactorGroup": "Not_A_Name"}]}, "DNS label"),
@@ -55,9 +72,14 @@ def test_service_validation_says_what_is_wrong(spec: dict, words: str) -> None:
 def test_quantity_keeps_its_kubernetes_meaning() -> None:
     pytest.importorskip("kompaktor.policy.sizes")
     spec = m.CompactionServiceSpec.model_validate(
-        {"tiers": [{"name": "s", "maxSize": "32M", "compactorGroup": "s"},
-                   {"name": "m", "maxSize": "32Mi", "compactorGroup": "m"},
-                   {"name": "l", "maxSize": 2**40, "compactorGroup": "l"}]})
+        {
+            "tiers": [
+                {"name": "s", "maxSize": "32M", "compactorGroup": "s"},
+                {"name": "m", "maxSize": "32Mi", "compactorGroup": "m"},
+                {"name": "l", "maxSize": 2**40, "compactorGroup": "l"},
+            ]
+        }
+    )
     assert [t.max_size_bytes() for t in spec.tiers] == [32_000_000, 33_554_432, 2**40]
 
 
@@ -89,8 +111,13 @@ def test_keda_and_none_allow_zero_and_desired_is_clamped() -> None:
 
 def test_compaction_spec_range_and_iterators() -> None:
     spec = m.CompactionSpec.model_validate(
-        {"table": "ci", "startRow": "a", "endRow": "m",
-         "iterators": {"ageOff": {"ttlSeconds": 60}, "rowFilter": {"regex": "^tmp_"}}})
+        {
+            "table": "ci",
+            "startRow": "a",
+            "endRow": "m",
+            "iterators": {"ageOff": {"ttlSeconds": 60}, "rowFilter": {"regex": "^tmp_"}},
+        }
+    )
     assert spec.row_bytes() == (b"a", b"m")
     assert spec.iterator_config() == {"ageoff_ttl_ms": 60_000, "row_regex": "^tmp_"}
     assert m.CompactionSpec(table="t").iterator_config() == {}
@@ -137,8 +164,10 @@ def test_load_documents() -> None:
     [
         ("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n", "apiVersion must be kompaktor.io/v1alpha1"),
         ("apiVersion: kompaktor.io/v1alpha1\nkind: Table\nmetadata: {name: x}\n", "kind 'Table'"),
-        ("apiVersion: kompaktor.io/v1alpha1\nkind: CompactorGroup\nmetadata: {name: g}\nspec: {maxReplicas: 0}\n",
-         "document 1 (CompactorGroup g): spec.maxReplicas"),
+        (
+            "apiVersion: kompaktor.io/v1alpha1\nkind: CompactorGroup\nmetadata: {name: g}\nspec: {maxReplicas: 0}\n",
+            "document 1 (CompactorGroup g): spec.maxReplicas",
+        ),
         ("apiVersion: kompaktor.io/v1alpha1\nkind: CompactorGroup\nmetadata: {name: Big_Name}\n", "metadata.name"),
         ("- a\n- b\n", "expected a mapping"),
         ("a: [\n", "not valid YAML"),
@@ -160,7 +189,12 @@ def test_conversion_to_core_configs() -> None:
     gcfg = m.to_group_config(group.name, group.spec)
     assert isinstance(gcfg, services.GroupConfig)
     assert (gcfg.name, gcfg.min_replicas, gcfg.max_replicas, gcfg.jobs_per_replica, gcfg.drain_grace_seconds) == (
-        "small", 1, 4, 2, 30)
+        "small",
+        1,
+        4,
+        2,
+        30,
+    )
     assert gcfg.spark_master == "local[*]" and dict(gcfg.spark_conf) == {}
     services_, groups = m.configs(m.load_documents(DOCS))
     assert [s.name for s in services_] == ["cs1"] and [g.name for g in groups] == ["small"]
@@ -171,24 +205,34 @@ def test_executor_settings_reach_the_group_config_and_the_pod_args() -> None:
     (through the GroupConfig the compactor reads from Redis, and the pod's --spark-conf)."""
     from kompaktor_operator import manifests
 
-    spec = m.CompactorGroupSpec.model_validate({"spark": {
-        "master": "spark://spark-master:7077", "executorMemory": "6g", "executorCores": 2,
-        "conf": {"spark.cores.max": "8"}, "driverMemory": "1g"}})
+    spec = m.CompactorGroupSpec.model_validate(
+        {
+            "spark": {
+                "master": "spark://spark-master:7077",
+                "executorMemory": "6g",
+                "executorCores": 2,
+                "conf": {"spark.cores.max": "8"},
+                "driverMemory": "1g",
+            }
+        }
+    )
     gcfg = m.to_group_config("big", spec)
     assert gcfg.spark_master == "spark://spark-master:7077" and gcfg.driver_memory == "1g"
-    assert dict(gcfg.spark_conf) == {"spark.cores.max": "8", "spark.executor.memory": "6g",
-                                     "spark.executor.cores": "2"}
+    assert dict(gcfg.spark_conf) == {"spark.cores.max": "8", "spark.executor.memory": "6g", "spark.executor.cores": "2"}
     args = manifests.compactor_args("big", spec)
     confs = [args[i + 1] for i, a in enumerate(args) if a == "--spark-conf"]
     assert confs == ["spark.cores.max=8", "spark.executor.cores=2", "spark.executor.memory=6g"]
 
 
-@pytest.mark.parametrize("spark", [
-    {"executorMemory": "2g", "conf": {"spark.executor.memory": "4g"}},
-    {"conf": {"spark.master": "local[2]"}},
-    {"executorMemory": "lots"},
-    {"executorCores": 0},
-])
+@pytest.mark.parametrize(
+    "spark",
+    [
+        {"executorMemory": "2g", "conf": {"spark.executor.memory": "4g"}},
+        {"conf": {"spark.master": "local[2]"}},
+        {"executorMemory": "lots"},
+        {"executorCores": 0},
+    ],
+)
 def test_conflicting_or_invalid_executor_settings_are_refused(spark: dict) -> None:
     with pytest.raises(ValueError):
         m.CompactorGroupSpec.model_validate({"spark": spark})

@@ -19,8 +19,12 @@ class Figures:
 
 
 def _ready(generation: int) -> dict[str, Any]:
-    return {"observedGeneration": generation, "conditions": conditions.set_condition(
-        None, conditions.READY, True, reason="Stored", generation=generation, now="2026-01-01T00:00:00Z")}
+    return {
+        "observedGeneration": generation,
+        "conditions": conditions.set_condition(
+            None, conditions.READY, True, reason="Stored", generation=generation, now="2026-01-01T00:00:00Z"
+        ),
+    }
 
 
 def _service_status(status: dict[str, Any], generation: int, monkeypatch) -> kopf.Patch:
@@ -34,8 +38,11 @@ def _service_status(status: dict[str, Any], generation: int, monkeypatch) -> kop
     patch = kopf.Patch()
     spec = {"tiers": [{"name": "all", "compactorGroup": "small"}]}
     try:
-        asyncio.run(handlers.service_status(name="cs", namespace="ns", spec=spec, status=status,
-                                            meta={"generation": generation}, patch=patch))
+        asyncio.run(
+            handlers.service_status(
+                name="cs", namespace="ns", spec=spec, status=status, meta={"generation": generation}, patch=patch
+            )
+        )
     finally:
         depth.set_backend(None)
         handlers.set_config(None)

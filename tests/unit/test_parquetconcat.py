@@ -34,12 +34,13 @@ def test_footer_codec_round_trips(storage: Storage) -> None:
     write_sorted(storage, "x.parquet", [E(i) for i in range(1000)])
     data = Path(storage.path("x.parquet")).read_bytes()
     n = int.from_bytes(data[-8:-4], "little")
-    footer = data[-8 - n:-8]
+    footer = data[-8 - n : -8]
     assert pc.encode(pc.decode(footer)) == footer
 
 
-@pytest.mark.parametrize("bounds", [[(0, 300_000), (300_000, 300_001), (300_001, 300_001), (300_001, 450_000)],
-                                    [(0, 10)], [(0, 0)]])
+@pytest.mark.parametrize(
+    "bounds", [[(0, 300_000), (300_000, 300_001), (300_001, 300_001), (300_001, 450_000)], [(0, 10)], [(0, 0)]]
+)
 def test_concatenated_parts_read_as_one_file(storage: Storage, bounds) -> None:
     ps = parts(storage, bounds)
     w = pc.ConcatWriter(storage, "out/A.parquet", tmp_tag="ECID-1")

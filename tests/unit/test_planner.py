@@ -756,8 +756,10 @@ def test_default_candidates(
         ({"groups": (SizeTier(""),)}, r"^groups\[0\]\.name: a non-empty name"),
         ({"groups": (SizeTier(None),)}, r"^groups\[0\]\.name"),  # type: ignore[arg-type]
         ({"groups": (SizeTier("a", 1), SizeTier("a", 2))}, r"^groups\[1\]\.name: duplicate group name 'a'"),
-        ({"groups": (SizeTier("a"), SizeTier("b", 5), SizeTier("c"))},
-         r"^groups\[2\]\.maxSize: more than one unbounded"),
+        (
+            {"groups": (SizeTier("a"), SizeTier("b", 5), SizeTier("c"))},
+            r"^groups\[2\]\.maxSize: more than one unbounded",
+        ),
         ({"groups": (SizeTier("a", 5), SizeTier("b", 5))}, r"^groups\[1\]\.maxSize: duplicate maxSize 5"),
         ({"groups": (SizeTier("a", 0),)}, r"^groups\[0\]\.maxSize: must be > 0"),
         ({"groups": (SizeTier("a", -1),)}, r"^groups\[0\]\.maxSize: must be > 0"),

@@ -12,9 +12,14 @@ from kompaktor_operator import podhealth
 IMAGE = "ghcr.io/kompaktor/kompaktor-compactor:0.1.0"
 
 
-def _pod(name: str = "kompaktor-big-0", *, statuses: list[dict[str, Any]] | None = None,
-         conditions: list[dict[str, Any]] | None = None, memory: str | None = "64Mi",
-         deleting: bool = False) -> dict[str, Any]:
+def _pod(
+    name: str = "kompaktor-big-0",
+    *,
+    statuses: list[dict[str, Any]] | None = None,
+    conditions: list[dict[str, Any]] | None = None,
+    memory: str | None = "64Mi",
+    deleting: bool = False,
+) -> dict[str, Any]:
     limits = {"memory": memory} if memory else {}
     meta: dict[str, Any] = {"name": name}
     if deleting:
@@ -22,14 +27,22 @@ def _pod(name: str = "kompaktor-big-0", *, statuses: list[dict[str, Any]] | None
     status: dict[str, Any] = {"phase": "Pending", "conditions": conditions or []}
     if statuses is not None:
         status["containerStatuses"] = statuses
-    return {"metadata": meta,
-            "spec": {"containers": [{"name": "compactor", "image": IMAGE, "resources": {"limits": limits}}]},
-            "status": status}
+    return {
+        "metadata": meta,
+        "spec": {"containers": [{"name": "compactor", "image": IMAGE, "resources": {"limits": limits}}]},
+        "status": status,
+    }
 
 
 def _cs(state: dict[str, Any], last: dict[str, Any] | None = None, restarts: int = 0) -> dict[str, Any]:
-    return {"name": "compactor", "image": IMAGE, "ready": False, "restartCount": restarts,
-            "state": state, "lastState": last or {}}
+    return {
+        "name": "compactor",
+        "image": IMAGE,
+        "ready": False,
+        "restartCount": restarts,
+        "state": state,
+        "lastState": last or {},
+    }
 
 
 RUNNING = _cs({"running": {"startedAt": "2026-11-25T12:00:00Z"}})
@@ -41,17 +54,22 @@ def test_running_pods_have_no_finding() -> None:
 
 
 def test_an_image_that_cannot_be_pulled_names_the_image_and_the_registrys_words() -> None:
-    pod = _pod(statuses=[_cs({"waiting": {"reason": "ImagePullBackOff",
-                                          "message": f'Back-off pulling image "{IMAGE}"'}})])
+    pod = _pod(
+        statuses=[_cs({"waiting": {"reason": "ImagePullBackOff", "message": f'Back-off pulling image "{IMAGE}"'}})]
+    )
     f = podhealth.diagnose([pod])
     assert f is not None and f.reason == podhealth.IMAGE_PULL_FAILED
     assert IMAGE in f.message and "ImagePullBackOff" in f.message and "kompaktor-big-0" in f.message
 
 
 def test_a_crash_loop_quotes_the_last_exit_and_its_log_tail() -> None:
-    last = {"terminated": {"reason": "Error", "exitCode": 1,
-                           "message": "INFO starting\nkompaktor: error: the Spark master spark://nowhere:7077 does not "
-                                      "answer\n\n"}}
+    last = {
+        "terminated": {
+            "reason": "Error",
+            "exitCode": 1,
+            "message": "INFO starting\nkompaktor: error: the Spark master spark://nowhere:7077 does not answer\n\n",
+        }
+    }
     pod = _pod(statuses=[_cs({"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 20s"}}, last, 2)])
     f = podhealth.diagnose([pod])
     assert f is not None and f.reason == podhealth.CRASH_LOOP
@@ -72,15 +90,18 @@ def test_oom_killed_names_the_limit_and_wins_over_the_crash_loop_it_causes() -> 
 
 def test_unschedulable_quotes_the_scheduler() -> None:
     why = "0/1 nodes are available: 1 Insufficient cpu."
-    pod = _pod(conditions=[{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                            "message": why}])
+    pod = _pod(conditions=[{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": why}])
     f = podhealth.diagnose([pod])
     assert f is not None and f.reason == podhealth.UNSCHEDULABLE and why in f.message
 
 
 def test_counts_pods_and_reports_the_most_actionable_reason() -> None:
-    unsched = _pod("a", conditions=[{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                                     "message": "0/1 nodes are available"}])
+    unsched = _pod(
+        "a",
+        conditions=[
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/1 nodes are available"}
+        ],
+    )
     pulls = [_pod(n, statuses=[_cs({"waiting": {"reason": "ErrImagePull"}})]) for n in ("b", "c")]
     f = podhealth.diagnose([unsched, *pulls, _pod("d", statuses=[RUNNING])])
     assert f is not None and f.reason == podhealth.IMAGE_PULL_FAILED and f.pods == 2

@@ -7,17 +7,20 @@ import pytest
 from kompaktor.model.redact import redact_text, redact_url
 
 
-@pytest.mark.parametrize(("url", "shown"), [
-    ("redis://:pw@h:6379/0", "redis://***@h:6379/0"),
-    ("rediss://user:pw@h:6380/1", "rediss://***@h:6380/1"),
-    ("redis://user@h/0", "redis://***@h/0"),
-    ("redis://:p@ss/w%40rd@h/0", "redis://***@h/0"),  # an unencoded '@' and '/' in the password
-    ("redis://:p@ss@h/0", "redis://***@h/0"),
-    ("redis://h/0?password=pw&socket_timeout=1", "redis://h/0?password=***&socket_timeout=1"),
-    ("unix:///run/redis.sock?db=0&password=pw", "unix:///run/redis.sock?db=0&password=***"),
-    ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
-    ("", ""),
-])
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://:pw@h:6379/0", "redis://***@h:6379/0"),
+        ("rediss://user:pw@h:6380/1", "rediss://***@h:6380/1"),
+        ("redis://user@h/0", "redis://***@h/0"),
+        ("redis://:p@ss/w%40rd@h/0", "redis://***@h/0"),  # an unencoded '@' and '/' in the password
+        ("redis://:p@ss@h/0", "redis://***@h/0"),
+        ("redis://h/0?password=pw&socket_timeout=1", "redis://h/0?password=***&socket_timeout=1"),
+        ("unix:///run/redis.sock?db=0&password=pw", "unix:///run/redis.sock?db=0&password=***"),
+        ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+        ("", ""),
+    ],
+)
 def test_redact_url(url: str, shown: str) -> None:
     assert redact_url(url) == shown
 

@@ -13,11 +13,18 @@ from kompaktor.files.arrowstack import first_unsorted
 from kompaktor.files.sortedfile import entries_to_table, table_to_entries
 from kompaktor.model.keys import ARROW_SORT_KEYS, INT64_MAX, INT64_MIN, Entry, sort_key
 
-field = st.one_of(st.sampled_from([b"", b"\x00", b"\x7f", b"\x80", b"\xff", b"a", b"a\x00", b"\xff\x00"]),
-                  st.binary(max_size=4))
-keys = st.builds(lambda r, f, q, v, ts, d: Entry(r, f, q, v, ts, d, b"" if d else b"v"),
-                 field, field, field, st.sampled_from([b"", b"A", b"\xe9"]),
-                 st.one_of(st.integers(-3, 3), st.sampled_from([INT64_MIN, INT64_MAX])), st.booleans())
+field = st.one_of(
+    st.sampled_from([b"", b"\x00", b"\x7f", b"\x80", b"\xff", b"a", b"a\x00", b"\xff\x00"]), st.binary(max_size=4)
+)
+keys = st.builds(
+    lambda r, f, q, v, ts, d: Entry(r, f, q, v, ts, d, b"" if d else b"v"),
+    field,
+    field,
+    field,
+    st.sampled_from([b"", b"A", b"\xe9"]),
+    st.one_of(st.integers(-3, 3), st.sampled_from([INT64_MIN, INT64_MAX])),
+    st.booleans(),
+)
 
 
 @settings(max_examples=300, deadline=None)

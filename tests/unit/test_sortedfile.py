@@ -20,8 +20,9 @@ from kompaktor.model.keys import Entry, sort_key
 from kompaktor.model.names import TMP_PREFIX
 
 field = st.one_of(st.sampled_from([b"", b"\x00", b"\x80", b"\xff", b"a"]), st.binary(max_size=5))
-entry = st.builds(Entry, field, field, field, field, st.integers(-(2**63), 2**63 - 1), st.booleans(),
-                  st.binary(max_size=8))
+entry = st.builds(
+    Entry, field, field, field, field, st.integers(-(2**63), 2**63 - 1), st.booleans(), st.binary(max_size=8)
+)
 
 
 def E(row: bytes, ts: int = 1, deleted: bool = False, value: bytes = b"v") -> Entry:
@@ -73,14 +74,18 @@ def test_metadata_is_in_the_footer(store_dir: Storage, monkeypatch: pytest.Monke
     pq.write_table(table, store_dir.path("foreign.parquet"))
     foreign = sf.read_info(store_dir, "foreign.parquet")
     assert (foreign.entries, foreign.deletes, foreign.first, foreign.last) == (
-        info.entries, info.deletes, info.first, info.last)
+        info.entries,
+        info.deletes,
+        info.first,
+        info.last,
+    )
 
 
 def test_streaming_writer_across_batches(store_dir: Storage) -> None:
     entries = [E(bytes([i])) for i in range(200)]
     w = sf.SortedFileWriter(store_dir, "t/A1.parquet")
     for i in range(0, 200, 30):
-        w.write_entries(entries[i:i + 30])
+        w.write_entries(entries[i : i + 30])
     w.write_entries([])  # empty batches are fine
     info = w.commit()
     assert info.entries == 200 and info.first == sort_key(entries[0]) and info.last == sort_key(entries[-1])
@@ -102,18 +107,20 @@ def test_range_reads_are_exclusive_start_inclusive_end(store_dir: Storage) -> No
     assert rows(None, b"b") == [b"a", b"b"]
     assert rows(b"c", None) == [b"\x80", b"\xff"]
     assert rows(b"\x7f", b"\x80") == [b"\x80"]  # unsigned comparison in the Arrow filter
-    assert [e.row for e in sf.table_to_entries(sf.read_table(store_dir, "F.parquet", b"b", b"\x80"))] == [
-        b"c", b"\x80"]
+    assert [e.row for e in sf.table_to_entries(sf.read_table(store_dir, "F.parquet", b"b", b"\x80"))] == [b"c", b"\x80"]
 
 
 # -- refusal of unsorted input, atomic visibility -------------------------------------------------
-@pytest.mark.parametrize("bad", [
-    [E(b"b"), E(b"a")],  # rows
-    [E(b"a", ts=1), E(b"a", ts=2)],  # timestamps must descend
-    [E(b"a", ts=1), E(b"a", ts=1, deleted=True)],  # the marker comes first
-    [E(b"\x80"), E(b"\x7f")],  # unsigned bytes
-    [E(b"a"), E(b"b"), E(b"c"), E(b"b")],
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        [E(b"b"), E(b"a")],  # rows
+        [E(b"a", ts=1), E(b"a", ts=2)],  # timestamps must descend
+        [E(b"a", ts=1), E(b"a", ts=1, deleted=True)],  # the marker comes first
+        [E(b"\x80"), E(b"\x7f")],  # unsigned bytes
+        [E(b"a"), E(b"b"), E(b"c"), E(b"b")],
+    ],
+)
 def test_unsorted_input_is_refused_and_leaves_nothing(store_dir: Storage, bad: list[Entry]) -> None:
     with pytest.raises(UnsortedError, match="not in key order"):
         sf.write_sorted(store_dir, "t/F1.parquet", bad)
@@ -161,18 +168,28 @@ def test_abort_and_context_manager_remove_the_temp_file(store_dir: Storage) -> N
 
 # -- schema ------------------------------------------------------------------------------------
 def good_columns(n: int = 2) -> dict:
-    return {"row": [b"a", b"b"][:n], "cf": [b"f"] * n, "cq": [b"q"] * n, "vis": [b""] * n, "ts": [1] * n,
-            "deleted": [False] * n, "value": [b"v"] * n}
+    return {
+        "row": [b"a", b"b"][:n],
+        "cf": [b"f"] * n,
+        "cq": [b"q"] * n,
+        "vis": [b""] * n,
+        "ts": [1] * n,
+        "deleted": [False] * n,
+        "value": [b"v"] * n,
+    }
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda d: d.pop("vis"), r"missing columns \['vis'\]"),
-    (lambda d: d.update(extra=[1, 2]), r"unexpected \['extra'\]"),
-    (lambda d: d.update(ts=pa.array([1, 2], pa.int32())), "column 'ts' has type int32, expected int64"),
-    (lambda d: d.update(ts=["1", "2"]), "column 'ts' has type string"),
-    (lambda d: d.update(deleted=[0, 1]), "column 'deleted' has type int64, expected bool"),
-    (lambda d: d.update(row=[b"a", None]), "column 'row' has null values"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda d: d.pop("vis"), r"missing columns \['vis'\]"),
+        (lambda d: d.update(extra=[1, 2]), r"unexpected \['extra'\]"),
+        (lambda d: d.update(ts=pa.array([1, 2], pa.int32())), "column 'ts' has type int32, expected int64"),
+        (lambda d: d.update(ts=["1", "2"]), "column 'ts' has type string"),
+        (lambda d: d.update(deleted=[0, 1]), "column 'deleted' has type int64, expected bool"),
+        (lambda d: d.update(row=[b"a", None]), "column 'row' has null values"),
+    ],
+)
 def test_wrong_schema_is_refused(store_dir: Storage, change, message: str) -> None:
     cols = good_columns()
     change(cols)
@@ -239,8 +256,9 @@ def test_storage_uris_and_operations(tmp_path: Path) -> None:
             s.size("x/y/F1.parquet")
 
 
-def test_commit_does_not_read_back_a_file_someone_may_consume_at_once(store_dir: Storage,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_commit_does_not_read_back_a_file_someone_may_consume_at_once(
+    store_dir: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Found in CI under load: a Spark task's part was consumed and deleted by the driver right
     after the task published it, and the task's read-back of its size then failed the merge.
     The size is the bytes written; nothing is read after publishing."""
@@ -252,13 +270,11 @@ def test_commit_does_not_read_back_a_file_someone_may_consume_at_once(store_dir:
 
     monkeypatch.setattr(Storage, "publish", publish_then_consume)
     with sf.SortedFileWriter(store_dir, "t/F0001.parquet") as w:
-        w.write_entries(sorted([Entry(b"r%03d" % i, b"f", b"q", b"", 1, False, b"v") for i in range(50)],
-                               key=sort_key))
+        w.write_entries(sorted([Entry(b"r%03d" % i, b"f", b"q", b"", 1, False, b"v") for i in range(50)], key=sort_key))
         info = w.commit()
     assert info.entries == 50 and info.size > 0
     monkeypatch.setattr(Storage, "publish", published)
     with sf.SortedFileWriter(store_dir, "t/F0002.parquet") as w:
-        w.write_entries(sorted([Entry(b"r%03d" % i, b"f", b"q", b"", 1, False, b"v") for i in range(50)],
-                               key=sort_key))
+        w.write_entries(sorted([Entry(b"r%03d" % i, b"f", b"q", b"", 1, False, b"v") for i in range(50)], key=sort_key))
         again = w.commit()
     assert again.size == store_dir.size("t/F0002.parquet") == info.size  # the same bytes as written

@@ -59,8 +59,12 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup)
 @click.version_option(package_name="kompaktor")
-@click.option("--debug", is_flag=True, envvar="KOMPAKTOR_DEBUG",
-              help="Show the traceback of an error instead of one line (env KOMPAKTOR_DEBUG=1).")
+@click.option(
+    "--debug",
+    is_flag=True,
+    envvar="KOMPAKTOR_DEBUG",
+    help="Show the traceback of an error instead of one line (env KOMPAKTOR_DEBUG=1).",
+)
 def main(debug: bool) -> None:
     """Kompaktor: external compactions for sorted key/value tables.
 

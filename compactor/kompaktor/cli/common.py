@@ -18,14 +18,25 @@ from kompaktor.model.redact import redact_text
 
 
 def redis_option(fn: Callable) -> Callable:
-    return click.option("--redis", "redis_url", envvar="KOMPAKTOR_REDIS_URL", default=DEFAULT_REDIS_URL,
-                        show_default=True, help="Redis URL of the metadata store (env KOMPAKTOR_REDIS_URL).")(fn)
+    return click.option(
+        "--redis",
+        "redis_url",
+        envvar="KOMPAKTOR_REDIS_URL",
+        default=DEFAULT_REDIS_URL,
+        show_default=True,
+        help="Redis URL of the metadata store (env KOMPAKTOR_REDIS_URL).",
+    )(fn)
 
 
 def storage_option(fn: Callable) -> Callable:
-    return click.option("--storage", "storage_uri", envvar="KOMPAKTOR_STORAGE", default=None,
-                        help=f"Where data files live: a directory, s3://… or hdfs://… "
-                             f"(env KOMPAKTOR_STORAGE; default {default_storage_uri()}).")(fn)
+    return click.option(
+        "--storage",
+        "storage_uri",
+        envvar="KOMPAKTOR_STORAGE",
+        default=None,
+        help=f"Where data files live: a directory, s3://… or hdfs://… "
+        f"(env KOMPAKTOR_STORAGE; default {default_storage_uri()}).",
+    )(fn)
 
 
 #: exceptions that mean "the input or the environment is wrong", not "Kompaktor is broken": one

@@ -23,10 +23,20 @@ from kompaktor.cli.common import friendly_errors, open_client, parse_row, redis_
 @redis_option
 @storage_option
 @friendly_errors
-def compact(name: str | None, start: str | None, end: str | None, ageoff_ttl: int | None,
-            row_regex: str | None, delete_rows_from: str | None, delete_rows_to: str | None,
-            cancel_id: str | None, status_id: str | None, wait_s: float | None, redis_url: str,
-            storage_uri: str | None) -> None:
+def compact(
+    name: str | None,
+    start: str | None,
+    end: str | None,
+    ageoff_ttl: int | None,
+    row_regex: str | None,
+    delete_rows_from: str | None,
+    delete_rows_to: str | None,
+    cancel_id: str | None,
+    status_id: str | None,
+    wait_s: float | None,
+    redis_url: str,
+    storage_uri: str | None,
+) -> None:
     """Compact table NAME (or a row range) into one file per tablet, with optional iterators."""
     from kompaktor.metadata import user_compactions as uc
 

@@ -15,30 +15,64 @@ from kompaktor.cli.common import friendly_errors, redis_option, setup_logging, s
 
 @click.command()
 @click.option("--group", required=True, help="Compactor group whose queue this compactor serves.")
-@click.option("--id", "compactor_id", envvar="POD_NAME", default=None,
-              help="Compactor id (env POD_NAME; default host name and pid).")
-@click.option("--engine", type=click.Choice(["spark", "arrow"]), default=None,
-              help="Merge engine (default: the group's configured engine, else spark).")
+@click.option(
+    "--id",
+    "compactor_id",
+    envvar="POD_NAME",
+    default=None,
+    help="Compactor id (env POD_NAME; default host name and pid).",
+)
+@click.option(
+    "--engine",
+    type=click.Choice(["spark", "arrow"]),
+    default=None,
+    help="Merge engine (default: the group's configured engine, else spark).",
+)
 @click.option("--spark-master", default=None, help="spark.master (default: the group's, else local[*]).")
 @click.option("--spark-conf", multiple=True, help="Extra Spark configuration KEY=VALUE (repeatable).")
 @click.option("--driver-memory", default=None, help="spark.driver.memory.")
 @click.option("--drain-grace", type=float, default=None, help="Seconds a drain may wait for the current job.")
-@click.option("--http-port", type=int, default=8080, show_default=True,
-              help="Port for /healthz, /readyz, /drain and /metrics (0: any free port, -1: off).")
-@click.option("--http-host", envvar="KOMPAKTOR_HTTP_HOST", default="0.0.0.0", show_default=True,
-              help="Address the HTTP endpoints listen on (env KOMPAKTOR_HTTP_HOST).")
-@click.option("--drain-token-file", envvar="KOMPAKTOR_DRAIN_TOKEN_FILE", default=None,
-              help="File holding the token that authorizes POST /drain from elsewhere than loopback "
-                   "(env KOMPAKTOR_DRAIN_TOKEN_FILE; or the token itself in env KOMPAKTOR_DRAIN_TOKEN). "
-                   "Without one, only the pod itself (127.0.0.1) may drain it over HTTP.")
+@click.option(
+    "--http-port",
+    type=int,
+    default=8080,
+    show_default=True,
+    help="Port for /healthz, /readyz, /drain and /metrics (0: any free port, -1: off).",
+)
+@click.option(
+    "--http-host",
+    envvar="KOMPAKTOR_HTTP_HOST",
+    default="0.0.0.0",
+    show_default=True,
+    help="Address the HTTP endpoints listen on (env KOMPAKTOR_HTTP_HOST).",
+)
+@click.option(
+    "--drain-token-file",
+    envvar="KOMPAKTOR_DRAIN_TOKEN_FILE",
+    default=None,
+    help="File holding the token that authorizes POST /drain from elsewhere than loopback "
+    "(env KOMPAKTOR_DRAIN_TOKEN_FILE; or the token itself in env KOMPAKTOR_DRAIN_TOKEN). "
+    "Without one, only the pod itself (127.0.0.1) may drain it over HTTP.",
+)
 @click.option("--max-jobs", type=int, default=None, hidden=True)
 @redis_option
 @storage_option
 @friendly_errors
-def compactor(group: str, compactor_id: str | None, engine: str | None, spark_master: str | None,
-              spark_conf: tuple[str, ...], driver_memory: str | None, drain_grace: float | None,
-              http_port: int, http_host: str, drain_token_file: str | None, max_jobs: int | None,
-              redis_url: str, storage_uri: str | None) -> None:
+def compactor(
+    group: str,
+    compactor_id: str | None,
+    engine: str | None,
+    spark_master: str | None,
+    spark_conf: tuple[str, ...],
+    driver_memory: str | None,
+    drain_grace: float | None,
+    http_port: int,
+    http_host: str,
+    drain_token_file: str | None,
+    max_jobs: int | None,
+    redis_url: str,
+    storage_uri: str | None,
+) -> None:
     """Run one compactor: reserve a job of GROUP, merge it, commit, repeat; drain on SIGTERM."""
     from kompaktor.files.storage import Storage
     from kompaktor.metadata.store import MetadataStore
@@ -62,8 +96,9 @@ def compactor(group: str, compactor_id: str | None, engine: str | None, spark_ma
         spark_master=spark_master or (cfg.spark_master if cfg else defaults.DEFAULT_SPARK_MASTER),
         spark_conf=conf,
         driver_memory=driver_memory or (cfg.driver_memory if cfg else None),
-        drain_grace_s=drain_grace if drain_grace is not None else float(
-            cfg.drain_grace_seconds if cfg else defaults.DEFAULT_DRAIN_GRACE_S),
+        drain_grace_s=drain_grace
+        if drain_grace is not None
+        else float(cfg.drain_grace_seconds if cfg else defaults.DEFAULT_DRAIN_GRACE_S),
         max_jobs=max_jobs,
     )
     from kompaktor.worker.http import TOKEN_ENV, token_source
@@ -75,8 +110,7 @@ def compactor(group: str, compactor_id: str | None, engine: str | None, spark_ma
     worker.install_signal_handlers()
     if http_port >= 0:
         port = worker.serve_http(http_port, http_host, drain_token)
-        logging.getLogger("kompaktor.compactor").info("compactor %s serving HTTP on :%d",
-                                                      settings.compactor_id, port)
+        logging.getLogger("kompaktor.compactor").info("compactor %s serving HTTP on :%d", settings.compactor_id, port)
     try:
         code = worker.run()
     finally:
@@ -90,11 +124,20 @@ def compactor(group: str, compactor_id: str | None, engine: str | None, spark_ma
 
 @click.command()
 @click.option("--port", type=int, default=8080, show_default=True, help="The compactor's HTTP port.")
-@click.option("--host", envvar="KOMPAKTOR_HTTP_HOST", default="127.0.0.1", show_default=True,
-              help="The compactor's address (env KOMPAKTOR_HTTP_HOST).")
-@click.option("--token-file", envvar="KOMPAKTOR_DRAIN_TOKEN_FILE", default=None,
-              help="Send the drain token in this file (env KOMPAKTOR_DRAIN_TOKEN_FILE, or the token in "
-                   "env KOMPAKTOR_DRAIN_TOKEN); needed unless the compactor is reached at 127.0.0.1.")
+@click.option(
+    "--host",
+    envvar="KOMPAKTOR_HTTP_HOST",
+    default="127.0.0.1",
+    show_default=True,
+    help="The compactor's address (env KOMPAKTOR_HTTP_HOST).",
+)
+@click.option(
+    "--token-file",
+    envvar="KOMPAKTOR_DRAIN_TOKEN_FILE",
+    default=None,
+    help="Send the drain token in this file (env KOMPAKTOR_DRAIN_TOKEN_FILE, or the token in "
+    "env KOMPAKTOR_DRAIN_TOKEN); needed unless the compactor is reached at 127.0.0.1.",
+)
 @friendly_errors
 def drain(port: int, host: str, token_file: str | None) -> None:
     """Ask a compactor to drain (POST /drain): it takes no new job and finishes or releases the
@@ -108,7 +151,9 @@ def drain(port: int, host: str, token_file: str | None) -> None:
     try:
         click.echo(request_drain(port, host, token=token))
     except urllib.error.HTTPError as exc:
-        raise KompaktorError(f"the compactor on {host}:{port} refused to drain: HTTP {exc.code} "
-                                   f"{exc.read().decode(errors='replace').strip()}") from exc
+        raise KompaktorError(
+            f"the compactor on {host}:{port} refused to drain: HTTP {exc.code} "
+            f"{exc.read().decode(errors='replace').strip()}"
+        ) from exc
     except OSError as exc:
         raise KompaktorError(f"no compactor answered on {host}:{port}: {exc}") from exc

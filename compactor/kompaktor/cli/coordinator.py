@@ -11,25 +11,64 @@ from kompaktor.cli.common import friendly_errors, redis_option, setup_logging, s
 
 
 @click.command()
-@click.option("--metrics-port", type=int, default=9090, show_default=True,
-              help="Port for /metrics (queue depth per group: the autoscaling signal); -1: off.")
-@click.option("--metrics-host", default="0.0.0.0", show_default=True, envvar="KOMPAKTOR_METRICS_HOST",
-              help="Address /metrics listens on (env KOMPAKTOR_METRICS_HOST).")
-@click.option("--full-scan-interval", type=float, default=30.0, show_default=True,
-              help="Seconds between full scans of all tablets.")
-@click.option("--dead-after", type=float, default=30.0, show_default=True,
-              help="Seconds without a heartbeat after which a compaction is dead.")
-@click.option("--gc-grace", type=float, default=300.0, show_default=True,
-              help="Seconds an unreferenced file is kept before garbage collection.")
+@click.option(
+    "--metrics-port",
+    type=int,
+    default=9090,
+    show_default=True,
+    help="Port for /metrics (queue depth per group: the autoscaling signal); -1: off.",
+)
+@click.option(
+    "--metrics-host",
+    default="0.0.0.0",
+    show_default=True,
+    envvar="KOMPAKTOR_METRICS_HOST",
+    help="Address /metrics listens on (env KOMPAKTOR_METRICS_HOST).",
+)
+@click.option(
+    "--full-scan-interval",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="Seconds between full scans of all tablets.",
+)
+@click.option(
+    "--dead-after",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="Seconds without a heartbeat after which a compaction is dead.",
+)
+@click.option(
+    "--gc-grace",
+    type=float,
+    default=300.0,
+    show_default=True,
+    help="Seconds an unreferenced file is kept before garbage collection.",
+)
 @click.option("--gc-interval", type=float, default=60.0, show_default=True)
-@click.option("--lease", "lease_s", type=click.FloatRange(min=0.5), default=10.0, show_default=True,
-              help="Seconds of the leader's lease; a stopped leader is replaced this long after its "
-                   "last renewal.")
+@click.option(
+    "--lease",
+    "lease_s",
+    type=click.FloatRange(min=0.5),
+    default=10.0,
+    show_default=True,
+    help="Seconds of the leader's lease; a stopped leader is replaced this long after its last renewal.",
+)
 @redis_option
 @storage_option
 @friendly_errors
-def coordinator(metrics_port: int, metrics_host: str, full_scan_interval: float, dead_after: float, gc_grace: float,
-                gc_interval: float, lease_s: float, redis_url: str, storage_uri: str | None) -> None:
+def coordinator(
+    metrics_port: int,
+    metrics_host: str,
+    full_scan_interval: float,
+    dead_after: float,
+    gc_grace: float,
+    gc_interval: float,
+    lease_s: float,
+    redis_url: str,
+    storage_uri: str | None,
+) -> None:
     """Plan tablets into group queues, run user compactions, detect dead compactions, collect
     garbage. Several may run; one leads (Redis lease), the others wait."""
     from prometheus_client import start_http_server
@@ -43,9 +82,17 @@ def coordinator(metrics_port: int, metrics_host: str, full_scan_interval: float,
     store.ping()
     storage = Storage.from_uri(storage_uri)
     storage.check_writable()  # read-only or wrong credentials: one line, now
-    coord = Coordinator(store, storage, CoordinatorSettings(
-        full_scan_s=full_scan_interval, dead_after_s=dead_after, gc_grace_s=gc_grace, gc_interval_s=gc_interval,
-        lease_ms=int(lease_s * 1000)))
+    coord = Coordinator(
+        store,
+        storage,
+        CoordinatorSettings(
+            full_scan_s=full_scan_interval,
+            dead_after_s=dead_after,
+            gc_grace_s=gc_grace,
+            gc_interval_s=gc_interval,
+            lease_ms=int(lease_s * 1000),
+        ),
+    )
     if metrics_port >= 0:
         start_http_server(metrics_port, addr=metrics_host, registry=coord.metrics.registry)
     stop = threading.Event()

@@ -45,8 +45,9 @@ def import_files(name: str, files: tuple[str, ...], redis_url: str, storage_uri:
 @redis_option
 @storage_option
 @friendly_errors
-def scan(name: str, start: str | None, end: str | None, output: str | None, redis_url: str,
-         storage_uri: str | None) -> None:
+def scan(
+    name: str, start: str | None, end: str | None, output: str | None, redis_url: str, storage_uri: str | None
+) -> None:
     """Print (or write with -o) the merged view of table NAME: newest versions, deletes applied."""
     check_row_range(parse_row(start), parse_row(end), "row range to scan")
     if output:

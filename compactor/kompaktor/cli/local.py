@@ -14,21 +14,36 @@ from kompaktor.cli.common import friendly_errors
 
 #: where `up` and `demo` keep data files, when not under the data directory
 _storage_option = click.option(
-    "--storage", default=None, metavar="URI",
+    "--storage",
+    default=None,
+    metavar="URI",
     help="Data files here instead of under the data directory: a pyarrow.fs URI such as s3://bucket/prefix "
-         "(an empty prefix; credentials and AWS_ENDPOINT_URL from the environment).")
+    "(an empty prefix; credentials and AWS_ENDPOINT_URL from the environment).",
+)
 
 
 @click.command()
-@click.option("--config", "config_path", type=click.File("r"), default=None,
-              help="YAML with CompactionService and CompactorGroup documents (default: the demo's two groups).")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.File("r"),
+    default=None,
+    help="YAML with CompactionService and CompactorGroup documents (default: the demo's two groups).",
+)
 @click.option("--redis", "redis_url", default=None, help="Use this Redis instead of an embedded one.")
-@click.option("--data-dir", default=".kompaktor", show_default=True,
-              help="Embedded Redis data (AOF), data files and process logs.")
+@click.option(
+    "--data-dir",
+    default=".kompaktor",
+    show_default=True,
+    help="Embedded Redis data (AOF), data files and process logs.",
+)
 @_storage_option
-@click.option("--ha", is_flag=True,
-              help="Embedded Redis as a primary, a replica and three sentinels (redis+sentinel:// URL): "
-                   "writes are acknowledged once on two nodes, and survive the loss of either.")
+@click.option(
+    "--ha",
+    is_flag=True,
+    help="Embedded Redis as a primary, a replica and three sentinels (redis+sentinel:// URL): "
+    "writes are acknowledged once on two nodes, and survive the loss of either.",
+)
 @friendly_errors
 def up(config_path, redis_url: str | None, data_dir: str, storage: str | None, ha: bool) -> None:
     """Run Redis, the coordinator and autoscaled compactors locally until Ctrl-C."""
@@ -47,8 +62,10 @@ def up(config_path, redis_url: str | None, data_dir: str, storage: str | None, h
                 cluster.start()
                 from kompaktor.model.redact import redact_url
 
-                click.echo(f"kompaktor is up: KOMPAKTOR_REDIS_URL={redact_url(cluster.url)} "
-                           f"KOMPAKTOR_STORAGE={cluster.storage_uri}")
+                click.echo(
+                    f"kompaktor is up: KOMPAKTOR_REDIS_URL={redact_url(cluster.url)} "
+                    f"KOMPAKTOR_STORAGE={cluster.storage_uri}"
+                )
                 click.echo("Ctrl-C stops everything cleanly (compactors drain first).")
                 while True:
                     time.sleep(1.0)
@@ -67,34 +84,72 @@ def up(config_path, redis_url: str | None, data_dir: str, storage: str | None, h
 
 
 @click.command()
-@click.option("--entries", type=int, default=150_000, show_default=True,
-              help="Entries of steady ingest, spread evenly over --duration.")
+@click.option(
+    "--entries",
+    type=int,
+    default=150_000,
+    show_default=True,
+    help="Entries of steady ingest, spread evenly over --duration.",
+)
 @click.option("--tablets", type=int, default=4, show_default=True, help="Tablets of the demo table.")
 @click.option("--compactors", type=int, default=None, help="Most compactor processes per group.")
 @click.option("--duration", type=float, default=45.0, show_default=True, help="Seconds of steady ingest.")
 @click.option("--batch", type=int, default=1500, show_default=True, help="Entries per flush.")
-@click.option("--burst-entries", type=int, default=50_000, show_default=True,
-              help="After the steady ingest, bulk-import this many more entries at once (0: no burst).")
-@click.option("--burst-files", type=int, default=40, show_default=True,
-              help="Files of the burst import, each spanning every tablet.")
+@click.option(
+    "--burst-entries",
+    type=int,
+    default=50_000,
+    show_default=True,
+    help="After the steady ingest, bulk-import this many more entries at once (0: no burst).",
+)
+@click.option(
+    "--burst-files",
+    type=int,
+    default=40,
+    show_default=True,
+    help="Files of the burst import, each spanning every tablet.",
+)
 @click.option("--config", "config_path", type=click.File("r"), default=None, help="Local YAML (as for `up`).")
-@click.option("--data-dir", default=None,
-              help="Keep data here (default: a temporary directory, removed at the end unless verification fails).")
+@click.option(
+    "--data-dir",
+    default=None,
+    help="Keep data here (default: a temporary directory, removed at the end unless verification fails).",
+)
 @_storage_option
-@click.option("--chaos", is_flag=True,
-              help="Inject faults on a fixed-seed schedule: SIGKILL and SIGTERM busy compactors, restart the "
-                   "coordinator, SIGKILL the Redis primary mid-ingest and mid-commit (Sentinel promotes the "
-                   "replica); then check that nothing acknowledged was lost, applied twice or left behind.")
+@click.option(
+    "--chaos",
+    is_flag=True,
+    help="Inject faults on a fixed-seed schedule: SIGKILL and SIGTERM busy compactors, restart the "
+    "coordinator, SIGKILL the Redis primary mid-ingest and mid-commit (Sentinel promotes the "
+    "replica); then check that nothing acknowledged was lost, applied twice or left behind.",
+)
 @click.option("--seed", type=int, default=7, show_default=True, help="Seed of the chaos schedule.")
-@click.option("--ha/--single-redis", "ha", default=None,
-              help="Redis as a primary, a replica and three sentinels (default with --chaos, whose Redis faults "
-                   "are then SIGKILLs of the primary mid-ingest and mid-commit), or one redis-server (default "
-                   "without --chaos; with --chaos it is restarted once).")
+@click.option(
+    "--ha/--single-redis",
+    "ha",
+    default=None,
+    help="Redis as a primary, a replica and three sentinels (default with --chaos, whose Redis faults "
+    "are then SIGKILLs of the primary mid-ingest and mid-commit), or one redis-server (default "
+    "without --chaos; with --chaos it is restarted once).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @friendly_errors
-def demo(entries: int, tablets: int, compactors: int | None, duration: float, batch: int, burst_entries: int,
-         burst_files: int, config_path, data_dir: str | None, storage: str | None, chaos: bool, seed: int,
-         ha: bool | None, as_json: bool) -> None:
+def demo(
+    entries: int,
+    tablets: int,
+    compactors: int | None,
+    duration: float,
+    batch: int,
+    burst_entries: int,
+    burst_files: int,
+    config_path,
+    data_dir: str | None,
+    storage: str | None,
+    chaos: bool,
+    seed: int,
+    ha: bool | None,
+    as_json: bool,
+) -> None:
     """Continuous ingest, then a burst of imported files, while autoscaled compactors keep files per
     tablet down; then verify that nothing was lost. Exit 0 only when verified. Ctrl-C, SIGTERM and
     a hang-up stop every process the demo started and remove its temporary directory."""
@@ -110,17 +165,29 @@ def demo(entries: int, tablets: int, compactors: int | None, duration: float, ba
         raise ValueError("--compactors must be >= 1")
     _check_storage(storage)
     t0 = time.monotonic()
-    opts = DemoOptions(storage=storage, entries=entries, tablets=tablets, compactors=compactors, duration_s=duration,
-                       batch=batch, burst_entries=burst_entries, burst_files=burst_files, data_dir=data_dir,
-                       live=not as_json and sys.stdout.isatty(),
-                       config_text=config_path.read() if config_path else DEMO_CONFIG,
-                       chaos=chaos, chaos_seed=seed, ha=chaos if ha is None else ha)
+    opts = DemoOptions(
+        storage=storage,
+        entries=entries,
+        tablets=tablets,
+        compactors=compactors,
+        duration_s=duration,
+        batch=batch,
+        burst_entries=burst_entries,
+        burst_files=burst_files,
+        data_dir=data_dir,
+        live=not as_json and sys.stdout.isatty(),
+        config_text=config_path.read() if config_path else DEMO_CONFIG,
+        chaos=chaos,
+        chaos_seed=seed,
+        ha=chaos if ha is None else ha,
+    )
     try:
         res = run_demo(opts)
     except Interrupted as sig:
         with contextlib.suppress(OSError):
-            click.echo(f"stopped by {sig}: every process stopped"
-                       + ("" if data_dir else ", temporary data removed"), err=True)
+            click.echo(
+                f"stopped by {sig}: every process stopped" + ("" if data_dir else ", temporary data removed"), err=True
+            )
         sys.exit(sig.exit_code)
     if as_json:
         click.echo(json.dumps(res.summary))
@@ -147,6 +214,7 @@ def _check_storage(uri: str | None) -> None:
     except (OSError, ValueError) as exc:
         raise StorageError(f"storage {uri}: {' '.join(str(exc).split())}") from None
     if present:
-        raise StorageError(f"storage {uri}: already holds {len(present)} file(s) under {TABLES_DIR}/; "
-                           "give an empty prefix")
+        raise StorageError(
+            f"storage {uri}: already holds {len(present)} file(s) under {TABLES_DIR}/; give an empty prefix"
+        )
     storage.check_writable()

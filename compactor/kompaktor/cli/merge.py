@@ -19,21 +19,40 @@ def _mb(n: int) -> str:
 @click.command()
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Output Parquet file.")
-@click.option("--full/--partial", default=True, show_default=True,
-              help="Full: drop delete markers. Partial: keep the newest marker of each key (inputs are a "
-                   "subset of a tablet's files).")
-@click.option("--max-versions", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Newest versions kept per key.")
-@click.option("--ageoff-ttl-ms", type=click.IntRange(min=0), default=None,
-              help="Age-off filter: drop puts older than now minus this many milliseconds.")
+@click.option(
+    "--full/--partial",
+    default=True,
+    show_default=True,
+    help="Full: drop delete markers. Partial: keep the newest marker of each key (inputs are a "
+    "subset of a tablet's files).",
+)
+@click.option(
+    "--max-versions", type=click.IntRange(min=1), default=1, show_default=True, help="Newest versions kept per key."
+)
+@click.option(
+    "--ageoff-ttl-ms",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Age-off filter: drop puts older than now minus this many milliseconds.",
+)
 @click.option("--row-regex", default=None, help="Row filter: drop puts whose row matches this regex.")
 @click.option("--engine", type=click.Choice(["spark", "arrow"]), default="spark", show_default=True)
-@click.option("--spark-master", default=DEFAULT_SPARK_MASTER, show_default=True,
-              help="Spark master for --engine spark.")
+@click.option(
+    "--spark-master", default=DEFAULT_SPARK_MASTER, show_default=True, help="Spark master for --engine spark."
+)
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists.")
 @friendly_errors
-def merge(inputs: tuple[str, ...], output: str, full: bool, max_versions: int, ageoff_ttl_ms: int | None,
-          row_regex: str | None, engine: str, spark_master: str, overwrite: bool) -> None:
+def merge(
+    inputs: tuple[str, ...],
+    output: str,
+    full: bool,
+    max_versions: int,
+    ageoff_ttl_ms: int | None,
+    row_regex: str | None,
+    engine: str,
+    spark_master: str,
+    overwrite: bool,
+) -> None:
     """Merge sorted Parquet INPUTS (oldest first) into one sorted file OUTPUT, applying
     versioning, deletes and filters exactly as a compaction does."""
     from kompaktor.engines import make_engine
@@ -54,10 +73,21 @@ def merge(inputs: tuple[str, ...], output: str, full: bool, max_versions: int, a
     root = os.path.commonpath([os.path.dirname(p) for p in [*paths, out]])
     storage = Storage.from_uri(root)
     rel = [os.path.relpath(p, root) for p in paths]
-    settings = IteratorSettings(max_versions=max_versions, full=full, ageoff_ttl_ms=ageoff_ttl_ms,
-                                now_ms=int(time.time() * 1000), row_regex=row_regex)
-    req = MergeRequest(inputs=tuple(rel), output=os.path.relpath(out, root), prev=None, end=None,
-                       settings=settings, tmp_tag=f"merge-{uuid.uuid4().hex[:12]}")
+    settings = IteratorSettings(
+        max_versions=max_versions,
+        full=full,
+        ageoff_ttl_ms=ageoff_ttl_ms,
+        now_ms=int(time.time() * 1000),
+        row_regex=row_regex,
+    )
+    req = MergeRequest(
+        inputs=tuple(rel),
+        output=os.path.relpath(out, root),
+        prev=None,
+        end=None,
+        settings=settings,
+        tmp_tag=f"merge-{uuid.uuid4().hex[:12]}",
+    )
     t0 = time.perf_counter()
     eng = make_engine(engine, spark_master=spark_master)
     startup = time.perf_counter() - t0
@@ -70,12 +100,16 @@ def merge(inputs: tuple[str, ...], output: str, full: bool, max_versions: int, a
         msg = str(exc)
         for r, a in zip(rel, paths, strict=True):
             if msg.startswith(f"{r}:"):
-                msg = a + msg[len(r):]
+                msg = a + msg[len(r) :]
                 break
         raise BadFileError(msg) from exc
     secs = max(time.perf_counter() - t1, 1e-9)
-    click.echo(f"merged {len(paths)} files ({res.entries_read:,} entries, {_mb(res.bytes_read)}) into {output} "
-               f"({res.entries_written:,} entries, {_mb(res.bytes_written)}) with the {engine} engine")
-    click.echo(f"{secs:.2f}s: {res.entries_read / secs:,.0f} entries/s read, "
-               f"{res.bytes_read / 1e6 / secs:.1f} MB/s read" +
-               (f"; engine start-up {startup:.2f}s" if engine == "spark" else ""))
+    click.echo(
+        f"merged {len(paths)} files ({res.entries_read:,} entries, {_mb(res.bytes_read)}) into {output} "
+        f"({res.entries_written:,} entries, {_mb(res.bytes_written)}) with the {engine} engine"
+    )
+    click.echo(
+        f"{secs:.2f}s: {res.entries_read / secs:,.0f} entries/s read, "
+        f"{res.bytes_read / 1e6 / secs:.1f} MB/s read"
+        + (f"; engine start-up {startup:.2f}s" if engine == "spark" else "")
+    )

@@ -41,5 +41,7 @@ def list_services(redis_url: str, storage_uri: str | None) -> None:
         tiers = ", ".join(f"{t.name}<{t.max_size or '∞'}→{t.group}" for t in s.tiers)
         click.echo(f"service {s.name}: ratio {s.ratio}, maxOpen {s.max_open}, tables {list(s.tables)}; {tiers}")
     for g in store.groups().values():
-        click.echo(f"group {g.name}: replicas {g.min_replicas}..{g.max_replicas}, "
-                   f"{g.jobs_per_replica} jobs/replica, engine {g.engine}")
+        click.echo(
+            f"group {g.name}: replicas {g.min_replicas}..{g.max_replicas}, "
+            f"{g.jobs_per_replica} jobs/replica, engine {g.engine}"
+        )

@@ -17,8 +17,9 @@ def table() -> None:
 @table.command("create")
 @click.argument("name")
 @click.option("--splits", default=None, help="Comma-separated UTF-8 split rows.")
-@click.option("--splits-file", type=click.File("rb"), default=None,
-              help="One split row per line, hex-encoded (arbitrary bytes).")
+@click.option(
+    "--splits-file", type=click.File("rb"), default=None, help="One split row per line, hex-encoded (arbitrary bytes)."
+)
 @redis_option
 @storage_option
 @friendly_errors
@@ -106,8 +107,9 @@ def delete(name: str, redis_url: str, storage_uri: str | None) -> None:
 def list_tables(as_json: bool, redis_url: str, storage_uri: str | None) -> None:
     """List tables with their state and tablet count."""
     store = open_client(redis_url, storage_uri).store
-    rows = [{"name": t.name, "id": t.id, "state": t.state, "tablets": len(store.tablet_ids(t.id))}
-            for t in store.tables()]
+    rows = [
+        {"name": t.name, "id": t.id, "state": t.state, "tablets": len(store.tablet_ids(t.id))} for t in store.tables()
+    ]
     if as_json:
         click.echo(json.dumps(rows))
     else:
@@ -154,8 +156,7 @@ def split(name: str, rows: tuple[str, ...], as_hex: bool, redis_url: str, storag
 @redis_option
 @storage_option
 @friendly_errors
-def merge(name: str, start: str | None, end: str | None, as_hex: bool, redis_url: str,
-          storage_uri: str | None) -> None:
+def merge(name: str, start: str | None, end: str | None, as_hex: bool, redis_url: str, storage_uri: str | None) -> None:
     """Merge the tablets of table NAME overlapping rows [START, END] into one (refused while one
     of them has running compactions)."""
     from kompaktor.metadata import tablet_ops as tabletops

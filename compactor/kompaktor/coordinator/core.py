@@ -176,7 +176,7 @@ class Coordinator:
         return tables, services, active, failures.skip_set(self.store)
 
     def plan_tablets(self, tablets: list[Tablet], gen: int) -> int:
-        return self._plan((tablets[i:i + PLAN_BATCH] for i in range(0, len(tablets), PLAN_BATCH)), gen)
+        return self._plan((tablets[i : i + PLAN_BATCH] for i in range(0, len(tablets), PLAN_BATCH)), gen)
 
     def _plan(self, batches: Iterable[Sequence[Tablet]], gen: int) -> int:
         """Plan batches of tablets and queue their jobs; a batch's jobs are queued while the next
@@ -213,8 +213,12 @@ class Coordinator:
         known, self._known_tables = self._known_tables, live
         gone = known - live if known is not None else set()
         if gone:
-            victims = {tab for g in self.queues.groups() for tab in self.queues.queued_tablets(g)
-                       if tab.split(";", 1)[0] in gone}
+            victims = {
+                tab
+                for g in self.queues.groups()
+                for tab in self.queues.queued_tablets(g)
+                if tab.split(";", 1)[0] in gone
+            }
             if victims:
                 self.queues.remove_tablets(victims)
 
@@ -242,8 +246,13 @@ class Coordinator:
 
     # -- dead compactions, garbage ------------------------------------------------------------------
     def detect_dead(self) -> list[str]:
-        dead = detect_dead(self.store, self.storage, self.settings.dead_after_s, self.settings.max_attempts,
-                           not_before=self._store_back)
+        dead = detect_dead(
+            self.store,
+            self.storage,
+            self.settings.dead_after_s,
+            self.settings.max_attempts,
+            not_before=self._store_back,
+        )
         self.stats["dead"] += len(dead)
         return dead
 
@@ -251,7 +260,12 @@ class Coordinator:
         """Delete files under tables/ that no tablet references and no running compaction will
         write, once older than the grace period; and temporary outputs of finished ECIDs."""
         self._last_gc = time.monotonic()
-        deleted = collect_garbage(self.store, self.storage, self.settings.gc_grace_s if grace_s is None else grace_s,
-                                  check=self.check_lease, cursor=self._gc_cursor)
+        deleted = collect_garbage(
+            self.store,
+            self.storage,
+            self.settings.gc_grace_s if grace_s is None else grace_s,
+            check=self.check_lease,
+            cursor=self._gc_cursor,
+        )
         self.stats["gc_deleted"] += len(deleted)
         return deleted

@@ -45,8 +45,9 @@ def _removed(store: MetadataStore, tablet_id: str, ecid: str, rc: RunningCompact
     return t is not None and ecid not in t.running and rc.output not in t.files
 
 
-def detect_dead(store: MetadataStore, storage: Storage, dead_after_s: float, max_attempts: int, *,
-                not_before: float = 0.0) -> list[str]:
+def detect_dead(
+    store: MetadataStore, storage: Storage, dead_after_s: float, max_attempts: int, *, not_before: float = 0.0
+) -> list[str]:
     """Remove the compactions whose last heartbeat (or start, or ``not_before``: when the store
     became reachable again after an outage) is older than ``dead_after_s``; returns their ECIDs.
     The removal is a (fenced) conditional mutation; outputs are deleted only after it applied."""
@@ -60,8 +61,13 @@ def detect_dead(store: MetadataStore, storage: Storage, dead_after_s: float, max
         last = max(not_before, float(hb["updated"]) if "updated" in hb else rc.started_ms / 1000.0)
         if now - last <= dead_after_s:
             continue
-        log.warning("compaction %s on %s (compactor %s) is dead: no heartbeat for %.0fs",
-                    ecid, tablet_id, rc.compactor, now - last)
+        log.warning(
+            "compaction %s on %s (compactor %s) is dead: no heartbeat for %.0fs",
+            ecid,
+            tablet_id,
+            rc.compactor,
+            now - last,
+        )
         if _removed(store, tablet_id, ecid, rc):
             delete_outputs(storage, rc.output, ecid)
             store.drop_heartbeat(ecid)

@@ -36,9 +36,14 @@ class GcCursor:
     last: str = ""
 
 
-def collect_garbage(store: MetadataStore, storage: Storage, grace_s: float,
-                    check: Callable[[], None] = lambda: None, cursor: GcCursor | None = None,
-                    max_objects: int = GC_PASS_OBJECTS) -> list[str]:
+def collect_garbage(
+    store: MetadataStore,
+    storage: Storage,
+    grace_s: float,
+    check: Callable[[], None] = lambda: None,
+    cursor: GcCursor | None = None,
+    max_objects: int = GC_PASS_OBJECTS,
+) -> list[str]:
     """Delete unreferenced files older than ``grace_s``; returns what was deleted. ``check`` is
     called before each batch and may raise to stop (the coordinator's lease check). With a
     ``cursor``, list table directories from where it points until ``max_objects`` were listed,
@@ -81,8 +86,9 @@ def collect_garbage(store: MetadataStore, storage: Storage, grace_s: float,
         # imports in progress when this pass began, or since (one that registered its files
         # after the references were read is seen here; its record outlives it for a while)
         staged_tags, staged_files = store.imports_since(started)
-        batch = [rel for rel in candidates[i:i + GC_BATCH]
-                 if rel not in staged_files and tmp_tag(rel) not in staged_tags]
+        batch = [
+            rel for rel in candidates[i : i + GC_BATCH] if rel not in staged_files and tmp_tag(rel) not in staged_tags
+        ]
         if not batch:
             continue
         store.record_gc(len(batch))  # fenced: raises Fenced, nothing deleted, if replaced

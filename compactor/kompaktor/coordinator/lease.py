@@ -66,8 +66,9 @@ class Lease:
             self.fence = self.token = fence
             self._valid_until = started + TRUST * self.lease_ms / 1000.0
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._renew_loop, args=(fence, self._stop),
-                                        name=f"lease-{self.holder}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._renew_loop, args=(fence, self._stop), name=f"lease-{self.holder}", daemon=True
+        )
         self._thread.start()
         log.info("%s leads (fencing token %d)", self.holder, fence)
         return True

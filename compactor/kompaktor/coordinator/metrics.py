@@ -35,12 +35,12 @@ class QueueMetrics:
             Gauge("kompaktor_running_compactions", "Compactions running in the group", [g], registry=r),
             Gauge("kompaktor_oldest_queued_job_age_seconds", "Age of the oldest queued tablet", [g], registry=r),
             Gauge("kompaktor_queue_bytes", "Bytes of input the group's queued jobs read", [g], registry=r),
-            Gauge("kompaktor_rejected_jobs", "Jobs rejected or evicted by the queue bound (cumulative)", [g],
-                  registry=r),
+            Gauge(
+                "kompaktor_rejected_jobs", "Jobs rejected or evicted by the queue bound (cumulative)", [g], registry=r
+            ),
             Gauge("kompaktor_dead_compactions", "Dead compactions detected (cumulative)", [], registry=r),
             Gauge("kompaktor_dead_lettered_jobs", "Jobs moved to the dead-letter list", [g], registry=r),
         )
-
 
     def export(self, store: MetadataStore) -> None:
         """Set every gauge from the queues and counters in the store."""

@@ -17,8 +17,13 @@ from kompaktor.policy.services import DEFAULT_SPARK_MASTER
 ENGINES = ("spark", "arrow")
 
 
-def make_engine(kind: str = "spark", *, spark_master: str = DEFAULT_SPARK_MASTER,
-                spark_conf: Mapping[str, str] | None = None, driver_memory: str | None = None) -> MergeEngine:
+def make_engine(
+    kind: str = "spark",
+    *,
+    spark_master: str = DEFAULT_SPARK_MASTER,
+    spark_conf: Mapping[str, str] | None = None,
+    driver_memory: str | None = None,
+) -> MergeEngine:
     """An engine by name. ``spark`` creates (or reuses) the process's one SparkSession now, so a
     compactor pays the JVM start-up once, before its first job."""
     if kind == "arrow":
@@ -27,8 +32,10 @@ def make_engine(kind: str = "spark", *, spark_master: str = DEFAULT_SPARK_MASTER
         return ArrowMergeEngine()
     if kind == "spark":
         if importlib.util.find_spec("pyspark") is None:
-            raise KompaktorError("the spark engine needs PySpark, which is not installed: "
-                                 "pip install 'kompaktor[spark]' (or use the arrow engine)")
+            raise KompaktorError(
+                "the spark engine needs PySpark, which is not installed: "
+                "pip install 'kompaktor[spark]' (or use the arrow engine)"
+            )
         from kompaktor.engines.spark import SparkMergeEngine
 
         return SparkMergeEngine(master=spark_master, conf=dict(spark_conf or {}), driver_memory=driver_memory)

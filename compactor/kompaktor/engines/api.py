@@ -74,5 +74,11 @@ ProgressFn = Callable[[dict], None]
 class MergeEngine(Protocol):
     name: str
 
-    def merge(self, storage: Storage, req: MergeRequest, *, progress: ProgressFn | None = None,
-              cancel: threading.Event | None = None) -> MergeResult: ...
+    def merge(
+        self,
+        storage: Storage,
+        req: MergeRequest,
+        *,
+        progress: ProgressFn | None = None,
+        cancel: threading.Event | None = None,
+    ) -> MergeResult: ...

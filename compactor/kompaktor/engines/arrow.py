@@ -33,8 +33,14 @@ class ArrowMergeEngine:
         #: ranges are in flight (one merging, one encoding)
         self.task_memory = task_memory
 
-    def merge(self, storage: Storage, req: MergeRequest, *, progress: ProgressFn | None = None,
-              cancel: threading.Event | None = None) -> MergeResult:
+    def merge(
+        self,
+        storage: Storage,
+        req: MergeRequest,
+        *,
+        progress: ProgressFn | None = None,
+        cancel: threading.Event | None = None,
+    ) -> MergeResult:
         started, metas, bytes_in = open_merge(storage, req, cancel)
         ranges = plan(storage, metas, req.prev, req.end, self.range_entries)
         budget = self.task_memory // (2 * MERGE_FACTOR)
@@ -65,8 +71,17 @@ class ArrowMergeEngine:
                 w.write_table(out, checked=True)
                 read += n
                 written += out.num_rows
-                report(progress_dict(read, written, round(bytes_in * (i + 1) / len(ranges)),
-                                     w.position(), i + 1, len(ranges), started))
+                report(
+                    progress_dict(
+                        read,
+                        written,
+                        round(bytes_in * (i + 1) / len(ranges)),
+                        w.position(),
+                        i + 1,
+                        len(ranges),
+                        started,
+                    )
+                )
             if cancel is not None and cancel.is_set():
                 raise MergeCancelled(f"merge into {req.output} cancelled before commit")
             info = w.commit()
@@ -78,5 +93,6 @@ class ArrowMergeEngine:
             for c in cursors:
                 c.close()
         report(progress_dict(read, written, bytes_in, info.size, len(ranges), len(ranges), started))
-        return MergeResult(info=info, entries_read=read, entries_written=written, bytes_read=bytes_in,
-                           bytes_written=info.size)
+        return MergeResult(
+            info=info, entries_read=read, entries_written=written, bytes_read=bytes_in, bytes_written=info.size
+        )

@@ -132,11 +132,15 @@ def inspect_inputs(storage: Storage, inputs: tuple[str, ...] | list[str]) -> lis
                 has_stats = False
                 continue
             if stats[0] > stats[1]:
-                raise BadFileError(f"{path}: the footer statistics of row group {g} are invalid "
-                                   f"(min row {stats[0]!r} > max row {stats[1]!r})")
+                raise BadFileError(
+                    f"{path}: the footer statistics of row group {g} are invalid "
+                    f"(min row {stats[0]!r} > max row {stats[1]!r})"
+                )
             if groups and stats[0] < groups[-1][1]:
-                raise UnsortedError(f"{path}: entries are not in key order: row group {g} starts before the end "
-                                    f"of row group {index[-1]} (footer statistics)")
+                raise UnsortedError(
+                    f"{path}: entries are not in key order: row group {g} starts before the end "
+                    f"of row group {index[-1]} (footer statistics)"
+                )
             groups.append((*stats, rg.num_rows, rg.total_byte_size))
             index.append(g)
         data_bytes = sum(md.row_group(g).total_byte_size for g in range(md.num_row_groups))
@@ -156,8 +160,9 @@ def estimate_entries(metas: list[InputMeta], prev: Bound, end: Bound) -> int:
     return total
 
 
-def _sample_group(pf: pq.ParquetFile, path: str, g: int, claimed: tuple[bytes, bytes] | None, nbytes: int,
-                  seg_rows: int) -> list[tuple[bytes, bytes, int, int]]:
+def _sample_group(
+    pf: pq.ParquetFile, path: str, g: int, claimed: tuple[bytes, bytes] | None, nbytes: int, seg_rows: int
+) -> list[tuple[bytes, bytes, int, int]]:
     """Segments of row group ``g`` from its ``row`` column alone, ``seg_rows`` rows each; checked
     against the rows its footer claims (``claimed``, None: no statistics)."""
     segs = []
@@ -171,8 +176,10 @@ def _sample_group(pf: pq.ParquetFile, path: str, g: int, claimed: tuple[bytes, b
         first, last = _as_bytes(rows[0].as_py()), _as_bytes(rows[n - 1].as_py())
         if claimed is not None and (first < claimed[0] or last > claimed[1]):
             bad = first if first < claimed[0] else last
-            raise BadFileError(f"{path}: row group {g} holds row {bad!r}, outside the rows its footer "
-                               f"statistics claim ({claimed[0]!r} to {claimed[1]!r})")
+            raise BadFileError(
+                f"{path}: row group {g} holds row {bad!r}, outside the rows its footer "
+                f"statistics claim ({claimed[0]!r} to {claimed[1]!r})"
+            )
         segs.append((first, last, n, round(nbytes * n / max(1, total))))
         seen += n
     if seen != total:
@@ -180,8 +187,14 @@ def _sample_group(pf: pq.ParquetFile, path: str, g: int, claimed: tuple[bytes, b
     return segs
 
 
-def refine_inputs(storage: Storage, metas: list[InputMeta], prev: Bound, end: Bound,
-                  target_entries: int, target_bytes: int = RANGE_BYTES) -> list[InputMeta]:
+def refine_inputs(
+    storage: Storage,
+    metas: list[InputMeta],
+    prev: Bound,
+    end: Bound,
+    target_entries: int,
+    target_bytes: int = RANGE_BYTES,
+) -> list[InputMeta]:
     """Replace every row group that overlaps (prev, end] and holds more than
     :data:`SAMPLE_SHARE` of a range by segments sampled from its ``row`` column, so that the
     planner can cut inside it. Files whose row groups are small enough are returned as they are
@@ -197,8 +210,11 @@ def refine_inputs(storage: Storage, metas: list[InputMeta], prev: Bound, end: Bo
             else:
                 out.append(m)
             continue
-        big = {i for i, (lo, hi, n, nb) in enumerate(m.groups)
-               if (n > limit or nb > limit_bytes) and n > seg_rows and span_overlaps(lo, hi, prev, end)}
+        big = {
+            i
+            for i, (lo, hi, n, nb) in enumerate(m.groups)
+            if (n > limit or nb > limit_bytes) and n > seg_rows and span_overlaps(lo, hi, prev, end)
+        }
         if not big:
             out.append(m)
             continue
@@ -219,8 +235,7 @@ def refine_inputs(storage: Storage, metas: list[InputMeta], prev: Bound, end: Bo
             raise
         except (OSError, pa.ArrowException) as exc:
             raise _open_error(m.path, exc) from exc
-        out.append(InputMeta(m.path, m.size, m.entries, tuple(groups), m.has_stats, m.data_bytes,
-                             tuple(new_index)))
+        out.append(InputMeta(m.path, m.size, m.entries, tuple(groups), m.has_stats, m.data_bytes, tuple(new_index)))
     return out
 
 
@@ -234,8 +249,9 @@ def _sample_file(storage: Storage, m: InputMeta, seg_rows: int) -> InputMeta:
             md = pf.metadata
             row_col = _row_column(md)
             for g in range(md.num_row_groups):
-                segs = _sample_group(pf, m.path, g, _row_stats(md, row_col, g), md.row_group(g).total_byte_size,
-                                     seg_rows)
+                segs = _sample_group(
+                    pf, m.path, g, _row_stats(md, row_col, g), md.row_group(g).total_byte_size, seg_rows
+                )
                 groups.extend(segs)
                 index.extend([g] * len(segs))
     except BadFileError:
@@ -245,8 +261,9 @@ def _sample_file(storage: Storage, m: InputMeta, seg_rows: int) -> InputMeta:
     return InputMeta(m.path, m.size, m.entries, tuple(groups), True, m.data_bytes, tuple(index))
 
 
-def plan_ranges(metas: list[InputMeta], prev: Bound, end: Bound, target_entries: int,
-                target_bytes: int = RANGE_BYTES) -> list[tuple[Bound, Bound]]:
+def plan_ranges(
+    metas: list[InputMeta], prev: Bound, end: Bound, target_entries: int, target_bytes: int = RANGE_BYTES
+) -> list[tuple[Bound, Bound]]:
     """Cut (prev, end] into consecutive row ranges (lo, hi] of about ``target_entries`` entries
     and at most about ``target_bytes`` of uncompressed data each (large values make big ranges).
 
@@ -287,12 +304,17 @@ def plan_ranges(metas: list[InputMeta], prev: Bound, end: Bound, target_entries:
     return list(itertools.pairwise(bounds))
 
 
-def plan(storage: Storage, metas: list[InputMeta], prev: Bound, end: Bound, target_entries: int,
-         target_bytes: int = RANGE_BYTES) -> list[tuple[Bound, Bound]]:
+def plan(
+    storage: Storage,
+    metas: list[InputMeta],
+    prev: Bound,
+    end: Bound,
+    target_entries: int,
+    target_bytes: int = RANGE_BYTES,
+) -> list[tuple[Bound, Bound]]:
     """:func:`plan_ranges` after sampling the row groups too big to cut at (only when the merge
     needs more than one range)."""
-    if estimate_entries(metas, prev, end) > target_entries or \
-            sum(m.data_bytes for m in metas) > target_bytes:
+    if estimate_entries(metas, prev, end) > target_entries or sum(m.data_bytes for m in metas) > target_bytes:
         metas = refine_inputs(storage, metas, prev, end, target_entries, target_bytes)
     return plan_ranges(metas, prev, end, target_entries, target_bytes)
 
@@ -316,14 +338,14 @@ class InputCursor:
     whose row groups hold rows outside their footer statistics. Order within a row need not be
     checked, since every range is sorted by the full key anyway."""
 
-    def __init__(self, storage: Storage, path: str, prev: Bound, end: Bound, *,
-                 batch_rows: int = BATCH_ROWS) -> None:
+    def __init__(self, storage: Storage, path: str, prev: Bound, end: Bound, *, batch_rows: int = BATCH_ROWS) -> None:
         self.path, self.prev, self.end = path, prev, end
         self.batch_rows = batch_rows
         try:
             self._file = storage.open_input(path)
-            self._pf = pq.ParquetFile(self._file, **(READ_OPTIONS if storage.renames_atomically
-                                                     else OBJECT_STORE_READ_OPTIONS))
+            self._pf = pq.ParquetFile(
+                self._file, **(READ_OPTIONS if storage.renames_atomically else OBJECT_STORE_READ_OPTIONS)
+            )
             conform(self._pf.schema_arrow.empty_table(), path)
             md = self._pf.metadata
         except BadFileError:
@@ -370,8 +392,9 @@ class InputCursor:
                         continue  # the whole batch is before the tablet
                     if self.end is not None and _first_row(t) > self.end:
                         return
-                    if (self.prev is not None and _first_row(t) <= self.prev) or \
-                            (self.end is not None and self._last_row > self.end):
+                    if (self.prev is not None and _first_row(t) <= self.prev) or (
+                        self.end is not None and self._last_row > self.end
+                    ):
                         if mask is None:
                             mask = range_filter(self.prev, self.end)
                         t = t.filter(mask)
@@ -385,17 +408,22 @@ class InputCursor:
     def _check(self, t: pa.Table, g: int, offset: int, lo: bytes | None, hi: bytes | None) -> None:
         bad = first_row_decrease(t)
         if bad is not None:
-            raise UnsortedError(f"{self.path}: entries are not in key order: row {offset + bad} of row group {g} "
-                                f"sorts before the previous row")
+            raise UnsortedError(
+                f"{self.path}: entries are not in key order: row {offset + bad} of row group {g} "
+                f"sorts before the previous row"
+            )
         first, last = _first_row(t), _last_row(t)
         if self._last_row is not None and first < self._last_row:
             where = f"row group {g} starts" if offset == 0 else f"row {offset} of row group {g} is"
-            raise UnsortedError(f"{self.path}: entries are not in key order: {where} before the end of the "
-                                f"previous one")
+            raise UnsortedError(
+                f"{self.path}: entries are not in key order: {where} before the end of the previous one"
+            )
         if lo is not None and (first < lo or last > hi):
             row = first if first < lo else last
-            raise BadFileError(f"{self.path}: row group {g} holds row {row!r}, outside the rows its footer "
-                               f"statistics claim ({lo!r} to {hi!r})")
+            raise BadFileError(
+                f"{self.path}: row group {g} holds row {row!r}, outside the rows its footer "
+                f"statistics claim ({lo!r} to {hi!r})"
+            )
         self._last_row = last
 
     def take(self, hi: Bound, memory_limit: int | None = None) -> pa.Table:
@@ -413,8 +441,11 @@ class InputCursor:
                 parts.append(t)
                 self._pending = None
             else:
-                n = 0 if _first_row(t) > hi else \
-                    int(pc.sum(pc.less_equal(t.column("row"), pa.scalar(hi, pa.binary()))).as_py() or 0)
+                n = (
+                    0
+                    if _first_row(t) > hi
+                    else int(pc.sum(pc.less_equal(t.column("row"), pa.scalar(hi, pa.binary()))).as_py() or 0)
+                )
                 if n:
                     parts.append(t.slice(0, n))
                     self._pending = t.slice(n)
@@ -423,7 +454,8 @@ class InputCursor:
             if memory_limit is not None and held > memory_limit:
                 raise TaskMemoryExceeded(
                     f"{self.path}: the key range up to row {hi!r} holds more than {memory_limit >> 20} MiB of "
-                    f"this input, more than the task memory allows (a row too big to split)")
+                    f"this input, more than the task memory allows (a row too big to split)"
+                )
         out = pa.concat_tables(parts) if parts else SCHEMA.empty_table()
         self.entries_read += out.num_rows
         return out
@@ -440,8 +472,14 @@ def read_range(storage: Storage, path: str, lo: Bound, hi: Bound, memory_limit: 
         cur.close()
 
 
-def merge_range(storage: Storage, inputs: tuple[str, ...] | list[str], lo: Bound, hi: Bound,
-                settings: IteratorSettings, task_memory: int | None = None) -> tuple[pa.Table, int]:
+def merge_range(
+    storage: Storage,
+    inputs: tuple[str, ...] | list[str],
+    lo: Bound,
+    hi: Bound,
+    settings: IteratorSettings,
+    task_memory: int | None = None,
+) -> tuple[pa.Table, int]:
     """Merge one key range of the inputs (oldest first); returns (output table, entries read).
     The range's input data may use at most ``task_memory`` / :data:`MERGE_FACTOR` bytes."""
     budget = None if task_memory is None else task_memory // MERGE_FACTOR
@@ -454,8 +492,9 @@ def merge_range(storage: Storage, inputs: tuple[str, ...] | list[str], lo: Bound
     return merge_tables(tables, settings), read
 
 
-def open_merge(storage: Storage, req: MergeRequest,
-               cancel: threading.Event | None) -> tuple[float, list[InputMeta], int]:
+def open_merge(
+    storage: Storage, req: MergeRequest, cancel: threading.Event | None
+) -> tuple[float, list[InputMeta], int]:
     """What every engine does first: refuse a request cancelled before it started, read the
     inputs' footers. Returns the start time, the inputs' metadata and their total bytes."""
     started = time.monotonic()
@@ -465,8 +504,21 @@ def open_merge(storage: Storage, req: MergeRequest,
     return started, metas, sum(m.size for m in metas)
 
 
-def progress_dict(entries_read: int, entries_written: int, bytes_read: int, bytes_written: int,
-                  parts_done: int, parts: int, started: float) -> dict:
-    return {"entries_read": entries_read, "entries_written": entries_written, "bytes_read": bytes_read,
-            "bytes_written": bytes_written, "parts_done": parts_done, "parts": parts,
-            "elapsed_s": round(time.monotonic() - started, 3)}
+def progress_dict(
+    entries_read: int,
+    entries_written: int,
+    bytes_read: int,
+    bytes_written: int,
+    parts_done: int,
+    parts: int,
+    started: float,
+) -> dict:
+    return {
+        "entries_read": entries_read,
+        "entries_written": entries_written,
+        "bytes_read": bytes_read,
+        "bytes_written": bytes_written,
+        "parts_done": parts_done,
+        "parts": parts,
+        "elapsed_s": round(time.monotonic() - started, 3),
+    }

@@ -74,7 +74,7 @@ def probe_master(master: str, timeout: float = MASTER_PROBE_TIMEOUT_S) -> None:
     if not master.startswith("spark://"):
         return
     errors = []
-    for hostport in master[len("spark://"):].split(","):
+    for hostport in master[len("spark://") :].split(","):
         host, _, port = hostport.rpartition(":")
         try:
             with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
@@ -86,8 +86,9 @@ def probe_master(master: str, timeout: float = MASTER_PROBE_TIMEOUT_S) -> None:
     raise SparkUnavailable(f"Spark master {master} does not answer ({'; '.join(errors)})")
 
 
-def get_session(master: str = DEFAULT_SPARK_MASTER, conf: Mapping[str, str] | None = None,
-                driver_memory: str | None = None):
+def get_session(
+    master: str = DEFAULT_SPARK_MASTER, conf: Mapping[str, str] | None = None, driver_memory: str | None = None
+):
     """The process's SparkSession, created on the first call. Later calls return the same
     session; if they ask for a different master or conf, a warning says the first one stays
     (a JVM's Spark settings cannot change while it runs)."""
@@ -96,8 +97,11 @@ def get_session(master: str = DEFAULT_SPARK_MASTER, conf: Mapping[str, str] | No
     wanted = (master, tuple(sorted(conf.items())), driver_memory)
     with _lock:
         if _session is not None and not _session.sparkContext._jsc.sc().isStopped():
-            if master != _settings[0] or (conf and wanted[1] != _settings[1]) or (
-                    driver_memory and driver_memory != _settings[2]):
+            if (
+                master != _settings[0]
+                or (conf and wanted[1] != _settings[1])
+                or (driver_memory and driver_memory != _settings[2])
+            ):
                 log.warning("SparkSession already running with %s; ignoring %s", _settings, wanted)
             return _session
         probe_master(master)

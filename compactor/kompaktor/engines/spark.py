@@ -62,16 +62,24 @@ POLL_S = 0.02
 NO_EXECUTOR_TIMEOUT_S = 120.0
 
 
-def _run_range(storage: Storage, inputs: tuple[str, ...], settings: IteratorSettings, output: str,
-               tmp_tag: str, task_memory: int, task: tuple[int, bytes | None, bytes | None]) -> dict:
+def _run_range(
+    storage: Storage,
+    inputs: tuple[str, ...],
+    settings: IteratorSettings,
+    output: str,
+    tmp_tag: str,
+    task_memory: int,
+    task: tuple[int, bytes | None, bytes | None],
+) -> dict:
     """Executor side: merge one key range and write it as one Arrow IPC part. A bad input or a
     range bigger than the task memory is returned as an error (retrying would not help)."""
     index, lo, hi = task
     try:
         table, read = merge_range(storage, inputs, lo, hi, settings, task_memory)
     except (BadFileError, TaskMemoryExceeded) as exc:
-        kind = "unsorted" if isinstance(exc, UnsortedError) else \
-            "memory" if isinstance(exc, TaskMemoryExceeded) else "bad"
+        kind = (
+            "unsorted" if isinstance(exc, UnsortedError) else "memory" if isinstance(exc, TaskMemoryExceeded) else "bad"
+        )
         return {"index": index, "error": str(exc), "kind": kind}
     final, _ = part_names(output, tmp_tag, index)
     # the part is already in the output's format (Parquet, its row groups and compression): the
@@ -91,10 +99,18 @@ class SparkMergeEngine:
 
     name = "spark"
 
-    def __init__(self, master: str = DEFAULT_SPARK_MASTER, conf: Mapping[str, str] | None = None,
-                 driver_memory: str | None = None, *, task_entries: int | None = None,
-                 tasks_per_core: int = 2, warm: bool = True, task_memory: int = TASK_MEMORY,
-                 no_executor_timeout: float = NO_EXECUTOR_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        master: str = DEFAULT_SPARK_MASTER,
+        conf: Mapping[str, str] | None = None,
+        driver_memory: str | None = None,
+        *,
+        task_entries: int | None = None,
+        tasks_per_core: int = 2,
+        warm: bool = True,
+        task_memory: int = TASK_MEMORY,
+        no_executor_timeout: float = NO_EXECUTOR_TIMEOUT_S,
+    ) -> None:
         from kompaktor.engines.session import get_session, warm_up
 
         self.session = get_session(master, conf, driver_memory)
@@ -117,8 +133,14 @@ class SparkMergeEngine:
         slots = max(1, self.sc.defaultParallelism) * self.tasks_per_core
         return min(MAX_TASK_ENTRIES, max(MIN_TASK_ENTRIES, math.ceil(total / slots)))
 
-    def merge(self, storage: Storage, req: MergeRequest, *, progress: ProgressFn | None = None,
-              cancel: threading.Event | None = None) -> MergeResult:
+    def merge(
+        self,
+        storage: Storage,
+        req: MergeRequest,
+        *,
+        progress: ProgressFn | None = None,
+        cancel: threading.Event | None = None,
+    ) -> MergeResult:
         started, metas, bytes_in = open_merge(storage, req, cancel)
         total = estimate_entries(metas, req.prev, req.end)
         ranges = plan(storage, metas, req.prev, req.end, self._target_entries(total))
@@ -136,7 +158,8 @@ class SparkMergeEngine:
             try:
                 sc.setJobGroup(group, f"merge {len(inputs)} files into {output}", interruptOnCancel=True)
                 rdd = sc.parallelize(tasks, len(tasks)).map(
-                    lambda t: _run_range(storage, inputs, settings, output, tag, memory, t))
+                    lambda t: _run_range(storage, inputs, settings, output, tag, memory, t)
+                )
                 outcome["results"] = rdd.collect()
             except BaseException as exc:
                 outcome["error"] = exc
@@ -156,8 +179,11 @@ class SparkMergeEngine:
                 storage.delete(final)
                 read += read_i
                 written = w.entries
-                report(progress_dict(read, written, round(bytes_in * (i + 1) / len(tasks)),
-                                     w.position(), i + 1, len(tasks), started))
+                report(
+                    progress_dict(
+                        read, written, round(bytes_in * (i + 1) / len(tasks)), w.position(), i + 1, len(tasks), started
+                    )
+                )
             while not done.wait(0.05):  # every part is in; the job is finishing
                 if cancel is not None and cancel.is_set():
                     raise MergeCancelled(f"merge into {req.output} cancelled before commit")
@@ -182,8 +208,9 @@ class SparkMergeEngine:
                 for name in (final, *staged):
                     storage.delete(name)
         report(progress_dict(read, written, bytes_in, info.size, len(tasks), len(tasks), started))
-        return MergeResult(info=info, entries_read=read, entries_written=written, bytes_read=bytes_in,
-                           bytes_written=info.size)
+        return MergeResult(
+            info=info, entries_read=read, entries_written=written, bytes_read=bytes_in, bytes_written=info.size
+        )
 
     def executors(self) -> int:
         """Executors the session has now (on a cluster: without the driver)."""
@@ -191,8 +218,17 @@ class SparkMergeEngine:
             return 1
         return max(0, self.sc._jsc.sc().getExecutorMemoryStatus().size() - 1)
 
-    def _wait_for_part(self, storage: Storage, final: str, done: threading.Event, outcome: dict,
-                       cancel: threading.Event | None, req: MergeRequest, i: int, n: int) -> None:
+    def _wait_for_part(
+        self,
+        storage: Storage,
+        final: str,
+        done: threading.Event,
+        outcome: dict,
+        cancel: threading.Event | None,
+        req: MergeRequest,
+        i: int,
+        n: int,
+    ) -> None:
         none_since: float | None = None
         next_check = time.monotonic() + 1.0
         while not storage.exists(final):
@@ -211,9 +247,11 @@ class SparkMergeEngine:
                 elif none_since is None:
                     none_since = now
                 elif now - none_since >= self.no_executor_timeout:
-                    raise MergeError(f"merge into {req.output}: the Spark cluster {self.sc.master} has had no "
-                                     f"executor for {self.no_executor_timeout:.0f}s (every worker lost); "
-                                     f"{i} of {n} parts done, job cancelled")
+                    raise MergeError(
+                        f"merge into {req.output}: the Spark cluster {self.sc.master} has had no "
+                        f"executor for {self.no_executor_timeout:.0f}s (every worker lost); "
+                        f"{i} of {n} parts done, job cancelled"
+                    )
             done.wait(POLL_S)
 
     @staticmethod
@@ -227,8 +265,9 @@ class SparkMergeEngine:
             raise kind(errors[0]["error"])
 
     @staticmethod
-    def _append_part(storage: Storage, final: str, w: ConcatWriter, cancel: threading.Event | None,
-                     req: MergeRequest) -> int:
+    def _append_part(
+        storage: Storage, final: str, w: ConcatWriter, cancel: threading.Event | None, req: MergeRequest
+    ) -> int:
         """Copy one part's row groups into the output without decoding them; return entries read."""
         if cancel is not None and cancel.is_set():
             raise MergeCancelled(f"merge into {req.output} cancelled")

@@ -55,7 +55,7 @@ class _Reader:
         return (n >> 1) ^ -(n & 1)
 
     def take(self, n: int) -> bytes:
-        out = self.data[self.pos:self.pos + n]
+        out = self.data[self.pos : self.pos + n]
         if len(out) != n:
             raise ValueError("truncated Thrift data")
         self.pos += n
@@ -225,7 +225,7 @@ def _shift(s: Struct, fids: tuple[int, ...], by: int) -> None:
 def shift_row_group(rg: Struct, by: int, ordinal: int) -> Struct:
     _shift(rg, (5,), by)
     cols = field(rg, 1)
-    for chunk in (cols[2][1] if cols else []):
+    for chunk in cols[2][1] if cols else []:
         if field(chunk, 1) is not None:
             raise ValueError("a column chunk in another file (file_path) cannot be concatenated")
         _shift(chunk, _CHUNK_OFFSETS, by)
@@ -240,7 +240,7 @@ def shift_row_group(rg: Struct, by: int, ordinal: int) -> Struct:
 def key_values(md: Struct) -> dict[bytes, bytes]:
     f = field(md, 5)
     out = {}
-    for kv in (f[2][1] if f else []):
+    for kv in f[2][1] if f else []:
         k, v = field(kv, 1), field(kv, 2)
         out[k[2]] = v[2] if v is not None else b""
     return out
@@ -301,7 +301,7 @@ class ConcatWriter:
                 if self.last is not None and first is not None and first < self.last:
                     raise UnsortedError(f"{self.rel_path}: part {part} starts before the end of the previous one")
                 shift = self._pos - len(MAGIC)
-                for rg in (rgs[2][1] if rgs else []):
+                for rg in rgs[2][1] if rgs else []:
                     self._row_groups.append(shift_row_group(rg, shift, len(self._row_groups)))
                 f.seek(len(MAGIC))
                 left = size - 8 - flen - len(MAGIC)

@@ -44,8 +44,7 @@ def entries_to_table(entries: Iterable[Entry]) -> pa.Table:
     for e in entries:
         for i, v in enumerate(e):
             cols[i].append(v)
-    return pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(cols, SCHEMA, strict=True)],
-                                schema=SCHEMA)
+    return pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(cols, SCHEMA, strict=True)], schema=SCHEMA)
 
 
 def table_to_entries(table: pa.Table) -> Iterator[Entry]:
@@ -67,8 +66,7 @@ def conform(table: pa.Table, source: str = "input") -> pa.Table:
     table = table.select(COLUMNS)
     for f in SCHEMA:
         got = table.schema.field(f.name).type
-        ok = got == f.type or (f.type == pa.binary() and got in (pa.large_binary(), pa.string(),
-                                                                 pa.large_string()))
+        ok = got == f.type or (f.type == pa.binary() and got in (pa.large_binary(), pa.string(), pa.large_string()))
         if not ok:
             raise BadFileError(f"{source}: column {f.name!r} has type {got}, expected {f.type}")
         if table.column(f.name).null_count:
@@ -103,8 +101,9 @@ def check_sorted(table: pa.Table, source: str = "input", offset: int = 0) -> Non
     for i in range(start + 1, n):
         cur = _key_at(table, i)
         if cur < prev:
-            raise UnsortedError(f"{source}: entries are not in key order at row {offset + i}: "
-                                f"{show_key(prev)} then {show_key(cur)}")
+            raise UnsortedError(
+                f"{source}: entries are not in key order at row {offset + i}: {show_key(prev)} then {show_key(cur)}"
+            )
         prev = cur
     raise UnsortedError(f"{source}: entries are not in key order")  # not reached
 
@@ -127,8 +126,7 @@ def _decode_key(text: bytes | None) -> tuple | None:
     if text is None or text == b"null":
         return None
     r, cf, cq, vis, ts, deleted = json.loads(text)
-    return sort_key(Entry(bytes.fromhex(r), bytes.fromhex(cf), bytes.fromhex(cq), bytes.fromhex(vis),
-                          ts, deleted, b""))
+    return sort_key(Entry(bytes.fromhex(r), bytes.fromhex(cf), bytes.fromhex(cq), bytes.fromhex(vis), ts, deleted, b""))
 
 
 class SortedFileWriter:
@@ -136,8 +134,9 @@ class SortedFileWriter:
     visible under its final name. Refuses out-of-order input (also across batches) and never
     leaves a partial file under the final name."""
 
-    def __init__(self, storage: Storage, rel_path: str, *, tmp_tag: str | None = None,
-                 source: str | None = None) -> None:
+    def __init__(
+        self, storage: Storage, rel_path: str, *, tmp_tag: str | None = None, source: str | None = None
+    ) -> None:
         self.storage = storage
         self.rel_path = rel_path
         self.source = source or rel_path  # what error messages name (e.g. the imported file)
@@ -159,8 +158,10 @@ class SortedFileWriter:
             check_sorted(table, self.source, self.entries)
         first, last = _key_at(table, 0), _key_at(table, table.num_rows - 1)
         if self.last is not None and first < self.last:
-            raise UnsortedError(f"{self.source}: entries are not in key order at row {self.entries}: "
-                                f"{show_key(self.last)} then {show_key(first)}")
+            raise UnsortedError(
+                f"{self.source}: entries are not in key order at row {self.entries}: "
+                f"{show_key(self.last)} then {show_key(first)}"
+            )
         self._writer.write_table(table, row_group_size=ROW_GROUP_SIZE)
         self.entries += table.num_rows
         self.deletes += int(pc.sum(table.column("deleted").cast(pa.int64())).as_py() or 0)
@@ -174,8 +175,9 @@ class SortedFileWriter:
     def commit(self, extra_metadata: dict[bytes, bytes] | None = None) -> FileInfo:
         """Close the file and move it to its final name; return what the metadata records.
         ``extra_metadata`` is added to the footer's key/value metadata."""
-        self._writer.add_key_value_metadata({**(extra_metadata or {}),
-                                             **_metadata(self.entries, self.deletes, self.first, self.last)})
+        self._writer.add_key_value_metadata(
+            {**(extra_metadata or {}), **_metadata(self.entries, self.deletes, self.first, self.last)}
+        )
         self._writer.close()
         # the size as written, not read back after publishing: once visible, the file may be
         # consumed and deleted at once (a Spark part by the driver), and on an object store a
@@ -234,9 +236,14 @@ def read_info(storage: Storage, rel_path: str) -> FileInfo:
             meta = pf.metadata.metadata or {}  # the footer's key/value metadata
             if b"kompaktor.entries" in meta:
                 conform(pf.schema_arrow.empty_table(), rel_path)
-                return FileInfo(rel_path, storage.size(rel_path), int(meta[b"kompaktor.entries"]),
-                                int(meta[b"kompaktor.deletes"]), _decode_key(meta.get(b"kompaktor.first")),
-                                _decode_key(meta.get(b"kompaktor.last")))
+                return FileInfo(
+                    rel_path,
+                    storage.size(rel_path),
+                    int(meta[b"kompaktor.entries"]),
+                    int(meta[b"kompaktor.deletes"]),
+                    _decode_key(meta.get(b"kompaktor.first")),
+                    _decode_key(meta.get(b"kompaktor.last")),
+                )
             table = conform(pf.read(), rel_path)
     except (BadFileError, FileNotFoundError):
         raise
@@ -261,8 +268,7 @@ def range_filter(prev_end: bytes | None, end: bytes | None) -> pc.Expression | N
     return expr
 
 
-def read_table(storage: Storage, rel_path: str, prev_end: bytes | None = None,
-               end: bytes | None = None) -> pa.Table:
+def read_table(storage: Storage, rel_path: str, prev_end: bytes | None = None, end: bytes | None = None) -> pa.Table:
     """Read a file's entries within a tablet's row range, in the file schema."""
     try:
         with storage.open_input(rel_path) as f:
@@ -274,8 +280,9 @@ def read_table(storage: Storage, rel_path: str, prev_end: bytes | None = None,
     return conform(table, rel_path)
 
 
-def iter_entries(storage: Storage, rel_path: str, prev_end: bytes | None = None,
-                 end: bytes | None = None, batch_rows: int = 65536) -> Iterator[Entry]:
+def iter_entries(
+    storage: Storage, rel_path: str, prev_end: bytes | None = None, end: bytes | None = None, batch_rows: int = 65536
+) -> Iterator[Entry]:
     """Stream a file's entries within (prev_end, end], batch by batch (bounded memory)."""
     expr = range_filter(prev_end, end)
     try:

@@ -67,9 +67,11 @@ class RequestsCollector:
     """Exports :data:`REQUESTS` as ``kompaktor_storage_requests_total{op}`` into a registry."""
 
     def collect(self) -> Iterator[CounterMetricFamily]:
-        family = CounterMetricFamily("kompaktor_storage_requests", "Requests to the file storage by kind "
-                                     "(get: objects opened for reading; their range GETs are not counted)",
-                                     labels=["op"])
+        family = CounterMetricFamily(
+            "kompaktor_storage_requests",
+            "Requests to the file storage by kind (get: objects opened for reading; their range GETs are not counted)",
+            labels=["op"],
+        )
         for op, n in REQUESTS.snapshot().items():
             family.add_metric([op], n)
         yield family
@@ -77,11 +79,28 @@ class RequestsCollector:
 
 #: how an unreachable store, or one that takes no writes for now, words it (pyarrow's S3 and HDFS
 #: clients, the JVM's under Spark, the OS): a fault of the place, not of the job
-_UNAVAILABLE_TEXT = ("network_connection", "couldn't connect to server", "connection refused", "connection reset",
-                     "service_unavailable", "slow_down", "read-only file system", "no space left on device",
-                     "timed out", "broken pipe")
-_UNAVAILABLE_ERRNO = {errno.ECONNREFUSED, errno.ECONNRESET, errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH,
-                      errno.EROFS, errno.ENOSPC, errno.EPIPE}
+_UNAVAILABLE_TEXT = (
+    "network_connection",
+    "couldn't connect to server",
+    "connection refused",
+    "connection reset",
+    "service_unavailable",
+    "slow_down",
+    "read-only file system",
+    "no space left on device",
+    "timed out",
+    "broken pipe",
+)
+_UNAVAILABLE_ERRNO = {
+    errno.ECONNREFUSED,
+    errno.ECONNRESET,
+    errno.ETIMEDOUT,
+    errno.EHOSTUNREACH,
+    errno.ENETUNREACH,
+    errno.EROFS,
+    errno.ENOSPC,
+    errno.EPIPE,
+}
 
 
 def unavailable(exc: BaseException) -> bool:

@@ -61,11 +61,20 @@ class Chaos:
         # a fixed plan: each step is one fault; Redis restarts once, in the middle — with an HA
         # Redis the primary is SIGKILLed instead, once early (ingest running) and once later
         if self.cluster.redis_ha is not None:
-            self.plan = ["kill", "failover-ingest", "coordinator", "failover-commit", "term", "kill", "term",
-                         "kill", "coordinator", "kill"]
+            self.plan = [
+                "kill",
+                "failover-ingest",
+                "coordinator",
+                "failover-commit",
+                "term",
+                "kill",
+                "term",
+                "kill",
+                "coordinator",
+                "kill",
+            ]
         else:
-            self.plan = ["kill", "term", "coordinator", "kill", "redis", "kill", "term", "kill", "coordinator",
-                         "kill"]
+            self.plan = ["kill", "term", "coordinator", "kill", "redis", "kill", "term", "kill", "coordinator", "kill"]
 
     def start(self) -> None:
         self.thread.start()
@@ -197,10 +206,17 @@ class Chaos:
             ha.wait_failover(primary.port)
             promoted = time.monotonic() - t0
             ha.restart(primary)  # back as a replica: acknowledgments (WAIT 1) resume
-        self.log.failovers.append({"moment": moment, "pending": pending, "commits_pending": max(0, commits),
-                                   "promoted_s": round(promoted, 1)})
-        log.info("chaos: Redis primary SIGKILLed mid-%s (%d writes awaiting acknowledgment, %d commits); "
-                 "replica promoted in %.1fs", moment, pending, commits, promoted)
+        self.log.failovers.append(
+            {"moment": moment, "pending": pending, "commits_pending": max(0, commits), "promoted_s": round(promoted, 1)}
+        )
+        log.info(
+            "chaos: Redis primary SIGKILLed mid-%s (%d writes awaiting acknowledgment, %d commits); "
+            "replica promoted in %.1fs",
+            moment,
+            pending,
+            commits,
+            promoted,
+        )
         return True
 
     def _run(self) -> None:

@@ -118,8 +118,12 @@ class LocalCluster:
         logs.mkdir(parents=True, exist_ok=True)
         out = open(logs / f"{name}.log", "ab")  # noqa: SIM115 — owned by the child for its lifetime
         role = "coordinator" if name == "coordinator" else "compactor"
-        env = {**self.env, "KOMPAKTOR_REDIS_URL": self.role_urls.get(role, self.url),
-               "KOMPAKTOR_STORAGE": self.storage_uri, "PYTHONUNBUFFERED": "1"}
+        env = {
+            **self.env,
+            "KOMPAKTOR_REDIS_URL": self.role_urls.get(role, self.url),
+            "KOMPAKTOR_STORAGE": self.storage_uri,
+            "PYTHONUNBUFFERED": "1",
+        }
         # Spark's scratch space inside the data directory: nothing is left in /tmp by a killed compactor
         env.setdefault("KOMPAKTOR_SPARK_LOCAL_DIR", str(self.data_dir / "spark" / name))
         try:
@@ -161,8 +165,7 @@ class LocalCluster:
         return self
 
     def start_coordinator(self) -> None:
-        self.coordinator = self._spawn("coordinator", ["coordinator", "--metrics-port", "-1",
-                                                       *self.coordinator_args])
+        self.coordinator = self._spawn("coordinator", ["coordinator", "--metrics-port", "-1", *self.coordinator_args])
 
     def restart_coordinator(self, kill: bool = True) -> None:
         if self.coordinator is not None and self.coordinator.alive:
@@ -172,8 +175,7 @@ class LocalCluster:
     def add_compactor(self, group: str) -> Proc:
         self._seq += 1
         name = f"compactor-{group}-{self._seq}"
-        p = self._spawn(name, ["compactor", "--group", group, "--id", name, "--http-port", "-1",
-                               *self.compactor_args])
+        p = self._spawn(name, ["compactor", "--group", group, "--id", name, "--http-port", "-1", *self.compactor_args])
         p.group = group
         self.compactors[group].append(p)
         return p
@@ -196,8 +198,11 @@ class LocalCluster:
         kill_group(p.popen.pid)  # whatever it left in its process group (a Spark JVM)
         reg = next((c for c in self.store.compactors(p.group) if c.id == p.name), None)
         held = None
-        if reg is not None and reg.ecid and (self.store.running_tablet(reg.ecid) is not None
-                                             or reg.ecid in self.store.dead_log()):
+        if (
+            reg is not None
+            and reg.ecid
+            and (self.store.running_tablet(reg.ecid) is not None or reg.ecid in self.store.dead_log())
+        ):
             held = reg.ecid
         p.returncode = p.popen.returncode
         p.held_ecid = held
@@ -214,8 +219,9 @@ class LocalCluster:
         out = {}
         for g, cfg in self.config.groups.items():
             depth = self.queues.stats(g).depth
-            want = self._stabilized(g, desired_replicas(depth, cfg.jobs_per_replica, cfg.min_replicas,
-                                                        cfg.max_replicas))
+            want = self._stabilized(
+                g, desired_replicas(depth, cfg.jobs_per_replica, cfg.min_replicas, cfg.max_replicas)
+            )
             out[g] = want
             live = self.live(g)
             if len(live) < want:
@@ -231,9 +237,16 @@ class LocalCluster:
                 if victims:
                     self.scale_events.append((time.time(), g, "down", want))
             registered = {c.id for c in self.store.compactors(g) if c.state != "draining"}
-            self.timeline.append(GroupSample(time.monotonic(), g, depth, want,
-                                             sum(1 for p in self.live(g) if p.name in registered),
-                                             sum(1 for p in self.compactors[g] if p.alive and p.draining)))
+            self.timeline.append(
+                GroupSample(
+                    time.monotonic(),
+                    g,
+                    depth,
+                    want,
+                    sum(1 for p in self.live(g) if p.name in registered),
+                    sum(1 for p in self.compactors[g] if p.alive and p.draining),
+                )
+            )
         return out
 
     def _stabilized(self, group: str, want: int) -> int:

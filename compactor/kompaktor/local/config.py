@@ -35,8 +35,10 @@ def load_config(yaml_text: str) -> LocalConfig:
     cfg = LocalConfig({s.name: s for s in services}, {g.name: g for g in groups})
     missing = sorted({t.group for s in cfg.services.values() for t in s.tiers} - set(cfg.groups))
     if missing:
-        raise KompaktorError(f"invalid configuration: services send work to unknown compactor groups {missing}; "
-                             f"declare a CompactorGroup for each")
+        raise KompaktorError(
+            f"invalid configuration: services send work to unknown compactor groups {missing}; "
+            f"declare a CompactorGroup for each"
+        )
     return cfg
 
 

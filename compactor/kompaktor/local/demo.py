@@ -84,8 +84,9 @@ def _bar(up: int, draining: int, hi: int) -> str:
     return "■" * up + "▫" * draining + "·" * max(0, hi - up - draining)
 
 
-def _progress_table(ingest_stats, status: dict[str, Any], phase: str, elapsed: float,
-                    scaling: dict[str, GroupSample], cfg: LocalConfig):
+def _progress_table(
+    ingest_stats, status: dict[str, Any], phase: str, elapsed: float, scaling: dict[str, GroupSample], cfg: LocalConfig
+):
     from rich.table import Table
 
     t = Table(title=f"kompaktor demo — {phase} — {elapsed:.0f}s", expand=False)
@@ -98,14 +99,17 @@ def _progress_table(ingest_stats, status: dict[str, Any], phase: str, elapsed: f
         files += f" (+{ingest_stats.imported_files:,} imported)"
     t.add_row("files flushed", files)
     for g, s in status.get("groups", {}).items():
-        t.add_row(f"group {g}", f"queued {s['queued']} · running {s['running']} "
-                                f"· committed {s['compactions_committed']}")
+        t.add_row(
+            f"group {g}", f"queued {s['queued']} · running {s['running']} · committed {s['compactions_committed']}"
+        )
         sample, gc = scaling.get(g), cfg.groups.get(g)
         if sample is not None and gc is not None:
-            t.add_row(f"  compactors {g}",
-                      f"desired {sample.desired} · actual {sample.up} · draining {sample.draining} "
-                      f"(min {gc.min_replicas}, max {gc.max_replicas})  "
-                      f"{_bar(sample.up, sample.draining, gc.max_replicas)}")
+            t.add_row(
+                f"  compactors {g}",
+                f"desired {sample.desired} · actual {sample.up} · draining {sample.draining} "
+                f"(min {gc.min_replicas}, max {gc.max_replicas})  "
+                f"{_bar(sample.up, sample.draining, gc.max_replicas)}",
+            )
     for name, tb in status.get("tables", {}).items():
         f = tb["files_per_tablet"]
         t.add_row(f"table {name} files/tablet", f"min {f['min']} · median {f['median']} · max {f['max']}")
@@ -122,8 +126,14 @@ def scaling_summary(cfg: LocalConfig, timeline: list[GroupSample], burst_at: flo
     for g, gc in cfg.groups.items():
         reached = None
         if burst_at is not None:
-            reached = next((round(x.t - burst_at, 1) for x in timeline
-                            if x.group == g and x.t >= burst_at and x.up >= gc.max_replicas), None)
+            reached = next(
+                (
+                    round(x.t - burst_at, 1)
+                    for x in timeline
+                    if x.group == g and x.t >= burst_at and x.up >= gc.max_replicas
+                ),
+                None,
+            )
         out[f"seconds from burst to maximum ({g})"] = reached if reached is not None else "not reached"
     return out
 
@@ -131,10 +141,12 @@ def scaling_summary(cfg: LocalConfig, timeline: list[GroupSample], burst_at: flo
 def _scaled_back(cfg: LocalConfig, cluster: LocalCluster) -> bool:
     """Every group back at its minimum, nothing still draining (as of the last autoscaler pass)."""
     last: dict[str, GroupSample] = {}
-    for x in cluster.timeline[-4 * max(1, len(cfg.groups)):]:
+    for x in cluster.timeline[-4 * max(1, len(cfg.groups)) :]:
         last[x.group] = x
-    return all(g in last and last[g].desired == gc.min_replicas and last[g].up == gc.min_replicas
-               and last[g].draining == 0 for g, gc in cfg.groups.items())
+    return all(
+        g in last and last[g].desired == gc.min_replicas and last[g].up == gc.min_replicas and last[g].draining == 0
+        for g, gc in cfg.groups.items()
+    )
 
 
 def run_demo(opts: DemoOptions) -> DemoResult:
@@ -146,8 +158,14 @@ def run_demo(opts: DemoOptions) -> DemoResult:
         coord_args = ["--full-scan-interval", "10", "--gc-grace", "5", "--gc-interval", "5"]
         if opts.chaos:
             coord_args += ["--dead-after", "5"]
-        cluster = LocalCluster(cfg, data_dir, redis_url=opts.redis_url, coordinator_args=coord_args,
-                               ha=opts.ha and opts.redis_url is None, storage=opts.storage)
+        cluster = LocalCluster(
+            cfg,
+            data_dir,
+            redis_url=opts.redis_url,
+            coordinator_args=coord_args,
+            ha=opts.ha and opts.redis_url is None,
+            storage=opts.storage,
+        )
         if opts.command is not None:
             cluster.command = list(opts.command)
         # SIGINT, SIGTERM, SIGHUP: Interrupted, and the clean-up below drains and stops every
@@ -207,6 +225,7 @@ def _run(opts: DemoOptions, cfg: LocalConfig, cluster: LocalCluster, data_dir: P
         th.start()
         phase = "ingest"
         with Live(console=console, refresh_per_second=2, transient=False, auto_refresh=False) as live:
+
             def show() -> None:
                 nonlocal status, max_files_seen, max_files_burst
                 try:
@@ -220,13 +239,20 @@ def _run(opts: DemoOptions, cfg: LocalConfig, cluster: LocalCluster, data_dir: P
                         max_files_burst = max(max_files_burst, tb["files_per_tablet"]["max"])
                 tb = status["tables"].get(opts.table)
                 if tb is not None:
-                    samples.append((round(time.monotonic() - started, 2), ingest.stats.entries,
-                                    tb["files"] / max(1, tb["tablets"]),
-                                    sum(g["compactions_committed"] for g in status["groups"].values())))
+                    samples.append(
+                        (
+                            round(time.monotonic() - started, 2),
+                            ingest.stats.entries,
+                            tb["files"] / max(1, tb["tablets"]),
+                            sum(g["compactions_committed"] for g in status["groups"].values()),
+                        )
+                    )
                 if opts.live:
-                    scaling = {x.group: x for x in cluster.timeline[-4 * len(cfg.groups):]}
-                    live.update(_progress_table(ingest.stats, status, phase, time.monotonic() - started,
-                                                scaling, cfg), refresh=True)
+                    scaling = {x.group: x for x in cluster.timeline[-4 * len(cfg.groups) :]}
+                    live.update(
+                        _progress_table(ingest.stats, status, phase, time.monotonic() - started, scaling, cfg),
+                        refresh=True,
+                    )
 
             last = [0.0]
 
@@ -305,8 +331,9 @@ def _run(opts: DemoOptions, cfg: LocalConfig, cluster: LocalCluster, data_dir: P
                     phase = "burst: draining compactors"
                 # the scale-down follows within the autoscaler's window; a group that cannot get
                 # back to its minimum (a compactor that fails to start) does not hold the demo up
-                if quiet >= 4 and (_scaled_back(cfg, cluster)
-                                   or time.monotonic() - quiet_since > cluster.scale_down_window_s + 30):
+                if quiet >= 4 and (
+                    _scaled_back(cfg, cluster) or time.monotonic() - quiet_since > cluster.scale_down_window_s + 30
+                ):
                     break
                 time.sleep(0.5)
             if chaos is not None:
@@ -319,9 +346,14 @@ def _run(opts: DemoOptions, cfg: LocalConfig, cluster: LocalCluster, data_dir: P
         chaos_ok = True
         if chaos is not None:
             acked = ingest.stats.flushes + (1 if ingest.stats.imported_files else 0)  # flushes + the import
-            chaos_summary, chaos_ok = check_chaos(chaos.log, store, client.storage,
-                                                  ha=cluster.redis_ha is not None, logs=data_dir / "logs",
-                                                  acked_writes=acked)
+            chaos_summary, chaos_ok = check_chaos(
+                chaos.log,
+                store,
+                client.storage,
+                ha=cluster.redis_ha is not None,
+                logs=data_dir / "logs",
+                acked_writes=acked,
+            )
         v = verify(client, opts.table, ingest.stats)
         stop_scaler.set()
         th.join(timeout=30)
@@ -353,8 +385,11 @@ def _run(opts: DemoOptions, cfg: LocalConfig, cluster: LocalCluster, data_dir: P
             "bytes written by compactions": counters.get("bytes_written", 0),
             "dead compactions": counters.get("dead_compactions", 0),
             "jobs dead-lettered": len(status["dead_letters"]),
-            **({"user compaction of the whole table": user_compactions.get(store, user_compaction).state}
-               if user_compaction else {}),
+            **(
+                {"user compaction of the whole table": user_compactions.get(store, user_compaction).state}
+                if user_compaction
+                else {}
+            ),
             **scaling_summary(cfg, cluster.timeline, burst_at),
             "compactors drained (scale-down)": len(drains),
             "busy compactors terminated": len(busy_terminated),
@@ -384,8 +419,9 @@ def acknowledged_commits(logs: Path) -> list[str]:
     return out
 
 
-def check_chaos(log, store, storage, *, ha: bool = False, logs: Path | None = None,
-                acked_writes: int = 0) -> tuple[dict[str, Any], bool]:
+def check_chaos(
+    log, store, storage, *, ha: bool = False, logs: Path | None = None, acked_writes: int = 0
+) -> tuple[dict[str, Any], bool]:
     """After the queues drained: every SIGKILLed compaction was detected dead and its tablet
     compacted again; SIGTERMed compactors caused no dead compaction; no running compaction is
     left; after garbage collection every file in storage is referenced and no temp file is left.
@@ -396,8 +432,7 @@ def check_chaos(log, store, storage, *, ha: bool = False, logs: Path | None = No
     dead = store.dead_log()
     killed = [ecid for ecid, _t in log.killed]
     detected = sum(1 for e in killed if e in dead)
-    rerun = sum(1 for _e, t in log.killed
-                if store.commits_on(t) > log.commits_at_kill.get(t, 0))
+    rerun = sum(1 for _e, t in log.killed if store.commits_on(t) > log.commits_at_kill.get(t, 0))
     term_dead = sum(1 for e in log.termed if e in dead)
     running_left = store.running_count()
     gc = Coordinator(store, storage, CoordinatorSettings())
@@ -418,13 +453,21 @@ def check_chaos(log, store, storage, *, ha: bool = False, logs: Path | None = No
         acked = sorted(set(acknowledged_commits(logs))) if logs is not None else []
         lost = [e for e in acked if e not in counts]
         twice = [e for e, n in counts.items() if n > 1]
-        ha_ok = (len(log.failovers) == 2 and {f["moment"] for f in log.failovers} == {"ingest", "commit"}
-                 and not lost and not twice and not missing)
+        ha_ok = (
+            len(log.failovers) == 2
+            and {f["moment"] for f in log.failovers} == {"ingest", "commit"}
+            and not lost
+            and not twice
+            and not missing
+        )
         ha_summary = {
             "chaos: Redis primary SIGKILLed, replica promoted (failovers)": len(log.failovers),
-            "chaos: failovers": "; ".join(f"mid-{f['moment']}: {f['pending']} writes awaiting acknowledgment, "
-                                          f"{f['commits_pending']} commits applied unacknowledged, promoted in "
-                                          f"{f['promoted_s']}s" for f in log.failovers),
+            "chaos: failovers": "; ".join(
+                f"mid-{f['moment']}: {f['pending']} writes awaiting acknowledgment, "
+                f"{f['commits_pending']} commits applied unacknowledged, promoted in "
+                f"{f['promoted_s']}s"
+                for f in log.failovers
+            ),
             "chaos: acknowledged writes checked (flushes + commits)": acked_writes + len(acked),
             "chaos: acknowledged commits lost": len(lost),
             "chaos: commits applied twice": len(twice),
@@ -437,10 +480,25 @@ def check_chaos(log, store, storage, *, ha: bool = False, logs: Path | None = No
         # to anyone, or the coordinator's pass ended by a write whose outcome was unknown): a killed
         # compaction counts as handled when it is gone from the tablet and its tablet was compacted
         # again; how many are in the dead log is reported as well.
-        detected = max(detected, sum(1 for e, t in log.killed if store.running_tablet(e) is None
-                                     and store.commits_on(t) > log.commits_at_kill.get(t, 0)))
-    ok = (detected == len(killed) and rerun == len(killed) and term_dead == 0 and running_left == 0
-          and not stray and redis_ok and ha_ok and not missing and log.coordinator_restarts >= 1)
+        detected = max(
+            detected,
+            sum(
+                1
+                for e, t in log.killed
+                if store.running_tablet(e) is None and store.commits_on(t) > log.commits_at_kill.get(t, 0)
+            ),
+        )
+    ok = (
+        detected == len(killed)
+        and rerun == len(killed)
+        and term_dead == 0
+        and running_left == 0
+        and not stray
+        and redis_ok
+        and ha_ok
+        and not missing
+        and log.coordinator_restarts >= 1
+    )
     return {
         "chaos: compactors SIGKILLed mid-merge": len(killed),
         "chaos: busy compactors SIGTERMed": len(log.termed),

@@ -150,8 +150,15 @@ class ContinuousIngest:
         self.stats.imported_files += len(imported)
         return imported
 
-    def run(self, *, entries: int, duration_s: float, should_stop: Callable[[], bool] = lambda: False,
-            on_flush: Callable[[IngestStats], None] = lambda s: None, paced: bool = True) -> IngestStats:
+    def run(
+        self,
+        *,
+        entries: int,
+        duration_s: float,
+        should_stop: Callable[[], bool] = lambda: False,
+        on_flush: Callable[[IngestStats], None] = lambda s: None,
+        paced: bool = True,
+    ) -> IngestStats:
         """Ingest until ``entries`` are written or ``duration_s`` passes. Paced: spread the entries
         evenly over the duration (a steady ingest rate, as in a continuous-ingest test)."""
         start = time.monotonic()
@@ -199,6 +206,13 @@ def verify(client: Client, table: str, stats: IngestStats) -> Verification:
     unexpected = len(seen - written)
     lost_eph = len(stats.ephemeral_live - eph)
     resurrected = len(eph & stats.ephemeral_deleted)
-    ok = (undefined == 0 and unexpected == 0 and n == len(written) and seen == written and lost_eph == 0
-          and resurrected == 0 and eph == stats.ephemeral_live)
+    ok = (
+        undefined == 0
+        and unexpected == 0
+        and n == len(written)
+        and seen == written
+        and lost_eph == 0
+        and resurrected == 0
+        and eph == stats.ephemeral_live
+    )
     return Verification(n, len(written), len(refs), undefined, unexpected, lost_eph, resurrected, ok)

@@ -30,9 +30,16 @@ class RedisProcess:
     """A redis-server child process; can be stopped (or killed) and restarted on the same port
     and data directory, which is how fault tests restart Redis."""
 
-    def __init__(self, data_dir: str | Path, port: int | None = None, *, password: str | None = None,
-                 replica_of: int | None = None, appendfsync: str = "always",
-                 users: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: str | Path,
+        port: int | None = None,
+        *,
+        password: str | None = None,
+        replica_of: int | None = None,
+        appendfsync: str = "always",
+        users: dict[str, str] | None = None,
+    ) -> None:
         exe = shutil.which("redis-server")
         if exe is None:
             raise KompaktorError("redis-server is not installed (run `make install`, or apt-get install redis-server)")
@@ -81,12 +88,32 @@ class RedisProcess:
     def start(self, timeout: float = 30.0) -> RedisProcess:
         # own process group, and killed by the kernel if this process dies (local.procs)
         self.proc = spawn(
-            [self.exe, *self._config_args(), "--port", str(self.port), "--bind", "127.0.0.1",
-             "--dir", str(self.data_dir),
-             "--appendonly", "yes", "--appendfsync", self.appendfsync, "--save", "", "--daemonize", "no",
-             *(["--replicaof", "127.0.0.1", str(self.replica_of)] if self.replica_of else []),
-             "--loglevel", "warning", "--logfile", str(self.data_dir / "redis.log")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                self.exe,
+                *self._config_args(),
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(self.data_dir),
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                self.appendfsync,
+                "--save",
+                "",
+                "--daemonize",
+                "no",
+                *(["--replicaof", "127.0.0.1", str(self.replica_of)] if self.replica_of else []),
+                "--loglevel",
+                "warning",
+                "--logfile",
+                str(self.data_dir / "redis.log"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + timeout
         client = redis.Redis(port=self.port, password=self.password, socket_connect_timeout=1)
         try:
@@ -138,12 +165,22 @@ class SentinelProcess:
     """A ``redis-sentinel`` child process watching the primary ``service`` on 127.0.0.1: its own
     port and directory, its config file (which Sentinel rewrites) written there, mode 0600."""
 
-    def __init__(self, data_dir: str | Path, primary_port: int, *, service: str, quorum: int = 2,
-                 password: str | None = None, port: int | None = None, down_after_ms: int = 1000) -> None:
+    def __init__(
+        self,
+        data_dir: str | Path,
+        primary_port: int,
+        *,
+        service: str,
+        quorum: int = 2,
+        password: str | None = None,
+        port: int | None = None,
+        down_after_ms: int = 1000,
+    ) -> None:
         exe = shutil.which("redis-sentinel")
         if exe is None:
-            raise KompaktorError("redis-sentinel is not installed (run `make install`, or apt-get install "
-                                 "redis-sentinel)")
+            raise KompaktorError(
+                "redis-sentinel is not installed (run `make install`, or apt-get install redis-sentinel)"
+            )
         self.exe = exe
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -157,12 +194,17 @@ class SentinelProcess:
 
     def start(self, timeout: float = 30.0) -> SentinelProcess:
         conf = self.data_dir / "sentinel.conf"
-        lines = [f"port {self.port}", "bind 127.0.0.1", f'dir "{self.data_dir}"',
-                 f'logfile "{self.data_dir / "sentinel.log"}"', "loglevel warning",
-                 f"sentinel monitor {self.service} 127.0.0.1 {self.primary_port} {self.quorum}",
-                 f"sentinel down-after-milliseconds {self.service} {self.down_after_ms}",
-                 f"sentinel failover-timeout {self.service} 10000",
-                 f"sentinel parallel-syncs {self.service} 1"]
+        lines = [
+            f"port {self.port}",
+            "bind 127.0.0.1",
+            f'dir "{self.data_dir}"',
+            f'logfile "{self.data_dir / "sentinel.log"}"',
+            "loglevel warning",
+            f"sentinel monitor {self.service} 127.0.0.1 {self.primary_port} {self.quorum}",
+            f"sentinel down-after-milliseconds {self.service} {self.down_after_ms}",
+            f"sentinel failover-timeout {self.service} 10000",
+            f"sentinel parallel-syncs {self.service} 1",
+        ]
         if self.password:
             lines.append(f'sentinel auth-pass {self.service} "{self.password}"')
         if not conf.exists():  # a restart keeps what Sentinel rewrote (the current primary, its peers)
@@ -213,18 +255,35 @@ class RedisHA:
 
     SERVICE = "kompaktor"
 
-    def __init__(self, data_dir: str | Path, *, replicas: int = 1, sentinels: int = 3,
-                 password: str | None = None, down_after_ms: int = 1000,
-                 users: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: str | Path,
+        *,
+        replicas: int = 1,
+        sentinels: int = 3,
+        password: str | None = None,
+        down_after_ms: int = 1000,
+        users: dict[str, str] | None = None,
+    ) -> None:
         self.data_dir = Path(data_dir)
         self.password = password
         self.role_passwords = dict(users or {})  # the same users on every server
         primary = RedisProcess(self.data_dir / "redis-0", password=password, users=users)
-        self.servers = [primary] + [RedisProcess(self.data_dir / f"redis-{i + 1}", password=password,
-                                                 replica_of=primary.port, users=users) for i in range(replicas)]
-        self.sentinels = [SentinelProcess(self.data_dir / f"sentinel-{i}", primary.port, service=self.SERVICE,
-                                          quorum=sentinels // 2 + 1, password=password,
-                                          down_after_ms=down_after_ms) for i in range(sentinels)]
+        self.servers = [primary] + [
+            RedisProcess(self.data_dir / f"redis-{i + 1}", password=password, replica_of=primary.port, users=users)
+            for i in range(replicas)
+        ]
+        self.sentinels = [
+            SentinelProcess(
+                self.data_dir / f"sentinel-{i}",
+                primary.port,
+                service=self.SERVICE,
+                quorum=sentinels // 2 + 1,
+                password=password,
+                down_after_ms=down_after_ms,
+            )
+            for i in range(sentinels)
+        ]
         self.failovers = 0
 
     @property
@@ -252,8 +311,11 @@ class RedisHA:
     def _wait_synced(self, srv: RedisProcess, timeout: float) -> None:
         c = srv.client()
         try:
-            _poll(f"replica on port {srv.port} in sync",
-                  lambda: c.info("replication").get("master_link_status") == "up", timeout)
+            _poll(
+                f"replica on port {srv.port} in sync",
+                lambda: c.info("replication").get("master_link_status") == "up",
+                timeout,
+            )
         finally:
             c.close()
 
@@ -277,6 +339,7 @@ class RedisHA:
     def wait_stable(self, timeout: float = 60.0) -> None:
         """Until the sentinels agree on a primary that runs and says it is one, every other server
         runs and is its replica in sync, and each sentinel sees all the replicas and sentinels."""
+
         def stable() -> bool:
             port = self.primary_port()
             if port is None:
@@ -300,9 +363,12 @@ class RedisHA:
                     m = c.sentinel_master(self.SERVICE)
                 finally:
                     c.close()
-                if (int(m.get("num-slaves", 0)) < len(self.servers) - 1
-                        or int(m.get("num-other-sentinels", 0)) < len(self.sentinels) - 1
-                        or m.get("is_master_down") or "s_down" in str(m.get("flags", ""))):
+                if (
+                    int(m.get("num-slaves", 0)) < len(self.servers) - 1
+                    or int(m.get("num-other-sentinels", 0)) < len(self.sentinels) - 1
+                    or m.get("is_master_down")
+                    or "s_down" in str(m.get("flags", ""))
+                ):
                     return False
             return True
 

@@ -72,10 +72,14 @@ def _settings_for(its: dict[str, Any] | None, props: dict[str, str], full: bool,
     row_start = its.get("row_start")
     row_end = its.get("row_end")
     return IteratorSettings(
-        max_versions=max_versions(props), full=full, now_ms=now,
-        ageoff_ttl_ms=its.get("ageoff_ttl_ms"), row_regex=its.get("row_regex"),
+        max_versions=max_versions(props),
+        full=full,
+        now_ms=now,
+        ageoff_ttl_ms=its.get("ageoff_ttl_ms"),
+        row_regex=its.get("row_regex"),
         row_start=None if row_start is None else bytes.fromhex(row_start),
-        row_end=None if row_end is None else bytes.fromhex(row_end))
+        row_end=None if row_end is None else bytes.fromhex(row_end),
+    )
 
 
 def _take_stale_selection(store: MetadataStore, job: Job, files: list[str], now: int, tc: TabletChange) -> None:
@@ -132,8 +136,18 @@ def try_reserve(store: MetadataStore, job: Job, compactor: str, group: str) -> R
     except Exception:
         remove_running(store, job.tablet, ecid)  # e.g. a bad table property: leave no ECID behind
         raise
-    return Reservation(ecid, job, table_id, decode_row(got["prev"]), decode_row(got["end"]), tuple(files),
-                       got["output"], full, settings, compactor)
+    return Reservation(
+        ecid,
+        job,
+        table_id,
+        decode_row(got["prev"]),
+        decode_row(got["end"]),
+        tuple(files),
+        got["output"],
+        full,
+        settings,
+        compactor,
+    )
 
 
 def reserve(store: MetadataStore, queues: JobQueues, group: str, compactor: str) -> Reservation | None:
@@ -166,7 +180,8 @@ def commit(store: MetadataStore, res: Reservation, info: FileInfo) -> None:
     tc.do("remove_running", res.ecid).do("drop_heartbeat", res.ecid).do("count_commit", res.job.group, res.ecid)
     if res.job.kind != "SYSTEM":  # the selection shrinks, or is complete (mutate.lua decides)
         tc.require("selection_is", res.job.selection).do(
-            "selection_done", list(res.inputs), output, res.job.selection if res.job.kind == "USER" else None)
+            "selection_done", list(res.inputs), output, res.job.selection if res.job.kind == "USER" else None
+        )
     store.mutate(m)
 
 

@@ -117,12 +117,19 @@ def parse_sentinel_url(url: str) -> SentinelURL:
             raise StoreUnavailable(f"{bad}: the database is a number, got {path[1]!r}")
         db = int(path[1])
     query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
-    unknown = sorted(set(query) - {"sentinel_password", "ssl_ca_certs", "ssl_cert_reqs", "ssl_certfile",
-                                   "ssl_keyfile"})
+    unknown = sorted(set(query) - {"sentinel_password", "ssl_ca_certs", "ssl_cert_reqs", "ssl_certfile", "ssl_keyfile"})
     if unknown:
         raise StoreUnavailable(f"{bad}: unknown parameter(s) {', '.join(unknown)}")
-    return SentinelURL(sentinels, unquote(path[0]), db, password, username, query.pop("sentinel_password", None),
-                       parts.scheme.lower().startswith("rediss"), query)
+    return SentinelURL(
+        sentinels,
+        unquote(path[0]),
+        db,
+        password,
+        username,
+        query.pop("sentinel_password", None),
+        parts.scheme.lower().startswith("rediss"),
+        query,
+    )
 
 
 #: query parameters of a plain ``redis://`` / ``rediss://`` URL (redis-py passes anything else to
@@ -149,21 +156,28 @@ def connect(url: str, *, retries: int = 6, socket_timeout: float = 5.0) -> redis
     passwords come in the URL (``redis://:pw@host:port/0``). A Sentinel URL gives a client that
     asks the sentinels for the primary, and again after a connection to it fails."""
     common: dict[str, Any] = dict(
-        socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout,
+        socket_timeout=socket_timeout,
+        socket_connect_timeout=socket_timeout,
         retry=_Retry(ExponentialBackoff(cap=1.0, base=0.05), retries),
         retry_on_error=[redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError],
-        health_check_interval=30)
+        health_check_interval=30,
+    )
     if is_sentinel_url(url):
         s = parse_sentinel_url(url)
         tls: dict[str, Any] = {"ssl": True, **s.query} if s.tls else {}
         # no retries of its own per sentinel: the client's retry (above) already asks them all again
-        sentinel_kwargs: dict[str, Any] = {"socket_timeout": socket_timeout, "retry": Retry(NoBackoff(), 0),
-                                           "socket_connect_timeout": socket_timeout, **tls}
+        sentinel_kwargs: dict[str, Any] = {
+            "socket_timeout": socket_timeout,
+            "retry": Retry(NoBackoff(), 0),
+            "socket_connect_timeout": socket_timeout,
+            **tls,
+        }
         if s.sentinel_password:
             sentinel_kwargs["password"] = s.sentinel_password
         sentinel = Sentinel(s.sentinels, sentinel_kwargs=sentinel_kwargs)
-        return sentinel.master_for(s.service, db=s.db, password=s.password, username=s.username,
-                                   check_connection=True, **common, **tls)
+        return sentinel.master_for(
+            s.service, db=s.db, password=s.password, username=s.username, check_connection=True, **common, **tls
+        )
     _check_query(url)
     try:
         return redis.Redis.from_url(url, **common)
@@ -178,26 +192,50 @@ def explain(url: str, exc: BaseException) -> str | None:
     text = str(exc)
     if isinstance(exc, redis.sentinel.MasterNotFoundError) or "No master found" in text:
         hosts = ",".join(f"{h}:{p}" for h, p in parse_sentinel_url(url).sentinels) if is_sentinel_url(url) else ""
-        return (f"no Sentinel at {hosts or where} names a primary for this service: none reachable, or none "
-                f"monitors it ({text.split(' : ')[0]}); check the hosts and the service name in {where}")
+        return (
+            f"no Sentinel at {hosts or where} names a primary for this service: none reachable, or none "
+            f"monitors it ({text.split(' : ')[0]}); check the hosts and the service name in {where}"
+        )
     if isinstance(exc, redis.ReadOnlyError) or text.startswith(("READONLY", "You can't write against a read only")):
-        return (f"Redis at {where} is a read-only replica, not the primary: give the primary's address, or a "
-                "redis+sentinel:// URL that finds it")
+        return (
+            f"Redis at {where} is a read-only replica, not the primary: give the primary's address, or a "
+            "redis+sentinel:// URL that finds it"
+        )
     low = text.lower()
-    if url.lower().startswith("rediss://") and isinstance(exc, (redis.ConnectionError, redis.TimeoutError)) \
-            and _answers_plain(url):
-        return (f"Redis at {where} does not speak TLS (it answers in plain text): use redis:// instead of "
-                "rediss://, or turn TLS on in the server")
-    if "ssl" in low and any(s in low for s in ("wrong version", "record layer", "wrong_version", "unexpected eof",
-                                               "packet length", "http request", "unknown protocol")):
-        return (f"Redis at {where} does not speak TLS: use redis:// (or redis+sentinel://) instead of rediss://, "
-                "or turn TLS on in the server")
+    if (
+        url.lower().startswith("rediss://")
+        and isinstance(exc, (redis.ConnectionError, redis.TimeoutError))
+        and _answers_plain(url)
+    ):
+        return (
+            f"Redis at {where} does not speak TLS (it answers in plain text): use redis:// instead of "
+            "rediss://, or turn TLS on in the server"
+        )
+    if "ssl" in low and any(
+        s in low
+        for s in (
+            "wrong version",
+            "record layer",
+            "wrong_version",
+            "unexpected eof",
+            "packet length",
+            "http request",
+            "unknown protocol",
+        )
+    ):
+        return (
+            f"Redis at {where} does not speak TLS: use redis:// (or redis+sentinel://) instead of rediss://, "
+            "or turn TLS on in the server"
+        )
     if "certificate verify failed" in low:
         return f"Redis at {where}: TLS certificate not trusted ({text.split(':')[-1].strip()}); give ssl_ca_certs"
     if url.lower().startswith(("redis://", "redis+sentinel://")) and (
-            "connection closed by server" in low or "connection reset by peer" in low):
-        return (f"Redis at {where} closed the connection at once: it may require TLS (use rediss:// or "
-                "rediss+sentinel://), or it is not a Redis server")
+        "connection closed by server" in low or "connection reset by peer" in low
+    ):
+        return (
+            f"Redis at {where} closed the connection at once: it may require TLS (use rediss:// or "
+            "rediss+sentinel://), or it is not a Redis server"
+        )
     return None
 
 
@@ -236,14 +274,17 @@ class Durability:
     """Decides, per server and deployment, how a write is made durable before it is acknowledged;
     re-decided every ``recheck_s`` (replicas come and go with failovers)."""
 
-    def __init__(self, mode: str | None = None, *, sentinel: bool = False, timeout_ms: int | None = None,
-                 recheck_s: float = 10.0) -> None:
+    def __init__(
+        self, mode: str | None = None, *, sentinel: bool = False, timeout_ms: int | None = None, recheck_s: float = 10.0
+    ) -> None:
         raw = (mode or os.environ.get(DURABILITY_ENV) or ("replicas" if sentinel else "auto")).strip().lower()
         name, _, arg = raw.partition(":")
-        if name not in ("auto", "replicas", "fsync", "none") or (arg and (name != "replicas" or not arg.isdigit()
-                                                                          or int(arg) < 1)):
-            raise StoreUnavailable(f"invalid durability {raw!r}: use auto, replicas[:N], fsync or none "
-                                   f"({DURABILITY_ENV})")
+        if name not in ("auto", "replicas", "fsync", "none") or (
+            arg and (name != "replicas" or not arg.isdigit() or int(arg) < 1)
+        ):
+            raise StoreUnavailable(
+                f"invalid durability {raw!r}: use auto, replicas[:N], fsync or none ({DURABILITY_ENV})"
+            )
         self.mode = name
         self.replicas = int(arg) if arg else 1
         self.timeout_ms = int(timeout_ms if timeout_ms is not None else os.environ.get(WAIT_ENV, DEFAULT_WAIT_MS))
@@ -275,8 +316,9 @@ class Durability:
         replicas = int(repl.get("connected_slaves", 0))
         if self.mode == "replicas" or (self.mode == "auto" and replicas > 0):
             n = self.replicas
-            return DurabilityPlan(f"replicas: WAIT {n} (on {n + 1} nodes before the answer)",
-                                  (("WAIT", n, *wait),), (n,))
+            return DurabilityPlan(
+                f"replicas: WAIT {n} (on {n + 1} nodes before the answer)", (("WAIT", n, *wait),), (n,)
+            )
         server = r.info("server")
         persistence = r.info("persistence")
         try:
@@ -287,23 +329,28 @@ class Durability:
         if aof and fsync == "always":
             return DurabilityPlan("fsync: appendfsync always (fsynced on the primary before the answer)")
         if aof and _version(server) >= (7, 2):
-            return DurabilityPlan("fsync: WAITAOF 1 0 (fsynced on the primary before the answer)",
-                                  (("WAITAOF", 1, 0, *wait),), (1,))
-        why = (f"Redis {server.get('redis_version')} with appendonly {'yes' if aof else 'no'}, appendfsync "
-               f"{fsync or 'unknown'}, no replica: neither WAITAOF (Redis >= 7.2) nor fsync always")
+            return DurabilityPlan(
+                "fsync: WAITAOF 1 0 (fsynced on the primary before the answer)", (("WAITAOF", 1, 0, *wait),), (1,)
+            )
+        why = (
+            f"Redis {server.get('redis_version')} with appendonly {'yes' if aof else 'no'}, appendfsync "
+            f"{fsync or 'unknown'}, no replica: neither WAITAOF (Redis >= 7.2) nor fsync always"
+        )
         if self.mode == "fsync":
-            raise StoreUnavailable(f"durability fsync is not possible: {why}; set appendfsync always, or use "
-                                   "replicas")
-        return DurabilityPlan(f"none available ({why}): up to ~1 s of acknowledged writes can be lost with "
-                              "the node", unsafe=True)
+            raise StoreUnavailable(f"durability fsync is not possible: {why}; set appendfsync always, or use replicas")
+        return DurabilityPlan(
+            f"none available ({why}): up to ~1 s of acknowledged writes can be lost with the node", unsafe=True
+        )
 
     def check(self, plan: DurabilityPlan, replies: list[Any]) -> None:
         for cmd, need, got in zip(plan.commands, plan.need, replies, strict=True):
             have = int(got[0] if cmd[0] == "WAITAOF" else got)
             if have < need:
                 what = "replica(s)" if cmd[0] == "WAIT" else "local fsync"
-                raise NotDurable(f"Redis did not confirm the write durable in {self.timeout_ms} ms ({cmd[0]}: "
-                                 f"{have} of {need} {what}): it may or may not be kept; retry")
+                raise NotDurable(
+                    f"Redis did not confirm the write durable in {self.timeout_ms} ms ({cmd[0]}: "
+                    f"{have} of {need} {what}): it may or may not be kept; retry"
+                )
 
 
 def durable_pipeline(r: redis.Redis, durability: Durability, queue_writes) -> list[Any]:
@@ -320,5 +367,5 @@ def durable_pipeline(r: redis.Redis, durability: Durability, queue_writes) -> li
             pipe.execute_command(*cmd)
     out = pipe.execute()
     if plan.commands:
-        durability.check(plan, out[n + 1:])
+        durability.check(plan, out[n + 1 :])
     return out[:n]

@@ -14,13 +14,22 @@ MAX_ATTEMPTS = 3
 MAX_BACKOFF_S = 60.0
 
 
-def record_failure(store: MetadataStore, tablet: str, files: list[str] | tuple[str, ...], group: str,
-                   error: str, *, max_attempts: int = MAX_ATTEMPTS, base_backoff_s: float = 1.0) -> bool:
+def record_failure(
+    store: MetadataStore,
+    tablet: str,
+    files: list[str] | tuple[str, ...],
+    group: str,
+    error: str,
+    *,
+    max_attempts: int = MAX_ATTEMPTS,
+    base_backoff_s: float = 1.0,
+) -> bool:
     """Count one failure, atomically (one script: concurrent failures of the same job each
     count); returns True when the job was dead-lettered."""
     rec: dict[str, Any] = {"tablet": tablet, "group": group, "files": sorted(files), "last_error": error[:500]}
-    _count, dead = store.count_failure(fingerprint(tablet, files), rec, time.time(), base_backoff_s,
-                                       MAX_BACKOFF_S, max_attempts)
+    _count, dead = store.count_failure(
+        fingerprint(tablet, files), rec, time.time(), base_backoff_s, MAX_BACKOFF_S, max_attempts
+    )
     return dead
 
 
@@ -47,8 +56,9 @@ def forget_settled(store: MetadataStore) -> int:
     if not recs:
         return 0
     tablets = {t.id: t for t in store.get_tablets(sorted({r["tablet"] for r in recs.values()}))}
-    stale = [fp for fp, r in recs.items()
-             if (t := tablets.get(r["tablet"])) is None or not set(r["files"]) <= set(t.files)]
+    stale = [
+        fp for fp, r in recs.items() if (t := tablets.get(r["tablet"])) is None or not set(r["files"]) <= set(t.files)
+    ]
     store.forget_failures(stale)
     return len(stale)
 

@@ -23,10 +23,14 @@ def gather(store: MetadataStore) -> dict[str, Any]:
         comps = store.compactors(g)
         alive = [c for c in comps if now - c.last_seen < ALIVE_S]
         groups[g] = {
-            "queued": s.queued, "running": s.running, "depth": s.depth,
-            "compactors": len(alive), "busy": sum(c.state == "busy" for c in alive),
+            "queued": s.queued,
+            "running": s.running,
+            "depth": s.depth,
+            "compactors": len(alive),
+            "busy": sum(c.state == "busy" for c in alive),
             "draining": sum(c.state == "draining" for c in alive),
-            "oldest_queued_age_s": round(s.oldest_age_s, 3), "rejected": s.rejected,
+            "oldest_queued_age_s": round(s.oldest_age_s, 3),
+            "rejected": s.rejected,
             "dead_compactions_recovered": counters.get(f"dead_compactions:{g}", 0),
             "compactions_committed": counters.get(f"committed:{g}", 0),
             "dead_lettered": s.dead_lettered,
@@ -39,11 +43,15 @@ def gather(store: MetadataStore) -> dict[str, Any]:
         for c in counts:
             hist[str(c)] = hist.get(str(c), 0) + 1
         tables[t.name] = {
-            "id": t.id, "state": t.state, "tablets": len(tablets),
+            "id": t.id,
+            "state": t.state,
+            "tablets": len(tablets),
             "files": sum(counts),
             "files_per_tablet": {
-                "min": min(counts, default=0), "median": statistics.median(counts) if counts else 0,
-                "max": max(counts, default=0), "histogram": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))),
+                "min": min(counts, default=0),
+                "median": statistics.median(counts) if counts else 0,
+                "max": max(counts, default=0),
+                "histogram": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))),
             },
             "running_compactions": sum(len(tb.running) for tb in tablets),
             "entries": sum(m.entries for tb in tablets for m in tb.files.values()),
@@ -64,20 +72,43 @@ def render(status: dict[str, Any]):
     from rich.table import Table
 
     gt = Table(title="compactor groups", expand=False)
-    for col in ("group", "queued", "running", "compactors", "busy", "oldest queued", "committed",
-                "dead recovered", "dead-lettered"):
+    for col in (
+        "group",
+        "queued",
+        "running",
+        "compactors",
+        "busy",
+        "oldest queued",
+        "committed",
+        "dead recovered",
+        "dead-lettered",
+    ):
         gt.add_column(col, justify="right" if col != "group" else "left")
     for name, g in status["groups"].items():
-        gt.add_row(name, str(g["queued"]), str(g["running"]), str(g["compactors"]), str(g["busy"]),
-                   f"{g['oldest_queued_age_s']:.1f}s", str(g["compactions_committed"]),
-                   str(g["dead_compactions_recovered"]), str(g["dead_lettered"]))
+        gt.add_row(
+            name,
+            str(g["queued"]),
+            str(g["running"]),
+            str(g["compactors"]),
+            str(g["busy"]),
+            f"{g['oldest_queued_age_s']:.1f}s",
+            str(g["compactions_committed"]),
+            str(g["dead_compactions_recovered"]),
+            str(g["dead_lettered"]),
+        )
     tt = Table(title="tables", expand=False)
     for col in ("table", "state", "tablets", "files", "files/tablet min·median·max", "running"):
         tt.add_column(col)
     for name, t in status["tables"].items():
         f = t["files_per_tablet"]
-        tt.add_row(name, t["state"], str(t["tablets"]), str(t["files"]), f"{f['min']}·{f['median']}·{f['max']}",
-                   str(t["running_compactions"]))
+        tt.add_row(
+            name,
+            t["state"],
+            str(t["tablets"]),
+            str(t["files"]),
+            f"{f['min']}·{f['median']}·{f['max']}",
+            str(t["running_compactions"]),
+        )
     parts: list[Any] = [gt, tt]
     if status.get("retries_pending"):
         parts.append(f"failed jobs waiting out their backoff before a retry: {status['retries_pending']}")

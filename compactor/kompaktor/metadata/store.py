@@ -52,15 +52,20 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
-_LEASE_ACQUIRE = C.lua_prelude() + """
+_LEASE_ACQUIRE = (
+    C.lua_prelude()
+    + """
 if redis.call('SET', K.lease, ARGV[1], 'NX', 'PX', ARGV[2]) then
   return redis.call('INCR', K.fence)
 end
 return false
 """
+)
 # A coordinator's plain writes (sets, hashes, counters): applied only while its fencing token
 # (ARGV[1]) is the newest, all of them atomically. ARGV[2] = JSON list of commands.
-_FENCED_WRITE = C.lua_prelude() + """
+_FENCED_WRITE = (
+    C.lua_prelude()
+    + """
 local tok = tonumber(ARGV[1])
 local cur = tonumber(redis.call('GET', K.fence) or '0')
 if cur > tok then
@@ -70,6 +75,7 @@ local out = {}
 for i, c in ipairs(cjson.decode(ARGV[2])) do out[i] = redis.call(unpack(c)) end
 return out
 """
+)
 _LUA = C.lua_prelude() + resources.files("kompaktor.metadata").joinpath("lua/mutate.lua").read_text()
 _FAILURES = C.lua_prelude() + resources.files("kompaktor.metadata").joinpath("lua/failures.lua").read_text()
 
@@ -114,22 +120,36 @@ class Mutation:
         return self
 
     def to_json(self, mutation_id: str | None = None, fence: int | None = None) -> str:
-        return json.dumps({
-            "id": mutation_id, "fence": fence, "now": now_ms(), "table": self.table, "table_conds": self.table_conds,
-            "table_ops": self.table_ops, "table_reads": self.table_reads,
-            "tablets": [{"id": t.tablet_id, "conds": t.conds, "ops": t.ops} for t in self.tablets],
-        })
+        return json.dumps(
+            {
+                "id": mutation_id,
+                "fence": fence,
+                "now": now_ms(),
+                "table": self.table,
+                "table_conds": self.table_conds,
+                "table_ops": self.table_ops,
+                "table_reads": self.table_reads,
+                "tablets": [{"id": t.tablet_id, "conds": t.conds, "ops": t.ops} for t in self.tablets],
+            }
+        )
 
 
 #: the most a single call reads or pops of a structure that grows with the instance (a table's
 #: tablets, the dirty set): Redis runs one command at a time, so bigger calls hold everyone up
 SCAN_CHUNK = 10_000
 
+
 class MetadataStore:
     """Typed access to Kompaktor's metadata in Redis."""
 
-    def __init__(self, client: redis.Redis, url: str = "", *, fence: Callable[[], int | None] | None = None,
-                 durability: Durability | None = None) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        url: str = "",
+        *,
+        fence: Callable[[], int | None] | None = None,
+        durability: Durability | None = None,
+    ) -> None:
         self._r = client
         self.url = url
         #: how an acknowledged write is made durable (issue 15 §1, :mod:`kompaktor.metadata.connection`)
@@ -149,8 +169,15 @@ class MetadataStore:
         restart, a failover): compactors run them by hash and may not load them (their Redis user
         has ``EVALSHA`` only, :mod:`kompaktor.metadata.acl`). One round trip when nothing is
         missing; returns how many were loaded. The coordinator calls it on every pass."""
-        scripts = [self._mutate, self._lease_acquire, self._lease_renew, self._lease_release, self._fenced_write,
-                   self._failures, *self.queues.scripts()]
+        scripts = [
+            self._mutate,
+            self._lease_acquire,
+            self._lease_renew,
+            self._lease_release,
+            self._fenced_write,
+            self._failures,
+            *self.queues.scripts(),
+        ]
         held = self.call(self._r.script_exists, *[s.sha for s in scripts])
         missing = [s for s, ok in zip(scripts, held, strict=True) if not ok]
         for s in missing:
@@ -221,6 +248,7 @@ class MetadataStore:
     def _eval_durable(self, arg: str) -> Any:
         """mutate.lua on ``arg``, answered only once the write is durable (issue 15 §1): the barrier
         and WAIT / WAITAOF the store's durability asks for follow in the same round trip."""
+
         def run(pipe: redis.client.Pipeline) -> None:
             pipe.evalsha(self._mutate.sha, 0, arg)
 
@@ -272,12 +300,10 @@ class MetadataStore:
         if self.call(self._r.hexists, C.TABLES, name):
             raise TableExistsError(f"table {name!r} already exists")
         tid = format(self.next_seq("table"), "x")
-        m = Mutation(table=tid, table_conds=[["absent", name]],
-                     table_ops=[["create", name, json.dumps(props or {})]])
+        m = Mutation(table=tid, table_conds=[["absent", name]], table_ops=[["create", name, json.dumps(props or {})]])
         prev: bytes | None = None
         for end in [*rows, None]:
-            doc = {"table": tid, "prev": encode_row(prev), "end": encode_row(end), "files": {},
-                   "running": {}}
+            doc = {"table": tid, "prev": encode_row(prev), "end": encode_row(end), "files": {}, "running": {}}
             m.tablet(tablet_id(tid, end)).require("absent").do("create", doc, end_token(end))
             prev = end
         try:
@@ -325,8 +351,7 @@ class MetadataStore:
         files that were referenced."""
         tid = self.table_id(name)
         tablets = self.tablets(tid)
-        m = Mutation(table=tid, table_ops=[["set_state", DELETED], ["unname", name]]).require_table(
-            ONLINE, OFFLINE)
+        m = Mutation(table=tid, table_ops=[["set_state", DELETED], ["unname", name]]).require_table(ONLINE, OFFLINE)
         files: set[str] = set()
         for t in tablets:
             files.update(t.files)
@@ -359,7 +384,7 @@ class MetadataStore:
         """These tablets in batches of ``size`` (missing ones left out). The documents of batch k+1
         are fetched before batch k is handed out: Redis work that the caller starts with batch k
         (a queue add) then runs while batch k+1 is decoded instead of delaying its fetch."""
-        parts = [tablet_ids[i:i + size] for i in range(0, len(tablet_ids), size)]
+        parts = [tablet_ids[i : i + size] for i in range(0, len(tablet_ids), size)]
         docs = self.tablet_docs(parts[0]) if parts else []
         for k in range(len(parts)):
             tablets = decode_tablets(docs)
@@ -371,7 +396,7 @@ class MetadataStore:
         that do not exist are left out."""
         out: list[tuple[str, bytes]] = []
         for i in range(0, len(tablet_ids), chunk):
-            part = tablet_ids[i:i + chunk]
+            part = tablet_ids[i : i + chunk]
             raws = self.call(self._r.mget, [C.tablet_key(t) for t in part])
             out.extend((t, raw) for t, raw in zip(part, raws, strict=True) if raw)
         return out
@@ -392,8 +417,7 @@ class MetadataStore:
     def iter_all_tablets(self) -> Iterator[Tablet]:
         yield from self.get_tablets(self.all_tablet_ids())
 
-    def add_files(self, table_name: str, files: dict[str, FileMeta], *,
-                  allow_offline: bool = True) -> list[str]:
+    def add_files(self, table_name: str, files: dict[str, FileMeta], *, allow_offline: bool = True) -> list[str]:
         """Register files with every tablet their row span overlaps, in one mutation (Accumulo's
         bulk import v2). Returns the tablet ids that received files."""
         tid = self.table_id(table_name)
@@ -425,7 +449,7 @@ class MetadataStore:
     def mark_dirty(self, tablet_ids: Iterable[str]) -> None:
         ids = list(tablet_ids)
         for i in range(0, len(ids), 10_000):
-            self._write(("SADD", C.DIRTY, *ids[i:i + 10_000]))
+            self._write(("SADD", C.DIRTY, *ids[i : i + 10_000]))
 
     # -- counters -------------------------------------------------------------------------
     def incr(self, name: str, by: int = 1) -> int:
@@ -512,9 +536,12 @@ class MetadataStore:
 
     def log_dead(self, ecid: str, group: str) -> None:
         """Count a dead compaction and remember its ECID (the last DEADLOG_LENGTH are kept)."""
-        self._write(("HINCRBY", C.COUNTERS, "dead_compactions", 1),
-                    ("HINCRBY", C.COUNTERS, f"dead_compactions:{group}", 1),
-                    ("RPUSH", C.DEADLOG, ecid), ("LTRIM", C.DEADLOG, -DEADLOG_LENGTH, -1))
+        self._write(
+            ("HINCRBY", C.COUNTERS, "dead_compactions", 1),
+            ("HINCRBY", C.COUNTERS, f"dead_compactions:{group}", 1),
+            ("RPUSH", C.DEADLOG, ecid),
+            ("LTRIM", C.DEADLOG, -DEADLOG_LENGTH, -1),
+        )
 
     def dead_log(self) -> set[str]:
         return {e.decode() for e in self.call(self._r.lrange, C.DEADLOG, 0, -1)}
@@ -570,13 +597,25 @@ class MetadataStore:
     def put_failure(self, fp: str, rec: dict[str, Any]) -> None:
         self._write(("HSET", C.FAILURES, fp, json.dumps(rec)))
 
-    def count_failure(self, fp: str, rec: dict[str, Any], now: float, base_backoff_s: float,
-                      max_backoff_s: float, max_attempts: int) -> tuple[int, bool]:
+    def count_failure(
+        self, fp: str, rec: dict[str, Any], now: float, base_backoff_s: float, max_backoff_s: float, max_attempts: int
+    ) -> tuple[int, bool]:
         """Count one failure of job ``fp`` in one atomic step (``lua/failures.lua``): its count
         goes up, it backs off, and at ``max_attempts`` it moves to the dead letters. Returns the
         count and whether it was dead-lettered."""
-        count, dead = self.call(self._failures, args=[self._token(), "record", fp, json.dumps(rec), repr(now),
-                                                      repr(base_backoff_s), repr(max_backoff_s), max_attempts])
+        count, dead = self.call(
+            self._failures,
+            args=[
+                self._token(),
+                "record",
+                fp,
+                json.dumps(rec),
+                repr(now),
+                repr(base_backoff_s),
+                repr(max_backoff_s),
+                max_attempts,
+            ],
+        )
         return int(count), bool(dead)
 
     def redirty_failed(self, now: float) -> list[str]:
@@ -596,8 +635,11 @@ class MetadataStore:
 
     def dead_letter(self, fp: str, rec: dict[str, Any]) -> None:
         """Move a job from the failures to the dead letters (counted), atomically."""
-        self._write(("HSET", C.DEADLETTER, fp, json.dumps(rec)), ("HDEL", C.FAILURES, fp),
-                    ("HINCRBY", C.COUNTERS, "dead_lettered", 1))
+        self._write(
+            ("HSET", C.DEADLETTER, fp, json.dumps(rec)),
+            ("HDEL", C.FAILURES, fp),
+            ("HINCRBY", C.COUNTERS, "dead_lettered", 1),
+        )
 
     def dead_letters(self) -> dict[str, dict[str, Any]]:
         return {k.decode(): json.loads(v) for k, v in self.call(self._r.hgetall, C.DEADLETTER).items()}
@@ -643,8 +685,11 @@ class MetadataStore:
 
     def forget_imports_before(self, before: float) -> None:
         """Drop the records of imports that ended (or died) before ``before``."""
-        old = [iid for iid, raw in self.call(self._r.hgetall, C.IMPORTS).items()
-               if float(json.loads(raw)["expires"]) < before]
+        old = [
+            iid
+            for iid, raw in self.call(self._r.hgetall, C.IMPORTS).items()
+            if float(json.loads(raw)["expires"]) < before
+        ]
         if old:
             self._write(("HDEL", C.IMPORTS, *[i.decode() for i in old]))
 

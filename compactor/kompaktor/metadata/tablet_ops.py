@@ -88,8 +88,7 @@ def _blocker(t: Tablet) -> str | None:
 
 def _guard(m: Mutation, t: Tablet):
     """Conditions that make the change apply to exactly the tablet that was read."""
-    return (m.tablet(t.id).require("version", t.version).require("no_running").require("no_hold")
-            .require("no_selection"))
+    return m.tablet(t.id).require("version", t.version).require("no_running").require("no_hold").require("no_selection")
 
 
 def _common_prefix(a: bytes, b: bytes) -> bytes:
@@ -127,7 +126,7 @@ class _Line:
 
     def pos(self, row: bytes) -> int:
         row = min(max(row, self.lo), self.hi)
-        tail = row[len(self.cp):]
+        tail = row[len(self.cp) :]
         x, clamp = 0, 0  # clamp: -1 below a digit's range (rest minimal), +1 above (rest maximal)
         for i, (base, radix) in enumerate(zip(self.base, self.radix, strict=True)):
             if clamp < 0:
@@ -164,8 +163,13 @@ def _shares(fm: FileMeta, ranges: Sequence[tuple[bytes | None, bytes | None]]) -
     over = [span_overlaps(fm.first_row, fm.last_row, lo, hi) for lo, hi in ranges]
     weights = [0.0] * len(ranges)
     if fm.first_row is not None and fm.last_row is not None and fm.first_row < fm.last_row:
-        line = _Line([fm.first_row, fm.last_row,
-                      *(b for r in ranges for b in r if b is not None and fm.first_row < b < fm.last_row)])
+        line = _Line(
+            [
+                fm.first_row,
+                fm.last_row,
+                *(b for r in ranges for b in r if b is not None and fm.first_row < b < fm.last_row),
+            ]
+        )
         for i, (lo, hi) in enumerate(ranges):
             if over[i]:
                 a = line.pos(lo) if lo is not None else line.pos(fm.first_row)
@@ -178,8 +182,13 @@ def _shares(fm: FileMeta, ranges: Sequence[tuple[bytes | None, bytes | None]]) -
 
 
 def _part(fm: FileMeta, share: float) -> dict:
-    return FileMeta(max(1, round(fm.size * share)), max(1, round(fm.entries * share)),
-                    round(fm.deletes * share), fm.first_row, fm.last_row).to_json()
+    return FileMeta(
+        max(1, round(fm.size * share)),
+        max(1, round(fm.entries * share)),
+        round(fm.deletes * share),
+        fm.first_row,
+        fm.last_row,
+    ).to_json()
 
 
 # -- split -------------------------------------------------------------------------------------
@@ -225,8 +234,9 @@ def _after(store: MetadataStore, queues: JobQueues | None, old: Iterable[str], n
     store.mark_dirty(new)  # the mutation did too; explicit for readers
 
 
-def split(store: MetadataStore, table_name: str, rows: Iterable[bytes], *,
-          queues: JobQueues | None = None) -> list[str]:
+def split(
+    store: MetadataStore, table_name: str, rows: Iterable[bytes], *, queues: JobQueues | None = None
+) -> list[str]:
     """Add split points ``rows`` to the table, in one atomic mutation. Rows that already end a
     tablet are ignored. Returns the ids of the tablets that were created or changed (empty when
     nothing changed). Raises :class:`TabletOpRefused` when a tablet to split is busy."""
@@ -248,8 +258,9 @@ def split(store: MetadataStore, table_name: str, rows: Iterable[bytes], *,
         for t, _ in per.values():
             why = _blocker(t)
             if why:
-                raise TabletOpRefused(f"cannot split tablet {t.id} of {table_name!r} now: {why}; "
-                                      "retry when it finishes")
+                raise TabletOpRefused(
+                    f"cannot split tablet {t.id} of {table_name!r} now: {why}; retry when it finishes"
+                )
         m = Mutation(table=info.id).require_table(ONLINE)
         new: list[str] = []
         for t, trows in per.values():
@@ -272,14 +283,22 @@ def _unsafe(group: list[Tablet]) -> str | None:
         for path, fm in t.files.items():
             for other in group:
                 if path not in other.files and span_overlaps(fm.first_row, fm.last_row, other.prev, other.end):
-                    return (f"file {path} (rows {_show(fm.first_row)}..{_show(fm.last_row)}) is still read by "
-                            f"tablet {t.id} but was already compacted away in tablet {other.id}, whose "
-                            "rows it overlaps")
+                    return (
+                        f"file {path} (rows {_show(fm.first_row)}..{_show(fm.last_row)}) is still read by "
+                        f"tablet {t.id} but was already compacted away in tablet {other.id}, whose "
+                        "rows it overlaps"
+                    )
     return None
 
 
-def merge(store: MetadataStore, table_name: str, start: bytes | None = None, end: bytes | None = None, *,
-          queues: JobQueues | None = None) -> str | None:
+def merge(
+    store: MetadataStore,
+    table_name: str,
+    start: bytes | None = None,
+    end: bytes | None = None,
+    *,
+    queues: JobQueues | None = None,
+) -> str | None:
     """Merge the tablets overlapping rows [start, end] (None = unbounded) into one, in one atomic
     mutation. Returns the merged tablet's id, or None when fewer than two tablets overlap.
     Raises :class:`TabletOpRefused` when a tablet is busy or the merge would be unsafe."""
@@ -293,21 +312,36 @@ def merge(store: MetadataStore, table_name: str, start: bytes | None = None, end
         for t in group:
             why = _blocker(t)
             if why:
-                raise TabletOpRefused(f"cannot merge tablet {t.id} of {table_name!r} now: {why}; "
-                                      "retry when it finishes")
+                raise TabletOpRefused(
+                    f"cannot merge tablet {t.id} of {table_name!r} now: {why}; retry when it finishes"
+                )
         why = _unsafe(group)
         if why:
-            rng = "".join([f" --start {_show(start)}" if start is not None else "",
-                           f" --end {_show(end)}" if end is not None else ""])
-            raise TabletOpRefused(f"cannot merge {table_name!r} safely: {why}. Compact the range first "
-                                  f"(kompaktor compact {table_name}{rng} --wait 600), then merge")
+            rng = "".join(
+                [
+                    f" --start {_show(start)}" if start is not None else "",
+                    f" --end {_show(end)}" if end is not None else "",
+                ]
+            )
+            raise TabletOpRefused(
+                f"cannot merge {table_name!r} safely: {why}. Compact the range first "
+                f"(kompaktor compact {table_name}{rng} --wait 600), then merge"
+            )
         files: dict[str, FileMeta] = {}
         for t in group:
             for path, fm in t.files.items():
                 have = files.get(path)
-                files[path] = fm if have is None else FileMeta(
-                    have.size + fm.size, have.entries + fm.entries, have.deletes + fm.deletes,
-                    fm.first_row, fm.last_row)
+                files[path] = (
+                    fm
+                    if have is None
+                    else FileMeta(
+                        have.size + fm.size,
+                        have.entries + fm.entries,
+                        have.deletes + fm.deletes,
+                        fm.first_row,
+                        fm.last_row,
+                    )
+                )
         last = group[-1]
         m = Mutation(table=info.id).require_table(ONLINE)
         for t in group[:-1]:
@@ -342,8 +376,12 @@ def choose_split_row(t: Tablet) -> bytes | None:
     split (no files, or all its data in one row)."""
     spans: list[tuple[bytes, bytes, int]] = []
     for fm in t.files.values():
-        if (fm.first_row is None or fm.last_row is None or fm.size <= 0
-                or not span_overlaps(fm.first_row, fm.last_row, t.prev, t.end)):
+        if (
+            fm.first_row is None
+            or fm.last_row is None
+            or fm.size <= 0
+            or not span_overlaps(fm.first_row, fm.last_row, t.prev, t.end)
+        ):
             continue
         lo = fm.first_row if t.prev is None or fm.first_row > t.prev else t.prev
         hi = fm.last_row if t.end is None or fm.last_row <= t.end else t.end
@@ -354,8 +392,10 @@ def choose_split_row(t: Tablet) -> bytes | None:
     if gmin >= gmax:
         return None
     # the files' own first/last rows too: a clipped span's ends alone may show too few digits
-    line = _Line([r for lo, hi, _ in spans for r in (lo, hi)]
-                 + [r for fm in t.files.values() for r in (fm.first_row, fm.last_row) if r is not None])
+    line = _Line(
+        [r for lo, hi, _ in spans for r in (lo, hi)]
+        + [r for fm in t.files.values() for r in (fm.first_row, fm.last_row) if r is not None]
+    )
     placed = [(line.pos(lo), line.pos(hi), size) for lo, hi, size in spans]
     total = sum(s for _, _, s in placed)
 
@@ -369,8 +409,13 @@ def choose_split_row(t: Tablet) -> bytes | None:
         return acc
 
     def ok(row: bytes) -> bool:
-        return (bool(row) and (t.prev is None or row > t.prev) and row >= gmin and row < gmax
-                and (t.end is None or row < t.end))
+        return (
+            bool(row)
+            and (t.prev is None or row > t.prev)
+            and row >= gmin
+            and row < gmax
+            and (t.end is None or row < t.end)
+        )
 
     lo_p, hi_p = line.pos(gmin), line.pos(gmax)
     while lo_p < hi_p:  # smallest position with half the size at or before it
@@ -412,8 +457,9 @@ def _clear_pending(store: MetadataStore, t: Tablet) -> None:
         pass  # changed meanwhile: it is dirty and will be looked at again
 
 
-def auto_split(store: MetadataStore, queues: JobQueues | None = None, *,
-               tablet_ids: Iterable[str] | None = None) -> list[str]:
+def auto_split(
+    store: MetadataStore, queues: JobQueues | None = None, *, tablet_ids: Iterable[str] | None = None
+) -> list[str]:
     """Split tablets whose files exceed their table's ``table.split.threshold``, each at
     :func:`choose_split_row`, until every new tablet is under it (or cannot split). Looks at
     ``tablet_ids``, else at every tablet once per :data:`FULL_CHECK_S` and at the dirty ones in

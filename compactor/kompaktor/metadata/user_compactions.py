@@ -45,8 +45,14 @@ class UserCompaction:
         return len(self.tablets)
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "table": self.table_name, "state": self.state, "tablets_done": self.done,
-                "tablets_total": self.total, "message": self.message}
+        return {
+            "id": self.id,
+            "table": self.table_name,
+            "state": self.state,
+            "tablets_done": self.done,
+            "tablets_total": self.total,
+            "message": self.message,
+        }
 
 
 def validate_iterators(its: dict[str, Any]) -> dict[str, Any]:
@@ -59,8 +65,10 @@ def validate_iterators(its: dict[str, Any]) -> dict[str, Any]:
     settings = IteratorSettings.from_json(its)  # raises ValueError with a clear message
     lo, hi = settings.row_start, settings.row_end
     if lo is not None and hi is not None and lo >= hi:
-        raise ValueError(f"empty row range to delete: {lo.decode(errors='replace')!r} is not before "
-                         f"{hi.decode(errors='replace')!r} (rows in [FROM, TO) are deleted)")
+        raise ValueError(
+            f"empty row range to delete: {lo.decode(errors='replace')!r} is not before "
+            f"{hi.decode(errors='replace')!r} (rows in [FROM, TO) are deleted)"
+        )
     return {k: v for k, v in its.items() if v is not None}
 
 
@@ -68,8 +76,15 @@ def validate_iterators(its: dict[str, Any]) -> dict[str, Any]:
 REQUEST_TTL_S = 30 * 86400
 
 
-def start(store: MetadataStore, table: str, start_row: bytes | None = None, end_row: bytes | None = None,
-          iterators: dict[str, Any] | None = None, *, request_id: str | None = None) -> str:
+def start(
+    store: MetadataStore,
+    table: str,
+    start_row: bytes | None = None,
+    end_row: bytes | None = None,
+    iterators: dict[str, Any] | None = None,
+    *,
+    request_id: str | None = None,
+) -> str:
     """Start a user compaction; returns its id. With ``request_id`` (e.g. a Compaction resource's
     uid) the start happens once per request: a replay, or a concurrent second start, returns the
     id of the first.
@@ -89,8 +104,15 @@ def start(store: MetadataStore, table: str, start_row: bytes | None = None, end_
         raise KompaktorError(f"table {table!r} is {info.state}; user compactions need it ONLINE")
     tablets = store.tablets_in_range(info.id, start_row, end_row)
     cid = f"UC-{store.next_seq('ucomp'):06d}"  # a number taken by a start that then fails stays unused
-    record = {"table": info.id, "table_name": table, "state": RUNNING, "iterators": json.dumps(its),
-              "tablets": json.dumps([t.id for t in tablets]), "created": str(now_ms()), "message": ""}
+    record = {
+        "table": info.id,
+        "table_name": table,
+        "state": RUNNING,
+        "iterators": json.dumps(its),
+        "tablets": json.dumps([t.id for t in tablets]),
+        "created": str(now_ms()),
+        "message": "",
+    }
     m = Mutation(table=info.id).require_table(ONLINE)
     if request_id is not None:
         m.table_conds.append(["request_free", request_id])
@@ -112,9 +134,18 @@ def get(store: MetadataStore, cid: str) -> UserCompaction:
     if rec is None:
         raise KompaktorError(f"unknown user compaction {cid!r}")
     h, done = rec
-    return UserCompaction(cid, h["table"], h["table_name"], h["state"], tuple(json.loads(h["tablets"])), done,
-                          json.loads(h["iterators"]), int(h["created"]), h.get("message", ""),
-                          int(h["ended"]) if h.get("ended") else None)
+    return UserCompaction(
+        cid,
+        h["table"],
+        h["table_name"],
+        h["state"],
+        tuple(json.loads(h["tablets"])),
+        done,
+        json.loads(h["iterators"]),
+        int(h["created"]),
+        h.get("message", ""),
+        int(h["ended"]) if h.get("ended") else None,
+    )
 
 
 def all_compactions(store: MetadataStore) -> list[UserCompaction]:
@@ -171,8 +202,9 @@ def wait(store: MetadataStore, cid: str, timeout: float, poll: float = 0.2) -> U
         time.sleep(poll)
 
 
-def select_files(store: MetadataStore, t: Tablet, files: list[str], kind: str, sel_id: str,
-                 hold: str | None = None) -> bool:
+def select_files(
+    store: MetadataStore, t: Tablet, files: list[str], kind: str, sel_id: str, hold: str | None = None
+) -> bool:
     """Record a USER or SELECTOR selection of ``files`` on an idle tablet (clearing the user
     compaction's hold when ``hold`` is given). False when the tablet changed meanwhile."""
     m = Mutation(table=t.table).require_table(ONLINE)

@@ -63,23 +63,31 @@ class IteratorSettings:
         if self.row_regex is not None and re.search(self.row_regex.encode(), row):
             return True
         if self.row_start is not None or self.row_end is not None:
-            return (self.row_start is None or row >= self.row_start) and (
-                self.row_end is None or row < self.row_end)
+            return (self.row_start is None or row >= self.row_start) and (self.row_end is None or row < self.row_end)
         return False
 
     def to_json(self) -> dict:
-        return {"max_versions": self.max_versions, "full": self.full, "ageoff_ttl_ms": self.ageoff_ttl_ms,
-                "now_ms": self.now_ms, "row_regex": self.row_regex,
-                "row_start": None if self.row_start is None else self.row_start.hex(),
-                "row_end": None if self.row_end is None else self.row_end.hex()}
+        return {
+            "max_versions": self.max_versions,
+            "full": self.full,
+            "ageoff_ttl_ms": self.ageoff_ttl_ms,
+            "now_ms": self.now_ms,
+            "row_regex": self.row_regex,
+            "row_start": None if self.row_start is None else self.row_start.hex(),
+            "row_end": None if self.row_end is None else self.row_end.hex(),
+        }
 
     @classmethod
     def from_json(cls, d: dict) -> IteratorSettings:
-        return cls(max_versions=d.get("max_versions", 1), full=d.get("full", True),
-                   ageoff_ttl_ms=d.get("ageoff_ttl_ms"), now_ms=d.get("now_ms", 0),
-                   row_regex=d.get("row_regex"),
-                   row_start=None if d.get("row_start") is None else bytes.fromhex(d["row_start"]),
-                   row_end=None if d.get("row_end") is None else bytes.fromhex(d["row_end"]))
+        return cls(
+            max_versions=d.get("max_versions", 1),
+            full=d.get("full", True),
+            ageoff_ttl_ms=d.get("ageoff_ttl_ms"),
+            now_ms=d.get("now_ms", 0),
+            row_regex=d.get("row_regex"),
+            row_start=None if d.get("row_start") is None else bytes.fromhex(d["row_start"]),
+            row_end=None if d.get("row_end") is None else bytes.fromhex(d["row_end"]),
+        )
 
 
 SCAN = IteratorSettings()

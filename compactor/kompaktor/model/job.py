@@ -11,6 +11,7 @@ from typing import Any
 #: a fixed-width prefix of each entry so that lexicographic order is priority descending.
 PRIORITY_MAX = 20767
 
+
 @dataclass(frozen=True)
 class Job:
     """A queued compaction job."""
@@ -26,8 +27,14 @@ class Job:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"tablet": self.tablet, "kind": self.kind, "priority": self.priority,
-                             "group": self.group, "files": self.files, "service": self.service}
+        d: dict[str, Any] = {
+            "tablet": self.tablet,
+            "kind": self.kind,
+            "priority": self.priority,
+            "group": self.group,
+            "files": self.files,
+            "service": self.service,
+        }
         if self.selection is not None:
             d["selection"] = self.selection
         if self.overlaps:
@@ -38,9 +45,17 @@ class Job:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Job:
-        return cls(d["tablet"], d["kind"], int(d["priority"]), d["group"], dict(d["files"] or {}),
-                   d.get("service", "default"), d.get("selection"), bool(d.get("overlaps", False)),
-                   dict(d.get("extra") or {}))
+        return cls(
+            d["tablet"],
+            d["kind"],
+            int(d["priority"]),
+            d["group"],
+            dict(d["files"] or {}),
+            d.get("service", "default"),
+            d.get("selection"),
+            bool(d.get("overlaps", False)),
+            dict(d.get("extra") or {}),
+        )
 
     @property
     def size(self) -> int:

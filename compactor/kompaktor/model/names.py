@@ -53,8 +53,11 @@ def output_template(table_id: str, nonce: str) -> dict[str, str]:
     """How the reserve mutation names a compaction's output (mutate.lua fills in the prefix and a
     new file sequence number, printf style): the same shape as :func:`data_file`, with ``nonce``
     (the ECID's, :func:`ecid_nonce`) so the name is unique even if the counter went back."""
-    return {"template": f"{TABLES_DIR}/{table_id}/%s%010x-{_check_nonce(nonce)}.parquet",
-            "full": PREFIXES["full"], "partial": PREFIXES["partial"]}
+    return {
+        "template": f"{TABLES_DIR}/{table_id}/%s%010x-{_check_nonce(nonce)}.parquet",
+        "full": PREFIXES["full"],
+        "partial": PREFIXES["partial"],
+    }
 
 
 def file_order_key(path: str) -> str:
@@ -73,7 +76,7 @@ def tmp_tag(path: str) -> str | None:
     name = posixpath.basename(path)
     if not name.startswith(TMP_PREFIX):
         return None
-    return name[len(TMP_PREFIX):].split("_", 1)[0]
+    return name[len(TMP_PREFIX) :].split("_", 1)[0]
 
 
 def part_names(output: str, tag: str, index: int) -> tuple[str, str]:
@@ -90,7 +93,13 @@ _TABLE_NAME = re.compile(r"[A-Za-z0-9_.\-]+", re.ASCII)
 def check_table_name(name: str) -> None:
     """A table name is exactly what the error below says: 1 to 128 ASCII letters, digits, '-', '_'
     or '.', but not '.' or '..' (names end up in paths, keys and Kubernetes resources)."""
-    if (not isinstance(name, str) or not _TABLE_NAME.fullmatch(name) or name in (".", "..")
-            or len(name) > TABLE_NAME_MAX):
-        raise ValueError(f"invalid table name {name!r}: use 1 to {TABLE_NAME_MAX} ASCII letters, digits, "
-                         "'-', '_' or '.', not '.' or '..'")
+    if (
+        not isinstance(name, str)
+        or not _TABLE_NAME.fullmatch(name)
+        or name in (".", "..")
+        or len(name) > TABLE_NAME_MAX
+    ):
+        raise ValueError(
+            f"invalid table name {name!r}: use 1 to {TABLE_NAME_MAX} ASCII letters, digits, "
+            "'-', '_' or '.', not '.' or '..'"
+        )

@@ -77,15 +77,27 @@ class FileMeta(NamedTuple):
     last_row: bytes | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"size": self.size, "entries": self.entries, "deletes": self.deletes,
-                "first": encode_row(self.first_row), "last": encode_row(self.last_row)}
+        return {
+            "size": self.size,
+            "entries": self.entries,
+            "deletes": self.deletes,
+            "first": encode_row(self.first_row),
+            "last": encode_row(self.last_row),
+        }
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> FileMeta:
         first, last = d.get("first"), d.get("last")
-        return _new_tuple(cls, (d["size"], d["entries"], d.get("deletes", 0),
-                                None if first is None else bytes.fromhex(first),
-                                None if last is None else bytes.fromhex(last)))
+        return _new_tuple(
+            cls,
+            (
+                d["size"],
+                d["entries"],
+                d.get("deletes", 0),
+                None if first is None else bytes.fromhex(first),
+                None if last is None else bytes.fromhex(last),
+            ),
+        )
 
 
 @dataclass(frozen=True)
@@ -126,8 +138,15 @@ class RunningCompaction:
     output: str  # relative path of the (temporary, then final) output
 
     def to_json(self) -> dict[str, Any]:
-        d = {"kind": self.kind, "files": list(self.files), "group": self.group, "priority": self.priority,
-             "compactor": self.compactor, "started": self.started_ms, "output": self.output}
+        d = {
+            "kind": self.kind,
+            "files": list(self.files),
+            "group": self.group,
+            "priority": self.priority,
+            "compactor": self.compactor,
+            "started": self.started_ms,
+            "output": self.output,
+        }
         if self.selection is not None:
             d["selection"] = self.selection
         return d
@@ -166,16 +185,35 @@ class Tablet:
         file_meta = FileMeta.from_json
         running = {}
         for ecid, r in (d.get("running") or {}).items():
-            running[ecid] = RunningCompaction(ecid, r["kind"], tuple(r["files"]), r["group"], r["priority"],
-                                              r["compactor"], r.get("selection"), r["started"], r["output"])
+            running[ecid] = RunningCompaction(
+                ecid,
+                r["kind"],
+                tuple(r["files"]),
+                r["group"],
+                r["priority"],
+                r["compactor"],
+                r.get("selection"),
+                r["started"],
+                r["output"],
+            )
         sel = d.get("sel")
         selection = None
         if sel:
-            selection = Selection(sel["id"], sel["kind"], tuple(sel["files"] or ()), sel.get("done", 0),
-                                  sel.get("created", 0))
-        return cls(tablet_id, d["table"], decode_row(d.get("prev")), decode_row(d.get("end")),
-                   {f: file_meta(m) for f, m in (d.get("files") or {}).items()}, running,
-                   selection, d.get("hold"), d.get("op"), d.get("v", 0))
+            selection = Selection(
+                sel["id"], sel["kind"], tuple(sel["files"] or ()), sel.get("done", 0), sel.get("created", 0)
+            )
+        return cls(
+            tablet_id,
+            d["table"],
+            decode_row(d.get("prev")),
+            decode_row(d.get("end")),
+            {f: file_meta(m) for f, m in (d.get("files") or {}).items()},
+            running,
+            selection,
+            d.get("hold"),
+            d.get("op"),
+            d.get("v", 0),
+        )
 
     def running_files(self) -> set[str]:
         return {f for r in self.running.values() for f in r.files}

@@ -39,8 +39,14 @@ def settings_for(table: TableInfo, svc: ServiceConfig) -> PlannerSettings:
     return _settings(svc, table.props.get(RATIO), table.props.get(FILE_MAX))
 
 
-def plan_tablet(t: Tablet, table: TableInfo, services: Mapping[str, ServiceConfig], now_ms: int,
-                active_user: Collection[str] = (), skip: Collection[str] = ()) -> TabletPlan:
+def plan_tablet(
+    t: Tablet,
+    table: TableInfo,
+    services: Mapping[str, ServiceConfig],
+    now_ms: int,
+    active_user: Collection[str] = (),
+    skip: Collection[str] = (),
+) -> TabletPlan:
     """The jobs to queue for one tablet now. ``active_user``: ids of USER compactions still
     running; ``skip``: job fingerprints that must not be queued (backing off or dead-lettered)."""
     if table.state != ONLINE or t.op is not None or not t.files:
@@ -58,9 +64,18 @@ def plan_tablet(t: Tablet, table: TableInfo, services: Mapping[str, ServiceConfi
         for pj in plan(kind, settings_for(table, svc), sizes, candidates, running):
             if skip and fingerprint(t.id, pj.files) in skip:
                 continue
-            jobs.append(Job(t.id, kind.value, pj.priority, svc.group_of_tier(pj.group),
-                            {f: sizes[f] for f in pj.files}, svc.name, selection,
-                            bool(stale_sel and stale_sel.intersection(pj.files))))
+            jobs.append(
+                Job(
+                    t.id,
+                    kind.value,
+                    pj.priority,
+                    svc.group_of_tier(pj.group),
+                    {f: sizes[f] for f in pj.files},
+                    svc.name,
+                    selection,
+                    bool(stale_sel and stale_sel.intersection(pj.files)),
+                )
+            )
 
     sel = t.selection
     stale: frozenset[str] = frozenset()

@@ -48,9 +48,13 @@ class ServiceConfig:
             raise ValueError(f"service {self.name!r}: unknown compaction kinds {bad}; use {list(KINDS)}")
 
     def planner_settings(self) -> PlannerSettings:
-        return PlannerSettings(ratio=self.ratio, max_open=self.max_open,
-                               max_files_per_tablet=self.max_files_per_tablet, lowest_ratio=self.lowest_ratio,
-                               groups=tuple(SizeTier(t.name, t.max_size) for t in self.tiers))
+        return PlannerSettings(
+            ratio=self.ratio,
+            max_open=self.max_open,
+            max_files_per_tablet=self.max_files_per_tablet,
+            lowest_ratio=self.lowest_ratio,
+            groups=tuple(SizeTier(t.name, t.max_size) for t in self.tiers),
+        )
 
     def group_of_tier(self, tier_name: str) -> str:
         for t in self.tiers:

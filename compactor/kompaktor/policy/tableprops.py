@@ -66,7 +66,7 @@ def validate_props(props: Mapping[str, str | None]) -> None:
         elif k == SELECTION_EXPIRY:
             _int(k, v, 0, 2**53)
         elif k == DISPATCH_PREFIX or k.startswith(DISPATCH_PREFIX + "."):
-            kind = k[len(DISPATCH_PREFIX) + 1:]
+            kind = k[len(DISPATCH_PREFIX) + 1 :]
             if kind and kind not in ("system", "user", "selector"):
                 raise ValueError(f"{k}: unknown compaction kind {kind!r} (system, user, selector)")
             if not v:
@@ -77,8 +77,7 @@ def validate_props(props: Mapping[str, str | None]) -> None:
 
 def dispatch_services(props: Mapping[str, str | None]) -> dict[str, str]:
     """The dispatcher properties among ``props`` that name a service: key → service name."""
-    return {k: v for k, v in props.items()
-            if v and (k == DISPATCH_PREFIX or k.startswith(DISPATCH_PREFIX + "."))}
+    return {k: v for k, v in props.items() if v and (k == DISPATCH_PREFIX or k.startswith(DISPATCH_PREFIX + "."))}
 
 
 def check_dispatch(props: Mapping[str, str | None], services: Iterable[str]) -> None:

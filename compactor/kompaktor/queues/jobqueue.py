@@ -49,8 +49,10 @@ def setup_error(exc: BaseException) -> bool:
     """A server reply that refuses the connection itself rather than a command: a database index
     the server does not have (``SELECT`` while connecting), or credentials it does not take."""
     text = str(exc)
-    return isinstance(exc, redis.exceptions.NoPermissionError) or (isinstance(exc, redis.ResponseError) and (
-        "DB index is out of range" in text or text.startswith(("NOAUTH", "WRONGPASS", "NOPERM"))))
+    return isinstance(exc, redis.exceptions.NoPermissionError) or (
+        isinstance(exc, redis.ResponseError)
+        and ("DB index is out of range" in text or text.startswith(("NOAUTH", "WRONGPASS", "NOPERM")))
+    )
 
 
 def fenced_error(exc: BaseException) -> bool:
@@ -64,14 +66,18 @@ def unreachable(where: str, exc: BaseException) -> StoreUnavailable:
     where = redact_url(where)
     text = str(exc)
     if text.startswith("NOAUTH") or "Authentication required" in text or "already authenticated" in text:
-        return StoreUnavailable(f"Redis at {where} requires a password: give it in the Redis URL "
-                                "(redis://:PASSWORD@host:port/db)")
+        return StoreUnavailable(
+            f"Redis at {where} requires a password: give it in the Redis URL (redis://:PASSWORD@host:port/db)"
+        )
     if isinstance(exc, redis.AuthenticationError) or text.startswith("WRONGPASS"):
-        return StoreUnavailable(f"Redis at {where} refused the credentials (authentication failed): "
-                                "check the password in the Redis URL")
+        return StoreUnavailable(
+            f"Redis at {where} refused the credentials (authentication failed): check the password in the Redis URL"
+        )
     if "DB index is out of range" in text:
-        return StoreUnavailable(f"Redis at {where} has no such database (DB index out of range): "
-                                "check the number at the end of the Redis URL")
+        return StoreUnavailable(
+            f"Redis at {where} has no such database (DB index out of range): "
+            "check the number at the end of the Redis URL"
+        )
     if text.startswith("NOPERM") or isinstance(exc, redis.exceptions.NoPermissionError):
         return StoreUnavailable(f"Redis at {where} denied a command to this user: {redact_text(text)}")
     return StoreUnavailable(f"Redis at {where} is unreachable: {redact_text(text)}")
@@ -107,10 +113,13 @@ WAKE_WAIT_MAX_S = 4.0
 def _lua(name: str) -> str:
     """A queue script as loaded: the key names, the shared functions (``lua/lib.lua``), the script."""
     lua = resources.files("kompaktor.queues").joinpath("lua")
-    return (C.lua_prelude(PRIORITY_MAX=PRIORITY_MAX, WAKE_MAX=WAKE_MAX, WAKE_TTL_MS=WAKE_TTL_MS,
-                          DEFAULT_MAX_BYTES=DEFAULT_MAX_BYTES)
-            + lua.joinpath("lib.lua").read_text()
-            + lua.joinpath(f"{name}.lua").read_text())
+    return (
+        C.lua_prelude(
+            PRIORITY_MAX=PRIORITY_MAX, WAKE_MAX=WAKE_MAX, WAKE_TTL_MS=WAKE_TTL_MS, DEFAULT_MAX_BYTES=DEFAULT_MAX_BYTES
+        )
+        + lua.joinpath("lib.lua").read_text()
+        + lua.joinpath(f"{name}.lua").read_text()
+    )
 
 
 def _add_args(args: list[Any], tablet: str, jobs: Sequence[Job]) -> None:
@@ -147,7 +156,7 @@ class QueueAdder:
         """Queue these tablets' jobs, in script calls of :data:`ADD_BATCH` tablets at most."""
         plans = list(plans)
         for i in range(0, len(plans), ADD_BATCH):
-            self._send(plans[i:i + ADD_BATCH])
+            self._send(plans[i : i + ADD_BATCH])
 
     def _send(self, plans: Sequence[tuple[str, Sequence[Job]]]) -> None:
         args = self._head.copy()
@@ -290,19 +299,19 @@ class JobQueues:
         return self.add_many([(tablet, jobs)], gen) if jobs else 0
 
     @mapped
-    def add_many(self, plans: Sequence[tuple[str, Sequence[Job]]], gen: int | None = None,
-                 chunk: int = 1000) -> int:
+    def add_many(self, plans: Sequence[tuple[str, Sequence[Job]]], gen: int | None = None, chunk: int = 1000) -> int:
         """:meth:`add` for many tablets in order: one script call per ``chunk`` tablets."""
         with self.adding(gen) as adder:
             for i in range(0, len(plans), chunk):
-                adder.send(plans[i:i + chunk])
+                adder.send(plans[i : i + chunk])
         return adder.admitted
 
     @contextmanager
     def adding(self, gen: int | None = None) -> Iterator[QueueAdder]:
         """A :class:`QueueAdder`; on exit every batch sent has been applied."""
-        adder = QueueAdder(self._r, self._add, self.generation() if gen is None else gen, self.max_size(),
-                           self._token())
+        adder = QueueAdder(
+            self._r, self._add, self.generation() if gen is None else gen, self.max_size(), self._token()
+        )
         try:
             try:
                 yield adder
@@ -378,5 +387,13 @@ class JobQueues:
             age = max(0.0, time.time() - oldest[0][1] / 1000.0)
         lowest = PRIORITY_MAX - int(last[0][:5]) if last else 0
         dl = sum(1 for d in dead if json.loads(d).get("group") == group)
-        return QueueStats(int(queued), int(running), int(st.get(b"rejected", 0)), int(st.get(b"dequeued", 0)),
-                          dl, age, lowest, int(st.get(b"bytes", 0)))
+        return QueueStats(
+            int(queued),
+            int(running),
+            int(st.get(b"rejected", 0)),
+            int(st.get(b"dequeued", 0)),
+            dl,
+            age,
+            lowest,
+            int(st.get(b"bytes", 0)),
+        )

@@ -34,7 +34,6 @@ log = logging.getLogger("kompaktor.compactor")
 IDLE, BUSY, DRAINING = "idle", "busy", "draining"
 
 
-
 @dataclass
 class WorkerSettings:
     group: str
@@ -77,8 +76,17 @@ class Compactor:
         self.queues = store.queues
         self.metrics = CompactorMetrics.create()
         m = self.metrics
-        for series in (m.running, m.completed, m.failed, m.cancelled, m.entries_read, m.entries_written,
-                       m.bytes_read, m.bytes_written, m.duration):
+        for series in (
+            m.running,
+            m.completed,
+            m.failed,
+            m.cancelled,
+            m.entries_read,
+            m.entries_written,
+            m.bytes_read,
+            m.bytes_written,
+            m.duration,
+        ):
             series.labels(settings.group)  # every series exists (at 0) from the start, for rate() and alerts
         self._engine = engine
         self.drain = threading.Event()
@@ -98,8 +106,12 @@ class Compactor:
         if self._engine is None:
             from kompaktor.engines import make_engine
 
-            self._engine = make_engine(self.s.engine, spark_master=self.s.spark_master,
-                                       spark_conf=self.s.spark_conf, driver_memory=self.s.driver_memory)
+            self._engine = make_engine(
+                self.s.engine,
+                spark_master=self.s.spark_master,
+                spark_conf=self.s.spark_conf,
+                driver_memory=self.s.driver_memory,
+            )
         return self._engine
 
     # -- drain -------------------------------------------------------------------------------------
@@ -239,7 +251,9 @@ class Compactor:
                 box["result"] = self.engine.merge(
                     self.storage,
                     MergeRequest(res.inputs, res.output, res.prev, res.end, res.settings, res.ecid),
-                    progress=on_progress, cancel=cancel)
+                    progress=on_progress,
+                    cancel=cancel,
+                )
             except BaseException as exc:
                 box["error"] = exc
 
@@ -372,4 +386,3 @@ class Compactor:
         if self._http is not None:
             self._http.shutdown()
             self._http.server_close()
-

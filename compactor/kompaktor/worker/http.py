@@ -75,8 +75,9 @@ def _current(drain_token: Callable[[], str | None] | None) -> str | None:
         return None
 
 
-def serve(worker: Compactor, port: int, host: str = "0.0.0.0",
-          drain_token: Callable[[], str | None] | None = None) -> ThreadingHTTPServer:
+def serve(
+    worker: Compactor, port: int, host: str = "0.0.0.0", drain_token: Callable[[], str | None] | None = None
+) -> ThreadingHTTPServer:
     """Start serving in a daemon thread; the caller shuts the server down. ``drain_token`` gives
     the token that authorizes ``POST /drain`` from elsewhere than loopback (None: loopback only)."""
 
@@ -129,8 +130,9 @@ def serve(worker: Compactor, port: int, host: str = "0.0.0.0",
     return server
 
 
-def request_drain(port: int = DEFAULT_PORT, host: str = "127.0.0.1", timeout: float = 5.0,
-                  token: str | None = None) -> str:
+def request_drain(
+    port: int = DEFAULT_PORT, host: str = "127.0.0.1", timeout: float = 5.0, token: str | None = None
+) -> str:
     """Ask the compactor listening on ``host:port`` to drain (what the preStop hook runs); with
     ``token``, as a bearer token (needed unless ``host`` is 127.0.0.1 or ::1)."""
     import urllib.request

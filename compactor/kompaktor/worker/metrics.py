@@ -38,6 +38,11 @@ class CompactorMetrics:
             Counter("kompaktor_entries_written", "Entries written by merges", g, registry=r),
             Counter("kompaktor_bytes_read", "Bytes read by merges", g, registry=r),
             Counter("kompaktor_bytes_written", "Bytes written by merges", g, registry=r),
-            Histogram("kompaktor_compaction_duration_seconds", "Duration of committed compactions", g,
-                      registry=r, buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)),
+            Histogram(
+                "kompaktor_compaction_duration_seconds",
+                "Duration of committed compactions",
+                g,
+                registry=r,
+                buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800),
+            ),
         )
