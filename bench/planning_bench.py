@@ -19,12 +19,19 @@ from bench.common import start_redis, write_csv
 def setup(store, tablets: int, files: int, seed: int = 7) -> list[str]:
     """Create a table with ``tablets`` tablets holding ``files`` files each (metadata only)."""
     from kompaktor import keyspace as C
+    from kompaktor.model.tablet import tablet_id as make_id
 
     rng = random.Random(seed)
     splits = [format(i, "08x").encode() for i in range(1, tablets)]
-    tid = store.create_table("bench", splits)
-    ids = store.tablet_ids(tid)
+    # the table with its one tablet, then the rest written directly: one create of a million
+    # splits would be one script running for longer than Redis lets a script hold it
+    tid = store.create_table("bench", [])
+    ends = [*splits, None]
+    ids = [make_id(tid, end) for end in ends]
     pipe = store._r.pipeline(transaction=False)
+    for i in range(0, len(ends) - 1, 10_000):
+        pipe.zadd(C.tablets_key(tid), {end.hex(): 0 for end in ends[i : i + 10_000] if end is not None})
+    pipe.execute()
     prev = None
     for n, (tablet_id, end) in enumerate(zip(ids, [*splits, None], strict=True)):
         fs = {
