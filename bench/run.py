@@ -2,8 +2,9 @@
 
 Set KOMPAKTOR_BENCH_QUICK=1 for a short smoke run (smaller sizes), KOMPAKTOR_BENCH_SOAK_MINUTES=60
 for the hour-long soak (10 minutes by default), KOMPAKTOR_BENCH_LARGE=1 to add
-the 16M-entry merge (every layout and engine: ~30 min and ~7 GB of memory for the in-memory peers
-on a 2-core machine, so not in the default run)."""
+the planner over a million tablets (~3 min, ~2 GB of Redis) and the 16M-entry merge (every layout
+and engine: ~30 min and ~7 GB of memory for the in-memory peers on a 2-core machine, so not in the
+default run)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,11 @@ def main() -> None:
         ("planner", planning_bench.main, ["--tablets", "5000"] if quick else []),
         ("queues", queue_bench.main, ["--jobs", "2000"] if quick else []),
         ("merge engines, every input layout", merge_bench.main, ["--entries", "200000"] if quick else []),
+        *(
+            [("planner at a big instance's scale", planning_bench.main, ["--tablets", "1000000", "--files", "10"])]
+            if large and not quick
+            else []
+        ),
         *(
             [
                 (
