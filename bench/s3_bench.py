@@ -88,18 +88,10 @@ def gc_listing(s3, n: int, tables: int = 10) -> None:
     """List ``n`` objects in ``tables`` table directories the way a garbage-collection pass does."""
     from concurrent.futures import ThreadPoolExecutor
 
-    import boto3
-
     from kompaktor.coordinator.gc import GC_PASS_OBJECTS
     from kompaktor.files.storage import Storage
 
-    api = boto3.client(
-        "s3",
-        endpoint_url=s3.endpoint,
-        aws_access_key_id=s3.access_key,
-        aws_secret_access_key=s3.secret_key,
-        region_name="us-east-1",
-    )
+    api = s3.client()
     keys = [f"gc/tables/{i % tables:04d}/F{i:010x}-0000000000000000.parquet" for i in range(n)]
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda k: api.put_object(Bucket="bench", Key=k, Body=b""), keys))

@@ -137,21 +137,25 @@ class S3Server:
         )
         fs.create_dir(name)
 
+    def client(self, service: str = "s3"):
+        """A boto3 client of this server with its own keys (``s3``, or ``iam`` for the users)."""
+        import boto3
+
+        return boto3.client(
+            service,
+            endpoint_url=self.endpoint,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+            region_name="us-east-1",
+        )
+
     def enforce_auth(self, users: dict[str, list[str]]) -> dict[str, dict[str, str]]:
         """Create an IAM user per entry, allowed the S3 actions listed (``["s3:*"]``,
         ``["s3:GetObject", "s3:ListBucket"]``), then make the server check every request's
         signature and those users' rights from now on, as S3 does (moto checks nothing until
         told to). Returns each user's client environment (:meth:`env` with its own keys). The
         server's own keys stop working: buckets are created before."""
-        import boto3
-
-        iam = boto3.client(
-            "iam",
-            endpoint_url=self.endpoint,
-            aws_access_key_id=self.access_key,
-            aws_secret_access_key=self.secret_key,
-            region_name="us-east-1",
-        )
+        iam = self.client("iam")
         envs = {}
         for user, actions in users.items():
             iam.create_user(UserName=user)

@@ -319,7 +319,6 @@ os.kill(os.getpid(), signal.SIGKILL)  # the writer dies before completing the up
 
 
 def test_a_writer_killed_mid_upload_leaves_no_visible_object(s3: S3Server, s3_env: dict[str, str]) -> None:
-    import boto3
 
     uri, rel = f"s3://{BUCKET}/killed", "tables/t/a/C0001.parquet"
     s3.reset_requests()
@@ -328,19 +327,28 @@ def test_a_writer_killed_mid_upload_leaves_no_visible_object(s3: S3Server, s3_en
     assert s3.requests(BUCKET)["PUT"] >= 1  # parts went up ...
     storage = Storage.from_uri(uri)
     assert not storage.exists(rel) and storage.list_files("tables") == []  # ... and nothing is visible
-    s3api = boto3.client(
-        "s3",
-        endpoint_url=s3.endpoint,
-        aws_access_key_id=s3.access_key,
-        aws_secret_access_key=s3.secret_key,
-        region_name="us-east-1",
-    )
+    s3api = s3.client()
     uploads = s3api.list_multipart_uploads(Bucket=BUCKET, Prefix="killed/").get("Uploads", [])
     assert [u["Key"] for u in uploads] == [f"killed/{rel}"]
     # what a bucket's AbortIncompleteMultipartUpload rule does (docs/storage.md)
     s3api.abort_multipart_upload(Bucket=BUCKET, Key=uploads[0]["Key"], UploadId=uploads[0]["UploadId"])
     assert not s3api.list_multipart_uploads(Bucket=BUCKET, Prefix="killed/").get("Uploads")
     assert not storage.exists(rel)
+
+
+def _table_with_an_orphan(client, storage: Storage, name: str, n: int) -> tuple[list[str], str]:
+    """A table of one tablet with ``n`` entries flushed, and beside its file a complete object
+    nobody references (a writer that finished its upload and died before its commit, at a final
+    name in the table's directory): (the tablet's files, the orphan)."""
+    client.store.create_table(name, [])
+    client.flush(name, _entries(n))
+    (tablet,) = client.store.tablets(client.store.table_id(name))
+    files = sorted(tablet.files)
+    orphan = files[0].rsplit("/", 1)[0] + "/A-orphan.parquet"
+    with SortedFileWriter(storage, orphan) as w:
+        w.write_entries(_entries(3))
+        w.commit()
+    return files, orphan
 
 
 @pytest.mark.redis
@@ -354,17 +362,7 @@ def test_gc_on_s3_removes_what_no_tablet_references_and_keeps_the_rest(
     storage = Storage.from_uri(f"s3://{BUCKET}/gc")
     store = MetadataStore.from_url(redis_url)
     client = Client(store, storage)
-    store.create_table("t", [])
-    client.flush("t", _entries(100))
-    tid = store.table_id("t")
-    (tablet,) = store.tablets(tid)
-    (referenced,) = tablet.files
-    # a complete object nobody references: a writer that finished its upload and died before
-    # its commit, at a final name in the table's directory
-    orphan = referenced.rsplit("/", 1)[0] + "/A-orphan.parquet"
-    with SortedFileWriter(storage, orphan) as w:
-        w.write_entries(_entries(3))
-        w.commit()
+    (referenced,), orphan = _table_with_an_orphan(client, storage, "t", 100)
     assert collect_garbage(store, storage, grace_s=3600) == []  # younger than the grace period: kept
     assert collect_garbage(store, storage, grace_s=0) == [orphan]
     assert [rel for rel, _ in storage.list_files("tables")] == [referenced]
@@ -384,15 +382,8 @@ def test_gc_passes_on_s3_are_bounded_and_resume_where_the_last_stopped(
     client = Client(store, storage)
     orphans, kept = {}, set()
     for name in ("ta", "tb", "tc"):
-        store.create_table(name, [])
-        client.flush(name, _entries(50))
-        (tablet,) = store.tablets(store.table_id(name))
-        kept.update(tablet.files)
-        orphan = next(iter(tablet.files)).rsplit("/", 1)[0] + "/A-orphan.parquet"
-        with SortedFileWriter(storage, orphan) as w:
-            w.write_entries(_entries(3))
-            w.commit()
-        orphans[store.table_id(name)] = orphan
+        files, orphans[store.table_id(name)] = _table_with_an_orphan(client, storage, name, 50)
+        kept.update(files)
     cursor = GcCursor()
     passes = []
     for _ in range(3):  # two objects per table: each pass lists one table's directory, no more
