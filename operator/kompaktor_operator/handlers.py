@@ -30,9 +30,9 @@ from kompaktor_operator.config import OperatorConfig
 from kompaktor_operator.metrics import metrics
 from kompaktor_operator.scaling import PodView, decide_scale
 
-SERVICE = (naming.API_GROUP, naming.API_VERSION, "compactionservices")
-GROUP = (naming.API_GROUP, naming.API_VERSION, "compactorgroups")
-COMPACTION = (naming.API_GROUP, naming.API_VERSION, "compactions")
+SERVICE = (naming.API_GROUP, naming.API_VERSION, naming.SERVICES)
+GROUP = (naming.API_GROUP, naming.API_VERSION, naming.GROUPS)
+COMPACTION = (naming.API_GROUP, naming.API_VERSION, naming.COMPACTIONS)
 
 #: Retry delay when Redis or the API server is not reachable, seconds.
 RETRY_DELAY = 10

@@ -20,6 +20,8 @@ import kopf
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from kompaktor_operator import naming
+
 #: kind -> (API path prefix, plural). Only what the operator owns or reads.
 _RESOURCES: dict[tuple[str, str], tuple[str, str]] = {
     ("apps/v1", "Deployment"): ("/apis/apps/v1", "deployments"),
@@ -29,7 +31,7 @@ _RESOURCES: dict[tuple[str, str], tuple[str, str]] = {
     ("autoscaling/v2beta2", "HorizontalPodAutoscaler"): ("/apis/autoscaling/v2beta2", "horizontalpodautoscalers"),
     ("keda.sh/v1alpha1", "ScaledObject"): ("/apis/keda.sh/v1alpha1", "scaledobjects"),
     ("networking.k8s.io/v1", "NetworkPolicy"): ("/apis/networking.k8s.io/v1", "networkpolicies"),
-    ("kompaktor.io/v1alpha1", "CompactorGroup"): ("/apis/kompaktor.io/v1alpha1", "compactorgroups"),
+    (naming.GROUP_VERSION, "CompactorGroup"): (f"/apis/{naming.GROUP_VERSION}", naming.GROUPS),
 }
 
 

@@ -32,10 +32,8 @@ from pydantic.alias_generators import to_camel
 
 from kompaktor.policy import services as group_defaults
 from kompaktor.policy.planner import DEFAULTS as PLANNER_DEFAULTS
-from kompaktor_operator.naming import API_GROUP
-
-API_VERSION = "v1alpha1"
-GROUP_VERSION = f"{API_GROUP}/{API_VERSION}"
+from kompaktor_operator import naming
+from kompaktor_operator.naming import API_GROUP, API_VERSION, GROUP_VERSION  # noqa: F401 (the CRDs read them here)
 
 #: The grammar of a Kubernetes quantity (apimachinery's resource.Quantity), as CRDs spell it.
 QUANTITY_PATTERN = (
@@ -572,7 +570,7 @@ class Resource(BaseModel):
 
 class CompactionService(Resource):
     KIND = "CompactionService"
-    PLURAL = "compactionservices"
+    PLURAL = naming.SERVICES
     SHORT_NAMES = ("kcs", "csvc")
     SPEC = CompactionServiceSpec
     STATUS = CompactionServiceStatus
@@ -583,7 +581,7 @@ class CompactionService(Resource):
 
 class CompactorGroup(Resource):
     KIND = "CompactorGroup"
-    PLURAL = "compactorgroups"
+    PLURAL = naming.GROUPS
     SHORT_NAMES = ("kcg", "cgroup")
     SPEC = CompactorGroupSpec
     STATUS = CompactorGroupStatus
@@ -600,7 +598,7 @@ class CompactorGroup(Resource):
 
 class Compaction(Resource):
     KIND = "Compaction"
-    PLURAL = "compactions"
+    PLURAL = naming.COMPACTIONS
     SHORT_NAMES = ("kc", "kcompaction")
     SPEC = CompactionSpec
     STATUS = CompactionStatus

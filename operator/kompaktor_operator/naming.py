@@ -10,6 +10,10 @@ from __future__ import annotations
 API_GROUP = "kompaktor.io"
 API_VERSION = "v1alpha1"
 GROUP_VERSION = f"{API_GROUP}/{API_VERSION}"
+#: the custom resources' plurals (their URLs, kopf's selectors, the CRDs' names)
+SERVICES = "compactionservices"
+GROUPS = "compactorgroups"
+COMPACTIONS = "compactions"
 
 PART_OF = "kompaktor"
 MANAGED_BY = "kompaktor-operator"
