@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from kompaktor.client import Client
+from kompaktor.connection import Durability
 from kompaktor.coordinator.dead import detect_dead
 from kompaktor.files.storage import Storage
 from kompaktor.local.redis_server import RedisHA, RedisProcess
 from kompaktor.metadata import compactions
-from kompaktor.metadata.connection import Durability
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.job import Job
 from kompaktor.model.keys import Entry

@@ -462,8 +462,8 @@ def test_concurrent_reserve_processes_never_reserve_twice(store: MetadataStore, 
 def test_queue_operations_of_an_unreachable_redis_are_store_unavailable() -> None:
     """What a compactor's loop handles: polling and waiting for work on a Redis that is not
     there fail as StoreUnavailable (one line, retried), never as a raw client error."""
+    from kompaktor.connection import connect
     from kompaktor.local.redis_server import free_port
-    from kompaktor.metadata.connection import connect
     from kompaktor.model.errors import StoreUnavailable
 
     queues = JobQueues(connect(f"redis://127.0.0.1:{free_port()}/0", retries=0, socket_timeout=1.0))

@@ -14,9 +14,9 @@ from click.testing import CliRunner
 
 from kompaktor.cli import main
 from kompaktor.client import Client
+from kompaktor.connection import Durability, NotDurable, parse_sentinel_url
 from kompaktor.files.storage import Storage
 from kompaktor.local.redis_server import RedisHA, RedisProcess, free_port
-from kompaktor.metadata.connection import Durability, NotDurable, parse_sentinel_url
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.errors import StoreUnavailable
 from kompaktor.model.keys import Entry

@@ -6,10 +6,10 @@ from __future__ import annotations
 import logging
 import time
 
+from kompaktor.connection import NotDurable
 from kompaktor.files.storage import Storage
 from kompaktor.metadata import failures
 from kompaktor.metadata.compactions import delete_outputs, remove_running, running_compactions
-from kompaktor.metadata.connection import NotDurable
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.errors import StoreUnavailable
 from kompaktor.model.tablet import RunningCompaction

@@ -19,7 +19,7 @@ import orjson
 import redis
 
 from kompaktor import keyspace as C
-from kompaktor.metadata.connection import Durability, connect, durable_pipeline, explain, is_sentinel_url
+from kompaktor.connection import Durability, connect, durable_pipeline, explain, is_sentinel_url, translate
 from kompaktor.model.errors import ConditionFailed, Fenced, StoreUnavailable, TableExistsError, UnknownTableError
 from kompaktor.model.keys import encode_row, span_overlaps
 from kompaktor.model.names import check_table_name
@@ -36,7 +36,7 @@ from kompaktor.model.tablet import (
     now_ms,
     tablet_id,
 )
-from kompaktor.queues.jobqueue import UNREACHABLE, JobQueues, fenced_error, setup_error, unreachable
+from kompaktor.queues.jobqueue import JobQueues
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEADLOG_LENGTH = 10_000  # ECIDs of the last dead compactions kept
@@ -152,7 +152,7 @@ class MetadataStore:
     ) -> None:
         self._r = client
         self.url = url
-        #: how an acknowledged write is made durable (issue 15 §1, :mod:`kompaktor.metadata.connection`)
+        #: how an acknowledged write is made durable (issue 15 §1, :mod:`kompaktor.connection`)
         self.durability = durability or Durability(sentinel=is_sentinel_url(url))
         #: the fencing token every write of this view carries (:meth:`fenced`), or None
         self._fence = fence
@@ -222,27 +222,20 @@ class MetadataStore:
 
     # -- plumbing -------------------------------------------------------------------------
     def call(self, fn, *args, **kwargs):
-        """Run a Redis call; connection failures (after the client's bounded retries) become
-        :class:`StoreUnavailable` with the URL, redacted, in the message; so do a wrong password
-        and a database index the server does not have."""
+        """Run a Redis call; what Redis failures mean is raised in their place (:func:`translate`):
+        :class:`StoreUnavailable` (with the URL, redacted) when Redis cannot be used, including a
+        wrong password and a database index the server does not have, :class:`Fenced`."""
         try:
             return fn(*args, **kwargs)
-        except (*UNREACHABLE, redis.ReadOnlyError) as exc:
-            why = explain(self.url, exc)  # no sentinel, a replica, TLS on one side only: one line
-            if why is not None:
-                raise StoreUnavailable(why) from exc
-            raise unreachable(self.url or "the given URL", exc) from exc
-        except redis.ResponseError as exc:
-            if setup_error(exc):
-                raise unreachable(self.url or "the given URL", exc) from exc
-            if fenced_error(exc):
-                raise Fenced(str(exc)) from exc
-            raise
+        except redis.RedisError as exc:
+            if (mapped := translate(exc, self.url or "the given URL", url=self.url)) is None:
+                raise
+            raise mapped from exc
 
     def durable(self) -> None:
         """Return once every write made so far (by anyone) is durable as :attr:`durability` asks
         (one barrier write and the wait); for writes outside :meth:`apply` that a caller
-        acknowledges. Raises :class:`~kompaktor.metadata.connection.NotDurable` if not confirmed."""
+        acknowledges. Raises :class:`~kompaktor.connection.NotDurable` if not confirmed."""
         self.call(durable_pipeline, self._r, self.durability, lambda pipe: None)
 
     def _eval_durable(self, arg: str) -> Any:

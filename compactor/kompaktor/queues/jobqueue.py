@@ -25,9 +25,8 @@ from redis.connection import Connection
 from redis.exceptions import NoScriptError
 
 from kompaktor import keyspace as C
-from kompaktor.model.errors import Fenced, StoreUnavailable
+from kompaktor.connection import translate
 from kompaktor.model.job import PRIORITY_MAX, Job
-from kompaktor.model.redact import redact_text, redact_url
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -40,64 +39,17 @@ DEFAULT_MAX_BYTES = 1 << 40
 MAX_ENTRY_BYTES = 10**15 - 1
 
 
-#: what redis-py raises when the server cannot be reached (after the client's bounded retries)
-#: or refuses the connection (a wrong password is an AuthenticationError, a ConnectionError)
-UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
-
-
-def setup_error(exc: BaseException) -> bool:
-    """A server reply that refuses the connection itself rather than a command: a database index
-    the server does not have (``SELECT`` while connecting), or credentials it does not take."""
-    text = str(exc)
-    return isinstance(exc, redis.exceptions.NoPermissionError) or (
-        isinstance(exc, redis.ResponseError)
-        and ("DB index is out of range" in text or text.startswith(("NOAUTH", "WRONGPASS", "NOPERM")))
-    )
-
-
-def fenced_error(exc: BaseException) -> bool:
-    """A script's refusal of a write whose fencing token is stale (another coordinator leads)."""
-    return isinstance(exc, redis.ResponseError) and str(exc).startswith("FENCED")
-
-
-def unreachable(where: str, exc: BaseException) -> StoreUnavailable:
-    """The one error for "Redis cannot be used", used by the queues and the metadata store. The
-    address is redacted (:func:`kompaktor.model.redact.redact_url`): no password in any message."""
-    where = redact_url(where)
-    text = str(exc)
-    if text.startswith("NOAUTH") or "Authentication required" in text or "already authenticated" in text:
-        return StoreUnavailable(
-            f"Redis at {where} requires a password: give it in the Redis URL (redis://:PASSWORD@host:port/db)"
-        )
-    if isinstance(exc, redis.AuthenticationError) or text.startswith("WRONGPASS"):
-        return StoreUnavailable(
-            f"Redis at {where} refused the credentials (authentication failed): check the password in the Redis URL"
-        )
-    if "DB index is out of range" in text:
-        return StoreUnavailable(
-            f"Redis at {where} has no such database (DB index out of range): "
-            "check the number at the end of the Redis URL"
-        )
-    if text.startswith("NOPERM") or isinstance(exc, redis.exceptions.NoPermissionError):
-        return StoreUnavailable(f"Redis at {where} denied a command to this user: {redact_text(text)}")
-    return StoreUnavailable(f"Redis at {where} is unreachable: {redact_text(text)}")
-
-
 def mapped(fn: Callable[P, R]) -> Callable[P, R]:
-    """A queue operation whose connection failures raise :class:`StoreUnavailable`."""
+    """A queue operation whose Redis failures raise Kompaktor's errors (:func:`translate`)."""
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return fn(*args, **kwargs)
-        except UNREACHABLE as exc:
-            raise unreachable("the queues' address", exc) from exc
-        except redis.ResponseError as exc:
-            if setup_error(exc):
-                raise unreachable("the queues' address", exc) from exc
-            if fenced_error(exc):
-                raise Fenced(str(exc)) from exc
-            raise
+        except redis.RedisError as exc:
+            if (mapped_exc := translate(exc, "the queues' address")) is None:
+                raise
+            raise mapped_exc from exc
 
     return wrapper
 
@@ -317,14 +269,10 @@ class JobQueues:
                 yield adder
             finally:
                 adder.wait()
-        except UNREACHABLE as exc:
-            raise unreachable("the queues' address", exc) from exc
-        except redis.ResponseError as exc:
-            if setup_error(exc):
-                raise unreachable("the queues' address", exc) from exc
-            if fenced_error(exc):
-                raise Fenced(str(exc)) from exc
-            raise
+        except redis.RedisError as exc:
+            if (mapped_exc := translate(exc, "the queues' address")) is None:
+                raise
+            raise mapped_exc from exc
 
     @mapped
     def wait_for_work(self, group: str, timeout_s: float) -> bool:

@@ -47,10 +47,10 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from kompaktor import keyspace as C
-from kompaktor.model.errors import StoreUnavailable
-from kompaktor.model.redact import redact_url
+from kompaktor.model.errors import Fenced, StoreUnavailable
+from kompaktor.model.redact import redact_text, redact_url
 
-log = logging.getLogger("kompaktor.metadata.connection")
+log = logging.getLogger("kompaktor.connection")
 
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 BARRIER = C.PREFIX + "durable"  # string: written before each WAIT (see the module's docstring)
@@ -183,6 +183,67 @@ def connect(url: str, *, retries: int = 6, socket_timeout: float = 5.0) -> redis
         return redis.Redis.from_url(url, **common)
     except ValueError as exc:
         raise StoreUnavailable(f"invalid Redis URL {redact_url(url)!r}: {redact_url(str(exc))}") from exc
+
+
+#: what redis-py raises when the server cannot be reached (after the client's bounded retries)
+#: or refuses the connection (a wrong password is an AuthenticationError, a ConnectionError)
+UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
+
+
+def setup_error(exc: BaseException) -> bool:
+    """A server reply that refuses the connection itself rather than a command: a database index
+    the server does not have (``SELECT`` while connecting), or credentials it does not take."""
+    text = str(exc)
+    return isinstance(exc, redis.exceptions.NoPermissionError) or (
+        isinstance(exc, redis.ResponseError)
+        and ("DB index is out of range" in text or text.startswith(("NOAUTH", "WRONGPASS", "NOPERM")))
+    )
+
+
+def fenced_error(exc: BaseException) -> bool:
+    """A script's refusal of a write whose fencing token is stale (another coordinator leads)."""
+    return isinstance(exc, redis.ResponseError) and str(exc).startswith("FENCED")
+
+
+def unreachable(where: str, exc: BaseException) -> StoreUnavailable:
+    """The one error for "Redis cannot be used", for the queues and the metadata store alike. The
+    address is redacted (:func:`kompaktor.model.redact.redact_url`): no password in any message."""
+    where = redact_url(where)
+    text = str(exc)
+    if text.startswith("NOAUTH") or "Authentication required" in text or "already authenticated" in text:
+        return StoreUnavailable(
+            f"Redis at {where} requires a password: give it in the Redis URL (redis://:PASSWORD@host:port/db)"
+        )
+    if isinstance(exc, redis.AuthenticationError) or text.startswith("WRONGPASS"):
+        return StoreUnavailable(
+            f"Redis at {where} refused the credentials (authentication failed): check the password in the Redis URL"
+        )
+    if "DB index is out of range" in text:
+        return StoreUnavailable(
+            f"Redis at {where} has no such database (DB index out of range): "
+            "check the number at the end of the Redis URL"
+        )
+    if text.startswith("NOPERM") or isinstance(exc, redis.exceptions.NoPermissionError):
+        return StoreUnavailable(f"Redis at {where} denied a command to this user: {redact_text(text)}")
+    return StoreUnavailable(f"Redis at {where} is unreachable: {redact_text(text)}")
+
+
+def translate(exc: BaseException, where: str, url: str | None = None) -> BaseException | None:
+    """What a Redis client error means to Kompaktor, as the one exception to raise in its place:
+    :class:`StoreUnavailable` when Redis cannot be used (unreachable after the client's retries,
+    credentials or a database it refuses, a command its user may not run), :class:`Fenced` when a
+    script refused a stale coordinator's write; None for anything else (raise the original).
+    ``where`` names the address in messages (redacted); given the ``url``, what is not a plain
+    outage is said as such (no Sentinel, a replica given as the primary, TLS on one side only)."""
+    if isinstance(exc, UNREACHABLE) or (url is not None and isinstance(exc, redis.ReadOnlyError)):
+        why = explain(url, exc) if url is not None else None
+        return StoreUnavailable(why) if why is not None else unreachable(where, exc)
+    if isinstance(exc, redis.ResponseError):
+        if setup_error(exc):
+            return unreachable(where, exc)
+        if fenced_error(exc):
+            return Fenced(str(exc))
+    return None
 
 
 def explain(url: str, exc: BaseException) -> str | None:
