@@ -6,7 +6,9 @@ merges, a user compaction now and then) with the coordinator and autoscaled comp
 on the local HA Redis (a primary, a replica, three sentinels), with faults on a seeded schedule
 throughout: SIGKILL and SIGTERM of busy compactors, SIGKILL of idle ones, coordinator restarts,
 a second coordinator taking over from a killed first, SIGKILL of the Redis primary mid-ingest or
-mid-commit (Sentinel promotes the replica), a Redis outage of 20 s (every server frozen).
+mid-commit (Sentinel promotes the replica), a Redis outage of 20 s (every server frozen), the
+storage turned read-only for 20 s (a read-only bind mount over it: merges fail and are retried
+without counting against their jobs; ingest waits it out; needs root, skipped otherwise).
 
 Every `--sample` seconds it samples each long-lived process (RSS, open fds, threads, child
 processes), Redis (used memory, keys by family, queue lengths) and storage (files referenced and
@@ -33,6 +35,7 @@ import random
 import re
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -69,6 +72,7 @@ class SoakLog:
     skipped: Counter = field(default_factory=Counter)
     takeovers: int = 0
     outages: int = 0
+    read_only: int = 0
 
 
 def _proc(pid: int) -> tuple[float, int, int] | None:
@@ -120,6 +124,7 @@ class Soak:
         )
         self.stop = threading.Event()
         self.redis_hold = threading.Lock()  # held by operations whose outcome a Redis fault would blur
+        self.storage_hold = threading.Lock()  # held by ingest while it writes files; by the read-only fault
         self.samples: list[Sample] = []
         self.rows: list[dict] = []
         self.log = SoakLog()
@@ -147,7 +152,8 @@ class Soak:
             table = tables[n % len(tables)]
             n += 1
             try:
-                ingests[table].flush_once()
+                with self.storage_hold:  # the client's writes wait out a read-only storage
+                    ingests[table].flush_once()
             except Exception as exc:  # a flush that failed through every retry: not acknowledged
                 self.errors.append(f"flush {table}: {exc}")
                 self.stop.set()
@@ -159,7 +165,7 @@ class Soak:
             next_op = time.monotonic() + rng.uniform(20, 40)
             op = rng.choice(["import", "import", "split", "merge", "user"])
             table = rng.choice(tables)
-            with self.redis_hold:
+            with self.redis_hold, self.storage_hold:
                 try:
                     if op == "import":
                         ingests[table].import_burst(3000, 3, self.data_dir / "imports")
@@ -183,7 +189,7 @@ class Soak:
 
     def _faults(self, chaos) -> None:
         rng = random.Random(self.args.seed + 2)
-        actions = ["kill", "kill", "term", "kill-idle", "coordinator", "takeover", "failover", "outage"]
+        actions = ["kill", "kill", "term", "kill-idle", "coordinator", "takeover", "failover", "outage", "readonly"]
         failover_moment = "ingest"
         while not self.stop.wait(rng.uniform(0.6, 1.4) * self.args.fault_interval):
             action = rng.choice(actions)
@@ -212,6 +218,9 @@ class Soak:
                             self.stop.wait(1.5)
                     if done:
                         failover_moment = "commit" if failover_moment == "ingest" else "ingest"
+                elif action == "readonly":
+                    with self.storage_hold:
+                        done = self._read_only(20.0)
                 else:
                     with self.redis_hold:
                         done = self._outage(20.0)
@@ -258,6 +267,23 @@ class Soak:
             for s in servers:
                 s.proc.send_signal(signal.SIGCONT)
         self.log.outages += 1
+        return True
+
+    def _read_only(self, seconds: float) -> bool:
+        """The storage directory read-only for ``seconds``: a read-only bind mount over it (what a
+        disk remounted read-only after an error does); every write fails with EROFS meanwhile."""
+        root = self.cluster.storage_uri
+        if os.geteuid() != 0 or "://" in root:
+            return False
+        if subprocess.run(["mount", "--bind", root, root], capture_output=True).returncode != 0:
+            return False
+        try:
+            if subprocess.run(["mount", "-o", "remount,ro,bind", root], capture_output=True).returncode != 0:
+                return False
+            time.sleep(seconds)
+        finally:
+            subprocess.run(["umount", root], capture_output=True)
+        self.log.read_only += 1
         return True
 
     def _autoscale(self, stop: threading.Event) -> None:
@@ -463,7 +489,7 @@ class Soak:
             f"work: {dict(self.work)}; faults: {dict(self.log.faults)}; not possible when drawn: "
             f"{dict(self.log.skipped)}; killed {len(killed)} busy compactors, terminated {len(chaos.log.termed)}, "
             f"coordinator restarts {chaos.log.coordinator_restarts}, takeovers {self.log.takeovers}, "
-            f"outages {self.log.outages}"
+            f"outages {self.log.outages}, read-only storage {self.log.read_only}"
         )
         print(
             f"checks: drained={drained} entries scanned={sum(v.entries for v in checks.values())} "
