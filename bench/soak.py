@@ -282,7 +282,7 @@ class Soak:
                 return False
             time.sleep(seconds)
         finally:
-            subprocess.run(["umount", root], capture_output=True)
+            subprocess.run(["umount", "-l", root], capture_output=True)
         self.log.read_only += 1
         return True
 

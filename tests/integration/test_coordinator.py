@@ -10,10 +10,12 @@ records, or by polling with a deadline."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -747,6 +749,36 @@ def test_gc_deletes_unreferenced_files_and_old_temp_outputs_only(
     assert len(scan_rows(client)) == 3 + 1 + 2
     assert coord.collect_garbage(grace_s=0) == sorted(running.inputs)
     assert len(scan_rows(client)) == 6
+
+
+@contextlib.contextmanager
+def read_only(path: str) -> Iterator[None]:
+    """``path`` read-only for the block: a read-only bind mount over it, as a disk remounted
+    read-only after an error is (root only: even root cannot write there meanwhile)."""
+    if os.geteuid() != 0 or subprocess.run(["mount", "--bind", path, path], capture_output=True).returncode != 0:
+        pytest.skip("needs root and mount")
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", path], check=True, capture_output=True)
+        yield
+    finally:
+        subprocess.run(["umount", "-l", path], check=True, capture_output=True)
+
+
+def test_gc_on_a_read_only_storage_stops_its_pass_and_the_leader_goes_on(
+    store: MetadataStore, storage: Storage, client: Client, coord: Coordinator
+) -> None:
+    """A storage that refuses deletes (read-only, unreachable) stops the garbage collection pass —
+    it used to end the coordinator process (seen in the soak) — and the next pass collects."""
+    store.create_table("t", props={RATIO: "2"})
+    inputs = write_files(client, "t", 3)
+    coord.plan_dirty()
+    run(store, storage, reserve(coord))  # the 3 inputs are now garbage
+    with read_only(storage.root):
+        assert coord.collect_garbage(grace_s=0) == []
+        assert coord.tick()  # a whole pass: planning goes on, GC waits for the next one
+        assert {p for p, _ in storage.list_files("tables")} >= set(inputs)
+    assert set(coord.collect_garbage(grace_s=0)) == set(inputs)
+    assert len(scan_rows(client)) == 3
 
 
 # -- tables offline or deleted -----------------------------------------------------------------------

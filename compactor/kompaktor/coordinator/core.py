@@ -165,6 +165,9 @@ class Coordinator:
                     log.warning("metadata store unavailable, retrying: %s", exc)
                 self._store_lost = True
                 wait = min(5.0, max(wait * 2, self.settings.tick_s))
+            except OSError as exc:  # the file storage failed under a step (GC, dead-compaction cleanup)
+                log.warning("storage error, retrying: %s", " ".join(str(exc).split()))
+                wait = min(5.0, max(wait * 2, self.settings.tick_s))
             stop.wait(wait)
         self.resign()
 

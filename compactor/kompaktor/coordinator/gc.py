@@ -14,6 +14,7 @@ cursor) lists everything."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from kompaktor.files.storage import Storage
 from kompaktor.metadata.compactions import running_compactions
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.names import TABLES_DIR, tmp_tag
+
+log = logging.getLogger("kompaktor.coordinator")
 
 #: files deleted per fenced decision
 GC_BATCH = 100
@@ -92,6 +95,12 @@ def collect_garbage(
         if not batch:
             continue
         store.record_gc(len(batch))  # fenced: raises Fenced, nothing deleted, if replaced
-        deleted.extend(rel for rel in batch if storage.delete(rel))
+        try:
+            for rel in batch:
+                if storage.delete(rel):
+                    deleted.append(rel)
+        except OSError as exc:  # the storage cannot delete now (read-only, unreachable): next pass
+            log.warning("garbage collection stopped for this pass: %s", " ".join(str(exc).split()))
+            return deleted
     store.forget_imports_before(started - grace_s)  # records of imports long gone (crashed)
     return deleted
