@@ -251,21 +251,23 @@ class Storage:
             return False
         return True
 
+    def _listing(self, rel_dir: str, recursive: bool) -> list[pafs.FileInfo]:
+        """What is under ``rel_dir``, counted as the LIST requests an object store answers it with."""
+        sel = pafs.FileSelector(self.path(rel_dir), recursive=recursive, allow_not_found=True)
+        infos = self.fs.get_file_info(sel)
+        REQUESTS.add("list", max(1, -(-len(infos) // LIST_PAGE)))
+        return infos
+
     def list_dirs(self, rel_dir: str) -> list[str]:
         """Names of the directories right under ``rel_dir`` (on object stores: the common
         prefixes of one delimited listing), sorted."""
-        sel = pafs.FileSelector(self.path(rel_dir), recursive=False, allow_not_found=True)
-        infos = self.fs.get_file_info(sel)
-        REQUESTS.add("list", max(1, -(-len(infos) // LIST_PAGE)))
+        infos = self._listing(rel_dir, recursive=False)
         return sorted(posixpath.basename(i.path.rstrip("/")) for i in infos if i.type == pafs.FileType.Directory)
 
     def list_files(self, rel_dir: str) -> list[tuple[str, float]]:
         """(relative path, modification time in seconds) of every file under a directory."""
-        sel = pafs.FileSelector(self.path(rel_dir), recursive=True, allow_not_found=True)
         out = []
-        infos = self.fs.get_file_info(sel)
-        REQUESTS.add("list", max(1, -(-len(infos) // LIST_PAGE)))
-        for info in infos:
+        for info in self._listing(rel_dir, recursive=True):
             if info.type == pafs.FileType.File:
                 rel = posixpath.relpath(info.path, self.root)
                 mtime = info.mtime.timestamp() if info.mtime is not None else 0.0
