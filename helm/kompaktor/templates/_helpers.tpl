@@ -71,6 +71,15 @@ app.kubernetes.io/instance: {{ .Release.Name }}
      generated from kompaktor.metadata.acl): with the bundled Redis whose passwords the chart manages.
      Each role's URL is in its own Secret; with redis.existingSecret or an external Redis every
      component uses the one URL (docs/kubernetes.md says how to give an external Redis the users). */}}
+{{/* The roles (the first word of each line of files/redis-users.acl), as a JSON list. */}}
+{{- define "kompaktor.redisRoles" -}}
+{{- $roles := list }}
+{{- range $line := .Files.Get "files/redis-users.acl" | trim | splitList "\n" }}
+{{- $roles = append $roles (first (splitList " " $line)) }}
+{{- end }}
+{{- toJson $roles }}
+{{- end }}
+
 {{- define "kompaktor.redisUsers" -}}
 {{- if and .Values.redis.bundled (not .Values.redis.existingSecret) }}true{{- end }}
 {{- end }}
