@@ -35,7 +35,6 @@ import random
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -270,19 +269,14 @@ class Soak:
         return True
 
     def _read_only(self, seconds: float) -> bool:
-        """The storage directory read-only for ``seconds``: a read-only bind mount over it (what a
-        disk remounted read-only after an error does); every write fails with EROFS meanwhile."""
-        root = self.cluster.storage_uri
-        if os.geteuid() != 0 or "://" in root:
-            return False
-        if subprocess.run(["mount", "--bind", root, root], capture_output=True).returncode != 0:
-            return False
-        try:
-            if subprocess.run(["mount", "-o", "remount,ro,bind", root], capture_output=True).returncode != 0:
+        """The storage directory read-only for ``seconds`` (:func:`kompaktor.local.chaos.read_only`);
+        every write fails with EROFS meanwhile."""
+        from kompaktor.local.chaos import read_only
+
+        with read_only(self.cluster.storage_uri) as done:
+            if not done:
                 return False
             time.sleep(seconds)
-        finally:
-            subprocess.run(["umount", "-l", root], capture_output=True)
         self.log.read_only += 1
         return True
 

@@ -10,15 +10,22 @@ moment it wants — mid-ingest: a client blocked in WAIT on its write; mid-commi
 commit applied on the primary (the committed counter moved) and not yet acknowledged — SIGKILLs
 the primary right then and thaws the replica, which Sentinel promotes. Those writes are lost with
 the primary, exactly as in a real crash; their clients were never told they succeeded, so they
-must retry them on the new primary. The killed server is started again as a replica."""
+must retry them on the new primary. The killed server is started again as a replica.
+
+:func:`read_only` turns a local storage directory read-only for a while (the soak's fault, and the
+tests of what meets it)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import random
 import signal
+import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from kompaktor import keyspace as C
@@ -29,6 +36,25 @@ log = logging.getLogger("kompaktor.local.chaos")
 
 #: Below failures.MAX_ATTEMPTS: a tablet's job killed this often is still retried, not dead-lettered.
 MAX_KILLS_PER_TABLET = MAX_ATTEMPTS - 1
+
+
+@contextlib.contextmanager
+def read_only(path: str) -> Iterator[bool]:
+    """``path`` read-only for the block: a read-only bind mount over it, what a disk remounted
+    read-only after an error is (even root cannot write there meanwhile). Yields False, and
+    changes nothing, where that cannot be done (not root, no mount, not a local directory)."""
+    if (
+        os.geteuid() != 0
+        or "://" in path
+        or subprocess.run(["mount", "--bind", path, path], capture_output=True).returncode != 0
+    ):
+        yield False
+        return
+    try:
+        ok = subprocess.run(["mount", "-o", "remount,ro,bind", path], capture_output=True).returncode == 0
+        yield ok
+    finally:
+        subprocess.run(["umount", "-l", path], check=True, capture_output=True)
 
 
 @dataclass
