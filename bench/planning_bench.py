@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = ap.parse_args(argv)
     import resource
 
-    from kompaktor.coordinator import Coordinator
+    from kompaktor.coordinator import Coordinator, CoordinatorSettings
+    from kompaktor.coordinator.planpool import PARALLEL_MIN_TABLETS
     from kompaktor.files.storage import Storage
     from kompaktor.metadata.store import MetadataStore
 
@@ -85,7 +86,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         rss0 = _rss_mb()
         import tempfile
 
-        coord = Coordinator(store, Storage.from_uri(tempfile.mkdtemp()))
+        storage = Storage.from_uri(tempfile.mkdtemp())
+        coord = Coordinator(store, storage)
+        workers = coord.settings.plan_workers if len(ids) >= PARALLEL_MIN_TABLETS else 0
         coord.try_lead()
         t0 = time.perf_counter()
         queued_full = coord.full_scan()
@@ -98,6 +101,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
         t0 = time.perf_counter()
         queued_inc = coord.plan_dirty()
         inc_s = time.perf_counter() - t0
+        coord.resign()
+        # the baseline, same run: one thread plans every tablet (queues built, as the pass above)
+        alone = Coordinator(store, storage, CoordinatorSettings(plan_workers=0))
+        alone.try_lead()
+        t0 = time.perf_counter()
+        alone.full_scan()
+        alone_s = time.perf_counter() - t0
+        alone.resign()
         rows = [
             {
                 "pass": "full scan",
@@ -111,6 +122,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 "tablets": len(ids),
                 "seconds": round(again_s, 3),
                 "tablets_per_s": round(len(ids) / again_s),
+                "jobs_queued": queued_again,
+            },
+            {
+                "pass": "full scan, queues built, one thread",
+                "tablets": len(ids),
+                "seconds": round(alone_s, 3),
+                "tablets_per_s": round(len(ids) / alone_s),
                 "jobs_queued": queued_again,
             },
             {
@@ -128,6 +146,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
             f"planning: setup {setup_s:.1f}s; full scan of {len(ids):,} tablets × {args.files} files: "
             f"{full_s:.2f}s ({len(ids) / full_s:,.0f} tablets/s, aim < {aim} s), again with the queues built: "
             f"{again_s:.2f}s; incremental 1%: {inc_s:.3f}s (aim < 1 s)"
+        )
+        print(
+            f"  the pass with the queues built: {again_s:.2f}s with {workers} planning worker process(es) beside "
+            f"the coordinator, {alone_s:.2f}s in one thread ({alone_s / again_s:.2f}x)"
         )
         print(
             f"  coordinator RSS {rss0:,.0f} MB before the passes, {_rss_mb():,.0f} MB after, peak "

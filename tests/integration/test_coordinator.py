@@ -853,3 +853,57 @@ def test_failures_of_jobs_that_cannot_come_back_are_forgotten(store: MetadataSto
     )
     store.mutate(m)
     assert failures.forget_settled(store) == 1 and store.failures() == {}
+
+
+# -- a big pass planned on more than one core ---------------------------------------------------------
+def test_a_full_pass_shared_with_worker_processes_queues_exactly_what_one_thread_queues(
+    store: MetadataStore, storage: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Jobs, removals of an offline table's queued jobs and a selector's selections come out the same
+    whether the coordinator plans every tablet itself or hands shares to worker processes."""
+    from kompaktor.coordinator import planpool
+
+    store.create_table("a", [b"%03d" % i for i in range(1, 60)])
+    store.create_table("off", [b"m"])
+    store.create_table("sel", [b"m"], props={"table.compaction.selector": "too-many-deletes"})
+    for i, tab in enumerate(store.tablet_ids(store.table_id("a"))):
+        fake_files(store, tab, {f"a{i}-{k}": 10 * (1 + k % 3) for k in range(3 + i % 4)})
+    off = store.tablet_ids(store.table_id("off"))
+    for i, tab in enumerate(off):
+        fake_files(store, tab, {f"off{i}-{k}": 10 for k in range(5)})
+    for i, tab in enumerate(store.tablet_ids(store.table_id("sel"))):
+        t = store.tablet(tab)
+        m = Mutation(table=t.table)
+        m.tablet(tab).do("add_files", {f"sel{i}-{k}": FileMeta(10, 10, 9 if k == 0 else 0).to_json() for k in range(2)})
+        store.mutate(m)
+    store.set_state("off", OFFLINE)
+
+    def one_pass(workers: int, url: str | None = None) -> tuple[list[tuple], dict[str, object], int]:
+        for k in store._r.scan_iter("kz:queue*"):
+            store._r.delete(k)
+        for tab in off:  # queued before the table went offline: the pass removes them
+            store.queues.add(tab, [Job(tab, "SYSTEM", 1, "default", {f"x-{tab}": 1})])
+        for tab in store.tablet_ids(store.table_id("sel")):
+            store._r.set(C.tablet_key(tab), json.dumps({**json.loads(store._r.get(C.tablet_key(tab))), "sel": None}))
+        c = Coordinator(store, storage, settings(plan_workers=workers))
+        if url is not None:
+            c._planpool.url = url
+        assert c.try_lead()
+        try:
+            queued_n = c.full_scan()
+            assert (c._planpool._pool is not None) == (workers > 0 and url is None)  # a failed one is dropped
+            assert c.stats["planned"] == 60 + 2  # the offline table's tablets are not planned
+            jobs = sorted((j.tablet, j.kind, j.priority, j.group, sorted(j.files)) for j in queued(c))
+            sels = {t: store.tablet(t).selection.files for t in store.tablet_ids(store.table_id("sel"))}
+            return jobs, sels, queued_n
+        finally:
+            c.resign()
+
+    serial = one_pass(0)
+    monkeypatch.setattr(planpool, "PARALLEL_MIN_TABLETS", 1)
+    shared = one_pass(2)
+    assert serial[0] and all(not j[0].startswith(store.table_id("off") + ";") for j in serial[0])
+    assert all(serial[1].values()), "the selector chose the files with deletes"
+    assert shared == serial
+    # workers that cannot reach Redis (or die) cost time only: their shares are planned here
+    assert one_pass(2, url="redis://127.0.0.1:1/0") == serial

@@ -55,6 +55,13 @@ from kompaktor.cli.common import friendly_errors, redis_option, setup_logging, s
     show_default=True,
     help="Seconds of the leader's lease; a stopped leader is replaced this long after its last renewal.",
 )
+@click.option(
+    "--plan-workers",
+    type=click.IntRange(min=0, max=64),
+    default=None,
+    help="Worker processes that plan shares of a full pass over 50,000 tablets or more "
+    "(default: one per core beyond the first, at most 3; 0: plan in one thread).",
+)
 @redis_option
 @storage_option
 @friendly_errors
@@ -66,6 +73,7 @@ def coordinator(
     gc_grace: float,
     gc_interval: float,
     lease_s: float,
+    plan_workers: int | None,
     redis_url: str,
     storage_uri: str | None,
 ) -> None:
@@ -91,6 +99,7 @@ def coordinator(
             gc_grace_s=gc_grace,
             gc_interval_s=gc_interval,
             lease_ms=int(lease_s * 1000),
+            **({} if plan_workers is None else {"plan_workers": plan_workers}),
         ),
     )
     if metrics_port >= 0:

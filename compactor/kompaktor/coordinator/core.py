@@ -23,18 +23,20 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Sequence
+from concurrent.futures import wait
 from dataclasses import dataclass, field
 
 from kompaktor.coordinator.dead import detect_dead
 from kompaktor.coordinator.gc import GcCursor, collect_garbage
 from kompaktor.coordinator.lease import Lease
 from kompaktor.coordinator.metrics import QueueMetrics
+from kompaktor.coordinator.planpool import PlanContext, PlanPool, default_workers, plan_share
 from kompaktor.files.storage import Storage
 from kompaktor.metadata import failures, tablet_ops, user_compactions
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.errors import Fenced, StoreUnavailable
-from kompaktor.model.tablet import ONLINE, TableInfo, Tablet, gc_paused, now_ms
-from kompaktor.policy.planning import plan_tablet
+from kompaktor.model.tablet import Tablet, gc_paused, now_ms
+from kompaktor.policy.planning import TabletPlan
 
 log = logging.getLogger("kompaktor.coordinator")
 
@@ -51,6 +53,8 @@ class CoordinatorSettings:
     gc_interval_s: float = 60.0
     gc_grace_s: float = 300.0  # unreferenced files younger than this are left alone
     max_attempts: int = failures.MAX_ATTEMPTS
+    #: worker processes that plan shares of a big full pass (:mod:`.planpool`); 0: one thread
+    plan_workers: int = field(default_factory=default_workers)
 
 
 @dataclass
@@ -73,6 +77,7 @@ class Coordinator:
         self._last_gc = time.monotonic()
         self._gc_cursor = GcCursor()  # where the next bounded garbage-collection pass resumes
         self._known_tables: set[str] | None = None  # table ids seen by the last pass
+        self._planpool = PlanPool(self.store.url, self.settings.plan_workers)
         self.stats = {"planned": 0, "queued": 0, "dead": 0, "gc_deleted": 0, "full_scans": 0}
 
     # -- leadership ------------------------------------------------------------------------------
@@ -97,6 +102,7 @@ class Coordinator:
         return True
 
     def resign(self) -> None:
+        self._planpool.close()
         try:
             self.lease.release()
         except StoreUnavailable as exc:  # the lease then expires by itself
@@ -172,37 +178,61 @@ class Coordinator:
         self.resign()
 
     # -- planning ----------------------------------------------------------------------------------
-    def _context(self) -> tuple[dict[str, TableInfo], dict, set[str], set[str]]:
+    def _context(self) -> PlanContext:
         tables = {t.id: t for t in self.store.tables()}
         services = self.store.services()
         active = {u.id for u in user_compactions.all_compactions(self.store) if u.state == user_compactions.RUNNING}
-        return tables, services, active, failures.skip_set(self.store)
+        return PlanContext(tables, services, now_ms(), active, failures.skip_set(self.store))
 
     def plan_tablets(self, tablets: list[Tablet], gen: int) -> int:
         return self._plan((tablets[i : i + PLAN_BATCH] for i in range(0, len(tablets), PLAN_BATCH)), gen)
 
-    def _plan(self, batches: Iterable[Sequence[Tablet]], gen: int) -> int:
+    def _plan(self, batches: Iterable[Sequence[Tablet]], gen: int, shares: Sequence[Sequence[str]] = ()) -> int:
         """Plan batches of tablets and queue their jobs; a batch's jobs are queued while the next
-        batch is decoded and planned. Returns the jobs admitted."""
-        tables, services, active, skip = self._context()
-        now = now_ms()
+        batch is decoded and planned. ``shares``: more tablets (ids), planned by the pool's worker
+        processes meanwhile (:mod:`.planpool`). Returns the jobs admitted."""
+        ctx = self._context()
+        futures = self._planpool.submit(list(shares), ctx, PLAN_BATCH) if shares else []
+
+        def select(t: Tablet, tp: TabletPlan) -> bool:
+            user_compactions.select_files(self.store, t, tp.select or [], "SELECTOR", f"SEL-{t.version}-{ctx.now}")
+            return True
+
+        def here(ids: Sequence[str]) -> tuple[int, list[str]]:
+            batches = self.store.tablet_batches(list(ids), PLAN_BATCH)
+            return plan_share(batches, ctx, adder.send, select, self.check_lease)
+
         remove: list[str] = []
         with gc_paused(), self.queues.adding(gen) as adder:  # gc: millions of acyclic objects
-            for tablets in batches:
-                self.check_lease()
-                plans: list[tuple[str, list]] = []
-                for t in tablets:
-                    info = tables.get(t.table)
-                    if info is None or info.state != ONLINE:
-                        remove.append(t.id)
+            try:
+                planned, gone = plan_share(batches, ctx, adder.send, select, self.check_lease)
+                remove += gone
+                for share, fut in zip(shares, futures, strict=True):
+                    while not fut.done():  # the lease is watched while the workers plan
+                        self.check_lease()
+                        wait([fut], timeout=0.5)
+                    try:
+                        res = fut.result()
+                    except Exception as exc:  # a worker died or failed: its share is planned here
+                        log.warning("planning worker failed (%s: %s); planning its share here", type(exc).__name__, exc)
+                        self._planpool.broken()
+                        n, gone = here(share)
+                        planned += n
+                        remove += gone
                         continue
-                    tp = plan_tablet(t, info, services, now, active, skip)
-                    self.stats["planned"] += 1
-                    if tp.select:
-                        user_compactions.select_files(self.store, t, tp.select, "SELECTOR", f"SEL-{t.version}-{now}")
-                    if tp.jobs:
-                        plans.append((t.id, tp.jobs))
-                adder.send(plans)
+                    for i in range(0, len(res.plans), PLAN_BATCH):
+                        self.check_lease()
+                        adder.send(res.plans[i : i + PLAN_BATCH])
+                    remove += res.remove
+                    planned += res.planned - len(res.reselect)
+                    if res.reselect:  # a selection is a write: planned again here, on fresh documents
+                        n, gone = here(res.reselect)
+                        planned += n
+                        remove += gone
+            finally:
+                for fut in futures:
+                    fut.cancel()
+        self.stats["planned"] += planned
         if remove:
             self.queues.remove_tablets(remove)
         self.stats["queued"] += adder.admitted
@@ -241,7 +271,14 @@ class Coordinator:
         self.store.clear_dirty()  # everything is planned now
         self._known_tables = {t.id for t in self.store.tables()}  # the sweep drops the rest
         gen = self.queues.begin_full_scan()
-        queued = self._plan(self.store.tablet_batches(self.store.all_tablet_ids(), PLAN_BATCH), gen)
+        ids = self.store.all_tablet_ids()
+        shares: list[list[str]] = []
+        if self._planpool.usable(len(ids)):  # the coordinator plans the first share itself
+            n = len(ids) // (self._planpool.workers + 1)
+            ids, rest = ids[:n], ids[n:]
+            step = -(-len(rest) // self._planpool.workers)
+            shares = [rest[i : i + step] for i in range(0, len(rest), step)]
+        queued = self._plan(self.store.tablet_batches(ids, PLAN_BATCH), gen, shares)
         self.queues.end_full_scan(gen)
         self._last_full = time.monotonic()
         self.stats["full_scans"] += 1

@@ -1,0 +1,148 @@
+"""A big planning pass on more than one core.
+
+Planning a tablet is CPU work in Python (decode its document, run the planner): one thread plans
+about 30,000 tablets a second, so a full pass over a million tablets would take half a minute on
+one core while Redis itself needs a fraction of that. A pass over at least
+:data:`PARALLEL_MIN_TABLETS` tablets therefore hands a share of them to worker processes
+(``spawn``: nothing of the coordinator's threads or connections is inherited), which read and plan
+their share and return only the plans; the coordinator plans its own share meanwhile, then queues
+everything itself. The workers only read: every write (queue adds, removals, selections) stays
+with the coordinator, fenced by its lease. A worker that fails costs nothing but time: its share
+is planned by the coordinator.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, field
+
+from kompaktor.model.job import Job
+from kompaktor.model.tablet import ONLINE, TableInfo, Tablet
+from kompaktor.policy.planning import TabletPlan, plan_tablet
+from kompaktor.policy.services import ServiceConfig
+
+log = logging.getLogger("kompaktor.coordinator")
+
+#: a pass over fewer tablets is planned in the coordinator's own thread (a worker's start and the
+#: hand-over cost more than they save)
+PARALLEL_MIN_TABLETS = 50_000
+
+
+def default_workers() -> int:
+    """Worker processes for big passes: one per core beyond the first (Redis and the coordinator's
+    own share need one), at most 3; 0 on one core."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(0, min(3, cores - 1))
+
+
+@dataclass(frozen=True)
+class PlanContext:
+    """What planning a tablet depends on besides the tablet (read once per pass)."""
+
+    tables: Mapping[str, TableInfo]
+    services: Mapping[str, ServiceConfig]
+    now: int
+    active: Collection[str]
+    skip: Collection[str]
+
+
+@dataclass
+class ShareResult:
+    """A share's outcome: jobs per tablet, tablets whose table is gone or offline (their queued
+    jobs are removed), tablets for which a selector chose files (the coordinator re-plans them:
+    recording a selection is a write), and how many tablets were planned."""
+
+    plans: list[tuple[str, list[Job]]] = field(default_factory=list)
+    remove: list[str] = field(default_factory=list)
+    reselect: list[str] = field(default_factory=list)
+    planned: int = 0
+
+
+def plan_share(
+    batches: Iterable[Sequence[Tablet]],
+    ctx: PlanContext,
+    send: Callable[[list[tuple[str, list[Job]]]], None],
+    select: Callable[[Tablet, TabletPlan], bool],
+    before: Callable[[], None] | None = None,
+) -> tuple[int, list[str]]:
+    """Plan batches of tablets (pure but for reading them): each batch's jobs go to ``send``, a
+    selector's choice to ``select`` (which says whether the tablet's jobs are still to be sent:
+    a worker leaves such a tablet to the coordinator); ``before()`` runs before each batch. Returns how many tablets
+    were planned and the tablets whose table is gone or offline (their queued jobs are removed)."""
+    planned = 0
+    remove: list[str] = []
+    for tablets in batches:
+        if before is not None:
+            before()
+        plans: list[tuple[str, list[Job]]] = []
+        for t in tablets:
+            info = ctx.tables.get(t.table)
+            if info is None or info.state != ONLINE:
+                remove.append(t.id)
+                continue
+            tp = plan_tablet(t, info, ctx.services, ctx.now, ctx.active, ctx.skip)
+            planned += 1
+            if tp.select and not select(t, tp):
+                continue
+            if tp.jobs:
+                plans.append((t.id, tp.jobs))
+        send(plans)
+    return planned, remove
+
+
+#: the worker process's own store, per URL (a worker serves every pass of its coordinator)
+_stores: dict = {}
+
+
+def _plan_in_worker(url: str, tablet_ids: Sequence[str], ctx: PlanContext, batch: int) -> ShareResult:
+    from kompaktor.metadata.store import MetadataStore  # the worker's own connection
+
+    store = _stores.get(url)
+    if store is None:
+        store = _stores[url] = MetadataStore.from_url(url)
+    out = ShareResult()
+
+    def leave(t: Tablet, _tp: TabletPlan) -> bool:  # a selection is a write: the coordinator's
+        out.reselect.append(t.id)
+        return False
+
+    out.planned, out.remove = plan_share(
+        store.tablet_batches(list(tablet_ids), batch),
+        ctx,
+        send=out.plans.extend,
+        select=leave,
+    )
+    return out
+
+
+class PlanPool:
+    """Worker processes for big passes, started at the first one and kept for the next."""
+
+    def __init__(self, url: str, workers: int) -> None:
+        self.url = url
+        self.workers = workers
+        self._pool: ProcessPoolExecutor | None = None
+
+    def usable(self, tablets: int) -> bool:
+        return self.workers > 0 and bool(self.url) and tablets >= PARALLEL_MIN_TABLETS
+
+    def submit(self, shares: list[Sequence[str]], ctx: PlanContext, batch: int) -> list[Future]:
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
+        return [self._pool.submit(_plan_in_worker, self.url, share, ctx, batch) for share in shares]
+
+    def close(self) -> None:
+        """Stop the workers (they hold a Redis connection each)."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def broken(self) -> None:
+        """A worker died: the next pass starts new ones."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
