@@ -28,7 +28,7 @@ from kompaktor_operator import admission, conditions, depth, kube, manifests, na
 from kompaktor_operator import models as m
 from kompaktor_operator.config import OperatorConfig
 from kompaktor_operator.metrics import metrics
-from kompaktor_operator.scaling import PodView, decide_scale
+from kompaktor_operator.scaling import PodView, decide_scale, parked_replicas
 
 SERVICE = (naming.API_GROUP, naming.API_VERSION, naming.SERVICES)
 GROUP = (naming.API_GROUP, naming.API_VERSION, naming.GROUPS)
@@ -405,8 +405,36 @@ async def scale_group(name: str, **kwargs: Any) -> None:
         raise
 
 
+async def _park_or_wake(
+    namespace: str, name: str, group: m.CompactorGroupSpec, work: int, memo: Any, logger: logging.Logger
+) -> m.CompactorGroupSpec:
+    """Scale to zero and back under an HPA (:func:`scaling.parked_replicas`); the group as it
+    stands after. How long the group has had no work is kept in the operator's memo (lost on a
+    restart: the quiet window then starts again)."""
+    idle_since: dict[tuple[str, str], float] = memo.setdefault("idle_since", {})
+    now = time.monotonic()
+    if work > 0:
+        idle_since.pop((namespace, name), None)
+    idle_s = now - idle_since.setdefault((namespace, name), now) if work == 0 else 0.0
+    park = parked_replicas(group.replicas, work, idle_s, group.behavior.scale_down_stabilization_seconds)
+    if park is None:
+        return group
+    why = f"{work} job(s) queued or running" if park else f"no job for {idle_s:.0f} s"
+    logger.info("group %s: spec.replicas %d -> %d (%s)", name, group.replicas or 0, park, why)
+    await _kube(kube.set_group_replicas(namespace, name, park))
+    return group.model_copy(update={"replicas": park})
+
+
 async def _scale_group(
-    name: str, namespace: str, spec: Any, status: Any, meta: Any, patch: kopf.Patch, logger: logging.Logger, **_: Any
+    name: str,
+    namespace: str,
+    spec: Any,
+    status: Any,
+    meta: Any,
+    patch: kopf.Patch,
+    logger: logging.Logger,
+    memo: kopf.Memo,
+    **_: Any,
 ) -> None:
     try:
         group = m.CompactorGroupSpec.model_validate(dict(spec))
@@ -416,10 +444,13 @@ async def _scale_group(
     if dep is None:
         return  # the reconcile handler has not created it yet
     current = int((dep.get("spec") or {}).get("replicas", 1))
+    backend = depth.backend()
+    figures = await _io(backend.queue_figures, name)
+    if group.autoscaler == m.Autoscaler.HPA.value and group.min_replicas == 0 and not meta.get("deletionTimestamp"):
+        group = await _park_or_wake(namespace, name, group, figures.queued + figures.running, memo, logger)
     desired = group.desired_replicas()
     raw_pods = await _kube(kube.list_pods(namespace, naming.selector_labels(name)))
     pods = [_pod_view(p) for p in raw_pods]
-    backend = depth.backend()
     compactors = await _io(backend.compactors, name)
     decision = decide_scale(current, desired, pods, compactors)
     mx = metrics()
@@ -450,7 +481,6 @@ async def _scale_group(
         mx.desired.labels(name).set(desired)
         mx.draining.labels(name).set(len(decision.waiting))
 
-    figures = await _io(backend.queue_figures, name)
     ready = int((dep.get("status") or {}).get("readyReplicas") or 0)
     patch.status["replicas"] = decision.replicas
     patch.status["readyReplicas"] = ready

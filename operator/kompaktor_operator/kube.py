@@ -296,6 +296,17 @@ async def set_replicas(namespace: str, deployment: str, replicas: int) -> None:
     )
 
 
+async def set_group_replicas(namespace: str, name: str, replicas: int) -> None:
+    """A CompactorGroup's spec.replicas (what its scale subresource shows the HPA)."""
+    await client().request(
+        "PATCH",
+        _path(naming.GROUP_VERSION, "CompactorGroup", namespace, name),
+        json={"spec": {"replicas": replicas}},
+        content_type="application/merge-patch+json",
+        params={"fieldManager": SCALER_MANAGER},
+    )
+
+
 async def delete_pod(namespace: str, name: str) -> None:
     await delete("v1", "Pod", namespace, name)
 

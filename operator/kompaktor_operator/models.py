@@ -363,11 +363,6 @@ class CompactorGroupSpec(CRDModel):
                     "rule": "!has(self.minReplicas) || !has(self.maxReplicas) || self.minReplicas <= self.maxReplicas",
                     "message": "minReplicas must not be larger than maxReplicas",
                 },
-                {
-                    "rule": "!has(self.autoscaler) || self.autoscaler != 'hpa' "
-                    "|| !has(self.minReplicas) || self.minReplicas >= 1",
-                    "message": "minReplicas 0 needs autoscaler keda or none (an HPA cannot scale to 0)",
-                },
             ]
         }
     )
@@ -378,7 +373,10 @@ class CompactorGroupSpec(CRDModel):
         None, ge=0, description="desired compactors; written by the autoscaler (scale subresource)"
     )
     min_replicas: int = Field(
-        group_defaults.DEFAULT_MIN_REPLICAS, ge=0, description="fewest compactors (0 needs autoscaler keda or none)"
+        group_defaults.DEFAULT_MIN_REPLICAS,
+        ge=0,
+        description="fewest compactors; 0: none while no job is queued or running (with an HPA the operator "
+        "parks the group at 0 after the scale-down window and wakes it at the first job)",
     )
     max_replicas: int = Field(group_defaults.DEFAULT_MAX_REPLICAS, ge=1, description="most compactors")
     jobs_per_replica: int = Field(
@@ -409,8 +407,6 @@ class CompactorGroupSpec(CRDModel):
     def _replicas(self) -> CompactorGroupSpec:
         if self.min_replicas > self.max_replicas:
             raise ValueError(f"minReplicas ({self.min_replicas}) is larger than maxReplicas ({self.max_replicas})")
-        if self.autoscaler == Autoscaler.HPA.value and self.min_replicas < 1:
-            raise ValueError("minReplicas 0 needs autoscaler: keda (a HorizontalPodAutoscaler cannot scale to 0)")
         return self
 
     @field_validator("pod_annotations", "pod_labels")

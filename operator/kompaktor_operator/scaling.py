@@ -150,3 +150,20 @@ def decide_scale(
         victims=tuple(p.name for p in victims),
         reason=reason,
     )
+
+
+def parked_replicas(spec_replicas: int | None, work: int, idle_s: float, window_s: float) -> int | None:
+    """Scale to zero and back under a HorizontalPodAutoscaler, for a group with ``minReplicas: 0``.
+
+    An HPA cannot do it alone: its own minReplicas is at least 1 (0 needs an alpha feature gate),
+    and it leaves a target whose replicas are 0 alone (autoscaling disabled). So the operator parks
+    the group: with one replica left (the HPA's floor) and no queued or running job (``work``) for
+    ``window_s`` seconds (the group's scale-down stabilisation), spec.replicas goes to 0 — the last
+    compactor is drained like any other; the first job queued for a parked group sets it back to 1,
+    and the HPA takes over from there. Returns the spec.replicas to set, or None to leave it."""
+    current = spec_replicas or 0
+    if current == 0 and work > 0:
+        return 1
+    if current == 1 and work == 0 and idle_s >= window_s:
+        return 0
+    return None

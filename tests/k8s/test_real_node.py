@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -547,6 +548,91 @@ def test_a_group_whose_pods_cannot_run_says_why_and_clears_when_fixed(shipped: S
             timeout=120,
             every=1,
         )
+
+
+# -- scale to zero and back under the stock HPA -------------------------------------------------------
+def test_a_group_at_zero_wakes_at_its_first_job_and_parks_again(shipped: Shipped, tmp_path: Path) -> None:
+    """minReplicas 0 with autoscaler hpa: no compactor pod while there is nothing to do; the first
+    job queued wakes the group (the operator sets 1, the HPA takes over); the job is merged by a
+    compactor container (Spark, the image's default engine) and committed; after the scale-down
+    window with no work the group is parked at 0 again, its last compactor drained."""
+    s = shipped
+    table, group = "zero_t", "zero"
+    service = {
+        "apiVersion": naming.GROUP_VERSION,
+        "kind": "CompactionService",
+        "metadata": {"name": "cs-zero"},
+        "spec": {"ratio": 2.0, "tiers": [{"name": "all", "compactorGroup": group}], "tables": [table]},
+    }
+    spec = {
+        "minReplicas": 0,
+        "maxReplicas": 1,
+        "autoscaler": "hpa",
+        "drainGraceSeconds": 60,
+        "behavior": {"scaleDownStabilizationSeconds": 10},
+        "spark": {"master": "local[1]", "driverMemory": "512m"},
+        "resources": {"requests": {"cpu": "250m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}},
+    }
+    items = [service, {**_group(group), "spec": spec}]
+    s.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+    try:
+        try:
+            wait_until(
+                lambda: (c := s.condition("compactorgroup", group, "Ready")) and c["status"] == "True",
+                "the zero group Ready",
+                timeout=60,
+            )
+            wait_until(
+                lambda: (d := s.get("deployment", naming.deployment_name(group))) and d["spec"]["replicas"] == 0,
+                "the zero group's Deployment at 0 replicas",
+                timeout=60,
+            )
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}\n{_diagnose(s)}") from None
+        assert not s.pods(naming.selector(group))
+        hpa = s.get("hpa", naming.hpa_name(group))
+        assert hpa is not None and hpa["spec"]["minReplicas"] == 1, hpa  # a stock HPA: its floor is 1
+
+        def committed() -> int:
+            out = s.kompaktor("status", "--json", check=False)
+            if out.returncode != 0:
+                return 0
+            return json.loads(out.stdout)["groups"].get(group, {}).get("compactions_committed", 0)
+
+        s.kompaktor("table", "create", table)
+        from kompaktor.files.sortedfile import write_sorted
+        from kompaktor.files.storage import Storage
+
+        local = Storage.from_uri(str(tmp_path))
+        files = []
+        for version in range(3):
+            write_sorted(local, f"zero-{version}.parquet", _entries(range(100), version))
+            files.append(str(tmp_path / f"zero-{version}.parquet"))
+        s.kompaktor("import", table, *files)
+        queued_at = time.monotonic()  # the coordinator queues the job within its next pass
+        try:
+            wait_until(lambda: committed() >= 1, "the first job committed by a woken compactor", timeout=300, every=1)
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}\n{_diagnose(s)}") from None
+        first_commit_s = time.monotonic() - queued_at
+        print(f"0 -> 1: first job to first commit in {first_commit_s:.1f} s (group at 0 replicas, stock HPA)")
+        # no work for the scale-down window: parked again, the last compactor drained, not killed
+        try:
+            wait_until(
+                lambda: (g := s.get("compactorgroup", group)) and g["spec"].get("replicas") == 0,
+                "the zero group parked at spec.replicas 0",
+                timeout=180,
+                every=1,
+            )
+            wait_until(lambda: not s.pods(naming.selector(group)), "the zero group's pods gone", timeout=180, every=1)
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}\n{_diagnose(s)}") from None
+        st = json.loads(s.kompaktor("status", "--json").stdout)
+        assert st["groups"][group]["dead_compactions_recovered"] == 0, st["groups"][group]
+        assert st["tables"][table]["files_per_tablet"]["max"] == 1, st["tables"][table]
+    finally:
+        s.kubectl("delete", "compactorgroup", group, "--wait=true", check=False)
+        s.kubectl("delete", "compactionservice", "cs-zero", "--wait=true", check=False)
 
 
 # -- 3. delete and uninstall leave nothing running ---------------------------------------------------

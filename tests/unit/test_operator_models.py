@@ -87,7 +87,6 @@ def test_quantity_keeps_its_kubernetes_meaning() -> None:
     ("spec", "words"),
     [
         ({"minReplicas": 5, "maxReplicas": 2}, "larger than maxReplicas"),
-        ({"minReplicas": 0}, "needs autoscaler: keda"),
         ({"autoscaler": "cpu"}, "autoscaler"),
         ({"jobsPerReplica": 0}, "jobsPerReplica"),
         ({"podAnnotations": {"kopf.zalando.org/last-handled-configuration": "x"}}, "reserved"),
@@ -99,6 +98,15 @@ def test_group_validation_says_what_is_wrong(spec: dict, words: str) -> None:
     with pytest.raises(ValidationError) as err:
         m.CompactorGroupSpec.model_validate(spec)
     assert words in m.explain(err.value) + str(err.value)
+
+
+def test_an_hpa_group_may_have_zero_replicas_and_its_hpa_keeps_a_floor_of_one() -> None:
+    from kompaktor_operator import manifests
+
+    hpa = m.CompactorGroupSpec.model_validate({"minReplicas": 0, "maxReplicas": 4})
+    assert hpa.autoscaler == "hpa" and hpa.desired_replicas() == 0  # parked until the first job
+    rendered = manifests.build_hpa("g", hpa)
+    assert rendered["spec"]["minReplicas"] == 1  # the operator, not the HPA, goes to and from 0
 
 
 def test_keda_and_none_allow_zero_and_desired_is_clamped() -> None:

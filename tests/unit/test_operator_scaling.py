@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kompaktor_operator.scaling import CompactorView, PodView, decide_scale
+from kompaktor_operator.scaling import CompactorView, PodView, decide_scale, parked_replicas
 
 
 def pods(*names: str, **flags: dict) -> list[PodView]:
@@ -107,3 +107,17 @@ def test_never_removes_a_working_compactor(states: list[str], desired: int, mark
         # every removed replica corresponds to a pod carrying the lowest cost that is not working
         cheap = [v for v in views if v.lowest_cost and v.name not in working]
         assert removed <= len(cheap)
+
+
+# -- scale to zero and back under an HPA ----------------------------------------------------------
+def test_a_parked_group_wakes_at_its_first_job() -> None:
+    assert parked_replicas(None, work=1, idle_s=0, window_s=300) == 1
+    assert parked_replicas(0, work=5, idle_s=0, window_s=300) == 1  # the HPA takes it from 1
+    assert parked_replicas(0, work=0, idle_s=9999, window_s=300) is None  # nothing to do: stays at 0
+
+
+def test_a_group_parks_only_at_the_hpas_floor_after_a_quiet_window() -> None:
+    assert parked_replicas(1, work=0, idle_s=299, window_s=300) is None
+    assert parked_replicas(1, work=0, idle_s=300, window_s=300) == 0
+    assert parked_replicas(1, work=1, idle_s=9999, window_s=300) is None  # a job queued or running
+    assert parked_replicas(3, work=0, idle_s=9999, window_s=300) is None  # the HPA lowers it to 1 first
