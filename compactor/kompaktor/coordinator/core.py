@@ -23,7 +23,6 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Sequence
-from concurrent.futures import wait
 from dataclasses import dataclass, field
 
 from kompaktor.coordinator.dead import detect_dead
@@ -187,51 +186,55 @@ class Coordinator:
     def plan_tablets(self, tablets: list[Tablet], gen: int) -> int:
         return self._plan((tablets[i : i + PLAN_BATCH] for i in range(0, len(tablets), PLAN_BATCH)), gen)
 
-    def _plan(self, batches: Iterable[Sequence[Tablet]], gen: int, shares: Sequence[Sequence[str]] = ()) -> int:
+    def _plan(self, batches: Iterable[Sequence[Tablet]], gen: int, shared: Sequence[str] = ()) -> int:
         """Plan batches of tablets and queue their jobs; a batch's jobs are queued while the next
-        batch is decoded and planned. ``shares``: more tablets (ids), planned by the pool's worker
-        processes meanwhile (:mod:`.planpool`). Returns the jobs admitted."""
+        batch is decoded and planned. ``shared``: more tablets (ids), planned by the pool's worker
+        processes meanwhile (:mod:`.planpool`), their plans queued as they come. Returns the jobs
+        admitted."""
         ctx = self._context()
-        futures = self._planpool.submit(list(shares), ctx, PLAN_BATCH) if shares else []
+        run = self._planpool.run(shared, ctx, PLAN_BATCH) if shared else None
+        planned = 0
+        remove: list[str] = []
 
         def select(t: Tablet, tp: TabletPlan) -> bool:
             user_compactions.select_files(self.store, t, tp.select or [], "SELECTOR", f"SEL-{t.version}-{ctx.now}")
             return True
 
-        def here(ids: Sequence[str]) -> tuple[int, list[str]]:
-            batches = self.store.tablet_batches(list(ids), PLAN_BATCH)
-            return plan_share(batches, ctx, adder.send, select, self.check_lease)
+        def here(ids: Sequence[str]) -> None:
+            nonlocal planned
+            n, gone = plan_share(self.store.tablet_batches(list(ids), PLAN_BATCH), ctx, adder.send, select)
+            planned += n
+            remove.extend(gone)
 
-        remove: list[str] = []
+        def take(timeout: float = 0.0) -> None:
+            """Queue what the workers have planned so far."""
+            nonlocal planned
+            self.check_lease()
+            for chunk, res in run.ready(timeout) if run is not None else ():
+                if isinstance(res, BaseException):  # a worker died or failed: its chunk is planned here
+                    log.warning("planning worker failed (%s: %s); planning its share here", type(res).__name__, res)
+                    self._planpool.broken()
+                    here(chunk)
+                    continue
+                adder.send(res.plans)
+                remove.extend(res.remove)
+                planned += res.planned - len(res.reselect)
+                if res.reselect:  # a selection is a write: planned again here, on fresh documents
+                    here(res.reselect)
+
         with gc_paused(), self.queues.adding(gen) as adder:  # gc: millions of acyclic objects
             try:
-                planned, gone = plan_share(batches, ctx, adder.send, select, self.check_lease)
-                remove += gone
-                for share, fut in zip(shares, futures, strict=True):
-                    while not fut.done():  # the lease is watched while the workers plan
-                        self.check_lease()
-                        wait([fut], timeout=0.5)
-                    try:
-                        res = fut.result()
-                    except Exception as exc:  # a worker died or failed: its share is planned here
-                        log.warning("planning worker failed (%s: %s); planning its share here", type(exc).__name__, exc)
-                        self._planpool.broken()
-                        n, gone = here(share)
-                        planned += n
-                        remove += gone
-                        continue
-                    for i in range(0, len(res.plans), PLAN_BATCH):
-                        self.check_lease()
-                        adder.send(res.plans[i : i + PLAN_BATCH])
-                    remove += res.remove
-                    planned += res.planned - len(res.reselect)
-                    if res.reselect:  # a selection is a write: planned again here, on fresh documents
-                        n, gone = here(res.reselect)
-                        planned += n
-                        remove += gone
+                n, gone = plan_share(batches, ctx, adder.send, select, take)
+                planned += n
+                remove.extend(gone)
+                while run is not None and not run.finished:
+                    chunk = run.steal()  # the coordinator's share is done: it helps with the rest
+                    if chunk is not None:
+                        here(chunk)
+                    take(timeout=0.0 if chunk is not None else 0.5)
             finally:
-                for fut in futures:
-                    fut.cancel()
+                if run is not None:
+                    run.cancel()
         self.stats["planned"] += planned
         if remove:
             self.queues.remove_tablets(remove)
@@ -272,13 +275,11 @@ class Coordinator:
         self._known_tables = {t.id for t in self.store.tables()}  # the sweep drops the rest
         gen = self.queues.begin_full_scan()
         ids = self.store.all_tablet_ids()
-        shares: list[list[str]] = []
+        shared: list[str] = []
         if self._planpool.usable(len(ids)):  # the coordinator plans the first share itself
             n = len(ids) // (self._planpool.workers + 1)
-            ids, rest = ids[:n], ids[n:]
-            step = -(-len(rest) // self._planpool.workers)
-            shares = [rest[i : i + step] for i in range(0, len(rest), step)]
-        queued = self._plan(self.store.tablet_batches(ids, PLAN_BATCH), gen, shares)
+            ids, shared = ids[:n], ids[n:]
+        queued = self._plan(self.store.tablet_batches(ids, PLAN_BATCH), gen, shared)
         self.queues.end_full_scan(gen)
         self._last_full = time.monotonic()
         self.stats["full_scans"] += 1

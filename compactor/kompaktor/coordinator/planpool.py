@@ -17,7 +17,7 @@ import logging
 import multiprocessing
 import os
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 
 from kompaktor.model.job import Job
@@ -130,10 +130,18 @@ class PlanPool:
     def usable(self, tablets: int) -> bool:
         return self.workers > 0 and bool(self.url) and tablets >= PARALLEL_MIN_TABLETS
 
-    def submit(self, shares: list[Sequence[str]], ctx: PlanContext, batch: int) -> list[Future]:
+    def run(self, tablet_ids: Sequence[str], ctx: PlanContext, batch: int) -> ShareRun:
+        """Start planning these tablets in the workers, a chunk at a time (:class:`ShareRun`)."""
         if self._pool is None:
             self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
-        return [self._pool.submit(_plan_in_worker, self.url, share, ctx, batch) for share in shares]
+        return ShareRun(self, tablet_ids, ctx, batch)
+
+    def _submit(self, chunk: Sequence[str], ctx: PlanContext, batch: int) -> Future:
+        if self._pool is None:  # dropped after a failure: the chunk fails over to the coordinator
+            failed: Future = Future()
+            failed.set_exception(RuntimeError("the planning workers stopped"))
+            return failed
+        return self._pool.submit(_plan_in_worker, self.url, chunk, ctx, batch)
 
     def close(self) -> None:
         """Stop the workers (they hold a Redis connection each)."""
@@ -146,3 +154,53 @@ class PlanPool:
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
+
+
+#: tablets per chunk handed to a worker: what the coordinator holds of a worker's plans at once is
+#: bounded by the chunks in flight (two per worker), not by the share
+CHUNK_TABLETS = 5_000
+
+
+class ShareRun:
+    """The workers' share of one pass, as chunks: at most two per worker in flight, results taken in
+    order by :meth:`ready` (so a chunk's plans are queued while later chunks are planned)."""
+
+    def __init__(self, pool: PlanPool, tablet_ids: Sequence[str], ctx: PlanContext, batch: int) -> None:
+        self._pool, self._ctx, self._batch = pool, ctx, batch
+        self._todo = [tablet_ids[i : i + CHUNK_TABLETS] for i in range(0, len(tablet_ids), CHUNK_TABLETS)]
+        self._todo.reverse()
+        self._inflight: list[tuple[Sequence[str], Future]] = []
+        self._fill()
+
+    def _fill(self) -> None:
+        while self._todo and len(self._inflight) < 2 * max(1, self._pool.workers):
+            chunk = self._todo.pop()
+            self._inflight.append((chunk, self._pool._submit(chunk, self._ctx, self._batch)))
+
+    @property
+    def finished(self) -> bool:
+        return not self._inflight and not self._todo
+
+    def ready(self, timeout: float = 0.0) -> list[tuple[Sequence[str], ShareResult | BaseException]]:
+        """The chunks finished in order (waiting up to ``timeout`` for the next): each with its
+        result, or the exception that failed it (the caller then plans that chunk itself)."""
+        out: list[tuple[Sequence[str], ShareResult | BaseException]] = []
+        if self._inflight and timeout > 0:
+            wait([self._inflight[0][1]], timeout=timeout)
+        while self._inflight and self._inflight[0][1].done():
+            chunk, fut = self._inflight.pop(0)
+            exc = fut.exception()
+            out.append((chunk, fut.result() if exc is None else exc))
+            self._fill()
+        return out
+
+    def steal(self) -> Sequence[str] | None:
+        """A chunk no worker has started, for the coordinator to plan itself once its own share is
+        done (None when every chunk is taken)."""
+        return self._todo.pop() if self._todo else None
+
+    def cancel(self) -> None:
+        for _, fut in self._inflight:
+            fut.cancel()
+        self._inflight.clear()
+        self._todo.clear()
