@@ -3,8 +3,9 @@ SHELL := /bin/bash
 VENV  ?= .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# Images: the version comes from pyproject.toml only (docs/images.md).
-VERSION         := $(shell sed -n 's/^version *= *"\(.*\)"/\1/p' pyproject.toml | head -n 1)
+# Images: the version comes from __version__ in compactor/kompaktor/__init__.py only, which
+# pyproject.toml reads too ([tool.hatch.version]; docs/images.md).
+VERSION         := $(shell sed -n 's/^__version__ *= *"\(.*\)"/\1/p' compactor/kompaktor/__init__.py | head -n 1)
 REGISTRY        ?= ghcr.io/kompaktor
 OPERATOR_IMAGE  ?= $(REGISTRY)/kompaktor-operator:$(VERSION)
 COMPACTOR_IMAGE ?= $(REGISTRY)/kompaktor-compactor:$(VERSION)
@@ -27,10 +28,7 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## virtualenv in .venv with the package and dev extras; redis-server, redis-sentinel and Java 17 via apt-get when missing
 
-test: $(STAMP) control-plane promtool test-images ## the gates (ruff lint and format, the layer contract), then the whole suite (unit, Redis, Spark, operator, chart, images, real Kubernetes on a real node)
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check .
-	PYTHONPATH=compactor:operator $(VENV)/bin/lint-imports
+test: $(STAMP) control-plane promtool test-images lint ## the gates (make lint), then the whole suite (unit, Redis, Spark, operator, chart, images, real Kubernetes on a real node)
 	$(PY) -m pytest -q
 
 control-plane: ## build kube-apiserver, -controller-manager, -scheduler, kubelet, kube-proxy 1.20 from Debian's source once (cached in ~/.cache/kompaktor); install containerd, runc, CNI, dnsmasq
@@ -44,8 +42,8 @@ promtool: ## promtool from Debian's prometheus package, unpacked into ~/.cache/k
 test-k8s: $(STAMP) control-plane test-images ## only the real Kubernetes control-plane tier (helm install, kubectl, RBAC, HPA, node agent)
 	$(PY) -m pytest -q tests/k8s
 
-test-unit: $(STAMP) ## the fast loop: the pure tiers (tests/unit), no external process, well under a minute
-	$(PY) -m pytest -q tests/unit
+test-unit: $(STAMP) ## the fast loop: the pure tiers (tests/unit), no external process, in random order (pytest-random-order; the seed is printed), well under a minute
+	$(PY) -m pytest -q --random-order-bucket=global tests/unit
 
 test-operator: $(STAMP) ## only the operator: kopf handlers against the kmock Kubernetes emulator
 	$(PY) -m pytest -q tests/operator
@@ -53,10 +51,11 @@ test-operator: $(STAMP) ## only the operator: kopf handlers against the kmock Ku
 demo: $(STAMP) ## run the main job locally: embedded Redis, coordinator, autoscaled compactors, continuous ingest, verification
 	$(VENV)/bin/kompaktor demo
 
-lint: $(STAMP) ## ruff (lint and format) and the import-layer contract (pyproject.toml [tool.importlinter])
+lint: $(STAMP) ## the gates: ruff (lint and format), the import-layer contract (pyproject.toml [tool.importlinter]), mypy --strict on model/ and policy/ ([tool.mypy]); any one failing fails
 	$(VENV)/bin/ruff check .
-	PYTHONPATH=compactor:operator $(VENV)/bin/lint-imports
 	$(VENV)/bin/ruff format --check .
+	PYTHONPATH=compactor:operator $(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 
 crds: $(STAMP) ## regenerate crds/ from the pydantic models
 	$(VENV)/bin/kompaktor crds --out crds

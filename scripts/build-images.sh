@@ -18,8 +18,8 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
-VERSION="$(sed -n 's/^version *= *"\(.*\)"/\1/p' pyproject.toml | head -n 1)"
-[[ -n "$VERSION" ]] || { echo "build-images: no version in pyproject.toml" >&2; exit 1; }
+VERSION="$(sed -n 's/^__version__ *= *"\(.*\)"/\1/p' compactor/kompaktor/__init__.py | head -n 1)"
+[[ -n "$VERSION" ]] || { echo "build-images: no __version__ in compactor/kompaktor/__init__.py" >&2; exit 1; }
 REGISTRY="${REGISTRY:-ghcr.io/kompaktor}"
 OPERATOR_IMAGE="${OPERATOR_IMAGE:-$REGISTRY/kompaktor-operator:$VERSION}"
 COMPACTOR_IMAGE="${COMPACTOR_IMAGE:-$REGISTRY/kompaktor-compactor:$VERSION}"

@@ -31,7 +31,8 @@ from kompaktor_operator.models import CompactorGroupSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
-VERSION = PYPROJECT["project"]["version"]
+#: the one version source (pyproject.toml reads it: [tool.hatch.version])
+VERSION = __version__
 CHART = ROOT / "helm" / "kompaktor"
 #: image -> the subcommand its CMD must run
 IMAGES = {"operator": "operator", "compactor": "compactor"}
@@ -261,7 +262,7 @@ def test_operator_image_works_without_pyspark() -> None:
     assert result.returncode == 0, result.stderr
 
 
-# --- versions: pyproject.toml is the one place ----------------------------------------------
+# --- versions: kompaktor.__version__ is the one place -----------------------------------------
 
 
 def built_tags() -> dict[str, str]:
@@ -283,11 +284,16 @@ def built_tags() -> dict[str, str]:
     return tags
 
 
-def test_package_version_is_the_pyproject_version() -> None:
-    assert __version__ == VERSION
+def test_package_version_has_one_source() -> None:
+    """pyproject.toml spells no version: hatchling reads ``__version__`` (a second literal would
+    drift from it)."""
+    assert "version" not in PYPROJECT["project"]
+    assert "version" in PYPROJECT["project"]["dynamic"]
+    assert PYPROJECT["tool"]["hatch"]["version"]["path"] == "compactor/kompaktor/__init__.py"
+    assert re.fullmatch(r"\d+\.\d+\.\d+", VERSION)
 
 
-def test_make_images_tags_every_image_with_the_pyproject_version() -> None:
+def test_make_images_tags_every_image_with_the_package_version() -> None:
     tags = built_tags()
     assert set(tags) == {*IMAGES, "redis"}
     for tag in tags.values():
@@ -341,7 +347,7 @@ def images_in(values: Any, path: str = "") -> dict[str, dict[str, Any]]:
     return found
 
 
-def test_chart_app_version_is_the_pyproject_version() -> None:
+def test_chart_app_version_is_the_package_version() -> None:
     chart, _, _ = chart_files()
     assert str(chart["appVersion"]) == VERSION
 
