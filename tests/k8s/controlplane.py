@@ -14,7 +14,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import time
@@ -26,30 +25,34 @@ from typing import Any
 
 import yaml
 
+from tests.support.ports import free_port
+from tests.support.wait import poll
+
 HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = HERE / "build-control-plane.sh"
 SERVICE_RANGE = "127.100.0.0/16"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait_until(check: Callable[[], Any], what: str, timeout: float = 30.0, every: float = 0.1) -> Any:
-    """Poll ``check`` until it returns something truthy; fail with ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    last_exc: BaseException | None = None
-    while time.monotonic() < deadline:
-        try:
-            got = check()
-            if got:
-                return got
-        except Exception as exc:  # not ready yet
-            last_exc = exc
-        time.sleep(every)
-    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}" + (f": {last_exc}" if last_exc else ""))
+    """:func:`tests.support.wait.poll` for the API server: any exception (a 404 until the object
+    exists, a refused connection while a server starts) counts as "not yet"."""
+    return poll(check, what, timeout, every, ignore=Exception)
+
+
+def spawn_logged(root: Path, name: str, argv: list[str], env: dict[str, str] | None = None) -> Process:
+    """``argv`` in its own session, in ``root``, its output in ``root/<name>.log``."""
+    log = root / f"{name}.log"
+    with open(log, "wb") as out:
+        popen = subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=root,
+            start_new_session=True,
+            env=env,
+        )
+    return Process(name, popen, log)
 
 
 def binaries() -> Path:
@@ -214,17 +217,7 @@ class ControlPlane:
         return self.root / "admin.kubeconfig"
 
     def _spawn(self, name: str, argv: list[str]) -> Process:
-        log = self.root / f"{name}.log"
-        with open(log, "wb") as out:
-            popen = subprocess.Popen(
-                argv,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=self.root,
-                start_new_session=True,
-            )
-        proc = Process(name, popen, log)
+        proc = spawn_logged(self.root, name, argv)
         self.processes.append(proc)
         return proc
 
