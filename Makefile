@@ -11,6 +11,10 @@ OPERATOR_IMAGE  ?= $(REGISTRY)/kompaktor-operator:$(VERSION)
 COMPACTOR_IMAGE ?= $(REGISTRY)/kompaktor-compactor:$(VERSION)
 REDIS_IMAGE     ?= $(REGISTRY)/kompaktor-redis:$(VERSION)
 PROMTOOL_DIR    := $(HOME)/.cache/kompaktor/promtool
+# make test-unit's shuffle (pytest-random-order); a new one each run unless given
+ifndef SEED
+SEED := $(shell date +%s)
+endif
 
 .PHONY: help install test test-unit test-operator test-k8s control-plane promtool demo lint bench crds images test-images clean
 
@@ -42,8 +46,9 @@ promtool: ## promtool from Debian's prometheus package, unpacked into ~/.cache/k
 test-k8s: $(STAMP) control-plane test-images ## only the real Kubernetes control-plane tier (helm install, kubectl, RBAC, HPA, node agent)
 	$(PY) -m pytest -q tests/k8s
 
-test-unit: $(STAMP) ## the fast loop: the pure tiers (tests/unit), no external process, in random order (pytest-random-order; the seed is printed), well under a minute
-	$(PY) -m pytest -q --random-order-bucket=global tests/unit
+test-unit: $(STAMP) ## the fast loop: the pure tiers (tests/unit), no external process, in random order (SEED=N replays one), well under a minute
+	@echo "tests/unit in random order, seed $(SEED) (make test-unit SEED=$(SEED) replays it)"
+	$(PY) -m pytest -q --random-order-bucket=global --random-order-seed=$(SEED) tests/unit
 
 test-operator: $(STAMP) ## only the operator: kopf handlers against the kmock Kubernetes emulator
 	$(PY) -m pytest -q tests/operator
