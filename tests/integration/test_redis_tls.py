@@ -25,6 +25,7 @@ import pytest
 import redis
 
 from tests.support.ports import free_port
+from tests.support.tls import make_ca, sign
 from tests.support.wait import poll
 
 pytestmark = pytest.mark.redis
@@ -33,51 +34,11 @@ PASSWORD = "PLANTED-tls-5e1c"
 EXE = Path(sys.executable).parent / "kompaktor"
 
 
-def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
-
-
 def make_certs(d: Path) -> Path:
     """A CA and a server certificate for localhost / 127.0.0.1 signed by it; returns the CA file."""
-    d.mkdir(parents=True, exist_ok=True)
-    _openssl(
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.crt",
-        "-days",
-        "1",
-        "-subj",
-        "/CN=kompaktor-test-ca",
-        cwd=d,
-    )
-    _openssl(
-        "req", "-newkey", "rsa:2048", "-nodes", "-keyout", "tls.key", "-out", "tls.csr", "-subj", "/CN=localhost", cwd=d
-    )
+    make_ca(d, "ca", "kompaktor-test-ca", days=1)
     (d / "san.cnf").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
-    _openssl(
-        "x509",
-        "-req",
-        "-in",
-        "tls.csr",
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "tls.crt",
-        "-days",
-        "1",
-        "-extfile",
-        "san.cnf",
-        cwd=d,
-    )
+    sign(d, "tls", "localhost", "ca", days=1, extfile="san.cnf")
     return d / "ca.crt"
 
 
