@@ -1,8 +1,9 @@
 """Every third-party module the shipped packages import is declared (issue 26 §5): a module
-imported but not in ``[project.dependencies]`` (or, for the Spark engine, the ``spark`` extra)
+imported but not in ``[project.dependencies]`` (or in its extra: ``spark`` for PySpark,
+``operator`` for kopf and the asyncio Kubernetes client; each image installs only its own)
 works on a developer's machine, where the dev extras bring it, and fails in the image (numpy
-was one). The test suite and the benchmarks may import the extras too (dev, bench), and nothing
-else. Read from the source with ``ast``: nothing is imported."""
+was one). The test suite and the benchmarks may import any extra's modules (dev, bench), and
+nothing else. Read from the source with ``ast``: nothing is imported."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ PACKAGES = {"compactor/kompaktor": "kompaktor", "operator/kompaktor_operator": "
 #: the test suite and the benchmarks: any extra
 DEV = {"tests": "tests", "bench": "bench"}
 #: where an optional extra may be imported (and must be imported lazily, or only there)
-EXTRAS = {"pyspark": "spark"}
+EXTRAS = {"pyspark": "spark", "kopf": "operator", "kubernetes_asyncio": "operator", "aiohttp": "operator"}
 
 
 def _imports(path: Path) -> set[str]:

@@ -240,11 +240,37 @@ def test_compactor_image_has_java_17_and_a_scratch_dir() -> None:
     )
 
 
+def test_compactor_image_works_without_the_operator_extra() -> None:
+    """The compactor image installs only the spark extra: the compactor never imports kopf or the
+    asyncio Kubernetes client, and ``kompaktor operator`` there fails with one line naming the
+    extra."""
+    text = (ROOT / "compactor" / "Dockerfile").read_text()
+    assert '"kompaktor[spark]==${VERSION}"' in text and "operator]" not in text
+    code = (
+        "import sys\n"
+        "sys.modules['kopf'] = sys.modules['kubernetes_asyncio'] = sys.modules['aiohttp'] = None\n"
+        "import importlib, pkgutil, kompaktor\n"
+        "for m in pkgutil.walk_packages(kompaktor.__path__, 'kompaktor.'):\n"
+        "    if not m.name.endswith('__main__'):\n"
+        "        importlib.import_module(m.name)\n"
+        "from click.testing import CliRunner\n"
+        "from kompaktor.cli import main\n"
+        "r = CliRunner().invoke(main, ['compactor', '--help'])\n"
+        "assert r.exit_code == 0, (r.output, r.exception)\n"
+        "r = CliRunner().invoke(main, ['operator', '--redis', 'redis://127.0.0.1:1/0'])\n"
+        "assert r.exit_code == 1 and \"pip install 'kompaktor[operator]'\" in r.output, (r.output, r.exception)\n"
+        "assert len(r.output.strip().splitlines()) == 1, r.output\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "compactor"), str(ROOT / "operator")])}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
 def test_operator_image_works_without_pyspark() -> None:
     """The operator image never installs PySpark (an extra it does not ask for); the operator and
     the coordinator (which runs from the same image) must not import it."""
     text = (ROOT / "operator" / "Dockerfile").read_text()
-    assert '"kompaktor==${VERSION}"' in text and "[spark]" not in text and "pyspark" not in text.split("#")[0]
+    assert '"kompaktor[operator]==${VERSION}"' in text and "[spark]" not in text and "pyspark" not in text.split("#")[0]
     assert 'spark = ["pyspark' in (ROOT / "pyproject.toml").read_text()
     code = (
         "import sys\n"
