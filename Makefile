@@ -77,4 +77,4 @@ test-images: $(STAMP) control-plane
 	@if [ "$$KOMPAKTOR_SKIP_K8S" != 1 ]; then $(MAKE) --no-print-directory images; fi
 
 clean: ## remove the virtualenv and caches
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache
