@@ -3,13 +3,18 @@ SHELL := /bin/bash
 VENV  ?= .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# Images: the version comes from pyproject.toml only (docs/images.md).
-VERSION         := $(shell sed -n 's/^version *= *"\(.*\)"/\1/p' pyproject.toml | head -n 1)
+# Images: the version comes from __version__ in compactor/kompaktor/__init__.py only, which
+# pyproject.toml reads too ([tool.hatch.version]; docs/images.md).
+VERSION         := $(shell sed -n 's/^__version__ *= *"\(.*\)"/\1/p' compactor/kompaktor/__init__.py | head -n 1)
 REGISTRY        ?= ghcr.io/kompaktor
 OPERATOR_IMAGE  ?= $(REGISTRY)/kompaktor-operator:$(VERSION)
 COMPACTOR_IMAGE ?= $(REGISTRY)/kompaktor-compactor:$(VERSION)
 REDIS_IMAGE     ?= $(REGISTRY)/kompaktor-redis:$(VERSION)
 PROMTOOL_DIR    := $(HOME)/.cache/kompaktor/promtool
+# make test-unit's shuffle (pytest-random-order); a new one each run unless given
+ifndef SEED
+SEED := $(shell date +%s)
+endif
 
 .PHONY: help install test test-unit test-operator test-k8s control-plane promtool demo lint bench crds images test-images clean
 
@@ -27,10 +32,7 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## virtualenv in .venv with the package and dev extras; redis-server, redis-sentinel and Java 17 via apt-get when missing
 
-test: $(STAMP) control-plane promtool test-images ## the gates (ruff lint and format, the layer contract), then the whole suite (unit, Redis, Spark, operator, chart, images, real Kubernetes on a real node)
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check .
-	PYTHONPATH=compactor:operator $(VENV)/bin/lint-imports
+test: $(STAMP) control-plane promtool test-images lint ## the gates (make lint), then the whole suite (unit, Redis, Spark, operator, chart, images, real Kubernetes on a real node)
 	$(PY) -m pytest -q
 
 control-plane: ## build kube-apiserver, -controller-manager, -scheduler, kubelet, kube-proxy 1.20 from Debian's source once (cached in ~/.cache/kompaktor); install containerd, runc, CNI, dnsmasq
@@ -44,8 +46,9 @@ promtool: ## promtool from Debian's prometheus package, unpacked into ~/.cache/k
 test-k8s: $(STAMP) control-plane test-images ## only the real Kubernetes control-plane tier (helm install, kubectl, RBAC, HPA, node agent)
 	$(PY) -m pytest -q tests/k8s
 
-test-unit: $(STAMP) ## the fast loop: the pure tiers (tests/unit), no external process, well under a minute
-	$(PY) -m pytest -q tests/unit
+test-unit: $(STAMP) ## the fast loop: the pure tiers (tests/unit), no external process, in random order (SEED=N replays one), well under a minute
+	@echo "tests/unit in random order, seed $(SEED) (make test-unit SEED=$(SEED) replays it)"
+	$(PY) -m pytest -q --random-order-bucket=global --random-order-seed=$(SEED) tests/unit
 
 test-operator: $(STAMP) ## only the operator: kopf handlers against the kmock Kubernetes emulator
 	$(PY) -m pytest -q tests/operator
@@ -53,10 +56,11 @@ test-operator: $(STAMP) ## only the operator: kopf handlers against the kmock Ku
 demo: $(STAMP) ## run the main job locally: embedded Redis, coordinator, autoscaled compactors, continuous ingest, verification
 	$(VENV)/bin/kompaktor demo
 
-lint: $(STAMP) ## ruff (lint and format) and the import-layer contract (pyproject.toml [tool.importlinter])
+lint: $(STAMP) ## the gates: ruff (lint and format), the import-layer contract (pyproject.toml [tool.importlinter]), mypy --strict on model/ and policy/ ([tool.mypy]); any one failing fails
 	$(VENV)/bin/ruff check .
-	PYTHONPATH=compactor:operator $(VENV)/bin/lint-imports
 	$(VENV)/bin/ruff format --check .
+	PYTHONPATH=compactor:operator $(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 
 crds: $(STAMP) ## regenerate crds/ from the pydantic models
 	$(VENV)/bin/kompaktor crds --out crds
@@ -73,4 +77,4 @@ test-images: $(STAMP) control-plane
 	@if [ "$$KOMPAKTOR_SKIP_K8S" != 1 ]; then $(MAKE) --no-print-directory images; fi
 
 clean: ## remove the virtualenv and caches
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache

@@ -12,7 +12,6 @@ run. Writes ``bench/out/cluster.csv``.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shutil
@@ -26,11 +25,9 @@ from bench.common import ROOT, write_csv
 
 
 def _cluster_module():
-    spec = importlib.util.spec_from_file_location("spark_cluster", ROOT / "tests" / "integration" / "spark_cluster.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["spark_cluster"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    from tests.integration import spark_cluster
+
+    return spark_cluster
 
 
 def driver(master: str, root: str, inputs: list[str], repeat: int) -> None:

@@ -3,35 +3,13 @@
 from __future__ import annotations
 
 import csv
-import os
-import sys
 import tempfile
 from pathlib import Path
 
+from tests.support.procs import descendants  # noqa: F401 (the benchmarks' process trees)
+
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "out"
-for p in (ROOT / "compactor", ROOT / "operator"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
-
-
-def descendants(pid: int) -> list[int]:
-    """Child processes (recursively) of ``pid``, from /proc: Spark's JVM and its Python workers."""
-    parents: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            parents.setdefault(ppid, []).append(int(d))
-    out, todo = [], [pid]
-    while todo:
-        for c in parents.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
 
 
 def start_redis():
@@ -56,3 +34,35 @@ def percentile(values: list[float], q: float) -> float:
         return 0.0
     s = sorted(values)
     return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def tablet_doc(tid: str, prev: bytes | None, end: bytes | None, files: dict) -> str:
+    """A tablet's metadata document as the store keeps it, written directly to seed big tables."""
+    import json
+
+    doc = {
+        "table": tid,
+        "prev": None if prev is None else prev.hex(),
+        "end": None if end is None else end.hex(),
+        "files": files,
+        "running": {},
+        "v": 1,
+    }
+    return json.dumps(doc)
+
+
+def fill_tablets(store, jobs: int, name: str) -> tuple[list[str], str]:
+    """A table ``name`` of ``jobs`` tablets with three small files each; (tablet IDs, table ID)."""
+    from kompaktor import keyspace as C
+
+    splits = [format(i, "06x").encode() for i in range(1, jobs)]
+    tid = store.create_table(name, splits)
+    ids = store.tablet_ids(tid)
+    pipe = store._r.pipeline(transaction=False)
+    prev = None
+    for n, (tablet_id, end) in enumerate(zip(ids, [*splits, None], strict=True)):
+        fs = {f"tables/{tid}/F{n:07x}{k}.parquet": {"size": 1000, "entries": 10, "deletes": 0} for k in range(3)}
+        pipe.set(C.tablet_key(tablet_id), tablet_doc(tid, prev, end, fs))
+        prev = end
+    pipe.execute()
+    return ids, tid

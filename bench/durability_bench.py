@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import percentile, write_csv
+from bench.common import fill_tablets, percentile, write_csv
 from bench.queue_bench import _worker
 
 SETUPS = [
@@ -35,34 +35,6 @@ SETUPS = [
     ("replica", "everysec", True, "replicas"),
     ("replica+fsync", "always", True, "replicas"),
 ]
-
-
-def _fill(store, jobs: int, name: str) -> tuple[list[str], str]:
-    from kompaktor import keyspace as C
-
-    splits = [format(i, "06x").encode() for i in range(1, jobs)]
-    tid = store.create_table(name, splits)
-    ids = store.tablet_ids(tid)
-    pipe = store._r.pipeline(transaction=False)
-    prev = None
-    for n, (tablet_id, end) in enumerate(zip(ids, [*splits, None], strict=True)):
-        fs = {f"tables/{tid}/F{n:07x}{k}.parquet": {"size": 1000, "entries": 10, "deletes": 0} for k in range(3)}
-        pipe.set(
-            C.tablet_key(tablet_id),
-            json.dumps(
-                {
-                    "table": tid,
-                    "prev": None if prev is None else prev.hex(),
-                    "end": None if end is None else end.hex(),
-                    "files": fs,
-                    "running": {},
-                    "v": 1,
-                }
-            ),
-        )
-        prev = end
-    pipe.execute()
-    return ids, tid
 
 
 def _one(label: str, fsync: str, replica: bool, durability: str, jobs: int, procs: int) -> dict:
@@ -83,7 +55,7 @@ def _one(label: str, fsync: str, replica: bool, durability: str, jobs: int, proc
         plan = store.durability.plan(store._r).label
         queues = store.queues
         queues.resize(max(jobs, 1))
-        ids, tid = _fill(store, jobs, "dbench")
+        ids, tid = fill_tablets(store, jobs, "dbench")
         plans = [
             (t, [Job(t, "SYSTEM", -32000, "g", {f"tables/{tid}/F{n:07x}{k}.parquet": 1000 for k in range(3)})])
             for n, t in enumerate(ids)

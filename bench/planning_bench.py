@@ -9,11 +9,10 @@ command over 5 ms), since one long command holds every compactor's commit up."""
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import time
 
-from bench.common import start_redis, write_csv
+from bench.common import start_redis, tablet_doc, write_csv
 
 
 def setup(store, tablets: int, files: int, seed: int = 7) -> list[str]:
@@ -44,15 +43,7 @@ def setup(store, tablets: int, files: int, seed: int = 7) -> list[str]:
             }
             for k in range(files)
         }
-        doc = {
-            "table": tid,
-            "prev": None if prev is None else prev.hex(),
-            "end": None if end is None else end.hex(),
-            "files": fs,
-            "running": {},
-            "v": 1,
-        }
-        pipe.set(C.tablet_key(tablet_id), json.dumps(doc))
+        pipe.set(C.tablet_key(tablet_id), tablet_doc(tid, prev, end, fs))
         prev = end
         if n % 5000 == 4999:
             pipe.execute()

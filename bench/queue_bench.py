@@ -10,14 +10,10 @@ import multiprocessing as mp
 import time
 from pathlib import Path
 
-from bench.common import percentile, start_redis, write_csv
+from bench.common import fill_tablets, percentile, start_redis, write_csv
 
 
 def _worker(url: str, group: str, out: mp.Queue, ready: mp.Queue, go, profile: str | None = None) -> None:
-    import sys
-
-    root = Path(__file__).resolve().parent.parent
-    sys.path[:0] = [str(root / "compactor"), str(root / "operator")]
     from kompaktor.metadata import compactions
     from kompaktor.metadata.store import MetadataStore
     from kompaktor.model.tablet import FileInfo
@@ -89,30 +85,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         store = MetadataStore.from_url(redis.url)
         queues = store.queues
         queues.resize(max(args.jobs, 1))
-        splits = [format(i, "06x").encode() for i in range(1, args.jobs)]
-        tid = store.create_table("qbench", splits)
-        ids = store.tablet_ids(tid)
-        pipe = store._r.pipeline(transaction=False)
-        from kompaktor import keyspace as C
-
-        prev = None
-        for n, (tablet_id, end) in enumerate(zip(ids, [*splits, None], strict=True)):
-            fs = {f"tables/{tid}/F{n:07x}{k}.parquet": {"size": 1000, "entries": 10, "deletes": 0} for k in range(3)}
-            pipe.set(
-                C.tablet_key(tablet_id),
-                json.dumps(
-                    {
-                        "table": tid,
-                        "prev": None if prev is None else prev.hex(),
-                        "end": None if end is None else end.hex(),
-                        "files": fs,
-                        "running": {},
-                        "v": 1,
-                    }
-                ),
-            )
-            prev = end
-        pipe.execute()
+        ids, tid = fill_tablets(store, args.jobs, "qbench")
         queues.add_many(
             [
                 (t, [Job(t, "SYSTEM", -32000, "g", {f"tables/{tid}/F{n:07x}{k}.parquet": 1000 for k in range(3)})])

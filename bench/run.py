@@ -12,8 +12,6 @@ import os
 import sys
 import time
 
-from bench import common  # noqa: F401 — puts the packages on sys.path
-
 
 def main() -> None:
     quick = os.environ.get("KOMPAKTOR_BENCH_QUICK") == "1"

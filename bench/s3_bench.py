@@ -21,8 +21,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import common  # also puts the packages on sys.path
-
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.s3_bench")
@@ -32,14 +30,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gc-objects", type=int, default=20_000)
     args = p.parse_args(argv)
 
-    sys.path.insert(0, str(common.ROOT / "tests"))
-    from harness.s3server import S3Server
-
     from bench.merge_bench import generate
     from kompaktor.engines import make_engine
     from kompaktor.engines.api import MergeRequest
     from kompaktor.files.storage import Storage
     from kompaktor.model.iterators import IteratorSettings
+    from tests.harness.s3server import S3Server
 
     root = Path(tempfile.mkdtemp(prefix="kompaktor-s3bench-"))
     s3 = S3Server(root / "s3", record=True).start()

@@ -21,7 +21,6 @@ import base64
 import itertools
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -30,8 +29,6 @@ import time
 from pathlib import Path
 
 from bench.common import OUT, ROOT, start_redis, write_csv
-
-sys.path.insert(0, str(ROOT / "tests" / "k8s"))  # the control plane and node agent of the test suite
 
 NS = "kompaktor"
 GROUP = "burst"
@@ -53,12 +50,13 @@ def main(argv: list[str] | None = None) -> None:
 
     import helm_python as helm
     import kubernetes
-    from controlplane import ControlPlane, wait_until
-    from nodeagent import NodeAgent
 
+    from kompaktor.local.procs import stop_popen
     from kompaktor.metadata.store import MetadataStore
     from kompaktor.model.job import Job
     from kompaktor_operator import naming
+    from tests.k8s.controlplane import ControlPlane, wait_until
+    from tests.k8s.nodeagent import NodeAgent
 
     jobs_per_replica = max(1, args.jobs // args.pods)
     root = Path(tempfile.mkdtemp(prefix="kompaktor-scaleup-"))
@@ -212,12 +210,8 @@ def main(argv: list[str] | None = None) -> None:
         store.close()
     finally:
         stop.set()
-        if operator is not None and operator.poll() is None:
-            os.killpg(operator.pid, signal.SIGTERM)
-            try:
-                operator.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(operator.pid, signal.SIGKILL)
+        if operator is not None:
+            stop_popen(operator, 15)
         agent.stop()
         cp.stop()
         redis.stop()

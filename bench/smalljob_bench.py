@@ -25,12 +25,10 @@ AIMS_MS = {"arrow": 50.0, "spark": 500.0}
 
 
 def entries(k: int, n: int = 1000) -> list:
-    from kompaktor.model.keys import Entry
+    from tests.support.entries import entries
 
     # every job's files overlap (same rows, newer timestamps): versions to suppress
-    return [
-        Entry(b"row%06d" % i, b"f", b"q", b"", 1000 + k, k % 2 == 1 and i % 10 == 0, b"v%08d" % i) for i in range(n)
-    ]
+    return entries(n, k, width=6, deleted=lambda i: k % 2 == 1 and i % 10 == 0, value=lambda i: b"v%08d" % i)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

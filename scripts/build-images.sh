@@ -18,8 +18,8 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
-VERSION="$(sed -n 's/^version *= *"\(.*\)"/\1/p' pyproject.toml | head -n 1)"
-[[ -n "$VERSION" ]] || { echo "build-images: no version in pyproject.toml" >&2; exit 1; }
+VERSION="$(sed -n 's/^__version__ *= *"\(.*\)"/\1/p' compactor/kompaktor/__init__.py | head -n 1)"
+[[ -n "$VERSION" ]] || { echo "build-images: no __version__ in compactor/kompaktor/__init__.py" >&2; exit 1; }
 REGISTRY="${REGISTRY:-ghcr.io/kompaktor}"
 OPERATOR_IMAGE="${OPERATOR_IMAGE:-$REGISTRY/kompaktor-operator:$VERSION}"
 COMPACTOR_IMAGE="${COMPACTOR_IMAGE:-$REGISTRY/kompaktor-compactor:$VERSION}"
@@ -110,13 +110,13 @@ PY="${PYTHON:-}"
 deps_hash="$(cat pyproject.toml | sha)"
 DEPS="$WHEEL_CACHE/deps-$deps_hash"
 if [[ ! -f "$DEPS/.complete" ]]; then
-  log "wheelhouse for kompaktor[spark] (once per pyproject.toml)"
+  log "wheelhouse for kompaktor[spark,operator] (once per pyproject.toml)"
   rm -rf "$DEPS" && mkdir -p "$DEPS"
   # async-timeout: redis-py needs it below Python 3.11.3, and Debian bookworm's python3 is 3.11.2
   # while the host's may be newer (pip resolves markers for the Python that runs it)
-  "$PY" -m pip wheel -q --wheel-dir "$DEPS" ".[spark]" "async-timeout>=4.0.3" 2>&1 \
+  "$PY" -m pip wheel -q --wheel-dir "$DEPS" ".[spark,operator]" "async-timeout>=4.0.3" 2>&1 \
     | grep -v "^WARNING: Location .* is ignored" >&2 || true
-  ls "$DEPS"/pyspark-*.whl >/dev/null
+  ls "$DEPS"/pyspark-*.whl "$DEPS"/kopf-*.whl >/dev/null
   rm -f "$DEPS"/kompaktor-*.whl
   touch "$DEPS/.complete"
 fi

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from kompaktor.local.redis_server import RedisProcess, free_port  # noqa: F401 (re-exported for tests)
+from kompaktor.local.redis_server import RedisProcess
 
 
 class RedisServer(RedisProcess):

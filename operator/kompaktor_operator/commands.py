@@ -90,9 +90,12 @@ def operator(
 ) -> None:
     """Run the Kubernetes operator (kopf) in the foreground."""
     import asyncio
+    import importlib.util
     import logging
     import os
 
+    if importlib.util.find_spec("kopf") is None:
+        raise click.ClickException("the operator needs kopf, which is not installed: pip install 'kompaktor[operator]'")
     import kopf
 
     os.environ["KOMPAKTOR_REDIS_URL"] = redis_url

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from kompaktor import __version__
 from kompaktor_operator import crdgen
 from kompaktor_operator import models as m
 
@@ -149,7 +149,7 @@ def test_install_without_shared_storage_is_refused_in_one_line() -> None:
 def test_bundled_redis_runs_the_projects_image_with_its_pull_policy() -> None:
     (redis,) = kinds(render({}))["StatefulSet"]
     (c,) = redis["spec"]["template"]["spec"]["containers"]
-    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    version = __version__
     assert c["image"] == f"ghcr.io/kompaktor/kompaktor-redis:{version}"
     assert c["imagePullPolicy"] == "IfNotPresent"
     (c,) = kinds(
@@ -256,7 +256,7 @@ def test_crds_can_be_left_out() -> None:
 
 
 def test_image_tags_follow_the_package_version() -> None:
-    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    version = __version__
     chart = load(CHART / "Chart.yaml")
     values = load(CHART / "values.yaml")
     assert chart["appVersion"] == version

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
@@ -17,9 +15,7 @@ from kompaktor.coordinator.metrics import QueueMetrics
 from kompaktor.worker.metrics import CompactorMetrics
 from kompaktor_operator.manifests import queue_depth_query
 from kompaktor_operator.metrics import OperatorMetrics
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_chart import kinds, render
+from tests.chart.test_chart import kinds, render
 
 pytestmark = pytest.mark.chart
 

@@ -13,7 +13,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,11 +20,7 @@ import urllib.request
 from collections import Counter
 from pathlib import Path
 
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+from tests.support.ports import free_port
 
 
 class S3Server:
@@ -55,7 +50,7 @@ class S3Server:
 
     def start(self, timeout: float = 60) -> S3Server:
         self.root.mkdir(parents=True, exist_ok=True)
-        self.port = _free_port(self.host)
+        self.port = free_port(self.host)
         server = Path(sys.executable).parent / "moto_server"
         log = open(self.root / "moto.log", "wb")  # noqa: SIM115 - the server's for its life
         env = dict(os.environ)
@@ -124,18 +119,21 @@ class S3Server:
     def reset_requests(self) -> None:
         self.recording.write_text("")
 
-    def create_bucket(self, name: str) -> None:
+    def filesystem(self, allow_bucket_creation: bool = False):
+        """A pyarrow S3 filesystem on this server, with its credentials."""
         import pyarrow.fs as pafs
 
-        fs = pafs.S3FileSystem(
+        return pafs.S3FileSystem(
             access_key=self.access_key,
             secret_key=self.secret_key,
             region="us-east-1",
             endpoint_override=self.endpoint,
             scheme="http",
-            allow_bucket_creation=True,
+            allow_bucket_creation=allow_bucket_creation,
         )
-        fs.create_dir(name)
+
+    def create_bucket(self, name: str) -> None:
+        self.filesystem(allow_bucket_creation=True).create_dir(name)
 
     def client(self, service: str = "s3"):
         """A boto3 client of this server with its own keys (``s3``, or ``iam`` for the users)."""

@@ -12,13 +12,15 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.support.ports import free_port
+from tests.support.procs import descendants, wait_gone
 
 HOST = "127.0.0.1"
 
@@ -27,12 +29,6 @@ def spark_home() -> str:
     import pyspark
 
     return os.path.dirname(pyspark.__file__)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 def _env(log_dir: Path) -> dict[str, str]:
@@ -48,25 +44,6 @@ def _env(log_dir: Path) -> dict[str, str]:
     )
     env.pop("SPARK_CONF_DIR", None)
     return env
-
-
-def descendants(pid: int) -> list[int]:
-    """Every descendant of ``pid`` (from /proc), deepest last."""
-    parents: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            parents.setdefault(ppid, []).append(int(d))
-    out, todo = [], [pid]
-    while todo:
-        for c in parents.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
 
 
 @dataclass
@@ -105,19 +82,7 @@ class Worker:
                 pass
         self.proc.wait(30)
         for pid in pids:  # the orphans are reaped by init; wait until they are gone
-            _wait_gone(pid)
-
-
-def _wait_gone(pid: int, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    return
-        except OSError:
-            return
-        time.sleep(0.05)
+            wait_gone(pid)
 
 
 @dataclass

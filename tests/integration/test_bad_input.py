@@ -22,8 +22,7 @@ from click.testing import CliRunner
 from kompaktor.cli import main
 from kompaktor.files.sortedfile import entries_to_table
 from kompaktor.model.keys import Entry
-
-from .redis_snapshot import snapshot
+from tests.support.snapshot import snapshot
 
 pytestmark = pytest.mark.redis
 

@@ -18,6 +18,7 @@ from kompaktor.cli import main
 from kompaktor.files.sortedfile import SCHEMA, entries_to_table
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.keys import Entry, sort_key
+from tests.support.snapshot import snapshot as redis_contents
 
 pytestmark = pytest.mark.redis
 
@@ -48,9 +49,8 @@ def parquet(path: Path, entries: list[Entry]) -> str:
 
 
 def snapshot(url: str, storage: str) -> tuple:
-    r = MetadataStore.from_url(url)._r
-    keys = sorted(k for k in r.keys("*") if k != C.SEQ.encode())
-    meta = {k: r.dump(k) for k in keys}
+    """The metadata (the ID sequence aside) and the files under ``storage``."""
+    meta = redis_contents(MetadataStore.from_url(url)._r, skip=(C.SEQ.encode(),))
     files = (
         sorted(str(p.relative_to(storage)) for p in Path(storage).rglob("*") if p.is_file())
         if os.path.isdir(storage)
@@ -170,7 +170,7 @@ def test_environment_variables_select_redis_and_storage(redis_url: str, tmp_path
 
 
 def test_redis_unreachable(tmp_path: Path) -> None:
-    from kompaktor.local.redis_server import free_port
+    from tests.support.ports import free_port
 
     url = f"redis://127.0.0.1:{free_port()}/0"
     result = CliRunner().invoke(main, ["table", "create", "t", "--redis", url, "--storage", str(tmp_path)])

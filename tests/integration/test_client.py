@@ -264,7 +264,7 @@ def test_flush_to_an_offline_table_is_refused_and_leaves_no_files(client: Client
 
 # -- Redis unreachable ----------------------------------------------------------------------------
 def test_unreachable_redis_is_a_clear_error_within_bounded_time() -> None:
-    from kompaktor.local.redis_server import free_port
+    from tests.support.ports import free_port
 
     url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
     store = MetadataStore.from_url(url)

@@ -7,8 +7,6 @@ the new ops are validated before anything is written."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,10 +18,8 @@ from kompaktor.model.errors import ConditionFailed, KompaktorError
 from kompaktor.model.job import Job
 from kompaktor.model.names import ecid_nonce
 from kompaktor.model.tablet import FileInfo, FileMeta
-
-sys.path.insert(0, str(Path(__file__).parent))
-import store_race_worker as W
-from redis_snapshot import snapshot
+from tests.integration import store_race_worker as W
+from tests.support.snapshot import snapshot
 
 pytestmark = pytest.mark.redis
 

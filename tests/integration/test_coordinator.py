@@ -13,13 +13,12 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable
 
 import pytest
 
 from kompaktor import keyspace as C
 from kompaktor.client import Client
-from kompaktor.coordinator import Coordinator, CoordinatorSettings
+from kompaktor.coordinator import Coordinator
 from kompaktor.engines import make_engine
 from kompaktor.engines.api import MergeRequest
 from kompaktor.files.sortedfile import SortedFileWriter
@@ -36,6 +35,8 @@ from kompaktor.model.keys import Entry
 from kompaktor.model.tablet import OFFLINE, ONLINE, FileMeta
 from kompaktor.policy.services import ServiceConfig, Tier
 from kompaktor.policy.tableprops import RATIO, SELECTION_EXPIRY
+from tests.support.coordinator import settings
+from tests.support.wait import poll
 
 pytestmark = pytest.mark.redis
 
@@ -43,12 +44,6 @@ ENGINE = make_engine("arrow")
 
 
 # -- helpers --------------------------------------------------------------------------------------
-def settings(**kw) -> CoordinatorSettings:
-    base = dict(tick_s=0.01, lease_ms=10_000, full_scan_s=1e9, dead_after_s=5.0, gc_interval_s=1e9, gc_grace_s=1e9)
-    base.update(kw)
-    return CoordinatorSettings(**base)
-
-
 @pytest.fixture
 def coord(store: MetadataStore, storage: Storage) -> Coordinator:
     """A leading coordinator past its first (full-scan) pass: later ticks are incremental."""
@@ -139,14 +134,6 @@ def expire_backoffs(store: MetadataStore) -> None:
 def stop_renewing(c: Coordinator) -> None:
     """The coordinator's lease renewal thread stops, as if the process had died (no resign)."""
     c.lease._stop.set()
-
-
-def poll_until(cond: Callable[[], bool], timeout: float = 10.0, step: float = 0.02) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached before the deadline")
-        time.sleep(step)
 
 
 # -- docs/planner.md §5 at the tablet level ------------------------------------------------------------
@@ -380,7 +367,7 @@ def test_seed000_scenario4_coordinator_dies_job_queued_again(
     stop_renewing(first)
     first.queues.clear_all()
     second = Coordinator(store, storage, settings(lease_ms=300))
-    poll_until(second.tick)
+    poll(second.tick, "the second coordinator to lead", every=0.02)
     (j2,) = queued(second, "EE2")
     assert (j2.tablet, sorted(j2.files), j2.kind) == (j.tablet, sorted(files), "SYSTEM")
     res = reserve(second, "EE2")
@@ -603,7 +590,7 @@ def test_second_coordinator_waits_then_takes_over(store: MetadataStore, storage:
     assert queued(b) == [] and store._r.sismember(C.DIRTY, tab)
     # a stops renewing (dies): b takes over once the lease expires, with a higher fencing token
     stop_renewing(a)
-    poll_until(b.tick, timeout=10)
+    poll(b.tick, "b to lead", timeout=10, every=0.02)
     assert b.fence > fence_a
     assert [j.tablet for j in queued(b)] == [tab]
     # a comes back: it lost the lease and must not act

@@ -27,6 +27,8 @@ from kompaktor.local.cluster import LocalCluster, Proc
 from kompaktor.local.config import DEMO_CONFIG, load_config
 from kompaktor.local.demo import DemoOptions, run_demo
 from kompaktor.local.procs import spawn
+from tests.support import procs
+from tests.support.wait import poll
 
 GATED_SCRIPT = str(Path(__file__).parent / "gated_engine.py")
 
@@ -36,66 +38,6 @@ ARROW_ONLY = DEMO_CONFIG.replace(
 #: the demo's groups (large = Spark local[1]) with the small tier ending at 160 KiB, so that this
 #: test's smaller data gives the large group jobs on every tablet (merges above 160 KiB)
 BURST_CONFIG = DEMO_CONFIG.replace("maxSize: 512Ki", "maxSize: 160Ki")
-
-
-# -- /proc ----------------------------------------------------------------------------------------------
-def _stat(pid: int) -> tuple[int, int, str] | None:
-    """(ppid, start time, state) of a process, None once it is gone (a zombie counts as gone)."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    fields = raw[raw.rindex(")") + 2 :].split()  # after "pid (comm) "
-    state, ppid, start = fields[0], int(fields[1]), int(fields[19])
-    return None if state in ("Z", "X") else (ppid, start, state)
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def descendants(root: int) -> dict[tuple[int, int], str]:
-    """Every living descendant of ``root``: (pid, start time) -> command line."""
-    children: dict[int, list[tuple[int, int]]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            st = _stat(int(entry))
-            if st is not None:
-                children.setdefault(st[0], []).append((int(entry), st[1]))
-    out: dict[tuple[int, int], str] = {}
-    todo = [root]
-    while todo:
-        for pid, start in children.get(todo.pop(), []):
-            out[(pid, start)] = _cmdline(pid)
-            todo.append(pid)
-    return out
-
-
-def alive(procs: dict[tuple[int, int], str]) -> dict[tuple[int, int], str]:
-    """Those of ``procs`` still running (same PID *and* start time)."""
-    return {k: v for k, v in procs.items() if (st := _stat(k[0])) is not None and st[1] == k[1]}
-
-
-def wait_for(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.1)
-
-
-def kill_leftovers(procs: dict[tuple[int, int], str]) -> None:
-    for (pid, _start), _cmd in alive(procs).items():
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 # -- children die with their parent ------------------------------------------------------------------------
@@ -127,19 +69,19 @@ def test_children_die_when_their_parent_is_sigkilled(tmp_path: Path) -> None:
         "time.sleep(300)\n"
     )
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    kids: dict[tuple[int, int], str] = {}
+    kids: dict[procs.Key, str] = {}
     try:
         line = parent.stdout.readline()
-        kids = {k: v for k, v in descendants(parent.pid).items() if str(k[0]) in line.split()}
+        kids = {k: v for k, v in procs.tree(parent.pid).items() if str(k[0]) in line.split()}
         assert len(kids) == 3, (line, kids)
         parent.kill()
         parent.wait(timeout=30)
-        wait_for(lambda: not alive(kids), 10, "the children of a SIGKILLed parent to die")
+        poll(lambda: not procs.alive(kids), "the children of a SIGKILLed parent to die", 10)
     finally:
         if parent.poll() is None:
             parent.kill()
             parent.wait()
-        kill_leftovers(kids)
+        procs.kill(kids)
 
 
 # -- the burst and its measures ------------------------------------------------------------------------------
@@ -244,17 +186,17 @@ def test_a_compactor_stopped_while_holding_a_compaction_counts_as_busy_terminate
         cluster.compactors["small"].append(p)
         return p, res
 
-    procs = []
+    fakes = []
     try:
         killed, busy = fake("busy-killed", tablets[0])
-        procs.append(killed)
+        fakes.append(killed)
         drained, released = fake("released-first", tablets[1])
-        procs.append(drained)
+        fakes.append(drained)
         clean, _ = fake("clean-exit", None)
-        procs.append(clean)
+        fakes.append(clean)
         compactions.release(store, storage, released)  # what a draining compactor does with its job
         store.unregister_compactor("small", clean.name)  # what every compactor does when it exits
-        for p in procs:
+        for p in fakes:
             p.popen.kill()
             p.popen.wait()
         cluster.reap()
@@ -265,7 +207,7 @@ def test_a_compactor_stopped_while_holding_a_compaction_counts_as_busy_terminate
         }
         assert not any(p.alive for ps in cluster.compactors.values() for p in ps)
     finally:
-        for p in procs:
+        for p in fakes:
             if p.popen.poll() is None:
                 p.popen.kill()
                 p.popen.wait()
@@ -301,14 +243,14 @@ def _start_demo(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
     return p, tmp
 
 
-def _running_tree(p: subprocess.Popen, tmp_path: Path) -> dict[tuple[int, int], str]:
+def _running_tree(p: subprocess.Popen, tmp_path: Path) -> dict[procs.Key, str]:
     """Wait until the demo runs everything: redis-server, the coordinator, a compactor of each
     group and the Spark JVM of the large group's compactor; return its descendants."""
 
     def ready():
         if p.poll() is not None:
             raise AssertionError(f"demo exited {p.returncode}: {(tmp_path / 'demo.out').read_text()[-2000:]}")
-        tree = descendants(p.pid)
+        tree = procs.tree(p.pid)
         cmds = list(tree.values())
         ok = (
             any("redis-server" in c for c in cmds)
@@ -319,43 +261,43 @@ def _running_tree(p: subprocess.Popen, tmp_path: Path) -> dict[tuple[int, int], 
         )
         return tree if ok else None
 
-    return wait_for(ready, 180, "the demo's processes, Spark JVM included")
+    return poll(ready, "the demo's processes, Spark JVM included", 180)
 
 
 @pytest.mark.slow
 @pytest.mark.spark
 def test_sighup_stops_every_child_and_removes_the_temporary_directory(tmp_path: Path) -> None:
     p, tmp = _start_demo(tmp_path)
-    tree: dict[tuple[int, int], str] = {}
+    tree: dict[procs.Key, str] = {}
     try:
         tree = _running_tree(p, tmp_path)
         assert list(tmp.glob("kompaktor-demo-*")), "the demo made its temporary directory"
         os.killpg(p.pid, signal.SIGHUP)  # what closing the terminal sends to the foreground job
         assert p.wait(timeout=120) == 128 + signal.SIGHUP
-        left = alive(tree)
+        left = procs.alive(tree)
         assert not left, f"children left running after SIGHUP: {left}"
         assert not list(tmp.iterdir()), f"left in TMPDIR: {list(tmp.iterdir())}"
     finally:
         if p.poll() is None:
             p.kill()
             p.wait()
-        kill_leftovers(tree)
+        procs.kill(tree)
 
 
 @pytest.mark.slow
 @pytest.mark.spark
 def test_sigkill_of_the_demo_takes_every_child_with_it(tmp_path: Path) -> None:
     p, _tmp = _start_demo(tmp_path)
-    tree: dict[tuple[int, int], str] = {}
+    tree: dict[procs.Key, str] = {}
     try:
         tree = _running_tree(p, tmp_path)
         p.kill()
         p.wait(timeout=30)
         # redis-server, coordinator and compactors get SIGKILL from the kernel at once; the
         # Spark JVM (a grandchild) exits when its compactor's end of the gateway pipe closes
-        wait_for(lambda: not alive(tree), 30, "every child of the SIGKILLed demo to die")
+        poll(lambda: not procs.alive(tree), "every child of the SIGKILLed demo to die", 30)
     finally:
         if p.poll() is None:
             p.kill()
             p.wait()
-        kill_leftovers(tree)
+        procs.kill(tree)

@@ -18,7 +18,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import redis
 
 from kompaktor import keyspace as C
 from kompaktor.coordinator import Coordinator, CoordinatorSettings
@@ -31,28 +30,17 @@ from kompaktor.model.errors import Fenced
 from kompaktor.model.job import Job
 from kompaktor.model.names import tmp_name
 from kompaktor.model.tablet import FileMeta
+from tests.support.coordinator import settings as quiet_settings
+from tests.support.procs import python_env
+from tests.support.snapshot import snapshot
+from tests.support.wait import poll
 
 pytestmark = pytest.mark.redis
 
 
 def settings(**kw) -> CoordinatorSettings:
-    base = dict(tick_s=0.01, lease_ms=1500, full_scan_s=1e9, dead_after_s=5.0, gc_interval_s=1e9, gc_grace_s=1e9)
-    base.update(kw)
-    return CoordinatorSettings(**base)
-
-
-def poll_until(cond: Callable[[], object], what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not reached before the deadline")
-        time.sleep(0.02)
-
-
-def snapshot(r: redis.Redis) -> dict[bytes, bytes]:
-    """Every metadata key and its serialized value (the lease's TTL aside, which the new leader
-    keeps renewing)."""
-    return {k: r.dump(k) for k in sorted(r.scan_iter(match=C.PREFIX + "*"))}
+    """A short lease: the tests wait for it to expire."""
+    return quiet_settings(**{"lease_ms": 1500, **kw})
 
 
 def put(storage: Storage, rel: str, data: bytes) -> None:
@@ -95,9 +83,9 @@ def test_a_replaced_leader_changes_nothing(store: MetadataStore, storage: Storag
     # a stops renewing (as if frozen); b takes the lease, fencing token 2, and does nothing yet
     a.lease._stop.set()
     b = Coordinator(store, storage, settings())
-    poll_until(b.try_lead, "b takes over")
+    poll(b.try_lead, "b takes over")
     assert b.fence == 2
-    before = snapshot(store._r)
+    before = snapshot(store._r, C.PREFIX + "*")
     files_before = sorted(rel for rel, _ in storage.list_files("tables"))
 
     # a wakes up believing its lease still valid (a pause right after its last check)
@@ -123,7 +111,7 @@ def test_a_replaced_leader_changes_nothing(store: MetadataStore, storage: Storag
         with pytest.raises(Fenced):
             attempt()
         refused.append(what)
-    assert snapshot(store._r) == before, "the replaced leader changed the metadata"
+    assert snapshot(store._r, C.PREFIX + "*") == before, "the replaced leader changed the metadata"
     assert sorted(rel for rel, _ in storage.list_files("tables")) == files_before
     assert storage.exists(tmp_out) and storage.exists(garbage)
     assert len(refused) == len(attempts)
@@ -139,7 +127,7 @@ def test_a_replaced_leader_changes_nothing(store: MetadataStore, storage: Storag
 
 
 def _coordinator(url: str, storage_uri: str, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    env = python_env()
     with open(log, "wb") as f:
         return spawn(
             [
@@ -184,17 +172,17 @@ def test_sigstopped_coordinator_process_is_fenced(
     log = tmp_path / "a.log"
     a = _coordinator(redis_url, storage.uri, log)
     try:
-        poll_until(lambda: store._r.get(C.FENCE) == b"1", "the process leads", timeout=60)
-        poll_until(lambda: int(store._r.get(C.QUEUE_GENERATION) or 0) >= 3, "a few full scans", timeout=60)
+        poll(lambda: store._r.get(C.FENCE) == b"1", "the process leads", timeout=60)
+        poll(lambda: int(store._r.get(C.QUEUE_GENERATION) or 0) >= 3, "a few full scans", timeout=60)
         os.kill(a.pid, signal.SIGSTOP)
         b = Coordinator(store, storage, settings(lease_ms=2000))
-        poll_until(b.try_lead, "another coordinator takes over", timeout=30)
+        poll(b.try_lead, "another coordinator takes over", timeout=30)
         assert b.fence == 2
         # a file the frozen leader's garbage collection would take (grace 0, referenced by nothing)
         put(storage, keep, b"x")
-        before = snapshot(store._r)
+        before = snapshot(store._r, C.PREFIX + "*")
         os.kill(a.pid, signal.SIGCONT)
-        poll_until(
+        poll(
             lambda: b"stops acting as leader" in log.read_bytes() or b"lost the coordinator lease" in log.read_bytes(),
             "the resumed leader notices",
             timeout=30,
@@ -202,7 +190,7 @@ def test_sigstopped_coordinator_process_is_fenced(
         # watch for a while: the resumed process runs on (as a follower) and changes nothing
         end = time.monotonic() + 3.0
         while time.monotonic() < end:
-            assert snapshot(store._r) == before, "the resumed, replaced leader changed the metadata"
+            assert snapshot(store._r, C.PREFIX + "*") == before, "the resumed, replaced leader changed the metadata"
             assert storage.exists(keep)
             time.sleep(0.1)
         assert a.poll() is None

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import sys
 import threading
 from collections import Counter
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -21,10 +19,8 @@ from kompaktor.model.job import Job
 from kompaktor.model.tablet import FileMeta
 from kompaktor.queues import jobqueue
 from kompaktor.queues.jobqueue import DEFAULT_MAX, JobQueues
-
-sys.path.insert(0, str(Path(__file__).parent))  # queue_race_worker, importable in spawned children
-import queue_race_worker as W
-from redis_snapshot import snapshot
+from tests.integration import queue_race_worker as W
+from tests.support.snapshot import snapshot
 
 pytestmark = pytest.mark.redis
 
@@ -463,8 +459,8 @@ def test_queue_operations_of_an_unreachable_redis_are_store_unavailable() -> Non
     """What a compactor's loop handles: polling and waiting for work on a Redis that is not
     there fail as StoreUnavailable (one line, retried), never as a raw client error."""
     from kompaktor.connection import connect
-    from kompaktor.local.redis_server import free_port
     from kompaktor.model.errors import StoreUnavailable
+    from tests.support.ports import free_port
 
     queues = JobQueues(connect(f"redis://127.0.0.1:{free_port()}/0", retries=0, socket_timeout=1.0))
     with pytest.raises(StoreUnavailable):

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -16,23 +15,13 @@ import pytest
 from kompaktor.local.cluster import LocalCluster, desired_replicas
 from kompaktor.local.config import DEMO_CONFIG, load_config
 from kompaktor.local.demo import DemoOptions, run_demo
+from tests.support.wait import poll
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 ARROW_ONLY = DEMO_CONFIG.replace(
     'spark: {master: "local[1]", conf: {spark.sql.shuffle.partitions: "2"}}', "spark: {engine: arrow}"
 )
-
-
-def wait_for(pred, timeout: float = 60.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def test_hpa_formula_clamps_to_bounds() -> None:
@@ -99,7 +88,7 @@ def test_up_autoscales_and_status_reports(tmp_path: Path) -> None:
         for _ in range(12):
             ing.flush_once()
         # compactions bring the 12 files per tablet down
-        wait_for(
+        poll(
             lambda: (
                 cluster.autoscale() is not None and max(len(t.files) for t in store.tablets(store.table_id("t"))) < 6
             ),
@@ -108,13 +97,13 @@ def test_up_autoscales_and_status_reports(tmp_path: Path) -> None:
         # scale up beyond min when the queue is deep, then drain back down to min with SIGTERM
         for g in cfg.groups:
             cluster.add_compactor(g)
-        wait_for(
+        poll(
             lambda: all(len([c for c in store.compactors(g) if c.state == "idle"]) >= 2 for g in cfg.groups),
             what="extra compactors to register idle",
         )
         drained = [p for g in cfg.groups for p in cluster.live(g)]
         cluster.autoscale()
-        wait_for(
+        poll(
             lambda: all(len(cluster.live(g)) == cfg.groups[g].min_replicas for g in cfg.groups),
             what="scale-down to min replicas",
         )
@@ -162,7 +151,7 @@ def test_up_command_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
         text=True,
     )
     try:
-        line = wait_for(lambda: p.stdout.readline(), timeout=120, what="kompaktor up to start")
+        line = poll(lambda: p.stdout.readline(), timeout=120, what="kompaktor up to start")
         assert "kompaktor is up" in line
         p.send_signal(signal.SIGINT)
         assert p.wait(timeout=120) == 0

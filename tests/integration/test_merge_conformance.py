@@ -30,6 +30,7 @@ from kompaktor.files.storage import Storage
 from kompaktor.model.errors import UnsortedError
 from kompaktor.model.iterators import IteratorSettings, merged_view
 from kompaktor.model.keys import INT64_MAX, INT64_MIN, Entry, row_in_range, sort_key
+from tests.support.strategies import iterator_settings as settings_strategy
 
 ROWS = [b"", b"a", b"a\x00", b"ab", b"b", b"\x7f", b"\x80", b"\x80\x01", b"\xff", b"\xff\xff"]
 FAMS = [b"", b"f", b"\x90"]
@@ -67,16 +68,7 @@ def sources(draw, max_sources: int = 4, max_entries: int = 30) -> list[list[Entr
 
 
 bounds = st.one_of(st.none(), st.sampled_from(ROWS))
-iterator_settings = st.builds(
-    IteratorSettings,
-    max_versions=st.integers(1, 3),
-    full=st.booleans(),
-    ageoff_ttl_ms=st.one_of(st.none(), st.integers(0, 6)),
-    now_ms=st.integers(0, 8),
-    row_regex=st.one_of(st.none(), st.none(), st.sampled_from(REGEXES)),
-    row_start=bounds,
-    row_end=bounds,
-)
+iterator_settings = settings_strategy(ROWS, REGEXES, max_ttl=6, max_now=8, none_regex_weight=2)
 tablet_ranges = st.tuples(bounds, bounds).filter(lambda r: r[0] is None or r[1] is None or r[0] < r[1])
 row_group_sizes = st.lists(st.sampled_from([1, 2, 3, 7, 1000]), min_size=4, max_size=4)
 

@@ -9,19 +9,17 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from kompaktor.local.redis_server import free_port
+from tests.integration.test_coordinator import write_files
+from tests.promcheck import check, promtool
+from tests.support.ports import free_port
+from tests.support.wait import poll
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(0, str(ROOT / "tests"))
-from promcheck import check, promtool  # noqa: E402
-from test_coordinator import write_files  # noqa: E402
 
 pytestmark = pytest.mark.redis
 
@@ -29,19 +27,6 @@ pytestmark = pytest.mark.redis
 def scrape(port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
         return r.read().decode()
-
-
-def poll(pred, what: str, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            v = pred()
-        except OSError:
-            v = None
-        if v:
-            return v
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_promtool_catches_a_bad_exposition() -> None:
@@ -106,10 +91,12 @@ def test_coordinator_and_compactor_metrics_pass_promtool(tmp_path: Path, redis_u
         worker = poll(
             lambda: 'kompaktor_compactions_completed_total{group="default"} 1.0' in (t := scrape(wport)) and t,
             "the compactor to commit a compaction",
+            ignore=OSError,
         )
         coord = poll(
             lambda: 'kompaktor_queue_depth{group="default"}' in (t := scrape(cport)) and t,
             "the coordinator to export the group's queue",
+            ignore=OSError,
         )
         check(worker)
         check(coord)

@@ -11,12 +11,10 @@ Redis is back), and new work is planned and compacted."""
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -28,23 +26,13 @@ from kompaktor.local.procs import spawn, stop_popen
 from kompaktor.local.redis_server import RedisProcess
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.keys import Entry
+from tests.support.procs import python_env
+from tests.support.wait import poll
 
 pytestmark = pytest.mark.redis
 
 GATED = str(Path(__file__).parent / "gated_engine.py")
 OUTAGE_S = 30.0
-
-
-def poll_until(
-    cond: Callable[[], object], what: str, timeout: float = 60.0, alive: tuple[subprocess.Popen, ...] = ()
-) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        for p in alive:
-            assert p.poll() is None, f"{p.args[3:5]} exited with {p.returncode} while waiting for {what}"
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not reached before the deadline")
-        time.sleep(0.05)
 
 
 def flush(client: Client, table: str, n: int, start: int) -> None:
@@ -66,7 +54,7 @@ def test_coordinator_and_compactor_ride_out_a_30s_outage(tmp_path: Path) -> None
     store = MetadataStore.from_url(url)
     client = Client(store, storage)
     gate = tmp_path / "gate"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "KOMPAKTOR_TEST_GATE": str(gate)}
+    env = python_env(KOMPAKTOR_TEST_GATE=str(gate))
     common = ["--redis", url, "--storage", storage.uri]
     stack = contextlib.ExitStack()
     logs = {name: stack.enter_context((tmp_path / f"{name}.log").open("wb")) for name in ("coordinator", "compactor")}
@@ -117,7 +105,7 @@ def test_coordinator_and_compactor_ride_out_a_30s_outage(tmp_path: Path) -> None
         )
         procs.append(comp)
         alive = (coord, comp)
-        poll_until(lambda: Path(f"{gate}.held").exists(), "a merge in flight", alive=alive)
+        poll(lambda: Path(f"{gate}.held").exists(), "a merge in flight", alive=alive)
         (ecid,) = store.running_index()
 
         # the outage: Redis stops; the merge is let finish 5 s in, so the commit waits ~25 s
@@ -132,9 +120,7 @@ def test_coordinator_and_compactor_ride_out_a_30s_outage(tmp_path: Path) -> None
         server.start()
         back = time.monotonic()
 
-        poll_until(
-            lambda: store.counters().get("compactions_committed", 0) == 1, "the commit after the outage", alive=alive
-        )
+        poll(lambda: store.counters().get("compactions_committed", 0) == 1, "the commit after the outage", alive=alive)
         committed_after = time.monotonic() - back
         (out,) = tablet_files(store)
         assert ecid not in store.running_index()
@@ -142,7 +128,7 @@ def test_coordinator_and_compactor_ride_out_a_30s_outage(tmp_path: Path) -> None
         assert store.counters().get("dead_compactions", 0) == 0 and store.dead_log() == set()
         # both resume: new files are planned by the coordinator and compacted by the compactor
         flush(client, "t", 3, 100)
-        poll_until(
+        poll(
             lambda: store.counters().get("compactions_committed", 0) == 2, "a compaction after the outage", alive=alive
         )
         assert out not in tablet_files(store) and len(tablet_files(store)) == 1
@@ -171,7 +157,7 @@ def test_a_coordinator_started_after_an_outage_does_not_declare_compactions_dead
     store = MetadataStore.from_url(server.url)
     client = Client(store, storage)
     gate = tmp_path / "gate"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "KOMPAKTOR_TEST_GATE": str(gate)}
+    env = python_env(KOMPAKTOR_TEST_GATE=str(gate))
     common = ["--redis", server.url, "--storage", storage.uri]
     coord_args = [
         sys.executable,
@@ -216,9 +202,9 @@ def test_a_coordinator_started_after_an_outage_does_not_declare_compactions_dead
             env=env,
         )
         procs.append(comp)
-        poll_until(lambda: Path(f"{gate}.held").exists(), "a merge in flight", alive=(first, comp))
+        poll(lambda: Path(f"{gate}.held").exists(), "a merge in flight", alive=(first, comp))
         (ecid,) = store.running_index()
-        poll_until(lambda: store.coordinator_seen() is not None, "a completed pass")
+        poll(lambda: store.coordinator_seen() is not None, "a completed pass")
         server.stop()
         first.send_signal(signal.SIGKILL)  # the leader dies during the outage
         first.wait(timeout=10)
@@ -230,13 +216,13 @@ def test_a_coordinator_started_after_an_outage_does_not_declare_compactions_dead
         server.start()
         second = spawn(coord_args, stdout=subprocess.DEVNULL, stderr=log, env=env)
         procs.append(second)
-        poll_until(lambda: int(store._r.get(C.FENCE) or 0) == 2, "the new coordinator leads", alive=(second,))
+        poll(lambda: int(store._r.get(C.FENCE) or 0) == 2, "the new coordinator leads", alive=(second,))
         seen = store.coordinator_seen()
-        poll_until(lambda: (store.coordinator_seen() or 0) > seen, "a pass of the new leader", alive=(second,))
+        poll(lambda: (store.coordinator_seen() or 0) > seen, "a pass of the new leader", alive=(second,))
         assert ecid in store.running_index() and store.counters().get("dead_compactions", 0) == 0
         comp.send_signal(signal.SIGCONT)
         gate.touch()
-        poll_until(lambda: store.counters().get("compactions_committed", 0) == 1, "the commit", alive=(second, comp))
+        poll(lambda: store.counters().get("compactions_committed", 0) == 1, "the commit", alive=(second, comp))
         assert store.counters().get("dead_compactions", 0) == 0
     finally:
         for p in procs:

@@ -5,8 +5,6 @@ tablet; a flushed script or a connection lost with a batch in flight does not lo
 from __future__ import annotations
 
 import random
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -16,9 +14,7 @@ from redis.connection import Connection
 from kompaktor.model.job import Job
 from kompaktor.queues import jobqueue
 from kompaktor.queues.jobqueue import JobQueues
-
-sys.path.insert(0, str(Path(__file__).parent))
-from redis_snapshot import snapshot
+from tests.support.snapshot import snapshot
 
 pytestmark = pytest.mark.redis
 

@@ -17,10 +17,9 @@ from kompaktor.local.redis_server import RedisProcess
 from kompaktor.metadata import acl
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.errors import StoreUnavailable
-from kompaktor.model.keys import Entry
 from kompaktor.worker import Compactor, WorkerSettings
-
-from .redis_snapshot import snapshot
+from tests.support.entries import entries
+from tests.support.snapshot import snapshot
 
 pytestmark = pytest.mark.redis
 
@@ -62,17 +61,13 @@ def users(tmp_path: Path) -> Iterator[RedisProcess]:
     server.stop()
 
 
-def entries(n: int, k: int) -> list[Entry]:
-    return [Entry(b"row%05d" % i, b"f", b"q", b"", 1000 + k, False, b"v%d" % k) for i in range(n)]
-
-
 def test_the_compactor_user_is_refused_every_dangerous_command_and_nothing_changes(
     users: RedisProcess, tmp_path: Path
 ) -> None:
     admin = MetadataStore.from_url(users.role_url("admin"))
     client = Client(admin, Storage.from_uri(str(tmp_path / "files")))
     admin.create_table("t", [])
-    client.flush("t", entries(10, 0))
+    client.flush("t", entries(10, 0, value=lambda r: b"v0"))
     raw = redis.Redis.from_url(users.url)  # the default user, to look
     before = snapshot(raw)
     compactor = redis.Redis.from_url(users.role_url("compactor"))
@@ -110,7 +105,7 @@ def test_each_role_on_its_own_user_compacts_and_the_coordinator_reloads_lost_scr
     client = Client(admin, storage)
     admin.create_table("t", [])
     for k in range(4):
-        client.flush("t", entries(50, k))
+        client.flush("t", entries(50, k, value=lambda r, k=k: b"v%d" % k))
     before = list(client.scan("t"))
     coordinator = Coordinator(MetadataStore.from_url(users.role_url("coordinator")), storage)
     compactor_store = MetadataStore.from_url(users.role_url("compactor"))

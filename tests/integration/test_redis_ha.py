@@ -16,12 +16,13 @@ from kompaktor.cli import main
 from kompaktor.client import Client
 from kompaktor.connection import Durability, NotDurable, parse_sentinel_url
 from kompaktor.files.storage import Storage
-from kompaktor.local.redis_server import RedisHA, RedisProcess, free_port
+from kompaktor.local.redis_server import RedisHA, RedisProcess
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.errors import StoreUnavailable
 from kompaktor.model.keys import Entry
-
-from .redis_snapshot import snapshot
+from tests.support.ports import free_port
+from tests.support.snapshot import snapshot
+from tests.support.wait import poll
 
 pytestmark = pytest.mark.redis
 
@@ -142,12 +143,12 @@ def test_failover_loses_no_acknowledged_write(ha: RedisHA, tmp_path: Path) -> No
     th = threading.Thread(target=writer)
     th.start()
     try:
-        _wait(lambda: len(acked) >= 20)
+        poll(lambda: len(acked) >= 20, "20 acknowledged writes", 120)
         old = ha.kill_primary()
         before = len(acked)
         new = ha.wait_failover(old.port)
         ha.restart(old)  # back as a replica of the new primary: writes are acknowledged again
-        _wait(lambda: len(acked) >= before + 20)
+        poll(lambda: len(acked) >= before + 20, "20 more acknowledged writes", 120)
     finally:
         stop.set()
         th.join(timeout=120)
@@ -156,15 +157,6 @@ def test_failover_loses_no_acknowledged_write(ha: RedisHA, tmp_path: Path) -> No
     lost = [r for r in acked if r not in seen]
     assert lost == [] and len(acked) >= 40
     store.close()
-
-
-def _wait(ok, timeout: float = 120.0) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not ok():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.05)
 
 
 # -- bad input: one line, non-zero exit, nothing changed ------------------------------------------------------

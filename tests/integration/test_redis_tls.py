@@ -15,9 +15,8 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,9 @@ from typing import Any
 import pytest
 import redis
 
-from kompaktor.local.redis_server import free_port
+from tests.support.ports import free_port
+from tests.support.tls import make_ca, sign
+from tests.support.wait import poll
 
 pytestmark = pytest.mark.redis
 
@@ -33,51 +34,11 @@ PASSWORD = "PLANTED-tls-5e1c"
 EXE = Path(sys.executable).parent / "kompaktor"
 
 
-def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
-
-
 def make_certs(d: Path) -> Path:
     """A CA and a server certificate for localhost / 127.0.0.1 signed by it; returns the CA file."""
-    d.mkdir(parents=True, exist_ok=True)
-    _openssl(
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.crt",
-        "-days",
-        "1",
-        "-subj",
-        "/CN=kompaktor-test-ca",
-        cwd=d,
-    )
-    _openssl(
-        "req", "-newkey", "rsa:2048", "-nodes", "-keyout", "tls.key", "-out", "tls.csr", "-subj", "/CN=localhost", cwd=d
-    )
+    make_ca(d, "ca", "kompaktor-test-ca", days=1)
     (d / "san.cnf").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
-    _openssl(
-        "x509",
-        "-req",
-        "-in",
-        "tls.csr",
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "tls.crt",
-        "-days",
-        "1",
-        "-extfile",
-        "san.cnf",
-        cwd=d,
-    )
+    sign(d, "tls", "localhost", "ca", days=1, extfile="san.cnf")
     return d / "ca.crt"
 
 
@@ -100,20 +61,6 @@ def _stop(p: subprocess.Popen, timeout: float = 30) -> None:
         except subprocess.TimeoutExpired:
             os.kill(p.pid, signal.SIGKILL)
             p.wait(timeout=10)
-
-
-def _until(check: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: BaseException | None = None
-    while time.monotonic() < deadline:
-        try:
-            got = check()
-            if got:
-                return got
-        except Exception as exc:  # not yet
-            last = exc
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}: {last!r}")
 
 
 @pytest.fixture
@@ -159,7 +106,7 @@ def tls_redis(tmp_path: Path) -> Iterator[TlsRedis]:
     )
     server = TlsRedis(port, ca, proc)
     try:
-        _until(lambda: redis.Redis.from_url(server.url()).ping(), "the TLS redis-server", 30)
+        poll(lambda: redis.Redis.from_url(server.url()).ping(), "the TLS redis-server", 30, ignore=Exception)
         yield server
     finally:
         _stop(proc)
@@ -241,12 +188,21 @@ def test_coordinator_compactor_and_operator_backend_over_rediss(tls_redis: TlsRe
                     stderr=subprocess.STDOUT,
                     env=env,
                 )
-        _until(lambda: "leads (fencing token" in logs["coordinator"].read_text(), "the coordinator's lease")
+        poll(
+            lambda: "leads (fencing token" in logs["coordinator"].read_text(),
+            "the coordinator's lease",
+            ignore=Exception,
+        )
         # the compactor registered itself in Redis (a heartbeat over TLS) and says it is ready
-        _until(lambda: any(c.id == "tls-c1" for c in store.compactors("small")), "the compactor's heartbeat")
-        _until(
+        poll(
+            lambda: any(c.id == "tls-c1" for c in store.compactors("small")),
+            "the compactor's heartbeat",
+            ignore=Exception,
+        )
+        poll(
             lambda: urllib.request.urlopen(f"http://127.0.0.1:{http_port}/readyz", timeout=2).status == 200,
             "the compactor ready",
+            ignore=Exception,
         )
         backend = RedisBackend(url)  # the operator's Redis path
         assert "tls-c1" in backend.compactors("small")
@@ -307,7 +263,12 @@ def test_the_charts_redis_runs_with_the_password_off_argv(tls: bool, tmp_path: P
             if tls
             else f"redis://127.0.0.1:{port}/0"
         )
-        _until(lambda: subprocess.run(probe, env=env, timeout=10).returncode == 0, "the chart's readiness probe", 30)
+        poll(
+            lambda: subprocess.run(probe, env=env, timeout=10).returncode == 0,
+            "the chart's readiness probe",
+            30,
+            ignore=Exception,
+        )
         with pytest.raises(redis.AuthenticationError):
             redis.Redis.from_url(url).ping()  # no password: refused
         assert redis.Redis.from_url(url, password=PASSWORD).ping()

@@ -21,13 +21,12 @@ from pathlib import Path
 import pyarrow.fs as pafs
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from harness.s3server import S3Server
-
 from kompaktor import keyspace as C
 from kompaktor.files.sortedfile import SortedFileWriter
 from kompaktor.files.storage import REQUESTS, Storage
 from kompaktor.model.keys import Entry
+from tests.harness.s3server import S3Server
+from tests.support.entries import entries
 
 BIN = Path(sys.executable).parent
 BUCKET = "kompaktor-s3"
@@ -49,7 +48,7 @@ def s3_env(s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
 
 
 def _entries(n: int, prefix: str = "r") -> list[Entry]:
-    return [Entry(f"{prefix}{i:06d}".encode(), b"cf", b"cq", b"", 1, False, b"v" * 16) for i in range(n)]
+    return entries(n, prefix=prefix, width=6, cf=b"cf", cq=b"cq", ts=1, value=lambda r: b"v" * 16)
 
 
 def test_a_file_is_written_once_at_its_final_name(s3: S3Server, s3_env: dict[str, str]) -> None:
@@ -135,13 +134,7 @@ def test_the_demo_runs_on_s3_with_both_engines(s3: S3Server, s3_env: dict[str, s
     assert summary["compactions run (small)"] > 0 and summary["compactions run (large)"] > 0, summary
     # the files are in the bucket, not under the data directory
     assert not (tmp_path / "demo" / "files").exists() or not any((tmp_path / "demo" / "files").rglob("*.parquet"))
-    fs = pafs.S3FileSystem(
-        access_key=s3.access_key,
-        secret_key=s3.secret_key,
-        region="us-east-1",
-        endpoint_override=s3.endpoint,
-        scheme="http",
-    )
+    fs = s3.filesystem()
     objects = [
         i.path
         for i in fs.get_file_info(pafs.FileSelector(f"{BUCKET}/demo/tables", recursive=True))
@@ -432,13 +425,12 @@ def test_a_storage_outage_mid_merge_fails_the_job_cleanly_and_it_is_retried(
     """The store's endpoint goes away while a compactor uploads its output: the job fails and is
     released (no commit, no failure counted against it, the compactor keeps running), and once
     the store is back the job is planned again and commits; the scan is exact throughout."""
-    from harness.tcpproxy import TcpProxy
-
     from kompaktor.client import Client
     from kompaktor.coordinator import Coordinator
     from kompaktor.metadata import failures
     from kompaktor.metadata.store import MetadataStore
     from kompaktor.worker import Compactor, WorkerSettings
+    from tests.harness.tcpproxy import TcpProxy
 
     proxy = TcpProxy((s3.host, s3.port)).start()
     try:

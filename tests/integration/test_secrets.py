@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from kompaktor.local.redis_server import RedisProcess, free_port
+from kompaktor.local.redis_server import RedisProcess
+from tests.support.ports import free_port
+from tests.support.wait import PollTimeout, poll
 
 pytestmark = pytest.mark.redis
 
@@ -119,12 +121,11 @@ def _stop(p: subprocess.Popen) -> None:
 
 
 def _wait_for(path: Path, text: str, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if text in path.read_text(errors="replace"):
-            return True
-        time.sleep(0.2)
-    return False
+    """Whether ``text`` appears in the log at ``path`` within ``timeout`` seconds."""
+    try:
+        return poll(lambda: text in path.read_text(errors="replace"), f"{text!r} in {path}", timeout, 0.2)
+    except PollTimeout:
+        return False
 
 
 PROCESSES = {

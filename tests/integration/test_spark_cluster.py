@@ -367,8 +367,7 @@ def test_a_compactor_with_a_dead_master_url_is_one_line_and_leaves_redis_and_the
     redis_url: str, store, storage: Storage, client
 ) -> None:
     from kompaktor.coordinator import Coordinator
-
-    from .redis_snapshot import snapshot
+    from tests.support.snapshot import snapshot
 
     store.create_table("t", [], {"table.compaction.major.ratio": "1"})
     for src in sources()[:2]:

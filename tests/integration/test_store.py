@@ -5,10 +5,8 @@ tablets), and races between threads and spawned processes."""
 from __future__ import annotations
 
 import multiprocessing
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
@@ -16,10 +14,8 @@ from kompaktor import keyspace as C
 from kompaktor.metadata.store import MetadataStore, Mutation
 from kompaktor.model.errors import ConditionFailed, TableExistsError, UnknownTableError
 from kompaktor.model.tablet import DELETED, OFFLINE, ONLINE, FileMeta, tablet_id
-
-sys.path.insert(0, str(Path(__file__).parent))  # store_race_worker, importable in spawned children
-import store_race_worker as W
-from redis_snapshot import snapshot
+from tests.integration import store_race_worker as W
+from tests.support.snapshot import snapshot
 
 pytestmark = pytest.mark.redis
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from kompaktor import keyspace as C
 from kompaktor.cli.table import table as table_cli
 from kompaktor.client import Client
-from kompaktor.coordinator import Coordinator, CoordinatorSettings
+from kompaktor.coordinator import Coordinator
 from kompaktor.engines import make_engine
 from kompaktor.engines.api import MergeRequest
 from kompaktor.files.sortedfile import iter_entries
@@ -31,6 +31,7 @@ from kompaktor.model.job import Job
 from kompaktor.model.keys import Entry
 from kompaktor.model.tablet import FileMeta, Tablet, tablet_id
 from kompaktor.policy.tableprops import SPLIT_THRESHOLD
+from tests.support.coordinator import settings as coordinator_settings
 
 pytestmark = pytest.mark.redis
 
@@ -89,9 +90,7 @@ def assert_rows_within(client: Client, path: str, prev: bytes | None, end: bytes
 
 
 def coordinator(store, storage, **kw) -> Coordinator:
-    base = dict(tick_s=0.01, lease_ms=10_000, full_scan_s=1e9, dead_after_s=5.0, gc_interval_s=1e9, gc_grace_s=1e9)
-    base.update(kw)
-    c = Coordinator(store, storage, CoordinatorSettings(**base))
+    c = Coordinator(store, storage, coordinator_settings(**kw))
     assert c.try_lead()
     return c
 

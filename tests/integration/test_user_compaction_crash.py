@@ -8,45 +8,27 @@ or a refusal."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 
 import pytest
-import redis
 
 from kompaktor import keyspace as C
-from kompaktor.coordinator import Coordinator, CoordinatorSettings
+from kompaktor.coordinator import Coordinator
 from kompaktor.files.storage import Storage
 from kompaktor.local.procs import spawn, stop_popen
 from kompaktor.metadata import user_compactions as usercompaction
 from kompaktor.metadata.store import MetadataStore, Mutation
 from kompaktor.model.errors import KompaktorError
 from kompaktor.model.tablet import FileMeta
+from tests.support.coordinator import settings
+from tests.support.procs import python_env
+from tests.support.snapshot import snapshot
 
 pytestmark = pytest.mark.redis
-
-
-def settings(**kw) -> CoordinatorSettings:
-    base = dict(tick_s=0.01, lease_ms=10_000, full_scan_s=1e9, dead_after_s=5.0, gc_interval_s=1e9, gc_grace_s=1e9)
-    base.update(kw)
-    return CoordinatorSettings(**base)
-
-
-def poll_until(cond: Callable[[], object], what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not reached before the deadline")
-        time.sleep(0.02)
-
-
-def snapshot(r: redis.Redis) -> dict[bytes, bytes]:
-    return {k: r.dump(k) for k in sorted(r.scan_iter(match=C.PREFIX + "*"))}
 
 
 def add_files(store: MetadataStore, table: str, n: int) -> None:
@@ -90,10 +72,10 @@ def test_start_is_all_or_nothing(store: MetadataStore) -> None:
     m = Mutation()
     m.tablet(last).do("set_op", "SPLIT_PENDING")  # an operation in progress there
     store.mutate(m)
-    before = snapshot(store._r)
+    before = snapshot(store._r, C.PREFIX + "*")
     with pytest.raises(KompaktorError, match="cannot start a user compaction"):
         usercompaction.start(store, "t", request_id="uid-1")
-    after = snapshot(store._r)
+    after = snapshot(store._r, C.PREFIX + "*")
     changed = {k for k in set(before) | set(after) if before.get(k) != after.get(k)}
     assert changed == {C.SEQ.encode()}  # a compaction number was taken, nothing else
     assert store.request_claimed("uid-1") is None and usercompaction.all_compactions(store) == []
@@ -171,7 +153,7 @@ def test_starter_killed_at_a_random_point(
     n = 150
     for i in range(n):
         store.create_table(f"t{i}", [b"m"])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    env = python_env()
     p = spawn([sys.executable, "-c", _STARTER, redis_url, str(n)], stdout=subprocess.PIPE, env=env)
     try:
         assert p.stdout is not None and p.stdout.readline().strip() == b"ready"

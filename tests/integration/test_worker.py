@@ -41,9 +41,8 @@ from kompaktor.model.names import TMP_PREFIX
 from kompaktor.model.tablet import OFFLINE, end_token
 from kompaktor.worker import BUSY, DRAINING, IDLE, Compactor, WorkerSettings
 from kompaktor.worker.http import request_drain
-
-sys.path.insert(0, str(Path(__file__).parent))  # gated_engine, also run as a script by subprocesses
-from gated_engine import GatedEngine
+from tests.integration.gated_engine import GatedEngine
+from tests.support.wait import poll
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(120)]
 
@@ -53,17 +52,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 # -- helpers -------------------------------------------------------------------------------------
-def wait_for(pred: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.02)
-
-
 def entries(seed: int, rows: list[bytes], ts: int) -> list[Entry]:
     """Versions of every row; every third row of an odd seed is a delete marker."""
     out = []
@@ -222,16 +210,16 @@ def test_heartbeat_carries_progress_and_state(store, storage, client) -> None:
     eng = arrow_gated(gate)
     w = Compactor(store, storage, settings(heartbeat_s=0.05), engine=eng)
     run = Running(w.run_one)
-    wait_for(eng.held.is_set, "the merge to hold after its first part")
-    ecid = wait_for(lambda: w.current and w.current.ecid, "a reservation")
-    hb = wait_for(
+    poll(eng.held.is_set, "the merge to hold after its first part")
+    ecid = poll(lambda: w.current and w.current.ecid, "a reservation")
+    hb = poll(
         lambda: (h := store.heartbeat(ecid)) and int(h.get("parts_done", 0)) >= 1 and h, "a heartbeat with progress"
     )
     assert hb["compactor"] == "c1"
     assert int(hb["entries_read"]) > 0 and int(hb["entries_written"]) > 0
     assert int(hb["bytes_read"]) > 0 and int(hb["parts"]) > 1
     assert abs(float(hb["updated"]) - time.time()) < 10
-    info = wait_for(lambda: [c for c in store.compactors(GROUP) if c.state == BUSY], "compactor registered busy")
+    info = poll(lambda: [c for c in store.compactors(GROUP) if c.state == BUSY], "compactor registered busy")
     assert info[0].ecid == ecid
     gate.set()
     outcome = run.join()
@@ -336,12 +324,12 @@ def test_seed000_scenario5_metadata_store_restarts_while_merging(store, storage,
     eng = arrow_gated(gate)
     w = Compactor(store, storage, settings(heartbeat_s=0.1, commit_retry_s=60.0), engine=eng)
     run = Running(w.run_one)
-    wait_for(eng.held.is_set, "the merge to hold")
-    wait_for(lambda: store._r.exists(C.heartbeat_key(w.current.ecid)), "a heartbeat")
+    poll(eng.held.is_set, "the merge to hold")
+    poll(lambda: store._r.exists(C.heartbeat_key(w.current.ecid)), "a heartbeat")
     redis_server.stop()
     try:
         gate.set()
-        wait_for(eng.merged.is_set, "the merge to finish while Redis is down")
+        poll(eng.merged.is_set, "the merge to finish while Redis is down")
     finally:
         redis_server.start()
     outcome = run.join(timeout=60)
@@ -357,16 +345,16 @@ def test_idle_compactor_survives_a_metadata_store_outage(store, storage, client,
     caplog.set_level("WARNING", logger="kompaktor.compactor")
     w = Compactor(store, storage, settings("survivor"))
     run = Running(w.run)
-    wait_for(lambda: compactor_state(store, "survivor") == IDLE, "the compactor to register idle")
+    poll(lambda: compactor_state(store, "survivor") == IDLE, "the compactor to register idle")
     redis_server.stop()
     try:
-        wait_for(lambda: "metadata store unavailable" in caplog.text, "the compactor to meet the outage")
+        poll(lambda: "metadata store unavailable" in caplog.text, "the compactor to meet the outage")
         assert run.thread.is_alive()
     finally:
         redis_server.start()
     make_table(client, splits=())
     plan(store, storage)
-    wait_for(lambda: w.jobs_done == 1, "the next job to be done", timeout=30)
+    poll(lambda: w.jobs_done == 1, "the next job to be done", timeout=30)
     store.request_drain("survivor")
     assert run.join() == 0
     assert store.counters()["compactions_committed"] == 1
@@ -484,7 +472,7 @@ def test_compactor_stops_a_merge_that_is_no_longer_wanted(store, storage, client
     eng = arrow_gated()  # never opened: only a cancellation ends the hold
     w = Compactor(store, storage, settings(heartbeat_s=0.05), engine=eng)
     run = Running(w.run_one)
-    wait_for(eng.held.is_set, "the merge to hold")
+    poll(eng.held.is_set, "the merge to hold")
     res = w.current
     if why == "user-compaction-cancelled":
         assert res.job.kind == "USER"
@@ -525,7 +513,7 @@ def test_drain_releases_a_job_that_cannot_finish_in_the_grace_period(store, stor
     eng = arrow_gated()
     w = Compactor(store, storage, settings(drain_grace_s=60.0, default_throughput_bps=1.0), engine=eng)
     run = Running(w.run)
-    wait_for(eng.held.is_set, "the merge to hold")
+    poll(eng.held.is_set, "the merge to hold")
     res = w.current
     started = time.monotonic()
     w.request_drain("test")
@@ -543,7 +531,7 @@ def test_drain_releases_a_job_that_cannot_finish_in_the_grace_period(store, stor
 def test_drain_flag_in_redis_stops_an_idle_compactor(store, storage) -> None:
     w = Compactor(store, storage, settings("victim"))
     run = Running(w.run)
-    wait_for(lambda: compactor_state(store, "victim") == IDLE, "the compactor to register idle")
+    poll(lambda: compactor_state(store, "victim") == IDLE, "the compactor to register idle")
     store.request_drain("victim")
     assert run.join(timeout=10) == 0
     assert compactor_state(store, "victim") is None
@@ -561,11 +549,11 @@ def test_http_probes_drain_and_metrics(store, storage, client) -> None:
         assert http(port, "/healthz") == (200, "ok\n")
         assert http(port, "/readyz")[0] == 503  # not started yet
         run = Running(w.run)
-        wait_for(eng.held.is_set, "the first merge to hold")
+        poll(eng.held.is_set, "the first merge to hold")
         assert http(port, "/readyz") == (200, "ready\n")
         assert http(port, "/state") == (200, "busy\n")
         gate.set()
-        wait_for(lambda: w.jobs_done == 2 and w.state == IDLE, "both jobs to commit")
+        poll(lambda: w.jobs_done == 2 and w.state == IDLE, "both jobs to commit")
         status, text = http(port, "/metrics")
         assert status == 200
         assert metric(text, "kompaktor_compactions_completed_total") == 2
@@ -638,9 +626,9 @@ class CompactorProcess:
         return "".join(self.lines)
 
     def wait_ready(self) -> int:
-        wait_for(lambda: self.port is not None or self.proc.poll() is not None, "the HTTP port")
+        poll(lambda: self.port is not None or self.proc.poll() is not None, "the HTTP port")
         assert self.port is not None, self.log
-        wait_for(lambda: http(self.port, "/readyz")[0] == 200, "readiness")
+        poll(lambda: http(self.port, "/readyz")[0] == 200, "readiness")
         return self.port
 
     def wait_exit(self, timeout: float) -> int:
@@ -673,7 +661,7 @@ def test_sigterm_idle_compactor_exits_0_quickly_and_unregisters(store, spawn) ->
     p = spawn("idle-1")
     port = p.wait_ready()
     assert http(port, "/healthz") == (200, "ok\n")
-    wait_for(lambda: compactor_state(store, "idle-1") == IDLE, "registered idle")
+    poll(lambda: compactor_state(store, "idle-1") == IDLE, "registered idle")
     started = time.monotonic()
     p.proc.send_signal(signal.SIGTERM)
     assert p.wait_exit(10) == 0, p.log
@@ -684,7 +672,7 @@ def test_sigterm_idle_compactor_exits_0_quickly_and_unregisters(store, spawn) ->
 def test_drain_flag_stops_an_idle_compactor_process(store, spawn) -> None:
     p = spawn("idle-2")
     p.wait_ready()
-    wait_for(lambda: compactor_state(store, "idle-2") == IDLE, "registered idle")
+    poll(lambda: compactor_state(store, "idle-2") == IDLE, "registered idle")
     store.request_drain("idle-2")
     assert p.wait_exit(10) == 0, p.log
     assert compactor_state(store, "idle-2") is None and not store.drain_requested("idle-2")
@@ -697,13 +685,13 @@ def test_drain_while_busy_finishes_the_job_within_the_grace_period(store, storag
     plan(store, storage)
     p = spawn(f"busy-{how}", "--drain-grace", "60")
     port = p.wait_ready()
-    wait_for(p.held.exists, "the merge to hold")
+    poll(p.held.exists, "the merge to hold")
     assert http(port, "/state") == (200, "busy\n")
     if how == "sigterm":
         p.proc.send_signal(signal.SIGTERM)
     else:
         assert http(port, "/drain", "POST") == (200, "draining\n")
-    wait_for(lambda: compactor_state(store, p.cid) == DRAINING, "the heartbeat to say draining")
+    poll(lambda: compactor_state(store, p.cid) == DRAINING, "the heartbeat to say draining")
     assert http(port, "/readyz")[0] == 503
     assert p.proc.poll() is None  # still finishing its job
     p.gate.touch()
@@ -722,7 +710,7 @@ def test_sigterm_while_busy_beyond_the_grace_period_releases_the_job_at_once(sto
     plan(store, storage)
     p = spawn("busy-release", "--drain-grace", "0")
     p.wait_ready()
-    wait_for(p.held.exists, "the merge to hold")
+    poll(p.held.exists, "the merge to hold")
     (t,) = store.tablets(tid)
     (ecid,) = t.running
     output = t.running[ecid].output
@@ -745,8 +733,8 @@ def test_an_idle_compactor_is_woken_by_a_queued_job_not_by_its_next_poll(store, 
     still ends an idle wait at once."""
     w = Compactor(store, storage, settings(idle_min_s=60.0, idle_max_s=60.0, max_jobs=1))
     run = Running(w.run)
-    wait_for(lambda: compactor_state(store, "c1") == "idle", "the compactor idle")
-    wait_for(lambda: any(t.name == "wake-up" for t in threading.enumerate()), "the compactor in its idle wait")
+    poll(lambda: compactor_state(store, "c1") == "idle", "the compactor idle")
+    poll(lambda: any(t.name == "wake-up" for t in threading.enumerate()), "the compactor in its idle wait")
     make_table(client, splits=())
     queued_at = time.monotonic()
     assert plan(store, storage) == 1
@@ -755,6 +743,6 @@ def test_an_idle_compactor_is_woken_by_a_queued_job_not_by_its_next_poll(store, 
     # a drain ends the idle wait at once, as it did before the wake-ups
     w2 = Compactor(store, storage, settings("c2", idle_min_s=60.0, idle_max_s=60.0))
     run2 = Running(w2.run)
-    wait_for(lambda: compactor_state(store, "c2") == "idle", "the second compactor idle")
+    poll(lambda: compactor_state(store, "c2") == "idle", "the second compactor idle")
     w2.request_drain("test")
     assert run2.join(timeout=10) == 0

@@ -8,16 +8,13 @@ builds them (tests/k8s/build-control-plane.sh) and fails with the build's error 
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # controlplane, nodeagent, node
-sys.path.insert(0, str(Path(__file__).parents[1]))  # harness (containerd, images, S3 server)
-from controlplane import ControlPlane
+from tests.k8s.controlplane import ControlPlane
 
 _versions: list[str] = []
 
@@ -46,8 +43,8 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
 def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ControlPlane, Any]]:
     """A control plane on the node bridge and a real node (kubelet + containerd) running the
     project's own images (built by `make images`, imported into the node's containerd)."""
-    from harness.images import ensure_images
-    from node import start_cluster
+    from tests.harness.images import ensure_images
+    from tests.k8s.node import start_cluster
 
     images = ensure_images()
     cp, node = start_cluster(tmp_path_factory.mktemp("real-node"), images)

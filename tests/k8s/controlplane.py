@@ -14,7 +14,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import time
@@ -26,30 +25,35 @@ from typing import Any
 
 import yaml
 
+from tests.support.ports import free_port
+from tests.support.tls import make_ca, openssl, sign
+from tests.support.wait import poll
+
 HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = HERE / "build-control-plane.sh"
 SERVICE_RANGE = "127.100.0.0/16"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait_until(check: Callable[[], Any], what: str, timeout: float = 30.0, every: float = 0.1) -> Any:
-    """Poll ``check`` until it returns something truthy; fail with ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    last_exc: BaseException | None = None
-    while time.monotonic() < deadline:
-        try:
-            got = check()
-            if got:
-                return got
-        except Exception as exc:  # not ready yet
-            last_exc = exc
-        time.sleep(every)
-    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}" + (f": {last_exc}" if last_exc else ""))
+    """:func:`tests.support.wait.poll` for the API server: any exception (a 404 until the object
+    exists, a refused connection while a server starts) counts as "not yet"."""
+    return poll(check, what, timeout, every, ignore=Exception)
+
+
+def spawn_logged(root: Path, name: str, argv: list[str], env: dict[str, str] | None = None) -> Process:
+    """``argv`` in its own session, in ``root``, its output in ``root/<name>.log``."""
+    log = root / f"{name}.log"
+    with open(log, "wb") as out:
+        popen = subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=root,
+            start_new_session=True,
+            env=env,
+        )
+    return Process(name, popen, log)
 
 
 def binaries() -> Path:
@@ -60,102 +64,22 @@ def binaries() -> Path:
     return Path(out.stdout.strip().splitlines()[-1])
 
 
-def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
-
-
 def make_pki(d: Path, extra_ips: tuple[str, ...] = ()) -> None:
     """A CA, the apiserver's serving certificate (SAN 127.0.0.1, ``extra_ips`` and the in-cluster
     names), the service-account key pair, and a front-proxy CA + client certificate for aggregated
     APIs."""
-    d.mkdir(parents=True, exist_ok=True)
     for ca in ("ca", "front-proxy-ca"):
-        _openssl(
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            f"{ca}.key",
-            "-out",
-            f"{ca}.crt",
-            "-days",
-            "2",
-            "-subj",
-            f"/CN={ca}",
-            cwd=d,
-        )
+        make_ca(d, ca, ca, days=2)
     (d / "san.cnf").write_text(
         "[req]\ndistinguished_name=dn\n[dn]\n[ext]\nsubjectAltName=IP:127.0.0.1,IP:127.100.0.1,"
         + "".join(f"IP:{ip}," for ip in extra_ips if ip != "127.0.0.1")
         + "DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:localhost\n"
         "extendedKeyUsage=serverAuth\n"
     )
-    _openssl(
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "apiserver.key",
-        "-out",
-        "apiserver.csr",
-        "-subj",
-        "/CN=kube-apiserver",
-        cwd=d,
-    )
-    _openssl(
-        "x509",
-        "-req",
-        "-in",
-        "apiserver.csr",
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "apiserver.crt",
-        "-days",
-        "2",
-        "-extfile",
-        "san.cnf",
-        "-extensions",
-        "ext",
-        cwd=d,
-    )
-    _openssl(
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "front-proxy-client.key",
-        "-out",
-        "front-proxy-client.csr",
-        "-subj",
-        "/CN=front-proxy-client",
-        cwd=d,
-    )
-    _openssl(
-        "x509",
-        "-req",
-        "-in",
-        "front-proxy-client.csr",
-        "-CA",
-        "front-proxy-ca.crt",
-        "-CAkey",
-        "front-proxy-ca.key",
-        "-CAcreateserial",
-        "-out",
-        "front-proxy-client.crt",
-        "-days",
-        "2",
-        cwd=d,
-    )
-    _openssl("genrsa", "-out", "sa.key", "2048", cwd=d)
-    _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=d)
+    sign(d, "apiserver", "kube-apiserver", "ca", days=2, extfile="san.cnf", extensions="ext")
+    sign(d, "front-proxy-client", "front-proxy-client", "front-proxy-ca", days=2)
+    openssl("genrsa", "-out", "sa.key", "2048", cwd=d)
+    openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=d)
 
 
 @dataclass
@@ -214,17 +138,7 @@ class ControlPlane:
         return self.root / "admin.kubeconfig"
 
     def _spawn(self, name: str, argv: list[str]) -> Process:
-        log = self.root / f"{name}.log"
-        with open(log, "wb") as out:
-            popen = subprocess.Popen(
-                argv,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=self.root,
-                start_new_session=True,
-            )
-        proc = Process(name, popen, log)
+        proc = spawn_logged(self.root, name, argv)
         self.processes.append(proc)
         return proc
 

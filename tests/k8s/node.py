@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from controlplane import ControlPlane, Process, binaries, free_port, wait_until
+
+from tests.k8s.controlplane import ControlPlane, Process, binaries, free_port, spawn_logged, wait_until
 
 BRIDGE = "kompaktor0"
 POD_CIDR = "10.213.0.0/24"
@@ -275,24 +276,13 @@ class RealNode:
     image_import_s: float = 0.0
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Process:
-        log = self.root / f"{name}.log"
-        with open(log, "wb") as out:
-            popen = subprocess.Popen(
-                argv,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=self.root,
-                start_new_session=True,
-                env=env,
-            )
-        proc = Process(name, popen, log)
+        proc = spawn_logged(self.root, name, argv, env)
         self.processes.append(proc)
         return proc
 
     # -- start -----------------------------------------------------------------------------------
     def start(self) -> RealNode:
-        from harness.containerd import Containerd
+        from tests.harness.containerd import Containerd
 
         t0 = time.monotonic()
         bin_dir = self.cp.bin_dir or binaries()

@@ -9,8 +9,9 @@ import textwrap
 
 import kubernetes
 import pytest
-from controlplane import ControlPlane, free_port, wait_until
-from nodeagent import NodeAgent
+
+from tests.k8s.controlplane import ControlPlane, free_port, wait_until
+from tests.k8s.nodeagent import NodeAgent
 
 
 @pytest.fixture

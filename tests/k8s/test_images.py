@@ -21,6 +21,7 @@ from kompaktor import __version__
 from kompaktor.files.sortedfile import write_sorted
 from kompaktor.files.storage import Storage
 from kompaktor.model.keys import Entry
+from tests.support.entries import entries
 
 BIN = Path(sys.executable).parent
 COMPACTOR = f"ghcr.io/kompaktor/kompaktor-compactor:{__version__}"
@@ -30,8 +31,8 @@ REDIS = f"ghcr.io/kompaktor/kompaktor-redis:{__version__}"
 
 @pytest.fixture(scope="module")
 def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    from harness.containerd import Containerd
-    from harness.images import ensure_images
+    from tests.harness.containerd import Containerd
+    from tests.harness.images import ensure_images
 
     images = ensure_images()
     ctd = Containerd(tmp_path_factory.mktemp("containerd"))
@@ -66,18 +67,17 @@ def test_every_engine_imports_in_the_compactor_image(runtime) -> None:
 
 
 def _entries(version: int, rows: range) -> list[Entry]:
-    return [
-        Entry(
-            f"r{r:06d}".encode(),
-            b"cf",
-            f"q{r % 7}".encode(),
-            b"",
-            1000 + version,
-            r % 97 == version,
-            f"value-{version}-{r}".encode(),
-        )
-        for r in rows
-    ]
+    """Rows ``r%06d`` over seven qualifiers, one row in 97 a delete marker."""
+    return entries(
+        rows,
+        version,
+        prefix="r",
+        width=6,
+        cf=b"cf",
+        cq=lambda r: f"q{r % 7}".encode(),
+        deleted=lambda r: r % 97 == version,
+        value=lambda r: f"value-{version}-{r}".encode(),
+    )
 
 
 @pytest.mark.parametrize("engine", ["arrow", "spark"])

@@ -27,12 +27,12 @@ from typing import Any
 import helm_python as helm
 import kubernetes
 import pytest
-from controlplane import ControlPlane, wait_until
-from node import GATEWAY, NODE_NAME, RealNode, running_containers
 
 from kompaktor import __version__
-from kompaktor.model.keys import Entry
 from kompaktor_operator import naming
+from tests.k8s.controlplane import ControlPlane, wait_until
+from tests.k8s.node import GATEWAY, NODE_NAME, RealNode, running_containers
+from tests.support.entries import entries
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "kompaktor"
@@ -104,7 +104,7 @@ def _diagnose(s: Shipped) -> str:
 
 @pytest.fixture(scope="module")
 def shipped(real_cluster: tuple[ControlPlane, RealNode], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shipped]:
-    from harness.s3server import S3Server
+    from tests.harness.s3server import S3Server
 
     cp, node = real_cluster
     core = kubernetes.client.CoreV1Api(cp.api())
@@ -205,12 +205,6 @@ def test_the_operator_coordinator_and_redis_run_as_pods_from_the_projects_images
 
 
 # -- 2. the burst, scaled by the real HPA, merged by compactor containers ----------------------------
-def _entries(rows: range, version: int) -> list[Entry]:
-    return [
-        Entry(f"row{r:05d}".encode(), b"f", b"q", b"", 1000 + version, False, f"v{version}-{r}".encode()) for r in rows
-    ]
-
-
 def _watch_replicas(s: Shipped, stop: threading.Event) -> None:
     apps = kubernetes.client.AppsV1Api(s.cp.api())
     while not stop.is_set():
@@ -272,7 +266,7 @@ def test_burst_hpa_compactor_containers_scan_and_drain(shipped: Shipped, tmp_pat
         local = Storage.from_uri(str(tmp_path))
         files = []
         for version in range(3):
-            write_sorted(local, f"import-{version}.parquet", _entries(range(1000), version))
+            write_sorted(local, f"import-{version}.parquet", entries(range(1000), version))
             files.append(str(tmp_path / f"import-{version}.parquet"))
         s.kompaktor("import", TABLE, *files)
         # the real HPA reads the operator-served queue depth and raises the group to its maximum
@@ -305,7 +299,7 @@ def test_burst_hpa_compactor_containers_scan_and_drain(shipped: Shipped, tmp_pat
         import pyarrow.parquet as pq
 
         scanned = pq.read_table(out_file).to_pylist()
-        assert [(r["row"], r["value"]) for r in scanned] == [(e.row, e.value) for e in _entries(range(1000), 2)]
+        assert [(r["row"], r["value"]) for r in scanned] == [(e.row, e.value) for e in entries(range(1000), 2)]
         # the queue is empty: the HPA lowers the group to minReplicas, the operator drains idle
         # compactors first and the kubelet runs their preStop drain
         try:

@@ -17,9 +17,9 @@ from typing import Any
 import kopf
 import kubernetes
 import pytest
-from controlplane import ControlPlane
 
 from kompaktor_operator import kube
+from tests.k8s.controlplane import ControlPlane
 
 NS = "ssa"
 

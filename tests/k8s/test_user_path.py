@@ -14,7 +14,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -22,26 +21,26 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import helm_python as helm
 import kubernetes
 import pytest
-from controlplane import ControlPlane, free_port, wait_until
-from nodeagent import NodeAgent
 
 from kompaktor import __version__
 from kompaktor.files.sortedfile import write_sorted
 from kompaktor.files.storage import Storage
+from kompaktor.local.procs import stop_popen
 from kompaktor.metadata.store import MetadataStore
-from kompaktor.model.keys import Entry
 from kompaktor_operator import naming
+from tests.k8s.controlplane import ControlPlane, free_port, wait_until
+from tests.k8s.nodeagent import NodeAgent
+from tests.promcheck import check, samples
+from tests.support.entries import entries
+from tests.support.k8s import Namespaced, container_env, helm_release, start_local
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
-from promcheck import check, samples  # noqa: E402
 
-CHART = ROOT / "helm" / "kompaktor"
 NS = "kompaktor"
 RELEASE = "kompaktor"
 REDIS_SECRET = "kompaktor-redis-url"
@@ -49,7 +48,8 @@ BIN = Path(sys.executable).parent
 
 
 @dataclass
-class Release:
+class Release(Namespaced):
+    namespace: ClassVar[str] = NS
     cp: ControlPlane
     agent: NodeAgent
     store: MetadataStore
@@ -60,35 +60,11 @@ class Release:
     manifest: list[dict[str, Any]]
     operator_metrics_port: int
 
-    def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
-        return self.cp.kubectl("-n", NS, *args, check=check, input=input)
-
-    def get(self, kind: str, name: str) -> dict[str, Any] | None:
-        out = self.kubectl("get", kind, name, "-o", "json", check=False)
-        return json.loads(out.stdout) if out.returncode == 0 else None
-
-    def condition(self, kind: str, name: str, ctype: str) -> dict[str, Any] | None:
-        obj = self.get(kind, name) or {}
-        return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == ctype), None)
-
     def kompaktor(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         out = subprocess.run([str(BIN / "kompaktor"), *args], env=self.env, capture_output=True, text=True, timeout=120)
         if check and out.returncode != 0:
             raise AssertionError(f"kompaktor {' '.join(args)}: {out.stderr}")
         return out
-
-
-def _container_env(dep: dict[str, Any], container: str, core: Any) -> dict[str, str]:
-    """The environment the chart gives one container of a Deployment, Secret references resolved."""
-    c = next(c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == container)
-    env: dict[str, str] = {}
-    for e in c.get("env") or []:
-        if "value" in e:
-            env[e["name"]] = e["value"]
-        elif "secretKeyRef" in (e.get("valueFrom") or {}):
-            ref = e["valueFrom"]["secretKeyRef"]
-            env[e["name"]] = base64.b64decode(core.read_namespaced_secret(ref["name"], NS).data[ref["key"]]).decode()
-    return env
 
 
 def _metrics_api_env(cp: ControlPlane, core: Any, d: Path) -> dict[str, str]:
@@ -134,67 +110,50 @@ def release(
     ).start()
     procs: dict[str, subprocess.Popen] = {}
     store = MetadataStore.from_url(redis_server.url)
+    values = {
+        "redis": {"bundled": False, "external": {"existingSecret": REDIS_SECRET}},
+        "storage": {"uri": str(storage_dir)},
+        # Endpoints cannot hold loopback addresses: a NodePort Service makes the aggregator
+        # dial the Service's ClusterIP (127.100.x.y), where the operator below listens
+        "metricsApi": {"serviceType": "NodePort"},
+    }
     try:
-        with helm.Config(kubeconfig_path=str(cp.kubeconfig), namespace=NS) as cfg:
-            rel = cfg.install(
-                str(CHART),
-                RELEASE,
-                {
-                    "redis": {"bundled": False, "external": {"existingSecret": REDIS_SECRET}},
-                    "storage": {"uri": str(storage_dir)},
-                    # Endpoints cannot hold loopback addresses: a NodePort Service makes the aggregator
-                    # dial the Service's ClusterIP (127.100.x.y), where the operator below listens
-                    "metricsApi": {"serviceType": "NodePort"},
-                },
-                namespace=NS,
-                timeout=120,
-            )
-        manifest = [d for d in _yaml_docs(rel["manifest"]) if d]
-        dep = json.loads(cp.kubectl("-n", NS, "get", "deployment", f"{RELEASE}-operator", "-o", "json").stdout)
-        env = {
-            **os.environ,
-            **_container_env(dep, "operator", core),
-            "KUBECONFIG": str(cp.service_account_kubeconfig(NS, f"{RELEASE}-operator")),
-            "KOMPAKTOR_SCALE_INTERVAL": "1",
-            "KOMPAKTOR_STATUS_INTERVAL": "2",
-            **_metrics_api_env(cp, core, tmp_path_factory.mktemp("metrics-api")),
-            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-        }
-        # the operator's own /metrics, on loopback here (the chart listens on 0.0.0.0:9091)
-        metrics_port = free_port()
-        with open(logs / "operator.log", "wb") as out:
-            procs["operator"] = subprocess.Popen(
-                [str(BIN / "kompaktor"), "operator", "--liveness", "", "--metrics-port", str(metrics_port)],
-                env={**env, "KOMPAKTOR_OPERATOR_METRICS_HOST": "127.0.0.1"},
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        with open(logs / "coordinator.log", "wb") as out:
-            procs["coordinator"] = subprocess.Popen(
-                [
-                    str(BIN / "kompaktor"),
-                    "coordinator",
-                    "--metrics-port",
-                    str(free_port()),
-                    "--full-scan-interval",
-                    "5",
-                ],
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        yield Release(cp, agent, store, storage_dir, redis_server.url, env, procs, manifest, metrics_port)
+        with helm_release(cp, RELEASE, NS, values) as (rel, _):
+            try:
+                manifest = [d for d in _yaml_docs(rel["manifest"]) if d]
+                env = {
+                    **os.environ,
+                    **container_env(cp, core, NS, f"{RELEASE}-operator", "operator"),
+                    "KUBECONFIG": str(cp.service_account_kubeconfig(NS, f"{RELEASE}-operator")),
+                    "KOMPAKTOR_SCALE_INTERVAL": "1",
+                    "KOMPAKTOR_STATUS_INTERVAL": "2",
+                    **_metrics_api_env(cp, core, tmp_path_factory.mktemp("metrics-api")),
+                    "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+                }
+                # the operator's own /metrics, on loopback here (the chart listens on 0.0.0.0:9091)
+                metrics_port = free_port()
+                procs["operator"] = start_local(
+                    [str(BIN / "kompaktor"), "operator", "--liveness", "", "--metrics-port", str(metrics_port)],
+                    {**env, "KOMPAKTOR_OPERATOR_METRICS_HOST": "127.0.0.1"},
+                    logs / "operator.log",
+                )
+                procs["coordinator"] = start_local(
+                    [
+                        str(BIN / "kompaktor"),
+                        "coordinator",
+                        "--metrics-port",
+                        str(free_port()),
+                        "--full-scan-interval",
+                        "5",
+                    ],
+                    env,
+                    logs / "coordinator.log",
+                )
+                yield Release(cp, agent, store, storage_dir, redis_server.url, env, procs, manifest, metrics_port)
+            finally:
+                for p in procs.values():
+                    stop_popen(p, 15)
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-                try:
-                    p.wait(15)
-                except subprocess.TimeoutExpired:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait(5)
         agent.stop()
         store.close()
 
@@ -379,13 +338,6 @@ def test_a_service_naming_an_unknown_group_is_degraded(release: Release) -> None
 
 
 # -- 3. end to end ----------------------------------------------------------------------------------
-def _entries(table_rows: range, version: int) -> list[Entry]:
-    return [
-        Entry(f"row{r:05d}".encode(), b"f", b"q", b"", 1000 + version, False, f"v{version}-{r}".encode())
-        for r in table_rows
-    ]
-
-
 def test_burst_scale_up_drain_and_scale_down(release: Release, tmp_path: Path) -> None:
     e2e = [
         {
@@ -420,7 +372,7 @@ def test_burst_scale_up_drain_and_scale_down(release: Release, tmp_path: Path) -
     files = []
     for version in range(3):
         path = f"import-{version}.parquet"
-        write_sorted(local, path, _entries(range(1000), version))
+        write_sorted(local, path, entries(range(1000), version))
         files.append(str(tmp_path / path))
     release.kompaktor("import", "e2e", *files)
     wait_until(lambda: release.store.queues.stats("e2e").queued >= 10, "a burst of queued jobs", timeout=60)
@@ -445,7 +397,7 @@ def test_burst_scale_up_drain_and_scale_down(release: Release, tmp_path: Path) -
     import pyarrow.parquet as pq
 
     scanned = pq.read_table(out_file).to_pylist()
-    assert [(r["row"], r["value"]) for r in scanned] == [(e.row, e.value) for e in _entries(range(1000), 2)]
+    assert [(r["row"], r["value"]) for r in scanned] == [(e.row, e.value) for e in entries(range(1000), 2)]
     # lower the replicas: the operator drains idle compactors, the ReplicaSet removes exactly those
     before = {r.pod for r in release.agent.records if r.pod.startswith("kompaktor-e2e-") and r.stopped is None}
     assert len(before) == 3
@@ -591,7 +543,7 @@ def test_hpa_scales_a_group_on_the_operator_served_queue_depth(release: Release)
     local = Storage.from_uri(str(release.storage_dir / "auto-src"))
     files = []
     for version in range(3):
-        write_sorted(local, f"i{version}.parquet", _entries(range(1000), version))
+        write_sorted(local, f"i{version}.parquet", entries(range(1000), version))
         files.append(str(release.storage_dir / "auto-src" / f"i{version}.parquet"))
     burst = time.monotonic()
     release.kompaktor("import", "auto", *files)
@@ -670,7 +622,7 @@ def test_an_untrusted_metrics_api_is_a_degraded_group_not_a_silent_one(release: 
         local = Storage.from_uri(str(release.storage_dir / "blind-src"))
         files = []
         for version in range(3):
-            write_sorted(local, f"b{version}.parquet", _entries(range(1000), version))
+            write_sorted(local, f"b{version}.parquet", entries(range(1000), version))
             files.append(str(release.storage_dir / "blind-src" / f"b{version}.parquet"))
         release.kompaktor("import", "blind", *files)
         wait_until(lambda: release.store.queues.stats("blind").queued == 2, "2 queued jobs", timeout=60)
@@ -851,7 +803,7 @@ def test_deleting_resources_collects_children_and_uninstall_keeps_crds(release: 
         timeout=60,
     )
     with helm.Config(kubeconfig_path=str(release.cp.kubeconfig), namespace=NS) as cfg:
-        cfg.uninstall(RELEASE, timeout=60)
+        cfg.uninstall(RELEASE, timeout=60)  # (the fixture's uninstall then finds nothing)
     wait_until(
         lambda: release.get("deployment", f"{RELEASE}-operator") is None, "the operator Deployment gone", timeout=60
     )

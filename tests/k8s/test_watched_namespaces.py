@@ -11,7 +11,8 @@ ServiceAccount token — its RBAC is exactly the chart's Roles, so a verb they l
 - The drain token Secret is the same after ``helm upgrade`` (kept through lookup) and in every
   compactor namespace.
 
-(Sorted after test_user_path.py on purpose: that module's release owns the CRDs when both run.)
+(Runs before or after test_user_path.py, or alone: tests/support/k8s.py installs the CRDs only
+where no release has, and uninstalls each release when its module ends.)
 """
 
 from __future__ import annotations
@@ -19,23 +20,23 @@ from __future__ import annotations
 import base64
 import json
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import helm_python as helm
 import kubernetes
 import pytest
-from controlplane import ControlPlane, wait_until
 
+from kompaktor.local.procs import stop_popen
 from kompaktor_operator import naming
+from tests.k8s.controlplane import ControlPlane, wait_until
+from tests.support.k8s import CHART, Namespaced, container_env, helm_release, start_local
 
 ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "helm" / "kompaktor"
 NS = "kompaktor-sec"  # the release's namespace
 WATCHED = "tables-sec"  # the only namespace the operator watches
 RELEASE = "kompaktor-sec"
@@ -45,41 +46,16 @@ OPERATOR_SA = f"{RELEASE}-operator"
 
 
 @dataclass
-class Install:
+class Install(Namespaced):
+    namespace: ClassVar[str] = WATCHED
     cp: ControlPlane
     core: Any
     values: dict[str, Any]
     operator: subprocess.Popen
     log: Path
 
-    def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
-        return self.cp.kubectl("-n", WATCHED, *args, check=check, input=input)
-
-    def get(self, kind: str, name: str) -> dict[str, Any] | None:
-        out = self.kubectl("get", kind, name, "-o", "json", check=False)
-        return json.loads(out.stdout) if out.returncode == 0 else None
-
     def ready(self, name: str) -> dict[str, Any] | None:
-        obj = self.get("compactorgroup", name) or {}
-        return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == "Ready"), None)
-
-
-def _operator_env(cp: ControlPlane, core: Any) -> dict[str, str]:
-    """The operator container's environment as the chart renders it, Secret references resolved."""
-    dep = json.loads(cp.kubectl("-n", NS, "get", "deployment", f"{RELEASE}-operator", "-o", "json").stdout)
-    c = next(c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "operator")
-    env: dict[str, str] = {}
-    for e in c.get("env") or []:
-        if "value" in e:
-            env[e["name"]] = e["value"]
-        elif "secretKeyRef" in (e.get("valueFrom") or {}):
-            ref = e["valueFrom"]["secretKeyRef"]
-            env[e["name"]] = base64.b64decode(core.read_namespaced_secret(ref["name"], NS).data[ref["key"]]).decode()
-    return env
-
-
-def _crds_installed(cp: ControlPlane) -> bool:
-    return cp.kubectl("get", "crd", f"compactorgroups.{naming.API_GROUP}", check=False).returncode == 0
+        return self.condition("compactorgroup", name, "Ready")
 
 
 @pytest.fixture(scope="module")
@@ -93,44 +69,27 @@ def install(
     for ns in (NS, WATCHED):  # the Redis URL where the operator and the compactors read it
         core.create_namespaced_secret(ns, {"metadata": {"name": REDIS_SECRET}, "stringData": {"url": redis_server.url}})
     values = {
-        "crds": {"install": not _crds_installed(cp)},  # test_user_path's release owns them when it ran first
         "operator": {"watchNamespaces": [WATCHED]},
         "redis": {"bundled": False, "external": {"existingSecret": REDIS_SECRET}},
         "autoscaler": "hpa",
         "storage": {"uri": str(tmp_path_factory.mktemp("storage"))},
     }
     log = tmp_path_factory.mktemp("sec-logs") / "operator.log"
-    proc: subprocess.Popen | None = None
-    with helm.Config(kubeconfig_path=str(cp.kubeconfig), namespace=NS) as cfg:
-        cfg.install(str(CHART), RELEASE, values, namespace=NS, timeout=120)
+    with helm_release(cp, RELEASE, NS, values) as (_, installed):
+        env = {
+            **os.environ,
+            **container_env(cp, core, NS, f"{RELEASE}-operator", "operator"),
+            "KUBECONFIG": str(cp.service_account_kubeconfig(NS, OPERATOR_SA)),  # never admin
+            "KOMPAKTOR_SCALE_INTERVAL": "1",
+            "KOMPAKTOR_STATUS_INTERVAL": "2",
+            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
+        # as the chart runs it: --namespace for each watched namespace
+        proc = start_local([str(BIN / "kompaktor"), "operator", "--liveness", "", "--namespace", WATCHED], env, log)
         try:
-            env = {
-                **os.environ,
-                **_operator_env(cp, core),
-                "KUBECONFIG": str(cp.service_account_kubeconfig(NS, OPERATOR_SA)),  # never admin
-                "KOMPAKTOR_SCALE_INTERVAL": "1",
-                "KOMPAKTOR_STATUS_INTERVAL": "2",
-                "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-            }
-            with open(log, "wb") as out:
-                # as the chart runs it: --namespace for each watched namespace
-                proc = subprocess.Popen(
-                    [str(BIN / "kompaktor"), "operator", "--liveness", "", "--namespace", WATCHED],
-                    env=env,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            yield Install(cp, core, values, proc, log)
+            yield Install(cp, core, installed, proc, log)
         finally:
-            if proc is not None and proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(15)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait(5)
-            cfg.uninstall(RELEASE, timeout=60, ignore_not_found=True)
+            stop_popen(proc, 15)
 
 
 def _apply_group(inst: Install, name: str, **spec: Any) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +20,7 @@ import pytest_asyncio
 from kompaktor_operator import depth, handlers, kube
 from kompaktor_operator.config import OperatorConfig
 from kompaktor_operator.scaling import CompactorView
+from tests.support.wait import apoll
 
 NS = "kompaktor"
 CRDS = ["compactionservices", "compactorgroups", "compactions"]
@@ -112,19 +112,13 @@ class FakeBackend:
         self.compactions[cid]["state"] = "Cancelled"
 
 
+#: what reading an object the operator has not written yet raises
+NOT_YET = (AssertionError, KeyError, TypeError, IndexError, StopIteration)
+
+
 async def eventually(check: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    """Poll ``check`` until it returns a truthy value (or stops raising AssertionError/KeyError)."""
-    deadline = time.monotonic() + timeout
-    last: BaseException | None = None
-    while time.monotonic() < deadline:
-        try:
-            result = check()
-            if result:
-                return result
-        except (AssertionError, KeyError, TypeError, IndexError, StopIteration) as exc:
-            last = exc
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}: {last!r}")
+    """:func:`tests.support.wait.apoll`, an object not there yet counting as "not yet"."""
+    return await apoll(check, what, timeout, ignore=NOT_YET)
 
 
 @pytest.fixture

@@ -67,7 +67,7 @@ def test_user_compaction_starts_once_per_request(redis_url: str) -> None:
 
 
 def test_redis_going_away_is_backend_unavailable(redis_url: str) -> None:
-    from kompaktor.local.redis_server import free_port
+    from tests.support.ports import free_port
 
     backend = depth.RedisBackend(f"redis://127.0.0.1:{free_port()}/0")  # nothing listens there
     for call in (

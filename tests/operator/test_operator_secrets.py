@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from kompaktor.local.redis_server import RedisProcess, free_port
+from kompaktor.local.redis_server import RedisProcess
 from kompaktor_operator import depth
+from tests.support.ports import free_port
 
 from .conftest import Api, eventually
 from .test_operator import SERVICES_RES, body

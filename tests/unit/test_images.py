@@ -31,7 +31,8 @@ from kompaktor_operator.models import CompactorGroupSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
-VERSION = PYPROJECT["project"]["version"]
+#: the one version source (pyproject.toml reads it: [tool.hatch.version])
+VERSION = __version__
 CHART = ROOT / "helm" / "kompaktor"
 #: image -> the subcommand its CMD must run
 IMAGES = {"operator": "operator", "compactor": "compactor"}
@@ -239,11 +240,37 @@ def test_compactor_image_has_java_17_and_a_scratch_dir() -> None:
     )
 
 
+def test_compactor_image_works_without_the_operator_extra() -> None:
+    """The compactor image installs only the spark extra: the compactor never imports kopf or the
+    asyncio Kubernetes client, and ``kompaktor operator`` there fails with one line naming the
+    extra."""
+    text = (ROOT / "compactor" / "Dockerfile").read_text()
+    assert '"kompaktor[spark]==${VERSION}"' in text and "operator]" not in text
+    code = (
+        "import sys\n"
+        "sys.modules['kopf'] = sys.modules['kubernetes_asyncio'] = sys.modules['aiohttp'] = None\n"
+        "import importlib, pkgutil, kompaktor\n"
+        "for m in pkgutil.walk_packages(kompaktor.__path__, 'kompaktor.'):\n"
+        "    if not m.name.endswith('__main__'):\n"
+        "        importlib.import_module(m.name)\n"
+        "from click.testing import CliRunner\n"
+        "from kompaktor.cli import main\n"
+        "r = CliRunner().invoke(main, ['compactor', '--help'])\n"
+        "assert r.exit_code == 0, (r.output, r.exception)\n"
+        "r = CliRunner().invoke(main, ['operator', '--redis', 'redis://127.0.0.1:1/0'])\n"
+        "assert r.exit_code == 1 and \"pip install 'kompaktor[operator]'\" in r.output, (r.output, r.exception)\n"
+        "assert len(r.output.strip().splitlines()) == 1, r.output\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "compactor"), str(ROOT / "operator")])}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
 def test_operator_image_works_without_pyspark() -> None:
     """The operator image never installs PySpark (an extra it does not ask for); the operator and
     the coordinator (which runs from the same image) must not import it."""
     text = (ROOT / "operator" / "Dockerfile").read_text()
-    assert '"kompaktor==${VERSION}"' in text and "[spark]" not in text and "pyspark" not in text.split("#")[0]
+    assert '"kompaktor[operator]==${VERSION}"' in text and "[spark]" not in text and "pyspark" not in text.split("#")[0]
     assert 'spark = ["pyspark' in (ROOT / "pyproject.toml").read_text()
     code = (
         "import sys\n"
@@ -261,7 +288,7 @@ def test_operator_image_works_without_pyspark() -> None:
     assert result.returncode == 0, result.stderr
 
 
-# --- versions: pyproject.toml is the one place ----------------------------------------------
+# --- versions: kompaktor.__version__ is the one place -----------------------------------------
 
 
 def built_tags() -> dict[str, str]:
@@ -283,11 +310,16 @@ def built_tags() -> dict[str, str]:
     return tags
 
 
-def test_package_version_is_the_pyproject_version() -> None:
-    assert __version__ == VERSION
+def test_package_version_has_one_source() -> None:
+    """pyproject.toml spells no version: hatchling reads ``__version__`` (a second literal would
+    drift from it)."""
+    assert "version" not in PYPROJECT["project"]
+    assert "version" in PYPROJECT["project"]["dynamic"]
+    assert PYPROJECT["tool"]["hatch"]["version"]["path"] == "compactor/kompaktor/__init__.py"
+    assert re.fullmatch(r"\d+\.\d+\.\d+", VERSION)
 
 
-def test_make_images_tags_every_image_with_the_pyproject_version() -> None:
+def test_make_images_tags_every_image_with_the_package_version() -> None:
     tags = built_tags()
     assert set(tags) == {*IMAGES, "redis"}
     for tag in tags.values():
@@ -341,7 +373,7 @@ def images_in(values: Any, path: str = "") -> dict[str, dict[str, Any]]:
     return found
 
 
-def test_chart_app_version_is_the_pyproject_version() -> None:
+def test_chart_app_version_is_the_package_version() -> None:
     chart, _, _ = chart_files()
     assert str(chart["appVersion"]) == VERSION
 

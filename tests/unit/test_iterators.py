@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from kompaktor.model.iterators import SCAN, IteratorSettings, apply_stack, merge_sources, merged_view
 from kompaktor.model.keys import Entry, is_sorted, sort_key
+from tests.support.strategies import iterator_settings
 
 
 def put(row: bytes, ts: int, value: bytes = b"", cf: bytes = b"f", cq: bytes = b"q", vis: bytes = b"") -> Entry:
@@ -165,16 +166,7 @@ small_entry = st.builds(
     st.binary(max_size=2),
 )
 sources_st = st.lists(st.lists(small_entry, max_size=12).map(lambda es: sorted(es, key=sort_key)), max_size=4)
-settings_st = st.builds(
-    IteratorSettings,
-    max_versions=st.integers(1, 3),
-    full=st.booleans(),
-    ageoff_ttl_ms=st.one_of(st.none(), st.integers(0, 4)),
-    now_ms=st.integers(0, 6),
-    row_regex=st.one_of(st.none(), st.sampled_from(["^a", "\\x80", "^$", "b|\\xff"])),
-    row_start=st.one_of(st.none(), st.sampled_from(ROWS)),
-    row_end=st.one_of(st.none(), st.sampled_from(ROWS)),
-)
+settings_st = iterator_settings(ROWS, ["^a", "\\x80", "^$", "b|\\xff"], max_ttl=4, max_now=6)
 
 
 def tag(sources: list[list[Entry]]) -> list[list[Entry]]:

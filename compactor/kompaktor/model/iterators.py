@@ -21,8 +21,9 @@ import heapq
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from kompaktor.model.keys import Entry, sort_key
+from kompaktor.model.keys import Entry, SortKey, sort_key
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ class IteratorSettings:
             return (self.row_start is None or row >= self.row_start) and (self.row_end is None or row < self.row_end)
         return False
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "max_versions": self.max_versions,
             "full": self.full,
@@ -78,7 +79,7 @@ class IteratorSettings:
         }
 
     @classmethod
-    def from_json(cls, d: dict) -> IteratorSettings:
+    def from_json(cls, d: dict[str, Any]) -> IteratorSettings:
         return cls(
             max_versions=d.get("max_versions", 1),
             full=d.get("full", True),
@@ -97,7 +98,7 @@ def merge_sources(sources: Sequence[Iterable[Entry]]) -> Iterator[Entry]:
     """k-way merge of sorted sources; identical keys come newest source (highest index) first."""
     n = len(sources)
 
-    def ranked(src: Iterable[Entry], rank: int) -> Iterator[tuple]:
+    def ranked(src: Iterable[Entry], rank: int) -> Iterator[tuple[SortKey, int, Entry]]:
         # a function, not a nested generator expression: that would read ``i`` late, giving
         # every source the last rank (and identical keys oldest source first)
         for e in src:
@@ -114,7 +115,7 @@ def apply_stack(merged: Iterable[Entry], settings: IteratorSettings = SCAN) -> I
     row_filter = settings.has_row_filter
     max_v = settings.max_versions
     keep_markers = not settings.full
-    current: tuple | None = None
+    current: tuple[bytes, bytes, bytes, bytes] | None = None
     deleted = False
     kept = 0
     last_row: bytes | None = None

@@ -32,7 +32,11 @@ class Entry(NamedTuple):
         return (self.row, self.cf, self.cq, self.vis)
 
 
-def sort_key(e: Entry) -> tuple[bytes, bytes, bytes, bytes, int, bool]:
+#: :func:`sort_key`'s tuple: row, cf, cq, visibility, negated timestamp, not deleted.
+SortKey = tuple[bytes, bytes, bytes, bytes, int, bool]
+
+
+def sort_key(e: Entry) -> SortKey:
     """The total order of keys: use as ``sorted(entries, key=sort_key)``."""
     return (e.row, e.cf, e.cq, e.vis, -e.ts, not e.deleted)
 

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from kompaktor.model.keys import decode_row, encode_row, row_in_range
+from kompaktor.model.keys import SortKey, decode_row, encode_row, row_in_range
 
 ONLINE, OFFLINE, DELETED = "ONLINE", "OFFLINE", "DELETED"
 STATES = (ONLINE, OFFLINE, DELETED)
@@ -109,8 +109,8 @@ class FileInfo:
     size: int
     entries: int
     deletes: int
-    first: tuple | None  # first key as sort_key tuple, None when empty
-    last: tuple | None
+    first: SortKey | None  # first key as sort_key tuple, None when empty
+    last: SortKey | None
 
     @property
     def first_row(self) -> bytes | None:

@@ -463,7 +463,7 @@ def plan(
             kind,
             _choose_sorted(by_size, sum(map(_size_of, job))),
             job_priority(kind, total_files, len(job), max_files),
-            tuple(map(_name_of, job)),  # type: ignore[arg-type]
+            tuple(map(_name_of, job)),
         )
         for job in jobs
     ]
