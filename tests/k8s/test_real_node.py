@@ -600,7 +600,7 @@ def test_a_group_at_zero_wakes_at_its_first_job_and_parks_again(shipped: Shipped
         local = Storage.from_uri(str(tmp_path))
         files = []
         for version in range(3):
-            write_sorted(local, f"zero-{version}.parquet", _entries(range(100), version))
+            write_sorted(local, f"zero-{version}.parquet", entries(range(100), version))
             files.append(str(tmp_path / f"zero-{version}.parquet"))
         s.kompaktor("import", table, *files)
         queued_at = time.monotonic()  # the coordinator queues the job within its next pass
