@@ -191,7 +191,7 @@ class SparkMergeEngine:
             }
 
         report = progress or (lambda d: None)
-        report(progress_dict(0, 0, 0, 0, 0, n, started, **extra()))
+        report(progress_dict(0, 0, reused_bytes, 0, len(reused), n, started, **extra()))
 
         group = f"kompaktor-{req.tmp_tag}-{uuid.uuid4().hex[:8]}"
         outcome: dict = {}
