@@ -12,10 +12,12 @@ renewed with every part recorded), and is deleted before that:
 - on commit, with its parts (:func:`finish`);
 - when the job changed: a commit refused, the tablet gone or no longer holding every input, a
   user compaction cancelled, a bad input (:func:`discard`, by the compactor); and by the
-  coordinator's garbage collection (:func:`prune`), which also drops index entries whose record
-  expired.
+  coordinator's garbage collection (:func:`prune`: the tablet gone, split or merged — its range
+  is no longer the record's —, or an input no longer the tablet's), which also drops index
+  entries whose record expired.
 
-A record whose job is still possible (tablet there, all its inputs still the tablet's files) is
+A record whose job is still possible (tablet there with the same range, all its inputs still the
+tablet's files) is
 **live**: the garbage collector keeps its parts whatever their age. Once it is pruned or expired
 its parts are ordinary temporary files, removed after the temp-file grace period.
 
@@ -43,6 +45,11 @@ from kompaktor.model.resume import (
 
 log = logging.getLogger(__name__)
 
+
+def _hex(b: Bound) -> str | None:
+    return None if b is None else b.hex()
+
+
 #: a progress record expires this long after its last write (a day: a requeued job is normally
 #: retried within minutes; a job that waits longer, e.g. behind a full queue, starts over)
 PROGRESS_TTL_S = 24 * 3600
@@ -51,11 +58,20 @@ PROGRESS_TTL_S = 24 * 3600
 class RedisResumeLog:
     """The :class:`~kompaktor.model.resume.ResumeLog` of one job, in the metadata store."""
 
-    def __init__(self, store: MetadataStore, fingerprint: str, tablet: str, inputs: tuple[str, ...]) -> None:
+    def __init__(
+        self,
+        store: MetadataStore,
+        fingerprint: str,
+        tablet: str,
+        inputs: tuple[str, ...],
+        prev: Bound = None,
+        end: Bound = None,
+    ) -> None:
         self.store = store
         self.fingerprint = fingerprint
         self.tablet = tablet
         self.inputs = tuple(inputs)
+        self.prev, self.end = prev, end
         self.key = C.progress_key(fingerprint)
         #: parts recorded by this attempt (and reused ones), index -> record
         self.recorded: dict[int, PartRecord] = {}
@@ -82,6 +98,7 @@ class RedisResumeLog:
         job = {
             "tablet": self.tablet,
             "inputs": list(self.inputs),
+            "range": [_hex(self.prev), _hex(self.end)],
             "cuts": encode_cuts(cuts),
             "now_ms": now_ms,
             "created": time.time(),
@@ -179,9 +196,9 @@ def prune(store: MetadataStore) -> tuple[set[str], list[str]]:
         if raw is None or t is None:
             stale.append(fp)
             continue
-        inputs = json.loads(raw).get("inputs", [])
-        if not set(inputs) <= set(t.files):
-            stale.append(fp)
+        job = json.loads(raw)
+        if not set(job.get("inputs", [])) <= set(t.files) or job.get("range") != [_hex(t.prev), _hex(t.end)]:
+            stale.append(fp)  # inputs compacted away, or the tablet split or merged (same id, other range)
             continue
         live.add(fp)
     for fp in stale:

@@ -265,7 +265,7 @@ class Compactor:
             fp = job_fingerprint(
                 res.tablet, res.prev, res.end, res.job.files, res.job.kind, res.job.selection, res.settings
             )
-            rlog = resume_records.RedisResumeLog(self.store, fp, res.tablet, res.inputs)
+            rlog = resume_records.RedisResumeLog(self.store, fp, res.tablet, res.inputs, res.prev, res.end)
             try:
                 state = rlog.load()
             except StoreUnavailable:
