@@ -1,5 +1,6 @@
-"""``kompaktor compactor`` for the resume chaos test (issue 23 §2), run as a script: its Arrow
-engine is resumable at any size and cuts small key ranges (``KOMPAKTOR_TEST_RANGE_ENTRIES``), and
+"""``kompaktor compactor`` for the resume chaos test (issue 23 §2), run as a script: its engine
+(``KOMPAKTOR_TEST_ENGINE``: ``arrow``, resumable at any size, or ``spark`` in ``local[2]``) cuts
+small key ranges (``KOMPAKTOR_TEST_RANGE_ENTRIES``), and
 once a merge has finished the share ``KOMPAKTOR_TEST_HOLD_AT`` (0..1) of its parts it creates
 ``<KOMPAKTOR_TEST_HELD>`` (holding ``parts_done parts``) and holds there, so that the test can
 SIGKILL the process at a known point of the merge (the engine's read-ahead thread is merging the
@@ -43,7 +44,14 @@ def _main() -> None:
     range_entries = int(os.environ["KOMPAKTOR_TEST_RANGE_ENTRIES"])
 
     def make_engine(kind: str = "arrow", **kw: Any) -> HoldingEngine:
-        return HoldingEngine(ArrowMergeEngine(range_entries=range_entries, resume_min_bytes=0), hold_at, held)
+        if os.environ.get("KOMPAKTOR_TEST_ENGINE", "arrow") == "spark":
+            from kompaktor.engines.spark import SparkMergeEngine
+
+            conf = {"spark.default.parallelism": "2", "spark.ui.enabled": "false"}
+            inner: Any = SparkMergeEngine("local[2]", conf, task_entries=range_entries, warm=False)
+        else:
+            inner = ArrowMergeEngine(range_entries=range_entries, resume_min_bytes=0)
+        return HoldingEngine(inner, hold_at, held)
 
     engines.make_engine = make_engine
     sys.argv[0] = "kompaktor"

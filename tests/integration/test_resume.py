@@ -105,7 +105,7 @@ def interrupt(engine, storage: Storage, paths: list[str], log, k: int, tag: str 
     cancel = threading.Event()
 
     def on_progress(p: dict) -> None:
-        if p["parts_done"] >= k:
+        if p["parts_done"] >= min(k, p["parts"]):
             cancel.set()
 
     with pytest.raises(MergeCancelled):
@@ -169,6 +169,25 @@ def test_interrupted_merge_resumes_only_the_unfinished_ranges(
     assert temp_files(storage) == []
     assert records.RedisResumeLog(store, fp, "t1;", tuple(paths)).load() is None
     assert records.records(store) == {}
+
+
+def test_a_merge_stopped_after_its_last_part_resumes_without_merging(
+    engine, store: MetadataStore, storage: Storage, inputs
+) -> None:
+    """Every range recorded, the process stopped before the output was complete: the retry only
+    appends the parts (no range merged, no input row group decoded)."""
+    paths, _srcs = inputs
+    ref = uninterrupted(engine, store, storage, paths)
+    fp = fingerprint(storage, paths)
+    interrupt(engine, storage, paths, records.RedisResumeLog(store, fp, "t1;", tuple(paths)), 10**6)
+    state = records.RedisResumeLog(store, fp, "t1;", tuple(paths)).load()
+    assert state is not None and len(state.parts) == len(state.cuts)
+    retry = records.RedisResumeLog(store, fp, "t1;", tuple(paths))
+    got = engine.merge(storage, req(paths, "A02.parquet", "ECID-00000000000000b2", retry))
+    assert got.parts_reused == len(state.cuts) and got.entries_read == 0 and got.input_bytes_reread == 0
+    assert digest(storage, got.info.path) == digest(storage, ref.info.path)
+    records.finish(store, storage, fp, got.parts)
+    assert temp_files(storage) == []
 
 
 def test_a_corrupted_recorded_part_is_merged_again(engine, store: MetadataStore, storage: Storage, inputs) -> None:

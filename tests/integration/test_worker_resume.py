@@ -28,7 +28,7 @@ from kompaktor.coordinator import Coordinator, CoordinatorSettings
 from kompaktor.engines.arrow import ArrowMergeEngine
 from kompaktor.files.sortedfile import entries_to_table
 from kompaktor.files.storage import Storage
-from kompaktor.local.procs import stop_popen
+from kompaktor.local.procs import kill_group, spawn, stop_popen
 from kompaktor.metadata import progress as records
 from kompaktor.metadata import user_compactions as usercompaction
 from kompaktor.metadata.store import MetadataStore
@@ -40,7 +40,7 @@ from kompaktor.worker import Compactor, WorkerSettings
 sys.path.insert(0, str(Path(__file__).parent))
 from gated_engine import GatedEngine
 
-pytestmark = [pytest.mark.redis, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(180)]
 
 GROUP = "default"
 RANGE_ENTRIES = 500
@@ -261,10 +261,16 @@ def test_gc_keeps_a_live_jobs_parts_and_collects_those_of_a_job_that_changed(
     assert list(client.scan("t")) == before
 
 
-@pytest.mark.parametrize("at", [0.3, 0.6, 0.9])
+@pytest.mark.parametrize(
+    ("kind", "at"),
+    [("arrow", 0.3), ("arrow", 0.6), ("arrow", 0.9), pytest.param("spark", 0.6, marks=pytest.mark.spark)],
+)
 def test_chaos_sigkill_mid_merge_then_the_retry_reads_only_the_unfinished_share(
-    store: MetadataStore, storage: Storage, redis_url: str, tmp_path: Path, at: float
+    store: MetadataStore, storage: Storage, redis_url: str, tmp_path: Path, kind: str, at: float
 ) -> None:
+    """The whole compactor (its process group: with Spark, the JVM and Python workers too) is
+    SIGKILLed once the merge has finished ``at`` of its key ranges; the retry runs on an Arrow
+    compactor (any engine resumes any engine's record: the cuts are recorded)."""
     client = Client(store, storage)
     tid, compressed = make_table(store, storage, files=4, n=5000)
     before = list(client.scan("t"))
@@ -278,21 +284,22 @@ def test_chaos_sigkill_mid_merge_then_the_retry_reads_only_the_unfinished_share(
         KOMPAKTOR_TEST_HOLD_AT=str(at),
         KOMPAKTOR_TEST_HELD=str(held),
         KOMPAKTOR_TEST_RANGE_ENTRIES=str(RANGE_ENTRIES),
+        KOMPAKTOR_TEST_ENGINE=kind,
         POD_NAME="victim",
         PYTHONUNBUFFERED="1",
     )
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "compactor"), env.get("PYTHONPATH", "")])
-    proc = subprocess.Popen(
-        [sys.executable, SCRIPT, "compactor", "--group", GROUP, "--engine", "arrow", "--http-port", "-1"],
+    proc = spawn(
+        [sys.executable, SCRIPT, "compactor", "--group", GROUP, "--engine", kind, "--http-port", "-1"],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     try:
-        wait_for(held.exists, "the compactor to reach the kill point")
+        wait_for(held.exists, "the compactor to reach the kill point", timeout=90)
         done, n = map(int, held.read_text().split())
         assert done == math.ceil(at * n)
-        proc.kill()  # SIGKILL: no cleanup of any kind
+        kill_group(proc.pid)  # SIGKILL to the whole process group: no cleanup of any kind
         proc.wait(10)
     finally:
         stop_popen(proc, 5)

@@ -212,7 +212,12 @@ class ArrowMergeEngine:
                 pw = SortedFileWriter(storage, names[i], tmp_tag=req.tmp_tag)
                 try:
                     pw.write_table(out, checked=True)
-                    info = pw.commit({b"kompaktor.entries_read": str(n_read).encode()})
+                    info = pw.commit(
+                        {
+                            b"kompaktor.entries_read": str(n_read).encode(),
+                            b"kompaktor.bytes_read": str(nbytes).encode(),
+                        }
+                    )
                 except BaseException:
                     pw.abort()
                     raise
