@@ -145,10 +145,11 @@ def metric(w: Compactor, name: str) -> float:
     raise AssertionError(f"{name} not exported")
 
 
-def interrupted_by_drain(store: MetadataStore, storage: Storage, hold_after: int = 3) -> None:
+def interrupted_by_drain(store: MetadataStore, storage: Storage, hold_after: int = 3, queued: bool = False) -> None:
     """A compactor drained (grace period too short) while merging: it releases the job after
-    ``hold_after`` recorded parts; the progress stays."""
-    plan(store, storage)
+    ``hold_after`` recorded parts; the progress stays. ``queued``: the job is already queued."""
+    if not queued:
+        plan(store, storage)
     gated = GatedEngine(engine(), threading.Event(), hold_after_parts=hold_after)
     w = Compactor(store, storage, settings("c1", drain_grace_s=60.0, default_throughput_bps=1.0), engine=gated)
     out: list[Any] = []
@@ -202,6 +203,30 @@ def test_a_cancelled_user_compaction_discards_its_progress(store: MetadataStore,
     assert out[0].status == "cancelled" and "user compaction cancelled" in out[0].reason, out
     # discarded by the compactor at once: no record, no part
     assert records.records(store) == {} and temp_files(storage) == []
+    assert list(client.scan("t")) == before
+
+
+def test_a_user_compaction_cancelled_between_attempts_discards_its_progress(
+    store: MetadataStore, storage: Storage
+) -> None:
+    """Drained mid-merge (progress kept for the retry), then cancelled while no compactor runs it:
+    the coordinator's next pass prunes the record (its selection is gone), and its parts go after
+    the grace period."""
+    client = Client(store, storage)
+    make_table(store, storage)
+    before = list(client.scan("t"))
+    cid = usercompaction.start(store, "t")
+    Coordinator(store, storage).tick()
+    interrupted_by_drain(store, storage, queued=True)
+    fp, recorded, _n = only_record(store)
+    parts = temp_files(storage)
+    assert recorded == 3 and len(parts) == 3
+    coord = Coordinator(store, storage)
+    assert coord.collect_garbage(0.0) == [] and records.records(store) != {}  # live: kept
+    usercompaction.cancel(store, cid)
+    assert coord.collect_garbage(1e9) == []
+    assert records.records(store) == {} and not store._r.exists(C.progress_key(fp))
+    assert sorted(coord.collect_garbage(0.0)) == parts
     assert list(client.scan("t")) == before
 
 

@@ -13,11 +13,11 @@ renewed with every part recorded), and is deleted before that:
 - when the job changed: a commit refused, the tablet gone or no longer holding every input, a
   user compaction cancelled, a bad input (:func:`discard`, by the compactor); and by the
   coordinator's garbage collection (:func:`prune`: the tablet gone, split or merged — its range
-  is no longer the record's —, or an input no longer the tablet's), which also drops index
-  entries whose record expired.
+  is no longer the record's —, an input no longer the tablet's, its selection cancelled or done,
+  the job dead-lettered), which also drops index entries whose record expired.
 
 A record whose job is still possible (tablet there with the same range, all its inputs still the
-tablet's files) is
+tablet's files, its selection still the tablet's, not dead-lettered) is
 **live**: the garbage collector keeps its parts whatever their age. Once it is pruned or expired
 its parts are ordinary temporary files, removed after the temp-file grace period.
 
@@ -35,6 +35,7 @@ from kompaktor import keyspace as C
 from kompaktor.files.storage import Storage
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.errors import StoreUnavailable
+from kompaktor.model.job import fingerprint as job_fingerprint_of_failures
 from kompaktor.model.resume import (
     Bound,
     PartRecord,
@@ -42,6 +43,7 @@ from kompaktor.model.resume import (
     decode_cuts,
     encode_cuts,
 )
+from kompaktor.model.tablet import Tablet
 
 log = logging.getLogger(__name__)
 
@@ -66,12 +68,14 @@ class RedisResumeLog:
         inputs: tuple[str, ...],
         prev: Bound = None,
         end: Bound = None,
+        selection: str | None = None,
     ) -> None:
         self.store = store
         self.fingerprint = fingerprint
         self.tablet = tablet
         self.inputs = tuple(inputs)
         self.prev, self.end = prev, end
+        self.selection = selection  # a USER or SELECTOR job's selection: cancelled, the job is gone
         self.key = C.progress_key(fingerprint)
         #: parts recorded by this attempt (and reused ones), index -> record
         self.recorded: dict[int, PartRecord] = {}
@@ -80,7 +84,13 @@ class RedisResumeLog:
         raw = self.store.call(self.store._r.hgetall, self.key)
         if not raw or b"job" not in raw:
             return None
-        job = json.loads(raw[b"job"])
+        try:
+            job = json.loads(raw[b"job"])
+            cuts = decode_cuts(job["cuts"])
+            now_ms = int(job.get("now_ms", 0))
+        except (ValueError, KeyError, TypeError):
+            log.warning("progress record %s is damaged: not used", self.fingerprint[:16])
+            return None
         if job.get("tablet") != self.tablet or sorted(job.get("inputs", [])) != sorted(self.inputs):
             return None  # a fingerprint collision of another job: never
         parts: dict[int, PartRecord] = {}
@@ -91,7 +101,7 @@ class RedisResumeLog:
                 except (ValueError, KeyError, TypeError):
                     continue  # damaged: that range is merged again
                 parts[rec.index] = rec
-        return ResumeState(decode_cuts(job["cuts"]), int(job.get("now_ms", 0)), parts)
+        return ResumeState(cuts, now_ms, parts)
 
     def start(self, cuts: tuple[tuple[Bound, Bound], ...], now_ms: int) -> None:
         """Record the job and its cuts (a new record: any older one under this key is replaced)."""
@@ -99,6 +109,7 @@ class RedisResumeLog:
             "tablet": self.tablet,
             "inputs": list(self.inputs),
             "range": [_hex(self.prev), _hex(self.end)],
+            "selection": self.selection,
             "cuts": encode_cuts(cuts),
             "now_ms": now_ms,
             "created": time.time(),
@@ -178,27 +189,43 @@ def records(store: MetadataStore) -> dict[str, str]:
     return {k.decode(): v.decode() for k, v in store.call(store._r.hgetall, C.PROGRESS).items()}
 
 
+def _gone(job: dict, t: Tablet | None, dead: set[str]) -> bool:
+    """Whether the job a record was written for can no longer run."""
+    if t is None:
+        return True  # the tablet is gone: split, merged or deleted
+    inputs = job.get("inputs", [])
+    if not set(inputs) <= set(t.files):
+        return True  # an input was compacted away (the job committed, or another one did)
+    if job.get("range") != [_hex(t.prev), _hex(t.end)]:
+        return True  # the tablet was split or merged into one with the same id
+    sel = job.get("selection")
+    if sel is not None and (t.selection is None or t.selection.id != sel):
+        return True  # its user compaction (or selector's selection) was cancelled or is done
+    return job_fingerprint_of_failures(job.get("tablet", ""), inputs) in dead  # dead-lettered
+
+
 def prune(store: MetadataStore) -> tuple[set[str], list[str]]:
-    """The coordinator's pass over the records: forget those whose job can no longer run (tablet
-    gone — split, merged, deleted —, an input no longer the tablet's) and index entries whose
-    record expired. Returns (the live fingerprints, the pruned ones). Parts are not deleted
-    here: once no live record names their fingerprint they are temporary files like any other,
-    collected after the grace period."""
+    """The coordinator's pass over the records: forget those whose job can no longer run (see
+    :func:`_gone`: tablet gone, split or merged, an input no longer the tablet's, its selection
+    cancelled, the job dead-lettered) and index entries whose record expired or is damaged.
+    Returns (the live fingerprints, the pruned ones). Parts are not deleted here: once no live
+    record names their fingerprint they are temporary files like any other, collected after the
+    grace period."""
     idx = records(store)
     if not idx:
         return set(), []
     tablets = {t.id: t for t in store.get_tablets(sorted(set(idx.values())))}
+    dead = set(store.dead_letters())
     live: set[str] = set()
     stale: list[str] = []
     for fp, tid in idx.items():
         raw = store.call(store._r.hget, C.progress_key(fp), "job")
-        t = tablets.get(tid)
-        if raw is None or t is None:
+        try:
+            job = json.loads(raw) if raw is not None else None
+        except ValueError:
+            job = None
+        if not isinstance(job, dict) or _gone(job, tablets.get(tid), dead):
             stale.append(fp)
-            continue
-        job = json.loads(raw)
-        if not set(job.get("inputs", [])) <= set(t.files) or job.get("range") != [_hex(t.prev), _hex(t.end)]:
-            stale.append(fp)  # inputs compacted away, or the tablet split or merged (same id, other range)
             continue
         live.add(fp)
     for fp in stale:

@@ -25,7 +25,7 @@ from kompaktor.metadata import compactions, failures
 from kompaktor.metadata import progress as resume_records
 from kompaktor.metadata.compactions import Reservation
 from kompaktor.metadata.store import MetadataStore
-from kompaktor.model.errors import ConditionFailed, KompaktorError, StoreUnavailable
+from kompaktor.model.errors import BadFileError, ConditionFailed, KompaktorError, StoreUnavailable
 from kompaktor.model.resume import job_fingerprint
 from kompaktor.model.tablet import ONLINE
 from kompaktor.policy.services import DEFAULT_DRAIN_GRACE_S, DEFAULT_ENGINE, DEFAULT_SPARK_MASTER
@@ -265,7 +265,9 @@ class Compactor:
             fp = job_fingerprint(
                 res.tablet, res.prev, res.end, res.job.files, res.job.kind, res.job.selection, res.settings
             )
-            rlog = resume_records.RedisResumeLog(self.store, fp, res.tablet, res.inputs, res.prev, res.end)
+            rlog = resume_records.RedisResumeLog(
+                self.store, fp, res.tablet, res.inputs, res.prev, res.end, res.job.selection
+            )
             try:
                 state = rlog.load()
             except StoreUnavailable:
@@ -338,7 +340,8 @@ class Compactor:
         if err is not None:
             reason = str(err) if not isinstance(err, MergeCancelled) else "cancelled"
             compactions.release(self.store, self.storage, res)
-            self._discard_progress(rlog, box)  # a bad input fails every attempt: nothing to resume
+            if isinstance(err, BadFileError):  # fails every attempt: nothing to resume
+                self._discard_progress(rlog, box)
             failures.record_failure(self.store, res.tablet, res.inputs, g, reason)
             self.metrics.failed.labels(g).inc()
             log.error("%s failed: %s", res.ecid, reason)
