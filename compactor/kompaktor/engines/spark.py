@@ -88,7 +88,10 @@ def _run_range(
         return {"index": index, "error": str(exc), "kind": kind}
     # the part is already in the output's format (Parquet, its row groups and compression): the
     # driver copies its bytes into the one output file without decoding them
-    w = SortedFileWriter(storage, final, tmp_tag=tmp_tag)
+    try:
+        w = SortedFileWriter(storage, final, tmp_tag=tmp_tag)
+    except FileExistsError:  # an earlier run of this task published it (complete): the same bytes
+        return {"index": index, "entries_read": read, "entries_written": table.num_rows}
     try:
         w.write_table(table, checked=True)
         w.commit(
@@ -97,6 +100,8 @@ def _run_range(
                 b"kompaktor.bytes_read": str(stats.get("bytes_read", 0)).encode(),
             }
         )
+    except FileExistsError:
+        w.abort()  # published meanwhile by an earlier run of this task (a resumable merge keeps it)
     except BaseException:
         w.abort()
         raise
@@ -270,6 +275,8 @@ class SparkMergeEngine:
             # every part, also one a retried task may have rewritten after it was consumed; a
             # resumable merge keeps the parts it recorded (removed after the commit, or reused)
             for i in range(n):
+                if i in reused:
+                    continue  # an earlier attempt's part: kept until the commit
                 final = names[i]
                 # done, and in progress (object stores write parts at their final name only)
                 staged = (tmp_name(final, req.tmp_tag),) if storage.renames_atomically else ()
