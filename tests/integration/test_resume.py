@@ -252,3 +252,19 @@ def test_a_small_arrow_merge_is_not_resumable(store: MetadataStore, storage: Sto
     )
     assert not got.resumable and got.parts == ()
     assert records.records(store) == {} and temp_files(storage) == []
+
+
+def test_a_spark_task_run_again_after_publishing_its_part_leaves_it_as_it_was(storage: Storage, inputs) -> None:
+    """A resumable merge keeps its parts until the commit: a task Spark runs a second time (a
+    retry after its result was lost) finds its part published — the same range, the same bytes —
+    and succeeds without touching it."""
+    from kompaktor.engines.spark import _run_range
+
+    paths, _srcs = inputs
+    name = f"{TABLE_DIR}/{TMP_PREFIX}RES-{'0' * 32}_ECID-00000000000000c3.p00000.parquet"
+    task = (0, None, b"r\x80", name)
+    first = _run_range(storage, tuple(paths), SETTINGS, "ECID-00000000000000c3", 1 << 30, task)
+    before = digest(storage, name)
+    again = _run_range(storage, tuple(paths), SETTINGS, "ECID-00000000000000c3", 1 << 30, task)
+    assert again == first and "error" not in again
+    assert digest(storage, name) == before and temp_files(storage) == [name]
