@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--engines",
         default="floor,polars,duckdb,pyarrow,arrow,spark",
-        help="of floor, polars, duckdb, pyarrow, arrow, arrow-resumable, spark",
+        help="of floor, polars, duckdb, pyarrow, arrow, arrow-resumable, spark, spark-resumable (with spark)",
     )
     ap.add_argument("--dir", default=None, help="scratch directory (default: a temp dir, removed after)")
     ap.add_argument("--csv", default=str(OUT_DIR / "merge.csv"))
@@ -496,6 +496,32 @@ def run_layout(
             children=True,
         )
 
+    if spark_engine is not None and "spark-resumable" in engines:
+        from kompaktor.engines.spark import SparkMergeEngine  # the session of spark_engine
+
+        bench(
+            "Spark engine, resumable",
+            resumable_fn(
+                storage,
+                inputs,
+                settings,
+                request_cls,
+                f"out/{layout}-spark-resumable.parquet",
+                SparkMergeEngine(args.spark_master, warm=False, resume_min_bytes=0),
+            ),
+            f"out/{layout}-spark-resumable.parquet",
+            "parts kept, checksummed, recorded; deleted after",
+            children=True,
+        )
+        plain = next((r for r in rows if r["engine"] == "Spark engine (warm)"), None)
+        if plain is not None:
+            res = rows[-1]
+            res["note"] += f"; {res['median_s'] / plain['median_s']:.2f}x the plain engine's time"
+            console.print(
+                f"  resumable / plain Spark engine: median {res['median_s'] / plain['median_s']:.2f}x, "
+                f"min {res['min_s'] / plain['min_s']:.2f}x, CPU {res['cpu_s'] / max(1e-9, plain['cpu_s']):.2f}x"
+            )
+
     names = list(outputs)
     for name in names[1:]:
         if not same_entries(storage, outputs[names[0]], outputs[name]):
@@ -543,11 +569,14 @@ class MemoryResumeLog:
         self.parts.pop(index, None)
 
 
-def resumable_fn(storage: Storage, inputs: list[str], settings, request_cls, out: str) -> Callable[[], int]:
-    """One resumable Arrow merge from scratch, its parts deleted after (as after a commit)."""
+def resumable_fn(
+    storage: Storage, inputs: list[str], settings, request_cls, out: str, engine=None
+) -> Callable[[], int]:
+    """One resumable merge from scratch (default: the Arrow engine at any size), its parts
+    deleted after (as after a commit)."""
     from kompaktor.engines.arrow import ArrowMergeEngine
 
-    engine = ArrowMergeEngine(resume_min_bytes=0)
+    engine = engine or ArrowMergeEngine(resume_min_bytes=0)
 
     def run() -> int:
         if storage.exists(out):

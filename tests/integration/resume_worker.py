@@ -48,7 +48,7 @@ def _main() -> None:
             from kompaktor.engines.spark import SparkMergeEngine
 
             conf = {"spark.default.parallelism": "2", "spark.ui.enabled": "false"}
-            inner: Any = SparkMergeEngine("local[2]", conf, task_entries=range_entries, warm=False)
+            inner: Any = SparkMergeEngine("local[2]", conf, task_entries=range_entries, warm=False, resume_min_bytes=0)
         else:
             inner = ArrowMergeEngine(range_entries=range_entries, resume_min_bytes=0)
         return HoldingEngine(inner, hold_at, held)

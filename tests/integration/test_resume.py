@@ -47,7 +47,7 @@ def engine(request):
 
         from .conftest import SPARK_MASTER
 
-        return SparkMergeEngine(SPARK_MASTER, task_entries=RANGE_ENTRIES, warm=False)
+        return SparkMergeEngine(SPARK_MASTER, task_entries=RANGE_ENTRIES, warm=False, resume_min_bytes=0)
     return ArrowMergeEngine(range_entries=RANGE_ENTRIES, resume_min_bytes=0)
 
 
@@ -241,16 +241,25 @@ def test_a_changed_job_does_not_match_the_recorded_progress(
     assert records.discard(store, storage, fp) and temp_files(storage) == []
 
 
-def test_a_small_arrow_merge_is_not_resumable(store: MetadataStore, storage: Storage, inputs) -> None:
-    """Below RESUME_MIN_BYTES the Arrow engine streams into the output as before: no parts, no
-    record."""
+@pytest.mark.parametrize("kind", ENGINES)
+def test_a_small_merge_is_not_resumable(request, kind: str, store: MetadataStore, storage: Storage, inputs) -> None:
+    """Below RESUME_MIN_BYTES an engine runs as before (Arrow streams into the output, Spark
+    deletes each part once appended): no record, no part left."""
     paths, _srcs = inputs
+    if kind == "spark":
+        request.getfixturevalue("spark_session")
+        from kompaktor.engines.spark import SparkMergeEngine
+
+        from .conftest import SPARK_MASTER
+
+        eng = SparkMergeEngine(SPARK_MASTER, task_entries=RANGE_ENTRIES, warm=False)  # default threshold
+    else:
+        eng = ArrowMergeEngine(range_entries=RANGE_ENTRIES)
     fp = fingerprint(storage, paths)
-    eng = ArrowMergeEngine(range_entries=RANGE_ENTRIES)  # default threshold: far above these inputs
     got = eng.merge(
         storage, req(paths, "A02.parquet", "ECID-00000000000000b2", records.RedisResumeLog(store, fp, "t1;", ()))
     )
-    assert not got.resumable and got.parts == ()
+    assert not got.resumable and got.parts == () and got.parts_reused == 0
     assert records.records(store) == {} and temp_files(storage) == []
 
 

@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from kompaktor.engines.api import MergeCancelled, MergeRequest, MergeResult, ProgressFn
 from kompaktor.engines.ranges import MERGE_FACTOR, TASK_MEMORY, Bound, InputCursor, open_merge, plan, progress_dict
-from kompaktor.engines.resume import record_part, resume_plan
+from kompaktor.engines.resume import RESUME_MIN_BYTES, record_part, resume_plan
 from kompaktor.files.arrowstack import merge_tables
 from kompaktor.files.parquetconcat import ConcatWriter
 from kompaktor.files.sortedfile import SortedFileWriter
@@ -25,13 +25,8 @@ from kompaktor.model.resume import PartRecord
 
 #: entries per key range for the in-process engine (bounds its memory: ~5x the range's data)
 ARROW_RANGE_ENTRIES = 1_000_000
-#: input bytes from which an Arrow merge given a resume log is resumable (issue 23 §2): its ranges
-#: are written as parts, checksummed, recorded, and appended into the output, instead of streamed
-#: straight into it. Measured (bench.merge_bench, 4M entries, 317 MB): 3-11% more CPU, wall time
-#: within the run-to-run noise, and the output's bytes twice on disk until the commit. Below 1 GiB
-#: a merge is ~13 s of work here: restarting it costs less than making every such merge pay
-#: (docs/architecture.md, "Long merges resume")
-RESUME_MIN_BYTES = 1 << 30
+
+__all__ = ["ARROW_RANGE_ENTRIES", "RESUME_MIN_BYTES", "ArrowMergeEngine"]
 
 
 class ArrowMergeEngine:

@@ -45,7 +45,7 @@ from kompaktor.engines.ranges import (
     plan,
     progress_dict,
 )
-from kompaktor.engines.resume import ResumePlan, record_part, resume_plan
+from kompaktor.engines.resume import RESUME_MIN_BYTES, ResumePlan, record_part, resume_plan
 from kompaktor.files.parquetconcat import ConcatWriter
 from kompaktor.files.sortedfile import SortedFileWriter
 from kompaktor.files.storage import Storage
@@ -124,6 +124,7 @@ class SparkMergeEngine:
         warm: bool = True,
         task_memory: int = TASK_MEMORY,
         no_executor_timeout: float = NO_EXECUTOR_TIMEOUT_S,
+        resume_min_bytes: int = RESUME_MIN_BYTES,
     ) -> None:
         from kompaktor.engines.session import get_session, warm_up
 
@@ -135,6 +136,8 @@ class SparkMergeEngine:
         #: bytes one task's merge may hold in its Python worker (its range's input data 1/4 of it)
         self.task_memory = task_memory
         self.no_executor_timeout = no_executor_timeout
+        #: a merge given a resume log is resumable from this many input bytes (:mod:`.resume`)
+        self.resume_min_bytes = resume_min_bytes
         self._local = master.startswith("local")
 
     @property
@@ -157,7 +160,7 @@ class SparkMergeEngine:
     ) -> MergeResult:
         started, metas, bytes_in = open_merge(storage, req, cancel)
         total = estimate_entries(metas, req.prev, req.end)
-        log_ = req.resume
+        log_ = req.resume if bytes_in >= self.resume_min_bytes else None
 
         def plan_fn() -> list[tuple[bytes | None, bytes | None]]:
             return plan(storage, metas, req.prev, req.end, self._target_entries(total))
