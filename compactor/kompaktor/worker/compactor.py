@@ -261,7 +261,9 @@ class Compactor:
 
         rlog: resume_records.RedisResumeLog | None = None
         req_settings = res.settings
-        if self.s.resume:
+        # below the engine's threshold a merge is not resumable: no record is read or written
+        # (small merges make no Redis request more than before)
+        if self.s.resume and input_bytes >= getattr(self.engine, "resume_min_bytes", 0):
             fp = job_fingerprint(
                 res.tablet, res.prev, res.end, res.job.files, res.job.kind, res.job.selection, res.settings
             )
