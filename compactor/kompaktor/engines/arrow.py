@@ -3,11 +3,15 @@ merged one after the other in this process and streamed into the output file, so
 bounded by the range size, not the job size. No per-job Spark overhead: for groups that hold
 only small jobs. The Spark engine (:mod:`kompaktor.engines.spark`) runs the same ranges as Spark
 tasks.
+
+From :data:`RESUME_MIN_BYTES` of input, a merge given a resume log is resumable (issue 23 §2,
+:mod:`kompaktor.engines.resume`): each range is written as a part, checksummed and recorded, the
+ranges an earlier attempt recorded are reused, and the parts are appended into the output at the
+end without decoding.
 """
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -15,7 +19,7 @@ import pyarrow as pa
 
 from kompaktor.engines.api import MergeCancelled, MergeRequest, MergeResult, ProgressFn
 from kompaktor.engines.ranges import MERGE_FACTOR, TASK_MEMORY, Bound, InputCursor, open_merge, plan, progress_dict
-from kompaktor.engines.resume import RESUME_MIN_BYTES, record_part, resume_plan
+from kompaktor.engines.resume import RESUME_MIN_BYTES, file_digest, record_part, resume_plan
 from kompaktor.files.arrowstack import merge_tables
 from kompaktor.files.parquetconcat import ConcatWriter
 from kompaktor.files.sortedfile import SortedFileWriter
@@ -217,11 +221,8 @@ class ArrowMergeEngine:
                     pw.abort()
                     raise
                 written_parts.append(names[i])
-                h = hashlib.sha256()
-                with storage.open_input(names[i]) as f:
-                    while chunk := f.read(8 << 20):
-                        h.update(chunk)
-                rec = PartRecord(i, names[i], *ranges[i], n_read, out.num_rows, nbytes, info.size, h.hexdigest())
+                size, sha = file_digest(storage, names[i])
+                rec = PartRecord(i, names[i], *ranges[i], n_read, out.num_rows, nbytes, size, sha)
                 if record_part(log_, rec):
                     recorded.add(i)
                 read += n_read
