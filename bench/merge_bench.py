@@ -8,7 +8,10 @@ layout — ``small`` (64K-row row groups), ``one`` (one row group per file), ``1
 row groups, the Spark/Hive default) — and times on the same files in the same run:
 
 - the Spark engine (warm session; session start-up and the first, cold merge reported apart),
-- the in-process Arrow engine,
+- the in-process Arrow engine, and (``arrow-resumable``, issue 23 §2) the same engine resumable:
+  every key range written as a part, checksummed and recorded (in memory here; the compactor
+  records in Redis), then the parts appended into the output and deleted — the cost that
+  ``RESUME_MIN_BYTES`` keeps off small merges, printed as a ratio to the plain engine,
 - the peers: Polars (lazy, sort + unique), DuckDB (window + ORDER BY + COPY), a pyarrow-only
   merge (read all, sort, vectorized stack, write),
 - the I/O floor (read the inputs and write one file, no sort).
@@ -297,7 +300,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--row-bytes", type=int, default=16)
     ap.add_argument("--value-bytes", type=int, default=64)
     ap.add_argument("--spark-master", default="local[*]")
-    ap.add_argument("--engines", default="floor,polars,duckdb,pyarrow,arrow,spark")
+    ap.add_argument(
+        "--engines",
+        default="floor,polars,duckdb,pyarrow,arrow,spark",
+        help="of floor, polars, duckdb, pyarrow, arrow, arrow-resumable, spark, spark-resumable (with spark)",
+    )
     ap.add_argument("--dir", default=None, help="scratch directory (default: a temp dir, removed after)")
     ap.add_argument("--csv", default=str(OUT_DIR / "merge.csv"))
     args = ap.parse_args([] if argv is None else argv)  # main() from bench.run: the defaults
@@ -454,6 +461,21 @@ def run_layout(
             f"out/{layout}-arrow.parquet",
             "in-process, key ranges streamed",
         )
+    if "arrow-resumable" in engines:
+        bench(
+            "Arrow engine, resumable",
+            resumable_fn(storage, inputs, settings, request_cls, f"out/{layout}-arrow-resumable.parquet"),
+            f"out/{layout}-arrow-resumable.parquet",
+            "parts written, checksummed, recorded, appended, deleted",
+        )
+        plain = next((r for r in rows if r["engine"] == "Arrow engine"), None)
+        if plain is not None:
+            res = rows[-1]
+            res["note"] += f"; {res['median_s'] / plain['median_s']:.2f}x the plain engine's time"
+            console.print(
+                f"  resumable / plain Arrow engine: median {res['median_s'] / plain['median_s']:.2f}x, "
+                f"min {res['min_s'] / plain['min_s']:.2f}x, CPU {res['cpu_s'] / max(1e-9, plain['cpu_s']):.2f}x"
+            )
     if "floor" in engines:
         bench(FLOOR, file_fn(io_floor, f"out/{layout}-floor.parquet"), None, "read + write, no sort: not a merge")
     if "polars" in engines:
@@ -473,6 +495,32 @@ def run_layout(
             f"master {args.spark_master}",
             children=True,
         )
+
+    if spark_engine is not None and "spark-resumable" in engines:
+        from kompaktor.engines.spark import SparkMergeEngine  # the session of spark_engine
+
+        bench(
+            "Spark engine, resumable",
+            resumable_fn(
+                storage,
+                inputs,
+                settings,
+                request_cls,
+                f"out/{layout}-spark-resumable.parquet",
+                SparkMergeEngine(args.spark_master, warm=False, resume_min_bytes=0),
+            ),
+            f"out/{layout}-spark-resumable.parquet",
+            "parts kept, checksummed, recorded; deleted after",
+            children=True,
+        )
+        plain = next((r for r in rows if r["engine"] == "Spark engine (warm)"), None)
+        if plain is not None:
+            res = rows[-1]
+            res["note"] += f"; {res['median_s'] / plain['median_s']:.2f}x the plain engine's time"
+            console.print(
+                f"  resumable / plain Spark engine: median {res['median_s'] / plain['median_s']:.2f}x, "
+                f"min {res['min_s'] / plain['min_s']:.2f}x, CPU {res['cpu_s'] / max(1e-9, plain['cpu_s']):.2f}x"
+            )
 
     names = list(outputs)
     for name in names[1:]:
@@ -496,6 +544,58 @@ def run_layout(
         r["min_vs_floor"] = floor["min_s"] / r["min_s"] if floor else None
         r["cpu_vs_best_peer"] = best_cpu["cpu_s"] / r["cpu_s"] if best_cpu and r["cpu_s"] else None
     return rows
+
+
+class MemoryResumeLog:
+    """A :class:`~kompaktor.model.resume.ResumeLog` in memory (the bench has no Redis; the
+    compactor's writes one small hash field per part)."""
+
+    fingerprint = "0" * 64
+
+    def __init__(self) -> None:
+        self.cuts: tuple = ()
+        self.parts: dict = {}
+
+    def load(self):
+        return None
+
+    def start(self, cuts, now_ms: int) -> None:
+        self.cuts = cuts
+
+    def record(self, part) -> None:
+        self.parts[part.index] = part
+
+    def drop(self, index: int) -> None:
+        self.parts.pop(index, None)
+
+
+def resumable_fn(
+    storage: Storage, inputs: list[str], settings, request_cls, out: str, engine=None
+) -> Callable[[], int]:
+    """One resumable merge from scratch (default: the Arrow engine at any size), its parts
+    deleted after (as after a commit)."""
+    from kompaktor.engines.arrow import ArrowMergeEngine
+
+    engine = engine or ArrowMergeEngine(resume_min_bytes=0)
+
+    def run() -> int:
+        if storage.exists(out):
+            storage.delete(out)
+        req = request_cls(
+            inputs=tuple(inputs),
+            output=out,
+            prev=None,
+            end=None,
+            settings=settings,
+            tmp_tag="bench",
+            resume=MemoryResumeLog(),
+        )
+        result = engine.merge(storage, req)
+        for part in result.parts:
+            storage.delete(part)
+        return result.entries_written
+
+    return run
 
 
 def current_rss_mb() -> float:

@@ -100,6 +100,15 @@ def wake_key(group: str) -> str:
     return f"{PREFIX}wake:{group}"
 
 
+PROGRESS = PREFIX + "progress"  # hash: job fingerprint -> tablet id (index of resumable merges' records)
+
+
+def progress_key(fingerprint: str) -> str:
+    # hash (TTL: metadata.progress.PROGRESS_TTL_S): job (JSON: tablet, inputs, cuts, now_ms),
+    # p:<index> (JSON PartRecord) per finished part; not used by the Lua scripts
+    return f"{PREFIX}progress:{fingerprint}"
+
+
 SPLIT_CHECK = PREFIX + "split:checked"  # string with TTL: auto-split checked every tablet recently
 
 

@@ -1,6 +1,10 @@
 """Garbage collection of data files: what no tablet references and no running compaction will
 write, once older than a grace period; and temporary outputs of compactions no longer running.
-Files of bulk imports still in progress are left alone whatever their age.
+Files of bulk imports still in progress are left alone whatever their age, and so are the
+parts of a resumable merge whose progress record is live (issue 23 §2,
+:mod:`kompaktor.metadata.progress`): its job can still run and reuse them. Once the record is
+pruned (the job changed: tablet split or gone, inputs compacted away, cancelled) or expired, its
+parts are temporary files like any other, removed after the grace period.
 
 The decision is fenced: before each batch of deletions the collector records it in Redis with
 the coordinator's fencing token (:meth:`MetadataStore.record_gc`), and a coordinator that has
@@ -20,9 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kompaktor.files.storage import Storage
+from kompaktor.metadata import progress
 from kompaktor.metadata.compactions import running_compactions
 from kompaktor.metadata.store import MetadataStore
-from kompaktor.model.names import TABLES_DIR, tmp_tag
+from kompaktor.model.names import TABLES_DIR, resume_fingerprint_prefix, resume_tag, tmp_tag
 
 log = logging.getLogger("kompaktor.coordinator")
 
@@ -53,6 +58,8 @@ def collect_garbage(
     and move it; without, list them all."""
     started = time.time()
     running = running_compactions(store)
+    live, _pruned = progress.prune(store)
+    resumable = {resume_fingerprint_prefix(resume_tag(fp)) for fp in live}
     dirs = storage.list_dirs(TABLES_DIR)
     if cursor is not None:  # resume after the last directory handled, wrapping around
         dirs = [d for d in dirs if d > cursor.last] + [d for d in dirs if d <= cursor.last]
@@ -80,6 +87,9 @@ def collect_garbage(
         if tag is not None:
             if tag in running:
                 continue
+            fp = resume_fingerprint_prefix(tag)
+            if fp is not None and fp in resumable:
+                continue  # a part of a job that can still resume
         elif rel in referenced:
             continue
         candidates.append(rel)

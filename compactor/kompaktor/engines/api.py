@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from kompaktor.files.storage import Storage
 from kompaktor.model.errors import KompaktorError
 from kompaktor.model.iterators import IteratorSettings
+from kompaktor.model.resume import ResumeLog
 from kompaktor.model.tablet import FileInfo
 
 
@@ -35,6 +36,9 @@ class MergeRequest:
     end: bytes | None
     settings: IteratorSettings
     tmp_tag: str  # put into the temporary file names (the ECID), so dead-compaction cleanup finds them
+    #: where a resumable merge records its finished parts (issue 23 §2; :mod:`.resume`); None:
+    #: not resumable. The engine decides whether the merge is big enough to pay for it.
+    resume: ResumeLog | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.inputs, list):
@@ -56,6 +60,14 @@ class MergeResult:
     entries_written: int
     bytes_read: int
     bytes_written: int
+    #: a resumable merge's part files: kept until the output is committed, then the caller
+    #: removes them (:func:`kompaktor.metadata.progress.finish`)
+    parts: tuple[str, ...] = ()
+    resumable: bool = False
+    parts_reused: int = 0
+    entries_reused: int = 0  # input entries of the reused ranges (not read again)
+    bytes_reused: int = 0  # compressed input bytes of the reused ranges (not read again)
+    input_bytes_reread: int = 0  # compressed input bytes this attempt decoded (resumable merges)
 
 
 class MergeCancelled(Exception):

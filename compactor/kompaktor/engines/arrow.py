@@ -3,6 +3,11 @@ merged one after the other in this process and streamed into the output file, so
 bounded by the range size, not the job size. No per-job Spark overhead: for groups that hold
 only small jobs. The Spark engine (:mod:`kompaktor.engines.spark`) runs the same ranges as Spark
 tasks.
+
+From :data:`RESUME_MIN_BYTES` of input, a merge given a resume log is resumable (issue 23 §2,
+:mod:`kompaktor.engines.resume`): each range is written as a part, checksummed and recorded, the
+ranges an earlier attempt recorded are reused, and the parts are appended into the output at the
+end without decoding.
 """
 
 from __future__ import annotations
@@ -14,12 +19,18 @@ import pyarrow as pa
 
 from kompaktor.engines.api import MergeCancelled, MergeRequest, MergeResult, ProgressFn
 from kompaktor.engines.ranges import MERGE_FACTOR, TASK_MEMORY, Bound, InputCursor, open_merge, plan, progress_dict
+from kompaktor.engines.resume import RESUME_MIN_BYTES, file_digest, record_part, resume_plan
 from kompaktor.files.arrowstack import merge_tables
+from kompaktor.files.parquetconcat import ConcatWriter
 from kompaktor.files.sortedfile import SortedFileWriter
 from kompaktor.files.storage import Storage
+from kompaktor.model.names import resume_part_name
+from kompaktor.model.resume import PartRecord
 
 #: entries per key range for the in-process engine (bounds its memory: ~5x the range's data)
 ARROW_RANGE_ENTRIES = 1_000_000
+
+__all__ = ["ARROW_RANGE_ENTRIES", "RESUME_MIN_BYTES", "ArrowMergeEngine"]
 
 
 class ArrowMergeEngine:
@@ -27,8 +38,14 @@ class ArrowMergeEngine:
 
     name = "arrow"
 
-    def __init__(self, range_entries: int = ARROW_RANGE_ENTRIES, task_memory: int = TASK_MEMORY) -> None:
+    def __init__(
+        self,
+        range_entries: int = ARROW_RANGE_ENTRIES,
+        task_memory: int = TASK_MEMORY,
+        resume_min_bytes: int = RESUME_MIN_BYTES,
+    ) -> None:
         self.range_entries = range_entries
+        self.resume_min_bytes = resume_min_bytes
         #: bytes the merge may hold; one range's input data may take 1/MERGE_FACTOR of it, two
         #: ranges are in flight (one merging, one encoding)
         self.task_memory = task_memory
@@ -42,6 +59,8 @@ class ArrowMergeEngine:
         cancel: threading.Event | None = None,
     ) -> MergeResult:
         started, metas, bytes_in = open_merge(storage, req, cancel)
+        if req.resume is not None and bytes_in >= self.resume_min_bytes:
+            return self._merge_resumable(storage, req, progress, cancel, started, metas, bytes_in)
         ranges = plan(storage, metas, req.prev, req.end, self.range_entries)
         budget = self.task_memory // (2 * MERGE_FACTOR)
         report = progress or (lambda d: None)
@@ -95,4 +114,150 @@ class ArrowMergeEngine:
         report(progress_dict(read, written, bytes_in, info.size, len(ranges), len(ranges), started))
         return MergeResult(
             info=info, entries_read=read, entries_written=written, bytes_read=bytes_in, bytes_written=info.size
+        )
+
+    def _merge_resumable(
+        self,
+        storage: Storage,
+        req: MergeRequest,
+        progress: ProgressFn | None,
+        cancel: threading.Event | None,
+        started: float,
+        metas: list,
+        bytes_in: int,
+    ) -> MergeResult:
+        """The ranges merged one after the other, each written as a part and recorded in
+        ``req.resume``; ranges an earlier attempt finished are taken from its verified parts
+        (the inputs' row groups are read only where a range is merged); then every part is
+        appended, in order, into the output without decoding."""
+        log_ = req.resume
+        assert log_ is not None
+        rp = resume_plan(
+            storage,
+            log_,
+            req.prev,
+            req.end,
+            req.settings.now_ms,
+            lambda: plan(storage, metas, req.prev, req.end, self.range_entries),
+        )
+        ranges, n = rp.ranges, len(rp.ranges)
+        budget = self.task_memory // (2 * MERGE_FACTOR)
+        report = progress or (lambda d: None)
+        reused_read = sum(r.entries_read for r in rp.reused.values())
+        reused_bytes = sum(r.input_bytes for r in rp.reused.values())
+        names = {i: rec.path for i, rec in rp.reused.items()} | {
+            i: resume_part_name(req.output, log_.fingerprint, req.tmp_tag, i) for i in rp.missing
+        }
+        recorded: set[int] = set(rp.reused)
+        written_parts: list[str] = []
+        read = 0  # input entries this attempt read (the reused ranges' are entries_reused)
+        reread = 0
+        done = len(rp.reused)
+
+        def extra() -> dict:
+            return {
+                "parts_reused": len(rp.reused),
+                "parts_rejected": len(rp.rejected),
+                "entries_reused": reused_read,
+                "bytes_reused": reused_bytes,
+                "input_bytes_reread": reread,
+            }
+
+        report(progress_dict(0, 0, reused_bytes, 0, done, n, started, **extra()))
+        # the missing ranges in runs of consecutive ones: one set of cursors per run, opened at the
+        # run's first row (the inputs' row groups before it are skipped by their statistics)
+        run_of: dict[int, int] = {}
+        runs: list[tuple[int, int]] = []
+        for i in rp.missing:
+            if runs and runs[-1][1] == i:
+                runs[-1] = (runs[-1][0], i + 1)
+            else:
+                runs.append((i, i + 1))
+            run_of[i] = len(runs) - 1
+        cur: dict[str, object] = {"run": None, "cursors": []}
+
+        def close_cursors() -> None:
+            for c in cur["cursors"]:  # type: ignore[attr-defined]
+                c.close()
+            cur["cursors"] = []
+
+        def produce(i: int) -> tuple[pa.Table, int, int]:
+            if cur["run"] != run_of[i]:
+                close_cursors()
+                a, b = runs[run_of[i]]
+                lo, hi = ranges[a][0], ranges[b - 1][1]
+                cur["cursors"] = [InputCursor(storage, p, lo, hi) for p in req.inputs]
+                cur["run"] = run_of[i]
+            cursors: list[InputCursor] = cur["cursors"]  # type: ignore[assignment]
+            before = sum(c.bytes_read for c in cursors)
+            tables: list[pa.Table] = []
+            for c in cursors:
+                tables.append(c.take(ranges[i][1], budget - sum(t.nbytes for t in tables)))
+            nbytes = sum(c.bytes_read for c in cursors) - before
+            return merge_tables(tables, req.settings), sum(t.num_rows for t in tables), nbytes
+
+        w: ConcatWriter | None = None
+        ahead = ThreadPoolExecutor(1, thread_name_prefix="arrowmerge")
+        missing = rp.missing
+        try:
+            fut = ahead.submit(produce, missing[0]) if missing else None
+            for k, i in enumerate(missing):
+                assert fut is not None
+                out, n_read, nbytes = fut.result()
+                if cancel is not None and cancel.is_set():
+                    raise MergeCancelled(f"merge into {req.output} cancelled after {done} of {n} parts")
+                if k + 1 < len(missing):
+                    fut = ahead.submit(produce, missing[k + 1])
+                pw = SortedFileWriter(storage, names[i], tmp_tag=req.tmp_tag)
+                try:
+                    pw.write_table(out, checked=True)
+                    info = pw.commit(
+                        {
+                            b"kompaktor.entries_read": str(n_read).encode(),
+                            b"kompaktor.bytes_read": str(nbytes).encode(),
+                        }
+                    )
+                except BaseException:
+                    pw.abort()
+                    raise
+                written_parts.append(names[i])
+                size, sha = file_digest(storage, names[i])
+                rec = PartRecord(i, names[i], *ranges[i], n_read, out.num_rows, nbytes, size, sha)
+                if record_part(log_, rec):
+                    recorded.add(i)
+                read += n_read
+                reread += nbytes
+                done += 1
+                report(progress_dict(read, 0, reused_bytes + reread, 0, done, n, started, **extra()))
+            if cancel is not None and cancel.is_set():
+                raise MergeCancelled(f"merge into {req.output} cancelled before commit")
+            w = ConcatWriter(storage, req.output, tmp_tag=req.tmp_tag)
+            for i in range(n):
+                w.append(names[i])
+            if cancel is not None and cancel.is_set():
+                raise MergeCancelled(f"merge into {req.output} cancelled before commit")
+            info = w.commit()
+        except BaseException:
+            if w is not None:
+                w.abort()
+            for name in written_parts:  # a part not recorded is of no use to a later attempt
+                if name not in {names[i] for i in recorded}:
+                    storage.delete(name)
+            raise
+        finally:
+            ahead.shutdown(wait=True, cancel_futures=True)
+            close_cursors()
+        report(progress_dict(read, info.entries, reused_bytes + reread, info.size, n, n, started, **extra()))
+        return MergeResult(
+            info=info,
+            entries_read=read,
+            entries_written=info.entries,
+            bytes_read=bytes_in,
+            bytes_written=info.size,
+            parts=tuple(names[i] for i in range(n)),
+            resumable=True,
+            parts_reused=len(rp.reused),
+            entries_reused=reused_read,
+            bytes_reused=reused_bytes,
+            input_bytes_reread=reread,
         )

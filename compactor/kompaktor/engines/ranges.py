@@ -365,6 +365,9 @@ class InputCursor:
         self._pending: pa.Table | None = None
         self._last_row: bytes | None = None
         self.entries_read = 0
+        #: compressed bytes of the row groups this cursor started decoding (what a resumed
+        #: merge reports as re-read)
+        self.bytes_read = 0
 
     def close(self) -> None:
         f = getattr(self, "_file", None)
@@ -378,6 +381,8 @@ class InputCursor:
         for g, lo, hi in self._groups:
             if self.end is not None and lo is not None and lo > self.end:
                 return  # rows never decrease: nothing later is inside the tablet
+            rg = self._pf.metadata.row_group(g)
+            self.bytes_read += sum(rg.column(c).total_compressed_size for c in range(rg.num_columns))
             offset = 0
             try:
                 batches = self._pf.iter_batches(batch_size=self.batch_rows, row_groups=[g], columns=COLUMNS)
@@ -461,14 +466,19 @@ class InputCursor:
         return out
 
 
-def read_range(storage: Storage, path: str, lo: Bound, hi: Bound, memory_limit: int | None = None) -> pa.Table:
+def read_range(
+    storage: Storage, path: str, lo: Bound, hi: Bound, memory_limit: int | None = None, stats: dict | None = None
+) -> pa.Table:
     """An input's entries in rows (lo, hi], in the file schema; BadFileError when unreadable or
     out of key order. Decodes only the row groups whose statistics overlap the range, and
-    inside them streams batch by batch up to ``hi``."""
+    inside them streams batch by batch up to ``hi``. ``stats["bytes_read"]`` (when given) grows
+    by the compressed bytes of the row groups decoded."""
     cur = InputCursor(storage, path, lo, hi)
     try:
         return cur.take(hi, memory_limit)
     finally:
+        if stats is not None:
+            stats["bytes_read"] = stats.get("bytes_read", 0) + cur.bytes_read
         cur.close()
 
 
@@ -479,14 +489,16 @@ def merge_range(
     hi: Bound,
     settings: IteratorSettings,
     task_memory: int | None = None,
+    stats: dict | None = None,
 ) -> tuple[pa.Table, int]:
     """Merge one key range of the inputs (oldest first); returns (output table, entries read).
-    The range's input data may use at most ``task_memory`` / :data:`MERGE_FACTOR` bytes."""
+    The range's input data may use at most ``task_memory`` / :data:`MERGE_FACTOR` bytes.
+    ``stats["bytes_read"]``: see :func:`read_range`."""
     budget = None if task_memory is None else task_memory // MERGE_FACTOR
     tables: list[pa.Table] = []
     held = 0
     for p in inputs:
-        tables.append(read_range(storage, p, lo, hi, None if budget is None else max(0, budget - held)))
+        tables.append(read_range(storage, p, lo, hi, None if budget is None else max(0, budget - held), stats))
         held += tables[-1].nbytes
     read = sum(t.num_rows for t in tables)
     return merge_tables(tables, settings), read
@@ -512,7 +524,13 @@ def progress_dict(
     parts_done: int,
     parts: int,
     started: float,
+    **resume: int,
 ) -> dict:
+    """A merge's progress report. A resumable merge adds (``resume``): ``parts_reused``,
+    ``entries_reused`` and ``bytes_reused`` (input entries and compressed input bytes of the
+    ranges taken from an earlier attempt's parts, not read again), ``input_bytes_reread``
+    (compressed input bytes of the row groups this attempt decoded) and ``parts_rejected``
+    (recorded parts that failed verification and were merged again)."""
     return {
         "entries_read": entries_read,
         "entries_written": entries_written,
@@ -521,4 +539,5 @@ def progress_dict(
         "parts_done": parts_done,
         "parts": parts,
         "elapsed_s": round(time.monotonic() - started, 3),
+        **resume,
     }

@@ -19,6 +19,11 @@ Shape:
    are copied and one footer lists every part's row groups; temporary name, then rename). The
    driver never holds entries; ``collect`` returns only each task's small summary.
 
+From ``resume_min_bytes`` of input a merge given a resume log is resumable (issue 23 §2,
+:mod:`kompaktor.engines.resume`): the parts are named by the job, recorded as the driver appends
+them (with the SHA-256 of the bytes it copied), kept until the commit, and a retry runs tasks only
+for the ranges whose parts are missing or fail verification.
+
 Each merge runs in its own Spark job group; setting ``cancel`` cancels the group
 (``sc.cancelJobGroup``), waits for its tasks to stop, and removes every part and the
 temporary output.
@@ -26,12 +31,14 @@ temporary output.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import threading
 import time
 import uuid
 from collections.abc import Mapping
+from typing import Any
 
 from kompaktor.engines.api import MergeCancelled, MergeError, MergeRequest, MergeResult, ProgressFn
 from kompaktor.engines.ranges import (
@@ -43,12 +50,14 @@ from kompaktor.engines.ranges import (
     plan,
     progress_dict,
 )
+from kompaktor.engines.resume import RESUME_MIN_BYTES, ResumePlan, record_part, resume_plan
 from kompaktor.files.parquetconcat import ConcatWriter
 from kompaktor.files.sortedfile import SortedFileWriter
 from kompaktor.files.storage import Storage
 from kompaktor.model.errors import BadFileError, UnsortedError
 from kompaktor.model.iterators import IteratorSettings
-from kompaktor.model.names import part_names, tmp_name
+from kompaktor.model.names import part_names, resume_part_name, tmp_name
+from kompaktor.model.resume import PartRecord
 from kompaktor.policy.services import DEFAULT_SPARK_MASTER
 
 log = logging.getLogger(__name__)
@@ -66,28 +75,38 @@ def _run_range(
     storage: Storage,
     inputs: tuple[str, ...],
     settings: IteratorSettings,
-    output: str,
     tmp_tag: str,
     task_memory: int,
-    task: tuple[int, bytes | None, bytes | None],
+    task: tuple[int, bytes | None, bytes | None, str],
 ) -> dict:
-    """Executor side: merge one key range and write it as one Arrow IPC part. A bad input or a
-    range bigger than the task memory is returned as an error (retrying would not help)."""
-    index, lo, hi = task
+    """Executor side: merge one key range and write it as one Parquet part named ``task[3]``. A
+    bad input or a range bigger than the task memory is returned as an error (retrying would not
+    help)."""
+    index, lo, hi, final = task
+    stats: dict = {}
     try:
-        table, read = merge_range(storage, inputs, lo, hi, settings, task_memory)
+        table, read = merge_range(storage, inputs, lo, hi, settings, task_memory, stats)
     except (BadFileError, TaskMemoryExceeded) as exc:
         kind = (
             "unsorted" if isinstance(exc, UnsortedError) else "memory" if isinstance(exc, TaskMemoryExceeded) else "bad"
         )
         return {"index": index, "error": str(exc), "kind": kind}
-    final, _ = part_names(output, tmp_tag, index)
     # the part is already in the output's format (Parquet, its row groups and compression): the
     # driver copies its bytes into the one output file without decoding them
-    w = SortedFileWriter(storage, final, tmp_tag=tmp_tag)
+    try:
+        w = SortedFileWriter(storage, final, tmp_tag=tmp_tag)
+    except FileExistsError:  # an earlier run of this task published it (complete): the same bytes
+        return {"index": index, "entries_read": read, "entries_written": table.num_rows}
     try:
         w.write_table(table, checked=True)
-        w.commit({b"kompaktor.entries_read": str(read).encode()})
+        w.commit(
+            {
+                b"kompaktor.entries_read": str(read).encode(),
+                b"kompaktor.bytes_read": str(stats.get("bytes_read", 0)).encode(),
+            }
+        )
+    except FileExistsError:
+        w.abort()  # published meanwhile by an earlier run of this task (a resumable merge keeps it)
     except BaseException:
         w.abort()
         raise
@@ -110,6 +129,7 @@ class SparkMergeEngine:
         warm: bool = True,
         task_memory: int = TASK_MEMORY,
         no_executor_timeout: float = NO_EXECUTOR_TIMEOUT_S,
+        resume_min_bytes: int = RESUME_MIN_BYTES,
     ) -> None:
         from kompaktor.engines.session import get_session, warm_up
 
@@ -121,6 +141,8 @@ class SparkMergeEngine:
         #: bytes one task's merge may hold in its Python worker (its range's input data 1/4 of it)
         self.task_memory = task_memory
         self.no_executor_timeout = no_executor_timeout
+        #: a merge given a resume log is resumable from this many input bytes (:mod:`.resume`)
+        self.resume_min_bytes = resume_min_bytes
         self._local = master.startswith("local")
 
     @property
@@ -143,22 +165,61 @@ class SparkMergeEngine:
     ) -> MergeResult:
         started, metas, bytes_in = open_merge(storage, req, cancel)
         total = estimate_entries(metas, req.prev, req.end)
-        ranges = plan(storage, metas, req.prev, req.end, self._target_entries(total))
-        tasks = [(i, lo, hi) for i, (lo, hi) in enumerate(ranges)]
+        log_ = req.resume if bytes_in >= self.resume_min_bytes else None
+
+        def plan_fn() -> list[tuple[bytes | None, bytes | None]]:
+            return plan(storage, metas, req.prev, req.end, self._target_entries(total))
+
+        if log_ is not None:
+            rp: ResumePlan | None = resume_plan(storage, log_, req.prev, req.end, req.settings.now_ms, plan_fn)
+            ranges = rp.ranges
+            reused = rp.reused
+            names = {i: rec.path for i, rec in reused.items()}
+            names |= {
+                i: resume_part_name(req.output, log_.fingerprint, req.tmp_tag, i)
+                for i in range(len(ranges))
+                if i not in reused
+            }
+        else:
+            rp = None
+            ranges = plan_fn()
+            reused = {}
+            names = {i: part_names(req.output, req.tmp_tag, i)[0] for i in range(len(ranges))}
+        n = len(ranges)
+        tasks = [(i, lo, hi, names[i]) for i, (lo, hi) in enumerate(ranges) if i not in reused]
+        recorded: set[int] = set(reused)
+        reused_read = sum(r.entries_read for r in reused.values())
+        reused_bytes = sum(r.input_bytes for r in reused.values())
+        reread = 0
+
+        def extra() -> dict:
+            if rp is None:
+                return {}
+            return {
+                "parts_reused": len(reused),
+                "parts_rejected": len(rp.rejected),
+                "entries_reused": reused_read,
+                "bytes_reused": reused_bytes,
+                "input_bytes_reread": reread,
+            }
+
         report = progress or (lambda d: None)
-        report(progress_dict(0, 0, 0, 0, 0, len(tasks), started))
+        report(progress_dict(0, 0, reused_bytes, 0, len(reused), n, started, **extra()))
 
         group = f"kompaktor-{req.tmp_tag}-{uuid.uuid4().hex[:8]}"
         outcome: dict = {}
         done = threading.Event()
-        inputs, settings, output, tag, memory = req.inputs, req.settings, req.output, req.tmp_tag, self.task_memory
+        inputs, settings, tag, memory = req.inputs, req.settings, req.tmp_tag, self.task_memory
         sc = self.sc
 
         def run_job() -> None:
             try:
-                sc.setJobGroup(group, f"merge {len(inputs)} files into {output}", interruptOnCancel=True)
+                if not tasks:  # every range was reused
+                    outcome["results"] = []
+                    return
+                sc.setJobGroup(group, f"merge {len(inputs)} files into {req.output}", interruptOnCancel=True)
                 rdd = sc.parallelize(tasks, len(tasks)).map(
-                    lambda t: _run_range(storage, inputs, settings, output, tag, memory, t)
+                    lambda t: _run_range(storage, inputs, settings, tag, memory, t)
                 )
                 outcome["results"] = rdd.collect()
             except BaseException as exc:
@@ -172,18 +233,37 @@ class SparkMergeEngine:
         try:
             job.start()
             w = ConcatWriter(storage, req.output, tmp_tag=req.tmp_tag)
-            for i in range(len(tasks)):
-                final, _tmp = part_names(req.output, req.tmp_tag, i)
-                self._wait_for_part(storage, final, done, outcome, cancel, req, i, len(tasks))
-                read_i = self._append_part(storage, final, w, cancel, req)
-                storage.delete(final)
-                read += read_i
-                written = w.entries
-                report(
-                    progress_dict(
-                        read, written, round(bytes_in * (i + 1) / len(tasks)), w.position(), i + 1, len(tasks), started
+            for i in range(n):
+                final = names[i]
+                if i in reused:
+                    self._append_part(storage, final, w, cancel, req)
+                elif log_ is None:
+                    self._wait_for_part(storage, final, done, outcome, cancel, req, i, n)
+                    read += self._append_part(storage, final, w, cancel, req)
+                    storage.delete(final)
+                else:
+                    self._wait_for_part(storage, final, done, outcome, cancel, req, i, n)
+                    h = hashlib.sha256()
+                    meta = self._append_part_meta(final, w, cancel, req, h)
+                    read_i = int(meta.get(b"kompaktor.entries_read", b"0"))
+                    bytes_i = int(meta.get(b"kompaktor.bytes_read", b"0"))
+                    rec = PartRecord(
+                        i,
+                        final,
+                        *ranges[i],
+                        read_i,
+                        int(meta.get(b"kompaktor.entries", b"0")),
+                        bytes_i,
+                        storage.size(final),
+                        h.hexdigest(),
                     )
-                )
+                    if record_part(log_, rec):
+                        recorded.add(i)
+                    read += read_i
+                    reread += bytes_i
+                written = w.entries
+                bytes_done = reused_bytes + reread if rp is not None else round(bytes_in * (i + 1) / n)
+                report(progress_dict(read, written, bytes_done, w.position(), i + 1, n, started, **extra()))
             while not done.wait(0.05):  # every part is in; the job is finishing
                 if cancel is not None and cancel.is_set():
                     raise MergeCancelled(f"merge into {req.output} cancelled before commit")
@@ -200,16 +280,30 @@ class SparkMergeEngine:
                 w.abort()
             raise
         finally:
-            # every part, also one a retried task may have rewritten after it was consumed
-            for i in range(len(tasks)):
-                final, _ = part_names(req.output, req.tmp_tag, i)
+            # every part, also one a retried task may have rewritten after it was consumed; a
+            # resumable merge keeps the parts it recorded (removed after the commit, or reused)
+            for i in range(n):
+                if i in reused:
+                    continue  # an earlier attempt's part: kept until the commit
+                final = names[i]
                 # done, and in progress (object stores write parts at their final name only)
                 staged = (tmp_name(final, req.tmp_tag),) if storage.renames_atomically else ()
-                for name in (final, *staged):
+                for name in (final, *staged) if i not in recorded else staged:
                     storage.delete(name)
-        report(progress_dict(read, written, bytes_in, info.size, len(tasks), len(tasks), started))
+        bytes_done = reused_bytes + reread if rp is not None else bytes_in
+        report(progress_dict(read, written, bytes_done, info.size, n, n, started, **extra()))
         return MergeResult(
-            info=info, entries_read=read, entries_written=written, bytes_read=bytes_in, bytes_written=info.size
+            info=info,
+            entries_read=read,
+            entries_written=written,
+            bytes_read=bytes_in,
+            bytes_written=info.size,
+            parts=tuple(names[i] for i in range(n)) if rp is not None else (),
+            resumable=rp is not None,
+            parts_reused=len(reused),
+            entries_reused=reused_read,
+            bytes_reused=reused_bytes,
+            input_bytes_reread=reread,
         )
 
     def executors(self) -> int:
@@ -273,6 +367,15 @@ class SparkMergeEngine:
             raise MergeCancelled(f"merge into {req.output} cancelled")
         meta = w.append(final)
         return int(meta.get(b"kompaktor.entries_read", b"0"))
+
+    @staticmethod
+    def _append_part_meta(
+        final: str, w: ConcatWriter, cancel: threading.Event | None, req: MergeRequest, digest: Any
+    ) -> dict[bytes, bytes]:
+        """Copy one part into the output, feeding its bytes to ``digest``; its footer metadata."""
+        if cancel is not None and cancel.is_set():
+            raise MergeCancelled(f"merge into {req.output} cancelled")
+        return w.append(final, digest)
 
     def _wait_tasks_stopped(self, group: str, timeout: float = 30.0) -> None:
         """After a cancel, wait until no task of the group still runs (a killed task's Python

@@ -272,8 +272,10 @@ class ConcatWriter:
     def position(self) -> int:
         return self._pos
 
-    def append(self, part: str) -> dict[bytes, bytes]:
-        """Copy one part's data after the previous ones; returns its key/value metadata."""
+    def append(self, part: str, digest: Any = None) -> dict[bytes, bytes]:
+        """Copy one part's data after the previous ones; returns its key/value metadata.
+        ``digest`` (a ``hashlib`` object) is fed every byte of the part, in file order, as it is
+        read: a resumable merge records the part's checksum without reading it twice."""
         with self.storage.open_input(part) as f:
             size = f.size()
             if size < 12:
@@ -284,8 +286,9 @@ class ConcatWriter:
             if tail[4:] != MAGIC or flen > size - 12:
                 raise BadFileError(f"{part}: not a Parquet file (no footer)")
             f.seek(size - 8 - flen)
+            footer = f.read(flen)
             try:
-                md = decode(f.read(flen))
+                md = decode(footer)
             except (ValueError, IndexError) as exc:
                 raise BadFileError(f"{part}: unreadable Parquet footer: {exc}") from exc
             schema = encode([field(md, 2)])
@@ -303,14 +306,25 @@ class ConcatWriter:
                 shift = self._pos - len(MAGIC)
                 for rg in rgs[2][1] if rgs else []:
                     self._row_groups.append(shift_row_group(rg, shift, len(self._row_groups)))
-                f.seek(len(MAGIC))
+            if entries or digest is not None:
+                f.seek(0)
+                head = f.read(len(MAGIC))
+                if digest is not None:
+                    digest.update(head)
                 left = size - 8 - flen - len(MAGIC)
                 while left > 0:
                     chunk = f.read(min(COPY_CHUNK, left))
                     if not chunk:
                         raise BadFileError(f"{part}: shorter than its footer says")
-                    self._sink.write(chunk)
+                    if entries:
+                        self._sink.write(chunk)
+                    if digest is not None:
+                        digest.update(chunk)
                     left -= len(chunk)
+                if digest is not None:
+                    digest.update(footer)
+                    digest.update(tail)
+            if entries:
                 self._pos += size - 8 - flen - len(MAGIC)
                 self.entries += entries
                 self.deletes += int(meta.get(b"kompaktor.deletes", b"0"))

@@ -86,6 +86,31 @@ def part_names(output: str, tag: str, index: int) -> tuple[str, str]:
     return base, base + ".w"
 
 
+#: the tag of a resumable merge's finished parts: ``RES-`` and the job fingerprint's first 32 hex
+#: digits (:mod:`kompaktor.model.resume`). Parts outlive the attempt (the ECID) that wrote them;
+#: the garbage collector keeps them while the job's progress record is live.
+RESUME_TAG_PREFIX = "RES-"
+
+
+def resume_tag(fingerprint: str) -> str:
+    return f"{RESUME_TAG_PREFIX}{fingerprint[:32]}"
+
+
+def resume_part_name(output: str, fingerprint: str, attempt: str, index: int) -> str:
+    """The finished name of part ``index`` of a resumable merge, beside ``output``: a temporary
+    name tagged with the job's :func:`resume_tag` (not the ECID), unique per ``attempt`` (the
+    ECID's tag) so that two attempts never write the same name."""
+    d = posixpath.dirname(output)
+    return posixpath.join(d, f"{TMP_PREFIX}{resume_tag(fingerprint)}_{attempt}.p{index:05d}.parquet")
+
+
+def resume_fingerprint_prefix(tag: str | None) -> str | None:
+    """The fingerprint prefix in a resume tag, or None for any other tag."""
+    if tag is None or not tag.startswith(RESUME_TAG_PREFIX):
+        return None
+    return tag[len(RESUME_TAG_PREFIX) :]
+
+
 TABLE_NAME_MAX = 128
 _TABLE_NAME = re.compile(r"[A-Za-z0-9_.\-]+", re.ASCII)
 

@@ -15,16 +15,18 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import ThreadingHTTPServer
 from typing import Any
 
 from kompaktor.files.storage import Storage
 from kompaktor.files.storage import unavailable as storage_unavailable
 from kompaktor.metadata import compactions, failures
+from kompaktor.metadata import progress as resume_records
 from kompaktor.metadata.compactions import Reservation
 from kompaktor.metadata.store import MetadataStore
-from kompaktor.model.errors import ConditionFailed, KompaktorError, StoreUnavailable
+from kompaktor.model.errors import BadFileError, ConditionFailed, KompaktorError, StoreUnavailable
+from kompaktor.model.resume import job_fingerprint
 from kompaktor.model.tablet import ONLINE
 from kompaktor.policy.services import DEFAULT_DRAIN_GRACE_S, DEFAULT_ENGINE, DEFAULT_SPARK_MASTER
 from kompaktor.worker.metrics import CompactorMetrics
@@ -57,6 +59,14 @@ class WorkerSettings:
     #: how long to keep retrying a finished merge's commit while the store is unreachable; None:
     #: for as long as it takes (a Redis outage of any length), or until a drain's deadline
     commit_retry_s: float | None = None
+    #: merges record their finished key ranges so that a retry of the same job resumes (issue 23
+    #: §2; the engine decides from which size: Spark always, Arrow above RESUME_MIN_BYTES)
+    resume: bool = True
+
+
+#: why a merge was stopped that means its job is gone for good: its progress is discarded at once
+#: (other stops — a drain, the table offline, the ECID removed as dead — keep it for the retry)
+_JOB_GONE = ("tablet no longer exists", "table deleted", "user compaction cancelled")
 
 
 @dataclass
@@ -86,6 +96,9 @@ class Compactor:
             m.bytes_read,
             m.bytes_written,
             m.duration,
+            m.resume_parts_reused,
+            m.resume_bytes_reused,
+            m.resume_parts_rejected,
         ):
             series.labels(settings.group)  # every series exists (at 0) from the start, for rate() and alerts
         self._engine = engine
@@ -246,11 +259,29 @@ class Compactor:
         def on_progress(p: dict[str, Any]) -> None:
             progress.update(p)
 
+        rlog: resume_records.RedisResumeLog | None = None
+        req_settings = res.settings
+        # below the engine's threshold a merge is not resumable: no record is read or written
+        # (small merges make no Redis request more than before)
+        if self.s.resume and input_bytes >= getattr(self.engine, "resume_min_bytes", 0):
+            fp = job_fingerprint(
+                res.tablet, res.prev, res.end, res.job.files, res.job.kind, res.job.selection, res.settings
+            )
+            rlog = resume_records.RedisResumeLog(
+                self.store, fp, res.tablet, res.inputs, res.prev, res.end, res.job.selection
+            )
+            try:
+                state = rlog.load()
+            except StoreUnavailable:
+                state = None
+            if state is not None:  # one age-off cut for every range of the output: the first attempt's
+                req_settings = replace(req_settings, now_ms=state.now_ms)
+
         def work() -> None:
             try:
                 box["result"] = self.engine.merge(
                     self.storage,
-                    MergeRequest(res.inputs, res.output, res.prev, res.end, res.settings, res.ecid),
+                    MergeRequest(res.inputs, res.output, res.prev, res.end, req_settings, res.ecid, resume=rlog),
                     progress=on_progress,
                     cancel=cancel,
                 )
@@ -288,12 +319,18 @@ class Compactor:
                     cancel.set()
         self.metrics.running.labels(g).set(0)
         elapsed = time.monotonic() - started
+        self.metrics.resume_parts_reused.labels(g).inc(int(progress.get("parts_reused", 0)))
+        self.metrics.resume_bytes_reused.labels(g).inc(int(progress.get("bytes_reused", 0)))
+        self.metrics.resume_parts_rejected.labels(g).inc(int(progress.get("parts_rejected", 0)))
 
         err = box.get("error")
         if cancel.is_set() and (err is not None or "result" not in box or cancel_reason):
             compactions.release(self.store, self.storage, res)
+            why = cancel_reason[0] if cancel_reason else "cancelled"
+            if why.startswith(_JOB_GONE):
+                self._discard_progress(rlog, box)
             self.metrics.cancelled.labels(g).inc()
-            return JobOutcome("cancelled", cancel_reason[0] if cancel_reason else "cancelled", res.ecid)
+            return JobOutcome("cancelled", why, res.ecid)
         if err is not None and storage_unavailable(err):
             # the place failed, not the job: released for a later attempt, no failure counted
             # (an outage longer than the backoff must not dead-letter every job it touched)
@@ -305,6 +342,8 @@ class Compactor:
         if err is not None:
             reason = str(err) if not isinstance(err, MergeCancelled) else "cancelled"
             compactions.release(self.store, self.storage, res)
+            if isinstance(err, BadFileError):  # fails every attempt: nothing to resume
+                self._discard_progress(rlog, box)
             failures.record_failure(self.store, res.tablet, res.inputs, g, reason)
             self.metrics.failed.labels(g).inc()
             log.error("%s failed: %s", res.ecid, reason)
@@ -314,6 +353,7 @@ class Compactor:
             self._commit(res, result.info)
         except ConditionFailed as exc:
             compactions.release(self.store, self.storage, res)
+            self._discard_progress(rlog, box)  # the job changed under it: its parts are of no use
             self.metrics.failed.labels(g).inc()
             return JobOutcome("failed", f"commit {exc}", res.ecid)
         except StoreUnavailable as exc:
@@ -322,6 +362,8 @@ class Compactor:
             self.metrics.failed.labels(g).inc()
             log.error("%s: cannot commit, metadata store unreachable (gave up): %s", res.ecid, exc)
             return JobOutcome("failed", f"commit: metadata store unreachable: {exc}", res.ecid)
+        if rlog is not None:
+            resume_records.finish(self.store, self.storage, rlog.fingerprint, result.parts)
         m = self.metrics
         m.completed.labels(g).inc()
         m.entries_read.labels(g).inc(result.entries_read)
@@ -333,6 +375,16 @@ class Compactor:
         if elapsed > 0 and input_bytes > 0:
             self.throughput = 0.7 * self.throughput + 0.3 * (input_bytes / elapsed)
         return JobOutcome("committed", "", res.ecid)
+
+    def _discard_progress(self, rlog: resume_records.RedisResumeLog | None, box: dict[str, Any]) -> None:
+        """The job will not run again as it was: forget its progress, delete its parts."""
+        if rlog is None:
+            return
+        result = box.get("result")
+        try:
+            resume_records.discard(self.store, self.storage, rlog.fingerprint, tuple(result.parts) if result else ())
+        except StoreUnavailable as exc:  # the coordinator's pass prunes it
+            log.warning("progress of %s left for the garbage collector: %s", rlog.fingerprint[:16], exc)
 
     def _commit(self, res: Reservation, info: Any) -> None:
         """Commit the merged output. While the store is unreachable, retry (the merge's work is

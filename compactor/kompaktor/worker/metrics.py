@@ -22,6 +22,9 @@ class CompactorMetrics:
     bytes_read: Counter
     bytes_written: Counter
     duration: Histogram
+    resume_parts_reused: Counter
+    resume_bytes_reused: Counter
+    resume_parts_rejected: Counter
 
     @classmethod
     def create(cls) -> CompactorMetrics:
@@ -44,5 +47,23 @@ class CompactorMetrics:
                 g,
                 registry=r,
                 buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800),
+            ),
+            Counter(
+                "kompaktor_resume_parts_reused",
+                "Key ranges of merges taken from an earlier attempt's recorded parts instead of merged again",
+                g,
+                registry=r,
+            ),
+            Counter(
+                "kompaktor_resume_bytes_reused",
+                "Compressed input bytes of the key ranges taken from an earlier attempt (not read again)",
+                g,
+                registry=r,
+            ),
+            Counter(
+                "kompaktor_resume_parts_rejected",
+                "Recorded parts that failed verification (size, checksum, range) and were merged again",
+                g,
+                registry=r,
             ),
         )

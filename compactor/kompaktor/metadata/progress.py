@@ -1,0 +1,233 @@
+"""Progress records of resumable merges (issue 23 §2), in Redis, apart from the reserve/commit
+scripts (plain hash commands; nothing here touches a tablet).
+
+One record per job fingerprint (:func:`kompaktor.model.resume.job_fingerprint`):
+``kz:progress:<fp>`` holds ``job`` (tablet, inputs, range cuts, the first attempt's clock) and
+``p:<index>`` per finished part (:class:`~kompaktor.model.resume.PartRecord`); ``kz:progress``
+indexes fingerprint -> tablet for the garbage collector.
+
+**Bound.** A record lives at most :data:`PROGRESS_TTL_S` after its last write (Redis expiry,
+renewed with every part recorded), and is deleted before that:
+
+- on commit, with its parts (:func:`finish`);
+- when the job changed: a commit refused, the tablet gone or no longer holding every input, a
+  user compaction cancelled, a bad input (:func:`discard`, by the compactor); and by the
+  coordinator's garbage collection (:func:`prune`: the tablet gone, split or merged — its range
+  is no longer the record's —, an input no longer the tablet's, its selection cancelled or done,
+  the job dead-lettered), which also drops index entries whose record expired.
+
+A record whose job is still possible (tablet there with the same range, all its inputs still the
+tablet's files, its selection still the tablet's, not dead-lettered) is
+**live**: the garbage collector keeps its parts whatever their age. Once it is pruned or expired
+its parts are ordinary temporary files, removed after the temp-file grace period.
+
+Losing a record (a Redis failover before it was replicated) loses nothing but work: the parts are
+then unreferenced temporary files and the next attempt merges every range again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from kompaktor import keyspace as C
+from kompaktor.files.storage import Storage
+from kompaktor.metadata.store import MetadataStore
+from kompaktor.model.errors import StoreUnavailable
+from kompaktor.model.job import fingerprint as job_fingerprint_of_failures
+from kompaktor.model.resume import (
+    Bound,
+    PartRecord,
+    ResumeState,
+    decode_cuts,
+    encode_cuts,
+)
+from kompaktor.model.tablet import Tablet
+
+log = logging.getLogger(__name__)
+
+
+def _hex(b: Bound) -> str | None:
+    return None if b is None else b.hex()
+
+
+#: a progress record expires this long after its last write (a day: a requeued job is normally
+#: retried within minutes; a job that waits longer, e.g. behind a full queue, starts over)
+PROGRESS_TTL_S = 24 * 3600
+
+
+class RedisResumeLog:
+    """The :class:`~kompaktor.model.resume.ResumeLog` of one job, in the metadata store."""
+
+    def __init__(
+        self,
+        store: MetadataStore,
+        fingerprint: str,
+        tablet: str,
+        inputs: tuple[str, ...],
+        prev: Bound = None,
+        end: Bound = None,
+        selection: str | None = None,
+    ) -> None:
+        self.store = store
+        self.fingerprint = fingerprint
+        self.tablet = tablet
+        self.inputs = tuple(inputs)
+        self.prev, self.end = prev, end
+        self.selection = selection  # a USER or SELECTOR job's selection: cancelled, the job is gone
+        self.key = C.progress_key(fingerprint)
+        #: parts recorded by this attempt (and reused ones), index -> record
+        self.recorded: dict[int, PartRecord] = {}
+
+    def load(self) -> ResumeState | None:
+        raw = self.store.call(self.store._r.hgetall, self.key)
+        if not raw or b"job" not in raw:
+            return None
+        try:
+            job = json.loads(raw[b"job"])
+            cuts = decode_cuts(job["cuts"])
+            now_ms = int(job.get("now_ms", 0))
+        except (ValueError, KeyError, TypeError):
+            log.warning("progress record %s is damaged: not used", self.fingerprint[:16])
+            return None
+        if job.get("tablet") != self.tablet or sorted(job.get("inputs", [])) != sorted(self.inputs):
+            return None  # a fingerprint collision of another job: never
+        parts: dict[int, PartRecord] = {}
+        for k, v in raw.items():
+            if k.startswith(b"p:"):
+                try:
+                    rec = PartRecord.from_json(v)
+                except (ValueError, KeyError, TypeError):
+                    continue  # damaged: that range is merged again
+                parts[rec.index] = rec
+        return ResumeState(cuts, now_ms, parts)
+
+    def start(self, cuts: tuple[tuple[Bound, Bound], ...], now_ms: int) -> None:
+        """Record the job and its cuts (a new record: any older one under this key is replaced)."""
+        job = {
+            "tablet": self.tablet,
+            "inputs": list(self.inputs),
+            "range": [_hex(self.prev), _hex(self.end)],
+            "selection": self.selection,
+            "cuts": encode_cuts(cuts),
+            "now_ms": now_ms,
+            "created": time.time(),
+        }
+        r = self.store._r
+        p = r.pipeline(transaction=True)
+        p.delete(self.key)
+        p.hset(self.key, "job", json.dumps(job))
+        p.expire(self.key, PROGRESS_TTL_S)
+        p.hset(C.PROGRESS, self.fingerprint, self.tablet)
+        self.store.call(p.execute)
+
+    def record(self, part: PartRecord) -> None:
+        r = self.store._r
+        p = r.pipeline(transaction=True)
+        p.hset(self.key, f"p:{part.index}", part.to_json())
+        p.expire(self.key, PROGRESS_TTL_S)
+        self.store.call(p.execute)
+        self.recorded[part.index] = part
+
+    def drop(self, index: int) -> None:
+        self.store.call(self.store._r.hdel, self.key, f"p:{index}")
+        self.recorded.pop(index, None)
+
+
+def part_paths(store: MetadataStore, fingerprint: str) -> list[str]:
+    """The part files a record lists."""
+    raw = store.call(store._r.hgetall, C.progress_key(fingerprint))
+    out = []
+    for k, v in raw.items():
+        if k.startswith(b"p:"):
+            try:
+                out.append(PartRecord.from_json(v).path)
+            except (ValueError, KeyError, TypeError):
+                continue
+    return out
+
+
+def discard(store: MetadataStore, storage: Storage | None, fingerprint: str, also: tuple[str, ...] = ()) -> list[str]:
+    """Forget a job's progress and delete its recorded parts (and ``also``); returns the parts
+    deleted. The record goes first: a part is never left listed in a record without its file.
+    Parts that cannot be deleted now are left to the garbage collector (no live record keeps
+    them)."""
+    paths = sorted(set(part_paths(store, fingerprint)) | set(also))
+    r = store._r
+    p = r.pipeline(transaction=True)
+    p.delete(C.progress_key(fingerprint))
+    p.hdel(C.PROGRESS, fingerprint)
+    store.call(p.execute)
+    deleted = []
+    if storage is not None:
+        for rel in paths:
+            try:
+                if storage.delete(rel):
+                    deleted.append(rel)
+            except OSError as exc:
+                log.warning("%s: left for the garbage collector (storage: %s)", rel, " ".join(str(exc).split()))
+    return deleted
+
+
+def finish(store: MetadataStore, storage: Storage, fingerprint: str, also: tuple[str, ...] = ()) -> None:
+    """After a commit: the record and every part go (best effort: an unreachable store leaves
+    the record to :func:`prune`, whose job no longer exists once the commit landed)."""
+    try:
+        discard(store, storage, fingerprint, also)
+    except StoreUnavailable as exc:
+        log.warning("progress of %s left for the garbage collector: %s", fingerprint[:16], exc)
+        for rel in also:
+            try:
+                storage.delete(rel)
+            except OSError:
+                pass
+
+
+def records(store: MetadataStore) -> dict[str, str]:
+    """Fingerprint -> tablet id of every indexed record."""
+    return {k.decode(): v.decode() for k, v in store.call(store._r.hgetall, C.PROGRESS).items()}
+
+
+def _gone(job: dict, t: Tablet | None, dead: set[str]) -> bool:
+    """Whether the job a record was written for can no longer run."""
+    if t is None:
+        return True  # the tablet is gone: split, merged or deleted
+    inputs = job.get("inputs", [])
+    if not set(inputs) <= set(t.files):
+        return True  # an input was compacted away (the job committed, or another one did)
+    if job.get("range") != [_hex(t.prev), _hex(t.end)]:
+        return True  # the tablet was split or merged into one with the same id
+    sel = job.get("selection")
+    if sel is not None and (t.selection is None or t.selection.id != sel):
+        return True  # its user compaction (or selector's selection) was cancelled or is done
+    return job_fingerprint_of_failures(job.get("tablet", ""), inputs) in dead  # dead-lettered
+
+
+def prune(store: MetadataStore) -> tuple[set[str], list[str]]:
+    """The coordinator's pass over the records: forget those whose job can no longer run (see
+    :func:`_gone`: tablet gone, split or merged, an input no longer the tablet's, its selection
+    cancelled, the job dead-lettered) and index entries whose record expired or is damaged.
+    Returns (the live fingerprints, the pruned ones). Parts are not deleted here: once no live
+    record names their fingerprint they are temporary files like any other, collected after the
+    grace period."""
+    idx = records(store)
+    if not idx:
+        return set(), []
+    tablets = {t.id: t for t in store.get_tablets(sorted(set(idx.values())))}
+    dead = set(store.dead_letters())
+    live: set[str] = set()
+    stale: list[str] = []
+    for fp, tid in idx.items():
+        raw = store.call(store._r.hget, C.progress_key(fp), "job")
+        try:
+            job = json.loads(raw) if raw is not None else None
+        except ValueError:
+            job = None
+        if not isinstance(job, dict) or _gone(job, tablets.get(tid), dead):
+            stale.append(fp)
+            continue
+        live.add(fp)
+    for fp in stale:
+        discard(store, None, fp)
+    return live, stale
