@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,9 +35,9 @@ from kompaktor.model.keys import Entry, sort_key
 from kompaktor.model.names import TMP_PREFIX
 from kompaktor.model.tablet import FileMeta
 from kompaktor.worker import Compactor, WorkerSettings
-
-sys.path.insert(0, str(Path(__file__).parent))
-from gated_engine import GatedEngine
+from tests.integration.gated_engine import GatedEngine
+from tests.support.procs import python_env
+from tests.support.wait import poll
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(180)]
 
@@ -49,14 +48,7 @@ SCRIPT = str(Path(__file__).parent / "resume_worker.py")
 
 
 def wait_for(pred: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.02)
+    return poll(pred, what, timeout=timeout, every=0.02)
 
 
 def source(seed: int, n: int) -> list[Entry]:
@@ -302,8 +294,7 @@ def test_chaos_sigkill_mid_merge_then_the_retry_reads_only_the_unfinished_share(
     total_entries = sum(t.files[f].entries for t in store.tablets(tid) for f in t.files)
     plan(store, storage)
     held = tmp_path / "held"
-    env = dict(
-        os.environ,
+    env = python_env(
         KOMPAKTOR_REDIS_URL=redis_url,
         KOMPAKTOR_STORAGE=storage.uri,
         KOMPAKTOR_TEST_HOLD_AT=str(at),
@@ -313,7 +304,6 @@ def test_chaos_sigkill_mid_merge_then_the_retry_reads_only_the_unfinished_share(
         POD_NAME="victim",
         PYTHONUNBUFFERED="1",
     )
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "compactor"), env.get("PYTHONPATH", "")])
     proc = spawn(
         [sys.executable, SCRIPT, "compactor", "--group", GROUP, "--engine", kind, "--http-port", "-1"],
         env=env,
