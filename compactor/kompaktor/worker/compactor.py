@@ -28,7 +28,7 @@ from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.errors import BadFileError, ConditionFailed, KompaktorError, StoreUnavailable
 from kompaktor.model.resume import job_fingerprint
 from kompaktor.model.tablet import ONLINE
-from kompaktor.policy.services import DEFAULT_DRAIN_GRACE_S, DEFAULT_ENGINE, DEFAULT_SPARK_MASTER
+from kompaktor.policy.services import DEFAULT_DRAIN_GRACE_S, DEFAULT_ENGINE, DEFAULT_SPARK_MASTER, GroupConfig
 from kompaktor.worker.metrics import CompactorMetrics
 
 log = logging.getLogger("kompaktor.compactor")
@@ -62,6 +62,28 @@ class WorkerSettings:
     #: merges record their finished key ranges so that a retry of the same job resumes (issue 23
     #: §2; the engine decides from which size: Spark always, Arrow above RESUME_MIN_BYTES)
     resume: bool = True
+
+    @classmethod
+    def for_group(cls, cfg: GroupConfig, compactor_id: str, **kw: Any) -> WorkerSettings:
+        """A compactor's settings from its group's configuration (the one the operator stores)."""
+        return cls(
+            group=cfg.name,
+            compactor_id=compactor_id,
+            engine=cfg.engine,
+            spark_master=cfg.spark_master,
+            spark_conf=dict(cfg.spark_conf),
+            driver_memory=cfg.driver_memory,
+            drain_grace_s=float(cfg.drain_grace_seconds),
+            **kw,
+        )
+
+    def describe(self) -> str:
+        """The group's settings this compactor runs with, on one line (logged at start)."""
+        conf = ",".join(f"{k}={v}" for k, v in sorted(self.spark_conf.items())) or "-"
+        return (
+            f"engine={self.engine} spark_master={self.spark_master} spark_conf={conf} "
+            f"driver_memory={self.driver_memory or '-'} drain_grace={self.drain_grace_s:g}s"
+        )
 
 
 #: why a merge was stopped that means its job is gone for good: its progress is discarded at once
