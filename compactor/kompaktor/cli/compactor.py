@@ -95,9 +95,9 @@ def compactor(
     from kompaktor.metadata.store import MetadataStore
     from kompaktor.policy.services import GroupConfig
     from kompaktor.worker import Compactor, WorkerSettings
+    from kompaktor.worker.compactor import DEFAULTS_SOURCE, REDIS_SOURCE
 
     setup_logging()
-    log = logging.getLogger("kompaktor.compactor")
     conf_overrides: dict[str, str] = {}
     for kv in spark_conf:
         if "=" not in kv:
@@ -107,13 +107,12 @@ def compactor(
     store = MetadataStore.from_url(redis_url)
     store.ping()
     cfg = store.groups().get(group)
-    source = "the group's configuration in Redis"
+    source = REDIS_SOURCE
     if cfg is None:
-        # a compactor run by hand for a group nobody configured: the defaults (a CompactorGroup
-        # that leaves everything out), as before; the operator writes the group before its pods
-        source = "the defaults (no configuration of this group in Redis)"
-        log.warning("group %s has no configuration in Redis: its compactor runs with the defaults", group)
-        cfg = GroupConfig(group)
+        # a compactor run by hand for a group nobody configured: the defaults (those of a
+        # CompactorGroup that leaves everything out), said at WARNING in its start-up line; the
+        # operator stores a group's configuration before it creates the group's pods
+        source, cfg = DEFAULTS_SOURCE, GroupConfig(group)
     settings = WorkerSettings.for_group(cfg, compactor_id or f"{socket.gethostname()}-{os.getpid()}", max_jobs=max_jobs)
     overrides = {
         "engine": engine,
@@ -123,11 +122,10 @@ def compactor(
         "spark_conf": {**settings.spark_conf, **conf_overrides} if conf_overrides else None,
     }
     overrides = {k: v for k, v in overrides.items() if v is not None}
-    settings = dataclasses.replace(settings, **overrides)
     if overrides:
         flags = sorted("--" + k.removesuffix("_s").replace("_", "-") for k in overrides)
         source += ", overridden by " + " ".join(flags)
-    log.info("compactor %s of group %s: %s (from %s)", settings.compactor_id, group, settings.describe(), source)
+    settings = dataclasses.replace(settings, source=source, **overrides)
     from kompaktor.worker.http import TOKEN_ENV, token_source
 
     drain_token = token_source(os.environ.get(TOKEN_ENV), drain_token_file)

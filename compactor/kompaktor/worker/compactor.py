@@ -34,6 +34,9 @@ from kompaktor.worker.metrics import CompactorMetrics
 log = logging.getLogger("kompaktor.compactor")
 
 IDLE, BUSY, DRAINING = "idle", "busy", "draining"
+#: the settings' source of a compactor whose group has no configuration in Redis
+DEFAULTS_SOURCE = "the defaults (no configuration of this group in Redis)"
+REDIS_SOURCE = "the group's configuration in Redis"
 
 
 @dataclass
@@ -62,6 +65,8 @@ class WorkerSettings:
     #: merges record their finished key ranges so that a retry of the same job resumes (issue 23
     #: §2; the engine decides from which size: Spark always, Arrow above RESUME_MIN_BYTES)
     resume: bool = True
+    #: where the group's settings above came from, said in the compactor's start-up line
+    source: str = "the caller"
 
     @classmethod
     def for_group(cls, cfg: GroupConfig, compactor_id: str, **kw: Any) -> WorkerSettings:
@@ -201,6 +206,15 @@ class Compactor:
         # start the engine (Spark session) once, before registering and declaring ready: an
         # engine that cannot start (a Spark master that does not answer) leaves no registration
         _ = self.engine
+        # said once the engine runs (an engine that cannot start is the one line of the error)
+        log.log(
+            logging.WARNING if self.s.source.startswith(DEFAULTS_SOURCE) else logging.INFO,
+            "compactor %s of group %s: %s (from %s)",
+            self.s.compactor_id,
+            self.s.group,
+            self.s.describe(),
+            self.s.source,
+        )
         self._publish(IDLE)
         self.ready = True
         idle = self.s.idle_min_s
