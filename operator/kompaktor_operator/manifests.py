@@ -40,6 +40,8 @@ def compactor_args(group: str) -> list[str]:
 #: start. A change of any of them changes the template, so the Deployment rolls the pods (drain
 #: first), as a change of the pod's arguments did when the settings were arguments.
 SETTINGS_ANNOTATION = "kompaktor.io/settings-digest"
+#: ... and the compactor's environment variable that carries it (`kompaktor compactor`)
+SETTINGS_DIGEST_ENV = "KOMPAKTOR_SETTINGS_DIGEST"
 
 
 def settings_digest(group: str, spec: CompactorGroupSpec) -> str:
@@ -52,6 +54,12 @@ def _env(spec: CompactorGroupSpec, config: OperatorConfig) -> list[dict[str, Any
     env: list[dict[str, Any]] = [
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        # the digest of the settings this pod was made for: its compactor refuses to start with
+        # none stored, and says so when newer ones are (a rollout replaces it)
+        {
+            "name": SETTINGS_DIGEST_ENV,
+            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{SETTINGS_ANNOTATION}']"}},
+        },
         {"name": "KOMPAKTOR_REDIS_URL", "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}},
         {"name": "SPARK_LOCAL_DIRS", "value": SCRATCH_DIR},
         {"name": "TMPDIR", "value": "/tmp"},

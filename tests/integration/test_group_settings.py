@@ -40,7 +40,7 @@ class Compactor:
     """``kompaktor compactor`` with the pod's arguments (plus a free HTTP port on loopback), in its
     own process group so that a Spark JVM it may have started goes with it."""
 
-    def __init__(self, tmp: Path, redis_url: str, cid: str, *extra: str) -> None:
+    def __init__(self, tmp: Path, redis_url: str, cid: str, *extra: str, env: dict[str, str] | None = None) -> None:
         args = [*manifests.compactor_args(GROUP), "--http-port", "0", "--http-host", "127.0.0.1", *extra]
         env = python_env(
             KOMPAKTOR_REDIS_URL=redis_url,
@@ -48,6 +48,7 @@ class Compactor:
             KOMPAKTOR_SPARK_LOCAL_DIR=str(tmp / "spark"),
             POD_NAME=cid,
             PYTHONUNBUFFERED="1",
+            **(env or {}),
         )
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "kompaktor", *args],
@@ -100,8 +101,8 @@ class Compactor:
 def start(tmp_path: Path, redis_url: str):
     procs: list[Compactor] = []
 
-    def run(cid: str, *extra: str) -> Compactor:
-        p = Compactor(tmp_path, redis_url, cid, *extra)
+    def run(cid: str, *extra: str, env: dict[str, str] | None = None) -> Compactor:
+        p = Compactor(tmp_path, redis_url, cid, *extra, env=env)
         procs.append(p)
         return p
 
@@ -197,3 +198,35 @@ def test_a_group_nobody_configured_runs_with_the_crds_defaults(redis_url: str, s
     assert any(" WARNING " in line and "of group" in line for line in p.lines), p.log  # said as a warning
     poll(lambda: registered(MetadataStore.from_url(redis_url), "unconfigured"), "registered", alive=(p.proc,))
     assert p.drain() == 0, p.log
+
+
+def test_a_pod_made_by_the_operator_does_not_start_without_its_groups_configuration(
+    redis_url: str, start, store: MetadataStore
+) -> None:
+    """The operator stores a group before it makes the group's pods, and puts the digest of its
+    settings on them: a pod whose group Redis does not hold (Redis lost it, or another Redis)
+    stops with one line instead of running with defaults that differ from the CompactorGroup."""
+    spec = m.CompactorGroupSpec.model_validate({"spark": {"engine": "arrow"}, "drainGraceSeconds": 40})
+    digest = manifests.settings_digest(GROUP, spec)
+    p = start("made-by-operator", env={manifests.SETTINGS_DIGEST_ENV: digest})
+    assert p.proc.wait(30) == 1, p.log
+    (line,) = p.lines
+    assert line.startswith(f"error: group {GROUP} has no configuration in Redis (kz:groups)"), line
+    assert not store.compactors(GROUP)
+
+    backend = depth.RedisBackend(redis_url)
+    expected = apply(backend, {"spark": {"engine": "arrow"}, "drainGraceSeconds": 40})
+    ok = start("made-by-operator-2", env={manifests.SETTINGS_DIGEST_ENV: digest})
+    assert ok.settings() == (expected, "the group's configuration in Redis")
+    assert ok.drain() == 0, ok.log
+
+    # the group changed since this pod was made: it runs the stored settings, and says why
+    expected = apply(backend, {"spark": {"engine": "arrow"}, "drainGraceSeconds": 41})
+    old = start("made-by-operator-3", env={manifests.SETTINGS_DIGEST_ENV: digest})
+    settings, source = old.settings()
+    assert settings == expected
+    assert (
+        source
+        == f"the group's configuration in Redis (newer than this pod's {digest}: the group's rollout replaces it)"
+    )
+    assert old.drain() == 0, old.log

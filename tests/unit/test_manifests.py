@@ -94,6 +94,9 @@ def test_deployment_shape() -> None:
     env = {e["name"]: e for e in c["env"]}
     assert env["KOMPAKTOR_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "my-redis", "key": "uri"}
     assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    # the compactor checks what it reads from Redis against the digest its pod was made for
+    digest_ref = env[manifests.SETTINGS_DIGEST_ENV]["valueFrom"]["fieldRef"]["fieldPath"]
+    assert digest_ref == f"metadata.annotations['{manifests.SETTINGS_ANNOTATION}']"
     assert env["KOMPAKTOR_STORAGE"]["value"] == "s3://bucket/kompaktor"
     assert c["envFrom"] == [{"secretRef": {"name": "s3-creds"}}]
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"

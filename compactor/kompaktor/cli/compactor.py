@@ -65,6 +65,14 @@ from kompaktor.policy.services import DEFAULT_DRAIN_GRACE_S, DEFAULT_ENGINE, DEF
     "(env KOMPAKTOR_DRAIN_TOKEN_FILE; or the token itself in env KOMPAKTOR_DRAIN_TOKEN). "
     "Without one, only the pod itself (127.0.0.1) may drain it over HTTP.",
 )
+@click.option(
+    "--settings-digest",
+    envvar="KOMPAKTOR_SETTINGS_DIGEST",
+    default=None,
+    hidden=True,
+    help="Digest of the group settings the pod was made for (set by the operator): without a "
+    "configuration of the group in Redis the compactor does not start.",
+)
 @click.option("--max-jobs", type=int, default=None, hidden=True)
 @redis_option
 @storage_option
@@ -80,6 +88,7 @@ def compactor(
     http_port: int,
     http_host: str,
     drain_token_file: str | None,
+    settings_digest: str | None,
     max_jobs: int | None,
     redis_url: str,
     storage_uri: str | None,
@@ -91,8 +100,10 @@ def compactor(
     the options below override them for a compactor run by hand."""
     import dataclasses
 
+    from kompaktor import keyspace as C
     from kompaktor.files.storage import Storage
     from kompaktor.metadata.store import MetadataStore
+    from kompaktor.model.errors import KompaktorError
     from kompaktor.policy.services import GroupConfig
     from kompaktor.worker import Compactor, WorkerSettings
     from kompaktor.worker.compactor import DEFAULTS_SOURCE, REDIS_SOURCE
@@ -108,6 +119,15 @@ def compactor(
     store.ping()
     cfg = store.groups().get(group)
     source = REDIS_SOURCE
+    if cfg is None and settings_digest:
+        # a pod the operator made: it stored the group before the pod, so Redis lost it (or this
+        # is another Redis); the defaults would silently differ from the CompactorGroup
+        raise KompaktorError(
+            f"group {group} has no configuration in Redis ({C.GROUPS}): the operator stores it when it "
+            f"reconciles the CompactorGroup (edit or re-apply it, or restart the operator)"
+        )
+    if cfg is not None and settings_digest and cfg.settings_digest() != settings_digest:
+        source += f" (newer than this pod's {settings_digest}: the group's rollout replaces it)"
     if cfg is None:
         # a compactor run by hand for a group nobody configured: the defaults (those of a
         # CompactorGroup that leaves everything out), said at WARNING in its start-up line; the
