@@ -46,6 +46,7 @@ from bench.common import descendants
 from kompaktor.files.sortedfile import SCHEMA, write_sorted
 from kompaktor.files.storage import Storage
 from kompaktor.model.keys import ARROW_SORT_KEYS
+from kompaktor.policy.services import DEFAULT_SPARK_MASTER
 
 OUT_DIR = Path(__file__).resolve().parent / "out"
 
@@ -299,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layouts", default=",".join(LAYOUTS), help=f"input layouts, of {', '.join(LAYOUTS)}")
     ap.add_argument("--row-bytes", type=int, default=16)
     ap.add_argument("--value-bytes", type=int, default=64)
-    ap.add_argument("--spark-master", default="local[*]")
+    ap.add_argument("--spark-master", default=DEFAULT_SPARK_MASTER)
     ap.add_argument(
         "--engines",
         default="floor,polars,duckdb,pyarrow,arrow,spark",

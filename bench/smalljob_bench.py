@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from bench.common import percentile, start_redis, write_csv
+from kompaktor.policy.services import DEFAULT_SPARK_MASTER
 
 AIMS_MS = {"arrow": 50.0, "spark": 500.0}
 
@@ -35,7 +36,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(prog="bench.smalljob_bench", description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=30, help="timed cycles per engine")
     ap.add_argument("--engines", default="arrow,spark")
-    ap.add_argument("--spark-master", default="local[*]")
+    ap.add_argument("--spark-master", default=DEFAULT_SPARK_MASTER)
     args = ap.parse_args([] if argv is None else argv)
 
     from kompaktor.client import Client

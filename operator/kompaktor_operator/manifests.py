@@ -13,7 +13,7 @@ from typing import Any
 
 from kompaktor_operator import naming
 from kompaktor_operator.config import OperatorConfig
-from kompaktor_operator.models import Autoscaler, CompactorGroupSpec
+from kompaktor_operator.models import Autoscaler, CompactorGroupSpec, to_group_config
 
 SCRATCH_DIR = "/scratch"
 #: Where compactor pods find the Redis CA (the chart's rediss:// URL names <this>/ca.crt).
@@ -27,24 +27,25 @@ SCALE_DOWN_PERIOD = 60
 Manifest = dict[str, Any]
 
 
-def compactor_args(group: str, spec: CompactorGroupSpec) -> list[str]:
-    """Arguments of ``kompaktor`` in a compactor pod (the CLI contract of `kompaktor compactor`)."""
-    args = [
-        "compactor",
-        "--group",
-        group,
-        "--http-port",
-        str(naming.HTTP_PORT),
-        "--drain-grace",
-        str(spec.drain_grace_seconds),
-        "--spark-master",
-        spec.spark.master,
-    ]
-    for key, value in sorted(spec.spark.session_conf().items()):
-        args += ["--spark-conf", f"{key}={value}"]
-    if spec.spark.driver_memory is not None:
-        args += ["--driver-memory", spec.spark.driver_memory]
-    return args
+def compactor_args(group: str) -> list[str]:
+    """Arguments of ``kompaktor`` in a compactor pod: only what names the pod's group and port.
+
+    The group's settings (engine, Spark master and conf, driver memory, drain grace) are not
+    arguments: the compactor reads them from the GroupConfig the operator stores in Redis before
+    it applies the Deployment, so they have one source (docs/kubernetes.md)."""
+    return ["compactor", "--group", group, "--http-port", str(naming.HTTP_PORT)]
+
+
+#: Pod template annotation: digest of the settings the group's compactors read from Redis at
+#: start. A change of any of them changes the template, so the Deployment rolls the pods (drain
+#: first), as a change of the pod's arguments did when the settings were arguments.
+SETTINGS_ANNOTATION = "kompaktor.io/settings-digest"
+#: ... and the compactor's environment variable that carries it (`kompaktor compactor`)
+SETTINGS_DIGEST_ENV = "KOMPAKTOR_SETTINGS_DIGEST"
+
+
+def settings_digest(group: str, spec: CompactorGroupSpec) -> str:
+    return str(to_group_config(group, spec).settings_digest())
 
 
 def _env(spec: CompactorGroupSpec, config: OperatorConfig) -> list[dict[str, Any]]:
@@ -53,6 +54,12 @@ def _env(spec: CompactorGroupSpec, config: OperatorConfig) -> list[dict[str, Any
     env: list[dict[str, Any]] = [
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        # the digest of the settings this pod was made for: its compactor refuses to start with
+        # none stored, and says so when newer ones are (a rollout replaces it)
+        {
+            "name": SETTINGS_DIGEST_ENV,
+            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{SETTINGS_ANNOTATION}']"}},
+        },
         {"name": "KOMPAKTOR_REDIS_URL", "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}},
         {"name": "SPARK_LOCAL_DIRS", "value": SCRATCH_DIR},
         {"name": "TMPDIR", "value": "/tmp"},
@@ -92,6 +99,7 @@ def build_pod_template(group: str, spec: CompactorGroupSpec, config: OperatorCon
         "prometheus.io/scrape": "true",
         "prometheus.io/port": str(naming.HTTP_PORT),
         "prometheus.io/path": "/metrics",
+        SETTINGS_ANNOTATION: settings_digest(group, spec),
     }
     http = naming.HTTP_PORT_NAME
     container: dict[str, Any] = {
@@ -99,7 +107,7 @@ def build_pod_template(group: str, spec: CompactorGroupSpec, config: OperatorCon
         "image": spec.image or config.compactor_image,
         "imagePullPolicy": spec.image_pull_policy or config.image_pull_policy,
         "command": ["kompaktor"],
-        "args": compactor_args(group, spec),
+        "args": compactor_args(group),
         "env": _env(spec, config),
         "ports": [{"name": http, "containerPort": naming.HTTP_PORT, "protocol": "TCP"}],
         # a container that exits with an error leaves its log's tail as its termination message:

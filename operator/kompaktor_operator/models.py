@@ -275,7 +275,7 @@ class Autoscaler(enum.StrEnum):
 class SparkSettings(CRDModel):
     """How the compactor runs its merge: a local Spark, a Spark cluster or Spark on Kubernetes."""
 
-    engine: Literal["spark", "arrow"] = Field(
+    engine: Literal[group_defaults.ENGINES] = Field(  # type: ignore[valid-type]
         group_defaults.DEFAULT_ENGINE,
         description="merge engine: spark, or arrow (in-process, for groups that only hold small jobs)",
     )

@@ -116,6 +116,47 @@ async def test_spec_change_patches_children_and_switches_autoscaler(operator, ap
     await eventually(patched, what="Deployment patched")
 
 
+async def test_a_groups_settings_reach_redis_only_and_a_change_rolls_the_pods(
+    operator, api: Api, backend: FakeBackend
+) -> None:
+    """Issue 26 §1: the operator stores the group's settings (the compactor's one channel) and
+    passes none as pod arguments; a changed setting is stored and changes the pod template's
+    digest (a rollout), and the digest is that of what was stored."""
+    from kompaktor_operator.manifests import SETTINGS_ANNOTATION
+
+    kmock = operator
+    conf = {"spark.sql.shuffle.partitions": "2"}
+    spark = {"engine": "arrow", "master": "local[1]", "conf": conf, "driverMemory": "512m"}
+    await api.create(GROUPS_RES, group_body("s", spark=spark, drainGraceSeconds=40))
+    dep = await eventually(lambda: obj(kmock, DEPLOY, "kompaktor-s"), what="Deployment")
+    template = dep["spec"]["template"]
+    assert template["spec"]["containers"][0]["args"] == ["compactor", "--group", "s", "--http-port", "8080"]
+    cfg = backend.groups["s"]
+    assert (cfg.engine, cfg.spark_master, dict(cfg.spark_conf), cfg.driver_memory, cfg.drain_grace_seconds) == (
+        "arrow",
+        "local[1]",
+        {"spark.sql.shuffle.partitions": "2"},
+        "512m",
+        40,
+    )
+    first = template["metadata"]["annotations"][SETTINGS_ANNOTATION]
+    assert first == cfg.settings_digest()
+
+    await api.patch(
+        GROUPS_RES, "s", {"metadata": {"generation": 2}, "spec": {"spark": {**spark, "master": "local[2]"}}}
+    )
+
+    def rolled() -> bool:
+        annotations = obj(kmock, DEPLOY, "kompaktor-s")["spec"]["template"]["metadata"]["annotations"]
+        return annotations[SETTINGS_ANNOTATION] != first
+
+    await eventually(rolled, what="pod template with the new settings digest")
+    cfg = backend.groups["s"]
+    assert cfg.spark_master == "local[2]"
+    annotations = obj(kmock, DEPLOY, "kompaktor-s")["spec"]["template"]["metadata"]["annotations"]
+    assert annotations[SETTINGS_ANNOTATION] == cfg.settings_digest()
+
+
 @pytest.mark.parametrize(
     "spec, rule",
     [

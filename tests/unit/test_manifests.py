@@ -9,7 +9,7 @@ import pytest
 
 from kompaktor_operator import manifests, naming
 from kompaktor_operator.config import OperatorConfig
-from kompaktor_operator.models import CompactorGroupSpec
+from kompaktor_operator.models import CompactorGroupSpec, to_group_config
 
 K8S = "1.30"
 CONFIG = OperatorConfig(compactor_image="example.org/kompaktor-compactor:0.1.0", prometheus_url="http://prom:9090")
@@ -89,13 +89,14 @@ def test_deployment_shape() -> None:
     (c,) = pod["containers"]
     assert c["image"] == "example.org/compactor:1"
     assert c["command"] == ["kompaktor"]
-    assert c["args"][:3] == ["compactor", "--group", "large"]
-    assert c["args"][c["args"].index("--drain-grace") + 1] == "600"
-    assert c["args"][-6:-2] == ["--spark-conf", "spark.a=b", "--spark-conf", "spark.executor.instances=4"]
-    assert c["args"][-2:] == ["--driver-memory", "4g"]
+    # the group's settings are not arguments: the compactor reads them from Redis (one channel)
+    assert c["args"] == ["compactor", "--group", "large", "--http-port", str(naming.HTTP_PORT)]
     env = {e["name"]: e for e in c["env"]}
     assert env["KOMPAKTOR_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "my-redis", "key": "uri"}
     assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    # the compactor checks what it reads from Redis against the digest its pod was made for
+    digest_ref = env[manifests.SETTINGS_DIGEST_ENV]["valueFrom"]["fieldRef"]["fieldPath"]
+    assert digest_ref == f"metadata.annotations['{manifests.SETTINGS_ANNOTATION}']"
     assert env["KOMPAKTOR_STORAGE"]["value"] == "s3://bucket/kompaktor"
     assert c["envFrom"] == [{"secretRef": {"name": "s3-creds"}}]
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
@@ -106,6 +107,7 @@ def test_deployment_shape() -> None:
     assert c["resources"] == {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"memory": "8Gi"}}
     tmpl_meta = spec["template"]["metadata"]
     assert tmpl_meta["annotations"]["team"] == "storage"
+    assert tmpl_meta["annotations"][manifests.SETTINGS_ANNOTATION] == to_group_config("large", FULL).settings_digest()
     assert not any(k.startswith("kopf.zalando.org") for k in tmpl_meta["annotations"])
 
 
@@ -165,3 +167,32 @@ def test_names_fit_in_63_characters() -> None:
     assert naming.selector("a") == (
         "app.kubernetes.io/component=compactor,app.kubernetes.io/name=kompaktor,kompaktor.io/group=a"
     )
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"spark": {"engine": "arrow"}},
+        {"spark": {"master": "local[2]"}},
+        {"spark": {"conf": {"spark.sql.shuffle.partitions": "4"}}},
+        {"spark": {"executorMemory": "2g"}},
+        {"spark": {"driverMemory": "2g"}},
+        {"drainGraceSeconds": 61},
+    ],
+)
+def test_a_changed_compactor_setting_rolls_the_pods(change: dict) -> None:
+    """Issue 26 §1: the settings travel only through Redis, read at a compactor's start; a change
+    of any of them changes the pod template (its digest annotation), so the Deployment replaces
+    the pods, which read the new settings. The scaler's settings do not restart anything."""
+
+    def template(spec: dict) -> dict:
+        dep = manifests.build_compactor_deployment("g", CompactorGroupSpec.model_validate(spec), CONFIG)
+        return dep["spec"]["template"]
+
+    before = template({})
+    after = template(change)
+    key = manifests.SETTINGS_ANNOTATION
+    assert after["metadata"]["annotations"][key] != before["metadata"]["annotations"][key]
+    assert after["spec"]["containers"][0]["args"] == before["spec"]["containers"][0]["args"]
+    scaler_only = template({"minReplicas": 0, "maxReplicas": 7, "jobsPerReplica": 3, "autoscaler": "keda"})
+    assert scaler_only == before

@@ -208,10 +208,10 @@ def test_conversion_to_core_configs() -> None:
     assert [s.name for s in services_] == ["cs1"] and [g.name for g in groups] == ["small"]
 
 
-def test_executor_settings_reach_the_group_config_and_the_pod_args() -> None:
-    """Issue 17 §2: a CompactorGroup's executor memory/cores become Spark conf for the session
-    (through the GroupConfig the compactor reads from Redis, and the pod's --spark-conf)."""
-    from kompaktor_operator import manifests
+def test_executor_settings_reach_the_group_config() -> None:
+    """Issue 17 §2: a CompactorGroup's executor memory/cores become Spark conf for the session,
+    through the GroupConfig the compactor reads from Redis (its one channel, issue 26 §1)."""
+    from kompaktor.worker.compactor import WorkerSettings
 
     spec = m.CompactorGroupSpec.model_validate(
         {
@@ -227,9 +227,9 @@ def test_executor_settings_reach_the_group_config_and_the_pod_args() -> None:
     gcfg = m.to_group_config("big", spec)
     assert gcfg.spark_master == "spark://spark-master:7077" and gcfg.driver_memory == "1g"
     assert dict(gcfg.spark_conf) == {"spark.cores.max": "8", "spark.executor.memory": "6g", "spark.executor.cores": "2"}
-    args = manifests.compactor_args("big", spec)
-    confs = [args[i + 1] for i, a in enumerate(args) if a == "--spark-conf"]
-    assert confs == ["spark.cores.max=8", "spark.executor.cores=2", "spark.executor.memory=6g"]
+    worker = WorkerSettings.for_group(gcfg, "c")
+    assert (worker.group, worker.spark_master, worker.driver_memory) == ("big", "spark://spark-master:7077", "1g")
+    assert worker.spark_conf == dict(gcfg.spark_conf)
 
 
 @pytest.mark.parametrize(
@@ -266,3 +266,61 @@ def test_a_groups_defaults_are_the_same_everywhere() -> None:
     assert (spec.spark.engine, cfg.engine, worker.engine) == (d.DEFAULT_ENGINE,) * 3
     # and what the operator stores for a group that leaves everything out is exactly that
     assert dataclasses.asdict(m.to_group_config("g", spec)) == dataclasses.asdict(cfg)
+
+
+def test_the_engine_names_are_listed_once() -> None:
+    """Issue 26 §1: the CRD's enum, the engines' factory, and the --engine choices of
+    `kompaktor compactor` and `kompaktor merge` are one tuple (policy.services.ENGINES)."""
+    import click
+
+    from kompaktor import engines
+    from kompaktor.cli.compactor import compactor
+    from kompaktor.cli.merge import merge
+    from kompaktor.policy import services as d
+
+    schema = m.SparkSettings.model_json_schema()["properties"]["engine"]
+    assert tuple(schema["enum"]) == d.ENGINES == engines.ENGINES
+    for command in (compactor, merge):
+        (option,) = [p for p in command.params if p.name == "engine"]
+        assert isinstance(option.type, click.Choice) and tuple(option.type.choices) == d.ENGINES
+
+
+@pytest.mark.parametrize(
+    "kw, words",
+    [({"engine": "flink"}, "engine 'flink' is not one of spark, arrow"), ({"drain_grace_seconds": -1}, ">= 0")],
+)
+def test_a_group_config_refuses_what_no_compactor_could_run(kw: dict, words: str) -> None:
+    from kompaktor.policy.services import GroupConfig
+
+    with pytest.raises(ValueError, match=words):
+        GroupConfig("g", **kw)
+
+
+def test_a_group_config_is_the_compactors_settings() -> None:
+    """What the operator stores for a CompactorGroup is what `kompaktor compactor` runs with
+    (WorkerSettings.for_group), and its settings digest moves with each of those settings only."""
+    from kompaktor.worker.compactor import WorkerSettings
+
+    spec = m.CompactorGroupSpec.model_validate(
+        {
+            "spark": {"engine": "arrow", "master": "local[3]", "conf": {"spark.a": "b"}, "driverMemory": "3g"},
+            "drainGraceSeconds": 45,
+            "maxReplicas": 5,
+        }
+    )
+    cfg = m.to_group_config("g", spec)
+    w = WorkerSettings.for_group(cfg, "c-1")
+    assert (w.group, w.compactor_id, w.engine, w.spark_master, w.spark_conf, w.driver_memory, w.drain_grace_s) == (
+        "g",
+        "c-1",
+        "arrow",
+        "local[3]",
+        {"spark.a": "b"},
+        "3g",
+        45.0,
+    )
+    assert w.describe() == "engine=arrow spark_master=local[3] spark_conf=spark.a=b driver_memory=3g drain_grace=45s"
+    import dataclasses
+
+    assert dataclasses.replace(cfg, max_replicas=9).settings_digest() == cfg.settings_digest()
+    assert dataclasses.replace(cfg, drain_grace_seconds=46).settings_digest() != cfg.settings_digest()

@@ -11,6 +11,7 @@ import sys
 import click
 
 from kompaktor.cli.common import friendly_errors, redis_option, setup_logging, storage_option
+from kompaktor.policy.services import DEFAULT_DRAIN_GRACE_S, DEFAULT_ENGINE, DEFAULT_SPARK_MASTER, ENGINES
 
 
 @click.command()
@@ -24,14 +25,24 @@ from kompaktor.cli.common import friendly_errors, redis_option, setup_logging, s
 )
 @click.option(
     "--engine",
-    type=click.Choice(["spark", "arrow"]),
+    type=click.Choice(ENGINES),
     default=None,
-    help="Merge engine (default: the group's configured engine, else spark).",
+    help=f"Merge engine; overrides the group's (default: the group's, else {DEFAULT_ENGINE}).",
 )
-@click.option("--spark-master", default=None, help="spark.master (default: the group's, else local[*]).")
-@click.option("--spark-conf", multiple=True, help="Extra Spark configuration KEY=VALUE (repeatable).")
-@click.option("--driver-memory", default=None, help="spark.driver.memory.")
-@click.option("--drain-grace", type=float, default=None, help="Seconds a drain may wait for the current job.")
+@click.option(
+    "--spark-master",
+    default=None,
+    help=f"spark.master; overrides the group's (default: the group's, else {DEFAULT_SPARK_MASTER}).",
+)
+@click.option("--spark-conf", multiple=True, help="Extra Spark configuration KEY=VALUE, over the group's (repeatable).")
+@click.option("--driver-memory", default=None, help="spark.driver.memory; overrides the group's.")
+@click.option(
+    "--drain-grace",
+    type=float,
+    default=None,
+    help=f"Seconds a drain may wait for the current job; overrides the group's (default: the group's, "
+    f"else {DEFAULT_DRAIN_GRACE_S}).",
+)
 @click.option(
     "--http-port",
     type=int,
@@ -54,6 +65,14 @@ from kompaktor.cli.common import friendly_errors, redis_option, setup_logging, s
     "(env KOMPAKTOR_DRAIN_TOKEN_FILE; or the token itself in env KOMPAKTOR_DRAIN_TOKEN). "
     "Without one, only the pod itself (127.0.0.1) may drain it over HTTP.",
 )
+@click.option(
+    "--settings-digest",
+    envvar="KOMPAKTOR_SETTINGS_DIGEST",
+    default=None,
+    hidden=True,
+    help="Digest of the group settings the pod was made for (set by the operator): without a "
+    "configuration of the group in Redis the compactor does not start.",
+)
 @click.option("--max-jobs", type=int, default=None, hidden=True)
 @redis_option
 @storage_option
@@ -69,38 +88,64 @@ def compactor(
     http_port: int,
     http_host: str,
     drain_token_file: str | None,
+    settings_digest: str | None,
     max_jobs: int | None,
     redis_url: str,
     storage_uri: str | None,
 ) -> None:
-    """Run one compactor: reserve a job of GROUP, merge it, commit, repeat; drain on SIGTERM."""
+    """Run one compactor: reserve a job of GROUP, merge it, commit, repeat; drain on SIGTERM.
+
+    The group's settings (engine, Spark master and conf, driver memory, drain grace) come from its
+    configuration in Redis, which the operator (or `kompaktor up`) writes from the CompactorGroup;
+    the options below override them for a compactor run by hand."""
+    import dataclasses
+
+    from kompaktor import keyspace as C
     from kompaktor.files.storage import Storage
     from kompaktor.metadata.store import MetadataStore
-    from kompaktor.policy import services as defaults
+    from kompaktor.model.errors import KompaktorError
+    from kompaktor.policy.services import GroupConfig
     from kompaktor.worker import Compactor, WorkerSettings
+    from kompaktor.worker.compactor import DEFAULTS_SOURCE, REDIS_SOURCE
 
     setup_logging()
-    store = MetadataStore.from_url(redis_url)
-    store.ping()
-    cfg = store.groups().get(group)
-    conf = dict(cfg.spark_conf) if cfg else {}
+    conf_overrides: dict[str, str] = {}
     for kv in spark_conf:
         if "=" not in kv:
             raise ValueError(f"--spark-conf expects KEY=VALUE, got {kv!r}")
         k, v = kv.split("=", 1)
-        conf[k] = v
-    settings = WorkerSettings(
-        group=group,
-        compactor_id=compactor_id or f"{socket.gethostname()}-{os.getpid()}",
-        engine=engine or (cfg.engine if cfg else defaults.DEFAULT_ENGINE),
-        spark_master=spark_master or (cfg.spark_master if cfg else defaults.DEFAULT_SPARK_MASTER),
-        spark_conf=conf,
-        driver_memory=driver_memory or (cfg.driver_memory if cfg else None),
-        drain_grace_s=drain_grace
-        if drain_grace is not None
-        else float(cfg.drain_grace_seconds if cfg else defaults.DEFAULT_DRAIN_GRACE_S),
-        max_jobs=max_jobs,
-    )
+        conf_overrides[k] = v
+    store = MetadataStore.from_url(redis_url)
+    store.ping()
+    cfg = store.groups().get(group)
+    source = REDIS_SOURCE
+    if cfg is None and settings_digest:
+        # a pod the operator made: it stored the group before the pod, so Redis lost it (or this
+        # is another Redis); the defaults would silently differ from the CompactorGroup
+        raise KompaktorError(
+            f"group {group} has no configuration in Redis ({C.GROUPS}): the operator stores it when it "
+            f"reconciles the CompactorGroup (edit or re-apply it, or restart the operator)"
+        )
+    if cfg is not None and settings_digest and cfg.settings_digest() != settings_digest:
+        source += f" (newer than this pod's {settings_digest}: the group's rollout replaces it)"
+    if cfg is None:
+        # a compactor run by hand for a group nobody configured: the defaults (those of a
+        # CompactorGroup that leaves everything out), said at WARNING in its start-up line; the
+        # operator stores a group's configuration before it creates the group's pods
+        source, cfg = DEFAULTS_SOURCE, GroupConfig(group)
+    settings = WorkerSettings.for_group(cfg, compactor_id or f"{socket.gethostname()}-{os.getpid()}", max_jobs=max_jobs)
+    overrides = {
+        "engine": engine,
+        "spark_master": spark_master,
+        "driver_memory": driver_memory,
+        "drain_grace_s": drain_grace,
+        "spark_conf": {**settings.spark_conf, **conf_overrides} if conf_overrides else None,
+    }
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    if overrides:
+        flags = sorted("--" + k.removesuffix("_s").replace("_", "-") for k in overrides)
+        source += ", overridden by " + " ".join(flags)
+    settings = dataclasses.replace(settings, source=source, **overrides)
     from kompaktor.worker.http import TOKEN_ENV, token_source
 
     drain_token = token_source(os.environ.get(TOKEN_ENV), drain_token_file)

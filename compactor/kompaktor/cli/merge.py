@@ -9,7 +9,7 @@ import uuid
 import click
 
 from kompaktor.cli.common import friendly_errors
-from kompaktor.policy.services import DEFAULT_SPARK_MASTER
+from kompaktor.policy.services import DEFAULT_ENGINE, DEFAULT_SPARK_MASTER, ENGINES
 
 
 def _mb(n: int) -> str:
@@ -36,7 +36,7 @@ def _mb(n: int) -> str:
     help="Age-off filter: drop puts older than now minus this many milliseconds.",
 )
 @click.option("--row-regex", default=None, help="Row filter: drop puts whose row matches this regex.")
-@click.option("--engine", type=click.Choice(["spark", "arrow"]), default="spark", show_default=True)
+@click.option("--engine", type=click.Choice(ENGINES), default=DEFAULT_ENGINE, show_default=True)
 @click.option(
     "--spark-master", default=DEFAULT_SPARK_MASTER, show_default=True, help="Spark master for --engine spark."
 )

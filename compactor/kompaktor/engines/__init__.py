@@ -12,13 +12,13 @@ from collections.abc import Mapping
 
 from kompaktor.engines.api import MergeEngine
 from kompaktor.model.errors import KompaktorError
-from kompaktor.policy.services import DEFAULT_SPARK_MASTER
+from kompaktor.policy.services import DEFAULT_ENGINE, DEFAULT_SPARK_MASTER, ENGINES
 
-ENGINES = ("spark", "arrow")
+__all__ = ["ENGINES", "MergeEngine", "make_engine"]
 
 
 def make_engine(
-    kind: str = "spark",
+    kind: str = DEFAULT_ENGINE,
     *,
     spark_master: str = DEFAULT_SPARK_MASTER,
     spark_conf: Mapping[str, str] | None = None,

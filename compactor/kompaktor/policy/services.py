@@ -11,6 +11,7 @@ for that kind; otherwise the service named ``default``.
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -82,6 +83,9 @@ DEFAULT = ServiceConfig(DEFAULT_SERVICE)
 
 #: A compactor group's defaults, in one home: the CompactorGroup CRD (operator models), GroupConfig,
 #: the compactor's command line and WorkerSettings all read them from here.
+#: The merge engines a group may name (``kompaktor.engines`` builds them; the CRD's enum, the
+#: compactor's and ``kompaktor merge``'s ``--engine`` choices are this tuple).
+ENGINES = ("spark", "arrow")
 DEFAULT_MIN_REPLICAS = 1
 DEFAULT_MAX_REPLICAS = 10
 DEFAULT_JOBS_PER_REPLICA = 1
@@ -89,10 +93,18 @@ DEFAULT_SPARK_MASTER = "local[*]"
 DEFAULT_ENGINE = "spark"
 DEFAULT_DRAIN_GRACE_S = 300
 
+#: The settings a compactor of the group runs with (the rest of GroupConfig is for the scaler).
+COMPACTOR_SETTINGS = ("engine", "spark_master", "spark_conf", "driver_memory", "drain_grace_seconds")
+
 
 @dataclass(frozen=True)
 class GroupConfig:
-    """A compactor resource group: how many compactors, and how they run merges."""
+    """A compactor resource group: how many compactors, and how they run merges.
+
+    The one channel of a group's settings to its compactors: the operator (and ``kompaktor up``)
+    stores it in Redis (``kz:groups``) and ``kompaktor compactor --group G`` reads it there at
+    start; the pod's arguments name only the group (docs/kubernetes.md, "How a group's settings
+    reach its compactors")."""
 
     name: str
     min_replicas: int = DEFAULT_MIN_REPLICAS
@@ -109,6 +121,22 @@ class GroupConfig:
             raise ValueError(f"group {self.name!r}: need 0 <= minReplicas <= maxReplicas and maxReplicas >= 1")
         if self.jobs_per_replica < 1:
             raise ValueError(f"group {self.name!r}: jobsPerReplica must be >= 1")
+        if self.engine not in ENGINES:
+            raise ValueError(f"group {self.name!r}: engine {self.engine!r} is not one of {', '.join(ENGINES)}")
+        if self.drain_grace_seconds < 0:
+            raise ValueError(f"group {self.name!r}: drainGraceSeconds must be >= 0")
+
+    def compactor_settings(self) -> dict[str, object]:
+        """What a compactor of the group runs with: engine, Spark master, conf, driver memory, grace."""
+        d = {k: getattr(self, k) for k in COMPACTOR_SETTINGS}
+        d["spark_conf"] = dict(self.spark_conf)
+        return d
+
+    def settings_digest(self) -> str:
+        """A short digest of :meth:`compactor_settings`: the operator puts it on the pod template,
+        so that a change of any of them rolls the group's pods (which read the new ones at start)."""
+        text = json.dumps(self.compactor_settings(), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def to_json(self) -> str:
         d = asdict(self)

@@ -28,12 +28,15 @@ from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.errors import BadFileError, ConditionFailed, KompaktorError, StoreUnavailable
 from kompaktor.model.resume import job_fingerprint
 from kompaktor.model.tablet import ONLINE
-from kompaktor.policy.services import DEFAULT_DRAIN_GRACE_S, DEFAULT_ENGINE, DEFAULT_SPARK_MASTER
+from kompaktor.policy.services import DEFAULT_DRAIN_GRACE_S, DEFAULT_ENGINE, DEFAULT_SPARK_MASTER, GroupConfig
 from kompaktor.worker.metrics import CompactorMetrics
 
 log = logging.getLogger("kompaktor.compactor")
 
 IDLE, BUSY, DRAINING = "idle", "busy", "draining"
+#: the settings' source of a compactor whose group has no configuration in Redis
+DEFAULTS_SOURCE = "the defaults (no configuration of this group in Redis)"
+REDIS_SOURCE = "the group's configuration in Redis"
 
 
 @dataclass
@@ -62,6 +65,30 @@ class WorkerSettings:
     #: merges record their finished key ranges so that a retry of the same job resumes (issue 23
     #: §2; the engine decides from which size: Spark always, Arrow above RESUME_MIN_BYTES)
     resume: bool = True
+    #: where the group's settings above came from, said in the compactor's start-up line
+    source: str = "the caller"
+
+    @classmethod
+    def for_group(cls, cfg: GroupConfig, compactor_id: str, **kw: Any) -> WorkerSettings:
+        """A compactor's settings from its group's configuration (the one the operator stores)."""
+        return cls(
+            group=cfg.name,
+            compactor_id=compactor_id,
+            engine=cfg.engine,
+            spark_master=cfg.spark_master,
+            spark_conf=dict(cfg.spark_conf),
+            driver_memory=cfg.driver_memory,
+            drain_grace_s=float(cfg.drain_grace_seconds),
+            **kw,
+        )
+
+    def describe(self) -> str:
+        """The group's settings this compactor runs with, on one line (logged at start)."""
+        conf = ",".join(f"{k}={v}" for k, v in sorted(self.spark_conf.items())) or "-"
+        return (
+            f"engine={self.engine} spark_master={self.spark_master} spark_conf={conf} "
+            f"driver_memory={self.driver_memory or '-'} drain_grace={self.drain_grace_s:g}s"
+        )
 
 
 #: why a merge was stopped that means its job is gone for good: its progress is discarded at once
@@ -179,6 +206,15 @@ class Compactor:
         # start the engine (Spark session) once, before registering and declaring ready: an
         # engine that cannot start (a Spark master that does not answer) leaves no registration
         _ = self.engine
+        # said once the engine runs (an engine that cannot start is the one line of the error)
+        log.log(
+            logging.WARNING if self.s.source.startswith(DEFAULTS_SOURCE) else logging.INFO,
+            "compactor %s of group %s: %s (from %s)",
+            self.s.compactor_id,
+            self.s.group,
+            self.s.describe(),
+            self.s.source,
+        )
         self._publish(IDLE)
         self.ready = True
         idle = self.s.idle_min_s

@@ -1,0 +1,232 @@
+"""A CompactorGroup's settings reach the running compactor, through their one channel (issue 26 §1).
+
+The operator validates the CompactorGroup into a GroupConfig and stores it in Redis with its
+Redis backend (``depth.RedisBackend.put_group``); a compactor pod runs ``kompaktor compactor``
+with only the arguments the operator's manifests give it (group and port) and reads its
+settings there at start. Here: a real redis-server, the operator's own functions for the
+stored config and the pod's arguments, and real ``kompaktor compactor`` processes, whose start-up
+line says what they run with. A change of the CompactorGroup rolls the pods (the settings digest
+on the pod template, tests/unit/test_manifests.py); here the old compactor is drained (SIGTERM,
+as the kubelet does after the preStop drain) and a new one started, which runs the new settings.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kompaktor.metadata.store import MetadataStore
+from kompaktor.worker.compactor import WorkerSettings
+from kompaktor_operator import depth, manifests
+from kompaktor_operator import models as m
+from tests.support.procs import python_env
+from tests.support.wait import poll
+
+pytestmark = [pytest.mark.redis]
+
+GROUP = "settings"
+SETTINGS_LINE = re.compile(r"compactor (\S+) of group (\S+): (engine=.*) \(from (.*)\)$")
+
+
+class Compactor:
+    """``kompaktor compactor`` with the pod's arguments (plus a free HTTP port on loopback), in its
+    own process group so that a Spark JVM it may have started goes with it."""
+
+    def __init__(self, tmp: Path, redis_url: str, cid: str, *extra: str, env: dict[str, str] | None = None) -> None:
+        args = [*manifests.compactor_args(GROUP), "--http-port", "0", "--http-host", "127.0.0.1", *extra]
+        env = python_env(
+            KOMPAKTOR_REDIS_URL=redis_url,
+            KOMPAKTOR_STORAGE=str(tmp / "files"),
+            KOMPAKTOR_SPARK_LOCAL_DIR=str(tmp / "spark"),
+            POD_NAME=cid,
+            PYTHONUNBUFFERED="1",
+            **(env or {}),
+        )
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kompaktor", *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        self.lines: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def log(self) -> str:
+        return "".join(self.lines)
+
+    def settings(self, timeout: float = 60.0) -> tuple[str, str]:
+        """(the settings it runs with, where they came from), from its start-up line."""
+
+        def line() -> Any:
+            for text in self.lines:
+                if found := SETTINGS_LINE.search(text.rstrip("\n")):
+                    return found
+            assert self.proc.poll() is None, f"the compactor exited {self.proc.returncode}:\n{self.log}"
+            return None
+
+        found = poll(line, "the compactor's settings line", timeout)
+        assert found.group(2) == GROUP
+        return found.group(3), found.group(4)
+
+    def drain(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the compactor did not drain within 30 s:\n{self.log}") from None
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # its own group: this process and its children
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def start(tmp_path: Path, redis_url: str):
+    procs: list[Compactor] = []
+
+    def run(cid: str, *extra: str, env: dict[str, str] | None = None) -> Compactor:
+        p = Compactor(tmp_path, redis_url, cid, *extra, env=env)
+        procs.append(p)
+        return p
+
+    yield run
+    for p in procs:
+        p.stop()
+
+
+def apply(backend: depth.RedisBackend, spec: dict[str, Any]) -> str:
+    """What the operator does with a CompactorGroup: validate, store the GroupConfig; returns the
+    settings line a compactor of the group should log."""
+    cfg = m.to_group_config(GROUP, m.CompactorGroupSpec.model_validate(spec))
+    backend.put_group(cfg)
+    return WorkerSettings.for_group(cfg, "-").describe()
+
+
+def registered(store: MetadataStore, cid: str) -> bool:
+    return any(c.id == cid for c in store.compactors(GROUP))
+
+
+def test_each_setting_of_a_compactor_group_reaches_the_running_compactor(redis_url: str, start) -> None:
+    backend = depth.RedisBackend(redis_url)
+    store = backend.store
+    first = {
+        "spark": {
+            "engine": "arrow",
+            "master": "local[1]",
+            "conf": {"spark.sql.shuffle.partitions": "2"},
+            "driverMemory": "512m",
+        },
+        "drainGraceSeconds": 40,
+    }
+    expected = apply(backend, first)
+    assert expected == (
+        "engine=arrow spark_master=local[1] spark_conf=spark.sql.shuffle.partitions=2 "
+        "driver_memory=512m drain_grace=40s"
+    )
+    a = start("c-1")
+    assert a.settings() == (expected, "the group's configuration in Redis")
+    poll(lambda: registered(store, "c-1"), "compactor c-1 registered", alive=(a.proc,))
+
+    # every setting but the engine changed at once; the pod rolls: the old compactor drains,
+    # the new one reads the new settings
+    second = {
+        "spark": {
+            "engine": "arrow",
+            "master": "local[2]",
+            "conf": {"spark.sql.shuffle.partitions": "3", "spark.executor.memory": "1g"},
+            "driverMemory": "1g",
+        },
+        "drainGraceSeconds": 41,
+    }
+    expected = apply(backend, second)
+    assert a.drain() == 0, a.log
+    b = start("c-2")
+    assert b.settings() == (expected, "the group's configuration in Redis")
+    assert "spark_master=local[2]" in expected and "drain_grace=41s" in expected
+    poll(lambda: registered(store, "c-2"), "compactor c-2 registered", alive=(b.proc,))
+    assert b.drain() == 0, b.log
+
+    # the engine: a compactor of a group switched to spark runs Spark, with the group's master
+    # and driver memory (its line comes once the session runs)
+    conf = {"spark.sql.shuffle.partitions": "1"}
+    spark = {"engine": "spark", "master": "local[1]", "conf": conf, "driverMemory": "512m"}
+    expected = apply(backend, {**second, "spark": spark})
+    c = start("c-3")
+    assert c.settings(timeout=180) == (expected, "the group's configuration in Redis")
+    assert expected.startswith("engine=spark spark_master=local[1] ")
+    poll(lambda: registered(store, "c-3"), "compactor c-3 registered", alive=(c.proc,))
+    assert c.drain() == 0, c.log
+
+
+def test_command_line_flags_override_the_group_for_a_compactor_run_by_hand(redis_url: str, start) -> None:
+    backend = depth.RedisBackend(redis_url)
+    apply(backend, {"spark": {"engine": "arrow", "master": "local[1]"}, "drainGraceSeconds": 40})
+    p = start("by-hand", "--drain-grace", "5", "--spark-conf", "spark.sql.shuffle.partitions=4")
+    settings, source = p.settings()
+    assert settings == (
+        "engine=arrow spark_master=local[1] spark_conf=spark.sql.shuffle.partitions=4 driver_memory=- drain_grace=5s"
+    )
+    assert source == "the group's configuration in Redis, overridden by --drain-grace --spark-conf"
+    poll(lambda: registered(backend.store, "by-hand"), "registered", alive=(p.proc,))
+    assert p.drain() == 0, p.log
+
+
+def test_a_group_nobody_configured_runs_with_the_crds_defaults(redis_url: str, start) -> None:
+    p = start("unconfigured", "--engine", "arrow")
+    settings, source = p.settings()
+    defaults = WorkerSettings.for_group(m.to_group_config(GROUP, m.CompactorGroupSpec()), "-")
+    assert settings == WorkerSettings(**{**defaults.__dict__, "engine": "arrow"}).describe()
+    assert "drain_grace=300s" in settings and "spark_master=local[*]" in settings
+    assert source.startswith("the defaults (no configuration of this group in Redis)")
+    assert any(" WARNING " in line and "of group" in line for line in p.lines), p.log  # said as a warning
+    poll(lambda: registered(MetadataStore.from_url(redis_url), "unconfigured"), "registered", alive=(p.proc,))
+    assert p.drain() == 0, p.log
+
+
+def test_a_pod_made_by_the_operator_does_not_start_without_its_groups_configuration(
+    redis_url: str, start, store: MetadataStore
+) -> None:
+    """The operator stores a group before it makes the group's pods, and puts the digest of its
+    settings on them: a pod whose group Redis does not hold (Redis lost it, or another Redis)
+    stops with one line instead of running with defaults that differ from the CompactorGroup."""
+    spec = m.CompactorGroupSpec.model_validate({"spark": {"engine": "arrow"}, "drainGraceSeconds": 40})
+    digest = manifests.settings_digest(GROUP, spec)
+    p = start("made-by-operator", env={manifests.SETTINGS_DIGEST_ENV: digest})
+    assert p.proc.wait(30) == 1, p.log
+    (line,) = p.lines
+    assert line.startswith(f"error: group {GROUP} has no configuration in Redis (kz:groups)"), line
+    assert not store.compactors(GROUP)
+
+    backend = depth.RedisBackend(redis_url)
+    expected = apply(backend, {"spark": {"engine": "arrow"}, "drainGraceSeconds": 40})
+    ok = start("made-by-operator-2", env={manifests.SETTINGS_DIGEST_ENV: digest})
+    assert ok.settings() == (expected, "the group's configuration in Redis")
+    assert ok.drain() == 0, ok.log
+
+    # the group changed since this pod was made: it runs the stored settings, and says why
+    expected = apply(backend, {"spark": {"engine": "arrow"}, "drainGraceSeconds": 41})
+    old = start("made-by-operator-3", env={manifests.SETTINGS_DIGEST_ENV: digest})
+    settings, source = old.settings()
+    assert settings == expected
+    assert (
+        source
+        == f"the group's configuration in Redis (newer than this pod's {digest}: the group's rollout replaces it)"
+    )
+    assert old.drain() == 0, old.log
