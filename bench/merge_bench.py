@@ -287,6 +287,19 @@ def same_entries(storage: Storage, a: str, b: str) -> bool:
     return ta.select(SCHEMA.names).cast(SCHEMA).equals(tb.select(SCHEMA.names).cast(SCHEMA))
 
 
+def _compare_resumable(console, rows: list[dict], plain_name: str, label: str) -> None:
+    """The resumable run (the last row) against the plain engine's row of the same run."""
+    plain = next((r for r in rows if r["engine"] == plain_name), None)
+    if plain is None:
+        return
+    res = rows[-1]
+    res["note"] += f"; {res['median_s'] / plain['median_s']:.2f}x the plain engine's time"
+    console.print(
+        f"  resumable / plain {label} engine: median {res['median_s'] / plain['median_s']:.2f}x, "
+        f"min {res['min_s'] / plain['min_s']:.2f}x, CPU {res['cpu_s'] / max(1e-9, plain['cpu_s']):.2f}x"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bench.merge_bench", description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -469,14 +482,7 @@ def run_layout(
             f"out/{layout}-arrow-resumable.parquet",
             "parts written, checksummed, recorded, appended, deleted",
         )
-        plain = next((r for r in rows if r["engine"] == "Arrow engine"), None)
-        if plain is not None:
-            res = rows[-1]
-            res["note"] += f"; {res['median_s'] / plain['median_s']:.2f}x the plain engine's time"
-            console.print(
-                f"  resumable / plain Arrow engine: median {res['median_s'] / plain['median_s']:.2f}x, "
-                f"min {res['min_s'] / plain['min_s']:.2f}x, CPU {res['cpu_s'] / max(1e-9, plain['cpu_s']):.2f}x"
-            )
+        _compare_resumable(console, rows, "Arrow engine", "Arrow")
     if "floor" in engines:
         bench(FLOOR, file_fn(io_floor, f"out/{layout}-floor.parquet"), None, "read + write, no sort: not a merge")
     if "polars" in engines:
@@ -514,14 +520,7 @@ def run_layout(
             "parts kept, checksummed, recorded; deleted after",
             children=True,
         )
-        plain = next((r for r in rows if r["engine"] == "Spark engine (warm)"), None)
-        if plain is not None:
-            res = rows[-1]
-            res["note"] += f"; {res['median_s'] / plain['median_s']:.2f}x the plain engine's time"
-            console.print(
-                f"  resumable / plain Spark engine: median {res['median_s'] / plain['median_s']:.2f}x, "
-                f"min {res['min_s'] / plain['min_s']:.2f}x, CPU {res['cpu_s'] / max(1e-9, plain['cpu_s']):.2f}x"
-            )
+        _compare_resumable(console, rows, "Spark engine (warm)", "Spark")
 
     names = list(outputs)
     for name in names[1:]:

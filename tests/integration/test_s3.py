@@ -15,7 +15,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -49,6 +49,18 @@ def s3_env(s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
 
 def _entries(n: int, prefix: str = "r") -> list[Entry]:
     return entries(n, prefix=prefix, width=6, cf=b"cf", cq=b"cq", ts=1, value=lambda r: b"v" * 16)
+
+
+def _write_inputs(storage: Storage, entries: int, prefix: Callable[[int], str]) -> list[str]:
+    """Four sorted input files of ``entries`` entries each (rows prefixed by ``prefix(i)``)."""
+    inputs = []
+    for i in range(4):
+        rel = f"tables/t/a/F{i:04d}.parquet"
+        with SortedFileWriter(storage, rel) as w:
+            w.write_entries(_entries(entries, prefix=prefix(i)))
+            w.commit()
+        inputs.append(rel)
+    return inputs
 
 
 def test_a_file_is_written_once_at_its_final_name(s3: S3Server, s3_env: dict[str, str]) -> None:
@@ -262,13 +274,7 @@ def test_an_arrow_compaction_on_s3_reads_each_input_once_and_never_copies_or_del
     from kompaktor.worker.metrics import CompactorMetrics
 
     storage = Storage.from_uri(f"s3://{BUCKET}/merge")
-    inputs = []
-    for i in range(4):
-        rel = f"tables/t/a/F{i:04d}.parquet"
-        with SortedFileWriter(storage, rel) as w:
-            w.write_entries(_entries(5000, prefix=f"r{i}-"))
-            w.commit()
-        inputs.append(rel)
+    inputs = _write_inputs(storage, 5000, lambda i: f"r{i}-")
     s3.reset_requests()
     before = REQUESTS.snapshot()
     req = MergeRequest(
@@ -483,13 +489,7 @@ def test_an_interrupted_arrow_merge_resumes_on_s3(s3: S3Server, s3_env: dict[str
     from kompaktor.model.resume import job_fingerprint
 
     storage = Storage.from_uri(f"s3://{BUCKET}/resume")
-    inputs = []
-    for i in range(4):
-        rel = f"tables/t/a/F{i:04d}.parquet"
-        with SortedFileWriter(storage, rel) as w:
-            w.write_entries(_entries(3000, prefix=f"r{i % 2}-{i}-"))
-            w.commit()
-        inputs.append(rel)
+    inputs = _write_inputs(storage, 3000, lambda i: f"r{i % 2}-{i}-")
     settings = IteratorSettings()
     fp = job_fingerprint("t;", None, None, {p: storage.size(p) for p in inputs}, "SYSTEM", None, settings)
     engine = ArrowMergeEngine(range_entries=1500, resume_min_bytes=0)

@@ -205,6 +205,19 @@ def test_the_operator_coordinator_and_redis_run_as_pods_from_the_projects_images
 
 
 # -- 2. the burst, scaled by the real HPA, merged by compactor containers ----------------------------
+def _import_versions(s: Shipped, table: str, tmp_path: Path, rows: range) -> None:
+    """Bulk-import three versions of ``rows`` into ``table`` (three files over every tablet)."""
+    from kompaktor.files.sortedfile import write_sorted
+    from kompaktor.files.storage import Storage
+
+    local = Storage.from_uri(str(tmp_path))
+    files = []
+    for version in range(3):
+        write_sorted(local, f"{table}-{version}.parquet", entries(rows, version))
+        files.append(str(tmp_path / f"{table}-{version}.parquet"))
+    s.kompaktor("import", table, *files)
+
+
 def _watch_replicas(s: Shipped, stop: threading.Event) -> None:
     apps = kubernetes.client.AppsV1Api(s.cp.api())
     while not stop.is_set():
@@ -260,15 +273,7 @@ def test_burst_hpa_compactor_containers_scan_and_drain(shipped: Shipped, tmp_pat
         # CI run: every job committed by two pods before the HPA looked; the status said so)
         splits = ",".join(f"row{r:05d}" for r in range(10, 1000, 10))
         s.kompaktor("table", "create", TABLE, "--splits", splits)
-        from kompaktor.files.sortedfile import write_sorted
-        from kompaktor.files.storage import Storage
-
-        local = Storage.from_uri(str(tmp_path))
-        files = []
-        for version in range(3):
-            write_sorted(local, f"import-{version}.parquet", entries(range(1000), version))
-            files.append(str(tmp_path / f"import-{version}.parquet"))
-        s.kompaktor("import", TABLE, *files)
+        _import_versions(s, TABLE, tmp_path, range(1000))
         # the real HPA reads the operator-served queue depth and raises the group to its maximum
         try:
             wait_until(lambda: max(s.replicas_seen, default=0) == 3, "the HPA raising small to 3", timeout=180)
@@ -594,15 +599,7 @@ def test_a_group_at_zero_wakes_at_its_first_job_and_parks_again(shipped: Shipped
             return json.loads(out.stdout)["groups"].get(group, {}).get("compactions_committed", 0)
 
         s.kompaktor("table", "create", table)
-        from kompaktor.files.sortedfile import write_sorted
-        from kompaktor.files.storage import Storage
-
-        local = Storage.from_uri(str(tmp_path))
-        files = []
-        for version in range(3):
-            write_sorted(local, f"zero-{version}.parquet", entries(range(100), version))
-            files.append(str(tmp_path / f"zero-{version}.parquet"))
-        s.kompaktor("import", table, *files)
+        _import_versions(s, table, tmp_path, range(100))
         queued_at = time.monotonic()  # the coordinator queues the job within its next pass
         try:
             wait_until(lambda: committed() >= 1, "the first job committed by a woken compactor", timeout=300, every=1)
