@@ -421,14 +421,28 @@ class OperatorSoak:
             if self.apply("Compaction", name, {"table": table}):
                 self.compactions[name] = time.monotonic()
                 self.counts["compactions requested"] += 1
+                early = rng.random()
+                if early < 0.15:  # deleted at once, before the operator may have started it
+                    self._delete_compaction(name)
+                elif early < 0.5:  # deleted once started, most likely still running: cancelled
+                    with contextlib.suppress(TimeoutError):
+                        self.wait_until(
+                            lambda: ((self.get("compactions", name) or {}).get("status") or {}).get("compactionId"),
+                            f"{name} started",
+                            timeout=15,
+                            every=0.5,
+                        )
+                    self._delete_compaction(name)
         elif op == "compaction-delete":
             old = [n for n, t in self.compactions.items() if time.monotonic() - t > 30]
             if old:
-                name = rng.choice(sorted(old))
-                self._record_cid(name)
-                if self.kubectl("delete", "compaction", name, "--wait=false"):
-                    del self.compactions[name]
-                    self.counts["compaction deletes"] += 1
+                self._delete_compaction(rng.choice(sorted(old)))
+
+    def _delete_compaction(self, name: str) -> None:
+        self._record_cid(name)
+        if self.kubectl("delete", "compaction", name, "--wait=false"):
+            del self.compactions[name]
+            self.counts["compaction deletes"] += 1
 
     def _record_cid(self, name: str) -> None:
         obj = self.get("compactions", name) or {}
@@ -476,10 +490,33 @@ class OperatorSoak:
         out["hpas"] = len(self.hpas.list_namespaced_horizontal_pod_autoscaler(NS, label_selector=MANAGED).items)
         out["networkpolicies"] = len(self.netpol.list_namespaced_network_policy(NS, label_selector=MANAGED).items)
         out["events"] = len(self.core.list_namespaced_event(NS).items)
+        out.update(self.etcd_figures())
         r = self.store._r
         out["redis_groups"] = self.store.call(r.hlen, K.GROUPS)
         out["redis_services"] = self.store.call(r.hlen, K.SERVICES)
         out["redis_ucomps"] = self.store.call(r.scard, K.UCOMPS)
+        return out
+
+    def etcd_figures(self) -> dict[str, float]:
+        """etcd's database size, keys and puts so far (its /metrics): what the apiserver stores."""
+        import urllib.request
+
+        argv = list(self.cp.processes[0].popen.args)
+        url = argv[argv.index("--listen-client-urls") + 1]
+        with urllib.request.urlopen(f"{url}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        wanted = {
+            "etcd_mvcc_db_total_size_in_bytes": "etcd_db_mb",
+            "etcd_debugging_mvcc_keys_total": "etcd_keys",
+            "etcd_debugging_mvcc_put_total": "etcd_puts",
+            "etcd_mvcc_put_total": "etcd_puts",
+        }
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            name, _, value = line.partition(" ")
+            if name in wanted:
+                v = float(value)
+                out[wanted[name]] = round(v / 2**20, 2) if name.endswith("_bytes") else int(v)
         return out
 
     def sample(self) -> None:
