@@ -138,7 +138,6 @@ class OperatorSoak:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.root = Path(tempfile.mkdtemp(prefix="kompaktor-operator-soak-"))
-        self.rng = random.Random(args.seed)
         self.stop = threading.Event()
         self.started = 0.0
         self.warm = min(10.0, args.minutes / 3)
