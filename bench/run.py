@@ -1,7 +1,8 @@
 """`make bench`: every benchmark, each printing figures measured in this run.
 
 Set KOMPAKTOR_BENCH_QUICK=1 for a short smoke run (smaller sizes), KOMPAKTOR_BENCH_SOAK_MINUTES=60
-for the hour-long soak (10 minutes by default), KOMPAKTOR_BENCH_LARGE=1 to add
+for the hour-long soak (10 minutes by default), KOMPAKTOR_BENCH_OPERATOR_SOAK_MINUTES=60 for the
+operator's hour of churn on the real control plane (10 minutes by default), KOMPAKTOR_BENCH_LARGE=1 to add
 the planner over a million tablets (~3 min, ~2 GB of Redis) and the 16M-entry merge (every layout
 and engine: ~30 min and ~7 GB of memory for the in-memory peers on a 2-core machine, so not in the
 default run)."""
@@ -19,6 +20,7 @@ def main() -> None:
     from bench import (
         ingest_bench,
         merge_bench,
+        operator_soak,
         planning_bench,
         queue_bench,
         s3_bench,
@@ -29,6 +31,7 @@ def main() -> None:
     )
 
     soak_minutes = os.environ.get("KOMPAKTOR_BENCH_SOAK_MINUTES", "2" if quick else "10")
+    operator_soak_minutes = os.environ.get("KOMPAKTOR_BENCH_OPERATOR_SOAK_MINUTES", "3" if quick else "10")
 
     runs = [
         ("planner", planning_bench.main, ["--tablets", "5000"] if quick else []),
@@ -72,6 +75,11 @@ def main() -> None:
             ["--pods", "110", "--jobs", "1100"] if quick else [],
         ),
         (f"soak with faults, {soak_minutes} minutes", soak.main, ["--minutes", soak_minutes]),
+        (
+            f"the operator under churn on the real control plane, {operator_soak_minutes} minutes",
+            operator_soak.main,
+            ["--minutes", operator_soak_minutes],
+        ),
     ]
     failed = []
     for name, fn, args in runs:

@@ -98,6 +98,52 @@ def _du(path: Path) -> int:
     return total
 
 
+def sample_processes(procs: dict[str, int], minute: float) -> list[Sample]:
+    """One :class:`Sample` per live process of ``procs`` (role -> PID): RSS, open fds, threads,
+    child processes (also used by bench.operator_soak)."""
+    out = []
+    for role, pid in procs.items():
+        got = _proc(pid)
+        if got is not None:
+            out.append(Sample(minute, role, pid, round(got[0], 1), got[1], got[2], len(common.descendants(pid))))
+    return out
+
+
+def growth(samples: list[Sample], warm: float) -> tuple[dict[str, float], dict[str, int], dict[str, int]]:
+    """RSS growth (percent), fd growth and thread growth per process from the first sample at or
+    after minute ``warm`` to the last; a process counts only when it lived through most of that
+    window (a killed or scaled compactor does not). Keys: the role without its ``:pid`` suffix."""
+    end = max((s.minute for s in samples), default=0.0)
+    by: dict[str, list[Sample]] = {}
+    for s in samples:
+        if s.minute >= warm:
+            by.setdefault(s.role, []).append(s)
+    rss: dict[str, float] = {}
+    fds: dict[str, int] = {}
+    threads: dict[str, int] = {}
+    for role, ss in by.items():
+        if len(ss) < 2 or ss[-1].minute - ss[0].minute < 0.6 * (end - warm):
+            continue
+        role_name = role.rsplit(":", 1)[0]
+        rss[role_name] = (ss[-1].rss_mb - ss[0].rss_mb) / ss[0].rss_mb * 100
+        fds[role_name] = ss[-1].fds - ss[0].fds
+        threads[role_name] = ss[-1].threads - ss[0].threads
+    return rss, fds, threads
+
+
+def plot_processes(rss_ax, fds_ax, samples: list[Sample]) -> None:
+    """RSS and open fds of each process over the minutes, on two matplotlib axes."""
+    by: dict[str, list[Sample]] = {}
+    for s in samples:
+        by.setdefault(s.role, []).append(s)
+    for role, ss in sorted(by.items()):
+        rss_ax.plot([s.minute for s in ss], [s.rss_mb for s in ss], label=role.rsplit(":", 1)[0])
+        fds_ax.plot([s.minute for s in ss], [s.fds for s in ss])
+    rss_ax.set_ylabel("RSS (MB)")
+    rss_ax.legend(fontsize=6, ncol=2)
+    fds_ax.set_ylabel("open fds")
+
+
 class Soak:
     def __init__(self, args: argparse.Namespace) -> None:
         from kompaktor.local.cluster import LocalCluster
@@ -330,12 +376,7 @@ class Soak:
 
         procs = self._processes()
         m = round(self.minutes(), 2)
-        for name, pid in procs.items():
-            got = _proc(pid)
-            if got is not None:
-                self.samples.append(
-                    Sample(m, name, pid, round(got[0], 1), got[1], got[2], len(common.descendants(pid)))
-                )
+        self.samples.extend(sample_processes(procs, m))
         row: dict = {"minute": m}
         try:
             store = client.store
@@ -518,20 +559,7 @@ class Soak:
         return 0 if verified else 1
 
     def growth(self) -> tuple[dict[str, float], dict[str, int]]:
-        warm = min(10.0, self.args.minutes / 3)
-        end = max((s.minute for s in self.samples), default=0.0)
-        by: dict[str, list[Sample]] = {}
-        for s in self.samples:
-            if s.minute >= warm:
-                by.setdefault(s.role, []).append(s)
-        rss: dict[str, float] = {}
-        fds: dict[str, int] = {}
-        for role, ss in by.items():
-            if len(ss) < 2 or ss[-1].minute - ss[0].minute < 0.6 * (end - warm):
-                continue  # did not live through most of the window (a killed or scaled compactor)
-            role_name = role.rsplit(":", 1)[0]
-            rss[role_name] = (ss[-1].rss_mb - ss[0].rss_mb) / ss[0].rss_mb * 100
-            fds[role_name] = ss[-1].fds - ss[0].fds
+        rss, fds, _threads = growth(self.samples, min(10.0, self.args.minutes / 3))
         return rss, fds
 
     def write_outputs(self) -> None:
@@ -554,16 +582,7 @@ class Soak:
         except ImportError:
             return
         fig, (a, b, c) = plt.subplots(3, 1, figsize=(9, 10), sharex=True)
-        by: dict[str, list[Sample]] = {}
-        for s in self.samples:
-            if not s.role.startswith("compactor-"):
-                by.setdefault(s.role, []).append(s)
-        for role, ss in sorted(by.items()):
-            a.plot([s.minute for s in ss], [s.rss_mb for s in ss], label=role.rsplit(":", 1)[0])
-            b.plot([s.minute for s in ss], [s.fds for s in ss])
-        a.set_ylabel("RSS (MB)")
-        a.legend(fontsize=6, ncol=2)
-        b.set_ylabel("open fds")
+        plot_processes(a, b, [s for s in self.samples if not s.role.startswith("compactor-")])
         rows = [r for r in self.rows if "redis_keys" in r]
         c.plot([r["minute"] for r in rows], [r["redis_keys"] for r in rows], label="Redis keys")
         c.plot([r["minute"] for r in rows], [r["files_present"] for r in rows], label="files present")
