@@ -55,8 +55,6 @@ from typing import Any
 from bench.common import OUT, ROOT, start_redis
 from bench.soak import Sample, growth, plot_processes, sample_processes
 
-sys.path.insert(0, str(ROOT / "tests" / "k8s"))  # the control plane and node agent of the test suite
-
 NS = "kompaktor"
 RELEASE = "kompaktor"
 REDIS_SECRET = "kompaktor-redis-url"
@@ -187,12 +185,13 @@ class OperatorSoak:
     def start(self) -> None:
         import helm_python as helm
         import kubernetes
-        from controlplane import ControlPlane, free_port, wait_until
-        from nodeagent import NodeAgent
 
         from kompaktor.client import Client
         from kompaktor.files.storage import Storage
         from kompaktor.metadata.store import MetadataStore
+        from tests.k8s.controlplane import ControlPlane, wait_until  # the test suite's control plane
+        from tests.k8s.nodeagent import NodeAgent
+        from tests.support.ports import free_port
 
         self.redis = start_redis()
         self.pids["redis-server"] = self.redis.proc.pid
