@@ -159,6 +159,9 @@ one() {  # NAME IMAGE DOCKERFILE WITH_WHEELS [build args...]
     $TOOL push -q "$image" "oci-archive:$CACHE/partial-$name.tar:$image" >/dev/null
     mv "$CACHE/partial-$name.tar" "$archive"
     ARCHIVES[$image]="$archive"
+    # the image this one replaced is left untagged in the tool's storage (/var/lib/containers): a
+    # rebuild per change filled 35 GB here until the node's kubelet evicted the test's pods
+    $TOOL rmi --prune >/dev/null 2>&1 || true
   fi
   log "$image: built in $((SECONDS - t0)) s"
 }
