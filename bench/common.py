@@ -13,9 +13,24 @@ OUT = ROOT / "bench" / "out"
 
 
 def start_redis():
+    """A redis-server in a temp dir of its own; its ``stop()`` also removes the dir (a bench's AOF
+    of a million tablets is hundreds of MB: the benches used to leave them all in /tmp)."""
+    import shutil
+
     from kompaktor.local.redis_server import RedisProcess
 
-    return RedisProcess(tempfile.mkdtemp(prefix="kompaktor-bench-redis-")).start()
+    data = tempfile.mkdtemp(prefix="kompaktor-bench-redis-")
+    redis = RedisProcess(data).start()
+    stop = redis.stop
+
+    def stop_and_remove(*args, **kwargs):
+        try:
+            return stop(*args, **kwargs)
+        finally:
+            shutil.rmtree(data, ignore_errors=True)
+
+    redis.stop = stop_and_remove
+    return redis
 
 
 def write_csv(name: str, rows: list[dict]) -> Path:
