@@ -240,6 +240,13 @@ def test_compactor_image_has_java_17_and_a_scratch_dir() -> None:
     )
 
 
+def _runs_clean(code: str) -> None:
+    """``code`` passes in a fresh interpreter that imports the package from this tree."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "compactor"), str(ROOT / "operator")])}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
 def test_compactor_image_works_without_the_operator_extra() -> None:
     """The compactor image installs only the spark extra: the compactor never imports kopf or the
     asyncio Kubernetes client, and ``kompaktor operator`` there fails with one line naming the
@@ -261,9 +268,7 @@ def test_compactor_image_works_without_the_operator_extra() -> None:
         "assert r.exit_code == 1 and \"pip install 'kompaktor[operator]'\" in r.output, (r.output, r.exception)\n"
         "assert len(r.output.strip().splitlines()) == 1, r.output\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "compactor"), str(ROOT / "operator")])}
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
+    _runs_clean(code)
 
 
 def test_operator_image_works_without_pyspark() -> None:
@@ -283,9 +288,7 @@ def test_operator_image_works_without_pyspark() -> None:
         "    r = CliRunner().invoke(main, [cmd, '--help'])\n"
         "    assert r.exit_code == 0, (cmd, r.output, r.exception)\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "compactor"), str(ROOT / "operator")])}
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
+    _runs_clean(code)
 
 
 # --- versions: kompaktor.__version__ is the one place -----------------------------------------
