@@ -71,19 +71,6 @@ RSS_LIMIT_PCT = 10.0
 FD_LIMIT = 5
 
 
-def _container_env(dep: dict[str, Any], container: str, core: Any) -> dict[str, str]:
-    """The environment the chart gives one container of a Deployment, Secret references resolved."""
-    c = next(c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == container)
-    env: dict[str, str] = {}
-    for e in c.get("env") or []:
-        if "value" in e:
-            env[e["name"]] = e["value"]
-        elif "secretKeyRef" in (e.get("valueFrom") or {}):
-            ref = e["valueFrom"]["secretKeyRef"]
-            env[e["name"]] = base64.b64decode(core.read_namespaced_secret(ref["name"], NS).data[ref["key"]]).decode()
-    return env
-
-
 def churn_spec(rng: random.Random) -> dict[str, Any]:
     """A churn group's spec: no table is served by it, so the HPA (when it has one) holds it at
     minReplicas; its pods are marked Ready without a process."""
@@ -191,6 +178,7 @@ class OperatorSoak:
         from kompaktor.metadata.store import MetadataStore
         from tests.k8s.controlplane import ControlPlane, wait_until  # the test suite's control plane
         from tests.k8s.nodeagent import NodeAgent
+        from tests.support.k8s import container_env
         from tests.support.ports import free_port
 
         self.redis = start_redis()
@@ -232,14 +220,13 @@ class OperatorSoak:
                 namespace=NS,
                 timeout=120,
             )
-        dep = json.loads(self.cp.kubectl("-n", NS, "get", "deployment", f"{RELEASE}-operator", "-o", "json").stdout)
         svc = self.core.read_namespaced_service(f"{RELEASE}-metrics-api", NS)
         tls = self.core.read_namespaced_secret(f"{RELEASE}-metrics-api-tls", NS)
         for key in ("tls.crt", "tls.key", "ca.crt"):
             (self.root / key).write_bytes(base64.b64decode(tls.data[key]))
         env = {
             **os.environ,
-            **_container_env(dep, "operator", self.core),
+            **container_env(self.cp, self.core, NS, f"{RELEASE}-operator", "operator"),
             "KUBECONFIG": str(self.cp.service_account_kubeconfig(NS, f"{RELEASE}-operator")),
             "KOMPAKTOR_SCALE_INTERVAL": "1",
             "KOMPAKTOR_STATUS_INTERVAL": "2",
