@@ -22,7 +22,8 @@ compaction re-run, no garbage — and prints one line that scripts rely on:
     fd_growth_max=N redis_keys_after=N redis_keys_baseline=N garbage_files=N
 
 Growth is measured per process from the end of the warm-up (minute 10, or a third of a shorter
-run) to the end; a process counts when it lived through most of that window.
+run) to the end; a process counts when it lived through most of that window. The Redis servers
+are measured by role (see :meth:`Soak._sample_redis`): a failover swaps what the two servers hold.
 """
 
 from __future__ import annotations
@@ -83,6 +84,35 @@ def _proc(pid: int) -> tuple[float, int, int] | None:
         return rss, fds, threads
     except (OSError, ValueError):
         return None
+
+
+def redis_info(port: int, password: str | None) -> dict | None:
+    """One Redis server's own view of itself (``INFO``): its role, its client connections and
+    where its memory goes — the replication backlog, the replicas' and clients' buffers and the
+    AOF buffer move with the primary's role at each failover. ``None`` when it does not answer
+    within a second (frozen by an outage, or restarting)."""
+    import redis
+
+    c = redis.Redis(port=port, password=password, socket_connect_timeout=1, socket_timeout=1)
+    try:
+        i = c.info()
+    except redis.RedisError:
+        return None
+    finally:
+        c.close()
+    mb = 2**20
+    return {
+        "role": i.get("role"),
+        "clients": i.get("connected_clients", 0),
+        "replicas": i.get("connected_slaves", 0),
+        "used_mb": round(i.get("used_memory", 0) / mb, 2),
+        "rss_mb": round(i.get("used_memory_rss", 0) / mb, 2),
+        "dataset_mb": round(i.get("used_memory_dataset", 0) / mb, 2),
+        "clients_mb": round((i.get("mem_clients_normal", 0) + i.get("mem_clients_slaves", 0)) / mb, 2),
+        "backlog_mb": round(i.get("mem_replication_backlog", 0) / mb, 2),
+        "aof_mb": round(i.get("mem_aof_buffer", 0) / mb, 2),
+        "frag": i.get("mem_fragmentation_ratio"),
+    }
 
 
 def _family(key: bytes) -> str:
@@ -342,9 +372,6 @@ class Soak:
             for p in ps:
                 if p.alive:
                     out[f"{p.name}:{p.popen.pid}"] = p.popen.pid
-        for i, s in enumerate(c.redis_ha.servers):
-            if s.proc is not None and s.proc.poll() is None:
-                out[f"redis-{i}:{s.proc.pid}"] = s.proc.pid
         for i, s in enumerate(c.redis_ha.sentinels):
             if s.proc is not None and s.proc.poll() is None:
                 out[f"sentinel-{i}:{s.proc.pid}"] = s.proc.pid
@@ -378,6 +405,7 @@ class Soak:
         m = round(self.minutes(), 2)
         self.samples.extend(sample_processes(procs, m))
         row: dict = {"minute": m}
+        self._sample_redis(m, row)
         try:
             store = client.store
             info = store.call(store._r.info, "memory")
@@ -397,6 +425,32 @@ class Soak:
         row["spark_local_mb"] = round(_du(self.data_dir / "spark") / 2**20, 1)
         row["processes"] = len(procs)
         self.rows.append(row)
+
+    def _sample_redis(self, minute: float, row: dict) -> None:
+        """The Redis servers, sampled by role: a failover moves every client connection, the
+        replicas' output buffers and the replication backlog from one server to the other, so a
+        server's figures are compared with the same role's (``redis-primary``, ``redis-replica``,
+        whichever process holds it); its RSS is counted without the buffers its configuration
+        bounds (the replication backlog, ``repl-backlog-size``, which a new or newly promoted
+        server fills from empty; client and AOF buffers) and its descriptors without its client
+        connections (``INFO clients``; a leak of connections shows in the clients' own fds).
+        Each server's raw figures (role, pid, fds, clients, memory by use) go to the system CSV."""
+        for i, srv in enumerate(self.cluster.redis_ha.servers):
+            if srv.proc is None or srv.proc.poll() is not None:
+                continue
+            pid = srv.proc.pid
+            got = redis_info(srv.port, srv.password)
+            stat = _proc(pid)
+            if got is None or stat is None:  # frozen by an outage, or restarting
+                continue
+            rss, fds, threads = stat
+            row.update({f"redis{i}_{k}": v for k, v in got.items()})
+            row[f"redis{i}_pid"] = pid
+            row[f"redis{i}_fds"] = fds
+            role = "primary" if got["role"] == "master" else "replica"
+            own_fds = fds - got["clients"] - got["replicas"]
+            own_rss = rss - got["backlog_mb"] - got["clients_mb"] - got["aof_mb"]
+            self.samples.append(Sample(minute, f"redis-{role}:by-role", pid, round(own_rss, 2), own_fds, threads, 0))
 
     def _sampler(self, client) -> None:
         while not self.stop.wait(self.args.sample):
