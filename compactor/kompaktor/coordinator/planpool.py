@@ -19,6 +19,7 @@ import os
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
+from typing import Any
 
 from kompaktor.model.job import Job
 from kompaktor.model.tablet import ONLINE, TableInfo, Tablet
@@ -94,16 +95,20 @@ def plan_share(
     return planned, remove
 
 
-#: the worker process's own store, per URL (a worker serves every pass of its coordinator)
-_stores: dict = {}
+#: the worker process's own store and its URL (a worker serves every pass of its coordinator,
+#: which has one URL; a new URL replaces and closes the old store)
+_store: tuple[str, Any] | None = None
 
 
 def _plan_in_worker(url: str, tablet_ids: Sequence[str], ctx: PlanContext, batch: int) -> ShareResult:
     from kompaktor.metadata.store import MetadataStore  # the worker's own connection
 
-    store = _stores.get(url)
-    if store is None:
-        store = _stores[url] = MetadataStore.from_url(url)
+    global _store
+    if _store is None or _store[0] != url:
+        if _store is not None:
+            _store[1].close()
+        _store = (url, MetadataStore.from_url(url))
+    store = _store[1]
     out = ShareResult()
 
     def leave(t: Tablet, _tp: TabletPlan) -> bool:  # a selection is a write: the coordinator's
