@@ -18,6 +18,7 @@ def main() -> None:
     quick = os.environ.get("KOMPAKTOR_BENCH_QUICK") == "1"
     large = os.environ.get("KOMPAKTOR_BENCH_LARGE") == "1"
     from bench import (
+        cluster_bench,
         ingest_bench,
         merge_bench,
         operator_soak,
@@ -52,6 +53,11 @@ def main() -> None:
             ]
             if large and not quick
             else []
+        ),
+        (
+            "the Spark engine on a standalone cluster, 1 then 2 workers",
+            cluster_bench.main,
+            ["--entries", "200000", "--repeat", "1"] if quick else [],
         ),
         (
             "the same merge on the local disk and on an S3 API server",
