@@ -34,8 +34,9 @@ MEMO_KEY = "runtime"
 @dataclass
 class Runtime:
     config: OperatorConfig
-    #: Redis URL of the store and queues (``--redis``); used when no backend was given
-    redis_url: str | None = None
+    #: Redis URL of the store and queues (``--redis``); used when no backend was given. Not in
+    #: the repr: it may hold the password.
+    redis_url: str | None = field(default=None, repr=False)
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics.create)
     #: Retry delay when Redis or the API server is not reachable, seconds.
     retry_delay: float = 10.0
@@ -43,7 +44,7 @@ class Runtime:
     #: quiet window before it parks a group at 0; lost on a restart, which restarts the window)
     idle_since: dict[tuple[str, str], float] = field(default_factory=dict)
     #: the process environment the optional parts read (the external metrics API)
-    env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+    env: dict[str, str] = field(default_factory=lambda: dict(os.environ), repr=False)
     _backend: Backend | None = field(default=None, repr=False)
     _kube: kube.Client | None = field(default=None, repr=False)
     _tasks: list[asyncio.Task[Any]] = field(default_factory=list, repr=False)
@@ -94,7 +95,9 @@ class Runtime:
         return now - self.idle_since.setdefault((namespace, group), now)
 
     def forget_group(self, namespace: str, group: str) -> None:
-        """A deleted group's metric series go with it."""
+        """A deleted group leaves nothing behind: its idle clock (a group made again under its name
+        starts a new quiet window) and its metric series."""
+        self.idle_since.pop((namespace, group), None)
         self.metrics.forget_group(group)
 
     # -- background tasks --------------------------------------------------------------------------

@@ -297,6 +297,17 @@ async def test_deleting_a_group_removes_children_and_store_entry(operator, api: 
     await eventually(lambda: "d" not in backend.groups, what="group removed from the store")
 
 
+async def test_a_deleted_group_leaves_no_idle_clock(
+    operator, operator_runtime: Runtime, api: Api, backend: FakeBackend
+) -> None:
+    """An idle group scaled to zero has an idle clock in the Runtime; deleting the group drops it."""
+    await api.create(GROUPS_RES, group_body("idle", minReplicas=0))
+    await eventually(lambda: (NS, "idle") in operator_runtime.idle_since, what="the idle clock started")
+    await api.delete(GROUPS_RES, "idle")
+    await eventually(lambda: "idle" not in backend.groups, what="group removed from the store")
+    assert (NS, "idle") not in operator_runtime.idle_since
+
+
 async def test_service_stored_with_status_and_missing_group(operator, api: Api, backend: FakeBackend) -> None:
     kmock = operator
     backend.figures["small"] = backends.QueueFigures(queued=4, running=2)
