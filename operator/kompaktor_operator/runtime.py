@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ class Runtime:
     _backend: Backend | None = field(default=None, repr=False)
     _kube: kube.Client | None = field(default=None, repr=False)
     _tasks: list[asyncio.Task[Any]] = field(default_factory=list, repr=False)
+    _connecting: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
     def from_env(cls, redis_url: str | None = None) -> Runtime:
@@ -58,9 +60,12 @@ class Runtime:
     # -- Redis ---------------------------------------------------------------------------------
 
     def backend(self) -> Backend:
-        """The Redis backend, connected on first use; raises BackendUnavailable."""
+        """The Redis backend, connected on first use (handlers call it from worker threads: one
+        connects, the others wait); raises BackendUnavailable."""
         if self._backend is None:
-            self._backend = connect(self.redis_url)
+            with self._connecting:
+                if self._backend is None:
+                    self._backend = connect(self.redis_url)
         return self._backend
 
     def use_backend(self, backend: Backend | None) -> None:
