@@ -54,6 +54,8 @@ from typing import Any
 
 from bench.common import OUT, ROOT, start_redis
 from bench.soak import Sample, growth, plot_processes, sample_processes
+from kompaktor.resources import api
+from kompaktor_operator import naming
 
 NS = "kompaktor"
 RELEASE = "kompaktor"
@@ -155,7 +157,7 @@ class OperatorSoak:
         return True
 
     def apply(self, kind: str, name: str, spec: dict[str, Any]) -> bool:
-        body = {"apiVersion": "kompaktor.io/v1alpha1", "kind": kind, "metadata": {"name": name}, "spec": spec}
+        body = {"apiVersion": api.GROUP_VERSION, "kind": kind, "metadata": {"name": name}, "spec": spec}
         return self.kubectl("apply", "-f", "-", input=json.dumps(body), what=f"apply {kind} {name}")
 
     def patch(self, plural: str, name: str, spec: dict[str, Any]) -> bool:
@@ -165,7 +167,7 @@ class OperatorSoak:
 
     def get(self, plural: str, name: str) -> dict[str, Any] | None:
         with contextlib.suppress(Exception):
-            return self.custom.get_namespaced_custom_object("kompaktor.io", "v1alpha1", NS, plural, name)
+            return self.custom.get_namespaced_custom_object(api.GROUP, api.VERSION, NS, plural, name)
         return None
 
     # -- setup -------------------------------------------------------------------------------------
@@ -199,7 +201,7 @@ class OperatorSoak:
         (self.root / "pods").mkdir()
         self.agent = NodeAgent(
             api,
-            mode=lambda pod: "run" if (pod.metadata.labels or {}).get("kompaktor.io/group") in WORK_TABLES else "fake",
+            mode=lambda pod: "run" if (pod.metadata.labels or {}).get(naming.GROUP_LABEL) in WORK_TABLES else "fake",
             env={"PATH": path, "PYTHONPATH": pythonpath, "KOMPAKTOR_LOG": "WARNING"},
             log_dir=self.root / "pods",
         ).start()
@@ -355,7 +357,7 @@ class OperatorSoak:
                 # half the time a name of a small pool, not live and whose last CR is gone (its
                 # finalizer ran): a re-creation when it was used before; else a name never used
                 # (state kept per name would grow with these)
-                free = [n for n in CHURN_NAMES if n not in self.churn and self.get("compactorgroups", n) is None]
+                free = [n for n in CHURN_NAMES if n not in self.churn and self.get(api.GROUPS, n) is None]
                 if free and rng.random() < 0.5:
                     self._create_churn(rng, rng.choice(free))
                 else:
@@ -370,7 +372,7 @@ class OperatorSoak:
         elif op == "update" and live:
             name = rng.choice(live)
             what, patch = churn_update(rng, self.churn[name])
-            if self.patch("compactorgroups", name, patch):
+            if self.patch(api.GROUPS, name, patch):
                 self.counts["group updates"] += 1
                 self.counts[f"update {what}"] += 1
         elif op == "scale" and live:
@@ -392,12 +394,12 @@ class OperatorSoak:
                 patch = {"maxReplicas": rng.choice([2, 3])}
             else:
                 patch = {"jobsPerReplica": rng.choice([1, 2, 3])}
-            if self.patch("compactorgroups", group, patch):
+            if self.patch(api.GROUPS, group, patch):
                 self.counts["group updates"] += 1
                 self.counts[f"update work {what}"] += 1
         elif op == "service-update":
             group = rng.choice(sorted(WORK_TABLES))
-            if self.patch("compactionservices", f"svc-{group}", {"ratio": rng.choice([2.0, 2.5, 3.0])}):
+            if self.patch(api.SERVICES, f"svc-{group}", {"ratio": rng.choice([2.0, 2.5, 3.0])}):
                 self.counts["service updates"] += 1
         elif op == "compaction" and len(self.compactions) < 3:
             self.compaction_seq += 1
@@ -412,7 +414,7 @@ class OperatorSoak:
                 elif early < 0.5:  # deleted once started, most likely still running: cancelled
                     with contextlib.suppress(TimeoutError):
                         self.wait_until(
-                            lambda: ((self.get("compactions", name) or {}).get("status") or {}).get("compactionId"),
+                            lambda: ((self.get(api.COMPACTIONS, name) or {}).get("status") or {}).get("compactionId"),
                             f"{name} started",
                             timeout=15,
                             every=0.5,
@@ -430,7 +432,7 @@ class OperatorSoak:
             self.counts["compaction deletes"] += 1
 
     def _record_cid(self, name: str) -> None:
-        obj = self.get("compactions", name) or {}
+        obj = self.get(api.COMPACTIONS, name) or {}
         status = obj.get("status") or {}
         if status.get("compactionId"):
             self.requested[name] = status["compactionId"]
@@ -465,8 +467,8 @@ class OperatorSoak:
         from kompaktor import keyspace as K
 
         out: dict[str, int] = {}
-        for plural in ("compactorgroups", "compactionservices", "compactions"):
-            got = self.custom.list_namespaced_custom_object("kompaktor.io", "v1alpha1", NS, plural)
+        for plural in (api.GROUPS, api.SERVICES, api.COMPACTIONS):
+            got = self.custom.list_namespaced_custom_object(api.GROUP, api.VERSION, NS, plural)
             out[plural] = len(got["items"])
         out["deployments"] = len(self.apps.list_namespaced_deployment(NS, label_selector=MANAGED).items)
         out["replicasets"] = len(self.apps.list_namespaced_replica_set(NS, label_selector=COMPACTOR_PODS).items)
@@ -542,9 +544,9 @@ class OperatorSoak:
         out = {
             k: got[k]
             for k in (
-                "compactorgroups",
-                "compactionservices",
-                "compactions",
+                api.GROUPS,
+                api.SERVICES,
+                api.COMPACTIONS,
                 "deployments",
                 "replicasets",
                 "pods",
@@ -567,9 +569,9 @@ class OperatorSoak:
         for name in list(self.compactions):
             self._record_cid(name)
         self.counts["group deletes"] += len(
-            self.custom.list_namespaced_custom_object("kompaktor.io", "v1alpha1", NS, "compactorgroups")["items"]
+            self.custom.list_namespaced_custom_object(api.GROUP, api.VERSION, NS, api.GROUPS)["items"]
         )
-        for plural in ("compactions", "compactorgroups", "compactionservices"):
+        for plural in (api.COMPACTIONS, api.GROUPS, api.SERVICES):
             self.kubectl("delete", plural, "--all", "--timeout=180s")
         try:
             self.wait_until(lambda: not any(self.leftovers().values()), "nothing left behind", timeout=180, every=2)

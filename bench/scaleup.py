@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     from kompaktor.local.procs import stop_popen
     from kompaktor.metadata.store import MetadataStore
     from kompaktor.model.job import Job
+    from kompaktor.resources import api
     from kompaktor_operator import naming
     from tests.k8s.controlplane import ControlPlane, wait_until
     from tests.k8s.nodeagent import NodeAgent
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
                 start_new_session=True,
             )
         group = {
-            "apiVersion": naming.GROUP_VERSION,
+            "apiVersion": api.GROUP_VERSION,
             "kind": "CompactorGroup",
             "metadata": {"name": GROUP},
             "spec": {

@@ -1,50 +1,14 @@
-"""Click commands behind ``kompaktor crds`` and ``kompaktor operator`` (wired in kompaktor/cli.py).
+"""The click command behind ``kompaktor operator`` (wired in ``kompaktor.cli.COMMANDS``).
 
-Owns: command-line parsing only. ``crds`` is pure file generation; ``operator`` imports kopf
-and the handlers lazily, so ``kompaktor crds`` stays fast and needs no cluster.
+Owns: command-line parsing only; it imports kopf and the handlers when it runs. The ``kompaktor``
+package never imports this package: its CLI names this command by a string that it imports on
+first use (``kompaktor crds`` lives in ``kompaktor.cli.crds``, the CRDs come from
+``kompaktor.resources``).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
-
-
-@click.command("crds")
-@click.option(
-    "--out",
-    "out",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path("crds"),
-    show_default=True,
-    help="directory for the CRD YAML (examples go to OUT/examples)",
-)
-@click.option(
-    "--chart",
-    "chart",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Helm chart whose files/crds/ gets the same CRDs [default: OUT/../helm/kompaktor if present]",
-)
-@click.option("--check", is_flag=True, help="write nothing; exit 1 if a generated file is out of date")
-def crds(out: Path, chart: Path | None, check: bool) -> None:
-    """Generate the CustomResourceDefinitions from the pydantic models."""
-    from kompaktor_operator import crdgen
-
-    if chart is None:
-        candidate = out.resolve().parent / "helm" / "kompaktor"
-        chart = candidate if candidate.is_dir() else None
-    targets = [out] + ([chart / "files" / "crds"] if chart is not None else [])
-    if check:
-        stale = [str(p) for t in targets for p in crdgen.stale(t, examples=t == out)]
-        if stale:
-            raise click.ClickException("out of date (run `make crds`): " + ", ".join(stale))
-        click.echo("CRDs are up to date")
-        return
-    for target in targets:
-        for path in crdgen.write(target, examples=target == out):
-            click.echo(str(path))
 
 
 @click.command("operator")
@@ -92,28 +56,27 @@ def operator(
     import asyncio
     import importlib.util
     import logging
-    import os
 
     if importlib.util.find_spec("kopf") is None:
         raise click.ClickException("the operator needs kopf, which is not installed: pip install 'kompaktor[operator]'")
     import kopf
 
-    os.environ["KOMPAKTOR_REDIS_URL"] = redis_url
     # kopf's own format: a timestamp, and the object each message is about ("[ns/name]")
     kopf.configure(verbose=verbose, log_prefix=True)
 
     from kompaktor_operator import handlers
+    from kompaktor_operator.runtime import Runtime
 
+    rt = Runtime.from_env(redis_url=redis_url)
     if metrics_port >= 0:
         from prometheus_client import start_http_server
 
-        from kompaktor_operator.metrics import metrics
-
-        start_http_server(metrics_port, addr=metrics_host, registry=metrics().registry)
+        start_http_server(metrics_port, addr=metrics_host, registry=rt.metrics.registry)
         logging.getLogger("kompaktor.operator").info("serving /metrics on %s:%d", metrics_host, metrics_port)
 
     asyncio.run(
         handlers.run(
+            runtime=rt,
             namespaces=list(namespaces) or None,
             liveness_endpoint=liveness or None,
         )

@@ -6,6 +6,9 @@ list pods of a selector, patch pod annotations, set a Deployment's replicas — 
 (which optional APIs the server offers: ``autoscaling/v2`` or ``v2beta2``, KEDA). Errors come back
 as :class:`KubeError` with the status and the message as Kubernetes returns it (a JSON Status, or
 plain text such as "404 page not found" for an API path the server does not know).
+
+One :class:`Client` per operator process: the login handler makes it from kopf's credentials and
+the :class:`~kompaktor_operator.runtime.Runtime` holds it (no module-level client).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import kopf
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from kompaktor_operator import naming
+from kompaktor.resources import api
 
 #: kind -> (API path prefix, plural). Only what the operator owns or reads.
 _RESOURCES: dict[tuple[str, str], tuple[str, str]] = {
@@ -31,7 +34,7 @@ _RESOURCES: dict[tuple[str, str], tuple[str, str]] = {
     ("autoscaling/v2beta2", "HorizontalPodAutoscaler"): ("/apis/autoscaling/v2beta2", "horizontalpodautoscalers"),
     ("keda.sh/v1alpha1", "ScaledObject"): ("/apis/keda.sh/v1alpha1", "scaledobjects"),
     ("networking.k8s.io/v1", "NetworkPolicy"): ("/apis/networking.k8s.io/v1", "networkpolicies"),
-    (naming.GROUP_VERSION, "CompactorGroup"): (f"/apis/{naming.GROUP_VERSION}", naming.GROUPS),
+    (api.GROUP_VERSION, api.GROUP_KIND): (f"/apis/{api.GROUP_VERSION}", api.GROUPS),
 }
 
 
@@ -61,8 +64,34 @@ def _tmpfile(data: bytes | str) -> str:
     return f.name
 
 
+def _path(api_version: str, kind: str, namespace: str, name: str | None = None) -> str:
+    prefix, plural = _RESOURCES[(api_version, kind)]
+    path = f"{prefix}/namespaces/{namespace}/{plural}"
+    return f"{path}/{name}" if name else path
+
+
+#: the field manager of everything the operator renders (server-side apply)
+FIELD_MANAGER = "kompaktor-operator"
+#: the field manager of the scaler's writes (a Deployment's replicas, pods' drain annotations),
+#: which the rendered objects leave out so that an apply never resets them
+SCALER_MANAGER = "kompaktor-scaler"
+#: the manager name an operator before server-side apply wrote under (the client's user agent)
+LEGACY_MANAGER = "OpenAPI-Generator"
+#: fields the legacy manager wrote for the scaler, not for the rendering: never adopted by apply
+_SCALER_FIELDS = ("f:replicas",)
+
+
+def _without_scaler_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    spec = fields.get("f:spec")
+    if not isinstance(spec, dict):
+        return fields
+    return {**fields, "f:spec": {k: v for k, v in spec.items() if k not in _SCALER_FIELDS}}
+
+
 @dataclass
 class Client:
+    """The operator's connection to the API server and the verbs it uses."""
+
     info: kopf.ConnectionInfo
     _api: k8s.ApiClient | None = None
     _groups: dict[str, list[str]] | None = field(default=None, repr=False)
@@ -119,207 +148,145 @@ class Client:
             }
         return list(self._groups.get(group, []))
 
+    async def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return await self.request("GET", _path(api_version, kind, namespace, name))
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def _adopt_legacy_fields(self, existing: dict[str, Any], api_version: str, kind: str, namespace: str) -> None:
+        """An object an older operator created or merge-patched is owned by an "Update" manager, so
+        applying the new rendering would leave every field it no longer renders in place forever.
+        Hand those fields to the apply manager once (as client-go's csaupgrade does), keeping out the
+        replicas the scaler set; the apply that follows then removes what is no longer rendered."""
+        managed = existing.get("metadata", {}).get("managedFields") or []
+        if not any(m.get("manager") == LEGACY_MANAGER and m.get("operation") == "Update" for m in managed):
+            return
+        if any(m.get("manager") == FIELD_MANAGER and m.get("operation") == "Apply" for m in managed):
+            return
+        adopted = []
+        for m in managed:
+            if m.get("manager") == LEGACY_MANAGER and m.get("operation") == "Update" and not m.get("subresource"):
+                m = {
+                    **m,
+                    "manager": FIELD_MANAGER,
+                    "operation": "Apply",
+                    "fieldsV1": _without_scaler_fields(m.get("fieldsV1") or {}),
+                }
+            adopted.append(m)
+        name = existing["metadata"]["name"]
+        await self.request(
+            "PATCH",
+            _path(api_version, kind, namespace, name),
+            json={"metadata": {"managedFields": adopted, "resourceVersion": existing["metadata"]["resourceVersion"]}},
+            content_type="application/merge-patch+json",
+        )
+
+    async def apply(self, obj: dict[str, Any], namespace: str) -> dict[str, Any]:
+        """Server-side apply of ``obj`` (field manager :data:`FIELD_MANAGER`, forced): creates it or
+        makes it exactly the rendering — a field dropped from the rendering (an affinity, a
+        toleration, an env var, a label) disappears from the object, while fields other managers own
+        (the scaler's replicas, controllers' annotations) stay. Safe to run any number of times."""
+        api_version, kind, name = obj["apiVersion"], obj["kind"], obj["metadata"]["name"]
+        body = {**obj, "metadata": {**obj["metadata"], "namespace": namespace}}
+        for attempt in range(5):
+            existing = await self.get(api_version, kind, namespace, name)
+            if existing is None:
+                break
+            try:
+                await self._adopt_legacy_fields(existing, api_version, kind, namespace)
+                break
+            except KubeError as exc:  # a controller wrote the status meanwhile: read it again
+                if exc.status != 409 or attempt == 4:
+                    raise
+        return await self.request(
+            "PATCH",
+            _path(api_version, kind, namespace, name),
+            json=body,
+            content_type="application/apply-patch+yaml",
+            params={"fieldManager": FIELD_MANAGER, "force": "true"},
+        )
+
+    async def claim_replicas(self, namespace: str, deployment: str, replicas: int) -> None:
+        """Make :data:`SCALER_MANAGER` the owner of a Deployment's ``spec.replicas`` (a forced apply of
+        just that field), so that the operator's applies, which render no replicas, leave them."""
+        body = {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": deployment, "namespace": namespace},
+            "spec": {"replicas": replicas},
+        }
+        await self.request(
+            "PATCH",
+            _path("apps/v1", "Deployment", namespace, deployment),
+            json=body,
+            content_type="application/apply-patch+yaml",
+            params={"fieldManager": SCALER_MANAGER, "force": "true"},
+        )
+
+    async def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
+        """Delete if present; False when it was already gone."""
+        try:
+            await self.request(
+                "DELETE", _path(api_version, kind, namespace, name), json={"propagationPolicy": "Background"}
+            )
+            return True
+        except KubeError as exc:
+            if exc.status == 404:
+                return False
+            raise
+
+    async def list_pods(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+        selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+        body = await self.request("GET", _path("v1", "Pod", namespace), params={"labelSelector": selector})
+        items = (body or {}).get("items", [])
+        # Filter here too: some API fakes ignore labelSelector.
+        return [p for p in items if all(p.get("metadata", {}).get("labels", {}).get(k) == v for k, v in labels.items())]
+
+    async def patch_annotations(
+        self, api_version: str, kind: str, namespace: str, name: str, annotations: dict[str, str | None]
+    ) -> None:
+        await self.request(
+            "PATCH",
+            _path(api_version, kind, namespace, name),
+            json={"metadata": {"annotations": annotations}},
+            content_type="application/merge-patch+json",
+            params={"fieldManager": SCALER_MANAGER},
+        )
+
+    async def set_replicas(self, namespace: str, deployment: str, replicas: int) -> None:
+        await self.request(
+            "PATCH",
+            _path("apps/v1", "Deployment", namespace, deployment),
+            json={"spec": {"replicas": replicas}},
+            content_type="application/merge-patch+json",
+            params={"fieldManager": SCALER_MANAGER},
+        )
+
+    async def set_group_replicas(self, namespace: str, name: str, replicas: int) -> None:
+        """A CompactorGroup's spec.replicas (what its scale subresource shows the HPA)."""
+        await self.request(
+            "PATCH",
+            _path(api.GROUP_VERSION, api.GROUP_KIND, namespace, name),
+            json={"spec": {"replicas": replicas}},
+            content_type="application/merge-patch+json",
+            params={"fieldManager": SCALER_MANAGER},
+        )
+
+    async def delete_pod(self, namespace: str, name: str) -> None:
+        await self.delete("v1", "Pod", namespace, name)
+
+    async def hpa_api_version(self) -> str | None:
+        """``autoscaling/v2`` where the server offers it, else ``autoscaling/v2beta2``, else None."""
+        versions = await self.api_versions("autoscaling")
+        for v in ("v2", "v2beta2"):
+            if v in versions:
+                return f"autoscaling/{v}"
+        return None
+
     async def close(self) -> None:
         if self._api is not None:
             await self._api.close()
             self._api = None
-
-
-_client: Client | None = None
-
-
-def configure(info: kopf.ConnectionInfo) -> None:
-    """Use these credentials (the ones kopf logged in with) for the operator's own calls."""
-    global _client
-    _client = Client(info)
-
-
-def client() -> Client:
-    if _client is None:
-        raise RuntimeError("kube.configure() was not called (the login handler does it)")
-    return _client
-
-
-async def shutdown() -> None:
-    global _client
-    if _client is not None:
-        await _client.close()
-    _client = None
-
-
-def _path(api_version: str, kind: str, namespace: str, name: str | None = None) -> str:
-    prefix, plural = _RESOURCES[(api_version, kind)]
-    path = f"{prefix}/namespaces/{namespace}/{plural}"
-    return f"{path}/{name}" if name else path
-
-
-async def get(api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
-    try:
-        return await client().request("GET", _path(api_version, kind, namespace, name))
-    except KubeError as exc:
-        if exc.status == 404:
-            return None
-        raise
-
-
-#: the field manager of everything the operator renders (server-side apply)
-FIELD_MANAGER = "kompaktor-operator"
-#: the field manager of the scaler's writes (a Deployment's replicas, pods' drain annotations),
-#: which the rendered objects leave out so that an apply never resets them
-SCALER_MANAGER = "kompaktor-scaler"
-#: the manager name an operator before server-side apply wrote under (the client's user agent)
-LEGACY_MANAGER = "OpenAPI-Generator"
-#: fields the legacy manager wrote for the scaler, not for the rendering: never adopted by apply
-_SCALER_FIELDS = ("f:replicas",)
-
-
-def _without_scaler_fields(fields: dict[str, Any]) -> dict[str, Any]:
-    spec = fields.get("f:spec")
-    if not isinstance(spec, dict):
-        return fields
-    return {**fields, "f:spec": {k: v for k, v in spec.items() if k not in _SCALER_FIELDS}}
-
-
-async def _adopt_legacy_fields(existing: dict[str, Any], api_version: str, kind: str, namespace: str) -> None:
-    """An object an older operator created or merge-patched is owned by an "Update" manager, so
-    applying the new rendering would leave every field it no longer renders in place forever.
-    Hand those fields to the apply manager once (as client-go's csaupgrade does), keeping out the
-    replicas the scaler set; the apply that follows then removes what is no longer rendered."""
-    managed = existing.get("metadata", {}).get("managedFields") or []
-    if not any(m.get("manager") == LEGACY_MANAGER and m.get("operation") == "Update" for m in managed):
-        return
-    if any(m.get("manager") == FIELD_MANAGER and m.get("operation") == "Apply" for m in managed):
-        return
-    adopted = []
-    for m in managed:
-        if m.get("manager") == LEGACY_MANAGER and m.get("operation") == "Update" and not m.get("subresource"):
-            m = {
-                **m,
-                "manager": FIELD_MANAGER,
-                "operation": "Apply",
-                "fieldsV1": _without_scaler_fields(m.get("fieldsV1") or {}),
-            }
-        adopted.append(m)
-    name = existing["metadata"]["name"]
-    await client().request(
-        "PATCH",
-        _path(api_version, kind, namespace, name),
-        json={"metadata": {"managedFields": adopted, "resourceVersion": existing["metadata"]["resourceVersion"]}},
-        content_type="application/merge-patch+json",
-    )
-
-
-async def apply(obj: dict[str, Any], namespace: str) -> dict[str, Any]:
-    """Server-side apply of ``obj`` (field manager :data:`FIELD_MANAGER`, forced): creates it or
-    makes it exactly the rendering — a field dropped from the rendering (an affinity, a
-    toleration, an env var, a label) disappears from the object, while fields other managers own
-    (the scaler's replicas, controllers' annotations) stay. Safe to run any number of times."""
-    api_version, kind, name = obj["apiVersion"], obj["kind"], obj["metadata"]["name"]
-    body = {**obj, "metadata": {**obj["metadata"], "namespace": namespace}}
-    for attempt in range(5):
-        existing = await get(api_version, kind, namespace, name)
-        if existing is None:
-            break
-        try:
-            await _adopt_legacy_fields(existing, api_version, kind, namespace)
-            break
-        except KubeError as exc:  # a controller wrote the status meanwhile: read it again
-            if exc.status != 409 or attempt == 4:
-                raise
-    return await client().request(
-        "PATCH",
-        _path(api_version, kind, namespace, name),
-        json=body,
-        content_type="application/apply-patch+yaml",
-        params={"fieldManager": FIELD_MANAGER, "force": "true"},
-    )
-
-
-async def claim_replicas(namespace: str, deployment: str, replicas: int) -> None:
-    """Make :data:`SCALER_MANAGER` the owner of a Deployment's ``spec.replicas`` (a forced apply of
-    just that field), so that the operator's applies, which render no replicas, leave them."""
-    body = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": deployment, "namespace": namespace},
-        "spec": {"replicas": replicas},
-    }
-    await client().request(
-        "PATCH",
-        _path("apps/v1", "Deployment", namespace, deployment),
-        json=body,
-        content_type="application/apply-patch+yaml",
-        params={"fieldManager": SCALER_MANAGER, "force": "true"},
-    )
-
-
-async def delete(api_version: str, kind: str, namespace: str, name: str) -> bool:
-    """Delete if present; False when it was already gone."""
-    try:
-        await client().request(
-            "DELETE", _path(api_version, kind, namespace, name), json={"propagationPolicy": "Background"}
-        )
-        return True
-    except KubeError as exc:
-        if exc.status == 404:
-            return False
-        raise
-
-
-async def list_pods(namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
-    selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
-    body = await client().request("GET", _path("v1", "Pod", namespace), params={"labelSelector": selector})
-    items = (body or {}).get("items", [])
-    # Filter here too: some API fakes ignore labelSelector.
-    return [p for p in items if all(p.get("metadata", {}).get("labels", {}).get(k) == v for k, v in labels.items())]
-
-
-async def patch_annotations(
-    api_version: str, kind: str, namespace: str, name: str, annotations: dict[str, str | None]
-) -> None:
-    await client().request(
-        "PATCH",
-        _path(api_version, kind, namespace, name),
-        json={"metadata": {"annotations": annotations}},
-        content_type="application/merge-patch+json",
-        params={"fieldManager": SCALER_MANAGER},
-    )
-
-
-async def set_replicas(namespace: str, deployment: str, replicas: int) -> None:
-    await client().request(
-        "PATCH",
-        _path("apps/v1", "Deployment", namespace, deployment),
-        json={"spec": {"replicas": replicas}},
-        content_type="application/merge-patch+json",
-        params={"fieldManager": SCALER_MANAGER},
-    )
-
-
-async def set_group_replicas(namespace: str, name: str, replicas: int) -> None:
-    """A CompactorGroup's spec.replicas (what its scale subresource shows the HPA)."""
-    await client().request(
-        "PATCH",
-        _path(naming.GROUP_VERSION, "CompactorGroup", namespace, name),
-        json={"spec": {"replicas": replicas}},
-        content_type="application/merge-patch+json",
-        params={"fieldManager": SCALER_MANAGER},
-    )
-
-
-async def delete_pod(namespace: str, name: str) -> None:
-    await delete("v1", "Pod", namespace, name)
-
-
-async def api_versions(group: str) -> list[str]:
-    """Versions of an API group the server offers ([] when it does not know the group)."""
-    return await client().api_versions(group)
-
-
-async def hpa_api_version() -> str | None:
-    """``autoscaling/v2`` where the server offers it, else ``autoscaling/v2beta2``, else None."""
-    versions = await api_versions("autoscaling")
-    for v in ("v2", "v2beta2"):
-        if v in versions:
-            return f"autoscaling/{v}"
-    return None

@@ -11,9 +11,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from kompaktor.resources import api
+from kompaktor.resources.models import Autoscaler, CompactorGroupSpec, to_group_config
+from kompaktor.resources.operator_config import OperatorConfig
 from kompaktor_operator import naming
-from kompaktor_operator.config import OperatorConfig
-from kompaktor_operator.models import Autoscaler, CompactorGroupSpec, to_group_config
 
 SCRATCH_DIR = "/scratch"
 #: Where compactor pods find the Redis CA (the chart's rediss:// URL names <this>/ca.crt).
@@ -36,11 +37,8 @@ def compactor_args(group: str) -> list[str]:
     return ["compactor", "--group", group, "--http-port", str(naming.HTTP_PORT)]
 
 
-#: Pod template annotation: digest of the settings the group's compactors read from Redis at
-#: start. A change of any of them changes the template, so the Deployment rolls the pods (drain
-#: first), as a change of the pod's arguments did when the settings were arguments.
-SETTINGS_ANNOTATION = "kompaktor.io/settings-digest"
-#: ... and the compactor's environment variable that carries it (`kompaktor compactor`)
+#: The compactor's environment variable that carries the settings digest (the pod template's
+#: ``naming.SETTINGS_ANNOTATION``; `kompaktor compactor`)
 SETTINGS_DIGEST_ENV = "KOMPAKTOR_SETTINGS_DIGEST"
 
 
@@ -58,7 +56,7 @@ def _env(spec: CompactorGroupSpec, config: OperatorConfig) -> list[dict[str, Any
         # none stored, and says so when newer ones are (a rollout replaces it)
         {
             "name": SETTINGS_DIGEST_ENV,
-            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{SETTINGS_ANNOTATION}']"}},
+            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{naming.SETTINGS_ANNOTATION}']"}},
         },
         {"name": "KOMPAKTOR_REDIS_URL", "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}},
         {"name": "SPARK_LOCAL_DIRS", "value": SCRATCH_DIR},
@@ -99,7 +97,7 @@ def build_pod_template(group: str, spec: CompactorGroupSpec, config: OperatorCon
         "prometheus.io/scrape": "true",
         "prometheus.io/port": str(naming.HTTP_PORT),
         "prometheus.io/path": "/metrics",
-        SETTINGS_ANNOTATION: settings_digest(group, spec),
+        naming.SETTINGS_ANNOTATION: settings_digest(group, spec),
     }
     http = naming.HTTP_PORT_NAME
     container: dict[str, Any] = {
@@ -205,7 +203,7 @@ def build_metrics_service(group: str) -> Manifest:
         "kind": "Service",
         "metadata": {
             "name": naming.metrics_service_name(group),
-            "labels": {**naming.labels(group), "kompaktor.io/metrics": "true"},
+            "labels": {**naming.labels(group), naming.METRICS_LABEL: "true"},
         },
         "spec": {
             "type": "ClusterIP",
@@ -245,7 +243,7 @@ def build_network_policy(group: str, namespace: str | None, config: OperatorConf
 def _scale_target(group: str) -> dict[str, str]:
     # The autoscaler scales the CompactorGroup (its scale subresource), never the Deployment:
     # the operator turns spec.replicas into a drain-first change of the Deployment.
-    return {"apiVersion": naming.GROUP_VERSION, "kind": "CompactorGroup", "name": group}
+    return {"apiVersion": api.GROUP_VERSION, "kind": api.GROUP_KIND, "name": group}
 
 
 def build_hpa_behavior(spec: CompactorGroupSpec) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """The operator's own Prometheus metrics: what it reconciled, what the scaler did, what the
 builtin external metrics API answered.
 
-Owns: the operator's registry (its own ``CollectorRegistry``, served by ``kompaktor operator
---metrics-port``; nothing from prometheus_client's global registry) and the few helpers the
+Owns: the operator's registry (its own ``CollectorRegistry``, one per ``Runtime``, served by
+``kompaktor operator --metrics-port``; nothing from prometheus_client's global registry) and the few helpers the
 handlers call. Series are labelled by ``group`` as the coordinator's and the compactors' are (a
 CompactorGroup's name is unique across namespaces: the store keys groups by name), so a dashboard
 joins them. Must not import: kopf, redis, kube.
@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from kompaktor import __version__
+from kompaktor.resources import api
 
 #: ``result`` of a reconcile: applied; refused (an invalid or disallowed spec: the operator
 #: will not retry it, the resource's Ready condition says why); error (anything else: retried).
 RESULTS = ("ok", "refused", "error")
-KINDS = ("CompactionService", "CompactorGroup", "Compaction")
+KINDS = (api.SERVICE_KIND, api.GROUP_KIND, api.COMPACTION_KIND)
 
 
 @dataclass
@@ -133,14 +134,3 @@ class OperatorMetrics:
                 self.replica_changes.remove(group, direction)
             except KeyError:
                 pass
-
-
-_metrics: OperatorMetrics | None = None
-
-
-def metrics() -> OperatorMetrics:
-    """The process' operator metrics (one operator per process)."""
-    global _metrics
-    if _metrics is None:
-        _metrics = OperatorMetrics.create()
-    return _metrics

@@ -22,11 +22,13 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from aiohttp import web
 
 from kompaktor_operator import naming
+from kompaktor_operator.backend import Backend
+from kompaktor_operator.kube import Client, KubeError
+from kompaktor_operator.metrics import OperatorMetrics
 
 log = logging.getLogger("kompaktor.metrics_api")
 
@@ -199,16 +201,16 @@ async def serve(api: MetricsAPI, host: str, port: int, ctx: ssl.SSLContext) -> w
     return runner
 
 
-async def start_from_env(env: dict[str, str], kube: Any, depth_backend: Any) -> web.AppRunner | None:
+async def start_from_env(
+    env: dict[str, str], client: Client, backend: Backend, metrics: OperatorMetrics
+) -> web.AppRunner | None:
     """Start the API when ``KOMPAKTOR_METRICS_API`` (host:port) is set; the serving certificate
     comes from ``KOMPAKTOR_METRICS_API_CERT``/``_KEY`` (files)."""
     address = env.get("KOMPAKTOR_METRICS_API")
     if not address:
         return None
     host, _, port = address.rpartition(":")
-    cm = await kube.client().request(
-        "GET", "/api/v1/namespaces/kube-system/configmaps/extension-apiserver-authentication"
-    )
+    cm = await client.request("GET", "/api/v1/namespaces/kube-system/configmaps/extension-apiserver-authentication")
     data = (cm or {}).get("data") or {}
     ca = data.get("requestheader-client-ca-file")
     if not ca:
@@ -221,10 +223,10 @@ async def start_from_env(env: dict[str, str], kube: Any, depth_backend: Any) -> 
     allowed = _json.loads(data.get("requestheader-allowed-names") or "[]")
 
     async def depth(group: str) -> int:
-        groups = await asyncio.to_thread(depth_backend.groups)
+        groups = await asyncio.to_thread(backend.groups)
         if group not in groups:
             raise KeyError(group)
-        f = await asyncio.to_thread(depth_backend.queue_figures, group)
+        f = await asyncio.to_thread(backend.queue_figures, group)
         return f.queued + f.running
 
     async def authorize(user: str, groups: list[str]) -> bool:
@@ -237,23 +239,21 @@ async def start_from_env(env: dict[str, str], kube: Any, depth_backend: Any) -> 
                 "resourceAttributes": {"group": GROUP, "version": VERSION, "resource": METRIC, "verb": "get"},
             },
         }
-        out = await kube.client().request("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", json=review)
+        out = await client.request("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", json=review)
         return bool(((out or {}).get("status") or {}).get("allowed"))
 
-    from kompaktor_operator.metrics import metrics
-
     def counted(code: int) -> None:
-        metrics().metrics_api_requests.labels(str(code)).inc()
+        metrics.metrics_api_requests.labels(str(code)).inc()
 
     api = MetricsAPI(depth, authorize, allowed, on_response=counted)
     ctx = server_ssl(env["KOMPAKTOR_METRICS_API_CERT"], env["KOMPAKTOR_METRICS_API_KEY"], ca)
     runner = await serve(api, host or "0.0.0.0", int(port), ctx)
     if env.get("KOMPAKTOR_METRICS_API_REGISTER"):
-        await register(kube, env["KOMPAKTOR_METRICS_API_REGISTER"], env["KOMPAKTOR_METRICS_API_CA"])
+        await register(client, env["KOMPAKTOR_METRICS_API_REGISTER"], env["KOMPAKTOR_METRICS_API_CA"])
     return runner
 
 
-async def register(kube: Any, spec: str, ca_file: str) -> None:
+async def register(client: Client, spec: str, ca_file: str) -> None:
     """Create or update the APIService (``spec`` = ``<namespace>/<service>/<owner ClusterRoleBinding>``).
 
     For servers where Helm cannot: Kubernetes < 1.22 panics on a server-side apply of an APIService
@@ -263,7 +263,7 @@ async def register(kube: Any, spec: str, ca_file: str) -> None:
     import base64
 
     namespace, service, owner = spec.split("/")
-    binding = await kube.client().request("GET", f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{owner}")
+    binding = await client.request("GET", f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{owner}")
     with open(ca_file, "rb") as f:
         ca_bundle = base64.b64encode(f.read()).decode()
     name = f"{VERSION}.{GROUP}"
@@ -293,9 +293,9 @@ async def register(kube: Any, spec: str, ca_file: str) -> None:
     }
     path = "/apis/apiregistration.k8s.io/v1/apiservices"
     try:
-        await kube.client().request("POST", path, json=body)
-    except kube.KubeError as exc:
+        await client.request("POST", path, json=body)
+    except KubeError as exc:
         if exc.status != 409:
             raise
-        await kube.client().request("PATCH", f"{path}/{name}", json=body, content_type="application/merge-patch+json")
+        await client.request("PATCH", f"{path}/{name}", json=body, content_type="application/merge-patch+json")
     log.info("registered APIService %s -> %s/%s", name, namespace, service)

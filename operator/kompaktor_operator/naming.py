@@ -2,30 +2,31 @@
 
 Owns: deterministic names of the children of a CompactorGroup (so a replayed handler finds
 what the first run made), label sets and selectors. Names stay within 63 characters because
-CompactorGroup names are DNS labels of at most 40. Must not import: kopf, redis, kube.
+CompactorGroup names are DNS labels of at most 40. The API group, version, kinds and plurals are
+in ``kompaktor.resources.api``. Must not import: kopf, redis, kube.
 """
 
 from __future__ import annotations
 
-API_GROUP = "kompaktor.io"
-API_VERSION = "v1alpha1"
-GROUP_VERSION = f"{API_GROUP}/{API_VERSION}"
-#: the custom resources' plurals (their URLs, kopf's selectors, the CRDs' names)
-SERVICES = "compactionservices"
-GROUPS = "compactorgroups"
-COMPACTIONS = "compactions"
+from kompaktor.resources import api
 
 PART_OF = "kompaktor"
 MANAGED_BY = "kompaktor-operator"
-FINALIZER = f"{API_GROUP}/operator"
+FINALIZER = f"{api.KEY_PREFIX}operator"
 CONTAINER = "compactor"
 HTTP_PORT = 8080
 HTTP_PORT_NAME = "http"
 
-GROUP_LABEL = f"{API_GROUP}/group"
-SERVICE_LABEL = f"{API_GROUP}/service"
+GROUP_LABEL = f"{api.KEY_PREFIX}group"
+SERVICE_LABEL = f"{api.KEY_PREFIX}service"
 #: Set on a pod the operator asked to drain before a scale-down (value: "true").
-DRAINING_ANNOTATION = f"{API_GROUP}/draining"
+DRAINING_ANNOTATION = f"{api.KEY_PREFIX}draining"
+#: Pod template annotation: digest of the settings the group's compactors read from Redis at
+#: start. A change of any of them changes the template, so the Deployment rolls the pods (drain
+#: first), as a change of the pod's arguments did when the settings were arguments.
+SETTINGS_ANNOTATION = f"{api.KEY_PREFIX}settings-digest"
+#: On a group's metrics Service (what the chart's ServiceMonitor selects).
+METRICS_LABEL = f"{api.KEY_PREFIX}metrics"
 #: The ReplicaSet controller removes pods with the lowest cost first (Kubernetes >= 1.22).
 POD_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 #: The cost given to drained victims: below every unannotated pod (0).

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from kompaktor import __version__
-from kompaktor_operator import crdgen
-from kompaktor_operator import models as m
+from kompaktor.resources import crdgen
+from kompaktor.resources import models as m
 
 pytestmark = pytest.mark.chart
 

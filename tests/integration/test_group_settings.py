@@ -1,7 +1,7 @@
 """A CompactorGroup's settings reach the running compactor, through their one channel (issue 26 §1).
 
 The operator validates the CompactorGroup into a GroupConfig and stores it in Redis with its
-Redis backend (``depth.RedisBackend.put_group``); a compactor pod runs ``kompaktor compactor``
+Redis backend (``backend.RedisBackend.put_group``); a compactor pod runs ``kompaktor compactor``
 with only the arguments the operator's manifests give it (group and port) and reads its
 settings there at start. Here: a real redis-server, the operator's own functions for the
 stored config and the pod's arguments, and real ``kompaktor compactor`` processes, whose start-up
@@ -24,9 +24,10 @@ from typing import Any
 import pytest
 
 from kompaktor.metadata.store import MetadataStore
+from kompaktor.resources import models as m
 from kompaktor.worker.compactor import WorkerSettings
-from kompaktor_operator import depth, manifests
-from kompaktor_operator import models as m
+from kompaktor_operator import backend as backends
+from kompaktor_operator import manifests
 from tests.support.procs import python_env
 from tests.support.wait import poll
 
@@ -111,7 +112,7 @@ def start(tmp_path: Path, redis_url: str):
         p.stop()
 
 
-def apply(backend: depth.RedisBackend, spec: dict[str, Any]) -> str:
+def apply(backend: backends.RedisBackend, spec: dict[str, Any]) -> str:
     """What the operator does with a CompactorGroup: validate, store the GroupConfig; returns the
     settings line a compactor of the group should log."""
     cfg = m.to_group_config(GROUP, m.CompactorGroupSpec.model_validate(spec))
@@ -124,7 +125,7 @@ def registered(store: MetadataStore, cid: str) -> bool:
 
 
 def test_each_setting_of_a_compactor_group_reaches_the_running_compactor(redis_url: str, start) -> None:
-    backend = depth.RedisBackend(redis_url)
+    backend = backends.RedisBackend(redis_url)
     store = backend.store
     first = {
         "spark": {
@@ -176,7 +177,7 @@ def test_each_setting_of_a_compactor_group_reaches_the_running_compactor(redis_u
 
 
 def test_command_line_flags_override_the_group_for_a_compactor_run_by_hand(redis_url: str, start) -> None:
-    backend = depth.RedisBackend(redis_url)
+    backend = backends.RedisBackend(redis_url)
     apply(backend, {"spark": {"engine": "arrow", "master": "local[1]"}, "drainGraceSeconds": 40})
     p = start("by-hand", "--drain-grace", "5", "--spark-conf", "spark.sql.shuffle.partitions=4")
     settings, source = p.settings()
@@ -214,7 +215,7 @@ def test_a_pod_made_by_the_operator_does_not_start_without_its_groups_configurat
     assert line.startswith(f"error: group {GROUP} has no configuration in Redis (kz:groups)"), line
     assert not store.compactors(GROUP)
 
-    backend = depth.RedisBackend(redis_url)
+    backend = backends.RedisBackend(redis_url)
     expected = apply(backend, {"spark": {"engine": "arrow"}, "drainGraceSeconds": 40})
     ok = start("made-by-operator-2", env={manifests.SETTINGS_DIGEST_ENV: digest})
     assert ok.settings() == (expected, "the group's configuration in Redis")

@@ -155,7 +155,7 @@ def test_cli_over_rediss_with_the_ca(tls_redis: TlsRedis, tmp_path: Path) -> Non
 
 def test_coordinator_compactor_and_operator_backend_over_rediss(tls_redis: TlsRedis, tmp_path: Path) -> None:
     from kompaktor.metadata.store import MetadataStore
-    from kompaktor_operator.depth import RedisBackend
+    from kompaktor_operator.backend import RedisBackend
 
     url = tls_redis.url()
     env = {**os.environ, "KOMPAKTOR_REDIS_URL": url, "KOMPAKTOR_LOG": "DEBUG", "PYTHONUNBUFFERED": "1"}

@@ -150,7 +150,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
 def group_spark_settings(master: str) -> tuple[str, dict[str, str], str | None]:
     """What a compactor of the CompactorGroup ``GROUP`` makes its engine with: the operator's
     GroupConfig (stored in Redis, read by `kompaktor compactor`)."""
-    from kompaktor_operator.models import CompactorGroupSpec, to_group_config
+    from kompaktor.resources.models import CompactorGroupSpec, to_group_config
 
     spec = CompactorGroupSpec.model_validate({**GROUP, "spark": {**GROUP["spark"], "master": master}})
     cfg = to_group_config("cluster", spec)

@@ -29,6 +29,7 @@ import kubernetes
 import pytest
 
 from kompaktor import __version__
+from kompaktor.resources import api
 from kompaktor_operator import naming
 from tests.k8s.controlplane import ControlPlane, wait_until
 from tests.k8s.node import GATEWAY, NODE_NAME, RealNode, running_containers
@@ -558,7 +559,7 @@ def test_a_group_at_zero_wakes_at_its_first_job_and_parks_again(shipped: Shipped
     s = shipped
     table, group = "zero_t", "zero"
     service = {
-        "apiVersion": naming.GROUP_VERSION,
+        "apiVersion": api.GROUP_VERSION,
         "kind": "CompactionService",
         "metadata": {"name": "cs-zero"},
         "spec": {"ratio": 2.0, "tiers": [{"name": "all", "compactorGroup": group}], "tables": [table]},

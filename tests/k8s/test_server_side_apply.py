@@ -32,12 +32,14 @@ def apps(control_plane: ControlPlane) -> Iterator[Any]:
 
 
 def _run(cp: ControlPlane, coro_fn: Any) -> Any:
+    """Run ``coro_fn(client)`` with an operator's Kubernetes client on the control plane."""
+
     async def main() -> Any:
-        kube.configure(kopf.ConnectionInfo(server=cp.server, ca_path=str(cp.ca), token=cp.token))
+        client = kube.Client(kopf.ConnectionInfo(server=cp.server, ca_path=str(cp.ca), token=cp.token))
         try:
-            return await coro_fn()
+            return await coro_fn(client)
         finally:
-            await kube.shutdown()
+            await client.close()
 
     return asyncio.run(main())
 
@@ -89,17 +91,17 @@ def _removed_fields_gone(dep: Any) -> None:
 
 def test_a_field_dropped_from_the_rendering_leaves_the_child(control_plane: ControlPlane, apps: Any) -> None:
     name = "dropped"
-    _run(control_plane, lambda: kube.apply(_deployment(name, extra=True), NS))
+    _run(control_plane, lambda c: c.apply(_deployment(name, extra=True), NS))
     dep = apps.read_namespaced_deployment(name, NS)
     assert dep.spec.template.spec.affinity is not None and dep.spec.template.spec.tolerations
     assert dep.spec.replicas == 1  # defaulted on create: the rendering has no replicas
     # the scaler sets the replicas; then the group loses its extras and is re-rendered
-    _run(control_plane, lambda: kube.set_replicas(NS, name, 3))
-    _run(control_plane, lambda: kube.apply(_deployment(name, extra=False), NS))
+    _run(control_plane, lambda c: c.set_replicas(NS, name, 3))
+    _run(control_plane, lambda c: c.apply(_deployment(name, extra=False), NS))
     dep = apps.read_namespaced_deployment(name, NS)
     _removed_fields_gone(dep)
     assert dep.spec.replicas == 3  # the scaler's value survives every apply
-    _run(control_plane, lambda: kube.apply(_deployment(name, extra=False), NS))  # idempotent
+    _run(control_plane, lambda c: c.apply(_deployment(name, extra=False), NS))  # idempotent
     assert apps.read_namespaced_deployment(name, NS).spec.replicas == 3
     managers = {(m.manager, m.operation) for m in apps.read_namespaced_deployment(name, NS).metadata.managed_fields}
     assert (kube.FIELD_MANAGER, "Apply") in managers and (kube.SCALER_MANAGER, "Update") in managers
@@ -111,8 +113,7 @@ def test_a_child_written_by_an_older_operator_converges(control_plane: ControlPl
     minus the replicas, and then removes what the rendering dropped."""
     name = "legacy"
 
-    async def legacy() -> None:
-        c = kube.client()
+    async def legacy(c: kube.Client) -> None:
         body = copy.deepcopy(_deployment(name, extra=True))
         body["metadata"]["namespace"] = NS
         await c.request("POST", f"/apis/apps/v1/namespaces/{NS}/deployments", json=body)
@@ -133,7 +134,7 @@ def test_a_child_written_by_an_older_operator_converges(control_plane: ControlPl
     before = apps.read_namespaced_deployment(name, NS)
     assert kube.LEGACY_MANAGER in {m.manager for m in before.metadata.managed_fields}
     assert kube.FIELD_MANAGER not in {m.manager for m in before.metadata.managed_fields}
-    _run(control_plane, lambda: kube.apply(_deployment(name, extra=False), NS))
+    _run(control_plane, lambda c: c.apply(_deployment(name, extra=False), NS))
     dep = apps.read_namespaced_deployment(name, NS)
     _removed_fields_gone(dep)
     assert dep.spec.replicas == 4
@@ -147,10 +148,10 @@ def test_replicas_rendered_at_creation_are_handed_to_the_scaler(control_plane: C
     first = _deployment(name, extra=False)
     first["spec"]["replicas"] = 2
 
-    async def create() -> None:
-        await kube.apply(first, NS)
-        await kube.claim_replicas(NS, name, 2)
-        await kube.apply(_deployment(name, extra=False), NS)
+    async def create(c: kube.Client) -> None:
+        await c.apply(first, NS)
+        await c.claim_replicas(NS, name, 2)
+        await c.apply(_deployment(name, extra=False), NS)
 
     _run(control_plane, create)
     assert apps.read_namespaced_deployment(name, NS).spec.replicas == 2

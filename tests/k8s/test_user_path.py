@@ -32,6 +32,7 @@ from kompaktor.files.sortedfile import write_sorted
 from kompaktor.files.storage import Storage
 from kompaktor.local.procs import stop_popen
 from kompaktor.metadata.store import MetadataStore
+from kompaktor.resources import api
 from kompaktor_operator import naming
 from tests.k8s.controlplane import ControlPlane, free_port, wait_until
 from tests.k8s.nodeagent import NodeAgent
@@ -247,7 +248,7 @@ def test_a_field_removed_from_a_group_leaves_its_deployment(release: Release) ->
         "podLabels": {"team": "storage"},
     }
     group = {
-        "apiVersion": naming.GROUP_VERSION,
+        "apiVersion": api.GROUP_VERSION,
         "kind": "CompactorGroup",
         "metadata": {"name": "trimmed"},
         "spec": {"minReplicas": 0, "replicas": 0, "autoscaler": "none", **extras},
@@ -303,7 +304,7 @@ def test_kubectl_scale_reaches_the_deployment(release: Release) -> None:
 def test_invalid_groups_are_refused_and_nothing_is_created(
     release: Release, name: str, spec: dict[str, Any], refused_by: str
 ) -> None:
-    body = {"apiVersion": naming.GROUP_VERSION, "kind": "CompactorGroup", "metadata": {"name": name}, "spec": spec}
+    body = {"apiVersion": api.GROUP_VERSION, "kind": "CompactorGroup", "metadata": {"name": name}, "spec": spec}
     out = release.kubectl("apply", "-f", "-", input=json.dumps(body), check=False)
     if refused_by == "schema":
         assert out.returncode != 0 and "memory" in out.stderr, out.stderr
@@ -320,7 +321,7 @@ def test_invalid_groups_are_refused_and_nothing_is_created(
 
 def test_a_service_naming_an_unknown_group_is_degraded(release: Release) -> None:
     body = {
-        "apiVersion": naming.GROUP_VERSION,
+        "apiVersion": api.GROUP_VERSION,
         "kind": "CompactionService",
         "metadata": {"name": "ghostly"},
         "spec": {"tiers": [{"name": "all", "compactorGroup": "ghost"}], "tables": ["nothing-here"]},
@@ -341,13 +342,13 @@ def test_a_service_naming_an_unknown_group_is_degraded(release: Release) -> None
 def test_burst_scale_up_drain_and_scale_down(release: Release, tmp_path: Path) -> None:
     e2e = [
         {
-            "apiVersion": naming.GROUP_VERSION,
+            "apiVersion": api.GROUP_VERSION,
             "kind": "CompactionService",
             "metadata": {"name": "svc-e2e"},
             "spec": {"ratio": 2.0, "tiers": [{"name": "all", "compactorGroup": "e2e"}], "tables": ["e2e"]},
         },
         {
-            "apiVersion": naming.GROUP_VERSION,
+            "apiVersion": api.GROUP_VERSION,
             "kind": "CompactorGroup",
             "metadata": {"name": "e2e"},
             "spec": {
@@ -428,7 +429,7 @@ def test_kubectl_delete_compaction_cancels_it(release: Release) -> None:
     release.kubectl("scale", "compactorgroup", "e2e", "--replicas=0")
     wait_until(lambda: not release.store.compactors("e2e"), "no e2e compactor", timeout=120)
     body = {
-        "apiVersion": naming.GROUP_VERSION,
+        "apiVersion": api.GROUP_VERSION,
         "kind": "Compaction",
         "metadata": {"name": "uc"},
         "spec": {"table": "e2e"},
@@ -499,7 +500,7 @@ def test_hpa_scales_a_group_on_the_operator_served_queue_depth(release: Release)
     api = _metrics_api_available(release)
     assert api["spec"]["service"]["name"] == f"{RELEASE}-metrics-api"
     group = {
-        "apiVersion": naming.GROUP_VERSION,
+        "apiVersion": api.GROUP_VERSION,
         "kind": "CompactorGroup",
         "metadata": {"name": "auto"},
         "spec": {
@@ -512,7 +513,7 @@ def test_hpa_scales_a_group_on_the_operator_served_queue_depth(release: Release)
         },
     }
     service = {
-        "apiVersion": naming.GROUP_VERSION,
+        "apiVersion": api.GROUP_VERSION,
         "kind": "CompactionService",
         "metadata": {"name": "svc-auto"},
         "spec": {"ratio": 2.0, "tiers": [{"name": "all", "compactorGroup": "auto"}], "tables": ["auto"]},
@@ -590,7 +591,7 @@ def test_an_untrusted_metrics_api_is_a_degraded_group_not_a_silent_one(release: 
         return out.stderr if out.returncode != 0 and "ServiceUnavailable" in out.stderr else None
 
     group = {
-        "apiVersion": naming.GROUP_VERSION,
+        "apiVersion": api.GROUP_VERSION,
         "kind": "CompactorGroup",
         "metadata": {"name": "blind"},
         "spec": {
@@ -602,7 +603,7 @@ def test_an_untrusted_metrics_api_is_a_degraded_group_not_a_silent_one(release: 
         },
     }
     service = {
-        "apiVersion": naming.GROUP_VERSION,
+        "apiVersion": api.GROUP_VERSION,
         "kind": "CompactionService",
         "metadata": {"name": "svc-blind"},
         "spec": {"ratio": 2.0, "tiers": [{"name": "all", "compactorGroup": "blind"}], "tables": ["blind"]},
@@ -691,7 +692,7 @@ def test_operator_metrics_count_reconciles_and_scaling_and_pass_promtool(release
     # a group with two (node-agent) pods, then scaled down by one: no heartbeat, so the scaler asks
     # the victim to drain, gives it the lowest deletion cost and lowers the Deployment's replicas
     group = {
-        "apiVersion": naming.GROUP_VERSION,
+        "apiVersion": api.GROUP_VERSION,
         "kind": "CompactorGroup",
         "metadata": {"name": "metered"},
         "spec": {
@@ -703,7 +704,7 @@ def test_operator_metrics_count_reconciles_and_scaling_and_pass_promtool(release
         },
     }
     bad = {
-        "apiVersion": naming.GROUP_VERSION,
+        "apiVersion": api.GROUP_VERSION,
         "kind": "CompactorGroup",
         "metadata": {"name": "metered-bad"},
         "spec": {"minReplicas": 3, "maxReplicas": 1},

@@ -32,6 +32,7 @@ import kubernetes
 import pytest
 
 from kompaktor.local.procs import stop_popen
+from kompaktor.resources import api
 from kompaktor_operator import naming
 from tests.k8s.controlplane import ControlPlane, wait_until
 from tests.support.k8s import CHART, Namespaced, container_env, helm_release, start_local
@@ -94,7 +95,7 @@ def install(
 
 def _apply_group(inst: Install, name: str, **spec: Any) -> None:
     body = {
-        "apiVersion": naming.GROUP_VERSION,
+        "apiVersion": api.GROUP_VERSION,
         "kind": "CompactorGroup",
         "metadata": {"name": name},
         "spec": {"maxReplicas": 2, **spec},

@@ -8,6 +8,7 @@ and handlers may run twice — so children are created-or-patched.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -17,13 +18,16 @@ import kopf
 import pytest
 import pytest_asyncio
 
-from kompaktor_operator import depth, handlers, kube
-from kompaktor_operator.config import OperatorConfig
+from kompaktor.resources import api as crd
+from kompaktor.resources.operator_config import OperatorConfig
+from kompaktor_operator import backend as backends
+from kompaktor_operator import handlers, kube, runtime
+from kompaktor_operator.runtime import Runtime
 from kompaktor_operator.scaling import CompactorView
 from tests.support.wait import apoll
 
 NS = "kompaktor"
-CRDS = ["compactionservices", "compactorgroups", "compactions"]
+CRDS = [crd.SERVICES, crd.GROUPS, crd.COMPACTIONS]
 BUILTIN = {
     "apps/v1/deployments": ("Deployment", True),
     "v1/services": ("Service", True),
@@ -33,7 +37,7 @@ BUILTIN = {
     "v1/namespaces": ("Namespace", False),
     "apiextensions.k8s.io/v1/customresourcedefinitions": ("CustomResourceDefinition", False),
 }
-KINDS = {"compactionservices": "CompactionService", "compactorgroups": "CompactorGroup", "compactions": "Compaction"}
+KINDS = {crd.SERVICES: crd.SERVICE_KIND, crd.GROUPS: crd.GROUP_KIND, crd.COMPACTIONS: crd.COMPACTION_KIND}
 
 
 @dataclass
@@ -43,7 +47,7 @@ class FakeBackend:
     services: dict[str, Any] = field(default_factory=dict)
     groups: dict[str, Any] = field(default_factory=dict)
     heartbeats: dict[str, dict[str, CompactorView]] = field(default_factory=dict)
-    figures: dict[str, depth.QueueFigures] = field(default_factory=dict)
+    figures: dict[str, backends.QueueFigures] = field(default_factory=dict)
     drained: list[str] = field(default_factory=list)
     compactions: dict[str, dict[str, Any]] = field(default_factory=dict)
     started: list[str] = field(default_factory=list)
@@ -52,7 +56,7 @@ class FakeBackend:
 
     def _check(self) -> None:
         if self.unavailable:
-            raise depth.BackendUnavailable("fake Redis is down")
+            raise backends.BackendUnavailable("fake Redis is down")
 
     def put_service(self, cfg: Any) -> None:
         self._check()
@@ -79,14 +83,14 @@ class FakeBackend:
                 old = beats[compactor_id]
                 beats[compactor_id] = CompactorView(old.id, "draining", old.ecid)
 
-    def queue_figures(self, group: str) -> depth.QueueFigures:
+    def queue_figures(self, group: str) -> backends.QueueFigures:
         self._check()
-        return self.figures.get(group, depth.QueueFigures())
+        return self.figures.get(group, backends.QueueFigures())
 
     def start_compaction(self, request_id, table, start_row, end_row, iterators) -> str:
         self._check()
         if table == "missing":
-            raise depth.CompactionRejected("unknown table 'missing'")
+            raise backends.CompactionRejected("unknown table 'missing'")
         for cid, c in self.compactions.items():
             if c["request_id"] == request_id:
                 return cid
@@ -103,9 +107,9 @@ class FakeBackend:
         self.started.append(cid)
         return cid
 
-    def compaction_progress(self, cid: str) -> depth.Progress:
+    def compaction_progress(self, cid: str) -> backends.Progress:
         c = self.compactions[cid]
-        return depth.Progress(c["state"], c["done"], c["total"], c.get("message", ""))
+        return backends.Progress(c["state"], c["done"], c["total"], c.get("message", ""))
 
     def cancel_compaction(self, cid: str) -> None:
         self.cancelled.append(cid)
@@ -122,37 +126,52 @@ async def eventually(check: Callable[[], Any], timeout: float = 10.0, what: str 
 
 
 @pytest.fixture
-def backend() -> FakeBackend:
-    fake = FakeBackend()
-    depth.set_backend(fake)
-    yield fake
-    depth.set_backend(None)
+def backend() -> FakeBackend | None:
+    """The operator's backend: a fake (None: the real one, on KOMPAKTOR_REDIS_URL)."""
+    return FakeBackend()
 
 
-async def _emulator_apply(obj: dict[str, Any], namespace: str) -> dict[str, Any]:
+@pytest.fixture
+def operator_runtime(backend: FakeBackend | None) -> Runtime:
+    """The operator's Runtime for one test (what ``kompaktor operator`` makes at start-up)."""
+    rt = Runtime(
+        config=OperatorConfig(
+            compactor_image="example.org/compactor:test",
+            scale_interval=0.2,
+            status_interval=0.2,
+            prometheus_url="http://prom:9090",
+        ),
+        redis_url=os.environ.get("KOMPAKTOR_REDIS_URL"),
+        retry_delay=0.3,
+    )
+    if backend is not None:
+        rt.use_backend(backend)
+    return rt
+
+
+async def _emulator_apply(self: kube.Client, obj: dict[str, Any], namespace: str) -> dict[str, Any]:
     """kmock 0.8 does not implement server-side apply (a PATCH of a missing object is a 404, not a
     create): for these handler units, create or merge-patch. What apply itself does — removing a
     field the rendering dropped, keeping the scaler's replicas, adopting an older operator's
     fields — is tested against a real kube-apiserver in tests/k8s/test_server_side_apply.py."""
     api_version, kind, name = obj["apiVersion"], obj["kind"], obj["metadata"]["name"]
     body = {**obj, "metadata": {**obj["metadata"], "namespace": namespace}}
-    if await kube.get(api_version, kind, namespace, name) is None:
+    if await self.get(api_version, kind, namespace, name) is None:
         try:
-            return await kube.client().request("POST", kube._path(api_version, kind, namespace), json=body)
+            return await self.request("POST", kube._path(api_version, kind, namespace), json=body)
         except kube.KubeError as exc:
             if exc.status != 409:
                 raise
-    return await kube.client().request(
+    return await self.request(
         "PATCH", kube._path(api_version, kind, namespace, name), json=body, content_type="application/merge-patch+json"
     )
 
 
 @pytest_asyncio.fixture
-async def operator(kmock, backend: FakeBackend, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Any]:
-    monkeypatch.setattr(handlers, "RETRY_DELAY", 0.3)
-    monkeypatch.setattr(kube, "apply", _emulator_apply)
+async def operator(kmock, operator_runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Any]:
+    monkeypatch.setattr(kube.Client, "apply", _emulator_apply)
     for plural in CRDS:
-        kmock.resources[f"kompaktor.io/v1alpha1/{plural}"] = kopf_resource(KINDS[plural], plural)
+        kmock.resources[f"{crd.GROUP_VERSION}/{plural}"] = kopf_resource(KINDS[plural], plural)
     for key, (kind, namespaced) in BUILTIN.items():
         kmock.resources[key] = {
             "kind": kind,
@@ -160,20 +179,12 @@ async def operator(kmock, backend: FakeBackend, monkeypatch: pytest.MonkeyPatch)
             "verbs": ["list", "watch", "get", "create", "patch", "delete"],
         }
 
-    handlers.set_config(
-        OperatorConfig(
-            compactor_image="example.org/compactor:test",
-            scale_interval=0.2,
-            status_interval=0.2,
-            prometheus_url="http://prom:9090",
-        )
-    )
-    registry = handlers.register(kopf.OperatorRegistry(), login=False)
+    registry = handlers.register(kopf.OperatorRegistry(), operator_runtime.config, login=False)
 
     @kopf.on.login(registry=registry)
-    def _login(**_: Any) -> kopf.ConnectionInfo:
+    def _login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
         info = kopf.ConnectionInfo(server=str(kmock.url).rstrip("/"))
-        kube.configure(info)
+        runtime.of(memo).login(info)
         return info
 
     settings = kopf.OperatorSettings()
@@ -188,7 +199,14 @@ async def operator(kmock, backend: FakeBackend, monkeypatch: pytest.MonkeyPatch)
     def _main() -> None:
         try:
             asyncio.run(
-                handlers.run(namespaces=[NS], registry=registry, settings=settings, stop_flag=stop, ready_flag=ready)
+                handlers.run(
+                    runtime=operator_runtime,
+                    namespaces=[NS],
+                    registry=registry,
+                    settings=settings,
+                    stop_flag=stop,
+                    ready_flag=ready,
+                )
             )
         except BaseException as exc:  # reported at teardown
             errors.append(exc)
@@ -211,7 +229,6 @@ async def operator(kmock, backend: FakeBackend, monkeypatch: pytest.MonkeyPatch)
     finally:
         stop.set()
         await eventually(lambda: not thread.is_alive(), timeout=20, what="operator stopped")
-        handlers.set_config(None)
     assert not errors, errors
 
 

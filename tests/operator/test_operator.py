@@ -10,17 +10,19 @@ from typing import Any
 
 import pytest
 
-from kompaktor_operator import depth, naming
-from kompaktor_operator.metrics import metrics
+from kompaktor.resources import api as crd
+from kompaktor_operator import backend as backends
+from kompaktor_operator import naming
+from kompaktor_operator.runtime import Runtime
 from kompaktor_operator.scaling import CompactorView
 
 from .conftest import NS, Api, FakeBackend, eventually
 
 pytestmark = [pytest.mark.operator, pytest.mark.asyncio]
 
-GROUPS_RES = "kompaktor.io/v1alpha1/compactorgroups"
-SERVICES_RES = "kompaktor.io/v1alpha1/compactionservices"
-COMPACTIONS_RES = "kompaktor.io/v1alpha1/compactions"
+GROUPS_RES = f"{crd.GROUP_VERSION}/{crd.GROUPS}"
+SERVICES_RES = f"{crd.GROUP_VERSION}/{crd.SERVICES}"
+COMPACTIONS_RES = f"{crd.GROUP_VERSION}/{crd.COMPACTIONS}"
 DEPLOY = "apps/v1/deployments"
 HPA = "autoscaling/v2/horizontalpodautoscalers"
 
@@ -43,7 +45,7 @@ def gone(kmock, res: str, name: str) -> bool:
 def body(kind: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
     """A custom resource of ``kind`` as a user would apply it (generation 1)."""
     return {
-        "apiVersion": "kompaktor.io/v1alpha1",
+        "apiVersion": crd.GROUP_VERSION,
         "kind": kind,
         "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}", "generation": 1, "resourceVersion": "1"},
         "spec": spec,
@@ -54,9 +56,11 @@ def group_body(name: str, **spec: Any) -> dict[str, Any]:
     return body("CompactorGroup", name, spec)
 
 
-def reconciles(kind: str, result: str) -> float:
-    """kompaktor_operator_reconciles_total{kind,result} in this process (kopf runs in a thread here)."""
-    value = metrics().registry.get_sample_value("kompaktor_operator_reconciles_total", {"kind": kind, "result": result})
+def reconciles(rt: Runtime, kind: str, result: str) -> float:
+    """kompaktor_operator_reconciles_total{kind,result} of the operator's Runtime (kopf runs in a thread here)."""
+    value = rt.metrics.registry.get_sample_value(
+        "kompaktor_operator_reconciles_total", {"kind": kind, "result": result}
+    )
     assert value is not None
     return value
 
@@ -122,7 +126,7 @@ async def test_a_groups_settings_reach_redis_only_and_a_change_rolls_the_pods(
     """Issue 26 §1: the operator stores the group's settings (the compactor's one channel) and
     passes none as pod arguments; a changed setting is stored and changes the pod template's
     digest (a rollout), and the digest is that of what was stored."""
-    from kompaktor_operator.manifests import SETTINGS_ANNOTATION
+    from kompaktor_operator.naming import SETTINGS_ANNOTATION
 
     kmock = operator
     conf = {"spark.sql.shuffle.partitions": "2"}
@@ -166,10 +170,10 @@ async def test_a_groups_settings_reach_redis_only_and_a_change_rolls_the_pods(
     ],
 )
 async def test_hostile_group_is_refused_and_nothing_is_created(
-    operator, api: Api, backend: FakeBackend, spec: dict[str, Any], rule: str
+    operator, operator_runtime: Runtime, api: Api, backend: FakeBackend, spec: dict[str, Any], rule: str
 ) -> None:
     kmock = operator
-    refused0 = reconciles("CompactorGroup", "refused")
+    refused0 = reconciles(operator_runtime, "CompactorGroup", "refused")
     await api.create(GROUPS_RES, group_body("hostile", **spec))
 
     def refused() -> dict[str, Any] | None:
@@ -188,7 +192,7 @@ async def test_hostile_group_is_refused_and_nothing_is_created(
     for res in (DEPLOY, HPA, "v1/services"):
         assert gone(kmock, res, "kompaktor-hostile")
     assert "hostile" not in backend.groups
-    assert reconciles("CompactorGroup", "refused") > refused0
+    assert reconciles(operator_runtime, "CompactorGroup", "refused") > refused0
 
 
 async def test_group_changed_to_a_refused_image_keeps_what_its_allowed_spec_made(
@@ -267,7 +271,7 @@ async def test_scale_down_drains_idle_compactors_never_busy(operator, api: Api, 
 
 async def test_degraded_when_work_is_queued_and_nothing_is_ready(operator, api: Api, backend: FakeBackend) -> None:
     kmock = operator
-    backend.figures["q"] = depth.QueueFigures(queued=7, running=0, oldest_age_s=12.5)
+    backend.figures["q"] = backends.QueueFigures(queued=7, running=0, oldest_age_s=12.5)
     await api.create(GROUPS_RES, group_body("q"))
 
     def degraded() -> bool:
@@ -293,9 +297,20 @@ async def test_deleting_a_group_removes_children_and_store_entry(operator, api: 
     await eventually(lambda: "d" not in backend.groups, what="group removed from the store")
 
 
+async def test_a_deleted_group_leaves_no_idle_clock(
+    operator, operator_runtime: Runtime, api: Api, backend: FakeBackend
+) -> None:
+    """An idle group scaled to zero has an idle clock in the Runtime; deleting the group drops it."""
+    await api.create(GROUPS_RES, group_body("idle", minReplicas=0))
+    await eventually(lambda: (NS, "idle") in operator_runtime.idle_since, what="the idle clock started")
+    await api.delete(GROUPS_RES, "idle")
+    await eventually(lambda: "idle" not in backend.groups, what="group removed from the store")
+    assert (NS, "idle") not in operator_runtime.idle_since
+
+
 async def test_service_stored_with_status_and_missing_group(operator, api: Api, backend: FakeBackend) -> None:
     kmock = operator
-    backend.figures["small"] = depth.QueueFigures(queued=4, running=2)
+    backend.figures["small"] = backends.QueueFigures(queued=4, running=2)
     await api.create(GROUPS_RES, group_body("small"))
     await api.create(
         SERVICES_RES,
@@ -373,9 +388,14 @@ async def test_compaction_start_track_succeed(operator, api: Api, backend: FakeB
     assert backend.started == [cid], "started exactly once"
 
 
-async def test_compaction_rejected_by_the_store_fails_cleanly(operator, api: Api, backend: FakeBackend) -> None:
+async def test_compaction_rejected_by_the_store_fails_cleanly(
+    operator, operator_runtime: Runtime, api: Api, backend: FakeBackend
+) -> None:
     kmock = operator
-    refused0, ok0 = reconciles("Compaction", "refused"), reconciles("Compaction", "ok")
+    refused0, ok0 = (
+        reconciles(operator_runtime, "Compaction", "refused"),
+        reconciles(operator_runtime, "Compaction", "ok"),
+    )
     await api.create(COMPACTIONS_RES, compaction_body("c3", table="missing"))
 
     def failed() -> bool:
@@ -384,12 +404,20 @@ async def test_compaction_rejected_by_the_store_fails_cleanly(operator, api: Api
 
     await eventually(failed, what="Failed")
     assert backend.started == []
-    assert reconciles("Compaction", "refused") == refused0 + 1 and reconciles("Compaction", "ok") == ok0
+    assert (
+        reconciles(operator_runtime, "Compaction", "refused") == refused0 + 1
+        and reconciles(operator_runtime, "Compaction", "ok") == ok0
+    )
 
 
-async def test_redis_down_is_retried_not_fatal(operator, api: Api, backend: FakeBackend) -> None:
+async def test_redis_down_is_retried_not_fatal(
+    operator, operator_runtime: Runtime, api: Api, backend: FakeBackend
+) -> None:
     kmock = operator
-    error0, ok0 = reconciles("CompactorGroup", "error"), reconciles("CompactorGroup", "ok")
+    error0, ok0 = (
+        reconciles(operator_runtime, "CompactorGroup", "error"),
+        reconciles(operator_runtime, "CompactorGroup", "ok"),
+    )
     backend.unavailable = True
     await api.create(GROUPS_RES, group_body("r"))
 
@@ -402,5 +430,7 @@ async def test_redis_down_is_retried_not_fatal(operator, api: Api, backend: Fake
     backend.unavailable = False
     await eventually(lambda: "r" in backend.groups, what="retried after Redis returned")
     await eventually(lambda: obj(kmock, DEPLOY, "kompaktor-r"), what="Deployment after the retry")
-    await eventually(lambda: reconciles("CompactorGroup", "ok") > ok0, what="the retried reconcile counted ok")
-    assert reconciles("CompactorGroup", "error") > error0  # the attempt while Redis was down
+    await eventually(
+        lambda: reconciles(operator_runtime, "CompactorGroup", "ok") > ok0, what="the retried reconcile counted ok"
+    )
+    assert reconciles(operator_runtime, "CompactorGroup", "error") > error0  # the attempt while Redis was down

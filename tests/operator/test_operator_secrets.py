@@ -1,6 +1,6 @@
 """Issue 16 §1, the operator's path: the Redis password never leaves the operator.
 
-kopf runs the real handlers against kmock with the **real** Redis backend (``depth.RedisBackend``
+kopf runs the real handlers against kmock with the **real** Redis backend (``backend.RedisBackend``
 on ``KOMPAKTOR_REDIS_URL``, a planted password in it): once with Redis unreachable, once with a
 real redis-server that requires a password and gets a wrong one. The reconcile fails and is
 retried; everything it produced — every log record (kopf's and ours), every request the operator
@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 
 from kompaktor.local.redis_server import RedisProcess
-from kompaktor_operator import depth
 from tests.support.ports import free_port
 
 from .conftest import Api, eventually
@@ -43,12 +42,10 @@ def redis_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 @pytest.fixture
 def backend(kmock: Any, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Overrides the fake: the operator builds its real backend from the environment."""
+    """Overrides the fake: the operator's Runtime connects its real backend to KOMPAKTOR_REDIS_URL."""
     monkeypatch.setenv("KOMPAKTOR_REDIS_URL", redis_url)
     kmock.resources["v1/events"] = {"kind": "Event", "namespaced": True, "verbs": ["create", "patch", "list"]}
-    depth.set_backend(None)
     yield None
-    depth.set_backend(None)
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 import helm_python as helm
 
-from kompaktor_operator import naming
+from kompaktor.resources import api
 from tests.k8s.controlplane import ControlPlane
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,7 +50,7 @@ class Namespaced:
 
 
 def crds_installed(cp: ControlPlane) -> bool:
-    return cp.kubectl("get", "crd", f"compactorgroups.{naming.API_GROUP}", check=False).returncode == 0
+    return cp.kubectl("get", "crd", f"compactorgroups.{api.GROUP}", check=False).returncode == 0
 
 
 def install_values(cp: ControlPlane, values: dict[str, Any]) -> dict[str, Any]:

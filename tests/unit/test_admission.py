@@ -6,9 +6,10 @@ from typing import Any
 
 import pytest
 
-from kompaktor_operator import admission, manifests
-from kompaktor_operator.config import OperatorConfig
-from kompaktor_operator.models import CompactorGroupSpec
+from kompaktor.resources import admission
+from kompaktor.resources.models import CompactorGroupSpec
+from kompaktor.resources.operator_config import OperatorConfig
+from kompaktor_operator import manifests
 
 DEFAULT_IMAGE = "ghcr.io/kompaktor/kompaktor-compactor:0.1.0"
 CONFIG = OperatorConfig(

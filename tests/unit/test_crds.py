@@ -9,8 +9,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from kompaktor_operator import crdgen
-from kompaktor_operator import models as m
+from kompaktor.resources import api, crdgen
+from kompaktor.resources import models as m
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S_VERSION = "1.30"
@@ -122,7 +122,7 @@ def _as_jsonschema(node):
 def test_invalid_examples_are_rejected_by_the_schema_too() -> None:
     schema = _as_jsonschema(crdgen.openapi_schema(m.CompactorGroup))
     bad = {
-        "apiVersion": m.GROUP_VERSION,
+        "apiVersion": api.GROUP_VERSION,
         "kind": "CompactorGroup",
         "metadata": {"name": "x"},
         "spec": {"autoscaler": "cpu"},
@@ -142,3 +142,13 @@ def test_the_charts_redis_users_are_the_code_s() -> None:
     assert path.read_text() == acl.chart_file(), (
         f"{acl.CHART_FILE} drifted: run `python -m kompaktor.metadata.acl > {acl.CHART_FILE}`"
     )
+
+
+def test_the_api_names_agree() -> None:
+    """api.GROUP_VERSION is spelled out (a type checker sees its literal), and so is the models'
+    apiVersion Literal: both are the group and version."""
+    assert f"{api.GROUP}/{api.VERSION}" == api.GROUP_VERSION
+    field = m.Resource.model_fields["api_version"]
+    assert field.default == api.GROUP_VERSION and field.annotation.__args__ == (api.GROUP_VERSION,)
+    assert {r.PLURAL for r in m.RESOURCES} == {api.SERVICES, api.GROUPS, api.COMPACTIONS}
+    assert {r.KIND for r in m.RESOURCES} == {api.SERVICE_KIND, api.GROUP_KIND, api.COMPACTION_KIND}

@@ -25,9 +25,9 @@ import yaml
 
 from kompaktor import __version__
 from kompaktor.cli import COMMANDS, main
+from kompaktor.resources.models import CompactorGroupSpec
+from kompaktor.resources.operator_config import OperatorConfig
 from kompaktor_operator import manifests, naming
-from kompaktor_operator.config import OperatorConfig
-from kompaktor_operator.models import CompactorGroupSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())

@@ -7,9 +7,9 @@ import copy
 import kubernetes_validate
 import pytest
 
+from kompaktor.resources.models import CompactorGroupSpec, to_group_config
+from kompaktor.resources.operator_config import OperatorConfig
 from kompaktor_operator import manifests, naming
-from kompaktor_operator.config import OperatorConfig
-from kompaktor_operator.models import CompactorGroupSpec, to_group_config
 
 K8S = "1.30"
 CONFIG = OperatorConfig(compactor_image="example.org/kompaktor-compactor:0.1.0", prometheus_url="http://prom:9090")
@@ -96,7 +96,7 @@ def test_deployment_shape() -> None:
     assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     # the compactor checks what it reads from Redis against the digest its pod was made for
     digest_ref = env[manifests.SETTINGS_DIGEST_ENV]["valueFrom"]["fieldRef"]["fieldPath"]
-    assert digest_ref == f"metadata.annotations['{manifests.SETTINGS_ANNOTATION}']"
+    assert digest_ref == f"metadata.annotations['{naming.SETTINGS_ANNOTATION}']"
     assert env["KOMPAKTOR_STORAGE"]["value"] == "s3://bucket/kompaktor"
     assert c["envFrom"] == [{"secretRef": {"name": "s3-creds"}}]
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
@@ -107,7 +107,7 @@ def test_deployment_shape() -> None:
     assert c["resources"] == {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"memory": "8Gi"}}
     tmpl_meta = spec["template"]["metadata"]
     assert tmpl_meta["annotations"]["team"] == "storage"
-    assert tmpl_meta["annotations"][manifests.SETTINGS_ANNOTATION] == to_group_config("large", FULL).settings_digest()
+    assert tmpl_meta["annotations"][naming.SETTINGS_ANNOTATION] == to_group_config("large", FULL).settings_digest()
     assert not any(k.startswith("kopf.zalando.org") for k in tmpl_meta["annotations"])
 
 
@@ -191,7 +191,7 @@ def test_a_changed_compactor_setting_rolls_the_pods(change: dict) -> None:
 
     before = template({})
     after = template(change)
-    key = manifests.SETTINGS_ANNOTATION
+    key = naming.SETTINGS_ANNOTATION
     assert after["metadata"]["annotations"][key] != before["metadata"]["annotations"][key]
     assert after["spec"]["containers"][0]["args"] == before["spec"]["containers"][0]["args"]
     scaler_only = template({"minReplicas": 0, "maxReplicas": 7, "jobsPerReplica": 3, "autoscaler": "keda"})

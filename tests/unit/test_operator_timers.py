@@ -9,13 +9,16 @@ from typing import Any
 
 import kopf
 
-from kompaktor_operator import conditions, depth, handlers
-from kompaktor_operator.config import OperatorConfig
+from kompaktor.resources.operator_config import OperatorConfig
+from kompaktor_operator import conditions, kube, runtime
+from kompaktor_operator.backend import QueueFigures
+from kompaktor_operator.handlers import services
+from kompaktor_operator.runtime import Runtime
 
 
 class Figures:
-    def queue_figures(self, group: str) -> depth.QueueFigures:
-        return depth.QueueFigures(queued=3, running=1)
+    def queue_figures(self, group: str) -> QueueFigures:
+        return QueueFigures(queued=3, running=1)
 
 
 def _ready(generation: int) -> dict[str, Any]:
@@ -28,24 +31,27 @@ def _ready(generation: int) -> dict[str, Any]:
 
 
 def _service_status(status: dict[str, Any], generation: int, monkeypatch) -> kopf.Patch:
-    depth.set_backend(Figures())
-    handlers.set_config(OperatorConfig(compactor_image="x"))
+    rt = Runtime(config=OperatorConfig(compactor_image="x"))
+    rt.use_backend(Figures())
+    rt.login(kopf.ConnectionInfo(server="https://127.0.0.1:1"))
 
     async def no_group(*_a: Any) -> None:
         return None
 
-    monkeypatch.setattr(handlers.kube, "get", no_group)
+    monkeypatch.setattr(kube.Client, "get", no_group)
     patch = kopf.Patch()
     spec = {"tiers": [{"name": "all", "compactorGroup": "small"}]}
-    try:
-        asyncio.run(
-            handlers.service_status(
-                name="cs", namespace="ns", spec=spec, status=status, meta={"generation": generation}, patch=patch
-            )
+    asyncio.run(
+        services.service_status(
+            name="cs",
+            namespace="ns",
+            spec=spec,
+            status=status,
+            meta={"generation": generation},
+            patch=patch,
+            memo=runtime.memo(rt),
         )
-    finally:
-        depth.set_backend(None)
-        handlers.set_config(None)
+    )
     return patch
 
 

@@ -1,5 +1,6 @@
 """The local configuration (`kompaktor up --config local.yaml`): the same CompactionService and
-CompactorGroup documents a cluster takes, validated by the operator's pydantic models."""
+CompactorGroup documents a cluster takes, validated by the same pydantic models as the operator's
+(``kompaktor.resources``) and held to the same admission rules."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ from dataclasses import dataclass
 
 from kompaktor.model.errors import KompaktorError
 from kompaktor.policy.services import GroupConfig, ServiceConfig
+from kompaktor.resources.admission import check_group
+from kompaktor.resources.models import CompactorGroup, DocumentError, configs, load_documents
+from kompaktor.resources.operator_config import OperatorConfig
 
 
 @dataclass(frozen=True)
@@ -16,10 +20,6 @@ class LocalConfig:
 
 
 def load_config(yaml_text: str) -> LocalConfig:
-    from kompaktor_operator.admission import check_group
-    from kompaktor_operator.config import OperatorConfig
-    from kompaktor_operator.models import CompactorGroup, DocumentError, configs, load_documents
-
     try:
         docs = load_documents(yaml_text)
     except DocumentError as exc:

@@ -1,15 +1,15 @@
-"""The only operator module that talks to Redis (through the core's store and queues).
+"""The operator's Redis backend: the only operator module that talks to Redis (through the
+core's store and queues).
 
-Owns: a small ``Backend`` the handlers call — store service/group configs, read the
+Owns: the ``Backend`` protocol the handlers call — store service/group configs, read the
 compactors' heartbeats and queue figures, ask a compactor to drain, start/track/cancel user
-compactions — and its Redis implementation over ``kompaktor.metadata`` (store, user compactions) and
-the queues. Tests may install another backend with ``set_backend``.
+compactions — and its Redis implementation over ``kompaktor.metadata`` (store, user compactions)
+and the queues. The operator's ``Runtime`` holds one (``connect``); tests give theirs another.
 Errors reaching Redis surface as ``BackendUnavailable`` (handlers retry them).
 """
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -50,6 +50,7 @@ class Backend(Protocol):
     def delete_service(self, name: str) -> None: ...
     def put_group(self, cfg: Any) -> None: ...
     def delete_group(self, name: str) -> None: ...
+    def groups(self) -> set[str]: ...
     def compactors(self, group: str) -> dict[str, CompactorView]: ...
     def request_drain(self, compactor_id: str) -> None: ...
     def queue_figures(self, group: str) -> QueueFigures: ...
@@ -153,23 +154,11 @@ class RedisBackend:
         self._call(usercompaction.cancel, self.store, compaction_id, "the Compaction resource was deleted")
 
 
-_backend: Backend | None = None
-
-
-def set_backend(backend: Backend | None) -> None:
-    global _backend
-    _backend = backend
-
-
-def backend() -> Backend:
-    """The process's backend; a RedisBackend on KOMPAKTOR_REDIS_URL unless one was set."""
-    global _backend
-    if _backend is None:
-        url = os.environ.get("KOMPAKTOR_REDIS_URL")
-        if not url:
-            raise BackendUnavailable("KOMPAKTOR_REDIS_URL is not set")
-        try:
-            _backend = RedisBackend(url)
-        except Exception as exc:  # the store connects (with retries) on construction
-            raise BackendUnavailable(f"cannot connect to Redis: {exc}") from exc
-    return _backend
+def connect(url: str | None) -> RedisBackend:
+    """A RedisBackend on ``url`` (the operator's ``--redis`` / KOMPAKTOR_REDIS_URL)."""
+    if not url:
+        raise BackendUnavailable("KOMPAKTOR_REDIS_URL is not set")
+    try:
+        return RedisBackend(url)
+    except Exception as exc:  # the store connects (with retries) on construction
+        raise BackendUnavailable(f"cannot connect to Redis: {exc}") from exc

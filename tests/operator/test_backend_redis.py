@@ -1,4 +1,4 @@
-"""depth.RedisBackend against a real redis-server and the core store."""
+"""backend.RedisBackend (the operator's Redis backend) against a real redis-server and the core store."""
 
 from __future__ import annotations
 
@@ -8,14 +8,16 @@ from kompaktor.metadata import compactions
 from kompaktor.metadata import user_compactions as usercompaction
 from kompaktor.model.job import Job
 from kompaktor.model.tablet import FileMeta
-from kompaktor_operator import depth
-from kompaktor_operator import models as m
+from kompaktor.resources import models as m
+from kompaktor.resources.operator_config import OperatorConfig
+from kompaktor_operator import backend as backends
+from kompaktor_operator.runtime import Runtime
 
 pytestmark = [pytest.mark.operator, pytest.mark.redis]
 
 
 def test_configs_heartbeats_drain_and_figures(redis_url: str) -> None:
-    backend = depth.RedisBackend(redis_url)
+    backend = backends.RedisBackend(redis_url)
     svc = m.CompactionServiceSpec.model_validate(
         {
             "tiers": [
@@ -33,7 +35,7 @@ def test_configs_heartbeats_drain_and_figures(redis_url: str) -> None:
     assert beats["pod-a"].state == "idle" and beats["pod-b"].working
     backend.request_drain("pod-a")
     assert backend.store.drain_requested("pod-a")
-    assert backend.queue_figures("small") == depth.QueueFigures(
+    assert backend.queue_figures("small") == backends.QueueFigures(
         queued=0, running=0, rejected=0, dead_lettered=0, oldest_age_s=0.0
     )
     # two queued jobs, one of them reserved: the figures the HPA's metric adds up
@@ -52,7 +54,7 @@ def test_configs_heartbeats_drain_and_figures(redis_url: str) -> None:
 
 
 def test_user_compaction_starts_once_per_request(redis_url: str) -> None:
-    backend = depth.RedisBackend(redis_url)
+    backend = backends.RedisBackend(redis_url)
     backend.store.create_table("ci", splits=[b"m"])
     first = backend.start_compaction("uid-1", "ci", None, None, {"ageoff_ttl_ms": 1000})
     again = backend.start_compaction("uid-1", "ci", None, None, {"ageoff_ttl_ms": 1000})
@@ -62,27 +64,30 @@ def test_user_compaction_starts_once_per_request(redis_url: str) -> None:
     assert len(usercompaction.all_compactions(backend.store)) == 1  # the replay started nothing
     backend.cancel_compaction(first)
     assert backend.compaction_progress(first).phase == "Cancelled"
-    with pytest.raises(depth.CompactionRejected):
+    with pytest.raises(backends.CompactionRejected):
         backend.start_compaction("uid-2", "no-such-table", None, None, {})
 
 
 def test_redis_going_away_is_backend_unavailable(redis_url: str) -> None:
     from tests.support.ports import free_port
 
-    backend = depth.RedisBackend(f"redis://127.0.0.1:{free_port()}/0")  # nothing listens there
+    backend = backends.RedisBackend(f"redis://127.0.0.1:{free_port()}/0")  # nothing listens there
     for call in (
         lambda: backend.compactors("g"),
         lambda: backend.queue_figures("g"),
         lambda: backend.start_compaction("uid", "t", None, None, {}),
     ):
-        with pytest.raises(depth.BackendUnavailable, match="unreachable"):
+        with pytest.raises(backends.BackendUnavailable, match="unreachable"):
             call()
 
 
 def test_unreachable_redis_is_a_retry(redis_url: str) -> None:
-    depth.set_backend(None)
-    try:
-        with pytest.raises(depth.BackendUnavailable):
-            depth.backend()  # KOMPAKTOR_REDIS_URL is unset in tests
-    finally:
-        depth.set_backend(None)
+    rt = Runtime(config=OperatorConfig(), redis_url=None)  # no --redis, no KOMPAKTOR_REDIS_URL
+    with pytest.raises(backends.BackendUnavailable, match="KOMPAKTOR_REDIS_URL is not set"):
+        rt.backend()
+    from tests.support.ports import free_port
+
+    rt = Runtime(config=OperatorConfig(), redis_url=f"redis://127.0.0.1:{free_port()}/0")
+    with pytest.raises(backends.BackendUnavailable):
+        rt.backend().queue_figures("g")
+    rt.use_backend(None)

@@ -1,12 +1,14 @@
 """Pydantic models of Kompaktor's custom resources: the only definition of their schemas.
 
-Owns: the spec/status models of CompactionService, CompactorGroup and Compaction (API group
-``kompaktor.io/v1alpha1``), their cross-field validation, the conversion of a validated spec to
+Owns: the spec/status models of CompactionService, CompactorGroup and Compaction (API names in
+``kompaktor.resources.api``), their cross-field validation, the conversion of a validated spec to
 the core's ``ServiceConfig`` / ``GroupConfig``, and ``load_documents`` for the local YAML that
-``kompaktor up`` shares with the cluster.
+``kompaktor up`` shares with the cluster. The operator (``kompaktor_operator``) and local mode
+(``kompaktor.local.config``) both import them from here.
 
 Must not import: kopf, redis, kubernetes clients (only the pure ``kubernetes.utils`` helpers via
-``kompaktor.policy.sizes``). ``crdgen.py`` turns these models into ``crds/*.yaml``.
+``kompaktor.policy.sizes``), ``kompaktor_operator``. ``crdgen.py`` turns these models into
+``crds/*.yaml``.
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ from pydantic.alias_generators import to_camel
 
 from kompaktor.policy import services as group_defaults
 from kompaktor.policy.planner import DEFAULTS as PLANNER_DEFAULTS
-from kompaktor_operator import naming
-from kompaktor_operator.naming import API_GROUP, API_VERSION, GROUP_VERSION  # noqa: F401 (the CRDs read them here)
+from kompaktor.policy.services import GroupConfig, ServiceConfig
+from kompaktor.policy.services import Tier as CoreTier
+from kompaktor.resources import api
 
 #: The grammar of a Kubernetes quantity (apimachinery's resource.Quantity), as CRDs spell it.
 QUANTITY_PATTERN = (
@@ -189,7 +192,8 @@ class CompactionServiceSpec(CRDModel):
         description="table names or glob patterns (fnmatch) this service serves",
     )
     kinds: list[CompactionKind] = Field(
-        default_factory=lambda: [k.value for k in CompactionKind],
+        # use_enum_values: the list holds the enum's values
+        default_factory=lambda: [k.value for k in CompactionKind],  # type: ignore[arg-type]
         min_length=1,
         description="compaction kinds this service plans for the matching tables",
     )
@@ -384,7 +388,10 @@ class CompactorGroupSpec(CRDModel):
         ge=1,
         description="target queued plus running jobs per compactor (HPA AverageValue)",
     )
-    autoscaler: Autoscaler = Field(Autoscaler.HPA.value, description="hpa (default), keda, or none (fixed replicas)")
+    # use_enum_values: the field holds the enum's value
+    autoscaler: Autoscaler = Field(  # type: ignore[assignment]
+        Autoscaler.HPA.value, description="hpa (default), keda, or none (fixed replicas)"
+    )
     behavior: ScalingBehavior = Field(default_factory=ScalingBehavior)
     spark: SparkSettings = Field(default_factory=SparkSettings)
     resources: ResourceRequirements | None = None
@@ -413,7 +420,7 @@ class CompactorGroupSpec(CRDModel):
     @classmethod
     def _no_reserved(cls, value: dict[str, str]) -> dict[str, str]:
         for key in value:
-            if key.startswith(("kopf.zalando.org/", "kompaktor.io/")):
+            if key.startswith(("kopf.zalando.org/", api.KEY_PREFIX)):
                 raise ValueError(f"{key!r} is reserved for the operator")
         return value
 
@@ -554,7 +561,8 @@ class Resource(BaseModel):
     SPEC: ClassVar[type[CRDModel]]
     STATUS: ClassVar[type[CRDModel]]
 
-    api_version: Literal["kompaktor.io/v1alpha1"] = Field(GROUP_VERSION, alias="apiVersion")
+    # a Literal is spelled literally; tests/unit/test_crds.py checks it is api.GROUP_VERSION
+    api_version: Literal["kompaktor.io/v1alpha1"] = Field(api.GROUP_VERSION, alias="apiVersion")
     kind: str
     metadata: ObjectMeta
     status: dict[str, Any] | None = None
@@ -565,8 +573,8 @@ class Resource(BaseModel):
 
 
 class CompactionService(Resource):
-    KIND = "CompactionService"
-    PLURAL = naming.SERVICES
+    KIND = api.SERVICE_KIND
+    PLURAL = api.SERVICES
     SHORT_NAMES = ("kcs", "csvc")
     SPEC = CompactionServiceSpec
     STATUS = CompactionServiceStatus
@@ -576,8 +584,8 @@ class CompactionService(Resource):
 
 
 class CompactorGroup(Resource):
-    KIND = "CompactorGroup"
-    PLURAL = naming.GROUPS
+    KIND = api.GROUP_KIND
+    PLURAL = api.GROUPS
     SHORT_NAMES = ("kcg", "cgroup")
     SPEC = CompactorGroupSpec
     STATUS = CompactorGroupStatus
@@ -593,8 +601,8 @@ class CompactorGroup(Resource):
 
 
 class Compaction(Resource):
-    KIND = "Compaction"
-    PLURAL = naming.COMPACTIONS
+    KIND = api.COMPACTION_KIND
+    PLURAL = api.COMPACTIONS
     SHORT_NAMES = ("kc", "kcompaction")
     SPEC = CompactionSpec
     STATUS = CompactionStatus
@@ -628,8 +636,8 @@ def load_documents(yaml_text: str) -> list[Resource]:
         where = f"document {index + 1}"
         if not isinstance(doc, dict):
             raise DocumentError(f"{where}: expected a mapping with apiVersion and kind")
-        if doc.get("apiVersion") != GROUP_VERSION:
-            raise DocumentError(f"{where}: apiVersion must be {GROUP_VERSION}, not {doc.get('apiVersion')!r}")
+        if doc.get("apiVersion") != api.GROUP_VERSION:
+            raise DocumentError(f"{where}: apiVersion must be {api.GROUP_VERSION}, not {doc.get('apiVersion')!r}")
         model = _BY_KIND.get(str(doc.get("kind")))
         if model is None:
             raise DocumentError(f"{where}: kind {doc.get('kind')!r} is not one of {', '.join(sorted(_BY_KIND))}")
@@ -655,11 +663,8 @@ def explain(exc: ValidationError) -> str:
 # Conversion to the core's configuration objects
 
 
-def to_service_config(name: str, spec: CompactionServiceSpec) -> Any:
+def to_service_config(name: str, spec: CompactionServiceSpec) -> ServiceConfig:
     """CompactionService spec -> ``kompaktor.policy.services.ServiceConfig`` (sizes in whole bytes)."""
-    from kompaktor.policy.services import ServiceConfig
-    from kompaktor.policy.services import Tier as CoreTier
-
     return ServiceConfig(
         name=name,
         ratio=float(spec.ratio),
@@ -672,10 +677,8 @@ def to_service_config(name: str, spec: CompactionServiceSpec) -> Any:
     )
 
 
-def to_group_config(name: str, spec: CompactorGroupSpec) -> Any:
+def to_group_config(name: str, spec: CompactorGroupSpec) -> GroupConfig:
     """CompactorGroup spec -> ``kompaktor.policy.services.GroupConfig``."""
-    from kompaktor.policy.services import GroupConfig
-
     return GroupConfig(
         name=name,
         min_replicas=spec.min_replicas,
@@ -689,7 +692,7 @@ def to_group_config(name: str, spec: CompactorGroupSpec) -> Any:
     )
 
 
-def configs(resources: Iterable[Resource]) -> tuple[list[Any], list[Any]]:
+def configs(resources: Iterable[Resource]) -> tuple[list[ServiceConfig], list[GroupConfig]]:
     """(ServiceConfigs, GroupConfigs) of the services and groups among ``resources``."""
     services = [to_service_config(r.name, r.spec) for r in resources if isinstance(r, CompactionService)]
     groups = [to_group_config(r.name, r.spec) for r in resources if isinstance(r, CompactorGroup)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from kompaktor_operator import models as m
+from kompaktor.resources import models as m
 
 
 def test_service_defaults_match_the_planner_defaults() -> None:
@@ -252,8 +252,8 @@ def test_a_groups_defaults_are_the_same_everywhere() -> None:
     import dataclasses
 
     from kompaktor.policy import services as d
+    from kompaktor.resources import models as m
     from kompaktor.worker.compactor import WorkerSettings
-    from kompaktor_operator import models as m
 
     spec = m.CompactorGroupSpec()
     cfg = d.GroupConfig("g")

@@ -29,8 +29,9 @@ may name only:
 
 In the list-valued settings an entry ending in ``*`` allows everything that starts with what
 comes before it. Anything else is a :class:`Refusal` naming the rule; the handler reports it as a
-condition and creates nothing (an edited group's Deployment keeps its last allowed spec). Pure:
-no I/O. Must not import: kopf, redis, kube.
+condition and creates nothing (an edited group's Deployment keeps its last allowed spec); local
+mode (``kompaktor up``) refuses such a group the same way. Pure: no I/O. Must not import: kopf,
+redis, kube, ``kompaktor_operator``.
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from kompaktor_operator.config import OperatorConfig
-from kompaktor_operator.models import CompactorGroupSpec
+from kompaktor.resources import api
+from kompaktor.resources.models import CompactorGroupSpec
+from kompaktor.resources.operator_config import OperatorConfig
 
 IMAGE_NOT_ALLOWED = "ImageNotAllowed"
 SERVICE_ACCOUNT_NOT_ALLOWED = "ServiceAccountNotAllowed"
@@ -98,7 +100,7 @@ SPARK_CONF_ALLOWED: frozenset[str] = frozenset(
 #: (controller.kubernetes.io/pod-deletion-cost) and the ReplicaSet's (pod-template-hash)
 RESERVED_KEY_PREFIXES = (
     "app.kubernetes.io/",
-    "kompaktor.io/",
+    api.KEY_PREFIX,
     "kopf.zalando.org/",
     "controller.kubernetes.io/",
     "kubernetes.io/",
@@ -207,11 +209,11 @@ def check_group(spec: CompactorGroupSpec, config: OperatorConfig) -> Refusal | N
         )
     uri = spec.storage.uri if spec.storage else None
     if uri and not storage_allowed(uri, config):
-        allowed = ([config.storage_uri] if config.storage_uri else []) + [f"{p}…" for p in config.allowed_storage]
+        allowed_uris = ([config.storage_uri] if config.storage_uri else []) + [f"{p}…" for p in config.allowed_storage]
         return Refusal(
             STORAGE_NOT_ALLOWED,
             f"spec.storage.uri {uri!r} is not allowed: a group may use "
-            f"{', '.join(repr(a) for a in allowed) or 'only the default storage'} "
+            f"{', '.join(repr(a) for a in allowed_uris) or 'only the default storage'} "
             f"(chart value compactor.allowedStorage; no query, user or '..' part)",
         )
     if spec.max_replicas > config.max_replicas_limit:

@@ -2,7 +2,9 @@
 
 Owns: defaults the CompactorGroups leave out (image, Redis Secret, ServiceAccount), what a group
 may name instead (allow-lists, see ``admission``), the drain-token Secret compactor pods read, and
-cluster facts (the Prometheus address KEDA queries). Must not import: kopf, redis, kube.
+cluster facts (the Prometheus address KEDA queries). Here, beside the models, because local mode
+(``kompaktor up``) applies the same allow-lists to its groups as the operator does. Must not
+import: kopf, redis, kube, ``kompaktor_operator``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,314 @@
+"""CompactorGroup handlers: reconcile a group into its Deployment, Service and autoscaler, and the
+scaler — the autoscaler says how many compactors (spec.replicas), the scaler picks which pods go,
+drain first, and parks an idle HPA-scaled group at zero.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+from pydantic import ValidationError
+
+from kompaktor.resources import admission
+from kompaktor.resources import models as m
+from kompaktor_operator import conditions, manifests, naming, podhealth, runtime
+from kompaktor_operator.handlers.common import backend_call, counted, kube_call, mark, parse, refused, settled
+from kompaktor_operator.runtime import Runtime
+from kompaktor_operator.scaling import PodView, decide_scale, parked_replicas
+
+
+@counted("CompactorGroup")
+async def reconcile_group(
+    name: str,
+    namespace: str,
+    spec: Any,
+    status: Any,
+    meta: Any,
+    body: Any,
+    patch: kopf.Patch,
+    memo: kopf.Memo,
+    **_: Any,
+) -> None:
+    rt = runtime.of(memo)
+    generation = meta.get("generation")
+    group = parse(m.CompactorGroupSpec, spec, patch, status, generation)
+    if len(name) > 40 or not name.replace("-", "").isalnum() or name != name.lower():
+        refused()
+        message = f"name {name!r} must be a DNS label of at most 40 characters"
+        mark(patch, status, conditions.READY, False, "InvalidName", message, generation)
+        raise kopf.PermanentError(message)
+    cfg = rt.config
+    refusal = admission.check_group(group, cfg)
+    if refusal is not None:
+        # Refused before anything is stored or applied: no Deployment runs what the author named
+        # (one that an earlier, allowed spec made is left as it was).
+        refused()
+        mark(patch, status, conditions.READY, False, refusal.rule, f"refused: {refusal.message}", generation)
+        patch.status["observedGeneration"] = generation
+        raise kopf.PermanentError(f"refused ({refusal.rule}): {refusal.message}")
+    await backend_call(rt, lambda b: b.put_group(m.to_group_config(name, group)))
+    if group.replicas is None:
+        # The scale subresource reads spec.replicas: without it the HPA controller fails with
+        # "the spec replicas field .spec.replicas does not exist" (seen on a real 1.20 apiserver).
+        patch.spec["replicas"] = group.desired_replicas()
+    # Optional APIs are looked up, never assumed: a missing one is a condition, not a crash loop.
+    hpa_version = await kube_call(rt, rt.kube.hpa_api_version())
+    keda = "v1alpha1" in await kube_call(rt, rt.kube.api_versions("keda.sh"))
+    missing = None
+    if group.autoscaler == m.Autoscaler.HPA.value and hpa_version is None:
+        missing = "the server offers neither autoscaling/v2 nor autoscaling/v2beta2"
+    elif group.autoscaler == m.Autoscaler.KEDA.value and not keda:
+        missing = "KEDA is not installed (no keda.sh/v1alpha1 API): install KEDA or use autoscaler: hpa"
+    children = manifests.build_children(
+        name, group, cfg, hpa_version or manifests.HPA_API_VERSIONS[0], namespace=namespace
+    )
+    if missing:
+        children = [c for c in children if c["kind"] in ("NetworkPolicy", "Deployment", "Service")]
+    for child in children:
+        kopf.adopt(child, owner=body)
+        created_with = None
+        if child["kind"] == "Deployment":
+            # Only at creation: afterwards the scaler alone changes the replicas.
+            existing = await kube_call(rt, rt.kube.get("apps/v1", "Deployment", namespace, child["metadata"]["name"]))
+            if existing is None:
+                created_with = child["spec"]["replicas"] = group.desired_replicas()
+        await kube_call(rt, rt.kube.apply(child, namespace))
+        if created_with is not None:
+            # ... and the scaler owns them from then on: the next apply, which renders none,
+            # must not remove them (server-side apply removes what its manager stops sending)
+            await kube_call(rt, rt.kube.claim_replicas(namespace, child["metadata"]["name"], created_with))
+    offered = {hpa_version} | ({"keda.sh/v1alpha1"} if keda else set())
+    for api_version, kind, autoscaler in manifests.AUTOSCALER_KINDS:
+        if api_version in offered and autoscaler != group.autoscaler:
+            await kube_call(rt, rt.kube.delete(api_version, kind, namespace, naming.hpa_name(name)))
+    patch.status["selector"] = naming.selector(name)
+    patch.status["desiredReplicas"] = group.desired_replicas()
+    patch.status["observedGeneration"] = generation
+    if missing:
+        mark(
+            patch,
+            status,
+            conditions.READY,
+            False,
+            "AutoscalerUnavailable",
+            f"Deployment {naming.deployment_name(name)} and Service applied, no autoscaler: {missing}",
+            generation,
+        )
+        return
+    mark(
+        patch,
+        status,
+        conditions.READY,
+        True,
+        "Reconciled",
+        f"Deployment {naming.deployment_name(name)}, Service and {group.autoscaler} autoscaler applied",
+        generation,
+    )
+
+
+async def delete_group(name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+    rt = runtime.of(memo)
+    # Owner references let Kubernetes collect the children; deleting them here as well makes the
+    # removal immediate and visible, and works where no garbage collector runs.
+    await kube_call(rt, rt.kube.delete("apps/v1", "Deployment", namespace, naming.deployment_name(name)))
+    await kube_call(rt, rt.kube.delete("v1", "Service", namespace, naming.metrics_service_name(name)))
+    if rt.config.network_policy:
+        await kube_call(
+            rt, rt.kube.delete("networking.k8s.io/v1", "NetworkPolicy", namespace, naming.network_policy_name(name))
+        )
+    hpa_version = await kube_call(rt, rt.kube.hpa_api_version())
+    if hpa_version is not None:
+        await kube_call(rt, rt.kube.delete(hpa_version, "HorizontalPodAutoscaler", namespace, naming.hpa_name(name)))
+    if "v1alpha1" in await kube_call(rt, rt.kube.api_versions("keda.sh")):
+        await kube_call(
+            rt, rt.kube.delete("keda.sh/v1alpha1", "ScaledObject", namespace, naming.scaled_object_name(name))
+        )
+    await backend_call(rt, lambda b: b.delete_group(name))
+    rt.forget_group(namespace, name)
+
+
+def _pod_view(pod: dict[str, Any]) -> PodView:
+    meta = pod.get("metadata", {})
+    annotations = meta.get("annotations") or {}
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
+    return PodView(
+        name=meta["name"],
+        ready=ready,
+        terminating=bool(meta.get("deletionTimestamp")),
+        marked=annotations.get(naming.DRAINING_ANNOTATION) == "true",
+        lowest_cost=annotations.get(naming.POD_DELETION_COST) == naming.VICTIM_DELETION_COST,
+    )
+
+
+async def scale_group(name: str, memo: kopf.Memo, **kwargs: Any) -> None:
+    """The HPA says how many (spec.replicas); this picks which pods go, drain first."""
+    try:
+        await _scale_group(name=name, memo=memo, **kwargs)
+    except Exception:
+        runtime.of(memo).metrics.scaler_errors.labels(name).inc()
+        raise
+
+
+async def _park_or_wake(
+    rt: Runtime, namespace: str, name: str, group: m.CompactorGroupSpec, work: int, logger: logging.Logger
+) -> m.CompactorGroupSpec:
+    """Scale to zero and back under an HPA (:func:`scaling.parked_replicas`); the group as it
+    stands after. How long the group has had no work is kept in the Runtime (lost on a restart:
+    the quiet window then starts again)."""
+    idle_s = rt.idle_for(namespace, name, work)
+    park = parked_replicas(group.replicas, work, idle_s, group.behavior.scale_down_stabilization_seconds)
+    if park is None:
+        return group
+    why = f"{work} job(s) queued or running" if park else f"no job for {idle_s:.0f} s"
+    logger.info("group %s: spec.replicas %d -> %d (%s)", name, group.replicas or 0, park, why)
+    await kube_call(rt, rt.kube.set_group_replicas(namespace, name, park))
+    return group.model_copy(update={"replicas": park})
+
+
+async def _scale_group(
+    name: str,
+    namespace: str,
+    spec: Any,
+    status: Any,
+    meta: Any,
+    patch: kopf.Patch,
+    logger: logging.Logger,
+    memo: kopf.Memo,
+    **_: Any,
+) -> None:
+    rt = runtime.of(memo)
+    try:
+        group = m.CompactorGroupSpec.model_validate(dict(spec))
+    except ValidationError:
+        return  # reported by the reconcile handler
+    dep = await kube_call(rt, rt.kube.get("apps/v1", "Deployment", namespace, naming.deployment_name(name)))
+    if dep is None:
+        return  # the reconcile handler has not created it yet
+    current = int((dep.get("spec") or {}).get("replicas", 1))
+    figures = await backend_call(rt, lambda b: b.queue_figures(name))
+    if group.autoscaler == m.Autoscaler.HPA.value and group.min_replicas == 0 and not meta.get("deletionTimestamp"):
+        group = await _park_or_wake(rt, namespace, name, group, figures.queued + figures.running, logger)
+    desired = group.desired_replicas()
+    raw_pods = await kube_call(rt, rt.kube.list_pods(namespace, naming.selector_labels(name)))
+    pods = [_pod_view(p) for p in raw_pods]
+    compactors = await backend_call(rt, lambda b: b.compactors(name))
+    decision = decide_scale(current, desired, pods, compactors)
+    mx = rt.metrics
+    for pod in decision.drain:
+        await backend_call(rt, lambda b, pod=pod: b.request_drain(pod))
+        mx.drain_requests.labels(name).inc()
+    for pod in decision.mark:
+        await kube_call(
+            rt, rt.kube.patch_annotations("v1", "Pod", namespace, pod, {naming.DRAINING_ANNOTATION: "true"})
+        )
+    for pod in decision.lowest_cost:
+        await kube_call(
+            rt,
+            rt.kube.patch_annotations(
+                "v1", "Pod", namespace, pod, {naming.POD_DELETION_COST: naming.VICTIM_DELETION_COST}
+            ),
+        )
+    for pod in decision.unmark:
+        await kube_call(
+            rt,
+            rt.kube.patch_annotations(
+                "v1", "Pod", namespace, pod, {naming.DRAINING_ANNOTATION: None, naming.POD_DELETION_COST: None}
+            ),
+        )
+    for pod in decision.delete:
+        await kube_call(rt, rt.kube.delete_pod(namespace, pod))
+        mx.pods_deleted.labels(name).inc()
+    if decision.replicas != current:
+        logger.info("group %s: replicas %d -> %d (%s)", name, current, decision.replicas, decision.reason)
+        await kube_call(rt, rt.kube.set_replicas(namespace, naming.deployment_name(name), decision.replicas))
+        mx.replica_changes.labels(name, "up" if decision.replicas > current else "down").inc()
+    if not meta.get("deletionTimestamp"):  # a deleted group's series go with it (delete_group)
+        mx.replicas.labels(name).set(decision.replicas)
+        mx.desired.labels(name).set(desired)
+        mx.draining.labels(name).set(len(decision.waiting))
+
+    ready = int((dep.get("status") or {}).get("readyReplicas") or 0)
+    patch.status["replicas"] = decision.replicas
+    patch.status["readyReplicas"] = ready
+    patch.status["desiredReplicas"] = desired
+    patch.status["selector"] = naming.selector(name)
+    patch.status["draining"] = list(decision.waiting)
+    patch.status["queued"] = figures.queued
+    patch.status["running"] = figures.running
+    patch.status["oldestQueuedAgeSeconds"] = round(figures.oldest_age_s, 1)
+    patch.status["deadLettered"] = figures.dead_lettered
+    patch.status["rejected"] = figures.rejected
+    generation = meta.get("generation")
+    if not settled(status, meta):
+        return  # the figures now, the condition once the reconcile handler has set Ready
+    trouble = podhealth.diagnose(raw_pods)
+    if trouble is not None:
+        mark(patch, status, podhealth.PODS_HEALTHY, False, trouble.reason, trouble.message, generation)
+    else:
+        mark(
+            patch,
+            status,
+            podhealth.PODS_HEALTHY,
+            True,
+            podhealth.HEALTHY,
+            f"{ready} of {decision.replicas} compactor pod(s) ready; none failing",
+            generation,
+        )
+    blind = (
+        await _hpa_cannot_scale(rt, namespace, name)
+        if figures.queued > 0 and group.autoscaler == m.Autoscaler.HPA.value
+        else None
+    )
+    if blind is not None:
+        mark(
+            patch,
+            status,
+            conditions.DEGRADED,
+            True,
+            "AutoscalerCannotReadMetric",
+            f"{figures.queued} job(s) queued but HorizontalPodAutoscaler {naming.hpa_name(name)} cannot scale on "
+            f"{naming.QUEUE_DEPTH_METRIC}: {blind}",
+            generation,
+        )
+    elif figures.queued > 0 and ready == 0:
+        mark(
+            patch,
+            status,
+            conditions.DEGRADED,
+            True,
+            "NoReadyCompactors",
+            f"{figures.queued} job(s) queued but no compactor pod is ready; check the pods' events",
+            generation,
+        )
+    elif figures.dead_lettered > 0:
+        mark(
+            patch,
+            status,
+            conditions.DEGRADED,
+            True,
+            "DeadLetteredJobs",
+            f"{figures.dead_lettered} job(s) failed too often; see `kompaktor status`",
+            generation,
+        )
+    else:
+        mark(patch, status, conditions.DEGRADED, False, "Healthy", "", generation)
+
+
+async def _hpa_cannot_scale(rt: Runtime, namespace: str, name: str) -> str | None:
+    """Why the group's HPA cannot read its metric (its ScalingActive condition is False: the
+    external metrics API unreachable or untrusted, the metric unknown), or None."""
+    version = await kube_call(rt, rt.kube.hpa_api_version())
+    hpa = (
+        await kube_call(rt, rt.kube.get(version, "HorizontalPodAutoscaler", namespace, naming.hpa_name(name)))
+        if version
+        else None
+    )
+    for c in ((hpa or {}).get("status") or {}).get("conditions") or []:
+        if c.get("type") == "ScalingActive" and c.get("status") == "False":
+            return f"{c.get('reason', '')}: {c.get('message', '')}".strip(": ")
+    return None
