@@ -9,7 +9,10 @@ Shape:
    versions are always in one task.
 2. One Spark task per range (``sc.parallelize(ranges).map(...)``) reads its rows from every input
    (row-group statistics prune the rest; big row groups are streamed batch by batch, so the task's
-   memory is bounded by its range, not by the inputs' row groups), merges and applies the iterator stack with Arrow
+   memory is bounded by its range, not by the inputs' row groups; when row groups hold several
+   ranges, one task runs a sequence of consecutive ranges reading each input forward once,
+   :func:`task_runs`, so that no big row group is decoded from its start for every range),
+   merges and applies the iterator stack with Arrow
    (:mod:`kompaktor.files.arrowstack`) and writes one ordered part — a Parquet file in the
    output's format, encoded and compressed on the executor — under a temporary name carrying the
    ECID, next to the output. Spark schedules, retries and spreads the tasks over its executors;
@@ -42,7 +45,10 @@ from typing import Any
 
 from kompaktor.engines.api import MergeCancelled, MergeError, MergeRequest, MergeResult, ProgressFn
 from kompaktor.engines.ranges import (
+    MERGE_FACTOR,
     TASK_MEMORY,
+    InputCursor,
+    InputMeta,
     TaskMemoryExceeded,
     estimate_entries,
     merge_range,
@@ -51,6 +57,7 @@ from kompaktor.engines.ranges import (
     progress_dict,
 )
 from kompaktor.engines.resume import RESUME_MIN_BYTES, ResumePlan, record_part, resume_plan
+from kompaktor.files.arrowstack import merge_tables
 from kompaktor.files.parquetconcat import ConcatWriter
 from kompaktor.files.sortedfile import SortedFileWriter
 from kompaktor.files.storage import Storage
@@ -87,10 +94,66 @@ def _run_range(
     try:
         table, read = merge_range(storage, inputs, lo, hi, settings, task_memory, stats)
     except (BadFileError, TaskMemoryExceeded) as exc:
-        kind = (
-            "unsorted" if isinstance(exc, UnsortedError) else "memory" if isinstance(exc, TaskMemoryExceeded) else "bad"
-        )
-        return {"index": index, "error": str(exc), "kind": kind}
+        return _task_error(index, exc)
+    return _write_part(storage, final, tmp_tag, index, table, read, stats.get("bytes_read", 0))
+
+
+def _run_ranges(
+    storage: Storage,
+    inputs: tuple[str, ...],
+    settings: IteratorSettings,
+    tmp_tag: str,
+    task_memory: int,
+    run: tuple[tuple[int, bytes | None, bytes | None, str], ...],
+) -> list[dict]:
+    """Executor side: merge a run of consecutive key ranges, one part each, reading every input
+    forward once with one cursor (:class:`~kompaktor.engines.ranges.InputCursor`) for the whole
+    run — so a row group bigger than a range is decoded once by this task, not from its start by
+    the task of every range it holds a slice of. Memory stays bounded by one range (plus one
+    batch per input). Stops at the first range that fails (its error is the last result)."""
+    if len(run) == 1:
+        return [_run_range(storage, inputs, settings, tmp_tag, task_memory, run[0])]
+    budget = task_memory // MERGE_FACTOR
+    out: list[dict] = []
+    cursors: list[InputCursor] = []
+    try:
+        try:
+            for p in inputs:
+                cursors.append(InputCursor(storage, p, run[0][1], run[-1][2]))
+        except BadFileError as exc:
+            return [_task_error(run[0][0], exc)]
+        for index, _lo, hi, final in run:
+            before = sum(c.bytes_read for c in cursors)
+            tables = []
+            held = 0
+            try:
+                for c in cursors:
+                    tables.append(c.take(hi, max(0, budget - held)))
+                    held += tables[-1].nbytes
+            except (BadFileError, TaskMemoryExceeded) as exc:
+                out.append(_task_error(index, exc))
+                return out
+            read = sum(t.num_rows for t in tables)
+            table = merge_tables(tables, settings)
+            del tables
+            out.append(
+                _write_part(storage, final, tmp_tag, index, table, read, sum(c.bytes_read for c in cursors) - before)
+            )
+    finally:
+        for c in cursors:
+            c.close()
+    return out
+
+
+def _task_error(index: int, exc: BaseException) -> dict:
+    """A task's result for a range that cannot be merged: a bad input or a range bigger than the
+    task memory (retrying would not help)."""
+    kind = "unsorted" if isinstance(exc, UnsortedError) else "memory" if isinstance(exc, TaskMemoryExceeded) else "bad"
+    return {"index": index, "error": str(exc), "kind": kind}
+
+
+def _write_part(storage: Storage, final: str, tmp_tag: str, index: int, table: Any, read: int, bytes_read: int) -> dict:
+    """Write one range's merged entries as the part ``final``; the task's summary for it."""
     # the part is already in the output's format (Parquet, its row groups and compression): the
     # driver copies its bytes into the one output file without decoding them
     try:
@@ -102,7 +165,7 @@ def _run_range(
         w.commit(
             {
                 b"kompaktor.entries_read": str(read).encode(),
-                b"kompaktor.bytes_read": str(stats.get("bytes_read", 0)).encode(),
+                b"kompaktor.bytes_read": str(bytes_read).encode(),
             }
         )
     except FileExistsError:
@@ -111,6 +174,49 @@ def _run_range(
         w.abort()
         raise
     return {"index": index, "entries_read": read, "entries_written": table.num_rows}
+
+
+def largest_group_entries(metas: list[InputMeta]) -> int:
+    """Entries of the biggest row group among the inputs (a file without row statistics counts
+    as one group)."""
+    best = 0
+    for m in metas:
+        if not m.groups:
+            best = max(best, m.entries)
+        elif m.group_index:  # sampled: segments of row groups
+            per: dict[int, int] = {}
+            for seg, g in zip(m.groups, m.group_index, strict=True):
+                per[g] = per.get(g, 0) + seg[2]
+            best = max(best, *per.values())
+        else:
+            best = max(best, *(g[2] for g in m.groups))
+    return best
+
+
+def task_runs(
+    tasks: list[tuple[int, bytes | None, bytes | None, str]],
+    metas: list[InputMeta],
+    target_entries: int,
+    slots: int,
+) -> list[tuple[tuple[int, bytes | None, bytes | None, str], ...]]:
+    """The Spark tasks of a merge: one per range, unless the inputs' row groups are big (one of
+    them, times the inputs, holds more than two ranges' entries: each range's task would decode
+    it from its start to reach its slice) — then consecutive ranges are run by one task each,
+    reading the inputs forward once, in as many runs as there are task slots. Decoding the big
+    row groups then costs at most (slots + 1) / 2 passes over them instead of (ranges + 1) / 2.
+    Runs hold consecutive ranges only (a resumed merge's reused ranges cut them)."""
+    if not tasks:
+        return []
+    if len(tasks) <= slots or largest_group_entries(metas) * len(metas) <= 2 * target_entries:
+        return [(t,) for t in tasks]
+    chains: list[list[tuple[int, bytes | None, bytes | None, str]]] = [[tasks[0]]]
+    for t in tasks[1:]:
+        if t[0] == chains[-1][-1][0] + 1:
+            chains[-1].append(t)
+        else:
+            chains.append([t])
+    per_run = math.ceil(len(tasks) / slots)
+    return [tuple(c[i : i + per_run]) for c in chains for i in range(0, len(c), per_run)]
 
 
 class SparkMergeEngine:
@@ -187,6 +293,7 @@ class SparkMergeEngine:
             names = {i: part_names(req.output, req.tmp_tag, i)[0] for i in range(len(ranges))}
         n = len(ranges)
         tasks = [(i, lo, hi, names[i]) for i, (lo, hi) in enumerate(ranges) if i not in reused]
+        runs = task_runs(tasks, metas, self._target_entries(total), self.sc.defaultParallelism)
         recorded: set[int] = set(reused)
         reused_read = sum(r.entries_read for r in reused.values())
         reused_bytes = sum(r.input_bytes for r in reused.values())
@@ -218,8 +325,8 @@ class SparkMergeEngine:
                     outcome["results"] = []
                     return
                 sc.setJobGroup(group, f"merge {len(inputs)} files into {req.output}", interruptOnCancel=True)
-                rdd = sc.parallelize(tasks, len(tasks)).map(
-                    lambda t: _run_range(storage, inputs, settings, tag, memory, t)
+                rdd = sc.parallelize(runs, len(runs)).flatMap(
+                    lambda r: _run_ranges(storage, inputs, settings, tag, memory, r)
                 )
                 outcome["results"] = rdd.collect()
             except BaseException as exc:
