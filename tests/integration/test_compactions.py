@@ -166,6 +166,15 @@ def test_a_resent_commit_is_recognised_and_counts_once(store: MetadataStore, mon
     assert store._r.hget(C.COMMITS_BY_TABLET, tablet) == b"1"
 
 
+def test_the_commit_log_holds_each_commit_applied_once(store: MetadataStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    _tid, tablet = table_with_files(store, 3)
+    assert store.commit_log() == []
+    res = compactions.try_reserve(store, job(tablet, sorted(store.tablet(tablet).files)), "c1", "g")
+    resend_every_mutation(store, monkeypatch)
+    compactions.commit(store, res, output_info(res.output))  # sent twice, applied once
+    assert store.commit_log() == [res.ecid]
+
+
 def test_a_rejected_commit_counts_nothing_and_keeps_the_heartbeat(store: MetadataStore) -> None:
     _tid, tablet = table_with_files(store, 3)
     res = compactions.try_reserve(store, job(tablet, sorted(store.tablet(tablet).files)), "c1", "g")

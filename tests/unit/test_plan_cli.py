@@ -273,6 +273,113 @@ def test_invalid_input(doc: object, needle: str) -> None:
     assert needle in result.stderr
 
 
+TOP_UNKNOWN = (
+    "unknown key (expected one of kind, ratio, maxOpen, maxFilesPerTablet, groups, files, lowestRatio, candidates, "
+    "running, selected)"
+)
+SIZE_GRAMMAR = (
+    "expected integer bytes, or digits with a K, M, G (binary, any case), B, Ki, Mi, Gi or Ti suffix, e.g. '32M'"
+)
+#: The exact message of each invalid document above (users' scripts match them); the JSON decoder's
+#: own messages (not-json, empty, too-many-digits) come from the Python version and are left out.
+EXACT: dict[str, str] = dict(
+    [
+        ("nan", "input is not valid JSON: NaN is not allowed"),
+        ("infinity", "input is not valid JSON: Infinity is not allowed"),
+        ("neg-infinity", "input is not valid JSON: -Infinity is not allowed"),
+        ("overflow-float", "ratio: must be a finite number"),
+        ("array", "input must be a JSON object, got a list"),
+        ("string", "input must be a JSON object, got a string"),
+        ("null", "input must be a JSON object, got null"),
+        ("missing-kind", "kind: required key is missing"),
+        ("missing-ratio", "ratio: required key is missing"),
+        ("missing-maxOpen", "maxOpen: required key is missing"),
+        ("missing-maxFilesPerTablet", "maxFilesPerTablet: required key is missing"),
+        ("missing-groups", "groups: required key is missing"),
+        ("missing-files", "files: required key is missing"),
+        (
+            "unknown-top",
+            "maxopen: " + TOP_UNKNOWN,
+        ),
+        ("kind-bad", 'kind: must be one of "SYSTEM", "USER", "SELECTOR", got "MAJOR"'),
+        ("kind-lower", 'kind: must be one of "SYSTEM", "USER", "SELECTOR", got "system"'),
+        ("kind-null", 'kind: must be one of "SYSTEM", "USER", "SELECTOR", got null'),
+        ("ratio-bool", "ratio: must be a number, got a boolean"),
+        ("ratio-string", "ratio: must be a number, got a string"),
+        ("ratio-low", "ratio: must be >= 1, got 0.99"),
+        ("ratio-null", "ratio: must be a number, got null"),
+        ("maxOpen-1", "maxOpen: must be an integer >= 2, got 1"),
+        ("maxOpen-float", "maxOpen: must be an integer, got a number"),
+        ("maxOpen-bool", "maxOpen: must be an integer, got a boolean"),
+        ("maxFiles-float", "maxFilesPerTablet: must be an integer, got a number"),
+        ("maxFiles-bool", "maxFilesPerTablet: must be an integer, got a boolean"),
+        ("maxFiles-string", "maxFilesPerTablet: must be an integer, got a string"),
+        ("lowestRatio-low", "lowestRatio: must be >= 1, got 0.9"),
+        ("lowestRatio-null", "lowestRatio: must be a number, got null"),
+        ("lowestRatio-bool", "lowestRatio: must be a number, got a boolean"),
+        ("groups-empty", "groups: at least one group is required"),
+        ("groups-object", "groups: must be a list of groups, got an object"),
+        ("group-not-object", "groups[0]: must be an object with name and maxSize, got a string"),
+        ("group-unknown-key", "groups[0].maxsize: unknown key (expected one of name, maxSize)"),
+        ("group-missing-name", "groups[0].name: required key is missing"),
+        ("group-empty-name", "groups[0].name: a non-empty name is required"),
+        ("group-name-number", "groups[0].name: must be a string, got an integer"),
+        ("group-dup-name", "groups[1].name: duplicate group name 'a' (also groups[0])"),
+        ("group-two-unbounded", "groups[1].maxSize: more than one unbounded group ('a' and 'b')"),
+        ("group-dup-size", "groups[1].maxSize: duplicate maxSize 104857600 (also groups[0])"),
+        ("group-size-zero", "groups[0].maxSize: must be > 0, got 0"),
+        ("group-size-zero-string", "groups[0].maxSize: must be > 0, got 0"),
+        ("group-size-negative", "groups[0].maxSize: must be > 0, got -1"),
+        (
+            "group-size-fraction",
+            "groups[0].maxSize: invalid size '1.5M': " + SIZE_GRAMMAR,
+        ),
+        (
+            "group-size-k8s-decimal",
+            "groups[0].maxSize: invalid size '1T': " + SIZE_GRAMMAR,
+        ),
+        ("group-size-float", "groups[0].maxSize: must be integer bytes or a size string, got a number"),
+        ("group-size-bool", "groups[0].maxSize: must be integer bytes or a size string, got a boolean"),
+        ("group-size-huge", "groups[0].maxSize: must be at most 9223372036854775807 bytes, got 9223372036854775808"),
+        ("files-list", "files: must be an object mapping file names to sizes, got a list"),
+        ("file-negative", 'files["a"]: must be >= 0, got -1'),
+        ("file-float", 'files["a"]: must be integer bytes, got a number'),
+        ("file-bool", 'files["a"]: must be integer bytes, got a boolean'),
+        ("file-string", 'files["a"]: must be integer bytes, got a string'),
+        ("file-null", 'files["a"]: must be integer bytes, got null'),
+        ("file-huge", 'files["a"]: must be at most 9223372036854775807 bytes, got 9223372036854775808'),
+        ("candidates-string", "candidates: must be a list of file names, got a string"),
+        ("candidates-unknown", 'candidates[1]: "zz" is not in files'),
+        ("candidates-repeat", 'candidates[2]: "f1" is repeated'),
+        ("candidates-number", "candidates[0]: must be a file name (string), got an integer"),
+        ("selected-unknown", 'selected[0]: "zz" is not in files'),
+        ("selected-repeat", 'selected[1]: "f1" is repeated'),
+        ("selected-object", "selected: must be a list of file names, got an object"),
+        ("running-null", "running: must be a list of running compactions, got null"),
+        ("running-object", "running: must be a list of running compactions, got an object"),
+        ("running-entry-list", "running[0]: must be an object with kind and files, got a list"),
+        ("running-unknown-key", "running[0].ecid: unknown key (expected one of kind, files)"),
+        ("running-missing-files", "running[0].files: required key is missing"),
+        ("running-missing-kind", "running[0].kind: required key is missing"),
+        ("running-bad-kind", 'running[0].kind: must be one of "SYSTEM", "USER", "SELECTOR", got "MAJC"'),
+        ("running-empty-files", "running[0].files: must not be empty"),
+        ("running-unknown-file", 'running[0].files[0]: "zz" is not in files'),
+        ("running-repeat", 'running[0].files[1]: "f1" is repeated'),
+        (
+            "running-file-twice",
+            'running[1].files[1]: "f1" is already in running[0]: a file is in at most one running compaction',
+        ),
+    ]
+)
+
+
+@pytest.mark.parametrize(("case_id", "message"), list(EXACT.items()), ids=list(EXACT))
+def test_exact_messages(case_id: str, message: str) -> None:
+    doc = next(doc for i, doc, _ in INVALID if i == case_id)
+    result = invoke(doc if isinstance(doc, str) else json.dumps(doc))
+    assert (result.exit_code, result.stdout, result.stderr) == (2, "", f"kompaktor plan: {message}\n")
+
+
 def test_invalid_ids_unique() -> None:
     ids = [i for i, _, _ in INVALID]
     assert len(ids) == len(set(ids))

@@ -2,7 +2,8 @@
 
 Phases: steady ingest (paced flushes); a burst (one bulk import of many files spanning every
 tablet, then a user compaction of the whole table: the queues fill at once, the autoscaler takes
-each group to its maximum and drains it back to its minimum); draining the queues; verification.
+each group to its maximum and drains it back to its minimum); draining the queues; verification;
+the summary. Each phase is a method of :class:`_DemoRun`, which holds what they share.
 The temporary data directory is removed at the end (kept when verification fails, and never
 touched when ``data_dir`` is given); every child process is stopped however the run ends
 (:mod:`kompaktor.local.procs`).
@@ -21,9 +22,9 @@ from typing import Any
 
 from kompaktor.client import Client
 from kompaktor.files.storage import Storage
-from kompaktor.local.cluster import GroupSample, LocalCluster
+from kompaktor.local.cluster import GroupSample, LocalCluster, Proc
 from kompaktor.local.config import DEMO_CONFIG, LocalConfig, load_config
-from kompaktor.local.ingest import ContinuousIngest, split_points, verify
+from kompaktor.local.ingest import ContinuousIngest, Verification, split_points, verify
 from kompaktor.local.procs import interruptible
 from kompaktor.metadata import user_compactions
 from kompaktor.metadata.status import gather
@@ -188,197 +189,290 @@ def run_demo(opts: DemoOptions) -> DemoResult:
 
 
 def _run(opts: DemoOptions, cfg: LocalConfig, cluster: LocalCluster, data_dir: Path) -> DemoResult:
+    """The demo's phases, in order, on a cluster not yet started (:func:`run_demo` stops it)."""
     from rich.console import Console
     from rich.live import Live
 
-    console = Console()
-    chaos = None
-    started = time.monotonic()
-    stop_scaler = threading.Event()
-    status: dict[str, Any] = {}
-    max_files_seen = 0
-    max_files_burst = 0
-    samples: list[tuple[float, int, float, int]] = []
-    burst_at: float | None = None
-    user_compaction: str | None = None
+    run = _DemoRun(opts, cfg, cluster, data_dir)
     try:
-        cluster.start()
-        store = cluster.store
+        run.setup()
+        with Live(console=Console(), refresh_per_second=2, transient=False, auto_refresh=False) as live:
+            run.live = live
+            run.ingest()
+            run.await_fault_schedule()
+            run.burst()
+            drained = run.drain()
+            run.show_phase("verifying")
+        return run.report(run.verify(drained))
+    finally:
+        run.stop()
+
+
+@dataclass
+class _Checks:
+    """What verification found (:meth:`_DemoRun.verify`)."""
+
+    scan: Verification
+    drained: bool
+    scaled_back: bool
+    chaos_summary: dict[str, Any]
+    status: dict[str, Any]
+    busy_terminated: list[Proc]
+    drains: list[Proc]
+    verified: bool
+
+
+class _DemoRun:
+    """One demo run's state, shared by its phases: setup, steady ingest, the rest of the fault
+    schedule (chaos), the burst, draining the queues, verification and the report. A phase shows
+    its progress (:meth:`show`) while it runs."""
+
+    def __init__(self, opts: DemoOptions, cfg: LocalConfig, cluster: LocalCluster, data_dir: Path) -> None:
+        self.opts, self.cfg, self.cluster, self.data_dir = opts, cfg, cluster, data_dir
+        self.started = time.monotonic()
+        self.chaos: Any = None  # kompaktor.local.chaos.Chaos, with opts.chaos
+        self.stop_scaler = threading.Event()
+        self.scaler: threading.Thread | None = None
+        self.live: Any = None  # rich.live.Live, while the phases run
+        self.phase = "ingest"
+        self.status: dict[str, Any] = {}
+        self.max_files_seen = 0
+        self.max_files_burst = 0
+        self.samples: list[tuple[float, int, float, int]] = []
+        self.burst_at: float | None = None
+        self.user_compaction: str | None = None
+        self.ingest_wall = 0.0
+        self.steady_entries = 0
+
+    # -- setup ------------------------------------------------------------------------------------
+    def setup(self) -> None:
+        """Start the cluster, create the table, start the faults (chaos) and the autoscaler."""
+        self.cluster.start()
+        store = self.cluster.store
         assert store is not None
-        client = Client(store, Storage.from_uri(cluster.storage_uri))
-        store.create_table(opts.table, split_points(opts.tablets))
-        ingest = ContinuousIngest(client, opts.table, batch=opts.batch)
-        if opts.chaos:
+        self.store = store
+        self.client = Client(store, Storage.from_uri(self.cluster.storage_uri))
+        store.create_table(self.opts.table, split_points(self.opts.tablets))
+        self.ingester = ContinuousIngest(self.client, self.opts.table, batch=self.opts.batch)
+        if self.opts.chaos:
             from kompaktor.local.chaos import Chaos
 
-            chaos = Chaos(cluster, seed=opts.chaos_seed, interval_s=opts.chaos_interval_s)
-            chaos.start()
+            self.chaos = Chaos(self.cluster, seed=self.opts.chaos_seed, interval_s=self.opts.chaos_interval_s)
+            self.chaos.start()
+        self.scaler = threading.Thread(target=self._autoscale, name="autoscaler", daemon=True)
+        self.scaler.start()
 
-        def scaler() -> None:
-            while not stop_scaler.wait(0.5):
-                try:
-                    cluster.autoscale()
-                except Exception:
-                    pass
+    def _autoscale(self) -> None:
+        while not self.stop_scaler.wait(0.5):
+            try:
+                self.cluster.autoscale()
+            except Exception:
+                pass
 
-        th = threading.Thread(target=scaler, name="autoscaler", daemon=True)
-        th.start()
-        phase = "ingest"
-        with Live(console=console, refresh_per_second=2, transient=False, auto_refresh=False) as live:
+    def stop(self) -> None:
+        """However the run ends: the autoscaler and the faults stop."""
+        self.stop_scaler.set()
+        if self.chaos is not None:
+            self.chaos.stop.set()
 
-            def show() -> None:
-                nonlocal status, max_files_seen, max_files_burst
-                try:
-                    status = gather(store)
-                except StoreUnavailable:
-                    return  # Redis is restarting (chaos): show the last status
-                for tb in status["tables"].values():
-                    if burst_at is None:
-                        max_files_seen = max(max_files_seen, tb["files_per_tablet"]["max"])
-                    else:
-                        max_files_burst = max(max_files_burst, tb["files_per_tablet"]["max"])
-                tb = status["tables"].get(opts.table)
-                if tb is not None:
-                    samples.append(
-                        (
-                            round(time.monotonic() - started, 2),
-                            ingest.stats.entries,
-                            tb["files"] / max(1, tb["tablets"]),
-                            sum(g["compactions_committed"] for g in status["groups"].values()),
-                        )
-                    )
-                if opts.live:
-                    scaling = {x.group: x for x in cluster.timeline[-4 * len(cfg.groups) :]}
-                    live.update(
-                        _progress_table(ingest.stats, status, phase, time.monotonic() - started, scaling, cfg),
-                        refresh=True,
-                    )
-
-            last = [0.0]
-
-            def on_flush(_s) -> None:
-                if time.monotonic() - last[0] > 0.5:
-                    last[0] = time.monotonic()
-                    show()
-
-            ingest.run(entries=opts.entries, duration_s=opts.duration_s, on_flush=on_flush)
-            if chaos is not None:
-                # let the rest of the fault schedule happen while compactions run (failovers take a
-                # few seconds each: an HA run gets longer for it)
-                limit = opts.duration_s * (3 if cluster.redis_ha is not None else 2)
-                while chaos.thread.is_alive() and chaos.plan and time.monotonic() - started < limit:
-                    show()
-                    time.sleep(0.5)
-                if chaos.plan and chaos.plan[0] == "failover-commit":
-                    # no commit came while the replica was frozen (few compactions run after the
-                    # ingest): the primary's SIGKILL mid-commit waits for the burst's commits, and
-                    # the drain below waits for it
-                    chaos.plan[1:] = []
-                else:
-                    chaos.finish()
-            ingest_wall = time.monotonic() - started
-            steady_entries = ingest.stats.entries
-            if opts.burst_entries > 0:
-                phase = f"burst: importing {opts.burst_files} files"
-                show()
-                if chaos is not None:
-                    chaos.hold_redis.set()  # the import and the user compaction's start are not retried
-                ingest.import_burst(opts.burst_entries, opts.burst_files, data_dir / "burst")
-                burst_at = time.monotonic()
-                if opts.on_burst is not None:
-                    opts.on_burst()
-                # and a user compaction of the whole table: once the import's small merges are
-                # done, every tablet is compacted to one file by the large group
-                user_compaction = user_compactions.start(store, opts.table)
-                if chaos is not None:
-                    chaos.hold_redis.clear()
-                phase = "burst: scaling up"
-                show()
+    # -- progress ---------------------------------------------------------------------------------
+    def show(self) -> None:
+        """Sample the status (files per tablet, compactions) and show it."""
+        try:
+            self.status = gather(self.store)
+        except StoreUnavailable:
+            return  # Redis is restarting (chaos): show the last status
+        status = self.status
+        for tb in status["tables"].values():
+            if self.burst_at is None:
+                self.max_files_seen = max(self.max_files_seen, tb["files_per_tablet"]["max"])
             else:
-                phase = "draining queues"
-            deadline = time.monotonic() + opts.drain_timeout_s
-            quiet = 0
-            quiet_since = 0.0
-            while time.monotonic() < deadline:
-                show()
-                # done when nothing is queued or running, nothing waits to be planned, no failed
-                # job (a killed compactor's) waits out its backoff before being re-planned, and
-                # the autoscaler has drained every group back to its minimum
-                busy = sum(g["depth"] for g in status["groups"].values()) + status.get("retries_pending", 0)
-                busy += sum(u["state"] == user_compactions.RUNNING for u in status.get("user_compactions", []))
-                try:
-                    dirty = store.dirty_count()
-                except StoreUnavailable:  # a failover (chaos): look again
-                    time.sleep(0.5)
-                    continue
-                if chaos is not None and chaos.plan and chaos.thread.is_alive():
-                    if busy == 0 and dirty == 0:
-                        # the fault schedule waits for a commit (the failover mid-commit) and nothing
-                        # is left to commit: compact the whole table once more to give it some
-                        chaos.hold_redis.set()  # a user compaction's start is not retried
-                        try:
-                            user_compactions.start(store, opts.table)
-                        except StoreUnavailable:
-                            pass
-                        finally:
-                            chaos.hold_redis.clear()
-                    busy += 1  # the fault schedule is not through
-                idle = busy == 0 and dirty == 0
-                quiet = quiet + 1 if idle else 0
-                if quiet == 1:
-                    quiet_since = time.monotonic()
-                if burst_at is not None and idle:
-                    phase = "burst: draining compactors"
-                # the scale-down follows within the autoscaler's window; a group that cannot get
-                # back to its minimum (a compactor that fails to start) does not hold the demo up
-                if quiet >= 4 and (
-                    _scaled_back(cfg, cluster) or time.monotonic() - quiet_since > cluster.scale_down_window_s + 30
-                ):
-                    break
+                self.max_files_burst = max(self.max_files_burst, tb["files_per_tablet"]["max"])
+        tb = status["tables"].get(self.opts.table)
+        if tb is not None:
+            self.samples.append(
+                (
+                    round(time.monotonic() - self.started, 2),
+                    self.ingester.stats.entries,
+                    tb["files"] / max(1, tb["tablets"]),
+                    sum(g["compactions_committed"] for g in status["groups"].values()),
+                )
+            )
+        if self.opts.live:
+            scaling = {x.group: x for x in self.cluster.timeline[-4 * len(self.cfg.groups) :]}
+            self.live.update(
+                _progress_table(
+                    self.ingester.stats, status, self.phase, time.monotonic() - self.started, scaling, self.cfg
+                ),
+                refresh=True,
+            )
+
+    def show_phase(self, phase: str) -> None:
+        self.phase = phase
+        self.show()
+
+    # -- steady ingest ----------------------------------------------------------------------------
+    def ingest(self) -> None:
+        """Paced flushes of the continuous ingest, the progress shown at most twice a second."""
+        last = [0.0]
+
+        def on_flush(_s) -> None:
+            if time.monotonic() - last[0] > 0.5:
+                last[0] = time.monotonic()
+                self.show()
+
+        self.ingester.run(entries=self.opts.entries, duration_s=self.opts.duration_s, on_flush=on_flush)
+
+    # -- faults -----------------------------------------------------------------------------------
+    def await_fault_schedule(self) -> None:
+        """With chaos: let the rest of the fault schedule happen while compactions run. Then the
+        steady ingest's wall time and entries are taken."""
+        chaos = self.chaos
+        if chaos is not None:
+            # let the rest of the fault schedule happen while compactions run (failovers take a
+            # few seconds each: an HA run gets longer for it)
+            limit = self.opts.duration_s * (3 if self.cluster.redis_ha is not None else 2)
+            while chaos.thread.is_alive() and chaos.plan and time.monotonic() - self.started < limit:
+                self.show()
                 time.sleep(0.5)
-            if chaos is not None:
+            if chaos.plan and chaos.plan[0] == "failover-commit":
+                # no commit came while the replica was frozen (few compactions run after the
+                # ingest): the primary's SIGKILL mid-commit waits for the burst's commits, and
+                # the drain below waits for it
+                chaos.plan[1:] = []
+            else:
                 chaos.finish()
-            phase = "verifying"
-            show()
-        drained = quiet >= 4
+        self.ingest_wall = time.monotonic() - self.started
+        self.steady_entries = self.ingester.stats.entries
+
+    # -- burst ------------------------------------------------------------------------------------
+    def burst(self) -> None:
+        """One bulk import of many files spanning every tablet, then a user compaction of the whole
+        table (none when ``burst_entries`` is 0)."""
+        opts, chaos = self.opts, self.chaos
+        if opts.burst_entries <= 0:
+            self.phase = "draining queues"
+            return
+        self.show_phase(f"burst: importing {opts.burst_files} files")
+        if chaos is not None:
+            chaos.hold_redis.set()  # the import and the user compaction's start are not retried
+        self.ingester.import_burst(opts.burst_entries, opts.burst_files, self.data_dir / "burst")
+        self.burst_at = time.monotonic()
+        if opts.on_burst is not None:
+            opts.on_burst()
+        # and a user compaction of the whole table: once the import's small merges are
+        # done, every tablet is compacted to one file by the large group
+        self.user_compaction = user_compactions.start(self.store, opts.table)
+        if chaos is not None:
+            chaos.hold_redis.clear()
+        self.show_phase("burst: scaling up")
+
+    # -- drain ------------------------------------------------------------------------------------
+    def drain(self) -> bool:
+        """Wait (up to ``drain_timeout_s``) until nothing is left to do and every group is back at
+        its minimum; True when the queues drained. The fault schedule ends here."""
+        opts, chaos, store, cluster = self.opts, self.chaos, self.store, self.cluster
+        deadline = time.monotonic() + opts.drain_timeout_s
+        quiet = 0
+        quiet_since = 0.0
+        while time.monotonic() < deadline:
+            self.show()
+            status = self.status
+            # done when nothing is queued or running, nothing waits to be planned, no failed
+            # job (a killed compactor's) waits out its backoff before being re-planned, and
+            # the autoscaler has drained every group back to its minimum
+            busy = sum(g["depth"] for g in status["groups"].values()) + status.get("retries_pending", 0)
+            busy += sum(u["state"] == user_compactions.RUNNING for u in status.get("user_compactions", []))
+            try:
+                dirty = store.dirty_count()
+            except StoreUnavailable:  # a failover (chaos): look again
+                time.sleep(0.5)
+                continue
+            if chaos is not None and chaos.plan and chaos.thread.is_alive():
+                if busy == 0 and dirty == 0:
+                    # the fault schedule waits for a commit (the failover mid-commit) and nothing
+                    # is left to commit: compact the whole table once more to give it some
+                    chaos.hold_redis.set()  # a user compaction's start is not retried
+                    try:
+                        user_compactions.start(store, opts.table)
+                    except StoreUnavailable:
+                        pass
+                    finally:
+                        chaos.hold_redis.clear()
+                busy += 1  # the fault schedule is not through
+            idle = busy == 0 and dirty == 0
+            quiet = quiet + 1 if idle else 0
+            if quiet == 1:
+                quiet_since = time.monotonic()
+            if self.burst_at is not None and idle:
+                self.phase = "burst: draining compactors"
+            # the scale-down follows within the autoscaler's window; a group that cannot get
+            # back to its minimum (a compactor that fails to start) does not hold the demo up
+            if quiet >= 4 and (
+                _scaled_back(self.cfg, cluster) or time.monotonic() - quiet_since > cluster.scale_down_window_s + 30
+            ):
+                break
+            time.sleep(0.5)
+        if chaos is not None:
+            chaos.finish()
+        return quiet >= 4
+
+    # -- verify -----------------------------------------------------------------------------------
+    def verify(self, drained: bool) -> _Checks:
+        """The faults' aftermath (chaos), a scan of the table against what was ingested, then the
+        autoscaler and every compactor stopped and the final status taken."""
+        cfg, cluster, chaos, store = self.cfg, self.cluster, self.chaos, self.store
+        stats = self.ingester.stats
         scaled_back = _scaled_back(cfg, cluster)
         chaos_summary: dict[str, Any] = {}
         chaos_ok = True
         if chaos is not None:
-            acked = ingest.stats.flushes + (1 if ingest.stats.imported_files else 0)  # flushes + the import
+            acked = stats.flushes + (1 if stats.imported_files else 0)  # flushes + the import
             chaos_summary, chaos_ok = check_chaos(
                 chaos.log,
                 store,
-                client.storage,
+                self.client.storage,
                 ha=cluster.redis_ha is not None,
-                logs=data_dir / "logs",
+                logs=self.data_dir / "logs",
                 acked_writes=acked,
             )
-        v = verify(client, opts.table, ingest.stats)
-        stop_scaler.set()
-        th.join(timeout=30)
+        scan = verify(self.client, self.opts.table, stats)
+        self.stop_scaler.set()
+        assert self.scaler is not None
+        self.scaler.join(timeout=30)
         # the compactors' last exits count too: drain them all now, while Redis can tell whether
         # any of them still held a compaction
         cluster.stop_compactors()
-        status = gather(store)
-        tb = status["tables"][opts.table]
+        status = self.status = gather(store)
+        tb = status["tables"][self.opts.table]
         max_files = cfg.services["default"].max_files_per_tablet if "default" in cfg.services else 15
         bound_ok = tb["files_per_tablet"]["max"] <= (max_files if max_files > 0 else 99)
         chaos_killed = {ecid for ecid, _t in chaos.log.killed} if chaos is not None else set()
         busy_terminated = [p for p in cluster.exited if p.held_ecid and p.held_ecid not in chaos_killed]
         drains = [p for p in cluster.exited if p.scaled_down and p.returncode == 0]
-        verified = v.ok and drained and bound_ok and chaos_ok and not busy_terminated
+        verified = scan.ok and drained and bound_ok and chaos_ok and not busy_terminated
+        return _Checks(scan, drained, scaled_back, chaos_summary, status, busy_terminated, drains, verified)
+
+    # -- report -----------------------------------------------------------------------------------
+    def report(self, checks: _Checks) -> DemoResult:
+        """The summary, in the order it is printed."""
+        stats, status, v = self.ingester.stats, checks.status, checks.scan
+        tb = status["tables"][self.opts.table]
         counters = status["counters"]
         summary = {
-            "entries written": ingest.stats.entries,
+            "entries written": stats.entries,
             "entries scanned": v.entries,
             "undefined references": v.undefined,
             "deleted entries resurrected": v.resurrected,
             "live ephemeral entries lost": v.lost_ephemeral,
-            "files flushed": ingest.stats.files,
-            "files imported (burst)": ingest.stats.imported_files,
-            "max files per tablet during ingest": max_files_seen,
-            **({"max files per tablet after the burst import": max_files_burst} if burst_at is not None else {}),
+            "files flushed": stats.files,
+            "files imported (burst)": stats.imported_files,
+            "max files per tablet during ingest": self.max_files_seen,
+            **(
+                {"max files per tablet after the burst import": self.max_files_burst}
+                if self.burst_at is not None
+                else {}
+            ),
             "files after": tb["files"],
             "files per tablet after (max)": tb["files_per_tablet"]["max"],
             **{f"compactions run ({g})": s["compactions_committed"] for g, s in status["groups"].items()},
@@ -386,25 +480,21 @@ def _run(opts: DemoOptions, cfg: LocalConfig, cluster: LocalCluster, data_dir: P
             "dead compactions": counters.get("dead_compactions", 0),
             "jobs dead-lettered": len(status["dead_letters"]),
             **(
-                {"user compaction of the whole table": user_compactions.get(store, user_compaction).state}
-                if user_compaction
+                {"user compaction of the whole table": user_compactions.get(self.store, self.user_compaction).state}
+                if self.user_compaction
                 else {}
             ),
-            **scaling_summary(cfg, cluster.timeline, burst_at),
-            "compactors drained (scale-down)": len(drains),
-            "busy compactors terminated": len(busy_terminated),
-            "ingest rate (entries/s)": round(steady_entries / max(ingest_wall, 1e-9)),
-            "wall time (s)": round(time.monotonic() - started, 1),
-            "queues drained": drained,
-            "groups back at minimum": scaled_back,
-            **chaos_summary,
-            "verified": "yes" if verified else "no",
+            **scaling_summary(self.cfg, self.cluster.timeline, self.burst_at),
+            "compactors drained (scale-down)": len(checks.drains),
+            "busy compactors terminated": len(checks.busy_terminated),
+            "ingest rate (entries/s)": round(self.steady_entries / max(self.ingest_wall, 1e-9)),
+            "wall time (s)": round(time.monotonic() - self.started, 1),
+            "queues drained": checks.drained,
+            "groups back at minimum": checks.scaled_back,
+            **checks.chaos_summary,
+            "verified": "yes" if checks.verified else "no",
         }
-        return DemoResult(verified, summary, status, samples, list(cluster.timeline))
-    finally:
-        stop_scaler.set()
-        if chaos is not None:
-            chaos.stop.set()
+        return DemoResult(checks.verified, summary, status, self.samples, list(self.cluster.timeline))
 
 
 def acknowledged_commits(logs: Path) -> list[str]:
@@ -444,9 +534,7 @@ def check_chaos(
     ha_summary: dict[str, Any] = {}
     ha_ok = True
     if ha:
-        from kompaktor import keyspace as C
-
-        applied = [e.decode() for e in store.call(store._r.lrange, C.COMMITLOG, 0, -1)]
+        applied = store.commit_log()
         counts: dict[str, int] = {}
         for e in applied:
             counts[e] = counts.get(e, 0) + 1

@@ -708,3 +708,8 @@ class MetadataStore:
         """Give the lease up if ``holder`` holds it (compare and delete in one step: never the next
         leader's lease)."""
         self.call(self._lease_release, keys=[C.LEASE], args=[holder])
+
+    def commit_log(self) -> list[str]:
+        """The ECIDs of the last commits applied, oldest first, once per commit applied
+        (``keyspace.COMMITLOG``: what a check that no commit was lost or applied twice reads)."""
+        return [e.decode() for e in self.call(self._r.lrange, C.COMMITLOG, 0, -1)]
