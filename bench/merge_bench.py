@@ -317,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--engines",
         default="floor,polars,duckdb,pyarrow,arrow,spark",
-        help="of floor, polars, duckdb, pyarrow, arrow, arrow-resumable, spark, spark-resumable (with spark)",
+        help="of floor, polars, duckdb, pyarrow, arrow, arrow-resumable, spark, and with spark: "
+        "spark-resumable, spark-per-range",
     )
     ap.add_argument("--dir", default=None, help="scratch directory (default: a temp dir, removed after)")
     ap.add_argument("--csv", default=str(OUT_DIR / "merge.csv"))
@@ -500,6 +501,20 @@ def run_layout(
             engine_fn(spark_engine, f"out/{layout}-spark.parquet"),
             f"out/{layout}-spark.parquet",
             f"master {args.spark_master}",
+            children=True,
+        )
+
+    if spark_engine is not None and "spark-per-range" in engines:
+        from kompaktor.engines.spark import SparkMergeEngine  # the session of spark_engine
+
+        bench(
+            "Spark engine, a task per range",
+            engine_fn(
+                SparkMergeEngine(args.spark_master, warm=False, range_runs=False),
+                f"out/{layout}-spark-per-range.parquet",
+            ),
+            f"out/{layout}-spark-per-range.parquet",
+            "before issue 23: every range's task decodes a big row group from its start",
             children=True,
         )
 

@@ -236,6 +236,7 @@ class SparkMergeEngine:
         task_memory: int = TASK_MEMORY,
         no_executor_timeout: float = NO_EXECUTOR_TIMEOUT_S,
         resume_min_bytes: int = RESUME_MIN_BYTES,
+        range_runs: bool = True,
     ) -> None:
         from kompaktor.engines.session import get_session, warm_up
 
@@ -249,6 +250,9 @@ class SparkMergeEngine:
         self.no_executor_timeout = no_executor_timeout
         #: a merge given a resume log is resumable from this many input bytes (:mod:`.resume`)
         self.resume_min_bytes = resume_min_bytes
+        #: consecutive ranges in one task when row groups are big (:func:`task_runs`); off: one
+        #: task per range always (the bench compares the two)
+        self.range_runs = range_runs
         self._local = master.startswith("local")
 
     @property
@@ -293,7 +297,11 @@ class SparkMergeEngine:
             names = {i: part_names(req.output, req.tmp_tag, i)[0] for i in range(len(ranges))}
         n = len(ranges)
         tasks = [(i, lo, hi, names[i]) for i, (lo, hi) in enumerate(ranges) if i not in reused]
-        runs = task_runs(tasks, metas, self._target_entries(total), self.sc.defaultParallelism)
+        runs = (
+            task_runs(tasks, metas, self._target_entries(total), self.sc.defaultParallelism)
+            if self.range_runs
+            else [(t,) for t in tasks]
+        )
         recorded: set[int] = set(reused)
         reused_read = sum(r.entries_read for r in reused.values())
         reused_bytes = sum(r.input_bytes for r in reused.values())
