@@ -511,7 +511,6 @@ class Soak:
                 shutil.rmtree(self.data_dir, ignore_errors=True)
 
     def _finish(self, client, ingests, chaos) -> int:
-        from kompaktor import keyspace as C
         from kompaktor.coordinator import Coordinator, CoordinatorSettings
         from kompaktor.local.demo import acknowledged_commits
         from kompaktor.local.ingest import verify
@@ -543,7 +542,7 @@ class Soak:
             if store.running_tablet(e) is not None
             or (t in alive_tablets and store.commits_on(t) <= chaos.log.commits_at_kill.get(t, 0))
         ]
-        applied = Counter(e.decode() for e in store.call(store._r.lrange, C.COMMITLOG, 0, -1))
+        applied = Counter(store.commit_log())
         acked = set(acknowledged_commits(self.data_dir / "logs"))
         lost = [e for e in acked if e not in applied]
         twice = [e for e, n in applied.items() if n > 1]
