@@ -37,7 +37,9 @@ from __future__ import annotations
 import logging
 import os
 import time
+from contextlib import ContextDecorator
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -244,6 +246,27 @@ def translate(exc: BaseException, where: str, url: str | None = None) -> BaseExc
         if fenced_error(exc):
             return Fenced(str(exc))
     return None
+
+
+class redis_errors(ContextDecorator):
+    """The one place where redis-py's errors become Kompaktor's: a block (``with``) or a function
+    (decorator) whose :class:`redis.RedisError` is raised as what it means (:func:`translate`,
+    chained to the original), or unchanged when it means nothing more. Every Redis adapter (the
+    metadata store, the job queues) runs its calls through one. ``where`` and ``url`` are
+    :func:`translate`'s. Holds no state per use: one instance serves any number of calls, nested
+    or concurrent."""
+
+    def __init__(self, where: str, url: str | None = None) -> None:
+        self.where = where
+        self.url = url
+
+    def __enter__(self) -> redis_errors:
+        return self
+
+    def __exit__(self, typ: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> bool:
+        if isinstance(exc, redis.RedisError) and (mapped := translate(exc, self.where, url=self.url)) is not None:
+            raise mapped from exc
+        return False
 
 
 def explain(url: str, exc: BaseException) -> str | None:

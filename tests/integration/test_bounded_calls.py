@@ -13,7 +13,6 @@ import redis
 
 from kompaktor.coordinator import Coordinator
 from kompaktor.files.storage import Storage
-from kompaktor.metadata import store as store_mod
 from kompaktor.metadata.store import MetadataStore
 
 pytestmark = pytest.mark.redis
@@ -24,7 +23,7 @@ CHUNK = 1_000
 def test_a_full_scan_reads_tablets_and_dirty_marks_in_bounded_calls(
     redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(store_mod, "SCAN_CHUNK", CHUNK)  # the same code, at a size a test can make
+    monkeypatch.setattr(MetadataStore, "scan_chunk", CHUNK)  # the same code, at a size a test can make
     store = MetadataStore.from_url(redis_url)
     tid = store.create_table("big", [b"%06d" % i for i in range(1, 2500)])
     store.mark_dirty(store.tablet_ids(tid))

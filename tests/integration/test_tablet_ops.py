@@ -25,11 +25,11 @@ from kompaktor.files.sortedfile import iter_entries
 from kompaktor.metadata import compactions
 from kompaktor.metadata import tablet_ops as tabletops
 from kompaktor.metadata.store import MetadataStore, Mutation
-from kompaktor.metadata.tablet_ops import TabletOpRefused, choose_split_row
+from kompaktor.metadata.tablet_ops import TabletOpRefused
 from kompaktor.model.errors import ConditionFailed
 from kompaktor.model.job import Job
 from kompaktor.model.keys import Entry
-from kompaktor.model.tablet import FileMeta, Tablet, tablet_id
+from kompaktor.model.tablet import Tablet, tablet_id
 from kompaktor.policy.tableprops import SPLIT_THRESHOLD
 from tests.support.coordinator import settings as coordinator_settings
 
@@ -219,31 +219,6 @@ def test_merge_refused_when_a_tablet_already_compacted_a_shared_file(client: Cli
     compact_tablet(client, tablets(store, "t")[0])
     assert tabletops.merge(store, "t") == b.id
     assert view(client, "t") == before  # m stays deleted
-
-
-# -- choosing split rows -------------------------------------------------------------------------
-def _tablet(files: dict[str, FileMeta], prev: bytes | None = None, end: bytes | None = None) -> Tablet:
-    return Tablet("1;~", "1", prev, end, files, {}, None, None, None, 0)
-
-
-def test_choose_split_row_from_first_last_rows_and_sizes() -> None:
-    one = _tablet({"a": FileMeta(1000, 100, 0, b"a", b"z")})
-    row = choose_split_row(one)
-    assert b"l" < row < b"o"
-    # a big file over the first half and a small one over the second: the middle of the data
-    # lies inside the big file's span
-    two = _tablet({"a": FileMeta(900, 1, 0, b"a", b"m"), "b": FileMeta(100, 1, 0, b"n", b"z")})
-    assert b"a" < choose_split_row(two) < b"m"
-    # clipped to the tablet: the split row lies in (prev, end) and before the last row
-    clipped = _tablet({"a": FileMeta(1000, 1, 0, b"a", b"z")}, prev=b"p", end=b"t")
-    assert b"p" < choose_split_row(clipped) < b"t"
-    # rows with a long common prefix still split
-    long = _tablet({"a": FileMeta(10, 1, 0, b"x" * 40 + b"a", b"x" * 40 + b"z")})
-    assert (b"x" * 40 + b"a") <= choose_split_row(long) < (b"x" * 40 + b"z")
-    # cannot split: one row, or nothing
-    assert choose_split_row(_tablet({"a": FileMeta(10, 1, 0, b"k", b"k")})) is None
-    assert choose_split_row(_tablet({})) is None
-    assert choose_split_row(_tablet({"a": FileMeta(10, 1, 0, b"k", b"q")}, prev=b"q")) is None
 
 
 # -- automatic splits ----------------------------------------------------------------------------

@@ -28,31 +28,57 @@ File sizes in tablet metadata are per-tablet estimates, as in Accumulo: a split 
 file's size, entries and deletes between the new tablets by the part of the file's row span each
 covers; a merge adds them up again. Automatic splitting compares a tablet's summed sizes with the
 table property ``table.split.threshold`` (default 1G, Accumulo's).
+
+This module reads, decides and writes; the decisions themselves — may a tablet split or merge
+now, is a merge safe, how a split divides the files, where an automatic split cuts — are pure
+functions of the tablets' metadata in :mod:`kompaktor.policy.splits`.
 """
 
 from __future__ import annotations
 
 import bisect
-import itertools
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 from kompaktor.metadata.store import MetadataStore, Mutation
 from kompaktor.model.errors import ConditionFailed, KompaktorError
-from kompaktor.model.keys import encode_row, span_overlaps
-from kompaktor.model.tablet import ONLINE, FileMeta, TableInfo, Tablet, end_token, tablet_id
-from kompaktor.policy.sizes import parse_accumulo_size
+from kompaktor.model.keys import encode_row
+from kompaktor.model.tablet import ONLINE, TableInfo, Tablet, end_token, tablet_id
+from kompaktor.policy.splits import (
+    DEFAULT_SPLIT_THRESHOLD,
+    SPLIT_PENDING,
+    choose_split_row,
+    merged_files,
+    show_row,
+    split_blocker,
+    split_parts,
+    split_threshold,
+    tablet_size,
+    unsafe_merge,
+)
 from kompaktor.policy.tableprops import SPLIT_THRESHOLD
 from kompaktor.queues.jobqueue import JobQueues
 
 log = logging.getLogger("kompaktor.metadata.tablet_ops")
 
-DEFAULT_SPLIT_THRESHOLD = "1G"
-SPLIT_PENDING = "split-pending"  # tablet op: an automatic split waits for running compactions
+# the geometry (pure) is kompaktor.policy.splits; these names stay importable from here
+__all__ = [
+    "DEFAULT_SPLIT_THRESHOLD",
+    "FULL_CHECK_S",
+    "MAX_AUTO_SPLITS",
+    "SPLIT_PENDING",
+    "TabletOpRefused",
+    "auto_split",
+    "choose_split_row",
+    "merge",
+    "split",
+    "split_threshold",
+    "tablet_size",
+]
+
 FULL_CHECK_S = 30.0  # auto_split looks at every tablet this often, else at the dirty ones
 MAX_AUTO_SPLITS = 256  # splits per auto_split pass (the rest waits for the next pass)
 _ATTEMPTS = 5  # re-reads when a tablet changed between reading and mutating
-_POS_BYTES = 16  # row bytes (after a common prefix) used to place rows on a line
 
 
 class TabletOpRefused(KompaktorError):
@@ -61,161 +87,36 @@ class TabletOpRefused(KompaktorError):
 
 
 # -- helpers -----------------------------------------------------------------------------------
-def _show(row: bytes | None) -> str:
-    if row is None:
-        return "-inf/+inf"
-    try:
-        text = row.decode("utf-8")
-        if text.isprintable():
-            return repr(text)
-    except UnicodeDecodeError:
-        pass
-    return "0x" + row.hex()
-
-
-def _blocker(t: Tablet) -> str | None:
-    """Why tablet ``t`` cannot be split or merged now, or None."""
-    if t.running:
-        return f"{len(t.running)} compaction(s) running ({', '.join(sorted(t.running))})"
-    if t.hold is not None:
-        return f"user compaction {t.hold} pending"
-    if t.selection is not None:
-        return f"{t.selection.kind} compaction {t.selection.id} has selected files"
-    if t.op is not None and t.op != SPLIT_PENDING:
-        return f"operation {t.op!r} in progress"
-    return None
-
-
 def _guard(m: Mutation, t: Tablet):
     """Conditions that make the change apply to exactly the tablet that was read."""
     return m.tablet(t.id).require("version", t.version).require("no_running").require("no_hold").require("no_selection")
 
 
-def _common_prefix(a: bytes, b: bytes) -> bytes:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return a[:n]
-
-
-class _Line:
-    """Rows between the least and the greatest of ``rows`` placed on a number line, for
-    interpolation without reading data. After the rows' common prefix each byte position is a
-    digit whose radix is the span of byte values the given rows show there (so ASCII digits or
-    hex, common in row keys, spread evenly instead of clustering in a sliver of 0..255). The
-    mapping is monotone: rows sort like their positions."""
-
-    def __init__(self, rows: Iterable[bytes]) -> None:
-        rows = list(rows)
-        self.lo, self.hi = min(rows), max(rows)
-        self.cp = _common_prefix(self.lo, self.hi)
-        n = len(self.cp)
-        width = min(_POS_BYTES, max(len(r) for r in rows) - n) or 1
-        self.base = []
-        self.radix = []
-        for i in range(width):
-            seen = [r[n + i] for r in rows if len(r) > n + i]
-            lo, hi = (min(seen), max(seen)) if seen else (0, 0)
-            self.base.append(lo)
-            self.radix.append(hi - lo + 2)  # one more digit: "no byte here" sorts first
-        self.top = 1
-        for r in self.radix:
-            self.top *= r
-
-    def pos(self, row: bytes) -> int:
-        row = min(max(row, self.lo), self.hi)
-        tail = row[len(self.cp) :]
-        x, clamp = 0, 0  # clamp: -1 below a digit's range (rest minimal), +1 above (rest maximal)
-        for i, (base, radix) in enumerate(zip(self.base, self.radix, strict=True)):
-            if clamp < 0:
-                d = 0
-            elif clamp > 0:
-                d = radix - 1
-            elif i >= len(tail):
-                d, clamp = 0, -1
-            else:
-                d = tail[i] - base + 1
-                if d < 1:
-                    d, clamp = 1, -1
-                elif d > radix - 1:
-                    d, clamp = radix - 1, 1
-            x = x * radix + d
-        return x
-
-    def row(self, pos: int) -> bytes:
-        digits = []
-        for radix in reversed(self.radix):
-            pos, d = divmod(pos, radix)
-            digits.append(d)
-        out = bytearray(self.cp)
-        for base, d in zip(self.base, reversed(digits), strict=True):
-            if d == 0:
-                break
-            out.append(base + d - 1)
-        return bytes(out)
-
-
-def _shares(fm: FileMeta, ranges: Sequence[tuple[bytes | None, bytes | None]]) -> list[float]:
-    """How a file's data in a tablet divides between the consecutive ranges that split the
-    tablet, assuming the rows spread evenly between the file's first and last row."""
-    over = [span_overlaps(fm.first_row, fm.last_row, lo, hi) for lo, hi in ranges]
-    weights = [0.0] * len(ranges)
-    if fm.first_row is not None and fm.last_row is not None and fm.first_row < fm.last_row:
-        line = _Line(
-            [
-                fm.first_row,
-                fm.last_row,
-                *(b for r in ranges for b in r if b is not None and fm.first_row < b < fm.last_row),
-            ]
-        )
-        for i, (lo, hi) in enumerate(ranges):
-            if over[i]:
-                a = line.pos(lo) if lo is not None else line.pos(fm.first_row)
-                b = line.pos(hi) if hi is not None else line.pos(fm.last_row)
-                weights[i] = float(max(0, b - a))
-    if sum(weights) <= 0:
-        weights = [1.0 if o else 0.0 for o in over]
-    total = sum(weights)
-    return [w / total if total else 0.0 for w in weights]
-
-
-def _part(fm: FileMeta, share: float) -> dict:
-    return FileMeta(
-        max(1, round(fm.size * share)),
-        max(1, round(fm.entries * share)),
-        round(fm.deletes * share),
-        fm.first_row,
-        fm.last_row,
-    ).to_json()
-
-
 # -- split -------------------------------------------------------------------------------------
 def _add_split(m: Mutation, t: Tablet, rows: list[bytes]) -> list[str]:
-    """Add to ``m`` the split of ``t`` at ``rows`` (sorted, inside the tablet); returns the ids of
-    the resulting tablets, in row order. The last one keeps ``t``'s id (its end row)."""
-    bounds: list[bytes | None] = [t.prev, *rows, t.end]
-    ranges = list(itertools.pairwise(bounds))
-    parts: list[dict[str, dict]] = [{} for _ in ranges]
-    for path, fm in t.files.items():
-        for i, share in enumerate(_shares(fm, ranges)):
-            # membership by rows, never by the (estimated) share
-            if span_overlaps(fm.first_row, fm.last_row, *ranges[i]):
-                parts[i][path] = _part(fm, share)
+    """Add to ``m`` the split of ``t`` at ``rows`` (sorted, inside the tablet; the files divided by
+    :func:`~kompaktor.policy.splits.split_parts`); returns the ids of the resulting tablets, in row
+    order. The last one keeps ``t``'s id (its end row)."""
+    parts = split_parts(t, rows)
     ids = []
-    for (lo, hi), files in zip(ranges[:-1], parts[:-1], strict=True):
-        doc = {"table": t.table, "prev": encode_row(lo), "end": encode_row(hi), "files": files, "running": {}}
+    for lo, hi, files in parts[:-1]:
+        doc = {
+            "table": t.table,
+            "prev": encode_row(lo),
+            "end": encode_row(hi),
+            "files": {path: fm.to_json() for path, fm in files.items()},
+            "running": {},
+        }
         tid = tablet_id(t.table, hi)
         m.tablet(tid).require("absent").do("create", doc, end_token(hi))
         ids.append(tid)
-    last = parts[-1]
+    last = parts[-1][2]
     tc = _guard(m, t).do("set_range", encode_row(rows[-1]))
     gone = sorted(set(t.files) - set(last))
     if gone:
         tc.do("remove_files", gone)
     if last:
-        tc.do("add_files", last)
+        tc.do("add_files", {path: fm.to_json() for path, fm in last.items()})
     if t.op == SPLIT_PENDING:
         tc.do("clear_op")
     ids.append(t.id)
@@ -256,7 +157,7 @@ def split(
         if not per:
             return []
         for t, _ in per.values():
-            why = _blocker(t)
+            why = split_blocker(t)
             if why:
                 raise TabletOpRefused(
                     f"cannot split tablet {t.id} of {table_name!r} now: {why}; retry when it finishes"
@@ -278,19 +179,6 @@ def split(
 
 
 # -- merge -------------------------------------------------------------------------------------
-def _unsafe(group: list[Tablet]) -> str | None:
-    for t in group:
-        for path, fm in t.files.items():
-            for other in group:
-                if path not in other.files and span_overlaps(fm.first_row, fm.last_row, other.prev, other.end):
-                    return (
-                        f"file {path} (rows {_show(fm.first_row)}..{_show(fm.last_row)}) is still read by "
-                        f"tablet {t.id} but was already compacted away in tablet {other.id}, whose "
-                        "rows it overlaps"
-                    )
-    return None
-
-
 def merge(
     store: MetadataStore,
     table_name: str,
@@ -303,45 +191,31 @@ def merge(
     mutation. Returns the merged tablet's id, or None when fewer than two tablets overlap.
     Raises :class:`TabletOpRefused` when a tablet is busy or the merge would be unsafe."""
     if start is not None and end is not None and start > end:
-        raise ValueError(f"merge range start {_show(start)} is after its end {_show(end)}")
+        raise ValueError(f"merge range start {show_row(start)} is after its end {show_row(end)}")
     for attempt in range(_ATTEMPTS):
         info = _online(store, table_name)
         group = store.tablets_in_range(info.id, start, end)
         if len(group) < 2:
             return None
         for t in group:
-            why = _blocker(t)
+            why = split_blocker(t)
             if why:
                 raise TabletOpRefused(
                     f"cannot merge tablet {t.id} of {table_name!r} now: {why}; retry when it finishes"
                 )
-        why = _unsafe(group)
+        why = unsafe_merge(group)
         if why:
             rng = "".join(
                 [
-                    f" --start {_show(start)}" if start is not None else "",
-                    f" --end {_show(end)}" if end is not None else "",
+                    f" --start {show_row(start)}" if start is not None else "",
+                    f" --end {show_row(end)}" if end is not None else "",
                 ]
             )
             raise TabletOpRefused(
                 f"cannot merge {table_name!r} safely: {why}. Compact the range first "
                 f"(kompaktor compact {table_name}{rng} --wait 600), then merge"
             )
-        files: dict[str, FileMeta] = {}
-        for t in group:
-            for path, fm in t.files.items():
-                have = files.get(path)
-                files[path] = (
-                    fm
-                    if have is None
-                    else FileMeta(
-                        have.size + fm.size,
-                        have.entries + fm.entries,
-                        have.deletes + fm.deletes,
-                        fm.first_row,
-                        fm.last_row,
-                    )
-                )
+        files = merged_files(group)
         last = group[-1]
         m = Mutation(table=info.id).require_table(ONLINE)
         for t in group[:-1]:
@@ -364,80 +238,6 @@ def merge(
 
 
 # -- automatic splits ----------------------------------------------------------------------------
-def tablet_size(t: Tablet) -> int:
-    """The tablet's estimated data size: the sum of its files' (per-tablet) sizes."""
-    return sum(fm.size for fm in t.files.values())
-
-
-def choose_split_row(t: Tablet) -> bytes | None:
-    """A row that splits the tablet's data about in half by size, from its files' first/last rows
-    and sizes only (no scan): each file's size is spread evenly over its row span within the
-    tablet, and the row where half the total lies is interpolated. None when the tablet cannot be
-    split (no files, or all its data in one row)."""
-    spans: list[tuple[bytes, bytes, int]] = []
-    for fm in t.files.values():
-        if (
-            fm.first_row is None
-            or fm.last_row is None
-            or fm.size <= 0
-            or not span_overlaps(fm.first_row, fm.last_row, t.prev, t.end)
-        ):
-            continue
-        lo = fm.first_row if t.prev is None or fm.first_row > t.prev else t.prev
-        hi = fm.last_row if t.end is None or fm.last_row <= t.end else t.end
-        spans.append((lo, hi, fm.size))
-    if not spans:
-        return None
-    gmin, gmax = min(s[0] for s in spans), max(s[1] for s in spans)
-    if gmin >= gmax:
-        return None
-    # the files' own first/last rows too: a clipped span's ends alone may show too few digits
-    line = _Line(
-        [r for lo, hi, _ in spans for r in (lo, hi)]
-        + [r for fm in t.files.values() for r in (fm.first_row, fm.last_row) if r is not None]
-    )
-    placed = [(line.pos(lo), line.pos(hi), size) for lo, hi, size in spans]
-    total = sum(s for _, _, s in placed)
-
-    def below(x: int) -> float:  # size at or before position x
-        acc = 0.0
-        for a, b, s in placed:
-            if x >= b:
-                acc += s
-            elif x >= a and b > a:
-                acc += s * (x - a) / (b - a)
-        return acc
-
-    def ok(row: bytes) -> bool:
-        return (
-            bool(row)
-            and (t.prev is None or row > t.prev)
-            and row >= gmin
-            and row < gmax
-            and (t.end is None or row < t.end)
-        )
-
-    lo_p, hi_p = line.pos(gmin), line.pos(gmax)
-    while lo_p < hi_p:  # smallest position with half the size at or before it
-        mid = (lo_p + hi_p) // 2
-        if below(mid) >= total / 2:
-            hi_p = mid
-        else:
-            lo_p = mid + 1
-    row = line.row(lo_p)
-    if ok(row):
-        return row
-    # fall back to the files' own first/last rows, the one dividing the size most evenly
-    cands = sorted({r for lo, hi, _ in spans for r in (lo, hi) if ok(r)})
-    if not cands:
-        return None
-    return min(cands, key=lambda r: abs(below(line.pos(r)) - total / 2))
-
-
-def split_threshold(info: TableInfo) -> int:
-    return parse_accumulo_size(info.props.get(SPLIT_THRESHOLD, DEFAULT_SPLIT_THRESHOLD))
-
-
 def _mark_pending(store: MetadataStore, t: Tablet) -> bool:
     m = Mutation(table=t.table).require_table(ONLINE)
     m.tablet(t.id).require("version", t.version).require("no_op").do("set_op", SPLIT_PENDING)
@@ -489,7 +289,7 @@ def auto_split(
             if t.op == SPLIT_PENDING:
                 _clear_pending(store, t)  # no longer needs (or cannot take) a split
             continue
-        if _blocker(t):
+        if split_blocker(t):
             if t.op is None and not t.hold and t.selection is None and _mark_pending(store, t):
                 queues.remove_tablets([t.id])
                 log.info("tablet %s (%d bytes) will split once its compactions finish", t.id, tablet_size(t))
@@ -503,7 +303,7 @@ def auto_split(
             continue
         splits += 1
         _after(store, queues, [t.id], new)
-        log.info("auto-split %s (%d bytes > %d) at %s", t.id, tablet_size(t), limit, _show(row))
+        log.info("auto-split %s (%d bytes > %d) at %s", t.id, tablet_size(t), limit, show_row(row))
         out.extend(new)
         work.extend(store.get_tablets(new))
     return out

@@ -8,7 +8,6 @@ what the metadata implies: the coordinator can always rebuild them.
 
 from __future__ import annotations
 
-import functools
 import json
 import time
 from collections import defaultdict
@@ -16,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
 import orjson
 import redis
@@ -25,11 +24,8 @@ from redis.connection import Connection
 from redis.exceptions import NoScriptError
 
 from kompaktor import keyspace as C
-from kompaktor.connection import translate
+from kompaktor.connection import redis_errors
 from kompaktor.model.job import PRIORITY_MAX, Job
-
-P = ParamSpec("P")
-R = TypeVar("R")
 
 DEFAULT_MAX = 10_000
 #: the default bound of a group's queue in bytes of input (1 TiB): whichever of the two bounds is
@@ -39,19 +35,9 @@ DEFAULT_MAX_BYTES = 1 << 40
 MAX_ENTRY_BYTES = 10**15 - 1
 
 
-def mapped(fn: Callable[P, R]) -> Callable[P, R]:
-    """A queue operation whose Redis failures raise Kompaktor's errors (:func:`translate`)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        try:
-            return fn(*args, **kwargs)
-        except redis.RedisError as exc:
-            if (mapped_exc := translate(exc, "the queues' address")) is None:
-                raise
-            raise mapped_exc from exc
-
-    return wrapper
+#: how a queue operation's Redis failures are raised (a decorator, or a ``with`` block): as
+#: Kompaktor's errors, by the connection layer's one mapping (:class:`redis_errors`)
+mapped = redis_errors("the queues' address")
 
 
 #: wake-up tokens kept per group (one per job queued, at most this many) and how long
@@ -264,15 +250,11 @@ class JobQueues:
         adder = QueueAdder(
             self._r, self._add, self.generation() if gen is None else gen, self.max_size(), self._token()
         )
-        try:
+        with mapped:
             try:
                 yield adder
             finally:
                 adder.wait()
-        except redis.RedisError as exc:
-            if (mapped_exc := translate(exc, "the queues' address")) is None:
-                raise
-            raise mapped_exc from exc
 
     @mapped
     def wait_for_work(self, group: str, timeout_s: float) -> bool:

@@ -1,0 +1,195 @@
+"""The store's base: the Redis connection and what every part of the store writes through.
+
+Owns the client, the durability of acknowledged writes (:mod:`kompaktor.connection`), the mapping
+of Redis errors (:meth:`StoreBase.call`, through :class:`~kompaktor.connection.redis_errors`), the
+scripts (each part names its own in ``SCRIPTS``; :meth:`StoreBase.load_scripts` loads them all),
+fencing (:meth:`StoreBase.fenced`), plain writes (``_write``, fenced inside Redis) and the
+conditional mutation of tables and tablets (:meth:`StoreBase.apply`: ``lua/mutate.lua``; what a
+mutation says is :mod:`~kompaktor.metadata.store.mutation`). The parts of the store
+(:mod:`kompaktor.metadata.store`) build on it; nothing here knows tables, files or compactions.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+from importlib import resources
+from typing import Any, ClassVar, Self
+
+import redis
+from redis.commands.core import Script
+
+from kompaktor import keyspace as C
+from kompaktor.connection import Durability, connect, durable_pipeline, explain, is_sentinel_url, redis_errors
+from kompaktor.metadata.store.mutation import Mutation
+from kompaktor.model.errors import ConditionFailed, Fenced, StoreUnavailable
+from kompaktor.queues.jobqueue import JobQueues
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+#: the most a single call reads or pops of a structure that grows with the instance (a table's
+#: tablets, the dirty set): Redis runs one command at a time, so bigger calls hold everyone up
+SCAN_CHUNK = 10_000
+# A coordinator's plain writes (sets, hashes, counters): applied only while its fencing token
+# (ARGV[1]) is the newest, all of them atomically. ARGV[2] = JSON list of commands.
+_FENCED_WRITE = (
+    C.lua_prelude()
+    + """
+local tok = tonumber(ARGV[1])
+local cur = tonumber(redis.call('GET', K.fence) or '0')
+if cur > tok then
+  return redis.error_reply('FENCED fencing token ' .. ARGV[1] .. ' is stale: coordinator ' .. cur .. ' took over')
+end
+local out = {}
+for i, c in ipairs(cjson.decode(ARGV[2])) do out[i] = redis.call(unpack(c)) end
+return out
+"""
+)
+_LUA = C.lua_prelude() + resources.files("kompaktor.metadata").joinpath("lua/mutate.lua").read_text()
+
+
+class StoreBase:
+    """The connection, the scripts and the write paths every part of the metadata store uses."""
+
+    #: scripts this class runs: attribute name -> Lua source. Each part declares its own; the
+    #: store registers the scripts of every class it is made of (:meth:`load_scripts` loads them)
+    SCRIPTS: ClassVar[dict[str, str]] = {"_mutate": _LUA, "_fenced_write": _FENCED_WRITE}
+    #: :data:`SCAN_CHUNK`, per class (a test makes it small)
+    scan_chunk: ClassVar[int] = SCAN_CHUNK
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        url: str = "",
+        *,
+        fence: Callable[[], int | None] | None = None,
+        durability: Durability | None = None,
+    ) -> None:
+        self._r = client
+        self.url = url
+        #: how an acknowledged write is made durable (issue 15 §1, :mod:`kompaktor.connection`)
+        self.durability = durability or Durability(sentinel=is_sentinel_url(url))
+        #: the fencing token every write of this view carries (:meth:`fenced`), or None
+        self._fence = fence
+        #: what Redis failures mean, raised in their place (:meth:`call`)
+        self._errors = redis_errors(url or "the given URL", url=url)
+        self._scripts: list[Script] = []
+        for cls in reversed(type(self).__mro__):
+            for name, source in vars(cls).get("SCRIPTS", {}).items():
+                script = client.register_script(source)
+                setattr(self, name, script)
+                self._scripts.append(script)
+        self._queues: JobQueues | None = None
+
+    def load_scripts(self) -> int:
+        """Load every script of the store and the queues that Redis does not hold (a new server, a
+        restart, a failover): compactors run them by hash and may not load them (their Redis user
+        has ``EVALSHA`` only, :mod:`kompaktor.metadata.acl`). One round trip when nothing is
+        missing; returns how many were loaded. The coordinator calls it on every pass."""
+        scripts = [*self._scripts, *self.queues.scripts()]
+        held = self.call(self._r.script_exists, *[s.sha for s in scripts])
+        missing = [s for s, ok in zip(scripts, held, strict=True) if not ok]
+        for s in missing:
+            self.call(self._r.script_load, s.script)
+        return len(missing)
+
+    def fenced(self, token: Callable[[], int | None]) -> Self:
+        """A view of this store, on the same connection, whose every write (mutations, queue
+        scripts, sets, counters) carries the fencing token ``token()`` and is refused atomically,
+        inside Redis, with :class:`Fenced` once a newer token exists. The coordinator's store.
+        While ``token()`` is None (a coordinator that never led) the writes are not fenced."""
+        return type(self)(self._r, self.url, fence=token)
+
+    @property
+    def queues(self) -> JobQueues:
+        """The job queues, on this store's connection (fenced like this store)."""
+        if self._queues is None:
+            self._queues = JobQueues(self._r, fence=self._fence)
+        return self._queues
+
+    def _write(self, *commands: tuple[Any, ...]) -> list[Any]:
+        """Run write commands atomically (MULTI/EXEC); through a fenced view, only while its
+        fencing token is the newest. Returns their replies."""
+        token = None if self._fence is None else self._fence()
+        if token is None:
+            p = self._r.pipeline(transaction=True)
+            for cmd in commands:
+                p.execute_command(*cmd)
+            return list(self.call(p.execute))
+        cmds = json.dumps([[str(a) for a in cmd] for cmd in commands])
+        return list(self.call(self._fenced_write, args=[token, cmds]))
+
+    def _token(self) -> str:
+        token = None if self._fence is None else self._fence()
+        return "" if token is None else str(token)
+
+    def close(self) -> None:
+        self._r.close()
+
+    @classmethod
+    def from_url(cls, url: str | None = None) -> Self:
+        import os
+
+        url = url or os.environ.get("KOMPAKTOR_REDIS_URL") or DEFAULT_REDIS_URL
+        return cls(connect(url), url)
+
+    # -- plumbing -------------------------------------------------------------------------
+    def call(self, fn, *args, **kwargs):
+        """Run a Redis call; what Redis failures mean is raised in their place
+        (:class:`~kompaktor.connection.redis_errors`): :class:`StoreUnavailable` (with the URL,
+        redacted) when Redis cannot be used, including a wrong password and a database index the
+        server does not have, :class:`Fenced`."""
+        with self._errors:
+            return fn(*args, **kwargs)
+
+    def durable(self) -> None:
+        """Return once every write made so far (by anyone) is durable as :attr:`durability` asks
+        (one barrier write and the wait); for writes outside :meth:`apply` that a caller
+        acknowledges. Raises :class:`~kompaktor.connection.NotDurable` if not confirmed."""
+        self.call(durable_pipeline, self._r, self.durability, lambda pipe: None)
+
+    def _eval_durable(self, arg: str) -> Any:
+        """mutate.lua on ``arg``, answered only once the write is durable (issue 15 §1): the barrier
+        and WAIT / WAITAOF the store's durability asks for follow in the same round trip."""
+
+        def run(pipe: redis.client.Pipeline) -> None:
+            pipe.evalsha(self._mutate.sha, 0, arg)
+
+        try:
+            return self.call(durable_pipeline, self._r, self.durability, run)[0]
+        except redis.exceptions.NoScriptError:
+            self.call(self._r.script_load, self._mutate.script)  # a new server (failover, restart)
+            return self.call(durable_pipeline, self._r, self.durability, run)[0]
+
+    def ping(self) -> None:
+        """The store answers and is a primary: a replica given as the primary is refused in one
+        line here, before anything reads stale data from it or tries to write to it."""
+        self.call(self._r.ping)
+        if self.call(self._r.info, "replication").get("role") != "master":
+            raise StoreUnavailable(explain(self.url, redis.ReadOnlyError("READONLY")) or "not a primary")
+        self.call(self.durability.plan, self._r)  # a durability the server cannot give: refused now
+
+    def mutate(self, m: Mutation) -> list[int]:
+        """Apply a conditional mutation atomically; raise :class:`ConditionFailed` if any condition
+        fails (then nothing changed). Returns the new versions of the tablets."""
+        return list(self.apply(m).get("versions") or [])
+
+    def apply(self, m: Mutation) -> dict[str, Any]:
+        """:meth:`mutate`, returning the script's whole outcome: ``versions``, ``table`` (the
+        mutation's ``table_reads``) and ``reserved`` (what ``add_running`` with output naming chose,
+        per tablet id)."""
+        # One id per call: redis-py resends the same arguments when it retries after a broken
+        # connection, and the script then answers with the first attempt's outcome.
+        fence = None if self._fence is None else self._fence()
+        res = json.loads(self._eval_durable(m.to_json(uuid.uuid4().hex, fence)))
+        if not res["ok"] and res["cond"] == "fenced":
+            raise Fenced(res.get("detail") or "stale fencing token")
+        if not res["ok"]:
+            detail = res.get("detail") or ""
+            if res.get("tablet"):
+                detail = f"{detail} on tablet {res['tablet']}".strip()
+            raise ConditionFailed(res["cond"], detail)
+        return res
+
+    def next_seq(self, name: str) -> int:
+        return int(self.call(self._r.hincrby, C.SEQ, name, 1))

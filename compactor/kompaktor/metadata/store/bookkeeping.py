@@ -1,0 +1,59 @@
+"""The coordinator's bookkeeping in the metadata store: the dirty set (tablets changed since they
+were last planned; ``lua/mutate.lua`` adds to it), the global counters, commits per tablet and the commit log, and
+the clock of the automatic split check. Plain writes, fenced like every coordinator write.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from kompaktor import keyspace as C
+from kompaktor.metadata.store.base import StoreBase
+
+
+class BookkeepingStore(StoreBase):
+    """``kz:dirty``, ``kz:counters``, ``kz:commits``, ``kz:commitlog`` (read), ``kz:split:checked``."""
+
+    # -- dirty tablets (for the coordinator) ----------------------------------------------
+    def pop_dirty(self, count: int | None = None) -> list[str]:
+        (raw,) = self._write(("SPOP", C.DIRTY, min(count or self.scan_chunk, self.scan_chunk)))
+        return sorted(r.decode() for r in raw or [])
+
+    def clear_dirty(self) -> None:
+        """Forget every dirty mark (a full scan plans everything): UNLINK frees a big set in the
+        background, where SPOP of a million would hold Redis for the whole pop."""
+        self._write(("UNLINK", C.DIRTY))
+
+    def mark_dirty(self, tablet_ids: Iterable[str]) -> None:
+        ids = list(tablet_ids)
+        for i in range(0, len(ids), 10_000):
+            self._write(("SADD", C.DIRTY, *ids[i : i + 10_000]))
+
+    def dirty_ids(self) -> list[str]:
+        return sorted(x.decode() for x in self.call(self._r.smembers, C.DIRTY))
+
+    def dirty_count(self) -> int:
+        return int(self.call(self._r.scard, C.DIRTY))
+
+    def claim_split_check(self, every_s: float) -> bool:
+        """True for at most one caller per ``every_s`` seconds: time for a split check of every tablet."""
+        (ok,) = self._write(("SET", C.SPLIT_CHECK, time.time(), "NX", "EX", max(1, int(every_s))))
+        return bool(ok)
+
+    # -- counters -------------------------------------------------------------------------
+    def incr(self, name: str, by: int = 1) -> int:
+        (n,) = self._write(("HINCRBY", C.COUNTERS, name, by))
+        return int(n)
+
+    def counters(self) -> dict[str, int]:
+        return {k.decode(): int(v) for k, v in self.call(self._r.hgetall, C.COUNTERS).items()}
+
+    def commits_on(self, tablet_id: str) -> int:
+        """Compactions committed on a tablet (counted by mutate.lua)."""
+        return int(self.call(self._r.hget, C.COMMITS_BY_TABLET, tablet_id) or 0)
+
+    def commit_log(self) -> list[str]:
+        """The ECIDs of the last commits applied, oldest first, once per commit applied
+        (``keyspace.COMMITLOG``: what a check that no commit was lost or applied twice reads)."""
+        return [e.decode() for e in self.call(self._r.lrange, C.COMMITLOG, 0, -1)]

@@ -1,0 +1,79 @@
+"""Files in the metadata store: registering new files with the tablets their rows overlap (a
+flush, a bulk import), the bulk imports in progress (``kz:imports``: files the garbage collector
+must spare) and the collector's count of deleted files.
+
+A compaction's files change by its own mutations (:mod:`kompaktor.metadata.compactions`); the
+collector itself is :mod:`kompaktor.coordinator.gc`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+
+from kompaktor import keyspace as C
+from kompaktor.metadata.store.mutation import Mutation
+from kompaktor.metadata.store.tables import TableStore
+from kompaktor.model.keys import span_overlaps
+from kompaktor.model.tablet import OFFLINE, ONLINE, FileMeta
+
+
+class FileStore(TableStore):
+    """New files of tablets, imports in progress, garbage-collection counts."""
+
+    def add_files(self, table_name: str, files: dict[str, FileMeta], *, allow_offline: bool = True) -> list[str]:
+        """Register files with every tablet their row span overlaps, in one mutation (Accumulo's
+        bulk import v2). Returns the tablet ids that received files."""
+        tid = self.table_id(table_name)
+        tablets = self.tablets(tid)
+        m = Mutation(table=tid).require_table(ONLINE, *([OFFLINE] if allow_offline else []))
+        touched = []
+        for t in tablets:
+            mine = {}
+            for path, fm in files.items():
+                if fm.entries > 0 and span_overlaps(fm.first_row, fm.last_row, t.prev, t.end):
+                    mine[path] = fm.to_json()
+            if mine:
+                m.tablet(t.id).require("exists").require("no_op").do("add_files", mine)
+                touched.append(t.id)
+        if touched:
+            self.mutate(m)
+        return touched
+
+    # -- garbage collection, imports in progress ------------------------------------------------------
+    def record_gc(self, n: int) -> None:
+        """Record that the collector deletes ``n`` files (fenced: a replaced coordinator is
+        refused here, before it deletes anything)."""
+        self._write(("HINCRBY", C.COUNTERS, "gc_deleted", n))
+
+    def register_import(self, import_id: str, table_id: str, files: Iterable[str], ttl_s: float) -> None:
+        """Announce (or refresh) a bulk import in progress: its temporary files (tagged
+        ``import_id``) and ``files`` are not garbage until ``ttl_s`` seconds from now."""
+        doc = {"table": table_id, "files": sorted(files), "expires": time.time() + ttl_s}
+        self.call(self._r.hset, C.IMPORTS, import_id, json.dumps(doc))
+
+    def forget_import(self, import_id: str) -> None:
+        """Drop the record of an import that failed and removed its files."""
+        self.call(self._r.hdel, C.IMPORTS, import_id)
+
+    def imports_since(self, since: float) -> tuple[set[str], set[str]]:
+        """The ids and files of the bulk imports in progress at ``since`` or later."""
+        ids: set[str] = set()
+        files: set[str] = set()
+        for iid, raw in self.call(self._r.hgetall, C.IMPORTS).items():
+            doc = json.loads(raw)
+            if float(doc["expires"]) >= since:
+                ids.add(iid.decode())
+                files.update(doc["files"])
+        return ids, files
+
+    def forget_imports_before(self, before: float) -> None:
+        """Drop the records of imports that ended (or died) before ``before``."""
+        old = [
+            iid
+            for iid, raw in self.call(self._r.hgetall, C.IMPORTS).items()
+            if float(json.loads(raw)["expires"]) < before
+        ]
+        if old:
+            self._write(("HDEL", C.IMPORTS, *[i.decode() for i in old]))

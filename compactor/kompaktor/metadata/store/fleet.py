@@ -1,0 +1,70 @@
+"""The fleet in the metadata store: compaction services and compactor groups (written by the
+operator or ``kompaktor up``; ``kz:services``, ``kz:groups``), the registry of compactors
+(``kz:compactors:<group>``) and drain requests (``kz:drain:<id>``).
+
+What a service or group means is :mod:`kompaktor.policy.services`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from kompaktor import keyspace as C
+from kompaktor.metadata.store.bookkeeping import BookkeepingStore
+from kompaktor.metadata.store.tables import TableStore
+from kompaktor.model.tablet import CompactorInfo
+
+
+class FleetStore(BookkeepingStore, TableStore):
+    """Services, groups, compactors, drains."""
+
+    # -- services, groups, compactors (written by the operator or `kompaktor up`) ------------
+    def put_service(self, cfg) -> None:
+        """Store a compaction service; every tablet is re-planned against the new settings."""
+        self.call(self._r.hset, C.SERVICES, cfg.name, cfg.to_json())
+        self.mark_dirty(self.all_tablet_ids())
+
+    def delete_service(self, name: str) -> None:
+        self.call(self._r.hdel, C.SERVICES, name)
+        self.mark_dirty(self.all_tablet_ids())
+
+    def services(self) -> dict:
+        from kompaktor.policy.services import DEFAULT, ServiceConfig
+
+        out = {DEFAULT.name: DEFAULT}
+        for name, raw in self.call(self._r.hgetall, C.SERVICES).items():
+            out[name.decode()] = ServiceConfig.from_json(raw)
+        return out
+
+    def put_group(self, cfg) -> None:
+        self.call(self._r.hset, C.GROUPS, cfg.name, cfg.to_json())
+
+    def delete_group(self, name: str) -> None:
+        self.call(self._r.hdel, C.GROUPS, name)
+
+    def groups(self) -> dict:
+        from kompaktor.policy.services import GroupConfig
+
+        return {n.decode(): GroupConfig.from_json(raw) for n, raw in self.call(self._r.hgetall, C.GROUPS).items()}
+
+    def register_compactor(self, group: str, compactor_id: str, state: str, ecid: str | None = None) -> None:
+        doc = json.dumps({"state": state, "ecid": ecid, "last_seen": time.time()})
+        self.call(self._r.hset, C.compactors_key(group), compactor_id, doc)
+
+    def unregister_compactor(self, group: str, compactor_id: str) -> None:
+        self.call(self._r.hdel, C.compactors_key(group), compactor_id)
+        self.call(self._r.delete, C.drain_key(compactor_id))
+
+    def compactors(self, group: str) -> list[CompactorInfo]:
+        out = []
+        for cid, raw in sorted(self.call(self._r.hgetall, C.compactors_key(group)).items()):
+            d = json.loads(raw)
+            out.append(CompactorInfo(cid.decode(), group, d["state"], d.get("ecid"), float(d["last_seen"])))
+        return out
+
+    def request_drain(self, compactor_id: str) -> None:
+        self.call(self._r.set, C.drain_key(compactor_id), "1", ex=3600)
+
+    def drain_requested(self, compactor_id: str) -> bool:
+        return bool(self.call(self._r.exists, C.drain_key(compactor_id)))

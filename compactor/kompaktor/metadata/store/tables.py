@@ -1,0 +1,173 @@
+"""Tables and their tablets in the metadata store: create, name, configure, take offline, delete
+a table; read its tablets (by id, in row order, by row range, in bounded chunks and batches).
+
+Every change is one conditional mutation (:meth:`StoreBase.mutate
+<kompaktor.metadata.store.base.StoreBase.mutate>`). Splitting and merging tablets is
+:mod:`kompaktor.metadata.tablet_ops`; registering files with tablets is
+:mod:`~kompaktor.metadata.store.files`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+
+import orjson
+
+from kompaktor import keyspace as C
+from kompaktor.metadata.store.base import StoreBase
+from kompaktor.metadata.store.mutation import Mutation
+from kompaktor.model.errors import ConditionFailed, TableExistsError, UnknownTableError
+from kompaktor.model.keys import encode_row, span_overlaps
+from kompaktor.model.names import check_table_name
+from kompaktor.model.tablet import (
+    DELETED,
+    OFFLINE,
+    ONLINE,
+    TableInfo,
+    Tablet,
+    decode_tablets,
+    end_token,
+    tablet_id,
+)
+
+
+class TableStore(StoreBase):
+    """Tables (``kz:tables``, ``kz:table:<tid>``) and tablets (``kz:table:<tid>:tablets``,
+    ``kz:tablet:<id>``)."""
+
+    # -- tables ---------------------------------------------------------------------------
+    def create_table(self, name: str, splits: Iterable[bytes] = (), props: dict[str, str] | None = None) -> str:
+        check_table_name(name)
+        rows = sorted(set(splits))
+        if any(not r for r in rows):
+            raise ValueError("split rows must not be empty")
+        if self.call(self._r.hexists, C.TABLES, name):
+            raise TableExistsError(f"table {name!r} already exists")
+        tid = format(self.next_seq("table"), "x")
+        m = Mutation(table=tid, table_conds=[["absent", name]], table_ops=[["create", name, json.dumps(props or {})]])
+        prev: bytes | None = None
+        for end in [*rows, None]:
+            doc = {"table": tid, "prev": encode_row(prev), "end": encode_row(end), "files": {}, "running": {}}
+            m.tablet(tablet_id(tid, end)).require("absent").do("create", doc, end_token(end))
+            prev = end
+        try:
+            self.mutate(m)
+        except ConditionFailed as exc:
+            raise TableExistsError(f"table {name!r} already exists") from exc
+        return tid
+
+    def table_id(self, name: str) -> str:
+        tid = self.call(self._r.hget, C.TABLES, name)
+        if tid is None:
+            raise UnknownTableError(f"unknown table {name!r}")
+        return tid.decode()
+
+    def table_info(self, tid: str) -> TableInfo:
+        h = self.call(self._r.hgetall, C.table_key(tid))
+        if not h:
+            raise UnknownTableError(f"unknown table id {tid!r}")
+        return TableInfo(tid, h[b"name"].decode(), h[b"state"].decode(), json.loads(h[b"props"]))
+
+    def table(self, name: str) -> TableInfo:
+        return self.table_info(self.table_id(name))
+
+    def tables(self) -> list[TableInfo]:
+        out = []
+        for _name, tid in sorted(self.call(self._r.hgetall, C.TABLES).items()):
+            out.append(self.table_info(tid.decode()))
+        return out
+
+    def set_props(self, name: str, props: dict[str, str | None]) -> None:
+        tid = self.table_id(name)
+        m = Mutation(table=tid).require_table(ONLINE, OFFLINE)
+        m.table_ops = [["set_prop", k, v] for k, v in props.items()]
+        self.mutate(m)
+
+    def set_state(self, name: str, state: str) -> None:
+        if state not in (ONLINE, OFFLINE):
+            raise ValueError(f"state must be ONLINE or OFFLINE, got {state!r}")
+        tid = self.table_id(name)
+        self.mutate(Mutation(table=tid, table_ops=[["set_state", state]]).require_table(ONLINE, OFFLINE))
+
+    def delete_table(self, name: str) -> list[str]:
+        """Mark the table DELETED, forget its name and remove its tablets (their files become
+        garbage for the collector). Running compactions on it then fail to commit. Returns the
+        files that were referenced."""
+        tid = self.table_id(name)
+        tablets = self.tablets(tid)
+        m = Mutation(table=tid, table_ops=[["set_state", DELETED], ["unname", name]]).require_table(ONLINE, OFFLINE)
+        files: set[str] = set()
+        for t in tablets:
+            files.update(t.files)
+            m.tablet(t.id).require("version", t.version).do("delete", end_token(t.end))
+        self.mutate(m)
+        return sorted(files)
+
+    # -- tablets --------------------------------------------------------------------------
+    def tablet_ids(self, tid: str, chunk: int | None = None) -> list[str]:
+        """The table's tablet ids in row order, read ``chunk`` (:data:`SCAN_CHUNK`) at a time: one
+        table may have a million tablets, and one ZRANGE over all would hold Redis that long."""
+        chunk = chunk or self.scan_chunk
+        out: list[str] = []
+        start = 0
+        while True:
+            part = self.call(self._r.zrange, C.tablets_key(tid), start, start + chunk - 1)
+            out.extend(f"{tid};{e.decode()}" for e in part)
+            if len(part) < chunk:
+                return out
+            start += chunk
+
+    def tablet(self, tablet_id: str) -> Tablet | None:
+        raw = self.call(self._r.get, C.tablet_key(tablet_id))
+        return None if raw is None else Tablet.from_json(tablet_id, orjson.loads(raw))
+
+    def get_tablets(self, tablet_ids: list[str], chunk: int = 1000) -> list[Tablet]:
+        return decode_tablets(self.tablet_docs(tablet_ids, chunk))
+
+    def tablet_batches(self, tablet_ids: list[str], size: int = 1000) -> Iterator[list[Tablet]]:
+        """These tablets in batches of ``size`` (missing ones left out). The documents of batch k+1
+        are fetched before batch k is handed out: Redis work that the caller starts with batch k
+        (a queue add) then runs while batch k+1 is decoded instead of delaying its fetch."""
+        parts = [tablet_ids[i : i + size] for i in range(0, len(tablet_ids), size)]
+        docs = self.tablet_docs(parts[0]) if parts else []
+        for k in range(len(parts)):
+            tablets = decode_tablets(docs)
+            docs = self.tablet_docs(parts[k + 1]) if k + 1 < len(parts) else []
+            yield tablets
+
+    def tablet_docs(self, tablet_ids: list[str], chunk: int = 1000) -> list[tuple[str, bytes]]:
+        """The stored documents of these tablets, not decoded (:func:`decode_tablets`); tablets
+        that do not exist are left out."""
+        out: list[tuple[str, bytes]] = []
+        for i in range(0, len(tablet_ids), chunk):
+            part = tablet_ids[i : i + chunk]
+            raws = self.call(self._r.mget, [C.tablet_key(t) for t in part])
+            out.extend((t, raw) for t, raw in zip(part, raws, strict=True) if raw)
+        return out
+
+    def tablets(self, tid: str) -> list[Tablet]:
+        return self.get_tablets(self.tablet_ids(tid))
+
+    def tablets_in_range(self, tid: str, start: bytes | None, end: bytes | None) -> list[Tablet]:
+        """Tablets overlapping the inclusive row range [start, end] (None = unbounded)."""
+        return [t for t in self.tablets(tid) if span_overlaps(start, end, t.prev, t.end)]
+
+    def all_tablet_ids(self) -> list[str]:
+        ids: list[str] = []
+        for t in self.tables():
+            ids.extend(self.tablet_ids(t.id))
+        return ids
+
+    def iter_all_tablets(self) -> Iterator[Tablet]:
+        yield from self.get_tablets(self.all_tablet_ids())
+
+    # -- what a reservation reads besides the tablet --------------------------------------------
+    def tablet_and_props(self, tablet_id: str, table_id: str) -> tuple[Tablet | None, dict[str, str] | None]:
+        """A tablet and its table's properties, in one round trip."""
+        p = self._r.pipeline(transaction=False)
+        p.get(C.tablet_key(tablet_id))
+        p.hget(C.table_key(table_id), "props")
+        raw_tablet, raw_props = self.call(p.execute)
+        tablet = None if raw_tablet is None else Tablet.from_json(tablet_id, orjson.loads(raw_tablet))
+        return tablet, (None if raw_props is None else json.loads(raw_props))
