@@ -135,11 +135,12 @@ def test_each_setting_of_a_compactor_group_reaches_the_running_compactor(redis_u
             "driverMemory": "512m",
         },
         "drainGraceSeconds": 40,
+        "resume": {"minInputSize": "256Mi"},
     }
     expected = apply(backend, first)
     assert expected == (
         "engine=arrow spark_master=local[1] spark_conf=spark.sql.shuffle.partitions=2 "
-        "driver_memory=512m drain_grace=40s"
+        "driver_memory=512m drain_grace=40s resume=256Mi"
     )
     a = start("c-1")
     assert a.settings() == (expected, "the group's configuration in Redis")
@@ -155,13 +156,22 @@ def test_each_setting_of_a_compactor_group_reaches_the_running_compactor(redis_u
             "driverMemory": "1g",
         },
         "drainGraceSeconds": 41,
+        "resume": {"enabled": False},
     }
     expected = apply(backend, second)
     assert a.drain() == 0, a.log
     b = start("c-2")
     assert b.settings() == (expected, "the group's configuration in Redis")
-    assert "spark_master=local[2]" in expected and "drain_grace=41s" in expected
+    assert "spark_master=local[2]" in expected and "drain_grace=41s" in expected and expected.endswith(" resume=off")
     poll(lambda: registered(store, "c-2"), "compactor c-2 registered", alive=(b.proc,))
+    assert b.drain() == 0, b.log
+
+    # resuming on again, from another size
+    expected = apply(backend, {**second, "resume": {"enabled": True, "minInputSize": "3G"}})
+    b = start("c-2b")
+    assert b.settings() == (expected, "the group's configuration in Redis")
+    assert expected.endswith(" drain_grace=41s resume=3000000000")
+    poll(lambda: registered(store, "c-2b"), "compactor c-2b registered", alive=(b.proc,))
     assert b.drain() == 0, b.log
 
     # the engine: a compactor of a group switched to spark runs Spark, with the group's master
@@ -182,7 +192,8 @@ def test_command_line_flags_override_the_group_for_a_compactor_run_by_hand(redis
     p = start("by-hand", "--drain-grace", "5", "--spark-conf", "spark.sql.shuffle.partitions=4")
     settings, source = p.settings()
     assert settings == (
-        "engine=arrow spark_master=local[1] spark_conf=spark.sql.shuffle.partitions=4 driver_memory=- drain_grace=5s"
+        "engine=arrow spark_master=local[1] spark_conf=spark.sql.shuffle.partitions=4 driver_memory=- drain_grace=5s "
+        "resume=1Gi"
     )
     assert source == "the group's configuration in Redis, overridden by --drain-grace --spark-conf"
     poll(lambda: registered(backend.store, "by-hand"), "registered", alive=(p.proc,))
@@ -194,7 +205,7 @@ def test_a_group_nobody_configured_runs_with_the_crds_defaults(redis_url: str, s
     settings, source = p.settings()
     defaults = WorkerSettings.for_group(m.to_group_config(GROUP, m.CompactorGroupSpec()), "-")
     assert settings == WorkerSettings(**{**defaults.__dict__, "engine": "arrow"}).describe()
-    assert "drain_grace=300s" in settings and "spark_master=local[*]" in settings
+    assert "drain_grace=300s" in settings and "spark_master=local[*]" in settings and "resume=1Gi" in settings
     assert source.startswith("the defaults (no configuration of this group in Redis)")
     assert any(" WARNING " in line and "of group" in line for line in p.lines), p.log  # said as a warning
     poll(lambda: registered(MetadataStore.from_url(redis_url), "unconfigured"), "registered", alive=(p.proc,))
@@ -231,3 +242,20 @@ def test_a_pod_made_by_the_operator_does_not_start_without_its_groups_configurat
         == f"the group's configuration in Redis (newer than this pod's {digest}: the group's rollout replaces it)"
     )
     assert old.drain() == 0, old.log
+
+
+def test_the_compactors_engine_resumes_from_its_groups_size(redis_url: str, tmp_path: Path) -> None:
+    """spec.resume.minInputSize is the engine's threshold in the compactor (the engine decides
+    which merges are resumable), and spec.resume.enabled: false gives no merge a resume log."""
+    from kompaktor.files.storage import Storage
+    from kompaktor.worker.compactor import Compactor as Worker
+
+    backend = backends.RedisBackend(redis_url)
+    apply(backend, {"spark": {"engine": "arrow"}, "resume": {"minInputSize": "64Mi"}})
+    cfg = backend.store.groups()[GROUP]
+    worker = Worker(backend.store, Storage.from_uri(str(tmp_path)), WorkerSettings.for_group(cfg, "in-process"))
+    assert (worker.s.resume, worker.engine.resume_min_bytes) == (True, 64 << 20)
+    apply(backend, {"spark": {"engine": "arrow"}, "resume": {"enabled": False}})
+    cfg = backend.store.groups()[GROUP]
+    off = Worker(backend.store, Storage.from_uri(str(tmp_path)), WorkerSettings.for_group(cfg, "in-process-2"))
+    assert off.s.resume is False

@@ -161,6 +161,52 @@ async def test_a_groups_settings_reach_redis_only_and_a_change_rolls_the_pods(
     assert annotations[SETTINGS_ANNOTATION] == cfg.settings_digest()
 
 
+async def test_a_groups_resume_settings_reach_redis_and_a_bad_one_changes_nothing(
+    operator, api: Api, backend: FakeBackend
+) -> None:
+    """spec.resume is stored with the group's other settings and rolls its pods like them; a
+    negative or unparsable size is an invalid spec: Ready=False naming the field, the stored
+    settings and the pods as they were."""
+    from kompaktor_operator.naming import SETTINGS_ANNOTATION
+
+    kmock = operator
+    await api.create(GROUPS_RES, group_body("r", resume={"minInputSize": "2Gi"}))
+    dep = await eventually(lambda: obj(kmock, DEPLOY, "kompaktor-r"), what="Deployment")
+    cfg = backend.groups["r"]
+    assert (cfg.resume, cfg.resume_min_bytes) == (True, 2 << 30)
+    first = dep["spec"]["template"]["metadata"]["annotations"][SETTINGS_ANNOTATION]
+    assert first == cfg.settings_digest()
+
+    await api.patch(
+        GROUPS_RES, "r", {"metadata": {"generation": 2}, "spec": {"resume": {"enabled": False, "minInputSize": "2Gi"}}}
+    )
+
+    def rolled() -> bool:
+        annotations = obj(kmock, DEPLOY, "kompaktor-r")["spec"]["template"]["metadata"]["annotations"]
+        return annotations[SETTINGS_ANNOTATION] != first
+
+    await eventually(rolled, what="pod template with the new settings digest")
+    cfg = backend.groups["r"]
+    assert (cfg.resume, cfg.resume_min_bytes) == (False, 2 << 30)
+    digest = cfg.settings_digest()
+
+    for generation, bad, words in (
+        (3, {"enabled": True, "minInputSize": "-1Gi"}, "resume.minInputSize: '-1Gi' is negative"),
+        (4, {"enabled": True, "minInputSize": "2GB"}, "resume.minInputSize: '2GB' is not a Kubernetes quantity"),
+    ):
+        await api.patch(GROUPS_RES, "r", {"metadata": {"generation": generation}, "spec": {"resume": bad}})
+
+        def refused(generation: int = generation) -> dict[str, Any] | None:
+            ready = next(c for c in obj(kmock, GROUPS_RES, "r")["status"]["conditions"] if c["type"] == "Ready")
+            return ready if ready["status"] == "False" and ready.get("observedGeneration") == generation else None
+
+        ready = await eventually(refused, what=f"Ready=False for generation {generation}")
+        assert ready["reason"] == "InvalidSpec" and words in ready["message"], ready
+        assert backend.groups["r"] == cfg  # the stored settings are the last valid ones
+        annotations = obj(kmock, DEPLOY, "kompaktor-r")["spec"]["template"]["metadata"]["annotations"]
+        assert annotations[SETTINGS_ANNOTATION] == digest
+
+
 @pytest.mark.parametrize(
     "spec, rule",
     [

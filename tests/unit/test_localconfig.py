@@ -19,6 +19,17 @@ def test_demo_config_loads_two_tiers_and_groups() -> None:
     assert cfg.groups["small"].engine == "arrow" and cfg.groups["large"].engine == "spark"
 
 
+def test_a_local_group_takes_the_resume_settings_of_a_compactor_group() -> None:
+    """Local mode reads the same CRs: spec.resume reaches the group it runs."""
+    cfg = load_config(
+        DEMO_CONFIG.replace("drainGraceSeconds: 60", "drainGraceSeconds: 60\n  resume: {minInputSize: 64Mi}")
+    )
+    assert (cfg.groups["large"].resume, cfg.groups["large"].resume_min_bytes) == (True, 64 << 20)
+    assert (cfg.groups["small"].resume, cfg.groups["small"].resume_min_bytes) == (True, 1 << 30)
+    off = load_config(DEMO_CONFIG.replace("drainGraceSeconds: 30", "drainGraceSeconds: 30\n  resume: {enabled: false}"))
+    assert off.groups["small"].resume is False
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -40,6 +51,11 @@ def test_demo_config_loads_two_tiers_and_groups() -> None:
             "minReplicas",
         ),
         (("kind: CompactorGroup", "kind: CompactorGroupz"), "kind"),
+        (("drainGraceSeconds: 60", "drainGraceSeconds: 60\n  resume: {minInputSize: -2Gi}"), "is negative"),
+        (
+            ("drainGraceSeconds: 60", "drainGraceSeconds: 60\n  resume: {minInputSize: 2GB}"),
+            "not a Kubernetes quantity",
+        ),
     ],
 )
 def test_bad_settings_are_refused_with_a_clear_error(change: tuple[str, str], message: str) -> None:

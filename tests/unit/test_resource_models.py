@@ -264,6 +264,15 @@ def test_a_groups_defaults_are_the_same_everywhere() -> None:
     assert (spec.drain_grace_seconds, cfg.drain_grace_seconds, worker.drain_grace_s) == (d.DEFAULT_DRAIN_GRACE_S,) * 3
     assert (spec.spark.master, cfg.spark_master, worker.spark_master) == (d.DEFAULT_SPARK_MASTER,) * 3
     assert (spec.spark.engine, cfg.engine, worker.engine) == (d.DEFAULT_ENGINE,) * 3
+    assert (spec.resume.enabled, cfg.resume, worker.resume) == (d.DEFAULT_RESUME,) * 3
+    assert (spec.resume.min_input_bytes(), cfg.resume_min_bytes, worker.resume_min_bytes) == (
+        d.DEFAULT_RESUME_MIN_BYTES,
+    ) * 3
+    from kompaktor.engines import make_engine
+    from kompaktor.engines.resume import RESUME_MIN_BYTES
+
+    assert RESUME_MIN_BYTES == d.DEFAULT_RESUME_MIN_BYTES == make_engine("arrow").resume_min_bytes
+    assert make_engine("arrow", resume_min_bytes=7).resume_min_bytes == 7
     # and what the operator stores for a group that leaves everything out is exactly that
     assert dataclasses.asdict(m.to_group_config("g", spec)) == dataclasses.asdict(cfg)
 
@@ -306,21 +315,94 @@ def test_a_group_config_is_the_compactors_settings() -> None:
             "spark": {"engine": "arrow", "master": "local[3]", "conf": {"spark.a": "b"}, "driverMemory": "3g"},
             "drainGraceSeconds": 45,
             "maxReplicas": 5,
+            "resume": {"minInputSize": "2Gi"},
         }
     )
     cfg = m.to_group_config("g", spec)
     w = WorkerSettings.for_group(cfg, "c-1")
-    assert (w.group, w.compactor_id, w.engine, w.spark_master, w.spark_conf, w.driver_memory, w.drain_grace_s) == (
-        "g",
-        "c-1",
-        "arrow",
-        "local[3]",
-        {"spark.a": "b"},
-        "3g",
-        45.0,
+    assert (
+        w.group,
+        w.compactor_id,
+        w.engine,
+        w.spark_master,
+        w.spark_conf,
+        w.driver_memory,
+        w.drain_grace_s,
+        w.resume,
+        w.resume_min_bytes,
+    ) == ("g", "c-1", "arrow", "local[3]", {"spark.a": "b"}, "3g", 45.0, True, 2 << 30)
+    assert w.describe() == (
+        "engine=arrow spark_master=local[3] spark_conf=spark.a=b driver_memory=3g drain_grace=45s resume=2Gi"
     )
-    assert w.describe() == "engine=arrow spark_master=local[3] spark_conf=spark.a=b driver_memory=3g drain_grace=45s"
     import dataclasses
 
     assert dataclasses.replace(cfg, max_replicas=9).settings_digest() == cfg.settings_digest()
     assert dataclasses.replace(cfg, drain_grace_seconds=46).settings_digest() != cfg.settings_digest()
+    assert dataclasses.replace(cfg, resume=False).settings_digest() != cfg.settings_digest()
+    assert dataclasses.replace(cfg, resume_min_bytes=1).settings_digest() != cfg.settings_digest()
+    off = WorkerSettings.for_group(dataclasses.replace(cfg, resume=False), "c-1")
+    assert off.describe().endswith(" drain_grace=45s resume=off")
+
+
+@pytest.mark.parametrize(
+    ("resume", "enabled", "min_bytes"),
+    [
+        ({}, True, 1 << 30),
+        ({"enabled": False}, False, 1 << 30),
+        ({"minInputSize": "512Mi"}, True, 512 << 20),
+        ({"minInputSize": "50G"}, True, 50_000_000_000),
+        ({"minInputSize": 0}, True, 0),
+        ({"minInputSize": 4096}, True, 4096),
+    ],
+)
+def test_a_groups_resume_settings_reach_its_group_config(resume: dict, enabled: bool, min_bytes: int) -> None:
+    cfg = m.to_group_config("g", m.CompactorGroupSpec.model_validate({"resume": resume}))
+    assert (cfg.resume, cfg.resume_min_bytes) == (enabled, min_bytes)
+    # what the operator stores is what a compactor reads back
+    from kompaktor.policy.services import GroupConfig
+
+    assert GroupConfig.from_json(cfg.to_json()) == cfg
+
+
+def test_a_group_config_stored_before_resume_settings_existed_reads_with_the_defaults() -> None:
+    """An older operator stored groups without them: a compactor reads those with the defaults."""
+    import json
+
+    from kompaktor.policy import services as d
+
+    stored = json.loads(d.GroupConfig("g").to_json())
+    del stored["resume"], stored["resume_min_bytes"]
+    cfg = d.GroupConfig.from_json(json.dumps(stored))
+    assert (cfg.resume, cfg.resume_min_bytes) == (d.DEFAULT_RESUME, d.DEFAULT_RESUME_MIN_BYTES)
+
+
+@pytest.mark.parametrize(
+    ("resume", "words"),
+    [
+        ({"minInputSize": "-1Gi"}, "resume.minInputSize: '-1Gi' is negative"),
+        ({"minInputSize": -5}, "resume.minInputSize: -5 is negative"),
+        ({"minInputSize": "1Gb"}, "resume.minInputSize: '1Gb' is not a Kubernetes quantity"),
+        ({"minInputSize": "lots"}, "resume.minInputSize: 'lots' is not a Kubernetes quantity"),
+        ({"minInputSize": True}, "resume.minInputSize: a quantity is an integer or a string"),
+        ({"minInputSize": "1e400"}, "resume.minInputSize: '1e400' is more than 2^63 - 1 bytes"),
+        ({"enabled": "sometimes"}, "resume.enabled"),
+        ({"minBytes": 1}, "resume.minBytes: Extra inputs are not permitted"),
+    ],
+)
+def test_bad_resume_settings_are_refused_with_a_clear_error(resume: dict, words: str) -> None:
+    with pytest.raises(ValidationError) as err:
+        m.CompactorGroupSpec.model_validate({"resume": resume})
+    assert words in m.explain(err.value)
+
+
+@pytest.mark.parametrize(("value", "valid"), [("1Gi", True), ("0", True), (5, True), ("-1Gi", False), ("+1Gi", False)])
+def test_the_crd_refuses_a_signed_resume_size(value: int | str, valid: bool) -> None:
+    """The API server refuses a signed size string before the operator sees it (the pattern; a
+    negative integer is the model's to refuse, above)."""
+    import jsonschema
+
+    from kompaktor.resources import crdgen
+
+    schema = crdgen.structural(m.ResumeSettings.model_json_schema())["properties"]["minInputSize"]
+    errors = list(jsonschema.Draft7Validator(schema).iter_errors(value))
+    assert (not errors) == valid, errors

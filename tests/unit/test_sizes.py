@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kompaktor.policy.sizes import parse_accumulo_size, parse_quantity_bytes
+from kompaktor.policy.sizes import format_quantity, parse_accumulo_size, parse_quantity_bytes
 
 KI, MI, GI, TI = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 
@@ -117,3 +117,28 @@ def test_quantity_bytes_accepts(value: int | str, expected: int) -> None:
 def test_quantity_bytes_rejects(value: object) -> None:
     with pytest.raises(ValueError):
         parse_quantity_bytes(value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("n", "text"),
+    [
+        (0, "0"),
+        (1, "1"),
+        (1536, "1536"),
+        (1 << 10, "1Ki"),
+        (3 << 20, "3Mi"),
+        (1 << 30, "1Gi"),
+        (1536 << 20, "1536Mi"),
+        (5 << 40, "5Ti"),
+        (10**9, "1000000000"),
+    ],
+)
+def test_format_quantity_is_exact_and_reads_back(n: int, text: str) -> None:
+    assert format_quantity(n) == text
+    assert parse_quantity_bytes(text) == n
+
+
+@pytest.mark.parametrize("value", [True, 1.5, "1Gi", None])
+def test_format_quantity_takes_whole_bytes_only(value: object) -> None:
+    with pytest.raises(ValueError):
+        format_quantity(value)  # type: ignore[arg-type]

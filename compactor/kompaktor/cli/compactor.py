@@ -95,7 +95,7 @@ def compactor(
 ) -> None:
     """Run one compactor: reserve a job of GROUP, merge it, commit, repeat; drain on SIGTERM.
 
-    The group's settings (engine, Spark master and conf, driver memory, drain grace) come from its
+    The group's settings (engine, Spark master and conf, driver memory, drain grace, resume) come from its
     configuration in Redis, which the operator (or `kompaktor up`) writes from the CompactorGroup;
     the options below override them for a compactor run by hand."""
     import dataclasses

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from kompaktor.engines.api import MergeEngine
 from kompaktor.model.errors import KompaktorError
-from kompaktor.policy.services import DEFAULT_ENGINE, DEFAULT_SPARK_MASTER, ENGINES
+from kompaktor.policy.services import DEFAULT_ENGINE, DEFAULT_RESUME_MIN_BYTES, DEFAULT_SPARK_MASTER, ENGINES
 
 __all__ = ["ENGINES", "MergeEngine", "make_engine"]
 
@@ -23,13 +23,15 @@ def make_engine(
     spark_master: str = DEFAULT_SPARK_MASTER,
     spark_conf: Mapping[str, str] | None = None,
     driver_memory: str | None = None,
+    resume_min_bytes: int = DEFAULT_RESUME_MIN_BYTES,
 ) -> MergeEngine:
     """An engine by name. ``spark`` creates (or reuses) the process's one SparkSession now, so a
-    compactor pays the JVM start-up once, before its first job."""
+    compactor pays the JVM start-up once, before its first job. ``resume_min_bytes``: input bytes
+    from which a merge given a resume log is resumable (a group's ``spec.resume.minInputSize``)."""
     if kind == "arrow":
         from kompaktor.engines.arrow import ArrowMergeEngine
 
-        return ArrowMergeEngine()
+        return ArrowMergeEngine(resume_min_bytes=resume_min_bytes)
     if kind == "spark":
         if importlib.util.find_spec("pyspark") is None:
             raise KompaktorError(
@@ -38,5 +40,10 @@ def make_engine(
             )
         from kompaktor.engines.spark import SparkMergeEngine
 
-        return SparkMergeEngine(master=spark_master, conf=dict(spark_conf or {}), driver_memory=driver_memory)
+        return SparkMergeEngine(
+            master=spark_master,
+            conf=dict(spark_conf or {}),
+            driver_memory=driver_memory,
+            resume_min_bytes=resume_min_bytes,
+        )
     raise ValueError(f"unknown merge engine {kind!r}; expected one of {', '.join(ENGINES)}")

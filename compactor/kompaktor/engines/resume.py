@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from kompaktor.files.storage import Storage
 from kompaktor.model.errors import StoreUnavailable
 from kompaktor.model.resume import Bound, PartRecord, ResumeLog, ResumeState, cuts_valid
+from kompaktor.policy.services import DEFAULT_RESUME_MIN_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +32,10 @@ HASH_CHUNK = 8 << 20
 #: plain path (wall time within the noise), Spark 1.13x the CPU and 1.04-1.16x the time (the
 #: driver hashes each part as it appends it), and the output's bytes twice on disk until the
 #: commit. Below 1 GiB a merge is about 13 s of work here: restarting it costs less than making
-#: every such merge pay (docs/architecture.md, "Long merges resume")
-RESUME_MIN_BYTES = 1 << 30
+#: every such merge pay (docs/architecture.md, "Long merges resume"). The default of a
+#: CompactorGroup's ``spec.resume.minInputSize``, defined once in ``kompaktor.policy.services``;
+#: a compactor builds its engine with its group's (``make_engine(resume_min_bytes=...)``).
+RESUME_MIN_BYTES = DEFAULT_RESUME_MIN_BYTES
 
 
 def file_digest(storage: Storage, rel: str) -> tuple[int, str]:

@@ -1,4 +1,10 @@
-"""What `kompaktor status` shows, gathered from the metadata store and the queues."""
+"""What `kompaktor status` shows, gathered from the metadata store and the queues.
+
+A running merge that is resumable (issue 23 §2) reports what it took over from an earlier
+attempt in its heartbeat (``engines.ranges.progress_dict``); those merges are listed under
+``resumable_merges`` (and a "resumable merges" table), which is left out entirely while none
+runs, so the rest of the output is what it always was.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +15,39 @@ from typing import Any
 from kompaktor.metadata import failures
 from kompaktor.metadata import user_compactions as usercompaction
 from kompaktor.metadata.store import MetadataStore
+from kompaktor.model.tablet import RunningCompaction, Tablet
 
 ALIVE_S = 15.0
+
+#: the heartbeat fields of a resumable merge's progress (``engines.ranges.progress_dict``); a
+#: merge that is not resumable reports none of them
+RESUME_FIELDS = ("parts_reused", "entries_reused", "bytes_reused", "input_bytes_reread", "parts_rejected")
+
+
+def _count(fields: dict[str, str], name: str) -> int:
+    try:
+        return int(float(fields.get(name, 0)))
+    except ValueError:
+        return 0
+
+
+def resumable_merge(
+    table: str, tablet: Tablet, ecid: str, running: RunningCompaction, heartbeat: dict[str, str]
+) -> dict[str, Any] | None:
+    """One running merge's resume figures from its heartbeat, or None if it is not resumable."""
+    if "parts_reused" not in heartbeat:
+        return None
+    return {
+        "ecid": ecid,
+        "table": table,
+        "tablet": tablet.id,
+        "group": running.group,
+        "compactor": running.compactor,
+        "input_bytes": sum(tablet.files[f].size for f in running.files if f in tablet.files),
+        "parts_done": _count(heartbeat, "parts_done"),
+        "parts": _count(heartbeat, "parts"),
+        **{name: _count(heartbeat, name) for name in RESUME_FIELDS},
+    }
 
 
 def gather(store: MetadataStore) -> dict[str, Any]:
@@ -36,8 +73,13 @@ def gather(store: MetadataStore) -> dict[str, Any]:
             "dead_lettered": s.dead_lettered,
         }
     tables: dict[str, Any] = {}
+    resumable: list[dict[str, Any]] = []
     for t in store.tables():
         tablets = store.tablets(t.id)
+        for tb in tablets:
+            for ecid, rc in tb.running.items():
+                if (merge := resumable_merge(t.name, tb, ecid, rc, store.heartbeat(ecid))) is not None:
+                    resumable.append(merge)
         counts = [len(tb.files) for tb in tablets]
         hist: dict[str, int] = {}
         for c in counts:
@@ -56,7 +98,7 @@ def gather(store: MetadataStore) -> dict[str, Any]:
             "running_compactions": sum(len(tb.running) for tb in tablets),
             "entries": sum(m.entries for tb in tablets for m in tb.files.values()),
         }
-    return {
+    out = {
         "groups": groups,
         "tables": tables,
         "user_compactions": [u.to_json() for u in usercompaction.all_compactions(store)],
@@ -64,12 +106,36 @@ def gather(store: MetadataStore) -> dict[str, Any]:
         "retries_pending": failures.pending_retries(store),
         "counters": counters,
     }
+    if resumable:  # only then: the output without resumable merges stays what it was
+        out["resumable_merges"] = sorted(resumable, key=lambda r: r["ecid"])
+    return out
+
+
+def resumable_line(r: dict[str, Any]) -> str:
+    """One running resumable merge on one line (of ``gather``'s ``resumable_merges``)."""
+    return (
+        f"resumable merge {r['ecid']} on {r['table']} (group {r['group']}, compactor {r['compactor']}): "
+        f"{r['parts_done']}/{r['parts']} parts done, {r['parts_reused']} reused "
+        f"({human_bytes(r['bytes_reused'])} of input not read again), {r['parts_rejected']} rejected; "
+        f"input re-read {human_bytes(r['input_bytes_reread'])} of {human_bytes(r['input_bytes'])}"
+    )
+
+
+def human_bytes(n: int) -> str:
+    """1536 -> '1.5 KiB' (binary units, one decimal)."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(size) < 1024 or unit == "PiB":
+            return f"{n} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
 
 
 def render(status: dict[str, Any]):
     """A rich renderable of the status (one screen)."""
     from rich.console import Group
     from rich.table import Table
+    from rich.text import Text
 
     gt = Table(title="compactor groups", expand=False)
     for col in (
@@ -119,4 +185,7 @@ def render(status: dict[str, Any]):
         for u in status["user_compactions"]:
             ut.add_row(u["id"], u["table"], u["state"], f"{u['tablets_done']}/{u['tablets_total']}", u["message"])
         parts.append(ut)
+    # last, and only while one runs: every line above is what it always was
+    for r in status.get("resumable_merges", ()):
+        parts.append(Text(resumable_line(r)))
     return Group(*parts)

@@ -92,9 +92,23 @@ DEFAULT_JOBS_PER_REPLICA = 1
 DEFAULT_SPARK_MASTER = "local[*]"
 DEFAULT_ENGINE = "spark"
 DEFAULT_DRAIN_GRACE_S = 300
+#: merges record their finished key ranges so that a retry of the same job resumes (issue 23 §2;
+#: CompactorGroup ``spec.resume.enabled``)
+DEFAULT_RESUME = True
+#: input bytes from which a merge is resumable (``spec.resume.minInputSize``, 1Gi; the engines'
+#: ``RESUME_MIN_BYTES``: why 1 GiB is in ``kompaktor.engines.resume``)
+DEFAULT_RESUME_MIN_BYTES = 1 << 30
 
 #: The settings a compactor of the group runs with (the rest of GroupConfig is for the scaler).
-COMPACTOR_SETTINGS = ("engine", "spark_master", "spark_conf", "driver_memory", "drain_grace_seconds")
+COMPACTOR_SETTINGS = (
+    "engine",
+    "spark_master",
+    "spark_conf",
+    "driver_memory",
+    "drain_grace_seconds",
+    "resume",
+    "resume_min_bytes",
+)
 
 
 @dataclass(frozen=True)
@@ -115,6 +129,8 @@ class GroupConfig:
     driver_memory: str | None = None
     drain_grace_seconds: int = DEFAULT_DRAIN_GRACE_S
     engine: str = DEFAULT_ENGINE  # "spark", or "arrow" for groups that only hold small jobs
+    resume: bool = DEFAULT_RESUME  # merges record their finished key ranges (issue 23 §2)
+    resume_min_bytes: int = DEFAULT_RESUME_MIN_BYTES  # ... from this many input bytes
 
     def __post_init__(self) -> None:
         if self.min_replicas < 0 or self.max_replicas < max(1, self.min_replicas):
@@ -125,9 +141,14 @@ class GroupConfig:
             raise ValueError(f"group {self.name!r}: engine {self.engine!r} is not one of {', '.join(ENGINES)}")
         if self.drain_grace_seconds < 0:
             raise ValueError(f"group {self.name!r}: drainGraceSeconds must be >= 0")
+        if isinstance(self.resume_min_bytes, bool) or not isinstance(self.resume_min_bytes, int):
+            raise ValueError(f"group {self.name!r}: resume.minInputSize must be a whole number of bytes")
+        if self.resume_min_bytes < 0:
+            raise ValueError(f"group {self.name!r}: resume.minInputSize must be >= 0")
 
     def compactor_settings(self) -> dict[str, object]:
-        """What a compactor of the group runs with: engine, Spark master, conf, driver memory, grace."""
+        """What a compactor of the group runs with: engine, Spark master, conf, driver memory, grace,
+        resume (on/off and from which input size)."""
         d = {k: getattr(self, k) for k in COMPACTOR_SETTINGS}
         d["spark_conf"] = dict(self.spark_conf)
         return d

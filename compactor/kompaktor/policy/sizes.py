@@ -10,7 +10,9 @@ Two grammars, one function each:
   (``Ki``/``Mi``/``Gi``/``Ti`` binary, ``k``/``M``/``G``/``T`` decimal); a fraction rounds up to a
   whole byte. ``"32M"`` is 32,000,000 bytes.
 
-Both raise :class:`ValueError` on anything they cannot parse. Neither checks ranges (a value of 0
+:func:`format_quantity` writes whole bytes back as the shortest exact binary quantity (``"1Gi"``).
+
+Both parsers raise :class:`ValueError` on anything they cannot parse. Neither checks ranges (a value of 0
 or a negative integer is returned as is): callers know whether 0 is allowed.
 
 Pure: imports nothing from Kompaktor; ``kubernetes`` is imported only by the quantity parser.
@@ -21,7 +23,7 @@ from __future__ import annotations
 import re
 from decimal import ROUND_CEILING, Decimal, InvalidOperation
 
-__all__ = ["parse_accumulo_size", "parse_quantity_bytes"]
+__all__ = ["format_quantity", "parse_accumulo_size", "parse_quantity_bytes"]
 
 #: Accumulo suffix (lower-cased) -> multiplier. "" and "b" mean bytes.
 _ACCUMULO_UNITS: dict[str, int] = {
@@ -83,3 +85,24 @@ def parse_quantity_bytes(value: int | str) -> int:
         return int(quantity.to_integral_value(rounding=ROUND_CEILING))
     except (ValueError, InvalidOperation, OverflowError) as exc:
         raise ValueError(f"invalid quantity {value!r}: {exc}") from None
+
+
+_BINARY_SUFFIXES = (
+    ("Ei", 1 << 60),
+    ("Pi", 1 << 50),
+    ("Ti", 1 << 40),
+    ("Gi", 1 << 30),
+    ("Mi", 1 << 20),
+    ("Ki", 1 << 10),
+)
+
+
+def format_quantity(n: int) -> str:
+    """Whole bytes as a Kubernetes quantity, exactly: ``1073741824`` is ``"1Gi"``, ``1536`` is
+    ``"1536"`` rather than a rounded ``"1.5Ki"``; :func:`parse_quantity_bytes` reads it back."""
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise ValueError(f"bytes must be an integer, got {type(n).__name__} {n!r}")
+    for suffix, size in _BINARY_SUFFIXES:
+        if n and n % size == 0:
+            return f"{n // size}{suffix}"
+    return str(n)

@@ -36,6 +36,7 @@ from kompaktor.policy import services as group_defaults
 from kompaktor.policy.planner import DEFAULTS as PLANNER_DEFAULTS
 from kompaktor.policy.services import GroupConfig, ServiceConfig
 from kompaktor.policy.services import Tier as CoreTier
+from kompaktor.policy.sizes import format_quantity
 from kompaktor.resources import api
 
 #: The grammar of a Kubernetes quantity (apimachinery's resource.Quantity), as CRDs spell it.
@@ -63,6 +64,21 @@ Quantity = Annotated[
         {
             "anyOf": [{"type": "integer"}, {"type": "string"}],
             "pattern": QUANTITY_PATTERN,
+            "x-kubernetes-int-or-string": True,
+        }
+    ),
+]
+
+#: A quantity that cannot be negative: the schema's pattern refuses a sign in a string (a
+#: negative integer is refused by the model's validator: the operator marks the spec invalid).
+SIZE_PATTERN = "^" + QUANTITY_PATTERN.removeprefix(r"^(\+|-)?")
+NonNegativeQuantity = Annotated[
+    int | str,
+    AfterValidator(_check_quantity),
+    WithJsonSchema(
+        {
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "pattern": SIZE_PATTERN,
             "x-kubernetes-int-or-string": True,
         }
     ),
@@ -357,6 +373,48 @@ class ScalingBehavior(CRDModel):
     scale_down_percent: int = Field(25, ge=1, le=100, description="most replicas removed per minute")
 
 
+#: the largest size a setting may hold (a signed 64-bit integer, as Kubernetes quantities)
+_MAX_BYTES = (1 << 63) - 1
+
+
+class ResumeSettings(CRDModel):
+    """Whether a long merge records its finished key ranges, so that a retry of the same job (on
+    any compactor, after a drain, a kill or an OOM) reuses them instead of starting over."""
+
+    enabled: bool = Field(
+        group_defaults.DEFAULT_RESUME,
+        description="record finished key ranges of merges from minInputSize on; false: every retry starts over",
+    )
+    min_input_size: NonNegativeQuantity = Field(
+        format_quantity(group_defaults.DEFAULT_RESUME_MIN_BYTES),
+        description="total input size from which a merge is resumable (Kubernetes quantity: 1Gi = 1073741824, "
+        "1G = 1000000000; 0: every merge); below it a merge costs nothing extra and restarts from zero",
+    )
+
+    @field_validator("min_input_size", mode="before")
+    @classmethod
+    def _not_a_flag(cls, value: Any) -> Any:
+        if isinstance(value, bool):  # int | str would take true as 1 byte
+            raise ValueError("a quantity is an integer or a string such as '1Gi', not true or false")
+        return value
+
+    @field_validator("min_input_size")
+    @classmethod
+    def _min_input_size(cls, value: int | str) -> int | str:
+        try:
+            size = quantity_bytes(value)
+        except (ValueError, ArithmeticError) as exc:
+            raise ValueError(str(exc)) from None
+        if size < 0:
+            raise ValueError(f"{value!r} is negative; 0 makes every merge resumable")
+        if size > _MAX_BYTES:
+            raise ValueError(f"{value!r} is more than 2^63 - 1 bytes")
+        return value
+
+    def min_input_bytes(self) -> int:
+        return quantity_bytes(self.min_input_size)
+
+
 class CompactorGroupSpec(CRDModel):
     """A resource group: a pool of compactor pods serving one queue, autoscaled on its depth."""
 
@@ -400,6 +458,10 @@ class CompactorGroupSpec(CRDModel):
         ge=0,
         le=86400,
         description="time a draining compactor has to finish its job",
+    )
+    resume: ResumeSettings = Field(
+        default_factory=ResumeSettings,
+        description="long merges resume from their finished key ranges after an interruption",
     )
     redis: RedisRef | None = Field(None, description="Redis URL Secret; the operator's default when left out")
     storage: StorageSettings | None = None
@@ -689,6 +751,8 @@ def to_group_config(name: str, spec: CompactorGroupSpec) -> GroupConfig:
         driver_memory=None if spec.spark.driver_memory is None else str(spec.spark.driver_memory),
         drain_grace_seconds=spec.drain_grace_seconds,
         engine=spec.spark.engine,
+        resume=spec.resume.enabled,
+        resume_min_bytes=spec.resume.min_input_bytes(),
     )
 
 

@@ -28,7 +28,15 @@ from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.errors import BadFileError, ConditionFailed, KompaktorError, StoreUnavailable
 from kompaktor.model.resume import job_fingerprint
 from kompaktor.model.tablet import ONLINE
-from kompaktor.policy.services import DEFAULT_DRAIN_GRACE_S, DEFAULT_ENGINE, DEFAULT_SPARK_MASTER, GroupConfig
+from kompaktor.policy.services import (
+    DEFAULT_DRAIN_GRACE_S,
+    DEFAULT_ENGINE,
+    DEFAULT_RESUME,
+    DEFAULT_RESUME_MIN_BYTES,
+    DEFAULT_SPARK_MASTER,
+    GroupConfig,
+)
+from kompaktor.policy.sizes import format_quantity
 from kompaktor.worker.metrics import CompactorMetrics
 
 log = logging.getLogger("kompaktor.compactor")
@@ -63,8 +71,11 @@ class WorkerSettings:
     #: for as long as it takes (a Redis outage of any length), or until a drain's deadline
     commit_retry_s: float | None = None
     #: merges record their finished key ranges so that a retry of the same job resumes (issue 23
-    #: §2; the engine decides from which size: Spark always, Arrow above RESUME_MIN_BYTES)
-    resume: bool = True
+    #: §2; the group's spec.resume.enabled)
+    resume: bool = DEFAULT_RESUME
+    #: from this many input bytes (spec.resume.minInputSize): the engine the compactor builds
+    #: takes it (an engine passed in keeps its own ``resume_min_bytes``)
+    resume_min_bytes: int = DEFAULT_RESUME_MIN_BYTES
     #: where the group's settings above came from, said in the compactor's start-up line
     source: str = "the caller"
 
@@ -79,6 +90,8 @@ class WorkerSettings:
             spark_conf=dict(cfg.spark_conf),
             driver_memory=cfg.driver_memory,
             drain_grace_s=float(cfg.drain_grace_seconds),
+            resume=cfg.resume,
+            resume_min_bytes=cfg.resume_min_bytes,
             **kw,
         )
 
@@ -87,7 +100,8 @@ class WorkerSettings:
         conf = ",".join(f"{k}={v}" for k, v in sorted(self.spark_conf.items())) or "-"
         return (
             f"engine={self.engine} spark_master={self.spark_master} spark_conf={conf} "
-            f"driver_memory={self.driver_memory or '-'} drain_grace={self.drain_grace_s:g}s"
+            f"driver_memory={self.driver_memory or '-'} drain_grace={self.drain_grace_s:g}s "
+            f"resume={format_quantity(self.resume_min_bytes) if self.resume else 'off'}"
         )
 
 
@@ -151,6 +165,7 @@ class Compactor:
                 spark_master=self.s.spark_master,
                 spark_conf=self.s.spark_conf,
                 driver_memory=self.s.driver_memory,
+                resume_min_bytes=self.s.resume_min_bytes,
             )
         return self._engine
 
