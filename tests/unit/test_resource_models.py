@@ -406,3 +406,15 @@ def test_the_crd_refuses_a_signed_resume_size(value: int | str, valid: bool) -> 
     schema = crdgen.structural(m.ResumeSettings.model_json_schema())["properties"]["minInputSize"]
     errors = list(jsonschema.Draft7Validator(schema).iter_errors(value))
     assert (not errors) == valid, errors
+
+
+def test_a_stored_group_config_with_settings_a_newer_operator_added_still_reads() -> None:
+    """A rolling upgrade: the new operator stores a key this compactor does not know; the
+    compactor still starts with every setting it knows."""
+    import json
+
+    from kompaktor.policy.services import GroupConfig
+
+    cfg = GroupConfig("large", max_replicas=7, engine="arrow")
+    doc = json.loads(cfg.to_json()) | {"a_setting_from_the_future": {"x": 1}}
+    assert GroupConfig.from_json(json.dumps(doc)) == cfg

@@ -14,7 +14,7 @@ import fnmatch
 import hashlib
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from kompaktor.policy.planner import DEFAULTS, PlannerSettings, SizeTier
 from kompaktor.policy.tableprops import DISPATCH_PREFIX
@@ -166,7 +166,12 @@ class GroupConfig:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> GroupConfig:
-        return cls(**json.loads(text))
+        """A stored config. Keys this version does not know — written by a newer operator while
+        a rolling upgrade is under way — are left out, so an older compactor that restarts
+        meanwhile still starts, with the settings it knows."""
+        d = json.loads(text)
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
 
 
 def dispatch(table: str, props: Mapping[str, str], kind: str, services: Iterable[ServiceConfig]) -> str:
