@@ -190,17 +190,17 @@ class OperatorSoak:
         for p in self.cp.processes:
             self.pids[p.name] = p.popen.pid
         print(f"control plane {self.cp.version} up in {self.cp.started_in_s:.1f} s", flush=True)
-        api = self.cp.api()
-        self.core = kubernetes.client.CoreV1Api(api)
-        self.apps = kubernetes.client.AppsV1Api(api)
-        self.hpas = kubernetes.client.AutoscalingV1Api(api)
-        self.netpol = kubernetes.client.NetworkingV1Api(api)
-        self.custom = kubernetes.client.CustomObjectsApi(api)
+        kapi = self.cp.api()
+        self.core = kubernetes.client.CoreV1Api(kapi)
+        self.apps = kubernetes.client.AppsV1Api(kapi)
+        self.hpas = kubernetes.client.AutoscalingV1Api(kapi)
+        self.netpol = kubernetes.client.NetworkingV1Api(kapi)
+        self.custom = kubernetes.client.CustomObjectsApi(kapi)
         pythonpath = f"{ROOT / 'compactor'}{os.pathsep}{ROOT / 'operator'}"
         path = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"
         (self.root / "pods").mkdir()
         self.agent = NodeAgent(
-            api,
+            kapi,
             mode=lambda pod: "run" if (pod.metadata.labels or {}).get(naming.GROUP_LABEL) in WORK_TABLES else "fake",
             env={"PATH": path, "PYTHONPATH": pythonpath, "KOMPAKTOR_LOG": "WARNING"},
             log_dir=self.root / "pods",

@@ -92,8 +92,8 @@ def release(
     control_plane: ControlPlane, redis_server: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Release]:
     cp = control_plane
-    api = cp.api()
-    core = kubernetes.client.CoreV1Api(api)
+    kapi = cp.api()
+    core = kubernetes.client.CoreV1Api(kapi)
     import redis as redis_lib
 
     raw = redis_lib.Redis.from_url(redis_server.url)
@@ -104,7 +104,7 @@ def release(
     storage_dir = tmp_path_factory.mktemp("storage")
     logs = tmp_path_factory.mktemp("logs")
     agent = NodeAgent(
-        api,
+        kapi,
         mode=lambda pod: "run" if _is_e2e_compactor(pod) else "fake",
         env={"PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "KOMPAKTOR_LOG": "INFO"},
         log_dir=logs,
@@ -497,8 +497,8 @@ def test_hpa_scales_a_group_on_the_operator_served_queue_depth(release: Release)
     """autoscaler: builtin — the real HPA controller reads kompaktor_queue_depth from the operator
     (an aggregated API) and scales the CompactorGroup through its scale subresource."""
     _CP[:] = [release.cp]
-    api = _metrics_api_available(release)
-    assert api["spec"]["service"]["name"] == f"{RELEASE}-metrics-api"
+    apisvc = _metrics_api_available(release)
+    assert apisvc["spec"]["service"]["name"] == f"{RELEASE}-metrics-api"
     group = {
         "apiVersion": api.GROUP_VERSION,
         "kind": "CompactorGroup",
@@ -577,8 +577,8 @@ def test_an_untrusted_metrics_api_is_a_degraded_group_not_a_silent_one(release: 
     in its Degraded condition (nothing else changes). The right CA puts it back."""
     _CP[:] = [release.cp]
     name = "v1beta1.external.metrics.k8s.io"
-    api = _metrics_api_available(release)
-    good_ca = api["spec"]["caBundle"]
+    apisvc = _metrics_api_available(release)
+    good_ca = apisvc["spec"]["caBundle"]
     wrong_ca = base64.b64encode((release.cp.pki / "ca.crt").read_bytes()).decode()  # signed nothing of ours
     assert wrong_ca != good_ca
 
