@@ -65,6 +65,10 @@ GROUP = {
 N_FILES = 4
 PER_FILE = 4000
 TASK_ENTRIES = 1000
+#: the merge's Spark tasks: its 16 ranges (of TASK_ENTRIES) lie in one row group per input, so
+#: the engine runs them as one run of consecutive ranges per task slot (engines.spark.task_runs):
+#: 2 workers of 1 core
+N_TASKS = 2
 
 
 class Driver:
@@ -271,7 +275,7 @@ def test_merge_runs_on_both_workers_and_equals_the_arrow_engine(cluster, driver,
     assert "error" not in done, done
     assert pq.read_table(storage.path("t1/A000001.parquet")).equals(expected)
     assert files(storage) == sorted([*inputs, "t1/A000001.parquet"])
-    tasks = tasks_of_merge(driver, N_FILES * PER_FILE // TASK_ENTRIES, after)
+    tasks = tasks_of_merge(driver, N_TASKS, after)
     on = {t["executor"] for t in tasks if t["status"] == "SUCCESS"}
     assert on == {executor_id(w) for w in cluster.workers if w.proc.poll() is None}, tasks
 
@@ -290,7 +294,7 @@ def test_a_worker_killed_mid_merge_its_task_runs_elsewhere(cluster, driver, stor
     expected = arrow_reference(storage, inputs)
     victim, survivor = [w for w in cluster.workers if w.proc.poll() is None][:2]
     lost, kept = executor_id(victim), executor_id(survivor)
-    n = N_FILES * PER_FILE // TASK_ENTRIES
+    n = N_TASKS
     after = last_stage(driver)
     victim.signal_executors(signal.SIGSTOP)  # the task it is given cannot finish
     merge(driver, storage, inputs, "kill")
