@@ -11,7 +11,7 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from kompaktor.resources import admission
+from kompaktor.resources import admission, api
 from kompaktor.resources import models as m
 from kompaktor_operator import conditions, manifests, naming, podhealth, runtime
 from kompaktor_operator.handlers.common import backend_call, counted, kube_call, mark, parse, refused, settled
@@ -19,7 +19,7 @@ from kompaktor_operator.runtime import Runtime
 from kompaktor_operator.scaling import PodView, decide_scale, parked_replicas
 
 
-@counted("CompactorGroup")
+@counted(api.GROUP_KIND)
 async def reconcile_group(
     name: str,
     namespace: str,
