@@ -19,6 +19,7 @@ from kompaktor.files.storage import Storage
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.keys import Entry
 from kompaktor.model.names import TMP_PREFIX, tmp_name
+from tests.support.wait import poll
 
 pytestmark = pytest.mark.redis
 
@@ -47,10 +48,7 @@ def test_import_longer_than_the_grace_period_keeps_its_staged_files(
     box: dict[str, object] = {}
     imp = threading.Thread(target=lambda: box.setdefault("files", client.import_files("t", srcs)))
     imp.start()
-    deadline = time.monotonic() + 60
-    while not staged(storage) and imp.is_alive():
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
+    poll(lambda: staged(storage) or not imp.is_alive(), "the import's first staged file", timeout=60, every=0.005)
     old = time.time() - 2 * GRACE_S
     during = staged(storage)
     for rel in during:
