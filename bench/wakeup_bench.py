@@ -37,8 +37,8 @@ def run_mode(url: str, root: Path, wake: bool, args: argparse.Namespace) -> tupl
     from kompaktor.coordinator import Coordinator
     from kompaktor.files.storage import Storage
     from kompaktor.metadata.store import MetadataStore
-    from kompaktor.model.keys import Entry
     from kompaktor.worker import Compactor, WorkerSettings
+    from tests.support.entries import entries
 
     r = redis.Redis.from_url(url)
     r.flushall()
@@ -63,7 +63,7 @@ def run_mode(url: str, root: Path, wake: bool, args: argparse.Namespace) -> tupl
             table = f"t{j}"
             store.create_table(table, [])
             for k in range(4):
-                client.flush(table, [Entry(b"r%04d" % i, b"f", b"q", b"", 1000 + k, False, b"v") for i in range(50)])
+                client.flush(table, entries(50, k, prefix="r", width=4, value=lambda r: b"v"))
             # the compactors back in their idle wait (they go there after an empty poll)
             time.sleep(args.settle)
             t0 = time.perf_counter()

@@ -47,7 +47,7 @@ def store(redis_url: str):
 
     s = MetadataStore.from_url(redis_url)
     yield s
-    s._r.close()
+    s.close()
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from kompaktor.resources import api
+from kompaktor_operator import naming
 
 #: kind -> (API path prefix, plural). Only what the operator owns or reads.
 _RESOURCES: dict[tuple[str, str], tuple[str, str]] = {
@@ -32,7 +33,7 @@ _RESOURCES: dict[tuple[str, str], tuple[str, str]] = {
     ("v1", "Pod"): ("/api/v1", "pods"),
     ("autoscaling/v2", "HorizontalPodAutoscaler"): ("/apis/autoscaling/v2", "horizontalpodautoscalers"),
     ("autoscaling/v2beta2", "HorizontalPodAutoscaler"): ("/apis/autoscaling/v2beta2", "horizontalpodautoscalers"),
-    ("keda.sh/v1alpha1", "ScaledObject"): ("/apis/keda.sh/v1alpha1", "scaledobjects"),
+    (naming.KEDA_API_VERSION, "ScaledObject"): (f"/apis/{naming.KEDA_API_VERSION}", "scaledobjects"),
     ("networking.k8s.io/v1", "NetworkPolicy"): ("/apis/networking.k8s.io/v1", "networkpolicies"),
     (api.GROUP_VERSION, api.GROUP_KIND): (f"/apis/{api.GROUP_VERSION}", api.GROUPS),
 }

@@ -306,7 +306,7 @@ def queue_depth_query(group: str) -> str:
 def build_scaled_object(group: str, spec: CompactorGroupSpec, config: OperatorConfig) -> Manifest:
     """KEDA ScaledObject on the same metric, through Prometheus; allows minReplicas 0."""
     return {
-        "apiVersion": "keda.sh/v1alpha1",
+        "apiVersion": naming.KEDA_API_VERSION,
         "kind": "ScaledObject",
         "metadata": {"name": naming.scaled_object_name(group), "labels": naming.labels(group)},
         "spec": {
@@ -347,7 +347,7 @@ def build_autoscaler(
 AUTOSCALER_KINDS: tuple[tuple[str, str, str], ...] = (
     ("autoscaling/v2", "HorizontalPodAutoscaler", Autoscaler.HPA.value),
     ("autoscaling/v2beta2", "HorizontalPodAutoscaler", Autoscaler.HPA.value),
-    ("keda.sh/v1alpha1", "ScaledObject", Autoscaler.KEDA.value),
+    (naming.KEDA_API_VERSION, "ScaledObject", Autoscaler.KEDA.value),
 )
 
 

@@ -33,6 +33,10 @@ POD_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 VICTIM_DELETION_COST = "-1000"
 #: The queue-depth metric the coordinator exports and the autoscalers read.
 QUEUE_DEPTH_METRIC = "kompaktor_queue_depth"
+#: KEDA's API (``autoscaler: keda``): the ScaledObject's group and version, looked up, never assumed
+KEDA_GROUP = "keda.sh"
+KEDA_VERSION = "v1alpha1"
+KEDA_API_VERSION = f"{KEDA_GROUP}/{KEDA_VERSION}"
 
 
 def deployment_name(group: str) -> str:

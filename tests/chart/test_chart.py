@@ -120,7 +120,7 @@ def test_default_install_has_the_whole_system() -> None:
     assert containers["operator"]["args"][0] == "operator" and containers["coordinator"]["args"][0] == "coordinator"
     env = {e["name"]: e for e in containers["operator"]["env"]}
     assert env["KOMPAKTOR_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "kompaktor-redis-operator", "key": "url"}
-    assert env["KOMPAKTOR_COMPACTOR_IMAGE"]["value"].endswith(":0.1.0")
+    assert env["KOMPAKTOR_COMPACTOR_IMAGE"]["value"].endswith(f":{__version__}")
     assert operator["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
     (redis,) = by["StatefulSet"]
     (script,) = redis["spec"]["template"]["spec"]["containers"][0]["args"]

@@ -15,12 +15,12 @@ import secrets
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from collections import Counter
 from pathlib import Path
 
 from tests.support.ports import free_port
+from tests.support.wait import poll
 
 
 class S3Server:
@@ -66,18 +66,17 @@ class S3Server:
             cwd=self.root,
         )
         log.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.popen.poll() is not None:
+
+        def answers() -> bool:
+            if self.popen is not None and self.popen.poll() is not None:
                 raise RuntimeError(
                     f"moto_server exited ({self.popen.returncode}): {(self.root / 'moto.log').read_text()[-2000:]}"
                 )
-            try:
-                urllib.request.urlopen(f"{self.endpoint}/moto-api/", timeout=2).close()
-                return self
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError(f"moto_server did not answer on {self.endpoint}")
+            urllib.request.urlopen(f"{self.endpoint}/moto-api/", timeout=2).close()
+            return True
+
+        poll(answers, f"moto_server on {self.endpoint}", timeout, every=0.1, ignore=OSError)
+        return self
 
     def requests(self, bucket: str | None = None) -> Counter[str]:
         """Requests by S3 operation kind since the last :meth:`reset_requests` (needs ``record``):

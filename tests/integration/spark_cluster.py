@@ -14,13 +14,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.support.ports import free_port
 from tests.support.procs import descendants, wait_gone
+from tests.support.wait import poll
 
 HOST = "127.0.0.1"
 
@@ -160,14 +160,13 @@ class SparkCluster:
             return -1
 
     def wait_workers(self, n: int, timeout: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout
-        while self.alive_workers() != n:
+        def alive() -> bool:
             for p in [self.master, *(w.proc for w in self.workers if not w.killed)]:
                 if p is not None and p.poll() is not None:
                     raise RuntimeError(f"a Spark process exited ({p.args[1]}): see {self.root / 'logs'}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{n} workers not alive after {timeout:.0f}s: see {self.root / 'logs'}")
-            time.sleep(0.1)
+            return self.alive_workers() == n
+
+        poll(alive, f"{n} workers alive (see {self.root / 'logs'})", timeout, every=0.1)
 
     def stop(self) -> None:
         """Stop every process this cluster started, by PID (workers with their children)."""

@@ -17,8 +17,9 @@ from kompaktor.coordinator.gc import collect_garbage
 from kompaktor.files.sortedfile import entries_to_table
 from kompaktor.files.storage import Storage
 from kompaktor.metadata.store import MetadataStore
-from kompaktor.model.keys import Entry
 from kompaktor.model.names import TMP_PREFIX, tmp_name
+from tests.support.entries import entries
+from tests.support.wait import poll
 
 pytestmark = pytest.mark.redis
 
@@ -26,8 +27,8 @@ GRACE_S = 300.0
 
 
 def source(path: Path, first: int, rows: int, group: int) -> str:
-    entries = [Entry(b"r%08d" % i, b"f", b"q", b"", 1, False, b"v" * 32) for i in range(first, first + rows)]
-    pq.write_table(entries_to_table(entries), path, row_group_size=group)
+    rows_written = entries(range(first, first + rows), prefix="r", width=8, ts=1, value=lambda r: b"v" * 32)
+    pq.write_table(entries_to_table(rows_written), path, row_group_size=group)
     return str(path)
 
 
@@ -47,10 +48,7 @@ def test_import_longer_than_the_grace_period_keeps_its_staged_files(
     box: dict[str, object] = {}
     imp = threading.Thread(target=lambda: box.setdefault("files", client.import_files("t", srcs)))
     imp.start()
-    deadline = time.monotonic() + 60
-    while not staged(storage) and imp.is_alive():
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
+    poll(lambda: staged(storage) or not imp.is_alive(), "the import's first staged file", timeout=60, every=0.005)
     old = time.time() - 2 * GRACE_S
     during = staged(storage)
     for rel in during:

@@ -25,7 +25,7 @@ from kompaktor.files.storage import Storage
 from kompaktor.local.procs import spawn, stop_popen
 from kompaktor.local.redis_server import RedisProcess
 from kompaktor.metadata.store import MetadataStore
-from kompaktor.model.keys import Entry
+from tests.support.entries import entries
 from tests.support.procs import python_env
 from tests.support.wait import poll
 
@@ -37,9 +37,7 @@ OUTAGE_S = 30.0
 
 def flush(client: Client, table: str, n: int, start: int) -> None:
     for i in range(start, start + n):
-        client.flush(
-            table, [Entry(b"row%04d" % (i * 10 + k), b"f", b"q", b"", 1000 + i, False, b"v" * 64) for k in range(50)]
-        )
+        client.flush(table, entries(range(i * 10, i * 10 + 50), i, width=4, value=lambda r: b"v" * 64))
 
 
 def tablet_files(store: MetadataStore) -> set[str]:

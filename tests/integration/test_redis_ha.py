@@ -212,7 +212,6 @@ def test_up_ha_runs_primary_replica_and_three_sentinels_and_stops_them(tmp_path:
     import socket
     import subprocess
     import sys
-    import time
 
     from .test_local import ARROW_ONLY
 
@@ -252,14 +251,13 @@ def test_up_ha_runs_primary_replica_and_three_sentinels_and_stops_them(tmp_path:
         store.close()
         p.send_signal(signal.SIGINT)
         assert p.wait(timeout=120) == 0
+
+        def closed(port: int) -> bool:
+            with socket.socket() as s:
+                return s.connect_ex(("127.0.0.1", port)) != 0
+
         for port in [*sentinels, *ports]:  # every server and sentinel is gone: nothing listens any more
-            deadline = time.monotonic() + 30
-            while True:
-                with socket.socket() as s:
-                    if s.connect_ex(("127.0.0.1", port)) != 0:
-                        break
-                assert time.monotonic() < deadline, f"port {port} still listening"
-                time.sleep(0.05)
+            poll(lambda port=port: closed(port), f"port {port} to stop listening", timeout=30)
     finally:
         if p.poll() is None:
             p.kill()

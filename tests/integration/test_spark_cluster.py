@@ -40,8 +40,10 @@ from kompaktor.files.sortedfile import entries_to_table
 from kompaktor.files.storage import Storage
 from kompaktor.model.iterators import IteratorSettings
 from kompaktor.model.keys import Entry, sort_key
+from tests.support.ports import free_port
+from tests.support.wait import PollTimeout, poll
 
-from .spark_cluster import SparkCluster, free_port
+from .spark_cluster import SparkCluster
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -121,14 +123,16 @@ class Driver:
 
     def wait_for(self, what: str, cond, op: str, timeout: float = 120.0, **kw) -> dict:
         """Ask ``op`` until ``cond(answer)`` holds (polling, bounded by ``timeout``)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            ans = self.ask(op, **kw)
-            if cond(ans):
-                return ans
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{what}: last answer {ans}")
-            time.sleep(0.05)
+        last: list[dict] = []
+
+        def answered() -> dict | None:
+            last[:] = [self.ask(op, **kw)]
+            return last[0] if cond(last[0]) else None
+
+        try:
+            return poll(answered, what, timeout)
+        except PollTimeout as exc:
+            raise PollTimeout(f"{exc}: last answer {last[0] if last else None}") from None
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -145,10 +145,13 @@ def test_the_charts_redis_users_are_the_code_s() -> None:
 
 
 def test_the_api_names_agree() -> None:
-    """api.GROUP_VERSION is spelled out (a type checker sees its literal), and so is the models'
-    apiVersion Literal: both are the group and version."""
+    """api.GROUP_VERSION is spelled out (a type checker sees its literal), and so are the models'
+    apiVersion and kind Literals: they are the group and version, and the api's kinds."""
     assert f"{api.GROUP}/{api.VERSION}" == api.GROUP_VERSION
     field = m.Resource.model_fields["api_version"]
     assert field.default == api.GROUP_VERSION and field.annotation.__args__ == (api.GROUP_VERSION,)
     assert {r.PLURAL for r in m.RESOURCES} == {api.SERVICES, api.GROUPS, api.COMPACTIONS}
     assert {r.KIND for r in m.RESOURCES} == {api.SERVICE_KIND, api.GROUP_KIND, api.COMPACTION_KIND}
+    for r in m.RESOURCES:  # each model's kind Literal is spelled out too: it is its api kind
+        kind = r.model_fields["kind"]
+        assert kind.default == r.KIND and kind.annotation.__args__ == (r.KIND,), r

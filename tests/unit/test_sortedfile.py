@@ -18,6 +18,7 @@ from kompaktor.files.storage import Storage
 from kompaktor.model.errors import BadFileError, UnsortedError
 from kompaktor.model.keys import Entry, sort_key
 from kompaktor.model.names import TMP_PREFIX
+from tests.support.entries import entries as make_entries
 
 field = st.one_of(st.sampled_from([b"", b"\x00", b"\x80", b"\xff", b"a"]), st.binary(max_size=5))
 entry = st.builds(
@@ -270,11 +271,11 @@ def test_commit_does_not_read_back_a_file_someone_may_consume_at_once(
 
     monkeypatch.setattr(Storage, "publish", publish_then_consume)
     with sf.SortedFileWriter(store_dir, "t/F0001.parquet") as w:
-        w.write_entries(sorted([Entry(b"r%03d" % i, b"f", b"q", b"", 1, False, b"v") for i in range(50)], key=sort_key))
+        w.write_entries(make_entries(50, prefix="r", width=3, ts=1, value=lambda r: b"v"))
         info = w.commit()
     assert info.entries == 50 and info.size > 0
     monkeypatch.setattr(Storage, "publish", published)
     with sf.SortedFileWriter(store_dir, "t/F0002.parquet") as w:
-        w.write_entries(sorted([Entry(b"r%03d" % i, b"f", b"q", b"", 1, False, b"v") for i in range(50)], key=sort_key))
+        w.write_entries(make_entries(50, prefix="r", width=3, ts=1, value=lambda r: b"v"))
         again = w.commit()
     assert again.size == store_dir.size("t/F0002.parquet") == info.size  # the same bytes as written

@@ -110,13 +110,13 @@ def structural(schema: dict[str, Any], defs: dict[str, Any] | None = None, *, de
 #: Printer columns per kind (what `kubectl get` shows).
 _READY = '.status.conditions[?(@.type=="Ready")].status'
 PRINTER_COLUMNS: dict[str, list[dict[str, Any]]] = {
-    "CompactionService": [
+    api.SERVICE_KIND: [
         {"name": "Queued", "type": "integer", "jsonPath": ".status.queued"},
         {"name": "Running", "type": "integer", "jsonPath": ".status.running"},
         {"name": "Ready", "type": "string", "jsonPath": _READY},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ],
-    "CompactorGroup": [
+    api.GROUP_KIND: [
         {"name": "Desired", "type": "integer", "jsonPath": ".status.desiredReplicas"},
         {"name": "Replicas", "type": "integer", "jsonPath": ".status.replicas"},
         {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
@@ -133,7 +133,7 @@ PRINTER_COLUMNS: dict[str, list[dict[str, Any]]] = {
         {"name": "Pods", "type": "string", "jsonPath": '.status.conditions[?(@.type=="PodsHealthy")].reason'},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ],
-    "Compaction": [
+    api.COMPACTION_KIND: [
         {"name": "Table", "type": "string", "jsonPath": ".spec.table"},
         {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
         {"name": "Done", "type": "integer", "jsonPath": ".status.tabletsDone"},
@@ -168,9 +168,9 @@ def openapi_schema(resource: type[m.Resource]) -> dict[str, Any]:
 
 
 _DESCRIPTIONS = {
-    "CompactionService": "A compaction service: planner settings, size tiers and the tables it serves.",
-    "CompactorGroup": "A compactor resource group: a pool of compactor pods autoscaled on its queue depth.",
-    "Compaction": "A user compaction of a table or row range; deleting it cancels the compaction.",
+    api.SERVICE_KIND: "A compaction service: planner settings, size tiers and the tables it serves.",
+    api.GROUP_KIND: "A compactor resource group: a pool of compactor pods autoscaled on its queue depth.",
+    api.COMPACTION_KIND: "A user compaction of a table or row range; deleting it cancels the compaction.",
 }
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import kopf
 
+from kompaktor.resources import api
 from kompaktor.resources import models as m
 from kompaktor_operator import conditions, runtime
 from kompaktor_operator.backend import CompactionRejected
@@ -19,7 +20,7 @@ def terminal(status: Any) -> bool:
     return phase is not None and m.CompactionPhase(phase).terminal
 
 
-@counted("Compaction")
+@counted(api.COMPACTION_KIND)
 async def start_compaction(
     uid: str, spec: Any, status: Any, meta: Any, patch: kopf.Patch, memo: kopf.Memo, **_: Any
 ) -> None:

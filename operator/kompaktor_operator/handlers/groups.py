@@ -11,7 +11,7 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from kompaktor.resources import admission
+from kompaktor.resources import admission, api
 from kompaktor.resources import models as m
 from kompaktor_operator import conditions, manifests, naming, podhealth, runtime
 from kompaktor_operator.handlers.common import backend_call, counted, kube_call, mark, parse, refused, settled
@@ -19,7 +19,7 @@ from kompaktor_operator.runtime import Runtime
 from kompaktor_operator.scaling import PodView, decide_scale, parked_replicas
 
 
-@counted("CompactorGroup")
+@counted(api.GROUP_KIND)
 async def reconcile_group(
     name: str,
     namespace: str,
@@ -55,12 +55,12 @@ async def reconcile_group(
         patch.spec["replicas"] = group.desired_replicas()
     # Optional APIs are looked up, never assumed: a missing one is a condition, not a crash loop.
     hpa_version = await kube_call(rt, rt.kube.hpa_api_version())
-    keda = "v1alpha1" in await kube_call(rt, rt.kube.api_versions("keda.sh"))
+    keda = naming.KEDA_VERSION in await kube_call(rt, rt.kube.api_versions(naming.KEDA_GROUP))
     missing = None
     if group.autoscaler == m.Autoscaler.HPA.value and hpa_version is None:
         missing = "the server offers neither autoscaling/v2 nor autoscaling/v2beta2"
     elif group.autoscaler == m.Autoscaler.KEDA.value and not keda:
-        missing = "KEDA is not installed (no keda.sh/v1alpha1 API): install KEDA or use autoscaler: hpa"
+        missing = f"KEDA is not installed (no {naming.KEDA_API_VERSION} API): install KEDA or use autoscaler: hpa"
     children = manifests.build_children(
         name, group, cfg, hpa_version or manifests.HPA_API_VERSIONS[0], namespace=namespace
     )
@@ -79,7 +79,7 @@ async def reconcile_group(
             # ... and the scaler owns them from then on: the next apply, which renders none,
             # must not remove them (server-side apply removes what its manager stops sending)
             await kube_call(rt, rt.kube.claim_replicas(namespace, child["metadata"]["name"], created_with))
-    offered = {hpa_version} | ({"keda.sh/v1alpha1"} if keda else set())
+    offered = {hpa_version} | ({naming.KEDA_API_VERSION} if keda else set())
     for api_version, kind, autoscaler in manifests.AUTOSCALER_KINDS:
         if api_version in offered and autoscaler != group.autoscaler:
             await kube_call(rt, rt.kube.delete(api_version, kind, namespace, naming.hpa_name(name)))
@@ -121,9 +121,9 @@ async def delete_group(name: str, namespace: str, memo: kopf.Memo, **_: Any) -> 
     hpa_version = await kube_call(rt, rt.kube.hpa_api_version())
     if hpa_version is not None:
         await kube_call(rt, rt.kube.delete(hpa_version, "HorizontalPodAutoscaler", namespace, naming.hpa_name(name)))
-    if "v1alpha1" in await kube_call(rt, rt.kube.api_versions("keda.sh")):
+    if naming.KEDA_VERSION in await kube_call(rt, rt.kube.api_versions(naming.KEDA_GROUP)):
         await kube_call(
-            rt, rt.kube.delete("keda.sh/v1alpha1", "ScaledObject", namespace, naming.scaled_object_name(name))
+            rt, rt.kube.delete(naming.KEDA_API_VERSION, "ScaledObject", namespace, naming.scaled_object_name(name))
         )
     await backend_call(rt, lambda b: b.delete_group(name))
     rt.forget_group(namespace, name)

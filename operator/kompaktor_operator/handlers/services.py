@@ -16,7 +16,7 @@ from kompaktor_operator.backend import QueueFigures
 from kompaktor_operator.handlers.common import backend_call, counted, kube_call, mark, parse, refused, settled
 
 
-@counted("CompactionService")
+@counted(api.SERVICE_KIND)
 async def reconcile_service(
     name: str, spec: Any, status: Any, meta: Any, patch: kopf.Patch, memo: kopf.Memo, **_: Any
 ) -> None:
