@@ -1,8 +1,14 @@
 """The in-process Arrow engine: the key ranges of the plan (:mod:`kompaktor.engines.ranges`)
-merged one after the other in this process and streamed into the output file, so its memory is
-bounded by the range size, not the job size. No per-job Spark overhead: for groups that hold
-only small jobs. The Spark engine (:mod:`kompaktor.engines.spark`) runs the same ranges as Spark
-tasks.
+merged in this process and streamed into the output file, so its memory is bounded by the range
+size, not the job size. No per-job Spark overhead: for groups that hold only small jobs. The
+Spark engine (:mod:`kompaktor.engines.spark`) runs the same ranges as Spark tasks.
+
+Ranges run on ``workers`` threads (one per core by default, :func:`default_workers`;
+:mod:`kompaktor.engines.pipeline`): each reads its range's rows from the inputs in range order,
+merges them (:func:`~kompaktor.files.arrowstack.merge_tables_once`) and encodes them as Parquet in
+memory; the encoded ranges are spliced into the output in order
+(:class:`~kompaktor.files.parquetconcat.SpliceWriter`) — the same bytes as writing the merged
+ranges one after the other with one ``SortedFileWriter``. At most ``workers`` ranges are in flight.
 
 From :data:`RESUME_MIN_BYTES` of input, a merge given a resume log is resumable (issue 23 §2,
 :mod:`kompaktor.engines.resume`): each range is written as a part, checksummed and recorded, the
@@ -12,17 +18,27 @@ end without decoding.
 
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
 
 from kompaktor.engines.api import MergeCancelled, MergeRequest, MergeResult, ProgressFn
-from kompaktor.engines.ranges import MERGE_FACTOR, TASK_MEMORY, Bound, InputCursor, open_merge, plan, progress_dict
+from kompaktor.engines.pipeline import run_ordered
+from kompaktor.engines.ranges import (
+    MERGE_FACTOR,
+    RANGE_BYTES,
+    TASK_MEMORY,
+    InputCursor,
+    open_merge,
+    plan,
+    progress_dict,
+)
 from kompaktor.engines.resume import RESUME_MIN_BYTES, file_digest, record_part, resume_plan
-from kompaktor.files.arrowstack import merge_tables
-from kompaktor.files.parquetconcat import ConcatWriter
-from kompaktor.files.sortedfile import SortedFileWriter
+from kompaktor.files.arrowstack import merge_tables, merge_tables_once
+from kompaktor.files.parquetconcat import ConcatWriter, SpliceWriter
+from kompaktor.files.sortedfile import EncodedRange, SortedFileWriter, encode_table
 from kompaktor.files.storage import Storage
 from kompaktor.model.names import resume_part_name
 from kompaktor.model.resume import PartRecord
@@ -30,7 +46,14 @@ from kompaktor.model.resume import PartRecord
 #: entries per key range for the in-process engine (bounds its memory: ~5x the range's data)
 ARROW_RANGE_ENTRIES = 1_000_000
 
-__all__ = ["ARROW_RANGE_ENTRIES", "RESUME_MIN_BYTES", "ArrowMergeEngine"]
+__all__ = ["ARROW_RANGE_ENTRIES", "RESUME_MIN_BYTES", "ArrowMergeEngine", "default_workers"]
+
+
+def default_workers(task_memory: int = TASK_MEMORY) -> int:
+    """Ranges merged at once: one per core, at least 2 (reading overlaps merging even on one
+    core), at most as many planned ranges (:data:`~kompaktor.engines.ranges.RANGE_BYTES` of data,
+    held about :data:`~kompaktor.engines.ranges.MERGE_FACTOR` times) as ``task_memory`` holds."""
+    return max(2, min(os.cpu_count() or 1, task_memory // (MERGE_FACTOR * RANGE_BYTES)))
 
 
 class ArrowMergeEngine:
@@ -43,12 +66,15 @@ class ArrowMergeEngine:
         range_entries: int = ARROW_RANGE_ENTRIES,
         task_memory: int = TASK_MEMORY,
         resume_min_bytes: int = RESUME_MIN_BYTES,
+        workers: int | None = None,
     ) -> None:
         self.range_entries = range_entries
         self.resume_min_bytes = resume_min_bytes
-        #: bytes the merge may hold; one range's input data may take 1/MERGE_FACTOR of it, two
-        #: ranges are in flight (one merging, one encoding)
+        #: bytes the merge may hold; one range's input data may take 1/(2 * MERGE_FACTOR) of it
         self.task_memory = task_memory
+        #: ranges in flight at most — read, merged and encoded on this many threads, written in
+        #: order — so the merge holds about ``workers`` x MERGE_FACTOR x one range's data
+        self.workers = workers or default_workers(task_memory)
 
     def merge(
         self,
@@ -68,28 +94,29 @@ class ArrowMergeEngine:
         report(progress_dict(0, 0, 0, 0, 0, len(ranges), started))
         cursors: list[InputCursor] = []
 
-        def produce(hi: Bound) -> tuple[pa.Table, int]:
+        def take(i: int) -> list[pa.Table]:  # in range order, one thread at a time
             tables: list[pa.Table] = []
             for c in cursors:
-                tables.append(c.take(hi, budget - sum(t.nbytes for t in tables)))
-            return merge_tables(tables, req.settings), sum(t.num_rows for t in tables)
+                tables.append(c.take(ranges[i][1], budget - sum(t.nbytes for t in tables)))
+            return tables
 
-        w = SortedFileWriter(storage, req.output, tmp_tag=req.tmp_tag)
-        # one thread reads and merges range i+1 while this one encodes range i into the output
-        # (both release the GIL): two ranges in memory at most
-        ahead = ThreadPoolExecutor(1, thread_name_prefix="arrowmerge")
+        def merge_encode(i: int, tables: list[pa.Table]) -> tuple[EncodedRange, int]:
+            n = sum(t.num_rows for t in tables)
+            out = merge_tables_once(tables, req.settings)
+            tables.clear()  # the inputs go as soon as the range is merged
+            return encode_table(out), n
+
+        w = SpliceWriter(storage, req.output, tmp_tag=req.tmp_tag)
+        results = run_ordered(len(ranges), take, merge_encode, self.workers, "arrowmerge")
         try:
             cursors.extend(InputCursor(storage, p, req.prev, req.end) for p in req.inputs)
-            fut = ahead.submit(produce, ranges[0][1])
-            for i in range(len(ranges)):
-                out, n = fut.result()
+            for i, (enc, n) in enumerate(results):
                 if cancel is not None and cancel.is_set():
                     raise MergeCancelled(f"merge into {req.output} cancelled after {i} of {len(ranges)} parts")
-                if i + 1 < len(ranges):
-                    fut = ahead.submit(produce, ranges[i + 1][1])
-                w.write_table(out, checked=True)
+                w.append(enc.data, enc.entries, enc.deletes, enc.first, enc.last)
+                del enc
                 read += n
-                written += out.num_rows
+                written = w.entries
                 report(
                     progress_dict(
                         read,
@@ -103,12 +130,16 @@ class ArrowMergeEngine:
                 )
             if cancel is not None and cancel.is_set():
                 raise MergeCancelled(f"merge into {req.output} cancelled before commit")
-            info = w.commit()
+            if w.entries:
+                info = w.commit()
+            else:  # nothing to splice: the empty file SortedFileWriter writes
+                w.abort()
+                info = SortedFileWriter(storage, req.output, tmp_tag=req.tmp_tag).commit()
         except BaseException:
             w.abort()
             raise
         finally:
-            ahead.shutdown(wait=True, cancel_futures=True)
+            results.close()
             for c in cursors:
                 c.close()
         report(progress_dict(read, written, bytes_in, info.size, len(ranges), len(ranges), started))
