@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
 
@@ -36,7 +35,7 @@ from kompaktor.engines.ranges import (
     progress_dict,
 )
 from kompaktor.engines.resume import RESUME_MIN_BYTES, file_digest, record_part, resume_plan
-from kompaktor.files.arrowstack import merge_tables, merge_tables_once
+from kompaktor.files.arrowstack import merge_tables_once
 from kompaktor.files.parquetconcat import ConcatWriter, SpliceWriter
 from kompaktor.files.sortedfile import EncodedRange, SortedFileWriter, encode_table
 from kompaktor.files.storage import Storage
@@ -157,10 +156,10 @@ class ArrowMergeEngine:
         metas: list,
         bytes_in: int,
     ) -> MergeResult:
-        """The ranges merged one after the other, each written as a part and recorded in
-        ``req.resume``; ranges an earlier attempt finished are taken from its verified parts
-        (the inputs' row groups are read only where a range is merged); then every part is
-        appended, in order, into the output without decoding."""
+        """The ranges merged on ``workers`` threads, each written as a part and recorded in
+        ``req.resume`` in range order as they finish; ranges an earlier attempt finished are
+        taken from its verified parts (the inputs' row groups are read only where a range is
+        merged); then every part is appended, in order, into the output without decoding."""
         log_ = req.resume
         assert log_ is not None
         rp = resume_plan(
@@ -212,7 +211,10 @@ class ArrowMergeEngine:
                 c.close()
             cur["cursors"] = []
 
-        def produce(i: int) -> tuple[pa.Table, int, int]:
+        missing = rp.missing
+
+        def take(k: int) -> tuple[list[pa.Table], int]:  # in range order, one thread at a time
+            i = missing[k]
             if cur["run"] != run_of[i]:
                 close_cursors()
                 a, b = runs[run_of[i]]
@@ -224,40 +226,44 @@ class ArrowMergeEngine:
             tables: list[pa.Table] = []
             for c in cursors:
                 tables.append(c.take(ranges[i][1], budget - sum(t.nbytes for t in tables)))
-            nbytes = sum(c.bytes_read for c in cursors) - before
-            return merge_tables(tables, req.settings), sum(t.num_rows for t in tables), nbytes
+            return tables, sum(c.bytes_read for c in cursors) - before
+
+        def merge_write(k: int, got: tuple[list[pa.Table], int]) -> tuple[PartRecord, int]:
+            """Merge one range and write it as its part (on a worker thread); its record, not yet
+            made, and the entries written."""
+            tables, nbytes = got
+            i = missing[k]
+            n_read = sum(t.num_rows for t in tables)
+            out = merge_tables_once(tables, req.settings)
+            tables.clear()
+            pw = SortedFileWriter(storage, names[i], tmp_tag=req.tmp_tag)
+            try:
+                pw.write_table(out, checked=True)
+                pw.commit(
+                    {
+                        b"kompaktor.entries_read": str(n_read).encode(),
+                        b"kompaktor.bytes_read": str(nbytes).encode(),
+                    }
+                )
+            except BaseException:
+                pw.abort()
+                raise
+            written_parts.append(names[i])  # list.append: atomic across threads
+            size, sha = file_digest(storage, names[i])
+            return PartRecord(i, names[i], *ranges[i], n_read, out.num_rows, nbytes, size, sha), out.num_rows
 
         w: ConcatWriter | None = None
-        ahead = ThreadPoolExecutor(1, thread_name_prefix="arrowmerge")
-        missing = rp.missing
+        # parts merged and written on worker threads (at most self.workers in flight), recorded
+        # here in range order as they finish
+        results = run_ordered(len(missing), take, merge_write, self.workers, "arrowmerge")
         try:
-            fut = ahead.submit(produce, missing[0]) if missing else None
-            for k, i in enumerate(missing):
-                assert fut is not None
-                out, n_read, nbytes = fut.result()
+            for rec, _n_out in results:
                 if cancel is not None and cancel.is_set():
                     raise MergeCancelled(f"merge into {req.output} cancelled after {done} of {n} parts")
-                if k + 1 < len(missing):
-                    fut = ahead.submit(produce, missing[k + 1])
-                pw = SortedFileWriter(storage, names[i], tmp_tag=req.tmp_tag)
-                try:
-                    pw.write_table(out, checked=True)
-                    info = pw.commit(
-                        {
-                            b"kompaktor.entries_read": str(n_read).encode(),
-                            b"kompaktor.bytes_read": str(nbytes).encode(),
-                        }
-                    )
-                except BaseException:
-                    pw.abort()
-                    raise
-                written_parts.append(names[i])
-                size, sha = file_digest(storage, names[i])
-                rec = PartRecord(i, names[i], *ranges[i], n_read, out.num_rows, nbytes, size, sha)
                 if record_part(log_, rec):
-                    recorded.add(i)
-                read += n_read
-                reread += nbytes
+                    recorded.add(rec.index)
+                read += rec.entries_read
+                reread += rec.input_bytes
                 done += 1
                 report(progress_dict(read, 0, reused_bytes + reread, 0, done, n, started, **extra()))
             if cancel is not None and cancel.is_set():
@@ -269,6 +275,7 @@ class ArrowMergeEngine:
                 raise MergeCancelled(f"merge into {req.output} cancelled before commit")
             info = w.commit()
         except BaseException:
+            results.close()  # every worker stopped: no part is being written any more
             if w is not None:
                 w.abort()
             for name in written_parts:  # a part not recorded is of no use to a later attempt
@@ -276,7 +283,7 @@ class ArrowMergeEngine:
                     storage.delete(name)
             raise
         finally:
-            ahead.shutdown(wait=True, cancel_futures=True)
+            results.close()
             close_cursors()
         report(progress_dict(read, info.entries, reused_bytes + reread, info.size, n, n, started, **extra()))
         return MergeResult(
