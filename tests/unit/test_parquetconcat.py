@@ -17,6 +17,7 @@ from kompaktor.files.sortedfile import (
     entries_to_table,
     read_info,
     read_table,
+    write_encoded,
     write_sorted,
 )
 from kompaktor.files.storage import Storage
@@ -130,3 +131,18 @@ def test_splicing_refuses_ranges_out_of_order_and_nothing(storage: Storage) -> N
         s.append(*encode_table(entries_to_table([E(i) for i in range(0, 5)])))
     s.abort()
     assert storage.list_files("out") == []
+
+
+@pytest.mark.parametrize("n", [0, 5, 300_000])
+def test_an_encoded_range_is_the_file_a_sorted_writer_writes(storage: Storage, n: int) -> None:
+    """encode_table + write_encoded (a resumable merge's part, encoded on a worker thread, written
+    by the engine's thread) make the bytes SortedFileWriter makes, its footer metadata included."""
+    table = entries_to_table([E(i, i % 7 == 0) for i in range(n)])
+    extra = {b"kompaktor.entries_read": b"12", b"kompaktor.bytes_read": b"34"}
+    w = SortedFileWriter(storage, "p/ref.parquet")
+    w.write_table(table)
+    ref = w.commit(extra)
+    info = write_encoded(storage, "p/enc.parquet", encode_table(table, extra), tmp_tag="ECID-1")
+    assert Path(storage.path("p/enc.parquet")).read_bytes() == Path(storage.path("p/ref.parquet")).read_bytes()
+    assert dataclasses.replace(ref, path="p/enc.parquet") == info
+    assert sorted(p for p, _ in storage.list_files("p")) == ["p/enc.parquet", "p/ref.parquet"]

@@ -18,6 +18,7 @@ end without decoding.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 
@@ -34,10 +35,10 @@ from kompaktor.engines.ranges import (
     plan,
     progress_dict,
 )
-from kompaktor.engines.resume import RESUME_MIN_BYTES, file_digest, record_part, resume_plan
+from kompaktor.engines.resume import RESUME_MIN_BYTES, record_part, resume_plan
 from kompaktor.files.arrowstack import merge_tables_once
 from kompaktor.files.parquetconcat import ConcatWriter, SpliceWriter
-from kompaktor.files.sortedfile import EncodedRange, SortedFileWriter, encode_table
+from kompaktor.files.sortedfile import EncodedRange, SortedFileWriter, encode_table, write_encoded
 from kompaktor.files.storage import Storage
 from kompaktor.model.names import resume_part_name
 from kompaktor.model.resume import PartRecord
@@ -228,42 +229,34 @@ class ArrowMergeEngine:
                 tables.append(c.take(ranges[i][1], budget - sum(t.nbytes for t in tables)))
             return tables, sum(c.bytes_read for c in cursors) - before
 
-        def merge_write(k: int, got: tuple[list[pa.Table], int]) -> tuple[PartRecord, int]:
-            """Merge one range and write it as its part (on a worker thread); its record, not yet
-            made, and the entries written."""
+        def merge_encode_part(k: int, got: tuple[list[pa.Table], int]) -> tuple[int, EncodedRange, int, int, str]:
+            """Merge one range and encode it as its part, in memory (on a worker thread): the
+            part file appears only when this thread writes it, just before recording it."""
             tables, nbytes = got
             i = missing[k]
             n_read = sum(t.num_rows for t in tables)
             out = merge_tables_once(tables, req.settings)
             tables.clear()
-            pw = SortedFileWriter(storage, names[i], tmp_tag=req.tmp_tag)
-            try:
-                pw.write_table(out, checked=True)
-                pw.commit(
-                    {
-                        b"kompaktor.entries_read": str(n_read).encode(),
-                        b"kompaktor.bytes_read": str(nbytes).encode(),
-                    }
-                )
-            except BaseException:
-                pw.abort()
-                raise
-            written_parts.append(names[i])  # list.append: atomic across threads
-            size, sha = file_digest(storage, names[i])
-            return PartRecord(i, names[i], *ranges[i], n_read, out.num_rows, nbytes, size, sha), out.num_rows
+            meta = {b"kompaktor.entries_read": str(n_read).encode(), b"kompaktor.bytes_read": str(nbytes).encode()}
+            enc = encode_table(out, meta)
+            return i, enc, n_read, nbytes, hashlib.sha256(enc.data).hexdigest()
 
         w: ConcatWriter | None = None
-        # parts merged and written on worker threads (at most self.workers in flight), recorded
-        # here in range order as they finish
-        results = run_ordered(len(missing), take, merge_write, self.workers, "arrowmerge")
+        # parts merged and encoded on worker threads (at most self.workers in flight), written
+        # and recorded here, in range order, as they finish
+        results = run_ordered(len(missing), take, merge_encode_part, self.workers, "arrowmerge")
         try:
-            for rec, _n_out in results:
+            for i, enc, n_read, nbytes, sha in results:
                 if cancel is not None and cancel.is_set():
                     raise MergeCancelled(f"merge into {req.output} cancelled after {done} of {n} parts")
+                written_parts.append(names[i])
+                part = write_encoded(storage, names[i], enc, tmp_tag=req.tmp_tag)
+                del enc
+                rec = PartRecord(i, names[i], *ranges[i], n_read, part.entries, nbytes, part.size, sha)
                 if record_part(log_, rec):
-                    recorded.add(rec.index)
-                read += rec.entries_read
-                reread += rec.input_bytes
+                    recorded.add(i)
+                read += n_read
+                reread += nbytes
                 done += 1
                 report(progress_dict(read, 0, reused_bytes + reread, 0, done, n, started, **extra()))
             if cancel is not None and cancel.is_set():
@@ -275,7 +268,6 @@ class ArrowMergeEngine:
                 raise MergeCancelled(f"merge into {req.output} cancelled before commit")
             info = w.commit()
         except BaseException:
-            results.close()  # every worker stopped: no part is being written any more
             if w is not None:
                 w.abort()
             for name in written_parts:  # a part not recorded is of no use to a later attempt

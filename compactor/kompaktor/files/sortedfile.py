@@ -226,20 +226,40 @@ class EncodedRange(NamedTuple):
     last: tuple | None
 
 
-def encode_table(table: pa.Table) -> EncodedRange:
-    """``table`` (sorted: not checked) encoded as :meth:`SortedFileWriter.write_table` encodes it,
-    into a Parquet file in memory, for :class:`~kompaktor.files.parquetconcat.SpliceWriter`. Runs
-    without the GIL for the most part, so ranges can be encoded in parallel threads."""
+def encode_table(table: pa.Table, extra_metadata: dict[bytes, bytes] | None = None) -> EncodedRange:
+    """``table`` (sorted: not checked) as a whole Parquet file in memory: the very bytes
+    ``SortedFileWriter`` writes for it in one ``write_table`` call and ``commit(extra_metadata)``.
+    Runs without the GIL for the most part, so ranges can be encoded on parallel threads, then
+    written (:func:`write_encoded`) or spliced (:class:`~kompaktor.files.parquetconcat.SpliceWriter`)."""
     table = conform(table)
-    sink = pa.BufferOutputStream()
-    with pq.ParquetWriter(sink, SCHEMA, **WRITER_OPTIONS) as w:
-        if table.num_rows:
-            w.write_table(table, row_group_size=ROW_GROUP_SIZE)
     n = table.num_rows
     deletes = int(pc.sum(table.column("deleted").cast(pa.int64())).as_py() or 0) if n else 0
     first = _key_at(table, 0) if n else None
     last = _key_at(table, n - 1) if n else None
+    sink = pa.BufferOutputStream()
+    w = pq.ParquetWriter(sink, SCHEMA, **WRITER_OPTIONS)
+    if n:
+        w.write_table(table, row_group_size=ROW_GROUP_SIZE)
+    w.add_key_value_metadata({**(extra_metadata or {}), **_metadata(n, deletes, first, last)})
+    w.close()
     return EncodedRange(sink.getvalue(), n, deletes, first, last)
+
+
+def write_encoded(storage: Storage, rel_path: str, enc: EncodedRange, *, tmp_tag: str | None = None) -> FileInfo:
+    """Write an encoded file (:func:`encode_table`) atomically, as ``SortedFileWriter`` does."""
+    tmp = storage.staging_name(rel_path, tmp_tag)
+    storage.ensure_dir(posixpath.dirname(rel_path))
+    try:
+        sink = storage.open_output(tmp)
+        try:
+            sink.write(enc.data)
+        finally:
+            sink.close()
+        storage.publish(tmp, rel_path)
+    except BaseException:
+        storage.delete(tmp)
+        raise
+    return FileInfo(rel_path, enc.data.size, enc.entries, enc.deletes, enc.first, enc.last)
 
 
 def write_sorted(storage: Storage, rel_path: str, data: pa.Table | Iterable[Entry]) -> FileInfo:
