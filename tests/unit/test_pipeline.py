@@ -83,3 +83,19 @@ def test_closing_early_stops_the_threads() -> None:
 
 def test_no_ranges() -> None:
     assert list(run_ordered(0, lambda i: i, lambda i, d: d, 2)) == []
+
+
+def test_the_arrow_engine_runs_a_range_per_core_within_its_task_memory(monkeypatch) -> None:
+    """One range in flight per core, at least 2, at most what the task memory holds (a planned
+    range: RANGE_BYTES of data, held MERGE_FACTOR times)."""
+    import os
+
+    from kompaktor.engines import arrow
+    from kompaktor.engines.ranges import MERGE_FACTOR, RANGE_BYTES
+
+    one_range = MERGE_FACTOR * RANGE_BYTES
+    for cores, memory, want in [(1, 4 << 30, 2), (2, 4 << 30, 2), (8, 4 << 30, 4), (8, 64 << 30, 8), (8, 1, 2)]:
+        monkeypatch.setattr(os, "sched_getaffinity", lambda _pid, n=cores: set(range(n)), raising=False)
+        assert arrow.default_workers(memory) == want, (cores, memory)
+        assert arrow.ArrowMergeEngine(task_memory=memory).workers == want
+    assert arrow.default_workers(4 * one_range) == 4

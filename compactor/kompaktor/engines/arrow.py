@@ -53,11 +53,13 @@ def default_workers(task_memory: int = TASK_MEMORY) -> int:
     """Ranges merged at once: one per core, at least 2 (reading overlaps merging even on one
     core), at most as many planned ranges (:data:`~kompaktor.engines.ranges.RANGE_BYTES` of data,
     held about :data:`~kompaktor.engines.ranges.MERGE_FACTOR` times) as ``task_memory`` holds."""
-    return max(2, min(os.cpu_count() or 1, task_memory // (MERGE_FACTOR * RANGE_BYTES)))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(2, min(cores, task_memory // (MERGE_FACTOR * RANGE_BYTES)))
 
 
 class ArrowMergeEngine:
-    """In-process engine: the key ranges of the plan merged one after the other with Arrow."""
+    """In-process engine: the key ranges of the plan merged with Arrow on ``workers`` threads
+    (:func:`default_workers`), at most that many ranges in flight, written in key order."""
 
     name = "arrow"
 
