@@ -16,7 +16,7 @@ ifndef SEED
 SEED := $(shell date +%s)
 endif
 
-.PHONY: help install test test-unit test-operator test-k8s control-plane promtool demo lint bench crds images test-images clean
+.PHONY: help install test test-unit test-operator test-k8s control-plane promtool demo lint bench bench-merge crds images test-images clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -67,6 +67,15 @@ crds: $(STAMP) ## regenerate crds/ from the pydantic models
 
 bench: $(STAMP) control-plane ## benchmarks: planner, queues, merge engines, end-to-end ingest, autoscaling to 660 pods
 	$(PY) -m bench.run
+
+# the merge bench alone (every engine beside every peer and the I/O floor, each layout, ratios from
+# the same run); the large row: make bench-merge ENTRIES=16000000 REPEAT=2 (~7 GB for the in-memory peers)
+ENTRIES ?= 4000000
+REPEAT  ?= 3
+ENGINES ?= floor,polars,duckdb,pyarrow,arrow,spark
+bench-merge: $(STAMP) ## the merge bench alone: 4M entries, every layout and engine (ENTRIES=16000000 REPEAT=2: the large row)
+	nice -n 10 $(PY) -m bench.merge_bench --entries $(ENTRIES) --repeat $(REPEAT) --engines $(ENGINES) \
+	  --csv bench/out/merge-$(ENTRIES).csv
 
 images: $(STAMP) ## build the operator, compactor and Redis images with docker, podman or buildah (CONTAINER_TOOL=), offline from a host wheelhouse; cached by their inputs
 	REGISTRY=$(REGISTRY) OPERATOR_IMAGE=$(OPERATOR_IMAGE) COMPACTOR_IMAGE=$(COMPACTOR_IMAGE) REDIS_IMAGE=$(REDIS_IMAGE) \

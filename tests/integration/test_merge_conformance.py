@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from kompaktor.engines.api import MergeRequest
 from kompaktor.engines.arrow import ArrowMergeEngine
 from kompaktor.engines.ranges import InputMeta, plan_ranges
-from kompaktor.files.arrowstack import first_row_decrease, first_unsorted, merge_tables
+from kompaktor.files.arrowstack import first_row_decrease, first_unsorted, merge_tables, merge_tables_once
 from kompaktor.files.sortedfile import check_sorted, entries_to_table, table_to_entries
 from kompaktor.files.storage import Storage
 from kompaktor.model.errors import UnsortedError
@@ -122,8 +122,13 @@ common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, Health
 @given(srcs=sources(), cfg=iterator_settings)
 def test_arrowstack_matches_reference(srcs, cfg):
     tables = [entries_to_table(s) for s in srcs]
-    got = list(table_to_entries(merge_tables(tables, cfg)))
+    merged = merge_tables(tables, cfg)
+    got = list(table_to_entries(merged))
     assert got == list(merged_view(srcs, cfg))
+    # the Arrow engine's leaner merge: the same table, one chunk per column (what is encoded)
+    once = merge_tables_once(tables, cfg)
+    assert once.equals(merged)
+    assert all(c.num_chunks <= 1 for c in once.columns)
 
 
 @settings(max_examples=150, **common)

@@ -8,7 +8,9 @@ column) and read batch by batch."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +20,8 @@ import pytest
 from kompaktor.engines.api import MergeEngine, MergeRequest
 from kompaktor.engines.arrow import ArrowMergeEngine
 from kompaktor.engines.ranges import InputCursor, TaskMemoryExceeded, inspect_inputs, plan
-from kompaktor.files.sortedfile import entries_to_table, read_table, table_to_entries
+from kompaktor.files.arrowstack import merge_tables
+from kompaktor.files.sortedfile import SortedFileWriter, entries_to_table, read_info, read_table, table_to_entries
 from kompaktor.files.storage import Storage
 from kompaktor.model.errors import BadFileError, UnsortedError
 from kompaktor.model.iterators import IteratorSettings, merged_view
@@ -93,6 +96,62 @@ def test_every_layout_merges_to_the_reference(engine, storage, layout, bounds):
     want = list(merged_view(inside, IteratorSettings(max_versions=1, full=True)))
     assert got == want
     assert files(storage) == sorted([*paths, "t1/A000001.parquet"])
+
+
+def sequential_reference(storage: Storage, paths: list[str], out: str, req: MergeRequest, range_entries: int) -> bytes:
+    """The bytes the Arrow engine wrote before it ran ranges in parallel: every range read by one
+    set of cursors, merged and written by one SortedFileWriter, one after the other."""
+    ranges = plan(storage, inspect_inputs(storage, paths), req.prev, req.end, range_entries)
+    cursors = [InputCursor(storage, p, req.prev, req.end) for p in paths]
+    w = SortedFileWriter(storage, out)
+    for _, hi in ranges:
+        w.write_table(merge_tables([c.take(hi) for c in cursors], req.settings), checked=True)
+    w.commit()
+    for c in cursors:
+        c.close()
+    return Path(storage.path(out)).read_bytes()
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("workers", [1, 2, 3])
+@pytest.mark.parametrize(
+    "settings",
+    [IteratorSettings(max_versions=1, full=True), IteratorSettings(max_versions=2, full=False)],
+    ids=["full", "partial"],
+)
+def test_ranges_merged_in_parallel_write_the_sequential_bytes(storage, layout, workers, settings):
+    """Issue 23 §1: ranges merged and encoded on several threads and spliced in order give the
+    file's very bytes that merging them one after the other gives, in every layout, with a
+    tablet's bounds and without, and an empty output too."""
+    paths = write(storage, sources(), **LAYOUTS[layout])
+    for k, (prev, end) in enumerate([(None, None), (b"r02500", b"r07777"), (b"r99999", None)]):
+        req = dataclasses.replace(request(paths, prev=prev, end=end), settings=settings, output=f"t1/A{k}.parquet")
+        ref = sequential_reference(storage, paths, f"ref/A{k}.parquet", req, 2000)
+        res = ArrowMergeEngine(range_entries=2000, workers=workers).merge(storage, req)
+        assert Path(storage.path(req.output)).read_bytes() == ref
+        assert res.info == read_info(storage, req.output)
+        assert res.entries_written == res.info.entries == (0 if k == 2 else res.entries_written)
+
+
+def test_a_failed_range_stops_the_parallel_merge_and_leaves_nothing(storage, monkeypatch):
+    """A range that fails while others are in flight (here: its merge) fails the merge with that
+    error; no thread is left behind, no temp output stays."""
+    import kompaktor.engines.arrow as arrow_mod
+
+    paths = write(storage, sources(), row_group_size=500)
+    calls = []
+
+    def merge_fails_on_the_third(tables, settings):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("boom")
+        return merge_tables(tables, settings)
+
+    monkeypatch.setattr(arrow_mod, "merge_tables_once", merge_fails_on_the_third)
+    with pytest.raises(RuntimeError, match="boom"):
+        ArrowMergeEngine(range_entries=2000, workers=3).merge(storage, request(paths))
+    assert files(storage) == sorted(paths)
+    assert not [t for t in threading.enumerate() if t.name.startswith("arrowmerge")]
 
 
 @pytest.mark.parametrize("layout", ["one_row_group", "no_statistics"])

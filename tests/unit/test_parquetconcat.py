@@ -4,13 +4,22 @@ if one writer had written every entry; the Thrift footer codec round-trips byte 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
 from kompaktor.files import parquetconcat as pc
-from kompaktor.files.sortedfile import SortedFileWriter, entries_to_table, read_info, read_table, write_sorted
+from kompaktor.files.sortedfile import (
+    SortedFileWriter,
+    encode_table,
+    entries_to_table,
+    read_info,
+    read_table,
+    write_encoded,
+    write_sorted,
+)
 from kompaktor.files.storage import Storage
 from kompaktor.model.errors import BadFileError, UnsortedError
 from kompaktor.model.keys import Entry
@@ -89,3 +98,51 @@ def test_append_feeds_the_parts_bytes_to_a_digest(storage: Storage, bounds) -> N
         assert h.hexdigest() == hashlib.sha256(Path(storage.path(p)).read_bytes()).hexdigest()
     info = w.commit()
     assert info.entries == 5000
+
+
+@pytest.mark.parametrize(
+    "bounds", [[(0, 300_000), (300_000, 300_001), (300_001, 300_001), (300_001, 450_000)], [(0, 10)], [(0, 3), (3, 3)]]
+)
+def test_spliced_ranges_are_the_bytes_one_writer_writes(storage: Storage, bounds) -> None:
+    """Issue 23 §1: ranges encoded apart (in parallel, by the Arrow engine) and spliced in order
+    make the very file one SortedFileWriter makes from the same tables, one write_table each."""
+    tables = [entries_to_table([E(i, i % 7 == 0) for i in range(a, b)]) for a, b in bounds]
+    w = SortedFileWriter(storage, "out/ref.parquet")
+    for t in tables:
+        w.write_table(t)
+    ref = w.commit()
+    s = pc.SpliceWriter(storage, "out/A.parquet", tmp_tag="ECID-1")
+    for t in tables:
+        s.append(*encode_table(t))
+    info = s.commit()
+    assert Path(storage.path("out/A.parquet")).read_bytes() == Path(storage.path("out/ref.parquet")).read_bytes()
+    assert dataclasses.replace(ref, path="out/A.parquet") == info
+    assert sorted(p for p, _ in storage.list_files("out")) == ["out/A.parquet", "out/ref.parquet"]
+
+
+def test_splicing_refuses_ranges_out_of_order_and_nothing(storage: Storage) -> None:
+    s = pc.SpliceWriter(storage, "out/A.parquet", tmp_tag="ECID-1")
+    with pytest.raises(ValueError, match="no range appended"):
+        s.commit()
+    s.abort()
+    s = pc.SpliceWriter(storage, "out/B.parquet", tmp_tag="ECID-1")
+    s.append(*encode_table(entries_to_table([E(i) for i in range(10, 20)])))
+    with pytest.raises(UnsortedError):
+        s.append(*encode_table(entries_to_table([E(i) for i in range(0, 5)])))
+    s.abort()
+    assert storage.list_files("out") == []
+
+
+@pytest.mark.parametrize("n", [0, 5, 300_000])
+def test_an_encoded_range_is_the_file_a_sorted_writer_writes(storage: Storage, n: int) -> None:
+    """encode_table + write_encoded (a resumable merge's part, encoded on a worker thread, written
+    by the engine's thread) make the bytes SortedFileWriter makes, its footer metadata included."""
+    table = entries_to_table([E(i, i % 7 == 0) for i in range(n)])
+    extra = {b"kompaktor.entries_read": b"12", b"kompaktor.bytes_read": b"34"}
+    w = SortedFileWriter(storage, "p/ref.parquet")
+    w.write_table(table)
+    ref = w.commit(extra)
+    info = write_encoded(storage, "p/enc.parquet", encode_table(table, extra), tmp_tag="ECID-1")
+    assert Path(storage.path("p/enc.parquet")).read_bytes() == Path(storage.path("p/ref.parquet")).read_bytes()
+    assert dataclasses.replace(ref, path="p/enc.parquet") == info
+    assert sorted(p for p, _ in storage.list_files("p")) == ["p/enc.parquet", "p/ref.parquet"]

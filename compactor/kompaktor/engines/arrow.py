@@ -1,8 +1,14 @@
 """The in-process Arrow engine: the key ranges of the plan (:mod:`kompaktor.engines.ranges`)
-merged one after the other in this process and streamed into the output file, so its memory is
-bounded by the range size, not the job size. No per-job Spark overhead: for groups that hold
-only small jobs. The Spark engine (:mod:`kompaktor.engines.spark`) runs the same ranges as Spark
-tasks.
+merged in this process and streamed into the output file, so its memory is bounded by the range
+size, not the job size. No per-job Spark overhead: for groups that hold only small jobs. The
+Spark engine (:mod:`kompaktor.engines.spark`) runs the same ranges as Spark tasks.
+
+Ranges run on ``workers`` threads (one per core by default, :func:`default_workers`;
+:mod:`kompaktor.engines.pipeline`): each reads its range's rows from the inputs in range order,
+merges them (:func:`~kompaktor.files.arrowstack.merge_tables_once`) and encodes them as Parquet in
+memory; the encoded ranges are spliced into the output in order
+(:class:`~kompaktor.files.parquetconcat.SpliceWriter`) — the same bytes as writing the merged
+ranges one after the other with one ``SortedFileWriter``. At most ``workers`` ranges are in flight.
 
 From :data:`RESUME_MIN_BYTES` of input, a merge given a resume log is resumable (issue 23 §2,
 :mod:`kompaktor.engines.resume`): each range is written as a part, checksummed and recorded, the
@@ -12,17 +18,27 @@ end without decoding.
 
 from __future__ import annotations
 
+import hashlib
+import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
 
 from kompaktor.engines.api import MergeCancelled, MergeRequest, MergeResult, ProgressFn
-from kompaktor.engines.ranges import MERGE_FACTOR, TASK_MEMORY, Bound, InputCursor, open_merge, plan, progress_dict
-from kompaktor.engines.resume import RESUME_MIN_BYTES, file_digest, record_part, resume_plan
-from kompaktor.files.arrowstack import merge_tables
-from kompaktor.files.parquetconcat import ConcatWriter
-from kompaktor.files.sortedfile import SortedFileWriter
+from kompaktor.engines.pipeline import run_ordered
+from kompaktor.engines.ranges import (
+    MERGE_FACTOR,
+    RANGE_BYTES,
+    TASK_MEMORY,
+    InputCursor,
+    open_merge,
+    plan,
+    progress_dict,
+)
+from kompaktor.engines.resume import RESUME_MIN_BYTES, record_part, resume_plan
+from kompaktor.files.arrowstack import merge_tables_once
+from kompaktor.files.parquetconcat import ConcatWriter, SpliceWriter
+from kompaktor.files.sortedfile import EncodedRange, SortedFileWriter, encode_table, write_encoded
 from kompaktor.files.storage import Storage
 from kompaktor.model.names import resume_part_name
 from kompaktor.model.resume import PartRecord
@@ -30,11 +46,20 @@ from kompaktor.model.resume import PartRecord
 #: entries per key range for the in-process engine (bounds its memory: ~5x the range's data)
 ARROW_RANGE_ENTRIES = 1_000_000
 
-__all__ = ["ARROW_RANGE_ENTRIES", "RESUME_MIN_BYTES", "ArrowMergeEngine"]
+__all__ = ["ARROW_RANGE_ENTRIES", "RESUME_MIN_BYTES", "ArrowMergeEngine", "default_workers"]
+
+
+def default_workers(task_memory: int = TASK_MEMORY) -> int:
+    """Ranges merged at once: one per core, at least 2 (reading overlaps merging even on one
+    core), at most as many planned ranges (:data:`~kompaktor.engines.ranges.RANGE_BYTES` of data,
+    held about :data:`~kompaktor.engines.ranges.MERGE_FACTOR` times) as ``task_memory`` holds."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(2, min(cores, task_memory // (MERGE_FACTOR * RANGE_BYTES)))
 
 
 class ArrowMergeEngine:
-    """In-process engine: the key ranges of the plan merged one after the other with Arrow."""
+    """In-process engine: the key ranges of the plan merged with Arrow on ``workers`` threads
+    (:func:`default_workers`), at most that many ranges in flight, written in key order."""
 
     name = "arrow"
 
@@ -43,12 +68,15 @@ class ArrowMergeEngine:
         range_entries: int = ARROW_RANGE_ENTRIES,
         task_memory: int = TASK_MEMORY,
         resume_min_bytes: int = RESUME_MIN_BYTES,
+        workers: int | None = None,
     ) -> None:
         self.range_entries = range_entries
         self.resume_min_bytes = resume_min_bytes
-        #: bytes the merge may hold; one range's input data may take 1/MERGE_FACTOR of it, two
-        #: ranges are in flight (one merging, one encoding)
+        #: bytes the merge may hold; one range's input data may take 1/(2 * MERGE_FACTOR) of it
         self.task_memory = task_memory
+        #: ranges in flight at most — read, merged and encoded on this many threads, written in
+        #: order — so the merge holds about ``workers`` x MERGE_FACTOR x one range's data
+        self.workers = workers or default_workers(task_memory)
 
     def merge(
         self,
@@ -68,28 +96,29 @@ class ArrowMergeEngine:
         report(progress_dict(0, 0, 0, 0, 0, len(ranges), started))
         cursors: list[InputCursor] = []
 
-        def produce(hi: Bound) -> tuple[pa.Table, int]:
+        def take(i: int) -> list[pa.Table]:  # in range order, one thread at a time
             tables: list[pa.Table] = []
             for c in cursors:
-                tables.append(c.take(hi, budget - sum(t.nbytes for t in tables)))
-            return merge_tables(tables, req.settings), sum(t.num_rows for t in tables)
+                tables.append(c.take(ranges[i][1], budget - sum(t.nbytes for t in tables)))
+            return tables
 
-        w = SortedFileWriter(storage, req.output, tmp_tag=req.tmp_tag)
-        # one thread reads and merges range i+1 while this one encodes range i into the output
-        # (both release the GIL): two ranges in memory at most
-        ahead = ThreadPoolExecutor(1, thread_name_prefix="arrowmerge")
+        def merge_encode(i: int, tables: list[pa.Table]) -> tuple[EncodedRange, int]:
+            n = sum(t.num_rows for t in tables)
+            out = merge_tables_once(tables, req.settings)
+            tables.clear()  # the inputs go as soon as the range is merged
+            return encode_table(out), n
+
+        w = SpliceWriter(storage, req.output, tmp_tag=req.tmp_tag)
+        results = run_ordered(len(ranges), take, merge_encode, self.workers, "arrowmerge")
         try:
             cursors.extend(InputCursor(storage, p, req.prev, req.end) for p in req.inputs)
-            fut = ahead.submit(produce, ranges[0][1])
-            for i in range(len(ranges)):
-                out, n = fut.result()
+            for i, (enc, n) in enumerate(results):
                 if cancel is not None and cancel.is_set():
                     raise MergeCancelled(f"merge into {req.output} cancelled after {i} of {len(ranges)} parts")
-                if i + 1 < len(ranges):
-                    fut = ahead.submit(produce, ranges[i + 1][1])
-                w.write_table(out, checked=True)
+                w.append(enc.data, enc.entries, enc.deletes, enc.first, enc.last)
+                del enc
                 read += n
-                written += out.num_rows
+                written = w.entries
                 report(
                     progress_dict(
                         read,
@@ -103,12 +132,16 @@ class ArrowMergeEngine:
                 )
             if cancel is not None and cancel.is_set():
                 raise MergeCancelled(f"merge into {req.output} cancelled before commit")
-            info = w.commit()
+            if w.entries:
+                info = w.commit()
+            else:  # nothing to splice: the empty file SortedFileWriter writes
+                w.abort()
+                info = SortedFileWriter(storage, req.output, tmp_tag=req.tmp_tag).commit()
         except BaseException:
             w.abort()
             raise
         finally:
-            ahead.shutdown(wait=True, cancel_futures=True)
+            results.close()
             for c in cursors:
                 c.close()
         report(progress_dict(read, written, bytes_in, info.size, len(ranges), len(ranges), started))
@@ -126,10 +159,10 @@ class ArrowMergeEngine:
         metas: list,
         bytes_in: int,
     ) -> MergeResult:
-        """The ranges merged one after the other, each written as a part and recorded in
-        ``req.resume``; ranges an earlier attempt finished are taken from its verified parts
-        (the inputs' row groups are read only where a range is merged); then every part is
-        appended, in order, into the output without decoding."""
+        """The ranges merged on ``workers`` threads, each written as a part and recorded in
+        ``req.resume`` in range order as they finish; ranges an earlier attempt finished are
+        taken from its verified parts (the inputs' row groups are read only where a range is
+        merged); then every part is appended, in order, into the output without decoding."""
         log_ = req.resume
         assert log_ is not None
         rp = resume_plan(
@@ -181,7 +214,10 @@ class ArrowMergeEngine:
                 c.close()
             cur["cursors"] = []
 
-        def produce(i: int) -> tuple[pa.Table, int, int]:
+        missing = rp.missing
+
+        def take(k: int) -> tuple[list[pa.Table], int]:  # in range order, one thread at a time
+            i = missing[k]
             if cur["run"] != run_of[i]:
                 close_cursors()
                 a, b = runs[run_of[i]]
@@ -193,36 +229,32 @@ class ArrowMergeEngine:
             tables: list[pa.Table] = []
             for c in cursors:
                 tables.append(c.take(ranges[i][1], budget - sum(t.nbytes for t in tables)))
-            nbytes = sum(c.bytes_read for c in cursors) - before
-            return merge_tables(tables, req.settings), sum(t.num_rows for t in tables), nbytes
+            return tables, sum(c.bytes_read for c in cursors) - before
+
+        def merge_encode_part(k: int, got: tuple[list[pa.Table], int]) -> tuple[int, EncodedRange, int, int, str]:
+            """Merge one range and encode it as its part, in memory (on a worker thread): the
+            part file appears only when this thread writes it, just before recording it."""
+            tables, nbytes = got
+            i = missing[k]
+            n_read = sum(t.num_rows for t in tables)
+            out = merge_tables_once(tables, req.settings)
+            tables.clear()
+            meta = {b"kompaktor.entries_read": str(n_read).encode(), b"kompaktor.bytes_read": str(nbytes).encode()}
+            enc = encode_table(out, meta)
+            return i, enc, n_read, nbytes, hashlib.sha256(enc.data).hexdigest()
 
         w: ConcatWriter | None = None
-        ahead = ThreadPoolExecutor(1, thread_name_prefix="arrowmerge")
-        missing = rp.missing
+        # parts merged and encoded on worker threads (at most self.workers in flight), written
+        # and recorded here, in range order, as they finish
+        results = run_ordered(len(missing), take, merge_encode_part, self.workers, "arrowmerge")
         try:
-            fut = ahead.submit(produce, missing[0]) if missing else None
-            for k, i in enumerate(missing):
-                assert fut is not None
-                out, n_read, nbytes = fut.result()
+            for i, enc, n_read, nbytes, sha in results:
                 if cancel is not None and cancel.is_set():
                     raise MergeCancelled(f"merge into {req.output} cancelled after {done} of {n} parts")
-                if k + 1 < len(missing):
-                    fut = ahead.submit(produce, missing[k + 1])
-                pw = SortedFileWriter(storage, names[i], tmp_tag=req.tmp_tag)
-                try:
-                    pw.write_table(out, checked=True)
-                    info = pw.commit(
-                        {
-                            b"kompaktor.entries_read": str(n_read).encode(),
-                            b"kompaktor.bytes_read": str(nbytes).encode(),
-                        }
-                    )
-                except BaseException:
-                    pw.abort()
-                    raise
                 written_parts.append(names[i])
-                size, sha = file_digest(storage, names[i])
-                rec = PartRecord(i, names[i], *ranges[i], n_read, out.num_rows, nbytes, size, sha)
+                part = write_encoded(storage, names[i], enc, tmp_tag=req.tmp_tag)
+                del enc
+                rec = PartRecord(i, names[i], *ranges[i], n_read, part.entries, nbytes, part.size, sha)
                 if record_part(log_, rec):
                     recorded.add(i)
                 read += n_read
@@ -245,7 +277,7 @@ class ArrowMergeEngine:
                     storage.delete(name)
             raise
         finally:
-            ahead.shutdown(wait=True, cancel_futures=True)
+            results.close()
             close_cursors()
         report(progress_dict(read, info.entries, reused_bytes + reread, info.size, n, n, started, **extra()))
         return MergeResult(

@@ -151,6 +151,25 @@ def merge_tables(tables_oldest_first: Sequence[pa.Table], settings: IteratorSett
     return apply_stack_table(merged, settings).drop_columns([SOURCE])
 
 
+def merge_tables_once(tables_oldest_first: Sequence[pa.Table], settings: IteratorSettings = SCAN) -> pa.Table:
+    """What :func:`merge_tables` returns — the same entries, one contiguous chunk per column —
+    with less copying: only the key columns are made contiguous and sorted; the iterator stack
+    runs on them, and each kept entry's columns, the value among them, are taken once from the
+    inputs (no sorted copy of the whole range, no filter pass over it)."""
+    if len(tables_oldest_first) < 2 or sum(t.nbytes for t in tables_oldest_first) >= COMBINE_LIMIT:
+        return merge_tables(tables_oldest_first, settings)
+    parts = []
+    for i, t in enumerate(tables_oldest_first):
+        t = t.select(COLUMNS)
+        parts.append(t.append_column(SOURCE, pa.array(np.full(t.num_rows, i, dtype=np.int32))))
+    table = pa.concat_tables(parts)
+    keys = table.select([name for name, _ in MERGE_SORT_KEYS]).combine_chunks()
+    idx = pc.sort_indices(keys, sort_keys=MERGE_SORT_KEYS)
+    keep = keep_mask(keys.take(idx), settings)
+    del keys
+    return table.drop_columns([SOURCE]).take(idx.filter(pa.array(keep))).combine_chunks()
+
+
 def first_unsorted(table: pa.Table) -> int | None:
     """Index of the first entry that sorts before its predecessor, or None when ``table`` is in
     key order. Vectorized: compares each entry with the previous one, column by column."""

@@ -359,3 +359,105 @@ class ConcatWriter:
                 pass
             self._closed = True
         self.storage.delete(self.tmp_rel)
+
+
+class SpliceWriter:
+    """Writes ``rel_path`` from ranges encoded apart, in key order, with the bytes one
+    :class:`~kompaktor.files.sortedfile.SortedFileWriter` writes when given the same tables one
+    ``write_table`` call each (every call starts new row groups, so the column chunks are the
+    same bytes; only the footer is assembled here).
+
+    Each range arrives as a whole Parquet file in memory (:func:`~kompaktor.files.sortedfile.encode_table`):
+    its data bytes are written as they are, its row groups are shifted to where they landed, and
+    the footer is pyarrow's: the writer's user key/value metadata first (``kompaktor.*``), then
+    the rest (``ARROW:schema``); the column chunks' deprecated ``file_offset`` stays what pyarrow
+    writes (0) and is shifted only when set. A range with no entries adds nothing. With no range
+    appended, :meth:`commit` refuses (the caller writes an empty file with ``SortedFileWriter``)."""
+
+    def __init__(self, storage: Storage, rel_path: str, *, tmp_tag: str | None = None) -> None:
+        self.storage, self.rel_path = storage, rel_path
+        self.tmp_rel = storage.staging_name(rel_path, tmp_tag)
+        storage.ensure_dir(posixpath.dirname(rel_path))
+        self._sink = storage.open_output(self.tmp_rel)
+        self._sink.write(MAGIC)
+        self._pos = len(MAGIC)
+        self._template: Struct | None = None
+        self._schema: bytes | None = None
+        self._row_groups: list = []
+        self.entries = self.deletes = 0
+        self.first: tuple | None = None
+        self.last: tuple | None = None
+        self._closed = False
+
+    def position(self) -> int:
+        return self._pos
+
+    def append(self, data: Any, entries: int, deletes: int, first: tuple | None, last: tuple | None) -> None:
+        """Append one encoded range (``data``: the Parquet file's bytes, any buffer) holding
+        ``entries`` entries (``deletes`` delete markers) from key ``first`` to ``last``."""
+        if not entries:
+            return
+        if first is None or last is None:
+            raise ValueError("a range with entries needs its first and last keys")
+        if self.last is not None and first < self.last:
+            raise UnsortedError(f"{self.rel_path}: a range starts before the end of the previous one")
+        view = memoryview(data)
+        size = len(view)
+        flen = int.from_bytes(view[size - 8 : size - 4], "little")
+        if bytes(view[:4]) != MAGIC or bytes(view[size - 4 :]) != MAGIC or flen > size - 12:
+            raise ValueError("not an encoded Parquet file")
+        md = decode(bytes(view[size - 8 - flen : size - 8]))
+        schema = encode([field(md, 2)])
+        if self._template is None:
+            self._template, self._schema = md, schema
+        elif schema != self._schema:
+            raise ValueError("the schema differs from the first range's")
+        shift = self._pos - len(MAGIC)
+        rgs = field(md, 4)
+        for rg in rgs[2][1] if rgs else []:
+            _shift(rg, (5,), shift)
+            cols = field(rg, 1)
+            for chunk in cols[2][1] if cols else []:
+                for f in chunk:
+                    if f[0] in _CHUNK_OFFSETS and f[1] == T_I64 and f[2]:
+                        f[2] += shift
+                meta = field(chunk, 3)
+                if meta is not None:
+                    _shift(meta[2], _META_OFFSETS, shift)
+            if field(rg, 7) is not None:
+                set_field(rg, 7, T_I16, len(self._row_groups))
+            self._row_groups.append(rg)
+        self._sink.write(view[len(MAGIC) : size - 8 - flen])
+        self._pos += size - 8 - flen - len(MAGIC)
+        self.entries += entries
+        self.deletes += deletes
+        if self.first is None:
+            self.first = first
+        self.last = last
+
+    def commit(self) -> FileInfo:
+        if self._template is None:
+            raise ValueError(f"{self.rel_path}: no range appended")
+        md = [list(f) for f in self._template]
+        set_field(md, 3, T_I64, self.entries)
+        set_field(md, 4, T_LIST, [T_STRUCT, self._row_groups])
+        kv = _metadata(self.entries, self.deletes, self.first, self.last)
+        kv.update({k: v for k, v in key_values(self._template).items() if not k.startswith(b"kompaktor.")})
+        set_field(md, 5, T_LIST, _kv_list(kv))
+        footer = encode(md)
+        self._sink.write(footer)
+        self._sink.write(len(footer).to_bytes(4, "little") + MAGIC)
+        size = int(self._sink.tell())  # as written: see SortedFileWriter.commit
+        self._sink.close()
+        self._closed = True
+        self.storage.publish(self.tmp_rel, self.rel_path)
+        return FileInfo(self.rel_path, size, self.entries, self.deletes, self.first, self.last)
+
+    def abort(self) -> None:
+        if not self._closed:
+            try:
+                self._sink.close()
+            except Exception:
+                pass
+            self._closed = True
+        self.storage.delete(self.tmp_rel)

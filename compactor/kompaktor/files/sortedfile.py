@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import posixpath
 from collections.abc import Iterable, Iterator
+from typing import NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -37,6 +38,8 @@ SCHEMA = pa.schema(
 )
 COLUMNS = SCHEMA.names
 ROW_GROUP_SIZE = 128 * 1024
+#: how every sorted file is encoded (SortedFileWriter, encode_table)
+WRITER_OPTIONS: dict = {"compression": "zstd"}
 
 
 def entries_to_table(entries: Iterable[Entry]) -> pa.Table:
@@ -143,7 +146,7 @@ class SortedFileWriter:
         self.tmp_rel = storage.staging_name(rel_path, tmp_tag)
         storage.ensure_dir(posixpath.dirname(rel_path))
         self._sink = storage.open_output(self.tmp_rel)
-        self._writer = pq.ParquetWriter(self._sink, SCHEMA, compression="zstd")
+        self._writer = pq.ParquetWriter(self._sink, SCHEMA, **WRITER_OPTIONS)
         self.entries = 0
         self.deletes = 0
         self.first: tuple | None = None
@@ -211,6 +214,52 @@ class SortedFileWriter:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
             self.abort()
+
+
+class EncodedRange(NamedTuple):
+    """One table encoded as a Parquet file in memory, and what its footer metadata would say."""
+
+    data: pa.Buffer
+    entries: int
+    deletes: int
+    first: tuple | None
+    last: tuple | None
+
+
+def encode_table(table: pa.Table, extra_metadata: dict[bytes, bytes] | None = None) -> EncodedRange:
+    """``table`` (sorted: not checked) as a whole Parquet file in memory: the very bytes
+    ``SortedFileWriter`` writes for it in one ``write_table`` call and ``commit(extra_metadata)``.
+    Runs without the GIL for the most part, so ranges can be encoded on parallel threads, then
+    written (:func:`write_encoded`) or spliced (:class:`~kompaktor.files.parquetconcat.SpliceWriter`)."""
+    table = conform(table)
+    n = table.num_rows
+    deletes = int(pc.sum(table.column("deleted").cast(pa.int64())).as_py() or 0) if n else 0
+    first = _key_at(table, 0) if n else None
+    last = _key_at(table, n - 1) if n else None
+    sink = pa.BufferOutputStream()
+    w = pq.ParquetWriter(sink, SCHEMA, **WRITER_OPTIONS)
+    if n:
+        w.write_table(table, row_group_size=ROW_GROUP_SIZE)
+    w.add_key_value_metadata({**(extra_metadata or {}), **_metadata(n, deletes, first, last)})
+    w.close()
+    return EncodedRange(sink.getvalue(), n, deletes, first, last)
+
+
+def write_encoded(storage: Storage, rel_path: str, enc: EncodedRange, *, tmp_tag: str | None = None) -> FileInfo:
+    """Write an encoded file (:func:`encode_table`) atomically, as ``SortedFileWriter`` does."""
+    tmp = storage.staging_name(rel_path, tmp_tag)
+    storage.ensure_dir(posixpath.dirname(rel_path))
+    try:
+        sink = storage.open_output(tmp)
+        try:
+            sink.write(enc.data)
+        finally:
+            sink.close()
+        storage.publish(tmp, rel_path)
+    except BaseException:
+        storage.delete(tmp)
+        raise
+    return FileInfo(rel_path, enc.data.size, enc.entries, enc.deletes, enc.first, enc.last)
 
 
 def write_sorted(storage: Storage, rel_path: str, data: pa.Table | Iterable[Entry]) -> FileInfo:
