@@ -250,9 +250,10 @@ def _kv_list(items: dict[bytes, bytes]) -> list:
     return [T_STRUCT, [[[1, T_BINARY, k], [2, T_BINARY, v]] for k, v in items.items()]]
 
 
-class ConcatWriter:
-    """Writes ``rel_path`` (under a temporary name carrying ``tmp_tag`` until :meth:`commit`)
-    from sorted Parquet parts appended in key order."""
+class _OutputWriter:
+    """What :class:`ConcatWriter` and :class:`SpliceWriter` share: ``rel_path`` written under a
+    temporary name carrying ``tmp_tag``, row groups gathered from the pieces appended, one footer
+    and the rename at :meth:`_commit`, everything removed by :meth:`abort`."""
 
     def __init__(self, storage: Storage, rel_path: str, *, tmp_tag: str | None = None) -> None:
         self.storage, self.rel_path = storage, rel_path
@@ -271,6 +272,41 @@ class ConcatWriter:
 
     def position(self) -> int:
         return self._pos
+
+    def _commit(self, piece: str, *, kompaktor_first: bool) -> FileInfo:
+        """The footer (the first piece's, with the row groups, the entries and the ``kompaktor.*``
+        metadata of the whole: before the other key/values, as pyarrow writes them, or after),
+        then the output published under its final name."""
+        if self._template is None:
+            raise ValueError(f"{self.rel_path}: no {piece} appended")
+        md = [list(f) for f in self._template]
+        set_field(md, 3, T_I64, self.entries)
+        set_field(md, 4, T_LIST, [T_STRUCT, self._row_groups])
+        ours = _metadata(self.entries, self.deletes, self.first, self.last)
+        rest = {k: v for k, v in key_values(self._template).items() if not k.startswith(b"kompaktor.")}
+        set_field(md, 5, T_LIST, _kv_list({**ours, **rest} if kompaktor_first else {**rest, **ours}))
+        footer = encode(md)
+        self._sink.write(footer)
+        self._sink.write(len(footer).to_bytes(4, "little") + MAGIC)
+        size = int(self._sink.tell())  # as written: see SortedFileWriter.commit
+        self._sink.close()
+        self._closed = True
+        self.storage.publish(self.tmp_rel, self.rel_path)
+        return FileInfo(self.rel_path, size, self.entries, self.deletes, self.first, self.last)
+
+    def abort(self) -> None:
+        if not self._closed:
+            try:
+                self._sink.close()
+            except Exception:
+                pass
+            self._closed = True
+        self.storage.delete(self.tmp_rel)
+
+
+class ConcatWriter(_OutputWriter):
+    """Writes ``rel_path`` (under a temporary name carrying ``tmp_tag`` until :meth:`commit`)
+    from sorted Parquet parts appended in key order."""
 
     def append(self, part: str, digest: Any = None) -> dict[bytes, bytes]:
         """Copy one part's data after the previous ones; returns its key/value metadata.
@@ -334,34 +370,10 @@ class ConcatWriter:
             return meta
 
     def commit(self) -> FileInfo:
-        if self._template is None:
-            raise ValueError(f"{self.rel_path}: no part appended")
-        md = [list(f) for f in self._template]
-        set_field(md, 3, T_I64, self.entries)
-        set_field(md, 4, T_LIST, [T_STRUCT, self._row_groups])
-        kv = {k: v for k, v in key_values(self._template).items() if not k.startswith(b"kompaktor.")}
-        kv.update(_metadata(self.entries, self.deletes, self.first, self.last))
-        set_field(md, 5, T_LIST, _kv_list(kv))
-        footer = encode(md)
-        self._sink.write(footer)
-        self._sink.write(len(footer).to_bytes(4, "little") + MAGIC)
-        size = int(self._sink.tell())  # as written: see SortedFileWriter.commit
-        self._sink.close()
-        self._closed = True
-        self.storage.publish(self.tmp_rel, self.rel_path)
-        return FileInfo(self.rel_path, size, self.entries, self.deletes, self.first, self.last)
-
-    def abort(self) -> None:
-        if not self._closed:
-            try:
-                self._sink.close()
-            except Exception:
-                pass
-            self._closed = True
-        self.storage.delete(self.tmp_rel)
+        return self._commit("part", kompaktor_first=False)
 
 
-class SpliceWriter:
+class SpliceWriter(_OutputWriter):
     """Writes ``rel_path`` from ranges encoded apart, in key order, with the bytes one
     :class:`~kompaktor.files.sortedfile.SortedFileWriter` writes when given the same tables one
     ``write_table`` call each (every call starts new row groups, so the column chunks are the
@@ -373,24 +385,6 @@ class SpliceWriter:
     the rest (``ARROW:schema``); the column chunks' deprecated ``file_offset`` stays what pyarrow
     writes (0) and is shifted only when set. A range with no entries adds nothing. With no range
     appended, :meth:`commit` refuses (the caller writes an empty file with ``SortedFileWriter``)."""
-
-    def __init__(self, storage: Storage, rel_path: str, *, tmp_tag: str | None = None) -> None:
-        self.storage, self.rel_path = storage, rel_path
-        self.tmp_rel = storage.staging_name(rel_path, tmp_tag)
-        storage.ensure_dir(posixpath.dirname(rel_path))
-        self._sink = storage.open_output(self.tmp_rel)
-        self._sink.write(MAGIC)
-        self._pos = len(MAGIC)
-        self._template: Struct | None = None
-        self._schema: bytes | None = None
-        self._row_groups: list = []
-        self.entries = self.deletes = 0
-        self.first: tuple | None = None
-        self.last: tuple | None = None
-        self._closed = False
-
-    def position(self) -> int:
-        return self._pos
 
     def append(self, data: Any, entries: int, deletes: int, first: tuple | None, last: tuple | None) -> None:
         """Append one encoded range (``data``: the Parquet file's bytes, any buffer) holding
@@ -436,28 +430,4 @@ class SpliceWriter:
         self.last = last
 
     def commit(self) -> FileInfo:
-        if self._template is None:
-            raise ValueError(f"{self.rel_path}: no range appended")
-        md = [list(f) for f in self._template]
-        set_field(md, 3, T_I64, self.entries)
-        set_field(md, 4, T_LIST, [T_STRUCT, self._row_groups])
-        kv = _metadata(self.entries, self.deletes, self.first, self.last)
-        kv.update({k: v for k, v in key_values(self._template).items() if not k.startswith(b"kompaktor.")})
-        set_field(md, 5, T_LIST, _kv_list(kv))
-        footer = encode(md)
-        self._sink.write(footer)
-        self._sink.write(len(footer).to_bytes(4, "little") + MAGIC)
-        size = int(self._sink.tell())  # as written: see SortedFileWriter.commit
-        self._sink.close()
-        self._closed = True
-        self.storage.publish(self.tmp_rel, self.rel_path)
-        return FileInfo(self.rel_path, size, self.entries, self.deletes, self.first, self.last)
-
-    def abort(self) -> None:
-        if not self._closed:
-            try:
-                self._sink.close()
-            except Exception:
-                pass
-            self._closed = True
-        self.storage.delete(self.tmp_rel)
+        return self._commit("range", kompaktor_first=True)
