@@ -146,6 +146,7 @@ class Chaos:
             # Freeze it first, so it cannot commit between the check below and the kill: a
             # compaction that committed just before is not one killed mid-merge.
             proc.popen.send_signal(signal.SIGSTOP)
+            _wait_stopped(proc.popen.pid)
         tablet = store.running_tablet(ecid)
         if tablet is None:
             if sig == signal.SIGKILL:
@@ -263,3 +264,19 @@ class Chaos:
                 wait = 1.5
             else:
                 wait = 0.02  # nothing busy to hit yet: look again soon
+
+
+def _wait_stopped(pid: int, timeout_s: float = 2.0) -> None:
+    """Until the kernel has stopped ``pid`` (a signal is delivered asynchronously; state ``T`` in
+    ``/proc/<pid>/stat``); a commit it had already sent may still be applied, which the checks
+    account for."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return
+        if state in ("T", "t"):
+            return
+        time.sleep(0.005)
