@@ -163,13 +163,16 @@ def _lua_str(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def lua_prelude(**constants: int) -> str:
+def lua_prelude(**constants: int | str) -> str:
     """The key names as the Lua table ``K`` (strings, and functions of the one variable part), plus
-    the given integer constants as Lua locals, for loading in front of a script."""
+    the given integer and string constants as Lua locals, for loading in front of a script."""
     fields = [f"  {name} = {_lua_str(value)}," for name, value in _LUA_CONSTANTS.items()]
     for name, fn in _LUA_FUNCTIONS.items():
         before, after = fn("\0").split("\0")
         tail = f" .. {_lua_str(after)}" if after else ""
         fields.append(f"  {name} = function(x) return {_lua_str(before)} .. x{tail} end,")
-    consts = "".join(f"local {name} = {int(value)}\n" for name, value in constants.items())
+    consts = "".join(
+        f"local {name} = {_lua_str(value) if isinstance(value, str) else int(value)}\n"
+        for name, value in constants.items()
+    )
     return "local K = {\n" + "\n".join(fields) + "\n}\n" + consts

@@ -246,6 +246,21 @@ def bad_inputs(tmp: Path, redis_port: int) -> list[tuple[list[str], str | None, 
             1,
             "error: table.compaction.major.ratio='nan': must be a finite number in [1.0, ∞)",
         ),
+        *[
+            (
+                ["table", "config", "t", f"table.compaction.quota={v}"],
+                None,
+                1,
+                f"error: table.compaction.quota={v!r}: must be a finite number in [0.001, 1.0]",
+            )
+            for v in ("0", "1.5", "0.0001", "inf", "-1")
+        ],
+        (
+            ["table", "config", "t", "table.compaction.quota=x"],
+            None,
+            1,
+            "error: table.compaction.quota='x': not a number",
+        ),
         (
             ["table", "config", "t", "table.compaction.selector.threshold=x"],
             None,

@@ -65,6 +65,47 @@ def test_one_tables_burst_does_not_hold_another_tables_jobs_behind_it(q: JobQueu
     assert [t for t in rest if t.startswith("ta;")] == [f"ta;{i:05x}" for i in range(10, 2000)]
 
 
+def test_a_tables_quota_is_its_share_while_others_wait_and_all_of_it_while_none_do(
+    q: JobQueues, store: MetadataStore
+) -> None:
+    """Issue 27 §2, the optional per-table quota (``table.compaction.quota``, Amoro's semantics):
+    while table A (quota 1, the default) and table B (quota 0.25) both wait at one priority and
+    file count, B is served one job for every four of A's; with A gone, B gets every job; a quota
+    set later applies to the jobs queued after it (the table's tablets are re-planned)."""
+    a = store.create_table("a", [])
+    b = store.create_table("b", [], {"table.compaction.quota": "0.25"})
+    q.add_many([(f"{a};{i:05x}", [job(f"{a};{i:05x}", 5, 2)]) for i in range(400)])
+    q.add_many([(f"{b};{i:05x}", [job(f"{b};{i:05x}", 5, 2)]) for i in range(100)])
+    first = [j.tablet.split(";")[0] for j in (q.poll("g") for _ in range(50))]
+    assert Counter(first) == {a: 40, b: 10}, first
+    assert first[4] == b and first[:4] == [a] * 4  # B's first job after A's fourth
+    q.remove_tablets([f"{a};{i:05x}" for i in range(400)])
+    rest = [j.tablet.split(";")[0] for j in drain(q, "g")]
+    assert rest == [b] * 90  # alone, B is not held back by its quota
+    # A's quota lowered to B's: from the next jobs queued, the two are served in turn
+    store.set_props("a", {"table.compaction.quota": "0.25"})
+    q.add_many([(f"{a};{i:05x}", [job(f"{a};{i:05x}", 5, 2)]) for i in range(20)])
+    q.add_many([(f"{b};{i:05x}", [job(f"{b};{i:05x}", 5, 2)]) for i in range(20)])
+    served = [j.tablet.split(";")[0] for j in drain(q, "g")]
+    assert served[:10] == [a, b] * 5, served
+
+
+def test_the_quota_step_inside_redis_is_the_policys(q: JobQueues, store: MetadataStore) -> None:
+    """The queue script reads the quota from the table's properties itself: the virtual-time step
+    it takes is :func:`policy.tableprops.quota_step`'s, for quotas that round either way."""
+    from kompaktor.policy.tableprops import QUOTA, quota_step
+
+    for n, quota in enumerate(["1", "0.5", "0.3", "0.26", "0.1", "0.0015", "0.001"]):
+        tid = store.create_table(f"s{n}", [], {QUOTA: quota})
+        q.add(
+            f"{tid};00000",
+            [job(f"{tid};00000", 5, 1, group=f"s{n}"), job(f"{tid};00000", 5, 1, group=f"s{n}", tag="x")],
+        )
+        members = store._r.zrange(C.queue_key(f"s{n}"), 0, -1)
+        vts = sorted(int(m[9:21]) for m in members)
+        assert vts[1] - vts[0] == quota_step({QUOTA: quota}), quota
+
+
 def sized(tablet: str, priority: int, nbytes: int) -> Job:
     return Job(tablet, "SYSTEM", priority, "g", {f"{tablet}/f0": nbytes})
 

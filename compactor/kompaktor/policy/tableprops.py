@@ -17,6 +17,14 @@ SELECTOR = "table.compaction.selector"  # "too-many-deletes" or absent
 SELECTOR_THRESHOLD = "table.compaction.selector.threshold"
 SELECTION_EXPIRY = "table.compaction.selection.expiration.ms"
 DISPATCH_PREFIX = "table.compaction.dispatcher.opts.service"
+#: the table's share of the queues of the groups it uses, in (0, 1] (default 1): while other tables
+#: wait at the same priority and file count, a table of quota q is served about q jobs for each
+#: job of a table of quota 1; while none waits it gets them all (Apache Amoro's quota semantics:
+#: a share, exceeded while the group is otherwise idle). docs/planner.md §6.1
+QUOTA = "table.compaction.quota"
+#: the smallest quota is 1 / QUOTA_STEP_MAX: each job of the table moves its virtual time
+#: round(1 / q) steps (jobs of a quota-1 table move it one)
+QUOTA_STEP_MAX = 1000
 
 
 INT32_MAX = 2**31 - 1
@@ -63,6 +71,8 @@ def validate_props(props: Mapping[str, str | None]) -> None:
                 raise ValueError(f"{k}={v!r}: the only selector is 'too-many-deletes'")
         elif k == SELECTOR_THRESHOLD:
             _float(k, v, 0.0, 1.0, lo_open=True)
+        elif k == QUOTA:
+            _float(k, v, 1.0 / QUOTA_STEP_MAX, 1.0)
         elif k == SELECTION_EXPIRY:
             _int(k, v, 0, 2**53)
         elif k == DISPATCH_PREFIX or k.startswith(DISPATCH_PREFIX + "."):
@@ -107,3 +117,12 @@ def max_versions(props: Mapping[str, str]) -> int:
     if n < 1:
         raise KompaktorError(f"table property {VERSIONS} must be >= 1, got {n}")
     return n
+
+
+def quota_step(props: Mapping[str, str | None]) -> int:
+    """How far one queued job moves its table's virtual time (1 for quota 1, the default); what
+    ``queues/lua/queue_add.lua`` computes from the same property inside Redis."""
+    v = props.get(QUOTA)
+    if not v:
+        return 1
+    return max(1, min(QUOTA_STEP_MAX, math.floor(1 / float(v) + 0.5)))

@@ -26,6 +26,7 @@ from redis.exceptions import NoScriptError
 from kompaktor import keyspace as C
 from kompaktor.connection import redis_errors
 from kompaktor.model.job import PRIORITY_MAX, Job
+from kompaktor.policy.tableprops import QUOTA, QUOTA_STEP_MAX
 
 DEFAULT_MAX = 10_000
 #: the default bound of a group's queue in bytes of input (1 TiB): whichever of the two bounds is
@@ -53,7 +54,12 @@ def _lua(name: str) -> str:
     lua = resources.files("kompaktor.queues").joinpath("lua")
     return (
         C.lua_prelude(
-            PRIORITY_MAX=PRIORITY_MAX, WAKE_MAX=WAKE_MAX, WAKE_TTL_MS=WAKE_TTL_MS, DEFAULT_MAX_BYTES=DEFAULT_MAX_BYTES
+            PRIORITY_MAX=PRIORITY_MAX,
+            WAKE_MAX=WAKE_MAX,
+            WAKE_TTL_MS=WAKE_TTL_MS,
+            DEFAULT_MAX_BYTES=DEFAULT_MAX_BYTES,
+            QUOTA_PROP=QUOTA,
+            QUOTA_STEP_MAX=QUOTA_STEP_MAX,
         )
         + lua.joinpath("lib.lua").read_text()
         + lua.joinpath(f"{name}.lua").read_text()

@@ -10,6 +10,24 @@ local max_bytes = tonumber(redis.call('GET', K.queue_max_bytes) or DEFAULT_MAX_B
 -- per group touched by this call: its keys, rejections to count, and while its queue is known to be
 -- full and unchanged since, the priority of its last entry (a job not above it is rejected at once)
 local groups = {}
+-- per table touched by this call: how far one queued job moves its virtual time, from its quota
+-- (QUOTA_PROP in its properties, q in (0, 1]: round(1 / q) steps; default and quota 1: one step),
+-- the same as policy.tableprops.quota_step. A table that is not there (tests) has quota 1.
+local steps = {}
+local function step_of(tbl)
+  local s = steps[tbl]
+  if s then return s end
+  s = 1
+  local raw = redis.call('HGET', K.table(tbl), 'props')
+  if raw then
+    local ok, props = pcall(cjson.decode, raw)
+    local q = nil
+    if ok and type(props) == 'table' and props[QUOTA_PROP] ~= nil then q = tonumber(props[QUOTA_PROP]) end
+    if q and q > 0 and q < 1 then s = math.min(QUOTA_STEP_MAX, math.max(1, math.floor(1 / q + 0.5))) end
+  end
+  steps[tbl] = s
+  return s
+end
 
 local function add(group, tablet, first, n)  -- the jobs are in ARGV[first .. first + 3n - 1]
   local g = groups[group]
@@ -24,6 +42,7 @@ local function add(group, tablet, first, n)  -- the jobs are in ARGV[first .. fi
   local tbl = string.match(tablet, '^[^;]*')
   local vt = tonumber(redis.call('HGET', g.vk, tbl) or '0')
   if vt < g.vnow then vt = g.vnow end
+  local step = step_of(tbl)
 
   -- 1. remove every entry this tablet has in this queue; its queued age (the time it was first
   --    queued) carries over to the new entries: a re-plan does not make a job young again
@@ -70,7 +89,7 @@ local function add(group, tablet, first, n)  -- the jobs are in ARGV[first .. fi
       local nf = tonumber(ARGV[a + 1])
       if nf > 9999 then nf = 9999 end
       local seq = redis.call('INCR', K.queue_seq)
-      vt = vt + 1
+      vt = vt + step
       local member = string.format('%05d%04d%012d%012d%015d', PRIORITY_MAX - prio, 9999 - nf, vt, seq, bytes)
       redis.call('ZADD', qk, 0, member)
       redis.call('HSET', jk, member, ARGV[a + 3])
