@@ -14,7 +14,9 @@ the :class:`~kompaktor_operator.runtime.Runtime` holds it (no module-level clien
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+import os
 import tempfile
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,11 +59,13 @@ def _error(exc: ApiException) -> KubeError:
     return KubeError(int(exc.status or 0), message)
 
 
-def _tmpfile(data: bytes | str) -> str:
+def _tmpfile(data: bytes | str, made: list[str]) -> str:
+    """``data`` (base64 text or bytes) in a new temporary file, its path added to ``made``."""
     raw = base64.b64decode(data) if isinstance(data, str) else data
     f = tempfile.NamedTemporaryFile(delete=False, suffix=".pem")  # noqa: SIM115 - kept for ssl
     f.write(raw)
     f.close()
+    made.append(f.name)
     return f.name
 
 
@@ -96,17 +100,19 @@ class Client:
     info: kopf.ConnectionInfo
     _api: k8s.ApiClient | None = None
     _groups: dict[str, list[str]] | None = field(default=None, repr=False)
+    #: temporary files holding credentials given as data (the SSL library reads paths), removed by close
+    _tmpfiles: list[str] = field(default_factory=list, repr=False)
 
     def api(self) -> k8s.ApiClient:
         if self._api is None:
             info = self.info
             conf = k8s.Configuration(host=info.server.rstrip("/"))
             conf.verify_ssl = not info.insecure
-            conf.ssl_ca_cert = info.ca_path or (_tmpfile(info.ca_data) if info.ca_data else None)
+            conf.ssl_ca_cert = info.ca_path or (_tmpfile(info.ca_data, self._tmpfiles) if info.ca_data else None)
             if info.certificate_path or info.certificate_data:
-                conf.cert_file = info.certificate_path or _tmpfile(info.certificate_data)
+                conf.cert_file = info.certificate_path or _tmpfile(info.certificate_data, self._tmpfiles)
                 conf.key_file = info.private_key_path or (
-                    _tmpfile(info.private_key_data) if info.private_key_data else None
+                    _tmpfile(info.private_key_data, self._tmpfiles) if info.private_key_data else None
                 )
             if info.username:
                 conf.username, conf.password = info.username, info.password or ""
@@ -291,3 +297,6 @@ class Client:
         if self._api is not None:
             await self._api.close()
             self._api = None
+        while self._tmpfiles:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._tmpfiles.pop())

@@ -48,6 +48,9 @@ class Runtime:
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ), repr=False)
     _backend: Backend | None = field(default=None, repr=False)
     _kube: kube.Client | None = field(default=None, repr=False)
+    #: clients replaced by a new login, closed by :meth:`close_retired` (their sessions, their
+    #: credentials' temporary files)
+    _retired: list[kube.Client] = field(default_factory=list, repr=False)
     _tasks: list[asyncio.Task[Any]] = field(default_factory=list, repr=False)
     _connecting: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -75,9 +78,20 @@ class Runtime:
     # -- Kubernetes ------------------------------------------------------------------------------
 
     def login(self, info: kopf.ConnectionInfo) -> kube.Client:
-        """Use these credentials (the ones kopf logged in with) for the operator's own calls."""
+        """Use these credentials (the ones kopf logged in with) for the operator's own calls. kopf
+        logs in again when credentials expire: the client before is retired, to be closed by
+        :meth:`close_retired` (a call it has in flight fails like any call with old credentials)."""
+        if self._kube is not None:
+            self._retired.append(self._kube)
         self._kube = kube.Client(info)
         return self._kube
+
+    async def close_retired(self) -> None:
+        """Close the clients earlier logins made (each login would otherwise leave a session and
+        its credentials' temporary files behind, for the operator's life)."""
+        retired, self._retired = self._retired, []
+        for client in retired:
+            await client.close()
 
     @property
     def kube(self) -> kube.Client:
@@ -115,6 +129,7 @@ class Runtime:
         for task in self._tasks:
             task.cancel()
         self._tasks.clear()
+        await self.close_retired()
         if self._kube is not None:
             await self._kube.close()
         self._kube = None

@@ -85,3 +85,51 @@ def test_the_repr_shows_no_redis_password() -> None:
     rt = Runtime(config=OperatorConfig(), redis_url="redis://:PLANTED-rt-91@127.0.0.1:1/0")
     rt.env["KOMPAKTOR_REDIS_URL"] = "redis://:PLANTED-rt-91@127.0.0.1:1/0"
     assert "PLANTED" not in repr(rt)
+
+
+def test_a_new_login_closes_the_client_before_and_removes_its_credential_files() -> None:
+    """kopf logs in again when credentials expire; each login made a client (a session, and the
+    CA and client key given as data written to temporary files) that nothing closed: a leak per
+    re-login for the operator's life."""
+    import base64
+    import os
+
+    rt = Runtime(config=OperatorConfig(compactor_image="x"))
+    pem = base64.b64encode(_TEST_CA.encode()).decode()
+
+    async def two_logins() -> tuple[kube.Client, kube.Client, list[str]]:
+        first = rt.login(kopf.ConnectionInfo(server="https://127.0.0.1:1", ca_data=pem))
+        first.api()
+        files = list(first._tmpfiles)
+        assert len(files) == 1 and os.path.exists(files[0])
+        second = rt.login(kopf.ConnectionInfo(server="https://127.0.0.1:1", ca_data=pem))
+        second.api()
+        await rt.close_retired()
+        assert rt.kube is second and first._api is None
+        assert not os.path.exists(files[0])
+        assert second._tmpfiles and all(os.path.exists(f) for f in second._tmpfiles)
+        return first, second, files
+
+    async def run() -> None:
+        _first, second, files = await two_logins()
+        kept = list(second._tmpfiles)
+        await rt.close()
+        assert not any(os.path.exists(f) for f in kept + files)
+
+    asyncio.run(run())
+
+
+#: a self-signed CA certificate (no key kept), only for the SSL library to parse
+_TEST_CA = """\
+-----BEGIN CERTIFICATE-----
+MIIBjzCCATWgAwIBAgIUE6q/8nlQc9SDsWNJcrgMODq3n1UwCgYIKoZIzj0EAwIw
+HDEaMBgGA1UEAwwRa29tcGFrdG9yLXRlc3QtY2EwIBcNMjYxMTI2MTQ1MTU3WhgP
+MjEyNjExMDIxNDUxNTdaMBwxGjAYBgNVBAMMEWtvbXBha3Rvci10ZXN0LWNhMFkw
+EwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEajTca4qAIbptPr1mSLGvs1PNyke2Azq2
+NxD3Zm7dBNX/Q5XK0lYmvjnKS45h0Kvtk9sXJIHO+ihoy++/0+ZzHqNTMFEwHQYD
+VR0OBBYEFHHh6WOEoJlt0GMCZ1BrqMkfNmv9MB8GA1UdIwQYMBaAFHHh6WOEoJlt
+0GMCZ1BrqMkfNmv9MA8GA1UdEwEB/wQFMAMBAf8wCgYIKoZIzj0EAwIDSAAwRQIh
+AJO9y82N8Rlz6oTKni41T8Sk7Yv9fJ6za10vNpJh4YhVAiAu/G3wGf3cfshdGx1k
+ANV/oEvFJACKMe3z8Nn+q/HOxA==
+-----END CERTIFICATE-----
+"""

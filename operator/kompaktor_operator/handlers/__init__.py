@@ -60,10 +60,12 @@ async def on_cleanup(memo: kopf.Memo, **_: Any) -> None:
     await runtime.of(memo).close()
 
 
-def on_login(memo: kopf.Memo, **kwargs: Any) -> kopf.ConnectionInfo | None:
+async def on_login(memo: kopf.Memo, **kwargs: Any) -> kopf.ConnectionInfo | None:
     info = kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
     if info is not None:
-        runtime.of(memo).login(info)
+        rt = runtime.of(memo)
+        rt.login(info)
+        await rt.close_retired()
     return info
 
 
