@@ -357,15 +357,17 @@ def test_a_resent_folded_reserve_returns_the_recorded_outcome(
     _tid, tablet = table_with_files(store, 4)
     files = sorted(store.tablet(tablet).files)
     store.queues.add(tablet, [job(tablet, files[:2]), job(tablet, files[2:])])
-    real = store._eval_durable
+    real, script = store.call, store._reserve
     replies: list[Any] = []
 
-    def twice(*args: Any) -> Any:
-        replies.append(real(*args))
-        replies.append(real(*args))
+    def twice(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        if fn is not script:
+            return real(fn, *args, **kwargs)
+        replies.append(real(fn, *args, **kwargs))
+        replies.append(real(fn, *args, **kwargs))
         return replies[-1]
 
-    monkeypatch.setattr(store, "_eval_durable", twice)
+    monkeypatch.setattr(store, "call", twice)
     res = compactions.reserve(store, store.queues, "g", "c1")
     assert res is not None and replies[0] == replies[1]
     assert set(store.tablet(tablet).running) == {res.ecid}

@@ -155,19 +155,17 @@ class StoreBase:
         acknowledges. Raises :class:`~kompaktor.connection.NotDurable` if not confirmed."""
         self.call(durable_pipeline, self._r, self.durability, lambda pipe: None)
 
-    def _eval_durable(self, arg: str, script: Script | None = None, *more: Any) -> Any:
-        """``script`` (mutate.lua by default) on ``arg`` and ``more``, answered only once the write is
-        durable (issue 15 §1): the barrier and WAIT / WAITAOF the store's durability asks for
-        follow in the same round trip."""
-        script = script or self._mutate
+    def _eval_durable(self, arg: str) -> Any:
+        """mutate.lua on ``arg``, answered only once the write is durable (issue 15 §1): the barrier
+        and WAIT / WAITAOF the store's durability asks for follow in the same round trip."""
 
         def run(pipe: redis.client.Pipeline) -> None:
-            pipe.evalsha(script.sha, 0, arg, *more)
+            pipe.evalsha(self._mutate.sha, 0, arg)
 
         try:
             return self.call(durable_pipeline, self._r, self.durability, run)[0]
         except redis.exceptions.NoScriptError:
-            self.call(self._r.script_load, script.script)  # a new server (failover, restart)
+            self.call(self._r.script_load, self._mutate.script)  # a new server (failover, restart)
             return self.call(durable_pipeline, self._r, self.durability, run)[0]
 
     def ping(self) -> None:
@@ -209,12 +207,21 @@ class StoreBase:
         absent when the queue was empty), ``res`` (the mutation's outcome, when reserved; absent
         for a job whose key has no template: the caller reserves it) and ``more`` (the stale
         bound was reached: call again). One id per call: resent after a broken connection, the
-        call answers with the first attempt's outcome."""
-        args: list[Any] = [group, uuid.uuid4().hex, max_stale]
+        call answers with the first attempt's outcome.
+
+        Answered once a reservation is durable (:meth:`durable`, a second round trip only where the
+        store's durability waits for a replica or an fsync); a poll that reserved nothing waits for
+        nothing, as a queue poll never did (an idle compactor's poll stays one quick call while a
+        replica is down)."""
+        args: list[Any] = [self._token(), group, uuid.uuid4().hex, max_stale]
         for key, spec in templates.items():
             args += (key, spec)
-        out = json.loads(self._eval_durable(self._token(), self._reserve, *args))
-        return out if isinstance(out, dict) else {}
+        out = json.loads(self.call(self._reserve, args=args))
+        if not isinstance(out, dict):
+            return {}
+        if "res" in out:
+            self.durable()
+        return out
 
     def next_seq(self, name: str) -> int:
         return int(self.call(self._r.hincrby, C.SEQ, name, 1))
