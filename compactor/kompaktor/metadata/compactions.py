@@ -2,8 +2,10 @@
 
 * **reserve** polls the group's queue and registers an ECID with the job's files in the
   tablet's metadata by a conditional mutation (docs/planner.md §6.4), skipping stale jobs until one
-  reserves or the queue is empty. No job is ever reserved twice: a file can be in only one
-  running compaction, and the check and the registration are one atomic step.
+  reserves or the queue is empty — the poll and the mutation in one script call
+  (``lua/reserve.lua``) for the kinds in :data:`FOLDED_KINDS`. No job is ever reserved twice: a
+  file can be in only one running compaction, and the check and the registration are one atomic
+  step.
 * **commit** replaces the inputs by the output only if the inputs are still the tablet's files,
   the ECID is still registered and the table is ONLINE (docs/architecture.md invariant 2).
 * **release** (failure, cancellation, drain, dead compaction) removes the ECID and the outputs.
