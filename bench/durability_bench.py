@@ -1,8 +1,8 @@
 """What acknowledged-means-durable costs (issue 15 §1): queue and commit throughput under each
 Redis deployment, all in one run on the same machine.
 
-Per setup, P client processes run the compactor's round trip — poll the queue, reserve (a
-mutation), commit (a mutation) — over J queued jobs (what bench.queue_bench measures), and one
+Per setup, P client processes run the compactor's round trip — poll the queue and reserve (one
+script call), commit (a mutation) — over J queued jobs (what bench.queue_bench measures), and one
 client adds J jobs to the queues (queue writes, which are not acknowledged to anyone and carry no
 wait). Setups:
 

@@ -196,6 +196,8 @@ def test_a_rejected_commit_counts_nothing_and_keeps_the_heartbeat(store: Metadat
         ["add_running", "E2", W.running_doc(["f"]), "t/%s%010x"],
         ["drop_heartbeat", 7],
         ["count_commit", None],
+        ["remove_inputs", "E-none"],
+        ["remove_inputs", 7],
     ],
 )
 def test_malformed_new_ops_are_rejected_before_any_write(store: MetadataStore, op: list) -> None:
@@ -256,4 +258,130 @@ def test_selection_done_needs_a_selection(store: MetadataStore) -> None:
     m.tablet(tablet).do("selection_done", ["f"], None, None)
     with pytest.raises(ConditionFailed, match="no selection to update"):
         store.mutate(m)
+    assert snapshot(store._r) == before
+
+
+# -- the folded poll-and-reserve (one script call: lua/reserve.lua) ----------------------------------
+def evalsha_calls(store: MetadataStore) -> int:
+    return int(store._r.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+def reset_stats(store: MetadataStore) -> None:
+    """Scripts loaded (a first EVALSHA would fail and count), statistics reset."""
+    store.load_scripts()
+    store._r.config_resetstat()
+
+
+def test_reserve_polls_and_reserves_in_one_script_call_as_try_reserve_would(store: MetadataStore) -> None:
+    """The folded reservation writes what :func:`try_reserve` writes (the running record, its
+    files oldest first, the output's name) and reports the same; one script call in all."""
+    tid, tablet = table_with_files(store, 3)
+    other_tid = store.create_table("u", [b"m"])
+    other = store.tablet_ids(other_tid)[1]
+    files = sorted(store.tablet(tablet).files, reverse=True)  # the job's order is not the inputs' order
+    m = Mutation(table=other_tid)
+    m.tablet(other).do("add_files", {f.replace(f"/{tid}/", f"/{other_tid}/"): FileMeta(1, 1).to_json() for f in files})
+    store.mutate(m)
+    store.queues.add(tablet, [job(tablet, files)])
+    reset_stats(store)
+    res = compactions.reserve(store, store.queues, "g", "c1")
+    assert res is not None and evalsha_calls(store) == 1
+    by_python = compactions.try_reserve(store, job(other, sorted(store.tablet(other).files)), "c1", "g")
+    assert res.inputs == tuple(sorted(files)) and res.full and res.prev == b"m" and res.end is None
+    assert (res.full, res.prev, res.end) == (by_python.full, by_python.prev, by_python.end)
+    assert res.output.startswith(f"tables/{tid}/A") and res.output.endswith(f"-{ecid_nonce(res.ecid)}.parquet")
+    folded = json.loads(store._r.get(C.tablet_key(tablet)))["running"][res.ecid]
+    direct = json.loads(store._r.get(C.tablet_key(other)))["running"][by_python.ecid]
+    assert folded["files"] == list(res.inputs)
+    same = ("kind", "group", "priority", "compactor")
+    assert set(folded) == set(direct) and {k: folded[k] for k in same} == {k: direct[k] for k in same}
+    assert store._r.hget(C.RUNNING, res.ecid) == tablet.encode()
+    assert store.queues.stats("g").dequeued == 1 and store.queues.jobs("g") == []
+
+
+def test_the_folded_reserve_orders_files_as_file_order_key(store: MetadataStore) -> None:
+    tid = store.create_table("t")
+    tablet = store.tablet_ids(tid)[0]
+    names = [f"tables/{tid}/{p}{s:010x}-n.parquet" for p, s in (("C", 9), ("A", 2), ("F", 30), ("F", 4), ("C", 11))]
+    m = Mutation(table=tid)
+    m.tablet(tablet).do("add_files", {n: FileMeta(1, 1).to_json() for n in names})
+    store.mutate(m)
+    store.queues.add(tablet, [job(tablet, names[:4])])
+    res = compactions.reserve(store, store.queues, "g", "c1")
+    assert res is not None and not res.full
+    want = sorted(names[:4], key=lambda n: n.rsplit("/", 1)[1][1:])
+    assert list(res.inputs) == want == list(store.tablet(tablet).running[res.ecid].files)
+
+
+def test_the_folded_reserve_discards_stale_jobs_in_bounded_calls(store: MetadataStore) -> None:
+    """Stale jobs are discarded inside Redis, at most RESERVE_MAX_STALE per call, and counted."""
+    from kompaktor.metadata.store.base import RESERVE_MAX_STALE
+
+    _tid, tablet = table_with_files(store, 3)
+    files = sorted(store.tablet(tablet).files)
+    stale = RESERVE_MAX_STALE + 4
+    # jobs of other tablets (queued first: a higher priority) whose files are gone
+    for i in range(stale):
+        gone = Job(f"{tablet}x{i}", "SYSTEM", 5, "g", {f"gone/{i}.parquet": 1})
+        store.queues.add(gone.tablet, [gone])
+    store.queues.add(tablet, [job(tablet, files)])
+    reset_stats(store)
+    res = compactions.reserve(store, store.queues, "g", "c1")
+    assert res is not None and res.inputs == tuple(files)
+    assert evalsha_calls(store) == 2  # one call per RESERVE_MAX_STALE stale jobs, then the reservation
+    assert store.counters()["stale_jobs_discarded"] == stale
+    assert store.queues.stats("g").dequeued == stale + 1
+    assert compactions.reserve(store, store.queues, "g", "c1") is None
+
+
+def test_a_job_the_templates_do_not_express_comes_back_and_is_reserved_in_python(store: MetadataStore) -> None:
+    """A SYSTEM job flagged overlaps-selection needs the stale-selection check: popped by the
+    script, reserved by try_reserve. A USER job whose user compaction is gone is discarded."""
+    _tid, tablet = table_with_files(store, 3)
+    files = sorted(store.tablet(tablet).files)
+    user = Job(tablet, "USER", 9, "g", {f: 1 for f in files}, selection="UC-gone")
+    over = Job(tablet, "SYSTEM", 1, "g", {f: 1 for f in files[:2]}, overlaps=True)
+    store.queues.add(tablet, [user, over])
+    res = compactions.reserve(store, store.queues, "g", "c1")
+    assert res is not None and res.job == over and res.inputs == tuple(files[:2])
+    assert set(store.tablet(tablet).running) == {res.ecid}
+    assert store.counters()["stale_jobs_discarded"] == 1  # the USER job
+    assert store.queues.stats("g").dequeued == 2
+
+
+def test_a_resent_folded_reserve_returns_the_recorded_outcome(
+    store: MetadataStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call resent after a broken connection (redis-py resends the same arguments) answers with
+    the first attempt's outcome: it neither pops a second job nor registers a second ECID."""
+    _tid, tablet = table_with_files(store, 4)
+    files = sorted(store.tablet(tablet).files)
+    store.queues.add(tablet, [job(tablet, files[:2]), job(tablet, files[2:])])
+    real, script = store.call, store._reserve
+    replies: list[Any] = []
+
+    def twice(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        if fn is not script:
+            return real(fn, *args, **kwargs)
+        replies.append(real(fn, *args, **kwargs))
+        replies.append(real(fn, *args, **kwargs))
+        return replies[-1]
+
+    monkeypatch.setattr(store, "call", twice)
+    res = compactions.reserve(store, store.queues, "g", "c1")
+    assert res is not None and replies[0] == replies[1]
+    assert set(store.tablet(tablet).running) == {res.ecid}
+    assert store.queues.stats("g").dequeued == 1 and len(store.queues.jobs("g")) == 1
+
+
+def test_commit_is_refused_when_an_input_is_gone(store: MetadataStore) -> None:
+    tid, tablet = table_with_files(store, 3)
+    files = sorted(store.tablet(tablet).files)
+    res = compactions.try_reserve(store, job(tablet, files), "c1", "g")
+    m = Mutation(table=tid)
+    m.tablet(tablet).do("remove_files", [files[1]])
+    store.mutate(m)
+    before = snapshot(store._r)
+    with pytest.raises(ConditionFailed, match="files present"):
+        compactions.commit(store, res, output_info(res.output))
     assert snapshot(store._r) == before

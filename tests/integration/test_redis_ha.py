@@ -93,6 +93,44 @@ def test_with_a_replica_a_write_is_acknowledged_once_the_replica_has_it(tmp_path
         primary.stop()
 
 
+def test_a_reservation_is_acknowledged_once_the_replica_has_it_and_an_empty_poll_waits_for_nothing(
+    tmp_path: Path,
+) -> None:
+    """The folded poll-and-reserve waits for the replica only when it reserved: an idle
+    compactor's poll stays one quick call while the replica is down, as a queue poll was."""
+    import time
+
+    from kompaktor.metadata import compactions
+    from kompaktor.model.job import Job
+    from kompaktor.model.tablet import FileMeta
+
+    primary = RedisProcess(tmp_path / "p").start()
+    replica = RedisProcess(tmp_path / "r", replica_of=primary.port).start()
+    try:
+        s = MetadataStore.from_url(primary.url)
+        RedisHA._wait_synced(None, replica, 30)  # type: ignore[arg-type]
+        tid = s.create_table("t")
+        tablet = s.tablet_ids(tid)[0]
+        s.add_files("t", {f"tables/{tid}/F{i:010x}-n.parquet": FileMeta(1, 1) for i in range(2)})
+        files = sorted(s.tablet(tablet).files)
+        s.queues.add(tablet, [Job(tablet, "SYSTEM", 1, "g", {f: 1 for f in files})])
+        res = compactions.reserve(s, s.queues, "g", "c1")
+        assert res is not None
+        rc = replica.client()
+        assert res.ecid.encode() in rc.get(f"kz:tablet:{tablet}")  # on the replica when reserve returned
+        rc.close()
+        replica.stop(kill=True)
+        s.durability.forget()
+        strict = MetadataStore(s._r, primary.url, durability=Durability("replicas"))
+        t0 = time.monotonic()
+        assert compactions.reserve(strict, strict.queues, "g", "c1") is None
+        assert time.monotonic() - t0 < strict.durability.timeout_ms / 1000
+        s.close()
+    finally:
+        replica.stop()
+        primary.stop()
+
+
 def test_durability_setting_is_checked() -> None:
     for bad in ("always", "replicas:0", "fsync:2", "replicas:x"):
         with pytest.raises(StoreUnavailable, match="invalid durability"):

@@ -72,11 +72,12 @@ class _Client:
 def test_every_parts_scripts_are_registered_and_loaded() -> None:
     client = _Client()
     store = MetadataStore(client)  # type: ignore[arg-type]
-    for name in ("_mutate", "_fenced_write", "_lease_acquire", "_lease_renew", "_lease_release", "_failures"):
+    names = ("_mutate", "_reserve", "_fenced_write", "_lease_acquire", "_lease_renew", "_lease_release", "_failures")
+    for name in names:
         assert getattr(store, name).script in client.registered
-    assert len(client.registered) == 6
+    assert len(client.registered) == len(names)
     assert store.load_scripts() == 1  # the one Redis does not hold (sha1), queues' scripts included
-    assert len(client.registered) == 6 + len(store.queues.scripts())
+    assert len(client.registered) == len(names) + len(store.queues.scripts())
 
 
 def test_a_fenced_view_is_a_whole_store_on_the_same_connection() -> None:

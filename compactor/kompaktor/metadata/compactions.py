@@ -2,8 +2,10 @@
 
 * **reserve** polls the group's queue and registers an ECID with the job's files in the
   tablet's metadata by a conditional mutation (docs/planner.md §6.4), skipping stale jobs until one
-  reserves or the queue is empty. No job is ever reserved twice: a file can be in only one
-  running compaction, and the check and the registration are one atomic step.
+  reserves or the queue is empty — the poll and the mutation in one script call
+  (``lua/reserve.lua``) for the kinds in :data:`FOLDED_KINDS`. No job is ever reserved twice: a
+  file can be in only one running compaction, and the check and the registration are one atomic
+  step.
 * **commit** replaces the inputs by the output only if the inputs are still the tablet's files,
   the ECID is still registered and the table is ONLINE (docs/architecture.md invariant 2).
 * **release** (failure, cancellation, drain, dead compaction) removes the ECID and the outputs.
@@ -100,6 +102,39 @@ def _take_stale_selection(store: MetadataStore, job: Job, files: list[str], now:
         raise ConditionFailed("files not selected", f"{job.tablet} selection {sel.id}")
 
 
+def _reserve_mutation(
+    kind: str,
+    tablet: str,
+    table_id: str,
+    files: Any,
+    selection: Any,
+    priority: Any,
+    ecid: str,
+    compactor: str,
+    group: str,
+    now: int,
+    overlaps: bool = False,
+) -> tuple[Mutation, TabletChange]:
+    """The reserving mutation of a job (docs/planner.md §6.4): the one home of its conditions, for
+    :func:`try_reserve` and for the templates of the folded poll-and-reserve (:func:`reserve`,
+    where ``tablet``, ``table_id``, ``files``, ``selection`` and ``priority`` are placeholders
+    ``lua/reserve.lua`` fills with the job's). A SYSTEM job flagged ``overlaps`` still needs the
+    stale-selection check (:func:`_take_stale_selection`)."""
+    # the output is chosen by the mutation (output_naming)
+    rc = RunningCompaction(ecid, kind, (), group, priority, compactor, selection, now, "")
+    record = {**rc.to_json(), "files": files}
+    m = Mutation(table=table_id, table_reads=["props"]).require_table(ONLINE)
+    tc = m.tablet(tablet).require("no_op").require("files_present", files).require("files_free", files)
+    if kind == "SYSTEM":
+        tc.require("no_hold")
+        if not overlaps:
+            tc.require("files_not_selected", files)
+    else:
+        tc.require("selection_is", selection).require("files_in_selection", files)
+    tc.do("add_running", ecid, record, output_template(table_id, ecid_nonce(ecid)))
+    return m, tc
+
+
 def try_reserve(store: MetadataStore, job: Job, compactor: str, group: str) -> Reservation:
     """Register a new ECID for ``job`` or raise :class:`ConditionFailed` (the job is stale).
 
@@ -115,20 +150,34 @@ def try_reserve(store: MetadataStore, job: Job, compactor: str, group: str) -> R
     files = sorted(job.files, key=file_order_key)
     ecid = new_ecid()
     now = now_ms()
-    # the output is chosen by the mutation (output_naming)
-    rc = RunningCompaction(ecid, job.kind, tuple(files), group, job.priority, compactor, job.selection, now, "")
-    m = Mutation(table=table_id, table_reads=["props"]).require_table(ONLINE)
-    tc = m.tablet(job.tablet).require("no_op").require("files_present", files).require("files_free", files)
-    if job.kind == "SYSTEM":
-        tc.require("no_hold")
-        if job.overlaps:
-            _take_stale_selection(store, job, files, now, tc)
-        else:
-            tc.require("files_not_selected", files)
-    else:
-        tc.require("selection_is", job.selection).require("files_in_selection", files)
-    tc.do("add_running", ecid, rc.to_json(), output_template(table_id, ecid_nonce(ecid)))
-    out = store.apply(m)
+    m, tc = _reserve_mutation(
+        job.kind,
+        job.tablet,
+        table_id,
+        tuple(files),
+        job.selection,
+        job.priority,
+        ecid,
+        compactor,
+        group,
+        now,
+        job.overlaps,
+    )
+    if job.kind == "SYSTEM" and job.overlaps:
+        _take_stale_selection(store, job, files, now, tc)
+    return _reservation(store, job, ecid, compactor, its, now, store.apply(m))
+
+
+def _reservation(
+    store: MetadataStore,
+    job: Job,
+    ecid: str,
+    compactor: str,
+    its: dict[str, Any] | None,
+    now: int,
+    out: dict[str, Any],
+) -> Reservation:
+    """The :class:`Reservation` a reserving mutation's outcome ``out`` describes."""
     got = out["reserved"][job.tablet]
     full = bool(got["full"])
     try:
@@ -139,10 +188,10 @@ def try_reserve(store: MetadataStore, job: Job, compactor: str, group: str) -> R
     return Reservation(
         ecid,
         job,
-        table_id,
+        job.tablet.split(";", 1)[0],
         decode_row(got["prev"]),
         decode_row(got["end"]),
-        tuple(files),
+        tuple(sorted(job.files, key=file_order_key)),
         got["output"],
         full,
         settings,
@@ -150,12 +199,44 @@ def try_reserve(store: MetadataStore, job: Job, compactor: str, group: str) -> R
     )
 
 
+#: the job kinds the folded poll-and-reserve reserves inside Redis (:func:`reserve`); the others —
+#: USER jobs (they need the user compaction's iterators) and SYSTEM jobs flagged overlaps-selection
+#: (the stale-selection check reads the tablet first) — come back popped, and are reserved here
+FOLDED_KINDS = ("SYSTEM", "SELECTOR")
+
+
+def _templates(ecid: str, compactor: str, group: str, now: int) -> dict[str, str]:
+    """The reserving mutation of each folded kind, with placeholders for the job's values (filled
+    by ``lua/reserve.lua``)."""
+    out = {}
+    for kind in FOLDED_KINDS:
+        m, _ = _reserve_mutation(
+            kind, "@tablet@", "@tid@", "@files@", "@selection@", "@priority@", ecid, compactor, group, now
+        )
+        m.table = "@table@"  # the table id; @tid@ inside the output's name
+        out[kind] = m.to_json()
+    return out
+
+
 def reserve(store: MetadataStore, queues: JobQueues, group: str, compactor: str) -> Reservation | None:
-    """Poll ``group``'s queue until a job reserves (returned) or the queue is empty (None)."""
+    """Poll ``group``'s queue until a job reserves (returned) or the queue is empty (None).
+
+    One script call polls and reserves (:meth:`MetadataStore.reserve_next`; the queues must be the
+    store's Redis), discarding stale jobs inside Redis; a job of a kind it does not reserve
+    (not in :data:`FOLDED_KINDS`) is reserved here by :func:`try_reserve`."""
     while True:
-        job = queues.poll(group)
-        if job is None:
+        ecid = new_ecid()
+        now = now_ms()
+        out = store.reserve_next(group, _templates(ecid, compactor, group, now))
+        if out.get("more"):
+            continue
+        raw = out.get("job")
+        if raw is None:
             return None
+        job = Job.from_json(raw)
+        res = out.get("res")
+        if res is not None:
+            return _reservation(store, job, ecid, compactor, None, now, res)
         try:
             return try_reserve(store, job, compactor, group)
         except ConditionFailed:
@@ -170,9 +251,10 @@ def commit(store: MetadataStore, res: Reservation, info: FileInfo) -> None:
     """Atomically replace the inputs with the output; raise ConditionFailed if anything changed
     that the compaction depended on (the caller then deletes the output)."""
     m = Mutation(table=res.table).require_table(ONLINE)
-    tc = m.tablet(res.tablet).require("ecid", res.ecid).require("files_present", list(res.inputs))
+    # the ECID still registered and its files (the inputs, recorded when it reserved) all present
+    tc = m.tablet(res.tablet).require("ecid_inputs_present", res.ecid)
     tc.require("range", encode_row(res.prev))
-    tc.do("remove_files", list(res.inputs))
+    tc.do("remove_inputs", res.ecid)
     output = None
     if info.entries > 0:
         output = res.output

@@ -49,8 +49,10 @@ WAKE_TTL_MS = 30_000
 WAKE_WAIT_MAX_S = 4.0
 
 
-def _lua(name: str) -> str:
-    """A queue script as loaded: the key names, the shared functions (``lua/lib.lua``), the script."""
+def lua_with_queues(*sources: str) -> str:
+    """A script as loaded: the key names, the queues' shared functions (``lua/lib.lua``: it takes the
+    fencing token off ``ARGV``), then ``sources``. Queue scripts, and the metadata's reserving
+    script (poll and reserve in one call, ``metadata/lua/reserve.lua``)."""
     lua = resources.files("kompaktor.queues").joinpath("lua")
     return (
         C.lua_prelude(
@@ -62,8 +64,13 @@ def _lua(name: str) -> str:
             QUOTA_STEP_MAX=QUOTA_STEP_MAX,
         )
         + lua.joinpath("lib.lua").read_text()
-        + lua.joinpath(f"{name}.lua").read_text()
+        + "".join(sources)
     )
+
+
+def _lua(name: str) -> str:
+    """A queue script as loaded: the key names, the shared functions (``lua/lib.lua``), the script."""
+    return lua_with_queues(resources.files("kompaktor.queues").joinpath("lua", f"{name}.lua").read_text())
 
 
 def _add_args(args: list[Any], tablet: str, jobs: Sequence[Job]) -> None:

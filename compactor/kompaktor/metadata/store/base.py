@@ -24,7 +24,7 @@ from kompaktor import keyspace as C
 from kompaktor.connection import Durability, connect, durable_pipeline, explain, is_sentinel_url, redis_errors
 from kompaktor.metadata.store.mutation import Mutation
 from kompaktor.model.errors import ConditionFailed, Fenced, StoreUnavailable
-from kompaktor.queues.jobqueue import JobQueues
+from kompaktor.queues.jobqueue import JobQueues, lua_with_queues
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 #: the most a single call reads or pops of a structure that grows with the instance (a table's
@@ -45,7 +45,14 @@ for i, c in ipairs(cjson.decode(ARGV[2])) do out[i] = redis.call(unpack(c)) end
 return out
 """
 )
-_LUA = C.lua_prelude() + resources.files("kompaktor.metadata").joinpath("lua/mutate.lua").read_text()
+_MUTATE_LIB = resources.files("kompaktor.metadata").joinpath("lua/mutate.lua").read_text()
+#: the conditional mutation: ARGV[1] = the spec as JSON (:meth:`Mutation.to_json`)
+_LUA = C.lua_prelude() + _MUTATE_LIB + "\nreturn (mutate(cjson.decode(ARGV[1])))\n"
+#: poll and reserve in one call (``lua/reserve.lua``, :meth:`StoreBase.reserve_next`)
+_RESERVE = lua_with_queues(_MUTATE_LIB, resources.files("kompaktor.metadata").joinpath("lua/reserve.lua").read_text())
+#: the most stale jobs one reserving call discards before it answers (the client calls again):
+#: Redis runs one script at a time, so a long run of stale jobs is cut into short calls
+RESERVE_MAX_STALE = 16
 
 
 class StoreBase:
@@ -53,7 +60,7 @@ class StoreBase:
 
     #: scripts this class runs: attribute name -> Lua source. Each part declares its own; the
     #: store registers the scripts of every class it is made of (:meth:`load_scripts` loads them)
-    SCRIPTS: ClassVar[dict[str, str]] = {"_mutate": _LUA, "_fenced_write": _FENCED_WRITE}
+    SCRIPTS: ClassVar[dict[str, str]] = {"_mutate": _LUA, "_reserve": _RESERVE, "_fenced_write": _FENCED_WRITE}
     #: :data:`SCAN_CHUNK`, per class (a test makes it small)
     scan_chunk: ClassVar[int] = SCAN_CHUNK
 
@@ -190,6 +197,31 @@ class StoreBase:
                 detail = f"{detail} on tablet {res['tablet']}".strip()
             raise ConditionFailed(res["cond"], detail)
         return res
+
+    def reserve_next(self, group: str, templates: dict[str, str], max_stale: int = RESERVE_MAX_STALE) -> dict[str, Any]:
+        """Poll ``group``'s queue and reserve its job in one atomic call (``lua/reserve.lua``):
+        ``templates`` maps a job key (its kind, ``+overlaps`` for a job flagged so) to the
+        reserving mutation's spec with placeholders (:meth:`Mutation.to_json`); a refused job is
+        discarded (counted in ``stale_jobs_discarded``) and the next one polled, up to
+        ``max_stale``. Returns ``n`` (stale jobs discarded), ``job`` (the job polled, as JSON;
+        absent when the queue was empty), ``res`` (the mutation's outcome, when reserved; absent
+        for a job whose key has no template: the caller reserves it) and ``more`` (the stale
+        bound was reached: call again). One id per call: resent after a broken connection, the
+        call answers with the first attempt's outcome.
+
+        Answered once a reservation is durable (:meth:`durable`, a second round trip only where the
+        store's durability waits for a replica or an fsync); a poll that reserved nothing waits for
+        nothing, as a queue poll never did (an idle compactor's poll stays one quick call while a
+        replica is down)."""
+        args: list[Any] = [self._token(), group, uuid.uuid4().hex, max_stale]
+        for key, spec in templates.items():
+            args += (key, spec)
+        out = json.loads(self.call(self._reserve, args=args))
+        if not isinstance(out, dict):
+            return {}
+        if "res" in out:
+            self.durable()
+        return out
 
     def next_seq(self, name: str) -> int:
         return int(self.call(self._r.hincrby, C.SEQ, name, 1))

@@ -53,15 +53,15 @@ class Mutation:
         return self
 
     def to_json(self, mutation_id: str | None = None, fence: int | None = None) -> str:
-        return json.dumps(
-            {
-                "id": mutation_id,
-                "fence": fence,
-                "now": now_ms(),
-                "table": self.table,
-                "table_conds": self.table_conds,
-                "table_ops": self.table_ops,
-                "table_reads": self.table_reads,
-                "tablets": [{"id": t.tablet_id, "conds": t.conds, "ops": t.ops} for t in self.tablets],
-            }
-        )
+        """The spec ``lua/mutate.lua`` reads; a field left empty (no id, no fence, no table
+        condition, operation or read) is left out: the script decodes every byte of it."""
+        spec: dict[str, Any] = {"now": now_ms(), "table": self.table}
+        if mutation_id is not None:
+            spec["id"] = mutation_id
+        if fence is not None:
+            spec["fence"] = fence
+        for name in ("table_conds", "table_ops", "table_reads"):
+            if value := getattr(self, name):
+                spec[name] = value
+        spec["tablets"] = [{"id": t.tablet_id, "conds": t.conds, "ops": t.ops} for t in self.tablets]
+        return json.dumps(spec, separators=(",", ":"))

@@ -70,3 +70,35 @@ local function take_entry(g, member)
   if raw then drop_from_index(g, cjson.decode(raw).tablet, member) end
   return raw
 end
+
+-- Poll (docs/planner.md §6.4): remove the first entry of a group's queue and return its job's JSON,
+-- the job decoded and true; nil, nil, false when the queue is empty (an entry whose job is missing
+-- is removed all the same: nil, nil, true).
+local function poll_first(g)
+  -- every member's score is 0: the lowest is the first in lexicographic order (ZRANGE 0 0)
+  local first = redis.call('ZPOPMIN', g.qk)[1]
+  if not first then return nil, nil, false end
+  -- the statistics in one read and one write: dequeued + 1, the entry's bytes out, and the group's
+  -- virtual time moved to the entry served (a table that was idle starts from here)
+  local st = redis.call('HMGET', g.sk, 'dequeued', 'vnow', 'bytes')
+  local upd = {'HSET', g.sk, 'dequeued', (tonumber(st[1]) or 0) + 1}
+  local vt = entry_vt(first)
+  if vt and vt > (tonumber(st[2]) or 0) then
+    upd[#upd + 1] = 'vnow'
+    upd[#upd + 1] = vt
+  end
+  local b = entry_bytes(first)
+  if b > 0 then
+    upd[#upd + 1] = 'bytes'
+    upd[#upd + 1] = (tonumber(st[3]) or 0) - b
+  end
+  redis.call(unpack(upd))
+  local raw = redis.call('HGET', g.jk, first)
+  redis.call('HDEL', g.jk, first)
+  local job = nil
+  if raw then
+    job = cjson.decode(raw)
+    drop_from_index(g, job.tablet, first)
+  end
+  return raw, job, true
+end
