@@ -24,7 +24,7 @@ from redis.connection import Connection
 from redis.exceptions import NoScriptError
 
 from kompaktor import keyspace as C
-from kompaktor.connection import redis_errors
+from kompaktor.connection import pack_command, redis_errors
 from kompaktor.model.job import PRIORITY_MAX, Job
 
 DEFAULT_MAX = 10_000
@@ -63,6 +63,10 @@ def _lua(name: str) -> str:
 def _add_args(args: list[Any], tablet: str, jobs: Sequence[Job]) -> None:
     """Append one tablet's jobs to the arguments of ``queue_add.lua``: per group, the group, the
     tablet, the number of jobs, then each job's priority, file count, input bytes and JSON."""
+    if len(jobs) == 1:  # most tablets: one job, one group
+        j = jobs[0]
+        args += (j.group, tablet, 1, j.priority, len(j.files), min(j.size, MAX_ENTRY_BYTES), orjson.dumps(j.to_json()))
+        return
     by_group: dict[str, list[Job]] = defaultdict(list)
     for j in jobs:
         by_group[j.group].append(j)
@@ -104,7 +108,7 @@ class QueueAdder:
             return
         conn = self._pool.get_connection()
         try:
-            packed = conn.pack_command("EVALSHA", self._script.sha, 0, *args)
+            packed = pack_command(conn, "EVALSHA", self._script.sha, 0, *args)
             self.wait()  # for the batch before, on another connection
         except BaseException:
             self._pool.release(conn)
