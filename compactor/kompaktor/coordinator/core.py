@@ -217,7 +217,7 @@ class Coordinator:
                     self._planpool.broken()
                     here(chunk)
                     continue
-                adder.send(res.plans)
+                adder.send_encoded(res.adds)
                 remove.extend(res.remove)
                 planned += res.planned - len(res.reselect)
                 if res.reselect:  # a selection is a write: planned again here, on fresh documents

@@ -27,6 +27,7 @@ from kompaktor.model.job import Job
 from kompaktor.model.tablet import ONLINE, TableInfo, Tablet, gc_paused
 from kompaktor.policy.planning import TabletPlan, TabletPlanner
 from kompaktor.policy.services import ServiceConfig
+from kompaktor.queues.jobqueue import encode_adds
 
 log = logging.getLogger("kompaktor.coordinator")
 
@@ -55,11 +56,14 @@ class PlanContext:
 
 @dataclass
 class ShareResult:
-    """A share's outcome: jobs per tablet, tablets whose table is gone or offline (their queued
+    """A share's outcome: the jobs to queue, tablets whose table is gone or offline (their queued
     jobs are removed), tablets for which a selector chose files (the coordinator re-plans them:
     recording a selection is a write), and how many tablets were planned."""
 
-    plans: list[tuple[str, list[Job]]] = field(default_factory=list)
+    #: the jobs as queue-add arguments (:func:`~kompaktor.queues.jobqueue.encode_adds`): plain
+    #: values are cheaper to hand over than job objects, and the worker, not the coordinator,
+    #: encodes them
+    adds: list[list[Any]] = field(default_factory=list)
     remove: list[str] = field(default_factory=list)
     reselect: list[str] = field(default_factory=list)
     planned: int = 0
@@ -146,7 +150,7 @@ def _plan_in_worker(url: str, tablet_ids: Sequence[str], ctx: PlanContext, batch
     out.planned, out.remove = plan_share(
         store.tablet_doc_batches(list(tablet_ids), batch),
         ctx,
-        send=out.plans.extend,
+        send=lambda plans: out.adds.extend(encode_adds(plans)),
         select=leave,
     )
     return out

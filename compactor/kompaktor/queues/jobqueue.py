@@ -76,6 +76,20 @@ def _add_args(args: list[Any], tablet: str, jobs: Sequence[Job]) -> None:
             args += (j.priority, len(j.files), min(j.size, MAX_ENTRY_BYTES), orjson.dumps(j.to_json()))
 
 
+def encode_adds(plans: Iterable[tuple[str, Sequence[Job]]]) -> Iterator[list[Any]]:
+    """These tablets' jobs as the arguments of ``queue_add.lua`` after its head, one list per
+    script call of :data:`ADD_BATCH` tablets at most (:meth:`QueueAdder.send_encoded` sends them;
+    made one at a time, so that a call is made while Redis runs the one before). Plain values
+    (str, int, bytes): a planning worker encodes its plans and hands over only these."""
+    plans = list(plans)
+    for i in range(0, len(plans), ADD_BATCH):
+        body: list[Any] = []
+        for tablet, jobs in plans[i : i + ADD_BATCH]:
+            _add_args(body, tablet, jobs)
+        if body:
+            yield body
+
+
 #: tablets per queue_add call. Redis runs one command at a time; a call of 1,000 tablets' jobs ran
 #: for ~20 ms, holding every compactor's commit up meanwhile; 200 keeps a call to a few ms, and the
 #: next call is prepared while Redis runs this one
@@ -96,16 +110,17 @@ class QueueAdder:
 
     def send(self, plans: Iterable[tuple[str, Sequence[Job]]]) -> None:
         """Queue these tablets' jobs, in script calls of :data:`ADD_BATCH` tablets at most."""
-        plans = list(plans)
-        for i in range(0, len(plans), ADD_BATCH):
-            self._send(plans[i : i + ADD_BATCH])
+        self.send_encoded(encode_adds(plans))
 
-    def _send(self, plans: Sequence[tuple[str, Sequence[Job]]]) -> None:
-        args = self._head.copy()
-        for tablet, jobs in plans:
-            _add_args(args, tablet, jobs)
-        if len(args) == len(self._head):
+    def send_encoded(self, adds: Iterable[list[Any]]) -> None:
+        """Queue jobs encoded by :func:`encode_adds` (perhaps in another process), one script call each."""
+        for body in adds:
+            self._send(body)
+
+    def _send(self, body: list[Any]) -> None:
+        if not body:
             return
+        args = self._head + body
         conn = self._pool.get_connection()
         try:
             packed = pack_command(conn, "EVALSHA", self._script.sha, 0, *args)
