@@ -1,14 +1,14 @@
 """A big planning pass on more than one core.
 
 Planning a tablet is CPU work in Python (decode its document, run the planner): one thread plans
-about 30,000 tablets a second, so a full pass over a million tablets would take half a minute on
-one core while Redis itself needs a fraction of that. A pass over at least
+about 37,000 tablets of 10 files a second, so a full pass over a million tablets would take most
+of half a minute on one core while Redis itself needs a fraction of that. A pass over at least
 :data:`PARALLEL_MIN_TABLETS` tablets therefore hands a share of them to worker processes
 (``spawn``: nothing of the coordinator's threads or connections is inherited), which read and plan
-their share and return only the plans; the coordinator plans its own share meanwhile, then queues
-everything itself. The workers only read: every write (queue adds, removals, selections) stays
-with the coordinator, fenced by its lease. A worker that fails costs nothing but time: its share
-is planned by the coordinator.
+their share and return only the plans (encoded as queue calls); the coordinator plans its own
+share meanwhile, then queues everything itself. The workers only read: every write (queue adds,
+removals, selections) stays with the coordinator, fenced by its lease. A worker that fails costs
+nothing but time: its share is planned by the coordinator.
 """
 
 from __future__ import annotations
