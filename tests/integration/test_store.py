@@ -12,7 +12,7 @@ import pytest
 
 from kompaktor import keyspace as C
 from kompaktor.metadata.store import MetadataStore, Mutation
-from kompaktor.model.errors import ConditionFailed, TableExistsError, UnknownTableError
+from kompaktor.model.errors import ConditionFailed, StoreUnavailable, TableExistsError, UnknownTableError
 from kompaktor.model.tablet import DELETED, OFFLINE, ONLINE, FileMeta, tablet_id
 from tests.integration import store_race_worker as W
 from tests.support.snapshot import snapshot
@@ -450,3 +450,5 @@ def test_tablet_doc_batches_keep_one_read_in_flight(store: MetadataStore) -> Non
     for conn in list(store._r.connection_pool._in_use_connections):
         conn.disconnect()  # the MGET in flight is lost with its connection
     assert [*first, *(d for b in it for d in b)] == docs
+    with pytest.raises(StoreUnavailable):  # no Redis: the store's error, after the client's retries
+        next(MetadataStore.from_url("redis://127.0.0.1:1/0").tablet_doc_batches(ids, 2))

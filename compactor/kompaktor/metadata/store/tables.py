@@ -199,7 +199,10 @@ class _Mget:
         self._keys = [C.tablet_key(t) for t in ids]
         self._pool = store._r.connection_pool
         self._conn: Connection | None = None
-        conn = self._pool.get_connection()
+        try:
+            conn = self._pool.get_connection()
+        except (redis.ConnectionError, redis.TimeoutError):
+            return  # Redis away: result() reads as an ordinary call (retries, the store's error mapping)
         try:
             conn.send_packed_command(pack_command(conn, "MGET", *self._keys))
         except (redis.ConnectionError, redis.TimeoutError):
