@@ -86,7 +86,7 @@ def tables(draw: st.DrawFn) -> TableInfo:
     if draw(st.booleans()):
         props[RATIO] = draw(st.sampled_from(["1.5", "2", "3", "4.5"]))
     if draw(st.booleans()):
-        props[FILE_MAX] = draw(st.sampled_from(["0", "3", "6", "20"]))
+        props[FILE_MAX] = draw(st.sampled_from(["0", "1", "2", "3", "6", "20"]))
     if draw(st.booleans()):
         props[SELECTOR] = "too-many-deletes"
     service = draw(st.sampled_from([None, "tiered", "missing", "default"]))
@@ -130,3 +130,24 @@ def test_a_pass_planner_routes_each_table_by_its_own_properties() -> None:
     for table, group in ((a, "default"), (b, "g-small"), (a, "default"), (c, "g-small"), (b, "g-small")):
         tp = planner.doc(f"{table.id};~", {"table": table.id, "files": files}, table)
         assert tp is not None and [j.group for j in tp.jobs] == [group]
+
+
+def test_small_tablets_exhaustively() -> None:
+    """Tablets of 0 to 3 files (a tablet just compacted has one): every size pattern against ratio
+    and file-limit properties at their edges, fast path against full path; the ones that plan a
+    job show the cases are not all empty."""
+    from itertools import product
+
+    planned = 0
+    for n in range(4):
+        for pattern in product([0, 1, 10, 14, 20], repeat=n):
+            files = {f"F{i}": {"size": s, "entries": 5} for i, s in enumerate(pattern)}
+            for ratio, file_max in product([None, "1", "1.5", "3"], [None, "0", "1", "2", "3"]):
+                props = {k: v for k, v in ((RATIO, ratio), (FILE_MAX, file_max)) if v is not None}
+                table = TableInfo("t1", "alpha", ONLINE, props)
+                doc = {"table": "t1", "files": files}
+                full = plan_tablet(Tablet.from_json("t1;~", doc), table, SERVICES, NOW)
+                fast = TabletPlanner(SERVICES, NOW).doc("t1;~", doc, table)
+                assert fast == full, (pattern, ratio, file_max)
+                planned += bool(full.jobs)
+    assert planned > 100

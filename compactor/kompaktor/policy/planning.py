@@ -166,9 +166,13 @@ class TabletPlanner:
         if table.state != ONLINE:
             return TabletPlan([])
         files = d.get("files")
-        if not files:
+        if not files or len(files) < 2:
+            # a SYSTEM plan of one candidate and nothing running is empty (docs/planner.md §3.5 step
+            # 1; §4.4 needs more files than maxFilesPerTablet, which is at least 1): the state of
+            # every tablet just compacted
             return TabletPlan([])
         sizes = {f: m["size"] for f, m in files.items()}
         jobs: list[Job] = []
-        self._emit(jobs, tablet_id, Kind.SYSTEM, table, sizes, sorted(sizes), [], None, frozenset())
+        # the planner sorts the candidates itself (size, then name): no need to sort them here
+        self._emit(jobs, tablet_id, Kind.SYSTEM, table, sizes, list(sizes), [], None, frozenset())
         return TabletPlan(jobs)
