@@ -45,12 +45,18 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
 from redis.backoff import ExponentialBackoff, NoBackoff
+from redis.connection import Connection
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from kompaktor import keyspace as C
 from kompaktor.model.errors import Fenced, StoreUnavailable
 from kompaktor.model.redact import redact_text, redact_url
+
+try:
+    from hiredis import pack_command as _hiredis_pack
+except ImportError:  # redis-py packs the commands itself
+    _hiredis_pack = None
 
 log = logging.getLogger("kompaktor.connection")
 
@@ -453,3 +459,15 @@ def durable_pipeline(r: redis.Redis, durability: Durability, queue_writes) -> li
     if plan.commands:
         durability.check(plan, out[n + 1 :])
     return out[:n]
+
+
+def pack_command(conn: Connection, *args: Any) -> Any:
+    """``conn.pack_command(*args)`` for arguments that are already ``str``, ``int``, ``float`` or
+    ``bytes`` (the queue adds, the planning reads): hiredis packs them at once, without redis-py's
+    pass over every argument (a tenth of a big planning pass' CPU)."""
+    if _hiredis_pack is None:
+        return conn.pack_command(*args)
+    try:
+        return [_hiredis_pack(args)]
+    except TypeError:
+        return conn.pack_command(*args)  # raises redis-py's own error

@@ -12,7 +12,7 @@ import pytest
 
 from kompaktor import keyspace as C
 from kompaktor.metadata.store import MetadataStore, Mutation
-from kompaktor.model.errors import ConditionFailed, TableExistsError, UnknownTableError
+from kompaktor.model.errors import ConditionFailed, StoreUnavailable, TableExistsError, UnknownTableError
 from kompaktor.model.tablet import DELETED, OFFLINE, ONLINE, FileMeta, tablet_id
 from tests.integration import store_race_worker as W
 from tests.support.snapshot import snapshot
@@ -430,3 +430,25 @@ def test_tablet_batches_are_get_tablets_in_batches(store: MetadataStore, size: i
     assert len(batches) == -(-len(ids) // size) and all(len(b) == size for b in batches[:-1])
     assert [t for b in batches for t in b] == store.get_tablets(ids) == store.tablets(tid)
     assert list(store.tablet_batches([], size)) == []
+
+
+def test_tablet_doc_batches_keep_one_read_in_flight(store: MetadataStore) -> None:
+    """The next batch's MGET is sent before a batch is handed out: a caller that stops early, or
+    writes between batches, leaves the connections in step; a connection lost with a read in
+    flight is read again (the client's retries)."""
+    tid = store.create_table("t", [b"b", b"c", b"d", b"e"])
+    store.add_files("t", {"f": FileMeta(10, 2, 0, b"a", b"z")})
+    ids = store.tablet_ids(tid)
+    docs = store.tablet_docs(ids)
+    assert [d for b in store.tablet_doc_batches(ids, 2) for d in b] == docs
+    it = store.tablet_doc_batches(ids, 2)
+    assert next(it) == docs[:2]
+    it.close()  # the second batch's reply was never read: its connection is dropped, not reused
+    assert store.tablet_docs(ids) == docs and store.tablet(ids[0]) is not None
+    it = store.tablet_doc_batches(ids, 2)
+    first = next(it)
+    for conn in list(store._r.connection_pool._in_use_connections):
+        conn.disconnect()  # the MGET in flight is lost with its connection
+    assert [*first, *(d for b in it for d in b)] == docs
+    with pytest.raises(StoreUnavailable):  # no Redis: the store's error, after the client's retries
+        next(MetadataStore.from_url("redis://127.0.0.1:1/0").tablet_doc_batches(ids, 2))

@@ -29,7 +29,7 @@ from kompaktor.coordinator.dead import detect_dead
 from kompaktor.coordinator.gc import GcCursor, collect_garbage
 from kompaktor.coordinator.lease import Lease
 from kompaktor.coordinator.metrics import QueueMetrics
-from kompaktor.coordinator.planpool import PlanContext, PlanPool, default_workers, plan_share
+from kompaktor.coordinator.planpool import PlanContext, PlanPool, TabletDoc, default_workers, plan_share
 from kompaktor.files.storage import Storage
 from kompaktor.metadata import failures, tablet_ops, user_compactions
 from kompaktor.metadata.store import MetadataStore
@@ -183,10 +183,11 @@ class Coordinator:
         active = {u.id for u in user_compactions.all_compactions(self.store) if u.state == user_compactions.RUNNING}
         return PlanContext(tables, services, now_ms(), active, failures.skip_set(self.store))
 
-    def plan_tablets(self, tablets: list[Tablet], gen: int) -> int:
+    def plan_tablets(self, tablets: Sequence[Tablet | TabletDoc], gen: int) -> int:
+        """Plan these tablets (or their stored documents) and queue their jobs; the jobs admitted."""
         return self._plan((tablets[i : i + PLAN_BATCH] for i in range(0, len(tablets), PLAN_BATCH)), gen)
 
-    def _plan(self, batches: Iterable[Sequence[Tablet]], gen: int, shared: Sequence[str] = ()) -> int:
+    def _plan(self, batches: Iterable[Sequence[Tablet | TabletDoc]], gen: int, shared: Sequence[str] = ()) -> int:
         """Plan batches of tablets and queue their jobs; a batch's jobs are queued while the next
         batch is decoded and planned. ``shared``: more tablets (ids), planned by the pool's worker
         processes meanwhile (:mod:`.planpool`), their plans queued as they come. Returns the jobs
@@ -202,7 +203,7 @@ class Coordinator:
 
         def here(ids: Sequence[str]) -> None:
             nonlocal planned
-            n, gone = plan_share(self.store.tablet_batches(list(ids), PLAN_BATCH), ctx, adder.send, select)
+            n, gone = plan_share(self.store.tablet_doc_batches(list(ids), PLAN_BATCH), ctx, adder.send, select)
             planned += n
             remove.extend(gone)
 
@@ -216,7 +217,7 @@ class Coordinator:
                     self._planpool.broken()
                     here(chunk)
                     continue
-                adder.send(res.plans)
+                adder.send_encoded(res.adds)
                 remove.extend(res.remove)
                 planned += res.planned - len(res.reselect)
                 if res.reselect:  # a selection is a write: planned again here, on fresh documents
@@ -263,11 +264,11 @@ class Coordinator:
         ids = self.store.pop_dirty()
         if not ids:
             return 0
-        tablets = self.store.get_tablets(ids)
-        gone = set(ids) - {t.id for t in tablets}
+        docs = self.store.tablet_docs(ids)
+        gone = set(ids) - {t for t, _ in docs}
         if gone:
             self.queues.remove_tablets(gone)
-        return self.plan_tablets(tablets, self.queues.generation())
+        return self.plan_tablets(docs, self.queues.generation())
 
     def full_scan(self) -> int:
         """Plan every tablet; then sweep queued jobs of tablets that no longer need them."""
@@ -279,7 +280,7 @@ class Coordinator:
         if self._planpool.usable(len(ids)):  # the coordinator plans the first share itself
             n = len(ids) // (self._planpool.workers + 1)
             ids, shared = ids[:n], ids[n:]
-        queued = self._plan(self.store.tablet_batches(ids, PLAN_BATCH), gen, shared)
+        queued = self._plan(self.store.tablet_doc_batches(ids, PLAN_BATCH), gen, shared)
         self.queues.end_full_scan(gen)
         self._last_full = time.monotonic()
         self.stats["full_scans"] += 1

@@ -1,14 +1,14 @@
 """A big planning pass on more than one core.
 
 Planning a tablet is CPU work in Python (decode its document, run the planner): one thread plans
-about 30,000 tablets a second, so a full pass over a million tablets would take half a minute on
-one core while Redis itself needs a fraction of that. A pass over at least
+about 37,000 tablets of 10 files a second, so a full pass over a million tablets would take most
+of half a minute on one core while Redis itself needs a fraction of that. A pass over at least
 :data:`PARALLEL_MIN_TABLETS` tablets therefore hands a share of them to worker processes
 (``spawn``: nothing of the coordinator's threads or connections is inherited), which read and plan
-their share and return only the plans; the coordinator plans its own share meanwhile, then queues
-everything itself. The workers only read: every write (queue adds, removals, selections) stays
-with the coordinator, fenced by its lease. A worker that fails costs nothing but time: its share
-is planned by the coordinator.
+their share and return only the plans (encoded as queue calls); the coordinator plans its own
+share meanwhile, then queues everything itself. The workers only read: every write (queue adds,
+removals, selections) stays with the coordinator, fenced by its lease. A worker that fails costs
+nothing but time: its share is planned by the coordinator.
 """
 
 from __future__ import annotations
@@ -21,10 +21,13 @@ from concurrent.futures import Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from kompaktor.model.job import Job
-from kompaktor.model.tablet import ONLINE, TableInfo, Tablet
-from kompaktor.policy.planning import TabletPlan, plan_tablet
+from kompaktor.model.tablet import ONLINE, TableInfo, Tablet, gc_paused
+from kompaktor.policy.planning import TabletPlan, TabletPlanner
 from kompaktor.policy.services import ServiceConfig
+from kompaktor.queues.jobqueue import encode_adds
 
 log = logging.getLogger("kompaktor.coordinator")
 
@@ -53,45 +56,74 @@ class PlanContext:
 
 @dataclass
 class ShareResult:
-    """A share's outcome: jobs per tablet, tablets whose table is gone or offline (their queued
+    """A share's outcome: the jobs to queue, tablets whose table is gone or offline (their queued
     jobs are removed), tablets for which a selector chose files (the coordinator re-plans them:
     recording a selection is a write), and how many tablets were planned."""
 
-    plans: list[tuple[str, list[Job]]] = field(default_factory=list)
+    #: the jobs as queue-add arguments (:func:`~kompaktor.queues.jobqueue.encode_adds`): plain
+    #: values are cheaper to hand over than job objects, and the worker, not the coordinator,
+    #: encodes them
+    adds: list[list[Any]] = field(default_factory=list)
     remove: list[str] = field(default_factory=list)
     reselect: list[str] = field(default_factory=list)
     planned: int = 0
 
 
+#: a tablet as a pass reads it: its id and stored document (``MetadataStore.tablet_doc_batches``)
+TabletDoc = tuple[str, bytes]
+
+
 def plan_share(
-    batches: Iterable[Sequence[Tablet]],
+    batches: Iterable[Sequence[TabletDoc | Tablet]],
     ctx: PlanContext,
     send: Callable[[list[tuple[str, list[Job]]]], None],
     select: Callable[[Tablet, TabletPlan], bool],
     before: Callable[[], None] | None = None,
 ) -> tuple[int, list[str]]:
-    """Plan batches of tablets (pure but for reading them): each batch's jobs go to ``send``, a
-    selector's choice to ``select`` (which says whether the tablet's jobs are still to be sent:
-    a worker leaves such a tablet to the coordinator); ``before()`` runs before each batch. Returns how many tablets
-    were planned and the tablets whose table is gone or offline (their queued jobs are removed)."""
+    """Plan batches of tablets (pure but for reading them), each a :data:`TabletDoc` or a
+    :class:`Tablet`: each batch's jobs go to ``send``, a selector's choice to ``select`` (which
+    says whether the tablet's jobs are still to be sent: a worker leaves such a tablet to the
+    coordinator); ``before()`` runs before each batch. Returns how many tablets were planned and
+    the tablets whose table is gone or offline (their queued jobs are removed).
+
+    A plain tablet is planned from its document as decoded JSON (:meth:`TabletPlanner.doc`); only
+    the others are decoded to a :class:`Tablet`."""
     planned = 0
     remove: list[str] = []
-    for tablets in batches:
-        if before is not None:
-            before()
-        plans: list[tuple[str, list[Job]]] = []
-        for t in tablets:
-            info = ctx.tables.get(t.table)
-            if info is None or info.state != ONLINE:
-                remove.append(t.id)
-                continue
-            tp = plan_tablet(t, info, ctx.services, ctx.now, ctx.active, ctx.skip)
-            planned += 1
-            if tp.select and not select(t, tp):
-                continue
-            if tp.jobs:
-                plans.append((t.id, tp.jobs))
-        send(plans)
+    planner = TabletPlanner(ctx.services, ctx.now, ctx.active, ctx.skip)
+    tables, loads, from_json = ctx.tables, orjson.loads, Tablet.from_json
+    with gc_paused():  # millions of small acyclic objects (see gc_paused)
+        for items in batches:
+            if before is not None:
+                before()
+            plans: list[tuple[str, list[Job]]] = []
+            for item in items:
+                if isinstance(item, Tablet):
+                    t: Tablet | None = item
+                    tid, table_id, d = item.id, item.table, None
+                else:
+                    t = None
+                    tid, raw = item
+                    d = loads(raw)
+                    table_id = d["table"]
+                info = tables.get(table_id)
+                if info is None or info.state != ONLINE:
+                    remove.append(tid)
+                    continue
+                tp = planner.doc(tid, d, info) if d is not None else None
+                if tp is None:
+                    if t is None:
+                        t = from_json(tid, d)
+                    tp = planner.tablet(t, info)
+                planned += 1
+                if tp.select:
+                    if t is None:
+                        t = from_json(tid, d)
+                    if not select(t, tp):
+                        continue
+                if tp.jobs:
+                    plans.append((tid, tp.jobs))
+            send(plans)
     return planned, remove
 
 
@@ -116,9 +148,9 @@ def _plan_in_worker(url: str, tablet_ids: Sequence[str], ctx: PlanContext, batch
         return False
 
     out.planned, out.remove = plan_share(
-        store.tablet_batches(list(tablet_ids), batch),
+        store.tablet_doc_batches(list(tablet_ids), batch),
         ctx,
-        send=out.plans.extend,
+        send=lambda plans: out.adds.extend(encode_adds(plans)),
         select=leave,
     )
     return out

@@ -24,7 +24,7 @@ from redis.connection import Connection
 from redis.exceptions import NoScriptError
 
 from kompaktor import keyspace as C
-from kompaktor.connection import redis_errors
+from kompaktor.connection import pack_command, redis_errors
 from kompaktor.model.job import PRIORITY_MAX, Job
 from kompaktor.policy.tableprops import QUOTA, QUOTA_STEP_MAX
 
@@ -76,6 +76,10 @@ def _lua(name: str) -> str:
 def _add_args(args: list[Any], tablet: str, jobs: Sequence[Job]) -> None:
     """Append one tablet's jobs to the arguments of ``queue_add.lua``: per group, the group, the
     tablet, the number of jobs, then each job's priority, file count, input bytes and JSON."""
+    if len(jobs) == 1:  # most tablets: one job, one group
+        j = jobs[0]
+        args += (j.group, tablet, 1, j.priority, len(j.files), min(j.size, MAX_ENTRY_BYTES), orjson.dumps(j.to_json()))
+        return
     by_group: dict[str, list[Job]] = defaultdict(list)
     for j in jobs:
         by_group[j.group].append(j)
@@ -83,6 +87,20 @@ def _add_args(args: list[Any], tablet: str, jobs: Sequence[Job]) -> None:
         args += (group, tablet, len(gjobs))
         for j in gjobs:
             args += (j.priority, len(j.files), min(j.size, MAX_ENTRY_BYTES), orjson.dumps(j.to_json()))
+
+
+def encode_adds(plans: Iterable[tuple[str, Sequence[Job]]]) -> Iterator[list[Any]]:
+    """These tablets' jobs as the arguments of ``queue_add.lua`` after its head, one list per
+    script call of :data:`ADD_BATCH` tablets at most (:meth:`QueueAdder.send_encoded` sends them;
+    made one at a time, so that a call is made while Redis runs the one before). Plain values
+    (str, int, bytes): a planning worker encodes its plans and hands over only these."""
+    plans = list(plans)
+    for i in range(0, len(plans), ADD_BATCH):
+        body: list[Any] = []
+        for tablet, jobs in plans[i : i + ADD_BATCH]:
+            _add_args(body, tablet, jobs)
+        if body:
+            yield body
 
 
 #: tablets per queue_add call. Redis runs one command at a time; a call of 1,000 tablets' jobs ran
@@ -105,19 +123,20 @@ class QueueAdder:
 
     def send(self, plans: Iterable[tuple[str, Sequence[Job]]]) -> None:
         """Queue these tablets' jobs, in script calls of :data:`ADD_BATCH` tablets at most."""
-        plans = list(plans)
-        for i in range(0, len(plans), ADD_BATCH):
-            self._send(plans[i : i + ADD_BATCH])
+        self.send_encoded(encode_adds(plans))
 
-    def _send(self, plans: Sequence[tuple[str, Sequence[Job]]]) -> None:
-        args = self._head.copy()
-        for tablet, jobs in plans:
-            _add_args(args, tablet, jobs)
-        if len(args) == len(self._head):
+    def send_encoded(self, adds: Iterable[list[Any]]) -> None:
+        """Queue jobs encoded by :func:`encode_adds` (perhaps in another process), one script call each."""
+        for body in adds:
+            self._send(body)
+
+    def _send(self, body: list[Any]) -> None:
+        if not body:
             return
+        args = self._head + body
         conn = self._pool.get_connection()
         try:
-            packed = conn.pack_command("EVALSHA", self._script.sha, 0, *args)
+            packed = pack_command(conn, "EVALSHA", self._script.sha, 0, *args)
             self.wait()  # for the batch before, on another connection
         except BaseException:
             self._pool.release(conn)

@@ -13,8 +13,11 @@ import json
 from collections.abc import Iterable, Iterator
 
 import orjson
+import redis
+from redis.connection import Connection
 
 from kompaktor import keyspace as C
+from kompaktor.connection import pack_command
 from kompaktor.metadata.store.base import StoreBase
 from kompaktor.metadata.store.mutation import Mutation
 from kompaktor.model.errors import ConditionFailed, TableExistsError, UnknownTableError
@@ -126,15 +129,28 @@ class TableStore(StoreBase):
         return decode_tablets(self.tablet_docs(tablet_ids, chunk))
 
     def tablet_batches(self, tablet_ids: list[str], size: int = 1000) -> Iterator[list[Tablet]]:
-        """These tablets in batches of ``size`` (missing ones left out). The documents of batch k+1
-        are fetched before batch k is handed out: Redis work that the caller starts with batch k
-        (a queue add) then runs while batch k+1 is decoded instead of delaying its fetch."""
+        """These tablets in batches of ``size`` (missing ones left out), decoded; read as
+        :meth:`tablet_doc_batches` reads them."""
+        for docs in self.tablet_doc_batches(tablet_ids, size):
+            yield decode_tablets(docs)
+
+    def tablet_doc_batches(self, tablet_ids: list[str], size: int = 1000) -> Iterator[list[tuple[str, bytes]]]:
+        """The stored documents of these tablets (:meth:`tablet_docs`) in batches of ``size``, one
+        MGET each. The MGET of batch k+1 is sent before batch k is handed out and its reply read
+        when batch k+1 is asked for: Redis reads and the reply travels while the caller works on
+        batch k (one MGET in flight, on a connection of its own)."""
         parts = [tablet_ids[i : i + size] for i in range(0, len(tablet_ids), size)]
-        docs = self.tablet_docs(parts[0]) if parts else []
-        for k in range(len(parts)):
-            tablets = decode_tablets(docs)
-            docs = self.tablet_docs(parts[k + 1]) if k + 1 < len(parts) else []
-            yield tablets
+        if not parts:
+            return
+        ahead = _Mget(self, parts[0])
+        try:
+            for k in range(len(parts)):
+                docs = ahead.result()
+                if k + 1 < len(parts):
+                    ahead = _Mget(self, parts[k + 1])
+                yield docs
+        finally:
+            ahead.abandon()
 
     def tablet_docs(self, tablet_ids: list[str], chunk: int = 1000) -> list[tuple[str, bytes]]:
         """The stored documents of these tablets, not decoded (:func:`decode_tablets`); tablets
@@ -171,3 +187,54 @@ class TableStore(StoreBase):
         raw_tablet, raw_props = self.call(p.execute)
         tablet = None if raw_tablet is None else Tablet.from_json(tablet_id, orjson.loads(raw_tablet))
         return tablet, (None if raw_props is None else json.loads(raw_props))
+
+
+class _Mget:
+    """One MGET of tablet documents sent without waiting for its reply (:meth:`result` reads it).
+    A connection error while sending or reading makes :meth:`result` run it again as an ordinary
+    call (with the client's retries and the store's error mapping)."""
+
+    def __init__(self, store: TableStore, ids: list[str]) -> None:
+        self._store, self._ids = store, ids
+        self._keys = [C.tablet_key(t) for t in ids]
+        self._pool = store._r.connection_pool
+        self._conn: Connection | None = None
+        try:
+            conn = self._pool.get_connection()
+        except (redis.ConnectionError, redis.TimeoutError):
+            return  # Redis away: result() reads as an ordinary call (retries, the store's error mapping)
+        try:
+            conn.send_packed_command(pack_command(conn, "MGET", *self._keys))
+        except (redis.ConnectionError, redis.TimeoutError):
+            conn.disconnect()
+            self._pool.release(conn)
+            return
+        except BaseException:
+            conn.disconnect()
+            self._pool.release(conn)
+            raise
+        self._conn = conn
+
+    def result(self) -> list[tuple[str, bytes]]:
+        conn, self._conn = self._conn, None
+        raws: list[bytes | None] | None = None
+        if conn is not None:
+            try:
+                raws = conn.read_response()
+            except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError):
+                conn.disconnect()  # read again below: with the client's retries, errors mapped
+            except BaseException:
+                conn.disconnect()  # interrupted mid-reply: the connection is out of step
+                raise
+            finally:
+                self._pool.release(conn)
+        if raws is None:
+            raws = self._store.call(self._store._r.mget, self._keys)
+        return [(t, raw) for t, raw in zip(self._ids, raws, strict=True) if raw]
+
+    def abandon(self) -> None:
+        """Drop the reply if it was never read (the caller stopped early)."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.disconnect()
+            self._pool.release(conn)
