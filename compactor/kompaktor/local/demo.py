@@ -563,6 +563,7 @@ def check_chaos(
                 for f in log.failovers
             ),
             "chaos: acknowledged writes checked (flushes + commits)": acked_writes + len(acked),
+            "chaos: acknowledged commits checked": len(acked),
             "chaos: acknowledged commits lost": len(lost),
             "chaos: commits applied twice": len(twice),
             "chaos: referenced files missing": len(missing),
