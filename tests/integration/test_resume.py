@@ -267,13 +267,13 @@ def test_a_spark_task_run_again_after_publishing_its_part_leaves_it_as_it_was(st
     """A resumable merge keeps its parts until the commit: a task Spark runs a second time (a
     retry after its result was lost) finds its part published — the same range, the same bytes —
     and succeeds without touching it."""
-    from kompaktor.engines.spark import _run_range
+    from kompaktor.engines.spark import _run_ranges
 
     paths, _srcs = inputs
     name = f"{TABLE_DIR}/{TMP_PREFIX}RES-{'0' * 32}_ECID-00000000000000c3.p00000.parquet"
     task = (0, None, b"r\x80", name)
-    first = _run_range(storage, tuple(paths), SETTINGS, "ECID-00000000000000c3", 1 << 30, task)
+    [first] = _run_ranges(storage, tuple(paths), SETTINGS, "ECID-00000000000000c3", 1 << 30, (task,))
     before = digest(storage, name)
-    again = _run_range(storage, tuple(paths), SETTINGS, "ECID-00000000000000c3", 1 << 30, task)
+    [again] = _run_ranges(storage, tuple(paths), SETTINGS, "ECID-00000000000000c3", 1 << 30, (task,))
     assert again == first and "error" not in again
     assert digest(storage, name) == before and temp_files(storage) == [name]

@@ -51,7 +51,6 @@ from kompaktor.engines.ranges import (
     InputMeta,
     TaskMemoryExceeded,
     estimate_entries,
-    merge_range,
     open_merge,
     plan,
     progress_dict,
@@ -78,26 +77,6 @@ POLL_S = 0.02
 NO_EXECUTOR_TIMEOUT_S = 120.0
 
 
-def _run_range(
-    storage: Storage,
-    inputs: tuple[str, ...],
-    settings: IteratorSettings,
-    tmp_tag: str,
-    task_memory: int,
-    task: tuple[int, bytes | None, bytes | None, str],
-) -> dict:
-    """Executor side: merge one key range and write it as one Parquet part named ``task[3]``. A
-    bad input or a range bigger than the task memory is returned as an error (retrying would not
-    help)."""
-    index, lo, hi, final = task
-    stats: dict = {}
-    try:
-        table, read = merge_range(storage, inputs, lo, hi, settings, task_memory, stats)
-    except (BadFileError, TaskMemoryExceeded) as exc:
-        return _task_error(index, exc)
-    return _write_part(storage, final, tmp_tag, index, table, read, stats.get("bytes_read", 0))
-
-
 def _run_ranges(
     storage: Storage,
     inputs: tuple[str, ...],
@@ -110,9 +89,9 @@ def _run_ranges(
     forward once with one cursor (:class:`~kompaktor.engines.ranges.InputCursor`) for the whole
     run — so a row group bigger than a range is decoded once by this task, not from its start by
     the task of every range it holds a slice of. Memory stays bounded by one range (plus one
-    batch per input). Stops at the first range that fails (its error is the last result)."""
-    if len(run) == 1:
-        return [_run_range(storage, inputs, settings, tmp_tag, task_memory, run[0])]
+    batch per input). Stops at the first range that fails (its error is the last result): a bad
+    input or a range bigger than the task memory (retrying would not help). A run of one range is
+    read as :func:`~kompaktor.engines.ranges.merge_range` reads a range."""
     budget = task_memory // MERGE_FACTOR
     out: list[dict] = []
     cursors: list[InputCursor] = []
