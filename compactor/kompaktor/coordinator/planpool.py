@@ -117,8 +117,9 @@ def plan_share(
                     tp = planner.tablet(t, info)
                 planned += 1
                 if tp.select:
-                    if t is None:
-                        t = from_json(tid, d)
+                    # only a decoded tablet's plan selects: doc() leaves every tablet of a table
+                    # with a selector to tablet()
+                    assert t is not None
                     if not select(t, tp):
                         continue
                 if tp.jobs:

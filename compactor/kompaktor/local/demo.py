@@ -523,9 +523,10 @@ def check_chaos(
     # A commit already on its way to Redis when the compactor was frozen is applied all the same
     # (commands from different connections have no order): such a kill came after the commit
     # landed, it killed no merge, and it is reported apart rather than counted as one.
-    applied_before = set(store.commit_log())
-    after_commit = [e for e, _t in log.killed if e in applied_before]
-    mid_merge = [(e, t) for e, t in log.killed if e not in applied_before]
+    applied = store.commit_log()  # the ECIDs of the commits applied, once per commit
+    committed = set(applied)
+    after_commit = [e for e, _t in log.killed if e in committed]
+    mid_merge = [(e, t) for e, t in log.killed if e not in committed]
     killed = [ecid for ecid, _t in mid_merge]
     detected = sum(1 for e in killed if e in dead)
     rerun = sum(1 for _e, t in mid_merge if store.commits_on(t) > log.commits_at_kill.get(t, 0))
@@ -540,7 +541,6 @@ def check_chaos(
     ha_summary: dict[str, Any] = {}
     ha_ok = True
     if ha:
-        applied = store.commit_log()
         counts: dict[str, int] = {}
         for e in applied:
             counts[e] = counts.get(e, 0) + 1

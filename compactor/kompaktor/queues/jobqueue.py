@@ -77,8 +77,7 @@ def _add_args(args: list[Any], tablet: str, jobs: Sequence[Job]) -> None:
     """Append one tablet's jobs to the arguments of ``queue_add.lua``: per group, the group, the
     tablet, the number of jobs, then each job's priority, file count, input bytes and JSON."""
     if len(jobs) == 1:  # most tablets: one job, one group
-        j = jobs[0]
-        args += (j.group, tablet, 1, j.priority, len(j.files), min(j.size, MAX_ENTRY_BYTES), orjson.dumps(j.to_json()))
+        args += (jobs[0].group, tablet, 1, *_job_args(jobs[0]))
         return
     by_group: dict[str, list[Job]] = defaultdict(list)
     for j in jobs:
@@ -86,7 +85,12 @@ def _add_args(args: list[Any], tablet: str, jobs: Sequence[Job]) -> None:
     for group, gjobs in by_group.items():
         args += (group, tablet, len(gjobs))
         for j in gjobs:
-            args += (j.priority, len(j.files), min(j.size, MAX_ENTRY_BYTES), orjson.dumps(j.to_json()))
+            args += _job_args(j)
+
+
+def _job_args(j: Job) -> tuple[int, int, int, bytes]:
+    """One job's arguments of ``queue_add.lua``: its priority, file count, input bytes and JSON."""
+    return j.priority, len(j.files), min(j.size, MAX_ENTRY_BYTES), orjson.dumps(j.to_json())
 
 
 def encode_adds(plans: Iterable[tuple[str, Sequence[Job]]]) -> Iterator[list[Any]]:
