@@ -262,12 +262,12 @@ def test_selection_done_needs_a_selection(store: MetadataStore) -> None:
 
 
 # -- the folded poll-and-reserve (one script call: lua/reserve.lua) ----------------------------------
-def evalsha_calls(store: MetadataStore) -> int:
-    return int(store._r.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+def function_calls(store: MetadataStore) -> int:
+    return int(store._r.info("commandstats").get("cmdstat_fcall", {}).get("calls", 0))
 
 
 def reset_stats(store: MetadataStore) -> None:
-    """Scripts loaded (a first EVALSHA would fail and count), statistics reset."""
+    """Functions loaded (a first FCALL would fail and count), statistics reset."""
     store.load_scripts()
     store._r.config_resetstat()
 
@@ -285,7 +285,7 @@ def test_reserve_polls_and_reserves_in_one_script_call_as_try_reserve_would(stor
     store.queues.add(tablet, [job(tablet, files)])
     reset_stats(store)
     res = compactions.reserve(store, store.queues, "g", "c1")
-    assert res is not None and evalsha_calls(store) == 1
+    assert res is not None and function_calls(store) == 1
     by_python = compactions.try_reserve(store, job(other, sorted(store.tablet(other).files)), "c1", "g")
     assert res.inputs == tuple(sorted(files)) and res.full and res.prev == b"m" and res.end is None
     assert (res.full, res.prev, res.end) == (by_python.full, by_python.prev, by_python.end)
@@ -328,7 +328,7 @@ def test_the_folded_reserve_discards_stale_jobs_in_bounded_calls(store: Metadata
     reset_stats(store)
     res = compactions.reserve(store, store.queues, "g", "c1")
     assert res is not None and res.inputs == tuple(files)
-    assert evalsha_calls(store) == 2  # one call per RESERVE_MAX_STALE stale jobs, then the reservation
+    assert function_calls(store) == 2  # one call per RESERVE_MAX_STALE stale jobs, then the reservation
     assert store.counters()["stale_jobs_discarded"] == stale
     assert store.queues.stats("g").dequeued == stale + 1
     assert compactions.reserve(store, store.queues, "g", "c1") is None

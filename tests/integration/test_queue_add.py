@@ -74,10 +74,12 @@ def test_batches_give_the_state_of_one_add_per_tablet(
     batched.close()
 
 
-def test_add_after_the_script_cache_was_flushed(store) -> None:
+def test_add_after_the_functions_were_flushed(store) -> None:
+    """A server that lost Kompaktor's functions (a new one, FUNCTION FLUSH) gets them again from a
+    role that may load code: the batches in flight and those after all land."""
     q = store.queues
     assert q.add_many([("a", [job("a", 1, 1, "g", "")])]) == 1
-    store._r.script_flush()
+    store._r.function_flush()
     assert q.add_many([("b", [job("b", 2, 1, "g", "")]), ("c", [job("c", 3, 1, "g", "")])], chunk=1) == 2
     assert [j.tablet for j in q.jobs("g")] == ["c", "b", "a"]
 

@@ -33,6 +33,9 @@ DANGEROUS = [
     ("SCRIPT", "LOAD", "return 1"),
     ("SCRIPT", "FLUSH"),
     ("FUNCTION", "LOAD", "#!lua name=x\nredis.register_function('x', function() return 1 end)"),
+    ("FUNCTION", "FLUSH"),
+    ("FUNCTION", "DELETE", "x"),
+    ("FUNCTION", "RESTORE", "x"),
     ("KEYS", "*"),
     ("SCAN", "0"),
     ("MODULE", "LOAD", "/tmp/x.so"),
@@ -111,11 +114,11 @@ def test_each_role_on_its_own_user_compacts_and_the_coordinator_reloads_lost_scr
     compactor_store = MetadataStore.from_url(users.role_url("compactor"))
     worker = Compactor(compactor_store, storage, WorkerSettings("default", "c-acl", engine="arrow"))
 
-    # Redis lost its scripts (a restart without them, a failover to a fresh replica): the
-    # compactor may not load them, so it cannot reserve — an outage to it, not a crash ...
+    # Redis lost Kompaktor's functions (a new server, FUNCTION FLUSH): the compactor may not load
+    # them, so it cannot reserve — an outage to it, not a crash ...
     assert coordinator.tick()
-    redis.Redis.from_url(users.url).script_flush()
-    with pytest.raises(StoreUnavailable, match=r"script\|load"):
+    redis.Redis.from_url(users.url).function_flush()
+    with pytest.raises(StoreUnavailable, match=r"function\|load"):
         worker.run_one()
     # ... until the coordinator's next pass has loaded them
     assert coordinator.tick()

@@ -8,9 +8,13 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+import pytest
+
 from kompaktor.metadata import store as store_pkg
 from kompaktor.metadata.store import MetadataStore, Mutation, StoreBase, TabletChange
 from kompaktor.metadata.store.mutation import Mutation as MutationDef
+from kompaktor.queues.jobqueue import JobQueues
+from kompaktor.redisfunctions import LuaLibrary
 
 PARTS = [c for c in MetadataStore.__mro__ if c not in (MetadataStore, object)]
 
@@ -53,31 +57,55 @@ def test_each_part_is_a_module_named_for_its_concern() -> None:
 
 
 class _Client:
-    """Records the scripts registered; Redis itself is never called."""
+    """Records the function libraries loaded; Redis itself is never called."""
 
-    def __init__(self) -> None:
-        self.registered: list[str] = []
+    def __init__(self, held: tuple[str, ...] = ()) -> None:
+        self.held = set(held)
+        self.loaded: list[str] = []
 
-    def register_script(self, source: str) -> Any:
-        self.registered.append(source)
-        return type("Script", (), {"sha": f"sha{len(self.registered)}", "script": source})()
+    def pipeline(self, transaction: bool = False) -> Any:
+        return _Pipe(self)
 
-    def script_exists(self, *shas: str) -> list[bool]:
-        return [sha != "sha1" for sha in shas]
-
-    def script_load(self, source: str) -> None:
-        self.loaded = source
+    def function_load(self, code: str) -> None:
+        name = code.split("\n", 1)[0].removeprefix("#!lua name=")
+        self.loaded.append(name)
+        self.held.add(name)
 
 
-def test_every_parts_scripts_are_registered_and_loaded() -> None:
-    client = _Client()
+class _Pipe:
+    def __init__(self, client: _Client) -> None:
+        self.client, self.asked = client, []
+
+    def function_list(self, library: str) -> None:
+        self.asked.append(library)
+
+    def execute(self) -> list[Any]:
+        return [[{"library_name": n}] if n in self.client.held else [] for n in self.asked]
+
+
+def test_every_parts_scripts_are_functions_of_the_stores_library_and_loaded() -> None:
+    client = _Client(held=tuple(lib.name for lib in JobQueues.libraries()))
     store = MetadataStore(client)  # type: ignore[arg-type]
+    lib = store.library()
     names = ("_mutate", "_reserve", "_fenced_write", "_lease_acquire", "_lease_renew", "_lease_release", "_failures")
+    assert sorted(lib.functions) == sorted(names)
     for name in names:
-        assert getattr(store, name).script in client.registered
-    assert len(client.registered) == len(names)
-    assert store.load_scripts() == 1  # the one Redis does not hold (sha1), queues' scripts included
-    assert len(client.registered) == len(names) + len(store.queues.scripts())
+        assert getattr(store, name).name == lib.function_name(name)
+        assert f"redis.register_function('{lib.function_name(name)}'" in lib.code
+    assert store.load_scripts() == 1 and client.loaded == [lib.name]  # the queues' library is held
+    assert store.load_scripts() == 0  # nothing missing: nothing loaded
+
+
+def test_a_librarys_name_follows_its_code() -> None:
+    """Two versions side by side (an upgrade) run their own code: a change to any body or to the
+    preamble names another library."""
+    a = LuaLibrary("t", "local K = 1", {"f": "return K"})
+    assert LuaLibrary("t", "local K = 1", {"f": "return K"}).name == a.name
+    assert LuaLibrary("t", "local K = 2", {"f": "return K"}).name != a.name
+    assert LuaLibrary("t", "local K = 1", {"f": "return K + 1"}).name != a.name
+    assert a.code.startswith(f"#!lua name={a.name}\n") and a.function_name("f") == f"{a.name}_f"
+    with pytest.raises(KeyError):
+        a.bind(None, "g")  # type: ignore[arg-type]
 
 
 def test_a_fenced_view_is_a_whole_store_on_the_same_connection() -> None:

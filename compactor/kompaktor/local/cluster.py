@@ -152,7 +152,7 @@ class LocalCluster:
             self.redis_url = self.redis.url
             self.role_urls = {role: self.redis.role_url(role) for role in acl.ROLES}
         self.store = MetadataStore.from_url(self.role_urls.get("admin", self.url))
-        self.store.load_scripts()  # before the compactors' first EVALSHA (they may not load scripts)
+        self.store.load_scripts()  # before the compactors' first FCALL (they may not load code)
         self.queues = self.store.queues
         for g in self.config.groups.values():
             self.store.put_group(g)

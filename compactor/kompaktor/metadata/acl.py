@@ -1,19 +1,20 @@
 """Redis users per role: each component connects with only the commands and keys its code uses.
 
 Roles
-  ``compactor``    reads its job and the tablets, heartbeats and commits through the scripts the
-                   coordinator loaded (``EVALSHA``), waits for work (``BLPOP``) — and nothing else:
-                   no ``EVAL`` or ``SCRIPT LOAD`` (no code of its own in Redis), no ``CONFIG``,
+  ``compactor``    reads its job and the tablets, heartbeats and commits through the functions the
+                   coordinator loaded (``FCALL``), waits for work (``BLPOP``) — and nothing else:
+                   no ``EVAL``, ``SCRIPT LOAD`` or ``FUNCTION LOAD`` (no code of its own in Redis), no ``CONFIG``,
                    ``FLUSH*``, ``DEBUG``, ``MODULE``, ``KEYS``, ``SHUTDOWN``, no key outside ``kz:*``,
                    no Pub/Sub.
-  ``coordinator``  the compactor's rights, plus ``SCRIPT LOAD`` (it loads every script, again after
-                   a restart or failover) and ``SCAN``, ``CONFIG GET`` (the durability it can rely on).
+  ``coordinator``  the compactor's rights, plus ``FUNCTION LOAD`` and ``FUNCTION LIST`` (it loads
+                   Kompaktor's function libraries where Redis lacks them, :mod:`kompaktor.redisfunctions`)
+                   and ``SCAN``, ``CONFIG GET`` (the durability it can rely on).
   ``operator``     the coordinator's rights (it writes groups and services, starts and cancels
                    user compactions through the same scripts).
   ``admin``        the ``kompaktor`` CLI of the people running it: the coordinator's rights.
 
-Redis runs a script's commands with the rights of the user calling it, so a user that may run
-the commit script may also run its commands (``HSET`` on ``kz:*``) directly: the ACL bounds what a
+Redis runs a function's commands with the rights of the user calling it, so a user that may run
+the commit function may also run its commands (``HSET`` on ``kz:*``) directly: the ACL bounds what a
 compromised compactor can reach (no code execution on the Redis host through ``CONFIG SET``, no
 ``FLUSHALL``, no key outside Kompaktor's), not which ``kz:`` keys it writes.
 
@@ -31,8 +32,8 @@ from kompaktor import keyspace as C
 ROLES = ("compactor", "coordinator", "operator", "admin")
 
 #: what every role needs: connecting (not CLIENT KILL, PAUSE or LIST: dangerous), transactions,
-#: the durability barrier's WAIT, INFO (replication role, persistence), the scripts by hash
-_BASE = ("+@connection", "+@transaction", "-@dangerous", "+info", "+evalsha", "+script|exists")
+#: the durability barrier's WAIT, INFO (replication role, persistence), Kompaktor's functions
+_BASE = ("+@connection", "+@transaction", "-@dangerous", "+info", "+fcall")
 #: reads of Kompaktor's structures
 _READS = (
     "+get",
@@ -97,8 +98,8 @@ _WRITES = (
     "+ltrim",
     "+blpop",
 )
-#: what only the roles that load scripts and decide durability get
-_LEADER = ("+script|load", "+scan", "+dbsize", "+config|get")
+#: what only the roles that load code and decide durability get
+_LEADER = ("+function|load", "+function|list", "+scan", "+dbsize", "+config|get")
 
 RIGHTS: dict[str, tuple[str, ...]] = {
     "compactor": _BASE + _READS + _WRITES,

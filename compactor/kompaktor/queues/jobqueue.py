@@ -19,14 +19,13 @@ from typing import Any
 
 import orjson
 import redis
-from redis.commands.core import Script
 from redis.connection import Connection
-from redis.exceptions import NoScriptError
 
 from kompaktor import keyspace as C
 from kompaktor.connection import pack_command, redis_errors
 from kompaktor.model.job import PRIORITY_MAX, Job
 from kompaktor.policy.tableprops import QUOTA, QUOTA_STEP_MAX
+from kompaktor.redisfunctions import LuaFunction, LuaLibrary, missing_function
 
 DEFAULT_MAX = 10_000
 #: the default bound of a group's queue in bytes of input (1 TiB): whichever of the two bounds is
@@ -49,11 +48,14 @@ WAKE_TTL_MS = 30_000
 WAKE_WAIT_MAX_S = 4.0
 
 
-def lua_with_queues(*sources: str) -> str:
-    """A script as loaded: the key names, the queues' shared functions (``lua/lib.lua``: it takes the
-    fencing token off ``ARGV``), then ``sources``. Queue scripts, and the metadata's reserving
-    script (poll and reserve in one call, ``metadata/lua/reserve.lua``)."""
-    lua = resources.files("kompaktor.queues").joinpath("lua")
+_LUA_DIR = resources.files("kompaktor.queues").joinpath("lua")
+
+
+def queue_preamble(*sources: str) -> str:
+    """The preamble of a library with the queues' functions: the key names, the constants, the
+    queues' shared functions (``lua/lib.lua``: ``refuse_stale`` takes the fencing token off
+    ``ARGV``), then ``sources``. The queues' library, and the metadata's (its reserving function
+    polls and reserves in one call, ``metadata/lua/reserve.lua``)."""
     return (
         C.lua_prelude(
             PRIORITY_MAX=PRIORITY_MAX,
@@ -63,14 +65,17 @@ def lua_with_queues(*sources: str) -> str:
             QUOTA_PROP=QUOTA,
             QUOTA_STEP_MAX=QUOTA_STEP_MAX,
         )
-        + lua.joinpath("lib.lua").read_text()
+        + _LUA_DIR.joinpath("lib.lua").read_text()
         + "".join(sources)
     )
 
 
-def _lua(name: str) -> str:
-    """A queue script as loaded: the key names, the shared functions (``lua/lib.lua``), the script."""
-    return lua_with_queues(resources.files("kompaktor.queues").joinpath("lua", f"{name}.lua").read_text())
+#: the queues' Redis functions (``lua/queue_<name>.lua``), one library
+LIBRARY = LuaLibrary(
+    "queues",
+    queue_preamble(),
+    {name: _LUA_DIR.joinpath(f"queue_{name}.lua").read_text() for name in ("add", "poll", "sweep", "resize", "call")},
+)
 
 
 def _add_args(args: list[Any], tablet: str, jobs: Sequence[Job]) -> None:
@@ -118,7 +123,7 @@ class QueueAdder:
     without waiting for its reply: the caller prepares the next batch while Redis runs this one
     (at most one batch in flight). :attr:`admitted` counts the jobs admitted by the batches applied."""
 
-    def __init__(self, client: redis.Redis, script: Script, gen: int, max_size: int, fence: str = "") -> None:
+    def __init__(self, client: redis.Redis, script: LuaFunction, gen: int, max_size: int, fence: str = "") -> None:
         self._script = script
         self._pool = client.connection_pool
         self._head = [fence, gen, max_size, int(time.time() * 1000)]
@@ -140,7 +145,7 @@ class QueueAdder:
         args = self._head + body
         conn = self._pool.get_connection()
         try:
-            packed = pack_command(conn, "EVALSHA", self._script.sha, 0, *args)
+            packed = pack_command(conn, "FCALL", self._script.name, 0, *args)
             self.wait()  # for the batch before, on another connection
         except BaseException:
             self._pool.release(conn)
@@ -165,13 +170,13 @@ class QueueAdder:
         (conn, args), self._pending = self._pending, None
         try:
             res = conn.read_response()
-        except NoScriptError:  # Redis restarted or flushed its scripts: the call below loads it
-            res = None
         except (redis.ConnectionError, redis.TimeoutError):
             conn.disconnect()
             res = None  # the call below retries, as redis-py retries any command
-        except redis.ResponseError:
-            raise
+        except redis.ResponseError as exc:
+            if not missing_function(exc):
+                raise
+            res = None  # a server without the library (a new one, FUNCTION FLUSH): the call below loads it
         except BaseException:
             conn.disconnect()  # interrupted mid-reply: the connection is out of step
             raise
@@ -207,20 +212,21 @@ class JobQueues:
         self._r = client
         #: the fencing token of the coordinator these queues belong to (see lua/lib.lua), or None
         self._fence = fence
-        self._add = client.register_script(_lua("queue_add"))
-        self._poll = client.register_script(_lua("queue_poll"))
-        self._sweep = client.register_script(_lua("queue_sweep"))
-        self._resize = client.register_script(_lua("queue_resize"))
-        self._call = client.register_script(_lua("queue_call"))
+        self._add = LIBRARY.bind(client, "add")
+        self._poll = LIBRARY.bind(client, "poll")
+        self._sweep = LIBRARY.bind(client, "sweep")
+        self._resize = LIBRARY.bind(client, "resize")
+        self._call = LIBRARY.bind(client, "call")
 
     def _token(self) -> str:
         token = None if self._fence is None else self._fence()
         return "" if token is None else str(token)
 
-    def scripts(self) -> list[Any]:
-        """The queues' scripts (redis-py ``Script`` objects): what :meth:`MetadataStore.load_scripts`
-        loads for the roles that may not (compactors: ``EVALSHA`` only)."""
-        return [self._add, self._poll, self._sweep, self._resize, self._call]
+    @staticmethod
+    def libraries() -> list[LuaLibrary]:
+        """The queues' function library: what :meth:`MetadataStore.load_scripts` loads for the
+        roles that may not (compactors: ``FCALL`` only)."""
+        return [LIBRARY]
 
     # -- bound --------------------------------------------------------------------------------
     @mapped

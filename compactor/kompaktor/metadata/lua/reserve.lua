@@ -1,7 +1,8 @@
--- Poll and reserve in one call (docs/planner.md §6.4): pop the first job of a group's queue and
--- apply the reserving mutation to it, skipping stale jobs, all atomically. Loaded after the key
--- names K, the queues' functions (queues/lua/lib.lua, which takes the fencing token off ARGV) and
--- mutate(spec) (lua/mutate.lua).
+-- Poll and reserve in one call (docs/planner.md §6.4): reserve_next(ARGV) pops the first job of a
+-- group's queue and applies the reserving mutation to it, skipping stale jobs, all atomically.
+-- Part of the metadata library's preamble, after the key names K, the queues' functions
+-- (queues/lua/lib.lua: refuse_stale takes the fencing token off ARGV) and mutate(spec)
+-- (lua/mutate.lua); the library's reserving function calls it.
 -- ARGV: group, call id, the most stale jobs to discard in this call, then pairs (job key, template):
 -- the job key is the job's kind, plus '+overlaps' for a job flagged overlaps-selection; the
 -- template is the reserving mutation's spec as JSON (built in Python, compactions.py: the one home
@@ -13,12 +14,6 @@
 -- (reserved), more? = true (the stale bound was reached with jobs left)}; a job whose mutation
 -- is refused is discarded (counted in stale_jobs_discarded) and the next one popped. The outcome
 -- is recorded under the call id, as a mutation's: a call resent after a broken connection gets it.
-local group, call_id, max_stale = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local done_key = K.mutation(call_id)
-local prev = redis.call('GET', done_key)
-if prev then return prev end
-local templates = {}
-for i = 4, #ARGV - 1, 2 do templates[ARGV[i]] = ARGV[i + 1] end
 
 -- The job's spec: the template decoded, its placeholders replaced by the job's values where a
 -- template may hold them (the table, the tablet's id, a condition's argument, the add_running
@@ -66,30 +61,40 @@ local function fill(tmpl, job)
   return spec
 end
 
-local g = queue_keys(group)
-local stale = 0
-local out = nil
-while not out do
-  local raw, job, found = poll_first(g)
-  if not found then
-    out = '{"n":' .. stale .. '}'
-  elseif raw then
-    local key = job.kind
-    if job.overlaps == true then key = key .. '+overlaps' end
-    local tmpl = templates[key]
-    if not tmpl then
-      out = '{"n":' .. stale .. ',"job":' .. raw .. '}'
-    else
-      local res, ok = mutate(fill(tmpl, job))
-      if ok then
-        out = '{"n":' .. stale .. ',"job":' .. raw .. ',"res":' .. res .. '}'
+local function reserve_next(ARGV)
+  local refused = refuse_stale(ARGV) if refused then return refused end  -- the fencing token (lib.lua)
+  local group, call_id, max_stale = ARGV[1], ARGV[2], tonumber(ARGV[3])
+  local done_key = K.mutation(call_id)
+  local prev = redis.call('GET', done_key)
+  if prev then return prev end
+  local templates = {}
+  for i = 4, #ARGV - 1, 2 do templates[ARGV[i]] = ARGV[i + 1] end
+
+  local g = queue_keys(group)
+  local stale = 0
+  local out = nil
+  while not out do
+    local raw, job, found = poll_first(g)
+    if not found then
+      out = '{"n":' .. stale .. '}'
+    elseif raw then
+      local key = job.kind
+      if job.overlaps == true then key = key .. '+overlaps' end
+      local tmpl = templates[key]
+      if not tmpl then
+        out = '{"n":' .. stale .. ',"job":' .. raw .. '}'
       else
-        stale = stale + 1
-        if stale >= max_stale then out = '{"n":' .. stale .. ',"more":true}' end
+        local res, ok = mutate(fill(tmpl, job))
+        if ok then
+          out = '{"n":' .. stale .. ',"job":' .. raw .. ',"res":' .. res .. '}'
+        else
+          stale = stale + 1
+          if stale >= max_stale then out = '{"n":' .. stale .. ',"more":true}' end
+        end
       end
     end
   end
+  if stale > 0 then redis.call('HINCRBY', K.counters, 'stale_jobs_discarded', stale) end
+  if out ~= '{"n":0}' then redis.call('SET', done_key, out, 'EX', 600) end
+  return out
 end
-if stale > 0 then redis.call('HINCRBY', K.counters, 'stale_jobs_discarded', stale) end
-if out ~= '{"n":0}' then redis.call('SET', done_key, out, 'EX', 600) end
-return out

@@ -11,6 +11,7 @@ mutation says is :mod:`~kompaktor.metadata.store.mutation`). The parts of the st
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from collections.abc import Callable
@@ -18,13 +19,13 @@ from importlib import resources
 from typing import Any, ClassVar, Self
 
 import redis
-from redis.commands.core import Script
 
 from kompaktor import keyspace as C
 from kompaktor.connection import Durability, connect, durable_pipeline, explain, is_sentinel_url, redis_errors
 from kompaktor.metadata.store.mutation import Mutation
 from kompaktor.model.errors import ConditionFailed, Fenced, StoreUnavailable
-from kompaktor.queues.jobqueue import JobQueues, lua_with_queues
+from kompaktor.queues.jobqueue import JobQueues, queue_preamble
+from kompaktor.redisfunctions import LuaLibrary, load_missing, missing_function
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 #: the most a single call reads or pops of a structure that grows with the instance (a table's
@@ -32,9 +33,7 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 SCAN_CHUNK = 10_000
 # A coordinator's plain writes (sets, hashes, counters): applied only while its fencing token
 # (ARGV[1]) is the newest, all of them atomically. ARGV[2] = JSON list of commands.
-_FENCED_WRITE = (
-    C.lua_prelude()
-    + """
+_FENCED_WRITE = """
 local tok = tonumber(ARGV[1])
 local cur = tonumber(redis.call('GET', K.fence) or '0')
 if cur > tok then
@@ -44,12 +43,15 @@ local out = {}
 for i, c in ipairs(cjson.decode(ARGV[2])) do out[i] = redis.call(unpack(c)) end
 return out
 """
-)
-_MUTATE_LIB = resources.files("kompaktor.metadata").joinpath("lua/mutate.lua").read_text()
+_LUA_DIR = resources.files("kompaktor.metadata").joinpath("lua")
+#: the preamble of the metadata's function library: the key names, the queues' shared functions,
+#: mutate(spec), the conditional mutation (``lua/mutate.lua``), and reserve_next(ARGV), poll and
+#: reserve in one call (``lua/reserve.lua``)
+PREAMBLE = queue_preamble(*(_LUA_DIR.joinpath(f).read_text() for f in ("mutate.lua", "reserve.lua")))
 #: the conditional mutation: ARGV[1] = the spec as JSON (:meth:`Mutation.to_json`)
-_LUA = C.lua_prelude() + _MUTATE_LIB + "\nreturn (mutate(cjson.decode(ARGV[1])))\n"
-#: poll and reserve in one call (``lua/reserve.lua``, :meth:`StoreBase.reserve_next`)
-_RESERVE = lua_with_queues(_MUTATE_LIB, resources.files("kompaktor.metadata").joinpath("lua/reserve.lua").read_text())
+_MUTATE = "return (mutate(cjson.decode(ARGV[1])))"
+#: poll and reserve in one call (:meth:`StoreBase.reserve_next`)
+_RESERVE = "return reserve_next(ARGV)"
 #: the most stale jobs one reserving call discards before it answers (the client calls again):
 #: Redis runs one script at a time, so a long run of stale jobs is cut into short calls
 RESERVE_MAX_STALE = 16
@@ -58,9 +60,10 @@ RESERVE_MAX_STALE = 16
 class StoreBase:
     """The connection, the scripts and the write paths every part of the metadata store uses."""
 
-    #: scripts this class runs: attribute name -> Lua source. Each part declares its own; the
-    #: store registers the scripts of every class it is made of (:meth:`load_scripts` loads them)
-    SCRIPTS: ClassVar[dict[str, str]] = {"_mutate": _LUA, "_reserve": _RESERVE, "_fenced_write": _FENCED_WRITE}
+    #: the Lua this class runs: attribute name -> a function's body (a script's text, run after the
+    #: library's :data:`PREAMBLE`). Each part declares its own; the store's library holds those of
+    #: every class it is made of (:meth:`library`; :meth:`load_scripts` loads it)
+    SCRIPTS: ClassVar[dict[str, str]] = {"_mutate": _MUTATE, "_reserve": _RESERVE, "_fenced_write": _FENCED_WRITE}
     #: :data:`SCAN_CHUNK`, per class (a test makes it small)
     scan_chunk: ClassVar[int] = SCAN_CHUNK
 
@@ -80,25 +83,23 @@ class StoreBase:
         self._fence = fence
         #: what Redis failures mean, raised in their place (:meth:`call`)
         self._errors = redis_errors(url or "the given URL", url=url)
-        self._scripts: list[Script] = []
-        for cls in reversed(type(self).__mro__):
-            for name, source in vars(cls).get("SCRIPTS", {}).items():
-                script = client.register_script(source)
-                setattr(self, name, script)
-                self._scripts.append(script)
+        self._library = self.library()
+        for name in self._library.functions:
+            setattr(self, name, self._library.bind(client, name))
         self._queues: JobQueues | None = None
 
+    @classmethod
+    def library(cls) -> LuaLibrary:
+        """The Redis function library of this store: :data:`PREAMBLE`, then the ``SCRIPTS`` of
+        every class it is made of, each a function (:mod:`kompaktor.redisfunctions`)."""
+        return _library_of(cls)
+
     def load_scripts(self) -> int:
-        """Load every script of the store and the queues that Redis does not hold (a new server, a
-        restart, a failover): compactors run them by hash and may not load them (their Redis user
-        has ``EVALSHA`` only, :mod:`kompaktor.metadata.acl`). One round trip when nothing is
-        missing; returns how many were loaded. The coordinator calls it on every pass."""
-        scripts = [*self._scripts, *self.queues.scripts()]
-        held = self.call(self._r.script_exists, *[s.sha for s in scripts])
-        missing = [s for s, ok in zip(scripts, held, strict=True) if not ok]
-        for s in missing:
-            self.call(self._r.script_load, s.script)
-        return len(missing)
+        """Load the store's and the queues' function libraries where Redis does not hold them (a new
+        server, ``FUNCTION FLUSH``): compactors call functions and may not load them (their Redis
+        user has ``FCALL`` only, :mod:`kompaktor.metadata.acl`). One round trip when nothing is
+        missing; returns how many libraries were loaded. The coordinator calls it on every pass."""
+        return int(self.call(load_missing, self._r, [self._library, *JobQueues.libraries()]))
 
     def fenced(self, token: Callable[[], int | None]) -> Self:
         """A view of this store, on the same connection, whose every write (mutations, queue
@@ -160,13 +161,15 @@ class StoreBase:
         and WAIT / WAITAOF the store's durability asks for follow in the same round trip."""
 
         def run(pipe: redis.client.Pipeline) -> None:
-            pipe.evalsha(self._mutate.sha, 0, arg)
+            pipe.fcall(self._mutate.name, 0, arg)
 
         try:
             return self.call(durable_pipeline, self._r, self.durability, run)[0]
-        except redis.exceptions.NoScriptError:
-            self.call(self._r.script_load, self._mutate.script)  # a new server (failover, restart)
-            return self.call(durable_pipeline, self._r, self.durability, run)[0]
+        except redis.ResponseError as exc:
+            if not missing_function(exc):
+                raise
+        self.call(self._library.load, self._r)  # a server without the library (a new one, FUNCTION FLUSH)
+        return self.call(durable_pipeline, self._r, self.durability, run)[0]
 
     def ping(self) -> None:
         """The store answers and is a primary: a replica given as the primary is refused in one
@@ -225,3 +228,9 @@ class StoreBase:
 
     def next_seq(self, name: str) -> int:
         return int(self.call(self._r.hincrby, C.SEQ, name, 1))
+
+
+@functools.cache
+def _library_of(cls: type[StoreBase]) -> LuaLibrary:
+    bodies = {name: body for c in reversed(cls.__mro__) for name, body in vars(c).get("SCRIPTS", {}).items()}
+    return LuaLibrary("metadata", PREAMBLE, bodies)

@@ -23,15 +23,12 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
-_LEASE_ACQUIRE = (
-    C.lua_prelude()
-    + """
+_LEASE_ACQUIRE = """
 if redis.call('SET', K.lease, ARGV[1], 'NX', 'PX', ARGV[2]) then
   return redis.call('INCR', K.fence)
 end
 return false
 """
-)
 
 
 class LeaseStore(StoreBase):

@@ -17,7 +17,7 @@ from kompaktor import keyspace as C
 from kompaktor.metadata.store.base import StoreBase
 
 DEADLOG_LENGTH = 10_000  # ECIDs of the last dead compactions kept
-_FAILURES = C.lua_prelude() + resources.files("kompaktor.metadata").joinpath("lua/failures.lua").read_text()
+_FAILURES = resources.files("kompaktor.metadata").joinpath("lua/failures.lua").read_text()
 
 
 class RunningStore(StoreBase):

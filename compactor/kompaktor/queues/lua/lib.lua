@@ -1,10 +1,17 @@
--- Shared by every queue script (loaded after the key names K from keyspace.py).
--- ARGV[1] of every queue script is the caller's fencing token ('' = none: a compactor, a tool).
+-- Shared by every queue function (the preamble of a library, after the key names K from
+-- keyspace.py; kompaktor/redisfunctions.py).
+
+-- ARGV[1] of every queue function is the caller's fencing token ('' = none: a compactor, a tool).
 -- A coordinator's call is refused, nothing written, once a newer coordinator has taken over (a
--- higher token in K.fence). The token is removed here: the scripts' own arguments start at ARGV[1].
-local FENCE_TOKEN = table.remove(ARGV, 1)
-if FENCE_TOKEN ~= '' and tonumber(redis.call('GET', K.fence) or '0') > tonumber(FENCE_TOKEN) then
-  return redis.error_reply('FENCED fencing token ' .. FENCE_TOKEN .. ' is stale: a newer coordinator leads')
+-- higher token in K.fence). The token is removed here: the function's own arguments start at
+-- ARGV[1]. Each function begins with
+--   local refused = refuse_stale(ARGV) if refused then return refused end
+local function refuse_stale(ARGV)
+  local token = table.remove(ARGV, 1)
+  if token ~= '' and tonumber(redis.call('GET', K.fence) or '0') > tonumber(token) then
+    return redis.error_reply('FENCED fencing token ' .. token .. ' is stale: a newer coordinator leads')
+  end
+  return nil
 end
 
 -- The keys of one group's queue: the ordered entries, their jobs, the per-tablet index

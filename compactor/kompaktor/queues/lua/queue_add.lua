@@ -5,6 +5,7 @@
 --       priority, nfiles, input bytes, job JSON (stored as given)
 -- The bound is in jobs (max) and in input bytes (K.queue_max_bytes, 0: none), whichever is hit
 -- first; a job bigger than the byte bound on its own is admitted into an empty queue.
+local refused = refuse_stale(ARGV) if refused then return refused end  -- the fencing token (lib.lua)
 local gen, max, now = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local max_bytes = tonumber(redis.call('GET', K.queue_max_bytes) or DEFAULT_MAX_BYTES)
 -- per group touched by this call: its keys, rejections to count, and while its queue is known to be

@@ -1,5 +1,6 @@
 -- Set the queue bound and evict last entries of every queue until each fits (§6.3 resize).
 -- ARGV: new max
+local refused = refuse_stale(ARGV) if refused then return refused end  -- the fencing token (lib.lua)
 local max = tonumber(ARGV[1])
 redis.call('SET', K.queue_max, max)
 local evicted = 0
