@@ -356,7 +356,8 @@ class DurabilityPlan:
     unsafe: bool = False
 
 
-def _version(info: dict[str, Any]) -> tuple[int, ...]:
+def server_version(info: dict[str, Any]) -> tuple[int, ...]:
+    """The ``redis_version`` of an ``INFO server`` reply as numbers ((7, 0, 15)); empty or (0,) when unknown."""
     return tuple(int(x) for x in str(info.get("redis_version", "0")).split(".")[:3] if x.isdigit())
 
 
@@ -418,7 +419,7 @@ class Durability:
         aof = int(persistence.get("aof_enabled", 0)) == 1
         if aof and fsync == "always":
             return DurabilityPlan("fsync: appendfsync always (fsynced on the primary before the answer)")
-        if aof and _version(server) >= (7, 2):
+        if aof and server_version(server) >= (7, 2):
             return DurabilityPlan(
                 "fsync: WAITAOF 1 0 (fsynced on the primary before the answer)", (("WAITAOF", 1, 0, *wait),), (1,)
             )

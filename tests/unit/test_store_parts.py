@@ -13,6 +13,7 @@ import pytest
 from kompaktor.metadata import store as store_pkg
 from kompaktor.metadata.store import MetadataStore, Mutation, StoreBase, TabletChange
 from kompaktor.metadata.store.mutation import Mutation as MutationDef
+from kompaktor.model.errors import StoreUnavailable
 from kompaktor.queues.jobqueue import JobQueues
 from kompaktor.redisfunctions import LuaLibrary
 
@@ -114,3 +115,27 @@ def test_a_fenced_view_is_a_whole_store_on_the_same_connection() -> None:
     view = store.fenced(lambda: 7)
     assert type(view) is MetadataStore and view._r is client and view.url == store.url
     assert view._token() == "7" and store._token() == ""
+
+
+class _Server:
+    """A primary of a given Redis version; nothing else is asked of it."""
+
+    def __init__(self, version: str) -> None:
+        self.version = version
+
+    def ping(self) -> bool:
+        return True
+
+    def info(self, section: str) -> dict[str, Any]:
+        return {"role": "master"} if section == "replication" else {"redis_version": self.version}
+
+
+def test_a_redis_without_functions_is_refused_in_one_line() -> None:
+    """Redis 6 has no function libraries: the store says so when it starts, not at the first call."""
+    store = MetadataStore(_Server("6.2.14"), "redis://:secret@127.0.0.1:6390/0")  # type: ignore[arg-type]
+    with pytest.raises(StoreUnavailable) as err:
+        store.ping()
+    assert str(err.value) == (
+        "Redis at redis://***@127.0.0.1:6390/0 is version 6.2.14: Kompaktor needs Redis >= 7.0 "
+        "(its code runs as Redis functions)"
+    )

@@ -21,9 +21,18 @@ from typing import Any, ClassVar, Self
 import redis
 
 from kompaktor import keyspace as C
-from kompaktor.connection import Durability, connect, durable_pipeline, explain, is_sentinel_url, redis_errors
+from kompaktor.connection import (
+    Durability,
+    connect,
+    durable_pipeline,
+    explain,
+    is_sentinel_url,
+    redis_errors,
+    server_version,
+)
 from kompaktor.metadata.store.mutation import Mutation
 from kompaktor.model.errors import ConditionFailed, Fenced, StoreUnavailable
+from kompaktor.model.redact import redact_url
 from kompaktor.queues.jobqueue import JobQueues, queue_preamble
 from kompaktor.redisfunctions import LuaLibrary, load_missing, missing_function
 
@@ -55,6 +64,8 @@ _RESERVE = "return reserve_next(ARGV)"
 #: the most stale jobs one reserving call discards before it answers (the client calls again):
 #: Redis runs one script at a time, so a long run of stale jobs is cut into short calls
 RESERVE_MAX_STALE = 16
+#: the oldest Redis Kompaktor runs on: function libraries (``FUNCTION LOAD``, ``FCALL``)
+MIN_REDIS = (7, 0)
 
 
 class StoreBase:
@@ -172,11 +183,18 @@ class StoreBase:
         return self.call(durable_pipeline, self._r, self.durability, run)[0]
 
     def ping(self) -> None:
-        """The store answers and is a primary: a replica given as the primary is refused in one
-        line here, before anything reads stale data from it or tries to write to it."""
+        """The store answers, is a primary and runs functions (Redis >= 7.0): a replica given as the
+        primary, or an older Redis, is refused in one line here, before anything reads stale data
+        from it or tries to write to it."""
         self.call(self._r.ping)
         if self.call(self._r.info, "replication").get("role") != "master":
             raise StoreUnavailable(explain(self.url, redis.ReadOnlyError("READONLY")) or "not a primary")
+        version = self.call(self._r.info, "server").get("redis_version", "")
+        if server_version({"redis_version": version}) < MIN_REDIS:
+            raise StoreUnavailable(
+                f"Redis at {redact_url(self.url or 'the given URL')} is version {version or 'unknown'}: Kompaktor "
+                f"needs Redis >= {'.'.join(map(str, MIN_REDIS))} (its code runs as Redis functions)"
+            )
         self.call(self.durability.plan, self._r)  # a durability the server cannot give: refused now
 
     def mutate(self, m: Mutation) -> list[int]:
