@@ -299,6 +299,52 @@ def test_reserve_polls_and_reserves_in_one_script_call_as_try_reserve_would(stor
     assert store.queues.stats("g").dequeued == 1 and store.queues.jobs("g") == []
 
 
+def test_a_template_decoded_once_keeps_nothing_of_an_earlier_reservation(store: MetadataStore) -> None:
+    """Redis keeps each template it decoded (a compactor sends the same text on every call): every
+    reservation after the first is still its own — its ECID, time, table, tablet, files, priority
+    and selection — whichever kind came before it, and a compactor of another name or group has
+    its own templates."""
+    tids, tablets = [], []
+    for name, n in (("t1", 3), ("t2", 2), ("t3", 4)):
+        tid = store.create_table(name, [b"m"])
+        tablet = store.tablet_ids(tid)[1]
+        m = Mutation(table=tid)
+        new = {f"tables/{tid}/F{i:010x}.parquet": FileMeta(1, 1).to_json() for i in range(n)}
+        m.tablet(tablet).do("add_files", new)
+        store.mutate(m)
+        tids.append(tid)
+        tablets.append(tablet)
+    files = [sorted(store.tablet(t).files) for t in tablets]
+    m = Mutation(table=tids[1])  # the second tablet's first file is selected: a SELECTOR job
+    sel = {"id": "S1", "kind": "SELECTOR", "files": files[1][:1], "done": 0, "created": 0}
+    m.tablet(tablets[1]).do("set_selection", sel)
+    store.mutate(m)
+    queued = [
+        Job(tablets[0], "SYSTEM", 9, "g", {f: 1 for f in files[0]}),
+        Job(tablets[1], "SELECTOR", 8, "g", {files[1][0]: 1}, selection="S1"),
+        Job(tablets[2], "SYSTEM", 7, "g", {f: 1 for f in files[2][1:]}),
+    ]
+    for j in queued:
+        store.queues.add(j.tablet, [j])
+    got = []
+    for compactor in ("c1", "c1", "c2"):
+        before = compactions.now_ms()
+        res = compactions.reserve(store, store.queues, "g", compactor)
+        assert res is not None
+        got.append((res, before, compactions.now_ms()))
+    assert len({res.ecid for res, _, _ in got}) == 3
+    for (res, before, after), j, tid, compactor in zip(got, queued, tids, ("c1", "c1", "c2"), strict=True):
+        rec = json.loads(store._r.get(C.tablet_key(j.tablet)))["running"][res.ecid]
+        assert res.job.tablet == j.tablet and rec["files"] == sorted(j.files) == list(res.inputs)
+        assert (rec["kind"], rec["priority"], rec["compactor"], rec["group"]) == (j.kind, j.priority, compactor, "g")
+        assert rec.get("selection") == j.selection  # left out of a SYSTEM record, as Python does
+        assert isinstance(rec["started"], int) and before <= rec["started"] <= after
+        assert rec["output"] == res.output and res.output.startswith(f"tables/{tid}/")
+        assert res.output.endswith(f"-{ecid_nonce(res.ecid)}.parquet")
+        assert store._r.hget(C.RUNNING, res.ecid) == j.tablet.encode()
+    assert [res.full for res, _, _ in got] == [True, False, False]  # all of t1's files; one of t2's; t3's but one
+
+
 def test_the_folded_reserve_orders_files_as_file_order_key(store: MetadataStore) -> None:
     tid = store.create_table("t")
     tablet = store.tablet_ids(tid)[0]

@@ -13,11 +13,14 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from kompaktor.files.storage import Storage
@@ -205,17 +208,32 @@ def _reservation(
 FOLDED_KINDS = ("SYSTEM", "SELECTOR")
 
 
-def _templates(ecid: str, compactor: str, group: str, now: int) -> dict[str, str]:
-    """The reserving mutation of each folded kind, with placeholders for the job's values (filled
-    by ``lua/reserve.lua``)."""
+#: the ECID the templates are built with, then replaced by placeholders (:func:`_templates`)
+_TEMPLATE_ECID = "ECID-" + "0" * 16
+
+
+@functools.lru_cache(maxsize=256)
+def _templates(compactor: str, group: str) -> Mapping[str, str]:
+    """The reserving mutation of each folded kind, with placeholders for the job's values and the
+    call's ECID and time (filled by ``lua/reserve.lua``): the same text for every call of one
+    compactor for one group, so Redis decodes each template once (the library keeps it)."""
     out = {}
     for kind in FOLDED_KINDS:
         m, _ = _reserve_mutation(
-            kind, "@tablet@", "@tid@", "@files@", "@selection@", "@priority@", ecid, compactor, group, now
+            kind, "@tablet@", "@tid@", "@files@", "@selection@", "@priority@", _TEMPLATE_ECID, compactor, group, 0
         )
         m.table = "@table@"  # the table id; @tid@ inside the output's name
-        out[kind] = m.to_json()
-    return out
+        spec = json.loads(m.to_json())
+        spec["now"] = "@now@"
+        for t in spec["tablets"]:
+            for op in t["ops"]:
+                if op[0] == "add_running":
+                    op[1] = "@ecid@"
+                    op[2]["started"] = "@now@"
+                    nonce = ecid_nonce(_TEMPLATE_ECID)
+                    op[3]["template"] = op[3]["template"].replace(f"-{nonce}.", "-@nonce@.")
+        out[kind] = json.dumps(spec, separators=(",", ":"))
+    return MappingProxyType(out)
 
 
 def reserve(store: MetadataStore, queues: JobQueues, group: str, compactor: str) -> Reservation | None:
@@ -227,7 +245,7 @@ def reserve(store: MetadataStore, queues: JobQueues, group: str, compactor: str)
     while True:
         ecid = new_ecid()
         now = now_ms()
-        out = store.reserve_next(group, _templates(ecid, compactor, group, now))
+        out = store.reserve_next(group, ecid, now, _templates(compactor, group))
         if out.get("more"):
             continue
         raw = out.get("job")

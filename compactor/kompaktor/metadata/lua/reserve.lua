@@ -3,23 +3,58 @@
 -- Part of the metadata library's preamble, after the key names K, the queues' functions
 -- (queues/lua/lib.lua: refuse_stale takes the fencing token off ARGV) and mutate(spec)
 -- (lua/mutate.lua); the library's reserving function calls it.
--- ARGV: group, call id, the most stale jobs to discard in this call, then pairs (job key, template):
--- the job key is the job's kind, plus '+overlaps' for a job flagged overlaps-selection; the
--- template is the reserving mutation's spec as JSON (built in Python, compactions.py: the one home
--- of the conditions) with placeholder strings for the job's values: "@tablet@", "@table@",
--- "@files@" (oldest first), "@priority@", "@selection@", and @tid@ (the table id) in the output's
--- name; see fill below for where they may stand.
+-- ARGV: group, call id, the most stale jobs to discard in this call, the ECID and the time (ms) of
+-- the reservation, then pairs (job key, template): the job key is the job's kind, plus '+overlaps'
+-- for a job flagged overlaps-selection; the template is the reserving mutation's spec as JSON
+-- (built in Python, compactions.py: the one home of the conditions) with placeholder strings for
+-- the job's and the call's values: "@tablet@", "@table@", "@files@" (oldest first), "@priority@",
+-- "@selection@", "@ecid@", "@now@", and @tid@ (the table id) and @nonce@ (the ECID's) in the
+-- output's name template; see compile and fill below.
 -- A job of a key with no template is returned popped but not reserved: the client reserves it.
 -- Returns JSON {n = stale jobs discarded, job? = the job popped, res? = the mutation's outcome
 -- (reserved), more? = true (the stale bound was reached with jobs left)}; a job whose mutation
 -- is refused is discarded (counted in stale_jobs_discarded) and the next one popped. The outcome
 -- is recorded under the call id, as a mutation's: a call resent after a broken connection gets it.
 
--- The job's spec: the template decoded, its placeholders replaced by the job's values where a
--- template may hold them (the table, the tablet's id, a condition's argument, the add_running
--- record and its output's name); one list of the files, shared by all that name them. Cheap on
--- purpose (it runs for every job reserved): an insertion sort, no pattern scans of the template.
-local function fill(tmpl, job)
+-- Templates decoded once: the library keeps each template it was sent (its JSON text -> the decoded
+-- spec and where its placeholders stand), so a compactor decodes no template after its first
+-- reservation (a template holds no per-call value: the ECID, the time and the job's values are
+-- placeholders). A cache only, in the library's Lua state: a reload of the library starts it empty,
+-- and past TEMPLATES_KEPT templates (compactors x kinds) it starts again.
+local TEMPLATES_KEPT = 256
+local templates_seen, templates_count = {}, 0
+-- the placeholders standing for a whole value (anywhere in the spec), and the two standing inside
+-- the output's name template ("template" of the add_running op's output naming)
+local SLOTS = {['@tablet@'] = true, ['@table@'] = true, ['@files@'] = true, ['@priority@'] = true,
+  ['@selection@'] = true, ['@ecid@'] = true, ['@now@'] = true}
+
+local function compile(tmpl)
+  local c = templates_seen[tmpl]
+  if c then return c end
+  c = {spec = cjson.decode(tmpl), slots = {}, names = {}}
+  local function scan(t)
+    for k, v in pairs(t) do
+      if type(v) == 'table' then
+        scan(v)
+      elseif SLOTS[v] then
+        c.slots[#c.slots + 1] = {t, k, v}
+      elseif k == 'template' and type(v) == 'string' then
+        c.names[#c.names + 1] = {t, k, v}
+      end
+    end
+  end
+  scan(c.spec)
+  if templates_count >= TEMPLATES_KEPT then templates_seen, templates_count = {}, 0 end
+  templates_seen[tmpl] = c
+  templates_count = templates_count + 1
+  return c
+end
+
+-- The job's spec: the template's placeholders given the job's values (the same decoded spec each
+-- time: every placeholder is assigned on every call, and mutate changes nothing of it but the
+-- add_running record's output, which it sets). One list of the files, shared by all that name
+-- them. Cheap on purpose (it runs for every job reserved): an insertion sort, no decoding.
+local function fill(tmpl, job, ecid, now)
   -- the files oldest first: by the name after its prefix letter (model.names.file_order_key),
   -- then by path (keys are unique in practice)
   local files, keys, n = {}, {}, 0
@@ -37,38 +72,29 @@ local function fill(tmpl, job)
   local sel = job.selection
   if isnull(sel) then sel = nil end
   local vals = {['@tablet@'] = job.tablet, ['@table@'] = tid, ['@files@'] = files, ['@priority@'] = job.priority,
-    ['@selection@'] = sel or cjson.null}
-  local spec = cjson.decode(tmpl)
-  if spec.table == '@table@' then spec.table = tid end
-  for _, t in ipairs(spec.tablets) do
-    if t.id == '@tablet@' then t.id = job.tablet end
-    for _, c in ipairs(t.conds) do
-      local x = vals[c[2]]
-      if x ~= nil then c[2] = x end
-    end
-    for _, op in ipairs(t.ops) do
-      if op[1] == 'add_running' then
-        local rec = op[3]
-        if rec.files == '@files@' then rec.files = files end
-        if rec.priority == '@priority@' then rec.priority = job.priority end
-        if rec.selection == '@selection@' then rec.selection = sel end  -- nil: left out, as Python does
-        if type(op[4]) == 'table' and type(op[4].template) == 'string' then
-          op[4].template = string.gsub(op[4].template, '@tid@', function() return tid end)
-        end
-      end
-    end
+    ['@selection@'] = sel, ['@ecid@'] = ecid, ['@now@'] = now}
+  local c = compile(tmpl)
+  for _, s in ipairs(c.slots) do
+    local v = vals[s[3]]
+    -- no selection: null as a condition's argument (a list), left out of a record, as Python does
+    if v == nil and type(s[2]) == 'number' then v = cjson.null end
+    s[1][s[2]] = v
   end
-  return spec
+  local named = {tid = tid, nonce = string.match(ecid, '[^-]*$')}
+  for _, s in ipairs(c.names) do
+    s[1][s[2]] = string.gsub(s[3], '@(%a+)@', named)
+  end
+  return c.spec
 end
 
 local function reserve_next(ARGV)
   local refused = refuse_stale(ARGV) if refused then return refused end  -- the fencing token (lib.lua)
-  local group, call_id, max_stale = ARGV[1], ARGV[2], tonumber(ARGV[3])
+  local group, call_id, max_stale, ecid, now = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
   local done_key = K.mutation(call_id)
   local prev = redis.call('GET', done_key)
   if prev then return prev end
   local templates = {}
-  for i = 4, #ARGV - 1, 2 do templates[ARGV[i]] = ARGV[i + 1] end
+  for i = 6, #ARGV - 1, 2 do templates[ARGV[i]] = ARGV[i + 1] end
 
   local g = queue_keys(group)
   local stale = 0
@@ -84,7 +110,7 @@ local function reserve_next(ARGV)
       if not tmpl then
         out = '{"n":' .. stale .. ',"job":' .. raw .. '}'
       else
-        local res, ok = mutate(fill(tmpl, job))
+        local res, ok = mutate(fill(tmpl, job, ecid, now))
         if ok then
           out = '{"n":' .. stale .. ',"job":' .. raw .. ',"res":' .. res .. '}'
         else

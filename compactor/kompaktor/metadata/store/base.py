@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from importlib import resources
 from typing import Any, ClassVar, Self
 
@@ -219,10 +219,13 @@ class StoreBase:
             raise ConditionFailed(res["cond"], detail)
         return res
 
-    def reserve_next(self, group: str, templates: dict[str, str], max_stale: int = RESERVE_MAX_STALE) -> dict[str, Any]:
+    def reserve_next(
+        self, group: str, ecid: str, now: int, templates: Mapping[str, str], max_stale: int = RESERVE_MAX_STALE
+    ) -> dict[str, Any]:
         """Poll ``group``'s queue and reserve its job in one atomic call (``lua/reserve.lua``):
         ``templates`` maps a job key (its kind, ``+overlaps`` for a job flagged so) to the
-        reserving mutation's spec with placeholders (:meth:`Mutation.to_json`); a refused job is
+        reserving mutation's spec with placeholders (:meth:`Mutation.to_json`; the job's values,
+        and ``ecid`` and ``now`` (ms) the reservation's); a refused job is
         discarded (counted in ``stale_jobs_discarded``) and the next one polled, up to
         ``max_stale``. Returns ``n`` (stale jobs discarded), ``job`` (the job polled, as JSON;
         absent when the queue was empty), ``res`` (the mutation's outcome, when reserved; absent
@@ -234,7 +237,7 @@ class StoreBase:
         store's durability waits for a replica or an fsync); a poll that reserved nothing waits for
         nothing, as a queue poll never did (an idle compactor's poll stays one quick call while a
         replica is down)."""
-        args: list[Any] = [self._token(), group, uuid.uuid4().hex, max_stale]
+        args: list[Any] = [self._token(), group, uuid.uuid4().hex, max_stale, ecid, now]
         for key, spec in templates.items():
             args += (key, spec)
         out = json.loads(self.call(self._reserve, args=args))
