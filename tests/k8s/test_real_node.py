@@ -357,7 +357,7 @@ import os, redis
 r = redis.Redis.from_url(os.environ["KOMPAKTOR_REDIS_URL"])
 print("user", r.client_info()["user"])
 for cmd in (("FLUSHALL",), ("CONFIG", "SET", "dir", "/tmp"), ("EVAL", "return 1", "0"), ("SCRIPT", "LOAD", "return 1"),
-            ("FUNCTION", "LOAD", "#!lua name=x\nredis.register_function('x', function() return 1 end)"),
+            ("FUNCTION", "LOAD", "#!lua name=x\\nredis.register_function('x', function() return 1 end)"),
             ("KEYS", "*"), ("ACL", "LIST"), ("SET", "elsewhere", "1")):
     try:
         r.execute_command(*cmd)
