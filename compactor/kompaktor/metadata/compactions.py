@@ -210,6 +210,7 @@ FOLDED_KINDS = ("SYSTEM", "SELECTOR")
 
 #: the ECID the templates are built with, then replaced by placeholders (:func:`_templates`)
 _TEMPLATE_ECID = "ECID-" + "0" * 16
+_TEMPLATE_NONCE = ecid_nonce(_TEMPLATE_ECID)
 
 
 @functools.lru_cache(maxsize=256)
@@ -230,8 +231,7 @@ def _templates(compactor: str, group: str) -> Mapping[str, str]:
                 if op[0] == "add_running":
                     op[1] = "@ecid@"
                     op[2]["started"] = "@now@"
-                    nonce = ecid_nonce(_TEMPLATE_ECID)
-                    op[3]["template"] = op[3]["template"].replace(f"-{nonce}.", "-@nonce@.")
+                    op[3]["template"] = op[3]["template"].replace(f"-{_TEMPLATE_NONCE}.", "-@nonce@.")
         out[kind] = json.dumps(spec, separators=(",", ":"))
     return MappingProxyType(out)
 

@@ -189,10 +189,11 @@ class StoreBase:
         self.call(self._r.ping)
         if self.call(self._r.info, "replication").get("role") != "master":
             raise StoreUnavailable(explain(self.url, redis.ReadOnlyError("READONLY")) or "not a primary")
-        version = self.call(self._r.info, "server").get("redis_version", "")
-        if server_version({"redis_version": version}) < MIN_REDIS:
+        server = self.call(self._r.info, "server")
+        if server_version(server) < MIN_REDIS:
             raise StoreUnavailable(
-                f"Redis at {redact_url(self.url or 'the given URL')} is version {version or 'unknown'}: Kompaktor "
+                f"Redis at {redact_url(self.url or 'the given URL')} is version "
+                f"{server.get('redis_version') or 'unknown'}: Kompaktor "
                 f"needs Redis >= {'.'.join(map(str, MIN_REDIS))} (its code runs as Redis functions)"
             )
         self.call(self.durability.plan, self._r)  # a durability the server cannot give: refused now
