@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from kompaktor.files.settime import TimeSetter
 from kompaktor.files.sortedfile import SortedFileWriter, iter_entries, read_info
 from kompaktor.files.storage import Storage
 from kompaktor.metadata.store import MetadataStore
@@ -20,7 +21,8 @@ from kompaktor.model.errors import BadFileError, KompaktorError, StorageError, S
 from kompaktor.model.iterators import IteratorSettings, merged_view
 from kompaktor.model.keys import Entry, sort_key
 from kompaktor.model.names import TABLES_DIR, data_file
-from kompaktor.model.tablet import FileInfo, Tablet
+from kompaktor.model.tablet import FileInfo, FileMeta, Tablet, now_ms
+from kompaktor.policy.deletes import set_time_for
 
 MAX_VERSIONS_PROP = "table.iterator.versions"
 #: a bulk import in progress keeps its staged files from the garbage collector for this long after
@@ -44,10 +46,8 @@ def max_versions(props: dict[str, str]) -> int:
     return n
 
 
-def to_file_meta(info: FileInfo):
-    from kompaktor.model.tablet import FileMeta
-
-    return FileMeta(info.size, info.entries, info.deletes, info.first_row, info.last_row)
+def to_file_meta(info: FileInfo) -> FileMeta:
+    return info.meta
 
 
 @dataclass
@@ -98,10 +98,13 @@ class Client:
             raise
         return sorted(written)
 
-    def import_files(self, table: str, sources: list[str]) -> list[str]:
+    def import_files(self, table: str, sources: list[str], *, set_time: bool = False) -> list[str]:
         """Bulk import: validate every source (schema, key order), copy it into storage under an
-        ``I`` name, then register all of them in one mutation. Any refusal changes nothing."""
+        ``I`` name, then register all of them in one mutation. Any refusal changes nothing.
+        ``set_time``: every entry gets the import's time (:mod:`kompaktor.files.settime`), so
+        none is refused for being older than a tablet's delete horizon."""
         tid = self.store.table_id(table)
+        stamp = set_time_for(self.store.tablets(tid), now_ms()) if set_time else None
         if not sources:
             raise KompaktorError("no files to import")
         for src in sources:  # refused before anything is written: a file with no entries
@@ -117,8 +120,7 @@ class Client:
                     w = SortedFileWriter(self.storage, self.new_file_path(tid, "import"), source=src, tmp_tag=guard.id)
                     staged.append(w)
                     guard.refresh()
-                    for batch in _read_foreign(src):
-                        w.write_table(pa.Table.from_batches([batch]))
+                    _copy(src, w, stamp)
                 for w in staged:
                     info = w.commit()
                     done[info.path] = info
@@ -210,6 +212,19 @@ class _ImportGuard:
             self.store.forget_import(self.id)
         except KompaktorError:
             pass  # it expires on its own
+
+
+def _copy(src: str, w: SortedFileWriter, stamp: int | None) -> None:
+    """Write the user's file ``src`` into ``w``, as it is or with every entry at time ``stamp``."""
+    if stamp is None:
+        for batch in _read_foreign(src):
+            w.write_table(pa.Table.from_batches([batch]))
+        return
+    setter = TimeSetter(stamp, src)
+    for batch in _read_foreign(src):
+        w.write_table(setter.feed(pa.Table.from_batches([batch])), checked=True)
+    if (rest := setter.finish()) is not None:
+        w.write_table(rest, checked=True)
 
 
 def _quietly(fn, *args) -> None:

@@ -27,13 +27,19 @@ def _show(b: bytes) -> str:
 @click.command("import")
 @click.argument("name")
 @click.argument("files", nargs=-1, required=True)
+@click.option(
+    "--set-time",
+    is_flag=True,
+    help="Give every entry the import's time (Accumulo's tableTime): never refused for being older "
+    "than deletes a full compaction dropped; each key keeps the file's own newest view.",
+)
 @redis_option
 @storage_option
 @friendly_errors
-def import_files(name: str, files: tuple[str, ...], redis_url: str, storage_uri: str | None) -> None:
+def import_files(name: str, files: tuple[str, ...], set_time: bool, redis_url: str, storage_uri: str | None) -> None:
     """Bulk-import sorted Parquet FILES into table NAME. Any refused file changes nothing."""
     c = open_client(redis_url, storage_uri)
-    paths = c.import_files(name, list(files))
+    paths = c.import_files(name, list(files), set_time=set_time)
     click.echo(f"imported {len(paths)} files into {name}")
 
 

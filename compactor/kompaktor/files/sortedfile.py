@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from kompaktor.files.storage import Storage
 from kompaktor.model.errors import BadFileError, UnsortedError
 from kompaktor.model.keys import ARROW_SORT_KEYS, Entry, sort_key
-from kompaktor.model.tablet import FileInfo
+from kompaktor.model.tablet import TS_MAX, FileInfo
 
 SCHEMA = pa.schema(
     [
@@ -111,6 +111,17 @@ def check_sorted(table: pa.Table, source: str = "input", offset: int = 0) -> Non
     raise UnsortedError(f"{source}: entries are not in key order")  # not reached
 
 
+def ts_bounds(table: pa.Table) -> tuple[int, int | None]:
+    """The oldest put's timestamp (:data:`TS_MAX` when there is no put) and the newest delete
+    marker's (None when there is none) of a conformed table."""
+    deleted = table.column("deleted")
+    puts = pc.filter(table.column("ts"), pc.invert(deleted))
+    dels = pc.filter(table.column("ts"), deleted)
+    put_min = pc.min(puts).as_py() if len(puts) else None
+    del_max = pc.max(dels).as_py() if len(dels) else None
+    return (TS_MAX if put_min is None else int(put_min)), (None if del_max is None else int(del_max))
+
+
 def _metadata(entries: int, deletes: int, first: tuple | None, last: tuple | None) -> dict[bytes, bytes]:
     def enc(k: tuple | None) -> str | None:
         if k is None:
@@ -151,6 +162,8 @@ class SortedFileWriter:
         self.deletes = 0
         self.first: tuple | None = None
         self.last: tuple | None = None
+        self.put_min: int = TS_MAX  # the oldest put so far (TS_MAX: none yet)
+        self.del_max: int | None = None  # the newest delete marker so far
         self._closed = False
 
     def write_table(self, table: pa.Table, *, checked: bool = False) -> None:
@@ -168,6 +181,10 @@ class SortedFileWriter:
         self._writer.write_table(table, row_group_size=ROW_GROUP_SIZE)
         self.entries += table.num_rows
         self.deletes += int(pc.sum(table.column("deleted").cast(pa.int64())).as_py() or 0)
+        put_min, del_max = ts_bounds(table)
+        self.put_min = min(self.put_min, put_min)
+        if del_max is not None:
+            self.del_max = del_max if self.del_max is None else max(self.del_max, del_max)
         if self.first is None:
             self.first = first
         self.last = last
@@ -189,7 +206,9 @@ class SortedFileWriter:
         self._sink.close()
         self._closed = True
         self.storage.publish(self.tmp_rel, self.rel_path)
-        return FileInfo(self.rel_path, size, self.entries, self.deletes, self.first, self.last)
+        return FileInfo(
+            self.rel_path, size, self.entries, self.deletes, self.first, self.last, self.put_min, self.del_max
+        )
 
     def position(self) -> int:
         """Bytes written so far (progress reports)."""

@@ -7,7 +7,9 @@
   file can be in only one running compaction, and the check and the registration are one atomic
   step.
 * **commit** replaces the inputs by the output only if the inputs are still the tablet's files,
-  the ECID is still registered and the table is ONLINE (docs/architecture.md invariant 2).
+  the ECID is still registered and the table is ONLINE (docs/architecture.md invariant 2). A full
+  compaction (it dropped delete markers) also raises the tablet's delete horizon, and is refused
+  when a file added since it reserved holds a put its markers may hide.
 * **release** (failure, cancellation, drain, dead compaction) removes the ECID and the outputs.
 """
 
@@ -30,7 +32,7 @@ from kompaktor.model.iterators import IteratorSettings
 from kompaktor.model.job import Job
 from kompaktor.model.keys import decode_row, encode_row
 from kompaktor.model.names import ecid_nonce, file_order_key, output_template, tmp_name
-from kompaktor.model.tablet import ONLINE, FileInfo, RunningCompaction, Tablet, now_ms
+from kompaktor.model.tablet import ONLINE, FileInfo, RunningCompaction, Tablet, now_ms, ts_token
 from kompaktor.policy.tableprops import max_versions, selection_expiry_ms
 from kompaktor.queues.jobqueue import JobQueues
 
@@ -272,11 +274,13 @@ def commit(store: MetadataStore, res: Reservation, info: FileInfo) -> None:
     # the ECID still registered and its files (the inputs, recorded when it reserved) all present
     tc = m.tablet(res.tablet).require("ecid_inputs_present", res.ecid)
     tc.require("range", encode_row(res.prev))
-    tc.do("remove_inputs", res.ecid)
-    output = None
-    if info.entries > 0:
-        output = res.output
-        tc.do("add_files", {res.output: info.meta.to_json()})
+    # files registered before timestamp bounds were: their delete markers count as this old
+    unknown = ts_token(now_ms())
+    if res.full:  # it dropped delete markers: none may hide a put of a file added since it reserved
+        tc.require("hides_nothing", res.ecid, unknown)
+    output = res.output if info.entries > 0 else None
+    # the inputs out, the output in (its timestamp bounds from the inputs'), the delete horizon up
+    tc.do("compacted", res.ecid, output, info.meta.to_json() if output else None, res.full, unknown)
     tc.do("remove_running", res.ecid).do("drop_heartbeat", res.ecid).do("count_commit", res.job.group, res.ecid)
     if res.job.kind != "SYSTEM":  # the selection shrinks, or is complete (mutate.lua decides)
         tc.require("selection_is", res.job.selection).do(

@@ -97,6 +97,8 @@ def gather(store: MetadataStore) -> dict[str, Any]:
             },
             "running_compactions": sum(len(tb.running) for tb in tablets),
             "entries": sum(m.entries for tb in tablets for m in tb.files.values()),
+            # the newest delete horizon of its tablets (docs/file-format.md, "Deletes stay deleted")
+            "delete_horizon": max((tb.horizon for tb in tablets if tb.horizon is not None), default=None),
         }
     out = {
         "groups": groups,

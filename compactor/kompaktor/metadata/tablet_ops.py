@@ -43,7 +43,7 @@ from collections.abc import Iterable
 from kompaktor.metadata.store import MetadataStore, Mutation
 from kompaktor.model.errors import ConditionFailed, KompaktorError
 from kompaktor.model.keys import encode_row
-from kompaktor.model.tablet import ONLINE, TableInfo, Tablet, end_token, tablet_id
+from kompaktor.model.tablet import ONLINE, TableInfo, Tablet, end_token, tablet_id, ts_token
 from kompaktor.policy.splits import (
     DEFAULT_SPLIT_THRESHOLD,
     SPLIT_PENDING,
@@ -107,6 +107,8 @@ def _add_split(m: Mutation, t: Tablet, rows: list[bytes]) -> list[str]:
             "files": {path: fm.to_json() for path, fm in files.items()},
             "running": {},
         }
+        if t.horizon is not None:  # the new tablets inherit the deletes dropped in their rows
+            doc["dh"] = ts_token(t.horizon)
         tid = tablet_id(t.table, hi)
         m.tablet(tid).require("absent").do("create", doc, end_token(hi))
         ids.append(tid)
@@ -223,6 +225,9 @@ def merge(
         tc = _guard(m, last).do("set_range", encode_row(group[0].prev))
         if files:
             tc.do("add_files", {p: fm.to_json() for p, fm in files.items()})
+        horizons = [t.horizon for t in group if t.horizon is not None]
+        if horizons:  # the merged tablet keeps every delete horizon of its rows: the newest
+            tc.do("raise_horizon", ts_token(max(horizons)))
         if last.op == SPLIT_PENDING:
             tc.do("clear_op")
         try:

@@ -13,7 +13,7 @@ import gc
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import orjson
@@ -42,6 +42,29 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+# -- timestamps as tokens --------------------------------------------------------------------
+# Timestamps are any int64; the metadata's Lua compares them, and Lua's numbers are doubles (a
+# nanosecond timestamp loses its last digits, and cjson prints 14). So the delete horizon and the
+# files' timestamp bounds travel as tokens: the timestamp offset by 2**63, as 20 decimal digits,
+# which compare as strings exactly as the timestamps compare as integers.
+TS_MIN, TS_MAX = -(2**63), 2**63 - 1
+
+
+def ts_token(ts: int) -> str:
+    """``ts`` (an int64) as a fixed-width token that sorts like the number."""
+    if not TS_MIN <= ts <= TS_MAX:
+        raise ValueError(f"timestamp {ts} is outside int64")
+    return f"{ts - TS_MIN:020d}"
+
+
+def ts_from_token(token: str) -> int:
+    return int(token) + TS_MIN
+
+
+def _ts_or_none(token: str | None) -> int | None:
+    return None if token is None else ts_from_token(token)
+
+
 @contextmanager
 def gc_paused() -> Iterator[None]:
     """Pause Python's cyclic garbage collector for a bulk decode or plan (nesting is fine).
@@ -68,22 +91,34 @@ class TableInfo:
 
 class FileMeta(NamedTuple):
     """A file of a tablet. A named tuple, not a dataclass: a full scan decodes 20 of them per
-    tablet, and a tuple is built several times faster than a frozen dataclass."""
+    tablet, and a tuple is built several times faster than a frozen dataclass.
+
+    ``put_min`` is the oldest timestamp of a put in the file (:data:`TS_MAX` when it has none),
+    ``del_max`` the newest timestamp of a delete marker (None when it has none); either is None
+    when unknown (a file registered before they were recorded). They are whole-file bounds, kept
+    as they are when a split shares the file: the delete horizon only needs bounds."""
 
     size: int
     entries: int
     deletes: int = 0
     first_row: bytes | None = None
     last_row: bytes | None = None
+    put_min: int | None = None
+    del_max: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        d = {
             "size": self.size,
             "entries": self.entries,
             "deletes": self.deletes,
             "first": encode_row(self.first_row),
             "last": encode_row(self.last_row),
         }
+        if self.put_min is not None:
+            d["pmin"] = ts_token(self.put_min)
+        if self.del_max is not None:
+            d["dmax"] = ts_token(self.del_max)
+        return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> FileMeta:
@@ -96,6 +131,8 @@ class FileMeta(NamedTuple):
                 d.get("deletes", 0),
                 None if first is None else bytes.fromhex(first),
                 None if last is None else bytes.fromhex(last),
+                _ts_or_none(d.get("pmin")),
+                _ts_or_none(d.get("dmax")),
             ),
         )
 
@@ -111,6 +148,11 @@ class FileInfo:
     deletes: int
     first: SortKey | None  # first key as sort_key tuple, None when empty
     last: SortKey | None
+    # FileMeta.put_min / del_max, measured by the writers of flushes and imports (None: not
+    # measured; a compaction's output gets them from its inputs when it commits). Not part of a
+    # file's identity: two writers of the same bytes describe the same file.
+    put_min: int | None = field(default=None, compare=False)
+    del_max: int | None = field(default=None, compare=False)
 
     @property
     def first_row(self) -> bytes | None:
@@ -122,7 +164,9 @@ class FileInfo:
 
     @property
     def meta(self) -> FileMeta:
-        return FileMeta(self.size, self.entries, self.deletes, self.first_row, self.last_row)
+        return FileMeta(
+            self.size, self.entries, self.deletes, self.first_row, self.last_row, self.put_min, self.del_max
+        )
 
 
 @dataclass(frozen=True)
@@ -179,6 +223,10 @@ class Tablet:
     hold: str | None
     op: str | None
     version: int
+    #: the delete horizon: the newest timestamp of a delete marker that a full compaction of this
+    #: tablet dropped (None: none dropped). A put at or before it could be one those markers hid,
+    #: so a flush or import bringing one is refused (docs/file-format.md, "Deletes stay deleted").
+    horizon: int | None = None
 
     @classmethod
     def from_json(cls, tablet_id: str, d: dict[str, Any]) -> Tablet:
@@ -213,6 +261,7 @@ class Tablet:
             d.get("hold"),
             d.get("op"),
             d.get("v", 0),
+            _ts_or_none(d.get("dh")),
         )
 
     def running_files(self) -> set[str]:

@@ -147,12 +147,10 @@ def file_shares(fm: FileMeta, ranges: Sequence[Range]) -> list[float]:
 
 def file_part(fm: FileMeta, share: float) -> FileMeta:
     """The estimate of ``share`` of a file's data (at least one byte and one entry)."""
-    return FileMeta(
-        max(1, round(fm.size * share)),
-        max(1, round(fm.entries * share)),
-        round(fm.deletes * share),
-        fm.first_row,
-        fm.last_row,
+    return fm._replace(
+        size=max(1, round(fm.size * share)),
+        entries=max(1, round(fm.entries * share)),
+        deletes=round(fm.deletes * share),
     )
 
 
@@ -195,12 +193,8 @@ def merged_files(group: Sequence[Tablet]) -> dict[str, FileMeta]:
             files[path] = (
                 fm
                 if have is None
-                else FileMeta(
-                    have.size + fm.size,
-                    have.entries + fm.entries,
-                    have.deletes + fm.deletes,
-                    fm.first_row,
-                    fm.last_row,
+                else fm._replace(
+                    size=have.size + fm.size, entries=have.entries + fm.entries, deletes=have.deletes + fm.deletes
                 )
             )
     return files

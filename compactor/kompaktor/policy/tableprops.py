@@ -22,6 +22,11 @@ DISPATCH_PREFIX = "table.compaction.dispatcher.opts.service"
 #: job of a table of quota 1; while none waits it gets them all (Apache Amoro's quota semantics:
 #: a share, exceeded while the group is otherwise idle). docs/planner.md §6.1
 QUOTA = "table.compaction.quota"
+#: what a delete marker promises once a full compaction dropped it: "kompaktor" (the default)
+#: refuses a flush or import of a put it may have hidden; "accumulo" accepts it, and the put is
+#: visible again (Apache Accumulo's behaviour). docs/file-format.md, "Deletes stay deleted"
+DELETE_SEMANTICS = "table.delete.semantics"
+DELETE_SEMANTICS_VALUES = ("kompaktor", "accumulo")
 #: the smallest quota is 1 / QUOTA_STEP_MAX: each job of the table moves its virtual time
 #: round(1 / q) steps (jobs of a quota-1 table move it one)
 QUOTA_STEP_MAX = 1000
@@ -73,6 +78,9 @@ def validate_props(props: Mapping[str, str | None]) -> None:
             _float(k, v, 0.0, 1.0, lo_open=True)
         elif k == QUOTA:
             _float(k, v, 1.0 / QUOTA_STEP_MAX, 1.0)
+        elif k == DELETE_SEMANTICS:
+            if v not in DELETE_SEMANTICS_VALUES:
+                raise ValueError(f"{k}={v!r}: must be one of {', '.join(DELETE_SEMANTICS_VALUES)}")
         elif k == SELECTION_EXPIRY:
             _int(k, v, 0, 2**53)
         elif k == DISPATCH_PREFIX or k.startswith(DISPATCH_PREFIX + "."):
@@ -126,3 +134,9 @@ def quota_step(props: Mapping[str, str | None]) -> int:
     if not v:
         return 1
     return max(1, min(QUOTA_STEP_MAX, math.floor(1 / float(v) + 0.5)))
+
+
+def keeps_deletes(props: Mapping[str, str]) -> bool:
+    """Whether a put that a dropped delete marker may have hidden is refused (the default), or
+    accepted as Accumulo does (``table.delete.semantics=accumulo``)."""
+    return props.get(DELETE_SEMANTICS, "kompaktor") != "accumulo"

@@ -38,6 +38,70 @@ local function not_exactly(doc, files)
   return nil
 end
 
+-- Timestamps here are tokens (model/tablet.py ts_token): fixed-width digit strings that compare
+-- as the int64 timestamps do, never Lua numbers (doubles would round a nanosecond timestamp).
+local TS_LOW = '00000000000000000000'  -- older than any timestamp: a bound that is unknown
+
+local function tmax(a, b)
+  if isnull(a) then return b end
+  if isnull(b) or a >= b then return a end
+  return b
+end
+
+-- the oldest put a file holds (TS_LOW when not recorded: it may hold any)
+local function pmin_of(meta)
+  if isnull(meta.pmin) then return TS_LOW end
+  return meta.pmin
+end
+
+-- the newest delete marker among ``files`` of the tablet, or nil; a file with deletes but no
+-- recorded bound (registered before bounds were recorded) counts as ``unknown``
+local function files_dmax(doc, files, unknown)
+  local m = nil
+  for _, f in ipairs(files) do
+    local meta = doc.files[f]
+    if not isnull(meta) then
+      if not isnull(meta.dmax) then m = tmax(m, meta.dmax)
+      elseif (meta.deletes or 0) > 0 then m = tmax(m, unknown) end
+    end
+  end
+  return m
+end
+
+-- nil when committing the full compaction ``r`` hides nothing: else the tablet's file that
+-- arrived after it reserved and holds a put its inputs' delete markers may hide (dropping the
+-- markers would make that put visible)
+local function hidden_by_drop(doc, r, unknown)
+  local dm = files_dmax(doc, r.files, unknown)
+  if dm == nil then return nil end
+  local inputs = {}
+  for _, f in ipairs(r.files) do inputs[f] = true end
+  for f, meta in pairs(doc.files) do
+    if not inputs[f] and pmin_of(meta) <= dm then return f end
+  end
+  return nil
+end
+
+-- the compaction ``ecid`` committed: its inputs are replaced by ``output`` (nil: it was empty)
+-- with ``meta``, whose timestamp bounds come from the inputs; a full compaction dropped its
+-- inputs' delete markers, so the tablet's delete horizon rises to the newest of them
+local function compacted(doc, ecid, output, meta, full, unknown)
+  local r = doc.running[ecid]
+  local dm = files_dmax(doc, r.files, unknown)
+  if not isnull(output) then
+    local pmin = nil
+    for _, f in ipairs(r.files) do
+      local m = doc.files[f]
+      if not isnull(m) and (pmin == nil or pmin_of(m) < pmin) then pmin = pmin_of(m) end
+    end
+    meta.pmin = pmin
+    if not full then meta.dmax = dm else meta.dmax = nil end
+  end
+  if full then doc.dh = tmax(doc.dh, dm) end
+  for _, f in ipairs(r.files) do doc.files[f] = nil end
+  if not isnull(output) then doc.files[output] = meta end
+end
+
 local function sel_set(doc)
   local s = {}
   if not isnull(doc.sel) then
@@ -51,7 +115,7 @@ end
 local TABLET_OPS = {create = true, delete = true, add_files = true, remove_files = true, add_running = true,
   remove_running = true, remove_inputs = true, set_selection = true, clear_selection = true,
   selection_replace = true, ucomp_done = true, set_hold = true, clear_hold = true, set_op = true, clear_op = true, set_range = true,
-  drop_heartbeat = true, count_commit = true, selection_done = true}
+  drop_heartbeat = true, count_commit = true, selection_done = true, raise_horizon = true, compacted = true}
 local TABLE_OPS = {create = true, set_state = true, set_prop = true, unname = true, ucomp_register = true}
 
 local function touch_all_tablets(tid)
@@ -170,6 +234,19 @@ local function mutate(spec)
         for _, f in ipairs(r.files) do
           if isnull(doc.files[f]) then return fail('files present', t.id, f) end
         end
+      elseif name == 'above_horizon' then
+        -- every put of the files being added is newer than the tablet's delete horizon (c[2]: the
+        -- oldest put among them, a token): none can be one a dropped delete marker hid
+        if not isnull(doc.dh) and c[2] <= doc.dh then
+          return fail('delete horizon', t.id, 'horizon ' .. doc.dh .. ' oldest put ' .. c[2])
+        end
+      elseif name == 'hides_nothing' then
+        -- committing the full compaction c[2] makes no put of a file that arrived after it
+        -- reserved visible (c[3]: the bound for a file whose delete markers were not recorded)
+        local r = doc.running[c[2]]
+        if isnull(r) then return fail('compaction registered', t.id, c[2]) end
+        local f = hidden_by_drop(doc, r, c[3])
+        if f then return fail('deletes hide a new file', t.id, f) end
       elseif name == 'no_running' then
         if next(doc.running) ~= nil then return fail('no running compactions', t.id) end
       elseif name == 'no_op' then
@@ -233,9 +310,13 @@ local function mutate(spec)
         return fail('bad operation', t.id, 'add_running output naming needs a template, full and partial')
       elseif (name == 'drop_heartbeat' or name == 'count_commit') and type(op[2]) ~= 'string' then
         return fail('bad operation', t.id, name .. ' needs a string')
-      elseif name == 'remove_inputs' and (type(op[2]) ~= 'string' or not doc or not doc.running
-          or isnull(doc.running[op[2]])) then
-        return fail('bad operation', t.id, 'remove_inputs needs a registered compaction')
+      elseif (name == 'remove_inputs' or name == 'compacted') and (type(op[2]) ~= 'string' or not doc
+          or not doc.running or isnull(doc.running[op[2]])) then
+        return fail('bad operation', t.id, name .. ' needs a registered compaction')
+      elseif name == 'compacted' and (type(op[6]) ~= 'string' or (not isnull(op[3]) and type(op[4]) ~= 'table')) then
+        return fail('bad operation', t.id, 'compacted needs an output with its metadata and a bound')
+      elseif name == 'raise_horizon' and type(op[2]) ~= 'string' then
+        return fail('bad operation', t.id, 'raise_horizon needs a timestamp token')
       end
     end
     docs[i] = doc
@@ -296,6 +377,10 @@ local function mutate(spec)
         -- the files of the running compaction op[2] (an op before its remove_running)
         local r = doc.running[op[2]]
         if r then for _, f in ipairs(r.files) do doc.files[f] = nil end end
+      elseif name == 'compacted' then
+        compacted(doc, op[2], op[3], op[4], op[5] == true, op[6])
+      elseif name == 'raise_horizon' then
+        doc.dh = tmax(doc.dh, op[2])
       elseif name == 'add_running' then
         if not isnull(op[4]) then
           -- output naming {template, full, partial}: the output is the template filled with the

@@ -15,8 +15,14 @@ from collections.abc import Iterable
 from kompaktor import keyspace as C
 from kompaktor.metadata.store.mutation import Mutation
 from kompaktor.metadata.store.tables import TableStore
+from kompaktor.model.errors import ConditionFailed
 from kompaktor.model.keys import span_overlaps
-from kompaktor.model.tablet import OFFLINE, ONLINE, FileMeta
+from kompaktor.model.tablet import OFFLINE, ONLINE, FileMeta, ts_token
+from kompaktor.policy.deletes import DeleteHorizonError, oldest_put, refusal
+from kompaktor.policy.tableprops import keeps_deletes
+
+#: reads of the tablets when a full compaction raised a delete horizon between read and write
+_HORIZON_ATTEMPTS = 3
 
 
 class FileStore(TableStore):
@@ -24,22 +30,40 @@ class FileStore(TableStore):
 
     def add_files(self, table_name: str, files: dict[str, FileMeta], *, allow_offline: bool = True) -> list[str]:
         """Register files with every tablet their row span overlaps, in one mutation (Accumulo's
-        bulk import v2). Returns the tablet ids that received files."""
-        tid = self.table_id(table_name)
-        tablets = self.tablets(tid)
-        m = Mutation(table=tid).require_table(ONLINE, *([OFFLINE] if allow_offline else []))
-        touched = []
-        for t in tablets:
-            mine = {}
-            for path, fm in files.items():
-                if fm.entries > 0 and span_overlaps(fm.first_row, fm.last_row, t.prev, t.end):
-                    mine[path] = fm.to_json()
-            if mine:
-                m.tablet(t.id).require("exists").require("no_op").do("add_files", mine)
+        bulk import v2). Returns the tablet ids that received files. Raises
+        :class:`~kompaktor.policy.deletes.DeleteHorizonError` (nothing registered) when a file
+        holds a put that a delete marker dropped by a full compaction of a tablet may have hidden,
+        unless the table keeps Accumulo's semantics (:mod:`kompaktor.policy.deletes`)."""
+        for attempt in range(_HORIZON_ATTEMPTS):
+            info = self.table(table_name)
+            guard = keeps_deletes(info.props)
+            m = Mutation(table=info.id).require_table(ONLINE, *([OFFLINE] if allow_offline else []))
+            touched = []
+            for t in self.tablets(info.id):
+                mine = {
+                    p: fm
+                    for p, fm in files.items()
+                    if fm.entries > 0 and span_overlaps(fm.first_row, fm.last_row, t.prev, t.end)
+                }
+                if not mine:
+                    continue
+                tc = m.tablet(t.id).require("exists").require("no_op")
+                if guard:
+                    if why := refusal(info.name, t, mine):
+                        raise DeleteHorizonError(why)
+                    tc.require("above_horizon", ts_token(oldest_put(mine.values())))
+                tc.do("add_files", {p: fm.to_json() for p, fm in mine.items()})
                 touched.append(t.id)
-        if touched:
-            self.mutate(m)
-        return touched
+            if not touched:
+                return touched
+            try:
+                self.mutate(m)
+                return touched
+            except ConditionFailed as exc:
+                # a full compaction raised a horizon since the read: read again, then refuse by name
+                if exc.condition != "delete horizon" or attempt + 1 == _HORIZON_ATTEMPTS:
+                    raise
+        raise AssertionError("unreachable")
 
     # -- garbage collection, imports in progress ------------------------------------------------------
     def record_gc(self, n: int) -> None:

@@ -1,0 +1,347 @@
+"""Deletes stay deleted, whatever order files arrive in (issue 33 §1; docs/file-format.md).
+
+A model-based test (hypothesis stateful) on a real redis-server: random interleavings of flushes,
+imports (timestamps older and newer than earlier deletes, with and without ``--set-time``),
+partial and full compactions (Arrow engine; Spark in its own run), a full compaction racing a new
+file, splits and merges. After every step the table's scan must equal an independent reference of
+the visible view, computed here from every write the system accepted — never with Kompaktor's
+iterators. A refused write must change nothing and must have a reason: it holds a put no newer
+than some delete marker the table accepted. Hypothesis prints the shortest failing sequence.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+
+from kompaktor import client as client_module
+from kompaktor.client import Client
+from kompaktor.engines import make_engine
+from kompaktor.engines.api import MergeRequest
+from kompaktor.metadata import compactions
+from kompaktor.metadata import tablet_ops as tabletops
+from kompaktor.model.errors import ConditionFailed
+from kompaktor.model.job import Job
+from kompaktor.model.keys import Entry
+from kompaktor.policy.deletes import DeleteHorizonError
+
+pytestmark = pytest.mark.redis
+
+ROWS = [b"a", b"b", b"c", b"d", b"e", b"f"]
+CQS = [b"x", b"y"]
+# (row, cq, ts, deleted); ts 1..12 lands older and newer than earlier deletes
+WRITE = st.tuples(st.sampled_from(ROWS), st.sampled_from(CQS), st.integers(1, 12), st.booleans())
+BATCH = st.lists(WRITE, min_size=1, max_size=8, unique_by=lambda w: (w[0], w[1], w[2]))
+
+Write = tuple[bytes, bytes, int, bool]
+
+
+def value(row: bytes, cq: bytes, ts: int) -> bytes:
+    """A value that is a function of the key: files holding the same key agree on it, so which
+    identical key wins never matters to the view."""
+    return b"%s/%s@%d" % (row, cq, ts)
+
+
+def entry(w: Write) -> Entry:
+    row, cq, ts, deleted = w
+    return Entry(row, b"f", cq, b"", ts, deleted, b"" if deleted else value(row, cq, ts))
+
+
+# -- the reference: written for the test, from the documented rules only ----------------------------
+Stored = tuple[bytes, bytes, int, bool, bytes]  # an accepted entry: row, cq, time stored, deleted, value
+
+
+def stored(w: Write, ts: int | None = None) -> Stored:
+    row, cq, orig, deleted = w
+    return (row, cq, orig if ts is None else ts, deleted, b"" if deleted else value(row, cq, orig))
+
+
+def reference_view(accepted: Iterable[Stored]) -> list[tuple[bytes, bytes, int, bytes]]:
+    """Per key the newest put not hidden by a delete marker of the same or a newer timestamp
+    (table.iterator.versions = 1), in row, cq order."""
+    by_key: dict[tuple[bytes, bytes], list[tuple[int, bool, bytes]]] = defaultdict(list)
+    for row, cq, ts, deleted, val in accepted:
+        by_key[(row, cq)].append((ts, deleted, val))
+    out = []
+    for (row, cq), writes in sorted(by_key.items()):
+        newest_delete = max((ts for ts, d, _ in writes if d), default=None)
+        puts = [(ts, val) for ts, d, val in writes if not d and (newest_delete is None or ts > newest_delete)]
+        if puts:
+            ts, val = max(puts)
+            out.append((row, cq, ts, val))
+    return out
+
+
+def own_newest(batch: list[Write]) -> list[Write]:
+    """What ``--set-time`` promises to import (at the import's time): each key's newest entry, a
+    delete marker before a put of the same time, with the value of the entry it came from."""
+    best: dict[tuple[bytes, bytes], Write] = {}
+    for w in batch:
+        have = best.get((w[0], w[1]))
+        if have is None or (w[2], w[3]) > (have[2], have[3]):
+            best[(w[0], w[1])] = w
+    return list(best.values())
+
+
+def scanned(c: Client, table: str) -> list[tuple[bytes, bytes, int, bytes]]:
+    return [(e.row, e.cq, e.ts, e.value) for e in c.scan(table)]
+
+
+def write_import_file(path: Path, batch: list[Write]) -> str:
+    es = [entry(w) for w in batch]
+    t = pa.table(
+        {
+            "row": pa.array([e.row for e in es], pa.binary()),
+            "cf": pa.array([e.cf for e in es], pa.binary()),
+            "cq": pa.array([e.cq for e in es], pa.binary()),
+            "vis": pa.array([e.vis for e in es], pa.binary()),
+            "ts": pa.array([e.ts for e in es], pa.int64()),
+            "deleted": pa.array([e.deleted for e in es], pa.bool_()),
+            "value": pa.array([e.value for e in es], pa.binary()),
+        }
+    )
+    order = [("row", "ascending"), ("cf", "ascending"), ("cq", "ascending"), ("vis", "ascending")]
+    pq.write_table(t.sort_by([*order, ("ts", "descending"), ("deleted", "descending")]), path)
+    return str(path)
+
+
+class Deletes(RuleBasedStateMachine):
+    """One table; every rule is something a user or the system does to it."""
+
+    client: Client
+    engines: dict[str, object]
+    tmp: Path
+    clock: list[int]
+    names = itertools.count()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = f"d{next(self.names)}"
+        self.client.store.create_table(self.table, [b"c"])
+        self.accepted: list[Stored] = []  # every entry the table acknowledged, with its stored time
+        self.refused = 0
+
+    # -- writes --------------------------------------------------------------------------------
+    def _refusal_is_justified(self, batch: list[Write], exc: DeleteHorizonError) -> None:
+        assert "delete horizon" in str(exc) and "--set-time" in str(exc) and "\n" not in str(exc)
+        newest_delete = max((ts for _, _, ts, d, _ in self.accepted if d), default=None)
+        oldest_put = min((ts for _, _, ts, d in batch if not d), default=None)
+        assert newest_delete is not None and oldest_put is not None and oldest_put <= newest_delete, (
+            "refused a write no accepted delete marker could hide"
+        )
+        self.refused += 1
+
+    @rule(batch=BATCH)
+    def flush(self, batch: list[Write]) -> None:
+        try:
+            self.client.flush(self.table, [entry(w) for w in batch])
+        except DeleteHorizonError as exc:
+            self._refusal_is_justified(batch, exc)
+        else:
+            self.accepted.extend(stored(w) for w in batch)
+
+    @rule(batch=BATCH, set_time=st.booleans())
+    def bulk_import(self, batch: list[Write], set_time: bool) -> None:
+        path = write_import_file(self.tmp / f"{self.table}-{len(self.accepted)}-{self.refused}.parquet", batch)
+        stamp = self.clock[0] = self.clock[0] + 1  # the import's time (the test's clock, see below)
+        try:
+            self.client.import_files(self.table, [path], set_time=set_time)
+        except DeleteHorizonError as exc:
+            assert not set_time, "an import with --set-time was refused"
+            self._refusal_is_justified(batch, exc)
+        else:
+            if set_time:
+                self.accepted.extend(stored(w, stamp) for w in own_newest(batch))
+            else:
+                self.accepted.extend(stored(w) for w in batch)
+
+    # -- compactions -----------------------------------------------------------------------------
+    def _tablet(self, row: bytes):
+        return next(t for t in self.client.store.tablets(self.client.store.table_id(self.table)) if t.contains_row(row))
+
+    def _reserve(self, row: bytes, pick: list[bool] | None):
+        t = self._tablet(row)
+        files = sorted(t.files)
+        if pick is not None:
+            files = [f for f, keep in zip(files, itertools.cycle(pick)) if keep]
+        if not files:
+            return None
+        job = Job(t.id, "SYSTEM", 1, "test", {f: t.files[f].size for f in files})
+        return compactions.try_reserve(self.client.store, job, "model-test", "test")
+
+    def _finish(self, res, engine: str) -> None:
+        result = self.engines[engine].merge(  # type: ignore[attr-defined]
+            self.client.storage, MergeRequest(res.inputs, res.output, res.prev, res.end, res.settings, res.ecid)
+        )
+        try:
+            compactions.commit(self.client.store, res, result.info)
+        except ConditionFailed:
+            compactions.release(self.client.store, self.client.storage, res)
+
+    @rule(row=st.sampled_from(ROWS), pick=st.one_of(st.none(), st.lists(st.booleans(), min_size=1, max_size=3)))
+    def compact(self, row: bytes, pick: list[bool] | None) -> None:
+        """A full (all the tablet's files) or partial (a subset) compaction, run to its commit."""
+        res = self._reserve(row, pick)
+        if res is not None:
+            self._finish(res, self.engine)
+
+    @rule(row=st.sampled_from(ROWS), batch=BATCH, via_import=st.booleans())
+    def compact_while_a_file_arrives(self, row: bytes, batch: list[Write], via_import: bool) -> None:
+        """The race: a full compaction reserved, then a flush or import lands in its tablet before
+        it commits (its delete markers were read without the new file)."""
+        res = self._reserve(row, None)
+        if via_import:
+            self.bulk_import(batch, False)
+        else:
+            self.flush(batch)
+        if res is not None:
+            self._finish(res, self.engine)
+
+    # -- tablets -----------------------------------------------------------------------------------
+    @rule(row=st.sampled_from(ROWS[1:]))
+    def split(self, row: bytes) -> None:
+        try:
+            tabletops.split(self.client.store, self.table, [row])
+        except tabletops.TabletOpRefused:
+            pass
+
+    @rule(start=st.sampled_from([None, *ROWS]))
+    def merge(self, start: bytes | None) -> None:
+        try:
+            tabletops.merge(self.client.store, self.table, start, None)
+        except tabletops.TabletOpRefused:
+            pass
+
+    @invariant()
+    def scan_matches_the_reference(self) -> None:
+        assert scanned(self.client, self.table) == reference_view(self.accepted)
+
+
+def _run(client: Client, tmp_path: Path, monkeypatch, engine: str, engines: dict, examples: int) -> None:
+    # the import's time: a clock the test owns (after every timestamp the writes use), so the
+    # reference knows the time --set-time gave each entry
+    clock = [1_000_000]
+    monkeypatch.setattr(client_module, "now_ms", lambda: clock[0])
+    machine = type(
+        "DeletesRun",
+        (Deletes,),
+        {"client": client, "engines": engines, "engine": engine, "tmp": tmp_path, "clock": clock},
+    )
+    run_state_machine_as_test(
+        machine,
+        settings=settings(
+            max_examples=examples,
+            stateful_step_count=14,
+            deadline=None,
+            suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+        ),
+    )
+
+
+def test_deletes_stay_deleted_arrow(client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _run(client, tmp_path, monkeypatch, "arrow", {"arrow": make_engine("arrow")}, examples=60)
+
+
+@pytest.mark.spark
+def test_deletes_stay_deleted_spark(
+    client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spark_engine
+) -> None:
+    _run(client, tmp_path, monkeypatch, "spark", {"spark": spark_engine}, examples=8)
+
+
+# -- the user's path, step by step ------------------------------------------------------------------
+def _full_compaction(client: Client, table: str) -> None:
+    t = client.store.tablets(client.store.table_id(table))[0]
+    res = compactions.try_reserve(
+        client.store, Job(t.id, "SYSTEM", 1, "test", {f: m.size for f, m in t.files.items()}), "c", "test"
+    )
+    assert res.full
+    result = make_engine("arrow").merge(
+        client.storage, MergeRequest(res.inputs, res.output, res.prev, res.end, res.settings, res.ecid)
+    )
+    compactions.commit(client.store, res, result.info)
+
+
+def _story(client: Client, tmp_path: Path, table: str) -> str:
+    """Import a put and, later, its delete; compact fully (the marker is dropped); return a file
+    with an older put of the same key, as a later batch of the same import job would bring it."""
+    client.store.create_table(table)
+    client.import_files(table, [write_import_file(tmp_path / "1.parquet", [(b"k", b"x", 100, False)])])
+    client.import_files(table, [write_import_file(tmp_path / "2.parquet", [(b"k", b"x", 200, True)])])
+    _full_compaction(client, table)
+    assert scanned(client, table) == []
+    return write_import_file(tmp_path / "3.parquet", [(b"k", b"x", 150, False), (b"m", b"x", 150, False)])
+
+
+def test_an_older_put_imported_after_a_full_compaction_is_refused(client: Client, tmp_path: Path, redis_url) -> None:
+    old = _story(client, tmp_path, "users")
+    files = sorted(client.store.tablets(client.store.table_id("users"))[0].files)
+    from click.testing import CliRunner
+
+    from kompaktor.cli import main
+
+    r = CliRunner().invoke(main, ["import", "users", old, "--redis", redis_url, "--storage", client.storage.uri])
+    assert r.exit_code != 0
+    line = r.output.strip()
+    assert "\n" not in line and "delete horizon 200" in line and "'users'" in line and "--set-time" in line
+    assert sorted(client.store.tablets(client.store.table_id("users"))[0].files) == files  # nothing changed
+    assert scanned(client, "users") == []
+    # the way out: --set-time gives the entries the import's time, after the horizon
+    r = CliRunner().invoke(
+        main, ["import", "users", old, "--set-time", "--redis", redis_url, "--storage", client.storage.uri]
+    )
+    assert r.exit_code == 0, r.output
+    got = scanned(client, "users")
+    assert [(row, v) for row, _, _, v in got] == [(b"k", b"k/x@150"), (b"m", b"m/x@150")]
+    assert all(ts > 200 for _, _, ts, _ in got)
+
+
+def test_accumulo_semantics_are_an_explicit_per_table_opt_in(client: Client, tmp_path: Path) -> None:
+    old = _story(client, tmp_path, "acc")
+    client.store.set_props("acc", {"table.delete.semantics": "accumulo"})
+    client.import_files("acc", [old])
+    # what Accumulo does, and what the user asked for: the older put shows again
+    assert [(row, ts) for row, _, ts, _ in scanned(client, "acc")] == [(b"k", 150), (b"m", 150)]
+
+
+def test_the_horizon_survives_split_and_merge(client: Client, tmp_path: Path) -> None:
+    old = _story(client, tmp_path, "sm")
+    tabletops.split(client.store, "sm", [b"g"])
+    with pytest.raises(DeleteHorizonError, match="delete horizon 200"):
+        client.import_files("sm", [old])
+    tabletops.merge(client.store, "sm")
+    with pytest.raises(DeleteHorizonError, match="delete horizon 200"):
+        client.import_files("sm", [old])
+    assert scanned(client, "sm") == []
+
+
+def test_a_full_compaction_does_not_commit_over_a_file_it_would_hide(client: Client, tmp_path: Path) -> None:
+    """The race: the full compaction read the delete marker; an older put arrives before it
+    commits. Committing would drop the marker and show the put: the commit is refused and its
+    output removed; the re-planned compaction (over every file) hides it."""
+    client.store.create_table("race")
+    client.import_files("race", [write_import_file(tmp_path / "1.parquet", [(b"k", b"x", 200, True)])])
+    t = client.store.tablets(client.store.table_id("race"))[0]
+    res = compactions.try_reserve(
+        client.store, Job(t.id, "SYSTEM", 1, "test", {f: m.size for f, m in t.files.items()}), "c", "test"
+    )
+    client.import_files("race", [write_import_file(tmp_path / "2.parquet", [(b"k", b"x", 150, False)])])
+    result = make_engine("arrow").merge(
+        client.storage, MergeRequest(res.inputs, res.output, res.prev, res.end, res.settings, res.ecid)
+    )
+    with pytest.raises(ConditionFailed, match="deletes hide a new file"):
+        compactions.commit(client.store, res, result.info)
+    compactions.release(client.store, client.storage, res)
+    assert not client.storage.exists(res.output)
+    assert scanned(client, "race") == []
+    _full_compaction(client, "race")
+    assert scanned(client, "race") == []
