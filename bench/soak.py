@@ -180,6 +180,7 @@ class Soak:
         from kompaktor.local.config import DEMO_CONFIG, load_config
 
         self.args = args
+        self.mixes: dict = {}  # table -> kompaktor.local.mix.MixedWorkload, with --workload mix
         self.data_dir = Path(args.data_dir or tempfile.mkdtemp(prefix="kompaktor-soak-"))
         self.cfg = load_config(DEMO_CONFIG)
         self.cluster = LocalCluster(
@@ -229,6 +230,8 @@ class Soak:
             try:
                 with self.storage_hold:  # the client's writes wait out a read-only storage
                     ingests[table].flush_once()
+                    if self.mixes:
+                        self.mixes[table].step()
             except Exception as exc:  # a flush that failed through every retry: not acknowledged
                 self.errors.append(f"flush {table}: {exc}")
                 self.stop.set()
@@ -475,6 +478,13 @@ class Soak:
                 t: ContinuousIngest(client, t, seed=self.args.seed + i, batch=500, flush_attempts=40)
                 for i, t in enumerate(tables)
             }
+            if self.args.workload == "mix":
+                from kompaktor.local.mix import MixedWorkload
+
+                self.mixes = {
+                    t: MixedWorkload(client, t, self.data_dir / "mix" / t, seed=self.args.seed + i)
+                    for i, t in enumerate(tables)
+                }
             chaos = Chaos(c, seed=self.args.seed)
             self.started = time.monotonic()
             threads = [
@@ -552,6 +562,9 @@ class Soak:
         garbage = [f for f in present if f not in referenced]
         missing = [f for f in referenced if not client.storage.exists(f)]
         checks = {t: verify(client, t, ing.stats) for t, ing in ingests.items()}
+        mix_checks = {t: m.check() for t, m in self.mixes.items()}
+        for t, m in mix_checks.items():
+            print(f"mix {t}: {m}")
         self._sample(client)
         _n, fams = self.redis_keys()
         base_fams = self.base or Counter()
@@ -564,6 +577,7 @@ class Soak:
             drained
             and not self.errors
             and all(v.ok for v in checks.values())
+            and all(m.ok for m in mix_checks.values())
             and not lost
             and not twice
             and not rerun_missing
@@ -656,6 +670,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sample", type=float, default=60.0, help="seconds between samples")
     p.add_argument("--fault-interval", type=float, default=45.0, help="mean seconds between faults")
     p.add_argument("--data-dir", default=None)
+    p.add_argument(
+        "--workload",
+        choices=["plain", "mix"],
+        default="mix",
+        help="mix: beside the ingest, deletes, old imports, --set-time, overlapping imports, splits, "
+        "merges and user compactions (kompaktor.local.mix), verified against a reference view",
+    )
     p.add_argument("--keep", action="store_true", help="keep the data directory")
     args = p.parse_args(argv)
     if args.minutes <= 0:

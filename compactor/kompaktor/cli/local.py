@@ -132,6 +132,15 @@ def up(config_path, redis_url: str | None, data_dir: str, storage: str | None, h
     "are then SIGKILLs of the primary mid-ingest and mid-commit), or one redis-server (default "
     "without --chaos; with --chaos it is restarted once).",
 )
+@click.option(
+    "--workload",
+    type=click.Choice(["plain", "mix"]),
+    default="plain",
+    show_default=True,
+    help="plain: the continuous ingest; mix: beside it deletes of existing keys, imports older than "
+    "earlier deletes (with and without --set-time), overlapping imports, splits, merges and user "
+    "compactions, verified against a reference view.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @friendly_errors
 def demo(
@@ -148,6 +157,7 @@ def demo(
     chaos: bool,
     seed: int,
     ha: bool | None,
+    workload: str,
     as_json: bool,
 ) -> None:
     """Continuous ingest, then a burst of imported files, while autoscaled compactors keep files per
@@ -180,6 +190,7 @@ def demo(
         chaos=chaos,
         chaos_seed=seed,
         ha=chaos if ha is None else ha,
+        workload=workload,
     )
     try:
         res = run_demo(opts)

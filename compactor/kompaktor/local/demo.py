@@ -25,6 +25,7 @@ from kompaktor.files.storage import Storage
 from kompaktor.local.cluster import GroupSample, LocalCluster, Proc
 from kompaktor.local.config import DEMO_CONFIG, LocalConfig, load_config
 from kompaktor.local.ingest import ContinuousIngest, Verification, split_points, verify
+from kompaktor.local.mix import MixCheck, MixedWorkload, mix_summary
 from kompaktor.local.procs import interruptible
 from kompaktor.metadata import user_compactions
 from kompaktor.metadata.status import gather
@@ -55,6 +56,9 @@ class DemoOptions:
     ha: bool = False
     #: how child processes run the ``kompaktor`` CLI (None: this Python's ``-m kompaktor``)
     command: list[str] | None = None
+    #: "plain" (the continuous ingest) or "mix": beside it, the workload of kompaktor.local.mix
+    #: (deletes, old imports, --set-time, overlapping imports, splits, merges, user compactions)
+    workload: str = "plain"
     #: called once the burst import is acknowledged, before its user compaction starts
     on_burst: Callable[[], None] | None = None
 
@@ -213,6 +217,7 @@ class _Checks:
     """What verification found (:meth:`_DemoRun.verify`)."""
 
     scan: Verification
+    mix: MixCheck | None
     drained: bool
     scaled_back: bool
     chaos_summary: dict[str, Any]
@@ -254,6 +259,11 @@ class _DemoRun:
         self.client = Client(store, Storage.from_uri(self.cluster.storage_uri))
         store.create_table(self.opts.table, split_points(self.opts.tablets))
         self.ingester = ContinuousIngest(self.client, self.opts.table, batch=self.opts.batch)
+        self.mix = (
+            MixedWorkload(self.client, self.opts.table, self.data_dir / "mix", seed=self.opts.chaos_seed)
+            if self.opts.workload == "mix"
+            else None
+        )
         if self.opts.chaos:
             from kompaktor.local.chaos import Chaos
 
@@ -317,6 +327,8 @@ class _DemoRun:
         last = [0.0]
 
         def on_flush(_s) -> None:
+            if self.mix is not None:
+                self.mix.step()
             if time.monotonic() - last[0] > 0.5:
                 last[0] = time.monotonic()
                 self.show()
@@ -437,6 +449,7 @@ class _DemoRun:
                 acked_writes=acked,
             )
         scan = verify(self.client, self.opts.table, stats)
+        mix = self.mix.check() if self.mix is not None else None
         self.stop_scaler.set()
         assert self.scaler is not None
         self.scaler.join(timeout=30)
@@ -450,8 +463,8 @@ class _DemoRun:
         chaos_killed = {ecid for ecid, _t in chaos.log.killed} if chaos is not None else set()
         busy_terminated = [p for p in cluster.exited if p.held_ecid and p.held_ecid not in chaos_killed]
         drains = [p for p in cluster.exited if p.scaled_down and p.returncode == 0]
-        verified = scan.ok and drained and bound_ok and chaos_ok and not busy_terminated
-        return _Checks(scan, drained, scaled_back, chaos_summary, status, busy_terminated, drains, verified)
+        verified = scan.ok and drained and bound_ok and chaos_ok and not busy_terminated and (mix is None or mix.ok)
+        return _Checks(scan, mix, drained, scaled_back, chaos_summary, status, busy_terminated, drains, verified)
 
     # -- report -----------------------------------------------------------------------------------
     def report(self, checks: _Checks) -> DemoResult:
@@ -492,6 +505,7 @@ class _DemoRun:
             "queues drained": checks.drained,
             "groups back at minimum": checks.scaled_back,
             **checks.chaos_summary,
+            **(mix_summary(checks.mix) if checks.mix is not None else {}),
             "verified": "yes" if checks.verified else "no",
         }
         return DemoResult(checks.verified, summary, status, self.samples, list(self.cluster.timeline))
