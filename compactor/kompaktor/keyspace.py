@@ -23,6 +23,7 @@ DEADLOG = PREFIX + "deadlog"  # list of the ECIDs of the last 10,000 dead compac
 COMMITS_BY_TABLET = PREFIX + "commits"  # hash: tablet id -> compactions committed on it
 COMMITLOG = PREFIX + "commitlog"  # list of the ECIDs of the last 100,000 commits, once per commit applied
 FAILURES = PREFIX + "failures"  # hash: job fingerprint -> JSON {count, last_error, retry_at}
+BACKUPS_RUNNING = PREFIX + "backups:running"  # hash: backup id -> expiry (epoch s): backups being taken
 IMPORTS = PREFIX + "imports"  # hash: import id -> JSON {table, files, expires}: bulk imports in progress
 LEASE = PREFIX + "coordinator:lease"  # string: holder id (with TTL)
 FENCE = PREFIX + "coordinator:fence"  # integer fencing token, incremented per takeover

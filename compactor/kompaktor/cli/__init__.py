@@ -26,6 +26,8 @@ COMMANDS: dict[str, str] = {
     "demo": "kompaktor.cli.local:demo",
     "status": "kompaktor.cli.status:status",
     "crds": "kompaktor.cli.crds:crds",
+    "backup": "kompaktor.cli.backup:backup",
+    "restore": "kompaktor.cli.backup:restore",
     # the operator's command, imported only when it runs (`kompaktor` never imports the operator's
     # package otherwise; the import-linter contract in pyproject.toml says so)
     "operator": "kompaktor_operator.commands:operator",

@@ -6,6 +6,9 @@ parts of a resumable merge whose progress record is live (issue 23 §2,
 pruned (the job changed: tablet split or gone, inputs compacted away, cancelled) or expired, its
 parts are temporary files like any other, removed after the grace period.
 
+Files that a retained backup references are spared, and while a backup is being taken nothing
+is deleted (:mod:`kompaktor.metadata.backup`): every retained backup restores completely.
+
 The decision is fenced: before each batch of deletions the collector records it in Redis with
 the coordinator's fencing token (:meth:`MetadataStore.record_gc`), and a coordinator that has
 been replaced is refused there and deletes nothing more.
@@ -24,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kompaktor.files.storage import Storage
-from kompaktor.metadata import progress
+from kompaktor.metadata import backup, progress
 from kompaktor.metadata.compactions import running_compactions
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.names import TABLES_DIR, resume_fingerprint_prefix, resume_tag, tmp_tag
@@ -94,6 +97,14 @@ def collect_garbage(
             continue
         candidates.append(rel)
     deleted: list[str] = []
+    if candidates:
+        # a backup being taken may reference any of them: nothing this pass. Checked before the
+        # backups' files are read, so a backup that ends in between is among them
+        if store.backup_running():
+            log.info("garbage collection waits: a backup is being taken")
+            return deleted
+        spared = backup.referenced_by_backups(storage)
+        candidates = [rel for rel in candidates if rel not in spared]
     for i in range(0, len(candidates), GC_BATCH):
         check()
         # imports in progress when this pass began, or since (one that registered its files

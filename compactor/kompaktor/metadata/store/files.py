@@ -65,6 +65,20 @@ class FileStore(TableStore):
                     raise
         raise AssertionError("unreachable")
 
+    # -- backups in progress (kompaktor.metadata.backup) ------------------------------------------
+    def begin_backup(self, backup_id: str, ttl_s: float) -> None:
+        """Announce (or refresh) a backup being taken: the collector deletes nothing until it
+        ends or ``ttl_s`` passes."""
+        self.call(self._r.hset, C.BACKUPS_RUNNING, backup_id, str(time.time() + ttl_s))
+
+    def end_backup(self, backup_id: str) -> None:
+        self.call(self._r.hdel, C.BACKUPS_RUNNING, backup_id)
+
+    def backup_running(self) -> bool:
+        """Whether a backup is being taken now (one that died stops counting at its expiry)."""
+        now = time.time()
+        return any(float(v) > now for v in self.call(self._r.hvals, C.BACKUPS_RUNNING))
+
     # -- garbage collection, imports in progress ------------------------------------------------------
     def record_gc(self, n: int) -> None:
         """Record that the collector deletes ``n`` files (fenced: a replaced coordinator is

@@ -1,0 +1,381 @@
+"""Backups of the metadata, and restores into an empty Redis (docs/backup.md).
+
+A backup is a copy of all of Kompaktor's metadata — tables and their properties, tablets and
+their files, user compactions, services and groups, the name counters — written once to object
+storage beside the data (``backups/<id>/``): the metadata as gzipped JSON, the list of the data
+files it references, and last a manifest with both files' SHA-256. A backup without a manifest
+(one that died half-way) is never listed, and is deleted by the next ``backup delete`` of it.
+
+The copy is read in chunks (no call holds Redis longer than one ``MGET`` of
+:data:`~kompaktor.metadata.store.tables.SCAN_CHUNK` tablets), so taking one never stalls commits.
+Each table's tablets are read until they form an exact partition of the row space (a split or
+merge between two chunks is read again); each tablet is then a state it really had at some
+moment of the backup, which holds everything acknowledged before the backup began.
+
+While a backup is being taken, the garbage collector deletes nothing (it would not know which
+files the backup is about to reference); afterwards it spares every file a retained backup
+references (:func:`referenced_by_backups`), so every retained backup restores completely.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import itertools
+import json
+import posixpath
+import re
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from kompaktor import __version__
+from kompaktor import keyspace as C
+from kompaktor.files.storage import Storage
+from kompaktor.metadata.store import MetadataStore
+from kompaktor.model.errors import KompaktorError
+from kompaktor.model.names import TABLES_DIR, tmp_tag
+from kompaktor.model.tablet import Tablet
+
+BACKUPS_DIR = "backups"
+FORMAT = 1
+#: how long a backup in progress keeps the garbage collector from deleting (refreshed per table)
+MARK_TTL_S = 600.0
+_PARTITION_ATTEMPTS = 20
+_ID = re.compile(r"^B\d{13}-[0-9a-f]{8}$")
+
+
+class BackupError(KompaktorError):
+    """A backup cannot be taken, read, verified or restored; nothing was changed."""
+
+
+@dataclass(frozen=True)
+class Manifest:
+    id: str
+    created_ms: int
+    format: int
+    version: str
+    tables: int
+    tablets: int
+    files: int
+    bytes: int  # of the metadata file
+    sha256: str  # of the metadata file
+    files_sha256: str  # of the list of referenced files
+    took_s: float
+
+    # not ".gz": pyarrow's output streams would gzip the gzipped bytes a second time
+    @property
+    def metadata_path(self) -> str:
+        return f"{BACKUPS_DIR}/{self.id}/metadata.json.gzip"
+
+    @property
+    def files_path(self) -> str:
+        return f"{BACKUPS_DIR}/{self.id}/files.txt.gzip"
+
+
+def manifest_path(bid: str) -> str:
+    return f"{BACKUPS_DIR}/{bid}/MANIFEST.json"
+
+
+def check_id(bid: str) -> str:
+    if not _ID.match(bid):
+        raise BackupError(f"{bid!r} is not a backup id (B<13 digits>-<8 hex>; `kompaktor backup list` shows them)")
+    return bid
+
+
+# -- reading the metadata ----------------------------------------------------------------------------
+def _text(d: dict[bytes, bytes]) -> dict[str, str]:
+    return {k.decode(): v.decode() for k, v in d.items()}
+
+
+def partition_gap(tablets: list[Tablet]) -> str | None:
+    """Why ``tablets`` (in row order) do not cover the row space exactly once, or None."""
+    if not tablets:
+        return "no tablets"
+    if tablets[0].prev is not None or tablets[-1].end is not None:
+        return "the first or last tablet is bounded"
+    for a, b in itertools.pairwise(tablets):
+        if a.end != b.prev:
+            return f"tablet {a.id} ends where {b.id} does not start"
+    return None
+
+
+def _read_tablets(store: MetadataStore, tid: str) -> dict[str, str]:
+    for _ in range(_PARTITION_ATTEMPTS):
+        docs = store.tablet_docs(store.tablet_ids(tid))
+        tablets = [Tablet.from_json(t, json.loads(raw)) for t, raw in docs]
+        if partition_gap(tablets) is None:
+            return {t: raw.decode() for t, raw in docs}
+    raise BackupError(f"table {tid}: its tablets kept changing while they were read (splits or merges); retry")
+
+
+def snapshot(store: MetadataStore, bid: str) -> dict[str, Any]:
+    """Every piece of Kompaktor's metadata, read in chunks; the backup's content."""
+    r = store._r
+    names = _text(store.call(r.hgetall, C.TABLES))
+    tables = {}
+    for tid in sorted(names.values()):
+        store.begin_backup(bid, MARK_TTL_S)  # refreshed: a big table takes a while
+        tables[tid] = {"hash": _text(store.call(r.hgetall, C.table_key(tid))), "tablets": _read_tablets(store, tid)}
+    ucomps = {}
+    for cid in sorted(m.decode() for m in store.call(r.smembers, C.UCOMPS)):
+        ucomps[cid] = {
+            "hash": _text(store.call(r.hgetall, C.ucomp_key(cid))),
+            "done": sorted(m.decode() for m in store.call(r.smembers, C.ucomp_done_key(cid))),
+        }
+    return {
+        "format": FORMAT,
+        "names": names,
+        "tables": tables,
+        "ucomps": ucomps,
+        "services": _text(store.call(r.hgetall, C.SERVICES)),
+        "groups": _text(store.call(r.hgetall, C.GROUPS)),
+        "seq": _text(store.call(r.hgetall, C.SEQ)),
+    }
+
+
+def referenced(data: dict[str, Any]) -> set[str]:
+    """The data files a backup's tablets reference."""
+    out: set[str] = set()
+    for t in data["tables"].values():
+        for raw in t["tablets"].values():
+            out.update(json.loads(raw).get("files") or {})
+    return out
+
+
+# -- writing and reading backups ---------------------------------------------------------------------
+def _put(storage: Storage, rel: str, data: bytes) -> None:
+    staged = storage.staging_name(rel)
+    storage.ensure_dir(posixpath.dirname(rel))
+    out = storage.open_output(staged)
+    try:
+        out.write(data)
+    finally:
+        out.close()
+    storage.publish(staged, rel)
+
+
+def _get(storage: Storage, rel: str) -> bytes:
+    with storage.open_input(rel) as f:
+        return bytes(f.read())
+
+
+def create(store: MetadataStore, storage: Storage) -> Manifest:
+    """Take a backup; returns its manifest (written last)."""
+    started = time.monotonic()
+    now = int(time.time() * 1000)
+    bid = f"B{now:013d}-{uuid.uuid4().hex[:8]}"
+    store.begin_backup(bid, MARK_TTL_S)
+    try:
+        data = snapshot(store, bid)
+        files = sorted(referenced(data))
+        blob = gzip.compress(json.dumps(data, sort_keys=True).encode(), 6)
+        listing = gzip.compress("".join(f + "\n" for f in files).encode(), 6)
+        tablets = sum(len(t["tablets"]) for t in data["tables"].values())
+        m = Manifest(
+            bid,
+            now,
+            FORMAT,
+            __version__,
+            len(data["tables"]),
+            tablets,
+            len(files),
+            len(blob),
+            hashlib.sha256(blob).hexdigest(),
+            hashlib.sha256(listing).hexdigest(),
+            round(time.monotonic() - started, 3),
+        )
+        _put(storage, m.metadata_path, blob)
+        _put(storage, m.files_path, listing)
+        _put(storage, manifest_path(bid), json.dumps(asdict(m), indent=1).encode())
+        return m
+    finally:
+        store.end_backup(bid)
+
+
+def list_backups(storage: Storage) -> list[Manifest]:
+    """The complete backups (those with a manifest), oldest first."""
+    out = []
+    for d in storage.list_dirs(BACKUPS_DIR):
+        if _ID.match(d) and storage.exists(manifest_path(d)):
+            out.append(read_manifest(storage, d))
+    return sorted(out, key=lambda m: m.created_ms)
+
+
+def read_manifest(storage: Storage, bid: str) -> Manifest:
+    check_id(bid)
+    try:
+        return Manifest(**json.loads(_get(storage, manifest_path(bid))))
+    except FileNotFoundError:
+        raise BackupError(f"no backup {bid} in {storage.uri} (`kompaktor backup list` shows them)") from None
+    except (ValueError, TypeError) as exc:
+        raise BackupError(f"backup {bid}: its manifest is unreadable: {exc}") from exc
+
+
+def load(storage: Storage, m: Manifest) -> dict[str, Any]:
+    """A backup's metadata, its checksum checked."""
+    blob = _get(storage, m.metadata_path)
+    if hashlib.sha256(blob).hexdigest() != m.sha256:
+        raise BackupError(f"backup {m.id}: metadata.json.gzip does not match its manifest's checksum")
+    data: dict[str, Any] = json.loads(gzip.decompress(blob))
+    if data.get("format") != FORMAT:
+        raise BackupError(f"backup {m.id}: format {data.get('format')} (this Kompaktor reads {FORMAT})")
+    return data
+
+
+def files_of(storage: Storage, m: Manifest) -> list[str]:
+    blob = _get(storage, m.files_path)
+    if hashlib.sha256(blob).hexdigest() != m.files_sha256:
+        raise BackupError(f"backup {m.id}: files.txt.gzip does not match its manifest's checksum")
+    return gzip.decompress(blob).decode().split()
+
+
+@dataclass
+class Verified:
+    manifest: Manifest
+    missing: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.missing
+
+
+def verify(storage: Storage, bid: str) -> Verified:
+    """Both checksums, and every referenced file present."""
+    m = read_manifest(storage, bid)
+    load(storage, m)
+    return Verified(m, [f for f in files_of(storage, m) if not storage.exists(f)])
+
+
+def delete(storage: Storage, bid: str) -> None:
+    """Delete a backup: its manifest first (it is no longer listed, nor spared by the collector)."""
+    check_id(bid)
+    storage.delete(manifest_path(bid))
+    for rel, _ in storage.list_files(f"{BACKUPS_DIR}/{bid}"):
+        storage.delete(rel)
+
+
+def prune(storage: Storage, keep: int, max_age_s: float | None = None) -> list[str]:
+    """Delete the oldest backups beyond the newest ``keep`` (and those older than ``max_age_s``,
+    the newest always kept). Returns the ids deleted."""
+    backups = list_backups(storage)
+    now = time.time() * 1000
+    doomed = backups[: max(0, len(backups) - keep)]
+    if max_age_s is not None:
+        doomed += [m for m in backups[:-1] if now - m.created_ms > max_age_s * 1000 and m not in doomed]
+    for m in doomed:
+        delete(storage, m.id)
+    return [m.id for m in doomed]
+
+
+_referenced_cache: dict[str, frozenset[str]] = {}
+
+
+def referenced_by_backups(storage: Storage) -> set[str]:
+    """Every data file some retained backup references (what the collector spares)."""
+    out: set[str] = set()
+    for m in list_backups(storage):
+        if m.id not in _referenced_cache:
+            _referenced_cache[m.id] = frozenset(files_of(storage, m))
+        out |= _referenced_cache[m.id]
+    return out
+
+
+# -- restore -----------------------------------------------------------------------------------------
+@dataclass
+class Restored:
+    manifest: Manifest
+    tables: int
+    tablets: int
+    files: int
+    #: data files in storage that the restored metadata does not reference: what was written after
+    #: the backup (flushes, imports, compaction outputs) — acknowledged writes a restore loses
+    unreferenced: list[str]
+
+
+def _metadata_keys(store: MetadataStore) -> list[str]:
+    """Keys of tables or tablets in this Redis (a coordinator's lease or queues do not count)."""
+    if store.call(store._r.exists, C.TABLES):
+        return [C.TABLES]
+    for pattern in (C.table_key("*"), C.tablet_key("*")):
+        cursor = 0
+        while True:
+            cursor, keys = store.call(store._r.scan, cursor, match=pattern, count=1000)
+            if keys:
+                return [k.decode() for k in keys]
+            if not cursor:
+                break
+    return []
+
+
+def _max_name_numbers(storage: Storage) -> tuple[int, int]:
+    """The highest table id and file sequence number in storage (files written after a backup
+    have higher ones than its counters: the restored counters must not hand them out again)."""
+    top_table = top_file = 0
+    for d in storage.list_dirs(TABLES_DIR):
+        if re.fullmatch(r"[0-9a-f]+", d):
+            top_table = max(top_table, int(d, 16))
+        for rel, _ in storage.list_files(f"{TABLES_DIR}/{d}"):
+            m = re.match(r"^[A-Z]([0-9a-f]{10})", posixpath.basename(rel))
+            if m:
+                top_file = max(top_file, int(m.group(1), 16))
+    return top_table, top_file
+
+
+def restore(store: MetadataStore, storage: Storage, bid: str) -> Restored:
+    """Restore backup ``bid`` into an empty Redis. Refuses a Redis that holds Kompaktor's keys, a
+    backup whose checksums fail or whose files are missing — in one line, nothing written.
+    Compactions running when the backup was taken are gone (their outputs become garbage); the
+    coordinator rebuilds the queues from the restored tablets (all marked dirty)."""
+    present = _metadata_keys(store)
+    if present:
+        raise BackupError(
+            f"refused: this Redis already holds Kompaktor metadata ({present[0]} and more); restore needs an empty one"
+        )
+    m = read_manifest(storage, bid)
+    data = load(storage, m)
+    files = files_of(storage, m)
+    missing = [f for f in files if not storage.exists(f)]
+    if missing:
+        raise BackupError(
+            f"refused: backup {bid} references {len(missing)} files that are not in storage (first: {missing[0]})"
+        )
+    _write_back(store, data, _max_name_numbers(storage))
+    wanted = set(files)
+    unreferenced = sorted(
+        rel
+        for d in storage.list_dirs(TABLES_DIR)
+        for rel, _ in storage.list_files(f"{TABLES_DIR}/{d}")
+        if rel not in wanted and tmp_tag(rel) is None
+    )
+    tablets = sum(len(t["tablets"]) for t in data["tables"].values())
+    return Restored(m, len(data["tables"]), tablets, len(files), unreferenced)
+
+
+def _write_back(store: MetadataStore, data: dict[str, Any], tops: tuple[int, int]) -> None:
+    p = store._r.pipeline(transaction=True)
+    if data["names"]:
+        p.hset(C.TABLES, mapping=data["names"])
+    for tid, t in data["tables"].items():
+        p.hset(C.table_key(tid), mapping=t["hash"])
+        for tablet, raw in t["tablets"].items():
+            doc = json.loads(raw)
+            doc["running"] = {}  # compactions running then are dead now: outputs are garbage
+            p.set(C.tablet_key(tablet), json.dumps(doc, separators=(",", ":")))
+            p.zadd(C.tablets_key(tid), {tablet.split(";", 1)[1]: 0})
+            p.sadd(C.DIRTY, tablet)
+    for cid, u in data["ucomps"].items():
+        if u["hash"]:
+            p.hset(C.ucomp_key(cid), mapping=u["hash"])
+        p.sadd(C.UCOMPS, cid)
+        if u["done"]:
+            p.sadd(C.ucomp_done_key(cid), *u["done"])
+    for key, values in ((C.SERVICES, data["services"]), (C.GROUPS, data["groups"])):
+        if values:
+            p.hset(key, mapping=values)
+    seq = dict(data["seq"])
+    seq["table"] = str(max(int(seq.get("table", 0)), tops[0]))
+    seq["file"] = str(max(int(seq.get("file", 0)), tops[1]))
+    p.hset(C.SEQ, mapping=seq)
+    store.call(p.execute)

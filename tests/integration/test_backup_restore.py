@@ -1,0 +1,199 @@
+"""Backups that restore (issue 35 §1, §2, §4): a workload of flushes, imports, deletes, partial and
+full compactions, splits and garbage collection with no grace takes backups as it goes; then the
+Redis server is SIGKILLed and its data (AOF, RDB) deleted, an empty one started, and the latest
+backup restored with `kompaktor restore`. The scan must equal a reference view computed here from
+the writes acknowledged before that backup: nothing lost, nothing deleted come back, no key twice.
+Every retained backup must still verify (the collector spared their files), a restore refuses a
+Redis that holds metadata, and compactions running at the backup are gone after it."""
+
+from __future__ import annotations
+
+import random
+import shutil
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kompaktor.cli import main
+from kompaktor.client import Client
+from kompaktor.coordinator.gc import collect_garbage
+from kompaktor.engines import make_engine
+from kompaktor.engines.api import MergeRequest
+from kompaktor.files.storage import Storage
+from kompaktor.local.redis_server import RedisProcess
+from kompaktor.metadata import backup, compactions
+from kompaktor.metadata import tablet_ops as tabletops
+from kompaktor.metadata.store import MetadataStore
+from kompaktor.model.errors import ConditionFailed
+from kompaktor.model.job import Job
+from kompaktor.model.keys import Entry
+
+pytestmark = pytest.mark.redis
+ENGINE = make_engine("arrow")
+ROWS = [b"%03d" % i for i in range(40)]
+
+
+def reference(accepted: list[tuple[bytes, int, bool]]) -> list[tuple[bytes, int]]:
+    """Per row the newest put not hidden by a delete of the same or a newer time."""
+    by_row: dict[bytes, list[tuple[int, bool]]] = defaultdict(list)
+    for row, ts, d in accepted:
+        by_row[row].append((ts, d))
+    out = []
+    for row, ws in sorted(by_row.items()):
+        dmax = max((ts for ts, d in ws if d), default=None)
+        puts = [ts for ts, d in ws if not d and (dmax is None or ts > dmax)]
+        if puts:
+            out.append((row, max(puts)))
+    return out
+
+
+class Workload:
+    def __init__(self, client: Client, seed: int) -> None:
+        self.client, self.rng = client, random.Random(seed)
+        self.accepted: list[tuple[bytes, int, bool]] = []
+        self.ts = 0
+        client.store.create_table("t", [b"010", b"025"])
+
+    def write(self) -> None:
+        self.ts += 1
+        rows = self.rng.sample(ROWS, 6)
+        ws = [(r, self.ts, self.rng.random() < 0.3) for r in rows]
+        self.client.flush("t", [Entry(r, b"f", b"q", b"", ts, d, b"" if d else r) for r, ts, d in ws])
+        self.accepted.extend(ws)
+
+    def reserve(self, full: bool):
+        ts = self.client.store.tablets(self.client.store.table_id("t"))
+        t = self.rng.choice([t for t in ts if t.files and not t.running] or [None])
+        if t is None:
+            return None
+        files = sorted(t.files) if full else sorted(t.files)[: max(1, len(t.files) // 2)]
+        job = Job(t.id, "SYSTEM", 1, "test", {f: t.files[f].size for f in files})
+        try:
+            return compactions.try_reserve(self.client.store, job, "bk", "test")
+        except ConditionFailed:
+            return None
+
+    def compact(self) -> None:
+        res = self.reserve(self.rng.random() < 0.6)
+        if res is None:
+            return
+        out = ENGINE.merge(
+            self.client.storage, MergeRequest(res.inputs, res.output, res.prev, res.end, res.settings, res.ecid)
+        )
+        try:
+            compactions.commit(self.client.store, res, out.info)
+        except ConditionFailed:
+            compactions.release(self.client.store, self.client.storage, res)
+
+    def step(self) -> None:
+        r = self.rng.random()
+        if r < 0.55:
+            self.write()
+        elif r < 0.9:
+            self.compact()
+        elif r < 0.95:
+            try:
+                tabletops.split(self.client.store, "t", [self.rng.choice(ROWS)])
+            except tabletops.TabletOpRefused:
+                pass
+        else:
+            collect_garbage(self.client.store, self.client.storage, grace_s=0)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_restore_after_losing_every_redis_node(tmp_path: Path, seed: int) -> None:
+    storage = Storage.from_uri(str(tmp_path / "data"))
+    server = RedisProcess(tmp_path / "redis-a")
+    server.start()
+    try:
+        store = MetadataStore.from_url(server.url)
+        w = Workload(Client(store, storage), seed)
+        taken: list[tuple[backup.Manifest, list[tuple[bytes, int, bool]]]] = []
+        for i in range(90):
+            w.step()
+            if i % 30 == 29:
+                taken.append((backup.create(store, storage), list(w.accepted)))
+        running = w.reserve(True)  # a compaction running when the last backup is taken
+        last, acked = backup.create(store, storage), list(w.accepted)
+        for _ in range(30):  # acknowledged after the last backup: what a restore cannot bring back
+            w.step()
+        collect_garbage(store, storage, grace_s=0)
+        store.close()
+    finally:
+        server.stop(kill=True)  # every Redis node lost: SIGKILL, then its AOF and RDB deleted
+    shutil.rmtree(tmp_path / "redis-a")
+
+    for m, _ in [*taken, (last, acked)]:  # the collector spared every retained backup's files
+        assert backup.verify(storage, m.id).ok
+    assert [m.id for m in backup.list_backups(storage)] == [m.id for m, _ in [*taken, (last, acked)]]
+
+    empty = RedisProcess(tmp_path / "redis-b")
+    empty.start()
+    try:
+        args = ["--redis", empty.url, "--storage", storage.uri]
+        r = CliRunner().invoke(main, ["restore", last.id, *args])
+        assert r.exit_code == 0, r.output
+        assert f"restored backup {last.id}" in r.output
+        store = MetadataStore.from_url(empty.url)
+        client = Client(store, storage)
+        got = [(e.row, e.ts) for e in client.scan("t")]
+        assert len({row for row, _ in got}) == len(got)  # no key twice
+        assert got == reference(acked)  # nothing lost, nothing deleted come back
+        # the compaction that was running is gone: its files can be compacted again
+        if running is not None:
+            t = store.tablet(running.tablet)
+            assert not t.running and set(running.inputs) <= set(t.files)
+        # a second restore into the now non-empty Redis is refused in one line, nothing changed
+        r = CliRunner().invoke(main, ["restore", taken[0][0].id, *args])
+        assert r.exit_code != 0 and "already holds Kompaktor metadata" in r.output
+        assert len(r.output.strip().splitlines()) == 1
+        assert [(e.row, e.ts) for e in client.scan("t")] == got
+        # and the restored table works: a compaction commits
+        w2 = Workload.__new__(Workload)
+        w2.client, w2.rng = client, random.Random(seed)
+        w2.compact()
+        assert [(e.row, e.ts) for e in client.scan("t")] == got
+        store.close()
+    finally:
+        empty.stop()
+
+
+def test_backup_commands(tmp_path: Path, redis_url: str, client: Client) -> None:
+    args = ["--redis", redis_url, "--storage", client.storage.uri]
+    client.store.create_table("x")
+    client.flush("x", [Entry(b"a", b"f", b"q", b"", 1, False, b"v")])
+    r = CliRunner().invoke(main, ["backup", "create", *args])
+    assert r.exit_code == 0 and "1 tables, 1 tablets, 1 files referenced" in r.output, r.output
+    bid = r.output.split()[1].rstrip(":")
+    r = CliRunner().invoke(main, ["backup", "list", "--storage", client.storage.uri])
+    assert bid in r.output
+    r = CliRunner().invoke(main, ["backup", "verify", bid, "--storage", client.storage.uri])
+    assert r.exit_code == 0 and "all 1 files present" in r.output
+    # a referenced file gone: verify says so and fails
+    (f,) = client.store.tablets(client.store.table_id("x"))[0].files
+    client.storage.delete(f)
+    r = CliRunner().invoke(main, ["backup", "verify", bid, "--storage", client.storage.uri])
+    assert r.exit_code != 0 and "1 referenced files are missing" in r.output
+    # a half-written backup (no manifest) is never listed; bad ids are refused in one line
+    client.storage.ensure_dir("backups/B0000000000001-deadbeef")
+    assert [m.id for m in backup.list_backups(client.storage)] == [bid]
+    r = CliRunner().invoke(main, ["backup", "verify", "../etc", "--storage", client.storage.uri])
+    assert r.exit_code != 0 and "is not a backup id" in r.output
+    r = CliRunner().invoke(main, ["backup", "delete", bid, "--storage", client.storage.uri])
+    assert r.exit_code == 0 and backup.list_backups(client.storage) == []
+
+
+def test_no_garbage_collected_while_a_backup_is_taken(client: Client) -> None:
+    client.store.create_table("g")
+    client.flush("g", [Entry(b"a", b"f", b"q", b"", 1, False, b"v")])
+    client.storage.ensure_dir("tables/zz")
+    orphan = "tables/zz/F0000000001-0123456789abcdef.parquet"
+    out = client.storage.open_output(orphan)
+    out.write(b"x")
+    out.close()
+    client.store.begin_backup("B0000000000002-00000000", 60)
+    assert collect_garbage(client.store, client.storage, grace_s=0) == []
+    client.store.end_backup("B0000000000002-00000000")
+    assert collect_garbage(client.store, client.storage, grace_s=0) == [orphan]
