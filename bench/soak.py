@@ -482,7 +482,7 @@ class Soak:
                 from kompaktor.local.mix import MixedWorkload
 
                 self.mixes = {
-                    t: MixedWorkload(client, t, self.data_dir / "mix" / t, seed=self.args.seed + i)
+                    t: MixedWorkload(client, f"{t}-mix", self.data_dir / "mix" / t, seed=self.args.seed + i)
                     for i, t in enumerate(tables)
                 }
             chaos = Chaos(c, seed=self.args.seed)

@@ -41,7 +41,6 @@ def compact_all(client: Client, table: str) -> None:
 
 
 def test_the_mix_keeps_its_reference_view(client: Client, tmp_path: Path) -> None:
-    client.store.create_table("mix", [b"4", b"8", b"c"])
     mix = MixedWorkload(client, "mix", tmp_path, seed=3, keys=60)
     mix.ucomp = "none"  # user compactions need a coordinator: not in this test
     mix._user_compaction = lambda: None  # type: ignore[method-assign]
@@ -56,7 +55,7 @@ def test_the_mix_keeps_its_reference_view(client: Client, tmp_path: Path) -> Non
 
 
 def test_the_check_sees_a_resurrection(client: Client, tmp_path: Path) -> None:
-    client.store.create_table("acc")
+    client.store.create_table("acc")  # a table that exists is used as it is
     client.store.set_props("acc", {"table.delete.semantics": "accumulo"})
     mix = MixedWorkload(client, "acc", tmp_path, seed=5, keys=20)
     row = mix.pool[0]

@@ -260,7 +260,7 @@ class _DemoRun:
         store.create_table(self.opts.table, split_points(self.opts.tablets))
         self.ingester = ContinuousIngest(self.client, self.opts.table, batch=self.opts.batch)
         self.mix = (
-            MixedWorkload(self.client, self.opts.table, self.data_dir / "mix", seed=self.opts.chaos_seed)
+            MixedWorkload(self.client, f"{self.opts.table}-mix", self.data_dir / "mix", seed=self.opts.chaos_seed)
             if self.opts.workload == "mix"
             else None
         )

@@ -1,8 +1,10 @@
 """A workload mix no test tunes to (``kompaktor demo --workload mix``, ``bench.soak --workload
 mix``), beside the continuous ingest: deletes of random existing keys, puts, imports with
 timestamps older than earlier deletes (with and without ``--set-time``), overlapping imports,
-splits and merges, and user compactions with an iterator — on their own column family of the
-same table, so they meet the ingest's compactions.
+splits and merges, and user compactions with an iterator — on a table of their own (created with
+a few split points), planned and compacted by the same coordinator and compactors as the ingest's.
+Its own table keeps the reference exact: every delete marker that can refuse one of its writes is
+one of its own.
 
 Its verification compares the scan with a reference view computed here from the writes the table
 accepted (docs/file-format.md: per key the newest put not hidden by a delete marker of the same or
@@ -79,6 +81,8 @@ class MixedWorkload:
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
         self.pool = sorted({format(self.rng.getrandbits(64), "016x").encode() for _ in range(self.keys)})
+        if self.table not in {t.name for t in self.client.store.tables()}:
+            self.client.store.create_table(self.table, [b"4", b"8", b"c"])
         self.splits = 0
         self.ucomp: str | None = None
         self.workdir.mkdir(parents=True, exist_ok=True)
