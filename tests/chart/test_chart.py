@@ -598,3 +598,24 @@ def test_every_port_names_its_protocol_for_server_side_apply(values: Path) -> No
         for c in pod.get("containers", []) + pod.get("initContainers", []):
             for port in c.get("ports") or []:
                 assert port.get("protocol") == "TCP", (doc["metadata"]["name"], c["name"], port)
+
+
+def test_scheduled_backups_and_their_alerts_pass_promtool(tmp_path: Path) -> None:
+    """The coordinator takes backups on the chart's schedule; the PrometheusRule's alerts name the
+    metrics the coordinator exports and pass `promtool check rules`."""
+    import subprocess
+
+    from tests.promcheck import promtool
+
+    by = kinds(render({"metrics": {"prometheusRule": {"enabled": True}}, "coordinator": {"backup": {"keep": 3}}}))
+    args = container(by["Deployment"], "Deployment", "kompaktor-operator", "coordinator")["args"]
+    assert "--backup-interval=3600" in args and "--backup-keep=3" in args
+    (rule,) = by["PrometheusRule"]
+    exprs = " ".join(r["expr"] for g in rule["spec"]["groups"] for r in g["rules"])
+    assert "kompaktor_backup_last_success_timestamp_seconds" in exprs and "> 10800" in exprs
+    assert "kompaktor_backup_failures_total" in exprs
+    f = tmp_path / "rules.yaml"
+    f.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+    out = subprocess.run([promtool(), "check", "rules", str(f)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "PrometheusRule" not in kinds(render({}))

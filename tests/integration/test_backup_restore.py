@@ -197,3 +197,26 @@ def test_no_garbage_collected_while_a_backup_is_taken(client: Client) -> None:
     assert collect_garbage(client.store, client.storage, grace_s=0) == []
     client.store.end_backup("B0000000000002-00000000")
     assert collect_garbage(client.store, client.storage, grace_s=0) == [orphan]
+
+
+def test_the_coordinator_takes_backups_on_its_schedule_and_keeps_the_newest(client: Client) -> None:
+    from kompaktor.coordinator import Coordinator
+    from tests.support.coordinator import settings
+
+    client.store.create_table("s")
+    client.flush("s", [Entry(b"a", b"f", b"q", b"", 1, False, b"v")])
+    c = Coordinator(client.store, client.storage, settings(backup_interval_s=3600, backup_keep=2))
+    assert c.tick()
+    (first,) = backup.list_backups(client.storage)
+    assert c.metrics.registry.get_sample_value("kompaktor_backup_last_success_timestamp_seconds") == pytest.approx(
+        first.created_ms / 1000
+    )
+    assert c.tick() and len(backup.list_backups(client.storage)) == 1  # not due again for an hour
+    # a new leader reads when the last one was taken: not due either
+    c2 = Coordinator(client.store, client.storage, settings(backup_interval_s=3600, backup_keep=2))
+    assert not c2.backup_due()
+    for _ in range(3):
+        c.take_backup()
+    kept = backup.list_backups(client.storage)
+    assert len(kept) == 2 and first.id not in {m.id for m in kept}
+    assert c.metrics.registry.get_sample_value("kompaktor_backup_failures_total") == 0

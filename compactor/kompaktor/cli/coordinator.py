@@ -62,6 +62,20 @@ from kompaktor.cli.common import friendly_errors, redis_option, setup_logging, s
     help="Worker processes that plan shares of a full pass over 50,000 tablets or more "
     "(default: one per core beyond the first, at most 3; 0: plan in one thread).",
 )
+@click.option(
+    "--backup-interval",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    help="Seconds between backups of the metadata to storage under backups/ (0: none; docs/backup.md).",
+)
+@click.option("--backup-keep", type=click.IntRange(min=1), default=7, show_default=True, help="Backups retained.")
+@click.option(
+    "--backup-max-age",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Seconds after which a backup is deleted (the newest is always kept).",
+)
 @redis_option
 @storage_option
 @friendly_errors
@@ -74,6 +88,9 @@ def coordinator(
     gc_interval: float,
     lease_s: float,
     plan_workers: int | None,
+    backup_interval: float,
+    backup_keep: int,
+    backup_max_age: float | None,
     redis_url: str,
     storage_uri: str | None,
 ) -> None:
@@ -99,6 +116,9 @@ def coordinator(
             gc_grace_s=gc_grace,
             gc_interval_s=gc_interval,
             lease_ms=int(lease_s * 1000),
+            backup_interval_s=backup_interval,
+            backup_keep=backup_keep,
+            backup_max_age_s=backup_max_age,
             **({} if plan_workers is None else {"plan_workers": plan_workers}),
         ),
     )

@@ -31,9 +31,9 @@ from kompaktor.coordinator.lease import Lease
 from kompaktor.coordinator.metrics import QueueMetrics
 from kompaktor.coordinator.planpool import PlanContext, PlanPool, TabletDoc, default_workers, plan_share
 from kompaktor.files.storage import Storage
-from kompaktor.metadata import failures, tablet_ops, user_compactions
+from kompaktor.metadata import backup, failures, tablet_ops, user_compactions
 from kompaktor.metadata.store import MetadataStore
-from kompaktor.model.errors import Fenced, StoreUnavailable
+from kompaktor.model.errors import Fenced, KompaktorError, StoreUnavailable
 from kompaktor.model.tablet import Tablet, gc_paused, now_ms
 from kompaktor.policy.planning import TabletPlan
 
@@ -51,6 +51,10 @@ class CoordinatorSettings:
     dead_after_s: float = 30.0  # a compaction without a heartbeat for this long is dead
     gc_interval_s: float = 60.0
     gc_grace_s: float = 300.0  # unreferenced files younger than this are left alone
+    #: a backup of the metadata this often (kompaktor.metadata.backup); 0: none
+    backup_interval_s: float = 0.0
+    backup_keep: int = 7  # backups retained (the newest)
+    backup_max_age_s: float | None = None  # and none older than this (the newest always kept)
     max_attempts: int = failures.MAX_ATTEMPTS
     #: worker processes that plan shares of a big full pass (:mod:`.planpool`); 0: one thread
     plan_workers: int = field(default_factory=default_workers)
@@ -74,7 +78,8 @@ class Coordinator:
         self._store_lost = False
         self._last_full = float("-inf")  # never: the first pass as leader is a full scan
         self._last_gc = time.monotonic()
-        self._gc_cursor = GcCursor()  # where the next bounded garbage-collection pass resumes
+        self._gc_cursor = GcCursor()
+        self._last_backup_ms: int | None = None  # the newest backup's time, once read  # where the next bounded garbage-collection pass resumes
         self._known_tables: set[str] | None = None  # table ids seen by the last pass
         self._planpool = PlanPool(self.store.url, self.settings.plan_workers)
         self.stats = {"planned": 0, "queued": 0, "dead": 0, "gc_deleted": 0, "full_scans": 0}
@@ -150,6 +155,9 @@ class Coordinator:
         if time.monotonic() - self._last_gc >= self.settings.gc_interval_s:
             self.check_lease()
             self.collect_garbage()
+        if self.settings.backup_interval_s > 0 and self.backup_due():
+            self.check_lease()
+            self.take_backup()
         self.metrics.export(self.store)
         self.store.mark_coordinator_seen()
         return True
@@ -297,6 +305,34 @@ class Coordinator:
         )
         self.stats["dead"] += len(dead)
         return dead
+
+    def backup_due(self) -> bool:
+        """Whether the newest backup in storage is older than the interval (read once, then kept:
+        a new leader does not take one at once when another just did)."""
+        if self._last_backup_ms is None:
+            done = backup.list_backups(self.storage)
+            self._last_backup_ms = done[-1].created_ms if done else 0
+            self.metrics.backup_last.set(self._last_backup_ms / 1000)
+        return time.time() * 1000 - self._last_backup_ms >= self.settings.backup_interval_s * 1000
+
+    def take_backup(self) -> backup.Manifest | None:
+        """A scheduled backup, then retention. A failure is counted and logged; the next pass
+        retries (after the interval again when storage keeps failing)."""
+        self._last_backup_ms = int(time.time() * 1000)
+        try:
+            m = backup.create(self.store, self.storage)
+            backup.prune(self.storage, self.settings.backup_keep, self.settings.backup_max_age_s)
+        except (Fenced, StoreUnavailable):
+            self.metrics.backup_failures.inc()
+            raise
+        except (OSError, KompaktorError) as exc:
+            self.metrics.backup_failures.inc()
+            log.warning("backup failed: %s", " ".join(str(exc).split()))
+            return None
+        self.metrics.backup_last.set(m.created_ms / 1000)
+        self.metrics.backup_bytes.set(m.bytes)
+        log.info("backup %s: %d tablets, %d files, %.2f s", m.id, m.tablets, m.files, m.took_s)
+        return m
 
     def collect_garbage(self, grace_s: float | None = None) -> list[str]:
         """Delete files under tables/ that no tablet references and no running compaction will

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from kompaktor.files.storage import RequestsCollector
 from kompaktor.metadata.store import MetadataStore
@@ -22,6 +22,9 @@ class QueueMetrics:
     rejected: Gauge
     dead: Gauge
     dead_lettered: Gauge
+    backup_last: Gauge
+    backup_bytes: Gauge
+    backup_failures: Counter
 
     @classmethod
     def create(cls) -> QueueMetrics:
@@ -40,6 +43,13 @@ class QueueMetrics:
             ),
             Gauge("kompaktor_dead_compactions", "Dead compactions detected (cumulative)", [], registry=r),
             Gauge("kompaktor_dead_lettered_jobs", "Jobs moved to the dead-letter list", [g], registry=r),
+            Gauge(
+                "kompaktor_backup_last_success_timestamp_seconds",
+                "When this coordinator's last scheduled backup of the metadata was taken (epoch seconds)",
+                registry=r,
+            ),
+            Gauge("kompaktor_backup_last_size_bytes", "Size of the last backup's metadata file", registry=r),
+            Counter("kompaktor_backup_failures", "Scheduled backups that failed", registry=r),
         )
 
     def export(self, store: MetadataStore) -> None:

@@ -295,18 +295,9 @@ class Restored:
 
 
 def _metadata_keys(store: MetadataStore) -> list[str]:
-    """Keys of tables or tablets in this Redis (a coordinator's lease or queues do not count)."""
-    if store.call(store._r.exists, C.TABLES):
-        return [C.TABLES]
-    for pattern in (C.table_key("*"), C.tablet_key("*")):
-        cursor = 0
-        while True:
-            cursor, keys = store.call(store._r.scan, cursor, match=pattern, count=1000)
-            if keys:
-                return [k.decode() for k in keys]
-            if not cursor:
-                break
-    return []
+    """Whether this Redis holds tables (a restore writes them all in one transaction, so there is
+    no half-restored state; a coordinator's lease, groups or queues do not count)."""
+    return [C.TABLES] if store.call(store._r.exists, C.TABLES) else []
 
 
 def _max_name_numbers(storage: Storage) -> tuple[int, int]:
