@@ -78,8 +78,8 @@ class Coordinator:
         self._store_lost = False
         self._last_full = float("-inf")  # never: the first pass as leader is a full scan
         self._last_gc = time.monotonic()
-        self._gc_cursor = GcCursor()
-        self._last_backup_ms: int | None = None  # the newest backup's time, once read  # where the next bounded garbage-collection pass resumes
+        self._gc_cursor = GcCursor()  # where the next bounded garbage-collection pass resumes
+        self._last_backup_ms: int | None = None  # the newest backup's time, once read
         self._known_tables: set[str] | None = None  # table ids seen by the last pass
         self._planpool = PlanPool(self.store.url, self.settings.plan_workers)
         self.stats = {"planned": 0, "queued": 0, "dead": 0, "gc_deleted": 0, "full_scans": 0}
