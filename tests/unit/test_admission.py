@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -304,3 +306,108 @@ def test_config_reads_the_new_rules_from_the_environment() -> None:
     assert cfg.allowed_spark_conf == ("a.b", "c.*") and cfg.allowed_spark_masters == ()
     assert cfg.allowed_storage == ("s3://b/p",) and cfg.max_replicas_limit == 64
     assert OperatorConfig.from_env({}).max_replicas_limit == 1000
+
+
+# -- issue 34 §3: admission that cannot be talked around ---------------------------------------
+ALLOWED_TMP = CONFIG.model_copy(update={"allowed_storage": ("file:///tmp/allowed", "s3://team-bucket/kompaktor")})
+
+
+@pytest.mark.parametrize(
+    "uri, why",
+    [
+        # pyarrow decodes the path before it opens it: /tmp/allowed/../etc, /tmp/allowed/x/../../etc
+        ("file:///tmp/allowed/%2e%2e/etc", "percent-encoded"),
+        ("file:///tmp/allowed/x%2f..%2f..%2fetc", "percent-encoded"),
+        ("file:///tmp/allowed/%2E%2E", "percent-encoded"),
+        ("file:///tmp/allowed//etc", "empty"),
+        ("file:///tmp/allowed/./x", "'.'"),
+        ("file:///tmp/allowed/../etc", "'..'"),
+        ("file:///tmp/allowed\\..\\etc", "backslash"),
+        ("s3://evil@team-bucket/kompaktor/t", "user part"),
+        ("s3://key:secret@team-bucket/kompaktor/t", "user part"),
+        ("s3://team-bucket/kompaktor/t?endpoint_override=evil.example", "query"),
+        ("s3://team-bucket/kompaktor/t#x", "fragment"),
+        ("s3://team-bucket/kompaktor/\u2025/etc", "non-ASCII"),  # the two-dot leader
+        ("s3://team-bucket/kompaktor/\uff0e\uff0e/etc", "non-ASCII"),  # fullwidth full stops
+        ("s3://team\u2010bucket/kompaktor/t", "non-ASCII"),  # a hyphen look-alike
+        ("s3://team-bucket/kompaktor/t x", "space"),
+        ("S3://team-bucket/kompaktor/t", "lowercase scheme"),
+        ("file:/tmp/allowed/t", "scheme://"),
+    ],
+)
+def test_storage_uris_are_compared_only_in_the_form_pyarrow_opens(uri: str, why: str) -> None:
+    assert admission.storage_allowed("file:///tmp/allowed/t", ALLOWED_TMP)  # the prefix does allow
+    refusal = check(ALLOWED_TMP, storage={"uri": uri})
+    assert refusal is not None and refusal.rule == admission.STORAGE_NOT_ALLOWED
+    assert why in refusal.message and "\n" not in refusal.message, refusal.message
+
+
+def test_storage_prefixes_match_whole_path_segments() -> None:
+    for ok in (
+        "file:///tmp/allowed",
+        "file:///tmp/allowed/",
+        "file:///tmp/allowed/t/1",
+        "s3://team-bucket/kompaktor/t",
+    ):
+        assert admission.storage_allowed(ok, ALLOWED_TMP), ok
+    for bad in ("file:///tmp/allowedx", "file:///tmp", "s3://team-bucket/kompaktorx", "s3://team-bucket2/kompaktor"):
+        assert not admission.storage_allowed(bad, ALLOWED_TMP), bad
+
+
+@pytest.mark.parametrize(
+    "entry, allowed, refused",
+    [
+        (
+            "spark://spark-master.spark:*",
+            ["spark://spark-master.spark:7077"],
+            ["spark://spark-master.spark:7077,evil.example:7077", "spark://spark-master.spark:7077/x"],
+        ),
+        ("spark.ui.*", ["spark.ui.enabled"], ["spark.ui.enabled.x", "spark.uix"]),
+        (
+            "registry.corp/team/*",
+            ["registry.corp/team/compactor:2", f"registry.corp/team/compactor@sha256:{'a' * 64}"],
+            ["registry.corp/team/x/evil:1", "registry.corp/teamx:1", "registry.corp/team/"],
+        ),
+    ],
+)
+def test_a_wildcard_widens_by_one_segment(entry: str, allowed: list[str], refused: list[str]) -> None:
+    segment = admission.IMAGE_SEGMENT if entry.startswith("registry") else admission.SEGMENT
+    for value in allowed:
+        assert admission.listed(value, [entry], segment), value
+    for value in refused:
+        assert not admission.listed(value, [entry], segment), value
+
+
+@pytest.mark.parametrize(
+    "field, entry",
+    [
+        ("allowed_spark_masters", "spark://trusted*"),  # would allow spark://trusted.evil.example
+        ("allowed_images", "registry.corp/team*"),  # ... registry.corp/team-evil/miner
+        ("allowed_spark_conf", "spark.*.memory"),
+        ("allowed_storage", "s3://bucket/*"),
+        ("allowed_storage", "file:///tmp/a/%2e%2e"),
+    ],
+)
+def test_an_allow_list_entry_that_cannot_be_matched_on_boundaries_is_a_configuration_error(
+    field: str, entry: str
+) -> None:
+    with pytest.raises(ValueError, match="allow"):
+        OperatorConfig.model_validate({**CONFIG.model_dump(), field: (entry,)})
+    # and were it ever to reach admission, it matches nothing
+    assert not admission.listed("spark://trusted.evil.example", ["spark://trusted*"])
+    assert not admission.listed("spark://trusted", ["spark://trusted*"])
+
+
+def test_the_chart_refuses_wildcards_off_boundaries() -> None:
+    import jsonschema
+
+    schema = json.loads((Path(__file__).parents[2] / "helm/kompaktor/values.schema.json").read_text())
+    items = schema["properties"]["compactor"]["properties"]
+    for key, good, bad in (
+        ("allowedSparkMasters", "spark://m.spark:*", "spark://trusted*"),
+        ("allowedImages", "registry.corp/team/*", "registry.corp/team*"),
+        ("allowedStorage", "s3://b/p", "file:///tmp/a/%2e%2e"),
+    ):
+        jsonschema.validate(good, items[key]["items"])
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, items[key]["items"])

@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kompaktor import __version__
 
@@ -53,6 +53,26 @@ class OperatorConfig(BaseModel):
     #: How often the scaler and status timers run, seconds.
     scale_interval: float = 5.0
     status_interval: float = 15.0
+
+    @field_validator("allowed_images", "allowed_spark_conf", "allowed_spark_masters")
+    @classmethod
+    def _wildcards_on_boundaries(cls, entries: tuple[str, ...]) -> tuple[str, ...]:
+        from kompaktor.resources.admission import wildcard_problem  # it reads this module
+
+        for entry in entries:
+            if problem := wildcard_problem(entry):
+                raise ValueError(problem)
+        return entries
+
+    @field_validator("allowed_storage")
+    @classmethod
+    def _storage_prefixes_in_normal_form(cls, entries: tuple[str, ...]) -> tuple[str, ...]:
+        from kompaktor.resources.admission import storage_problem
+
+        for entry in entries:
+            if problem := storage_problem(entry):
+                raise ValueError(f"allowed storage prefix {entry!r} {problem}")
+        return entries
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
