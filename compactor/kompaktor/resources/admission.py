@@ -262,20 +262,9 @@ def check_group(spec: CompactorGroupSpec, config: OperatorConfig) -> Refusal | N
                 f"{', '.join(repr(s) for s in sorted(allowed)) or '(none)'} "
                 f"(chart value compactor.allowedSecrets)",
             )
-    for key in sorted(spec.spark.conf):
-        if key not in SPARK_CONF_ALLOWED and not listed(key, config.allowed_spark_conf):
-            return Refusal(
-                SPARK_CONF_NOT_ALLOWED,
-                f"spec.spark.conf key {key!r} is not allowed: a group may set only Spark settings that "
-                f"size or tune a merge (chart value compactor.allowedSparkConf adds keys)",
-            )
-    master = spec.spark.master
-    if not _LOCAL_MASTER.match(master) and not listed(master, config.allowed_spark_masters):
-        return Refusal(
-            SPARK_MASTER_NOT_ALLOWED,
-            f"spec.spark.master {master!r} is not allowed: local, local[N] or local[*]"
-            f"{_and(config.allowed_spark_masters)} (chart value compactor.allowedSparkMasters)",
-        )
+    refusal = check_spark(spec.spark.conf, spec.spark.master, config)
+    if refusal is not None:
+        return refusal
     uri = spec.storage.uri if spec.storage else None
     if uri and not storage_allowed(uri, config):
         why = storage_problem(uri)
@@ -301,6 +290,24 @@ def check_group(spec: CompactorGroupSpec, config: OperatorConfig) -> Refusal | N
                     f"another controller acts on it (reserved: "
                     f"{', '.join(p + '*' for p in RESERVED_KEY_PREFIXES)}, pod-template-hash)",
                 )
+    return None
+
+
+def check_spark(conf: Iterable[str], master: str, config: OperatorConfig) -> Refusal | None:
+    """The first Spark setting key in ``conf`` or the ``master`` that a group may not use."""
+    for key in sorted(conf):
+        if key not in SPARK_CONF_ALLOWED and not listed(key, config.allowed_spark_conf):
+            return Refusal(
+                SPARK_CONF_NOT_ALLOWED,
+                f"spec.spark.conf key {key!r} is not allowed: a group may set only Spark settings that "
+                f"size or tune a merge (chart value compactor.allowedSparkConf adds keys)",
+            )
+    if not _LOCAL_MASTER.match(master) and not listed(master, config.allowed_spark_masters):
+        return Refusal(
+            SPARK_MASTER_NOT_ALLOWED,
+            f"spec.spark.master {master!r} is not allowed: local, local[N] or local[*]"
+            f"{_and(config.allowed_spark_masters)} (chart value compactor.allowedSparkMasters)",
+        )
     return None
 
 
