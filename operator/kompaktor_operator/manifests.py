@@ -188,6 +188,8 @@ def build_pod_template(group: str, spec: CompactorGroupSpec, config: OperatorCon
         pod_spec["tolerations"] = copy.deepcopy(spec.tolerations)
     if spec.affinity:
         pod_spec["affinity"] = copy.deepcopy(spec.affinity)
+    if spec.priority_class_name:
+        pod_spec["priorityClassName"] = spec.priority_class_name
     return {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod_spec}
 
 

@@ -411,3 +411,95 @@ def test_the_chart_refuses_wildcards_off_boundaries() -> None:
         jsonschema.validate(good, items[key]["items"])
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(bad, items[key]["items"])
+
+
+TOLERATION = {"key": "dedicated", "operator": "Equal", "value": "compaction", "effect": "NoSchedule"}
+AFFINITY = {
+    "nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [{"key": "pool", "operator": "In", "values": ["compaction"]}]}]
+        }
+    }
+}
+PLACED = CONFIG.model_copy(
+    update={
+        "allowed_node_selectors": ("pool=compaction",),
+        "allowed_tolerations": (TOLERATION,),
+        "allowed_affinities": (AFFINITY,),
+        "allowed_priority_classes": ("batch-low",),
+        "max_resources": {"cpu": "8", "memory": "32Gi"},
+    }
+)
+
+
+def test_a_group_runs_where_and_as_big_as_the_chart_lists() -> None:
+    ok = check(
+        PLACED,
+        nodeSelector={"pool": "compaction"},
+        tolerations=[TOLERATION],
+        affinity=AFFINITY,
+        priorityClassName="batch-low",
+        resources={"requests": {"cpu": "7500m", "memory": "32Gi"}, "limits": {"cpu": 8, "memory": "34359738368"}},
+    )
+    assert ok is None
+    pod = manifests.build_pod_template("g", CompactorGroupSpec(priorityClassName="batch-low"), PLACED)["spec"]
+    assert pod["priorityClassName"] == "batch-low"
+
+
+@pytest.mark.parametrize(
+    "spec, rule, named",
+    [
+        # the control plane's nodes, or another team's
+        ({"nodeSelector": {"node-role.kubernetes.io/control-plane": ""}}, "NodeSelectorNotAllowed", "control-plane"),
+        ({"nodeSelector": {"pool": "payments"}}, "NodeSelectorNotAllowed", "pool=payments"),
+        (
+            {"tolerations": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}]},
+            "TolerationNotAllowed",
+            "control-plane",
+        ),
+        ({"tolerations": [{"operator": "Exists"}]}, "TolerationNotAllowed", '{"operator":"Exists"}'),  # tolerates all
+        ({"tolerations": [{**TOLERATION, "value": "payments"}]}, "TolerationNotAllowed", "payments"),
+        (
+            {"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"topologyKey": "x"}]}}},
+            "AffinityNotAllowed",
+            "podAffinity",
+        ),
+        ({"priorityClassName": "system-cluster-critical"}, "PriorityClassNotAllowed", "system-cluster-critical"),
+        ({"resources": {"requests": {"cpu": "8001m"}}}, "ResourcesNotAllowed", "requests.cpu 8001m"),
+        ({"resources": {"limits": {"memory": "33Gi"}}}, "ResourcesNotAllowed", "at most 32Gi"),
+        ({"resources": {"limits": {"nvidia.com/gpu": 1}}}, "ResourcesNotAllowed", "not a resource the chart lists"),
+    ],
+)
+def test_scheduling_and_size_beyond_the_charts_lists_are_refused(spec: dict[str, Any], rule: str, named: str) -> None:
+    refusal = check(PLACED, **spec)
+    assert refusal is not None and refusal.rule == rule, refusal
+    assert named in refusal.message and "chart value compactor." in refusal.message, refusal.message
+    assert "\n" not in refusal.message
+
+
+def test_by_default_a_group_chooses_no_node_and_no_priority_and_is_capped() -> None:
+    assert check(nodeSelector={"pool": "compaction"}).rule == "NodeSelectorNotAllowed"
+    assert check(tolerations=[TOLERATION]).rule == "TolerationNotAllowed"
+    assert check(affinity=AFFINITY).rule == "AffinityNotAllowed"
+    assert check(priorityClassName="batch-low").rule == "PriorityClassNotAllowed"
+    assert check(resources={"requests": {"cpu": "64", "memory": "256Gi"}}) is None
+    assert check(resources={"requests": {"cpu": "65"}}).rule == "ResourcesNotAllowed"
+
+
+def test_config_reads_scheduling_and_size_from_the_environment() -> None:
+    cfg = OperatorConfig.from_env(
+        {
+            "KOMPAKTOR_ALLOWED_NODE_SELECTORS": "pool=compaction, disk=ssd",
+            "KOMPAKTOR_ALLOWED_TOLERATIONS": json.dumps([TOLERATION]),
+            "KOMPAKTOR_ALLOWED_AFFINITIES": "[]",
+            "KOMPAKTOR_ALLOWED_PRIORITY_CLASSES": "batch-low",
+            "KOMPAKTOR_MAX_RESOURCES": '{"cpu": 4, "memory": "8Gi"}',
+        }
+    )
+    assert cfg.allowed_node_selectors == ("pool=compaction", "disk=ssd")
+    assert cfg.allowed_tolerations == (TOLERATION,) and cfg.allowed_affinities == ()
+    assert cfg.allowed_priority_classes == ("batch-low",) and cfg.max_resources == {"cpu": 4, "memory": "8Gi"}
+    with pytest.raises(ValueError, match="key=value"):
+        OperatorConfig.from_env({"KOMPAKTOR_ALLOWED_NODE_SELECTORS": "pool"})
+    with pytest.raises(ValueError, match="quantity"):
+        OperatorConfig.from_env({"KOMPAKTOR_MAX_RESOURCES": '{"cpu": "lots"}'})

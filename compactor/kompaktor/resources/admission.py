@@ -26,6 +26,10 @@ may name only:
   reads ``?endpoint_override=`` from it), under a prefix in ``KOMPAKTOR_ALLOWED_STORAGE``
   (``compactor.allowedStorage``), segment by segment;
 - ``maxReplicas`` at most ``KOMPAKTOR_MAX_REPLICAS_LIMIT`` (``compactor.maxReplicasLimit``);
+- ``nodeSelector`` pairs, tolerations, an affinity and a priority class only as the chart lists
+  them (``compactor.allowedNodeSelectors``, ``.allowedTolerations``, ``.allowedAffinities``,
+  ``.allowedPriorityClasses``), and resource requests and limits at most ``compactor.maxResources``
+  (:func:`check_scheduling`, :func:`check_resources`);
 - pod labels and annotations outside the keys the operator, the Deployment's selector, the
   scale-down and other controllers act on (:data:`RESERVED_KEY_PREFIXES`).
 
@@ -40,11 +44,13 @@ redis, kube, ``kompaktor_operator``.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from kompaktor.policy.sizes import parse_quantity_decimal
 from kompaktor.resources import api
 from kompaktor.resources.models import CompactorGroupSpec
 from kompaktor.resources.operator_config import OperatorConfig
@@ -57,6 +63,11 @@ SPARK_MASTER_NOT_ALLOWED = "SparkMasterNotAllowed"
 STORAGE_NOT_ALLOWED = "StorageNotAllowed"
 MAX_REPLICAS_NOT_ALLOWED = "MaxReplicasNotAllowed"
 LABEL_NOT_ALLOWED = "LabelNotAllowed"
+NODE_SELECTOR_NOT_ALLOWED = "NodeSelectorNotAllowed"
+TOLERATION_NOT_ALLOWED = "TolerationNotAllowed"
+AFFINITY_NOT_ALLOWED = "AffinityNotAllowed"
+PRIORITY_CLASS_NOT_ALLOWED = "PriorityClassNotAllowed"
+RESOURCES_NOT_ALLOWED = "ResourcesNotAllowed"
 
 #: Spark settings that size or tune a merge and cannot load code, move files or reveal secrets
 SPARK_CONF_ALLOWED: frozenset[str] = frozenset(
@@ -275,6 +286,9 @@ def check_group(spec: CompactorGroupSpec, config: OperatorConfig) -> Refusal | N
             f"{', '.join(repr(a) for a in allowed_uris) or 'only the default storage'} "
             f"(chart value compactor.allowedStorage)" + (f"; it {why}" if why else ""),
         )
+    refusal = check_scheduling(spec, config) or check_resources(spec, config)
+    if refusal is not None:
+        return refusal
     if spec.max_replicas > config.max_replicas_limit:
         return Refusal(
             MAX_REPLICAS_NOT_ALLOWED,
@@ -309,6 +323,66 @@ def check_spark(conf: Iterable[str], master: str, config: OperatorConfig) -> Ref
             f"{_and(config.allowed_spark_masters)} (chart value compactor.allowedSparkMasters)",
         )
     return None
+
+
+def _compact(value: object) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def check_scheduling(spec: CompactorGroupSpec, config: OperatorConfig) -> Refusal | None:
+    """nodeSelector pairs, tolerations, the affinity and the priority class, each as the chart
+    lists it: a group's author must not place compactors on nodes (or above pods) of others."""
+    for key, value in sorted(spec.node_selector.items()):
+        if f"{key}={value}" not in config.allowed_node_selectors:
+            return Refusal(
+                NODE_SELECTOR_NOT_ALLOWED,
+                f"spec.nodeSelector {key}={value} is not allowed: only {_listed(config.allowed_node_selectors)} "
+                f"(chart value compactor.allowedNodeSelectors)",
+            )
+    for toleration in spec.tolerations:
+        if toleration not in config.allowed_tolerations:
+            return Refusal(
+                TOLERATION_NOT_ALLOWED,
+                f"spec.tolerations entry {_compact(toleration)} is not allowed: only "
+                f"{_listed(_compact(t) for t in config.allowed_tolerations)} "
+                f"(chart value compactor.allowedTolerations)",
+            )
+    if spec.affinity and spec.affinity not in config.allowed_affinities:
+        return Refusal(
+            AFFINITY_NOT_ALLOWED,
+            f"spec.affinity {_compact(spec.affinity)} is not allowed: only one of "
+            f"{len(config.allowed_affinities)} listed in chart value compactor.allowedAffinities",
+        )
+    pc = spec.priority_class_name
+    if pc and pc not in config.allowed_priority_classes:
+        return Refusal(
+            PRIORITY_CLASS_NOT_ALLOWED,
+            f"spec.priorityClassName {pc!r} is not allowed: only {_listed(config.allowed_priority_classes)} "
+            f"(chart value compactor.allowedPriorityClasses)",
+        )
+    return None
+
+
+def check_resources(spec: CompactorGroupSpec, config: OperatorConfig) -> Refusal | None:
+    """Every request and limit at most the chart's cap for its resource (``compactor.maxResources``)."""
+    if spec.resources is None:
+        return None
+    caps = config.max_resources
+    for kind, amounts in (("requests", spec.resources.requests), ("limits", spec.resources.limits)):
+        for name, amount in sorted(amounts.items()):
+            cap = caps.get(name)
+            if cap is None or parse_quantity_decimal(amount) > parse_quantity_decimal(cap):
+                most = f"at most {cap}" if cap is not None else "not a resource the chart lists"
+                return Refusal(
+                    RESOURCES_NOT_ALLOWED,
+                    f"spec.resources.{kind}.{name} {amount} is not allowed: {most} "
+                    f"(chart value compactor.maxResources: {_compact(caps)})",
+                )
+    return None
+
+
+def _listed(entries: Iterable[str]) -> str:
+    return ", ".join(entries) or "none"
 
 
 def _and(extra: tuple[str, ...]) -> str:
