@@ -34,15 +34,12 @@ ROLES = ("compactor", "coordinator", "operator", "admin")
 #: what every role needs: connecting (not CLIENT KILL, PAUSE or LIST: dangerous), transactions,
 #: the durability barrier's WAIT, INFO (replication role, persistence), Kompaktor's functions
 _BASE = ("+@connection", "+@transaction", "-@dangerous", "+info", "+fcall")
-#: reads of Kompaktor's structures
+#: reads of Kompaktor's structures: each one the code sends (tests/integration/test_redis_rights.py)
 _READS = (
     "+get",
     "+mget",
     "+exists",
     "+type",
-    "+pttl",
-    "+ttl",
-    "+strlen",
     "+hget",
     "+hmget",
     "+hgetall",
@@ -50,24 +47,12 @@ _READS = (
     "+hvals",
     "+hlen",
     "+hexists",
-    "+hscan",
-    "+hstrlen",
     "+smembers",
-    "+sismember",
-    "+smismember",
     "+scard",
-    "+sscan",
     "+zrange",
-    "+zrangebyscore",
-    "+zrevrange",
-    "+zrevrangebyscore",
     "+zcard",
     "+zscore",
-    "+zcount",
-    "+zscan",
-    "+llen",
     "+lrange",
-    "+lindex",
 )
 #: the writes the scripts and the clients make
 _WRITES = (
@@ -75,11 +60,9 @@ _WRITES = (
     "+del",
     "+unlink",
     "+incr",
-    "+incrby",
     "+expire",
     "+pexpire",
     "+hset",
-    "+hsetnx",
     "+hdel",
     "+hincrby",
     "+sadd",
@@ -87,19 +70,14 @@ _WRITES = (
     "+spop",
     "+zadd",
     "+zrem",
-    "+zincrby",
     "+zpopmin",
-    "+zremrangebyscore",
     "+lpush",
     "+rpush",
-    "+lpop",
-    "+rpop",
-    "+lrem",
     "+ltrim",
     "+blpop",
 )
 #: what only the roles that load code and decide durability get
-_LEADER = ("+function|load", "+function|list", "+scan", "+dbsize", "+config|get")
+_LEADER = ("+function|load", "+function|list", "+scan", "+config|get")
 
 RIGHTS: dict[str, tuple[str, ...]] = {
     "compactor": _BASE + _READS + _WRITES,
