@@ -1,15 +1,17 @@
-"""Each role's Redis rights are what its code issues (issue 34 §3), for the compactor and the
-coordinator: a real redis-server with the users `kompaktor up` and the chart create, each role's
+"""Each role's Redis rights are what its code issues (issue 34 §3), for the compactor, the
+coordinator and the operator: a real redis-server with the users `kompaktor up` and the chart create, each role's
 representative runs (a compactor that commits a merge, fails one whose input is gone, waits idle
 for work and drains; a coordinator that loads the functions, plans, scans, reaps and collects
-garbage), and Redis's own per-command counters (``INFO commandstats``, which count the commands
+garbage; an operator that reconciles a service, a group and a user compaction on a server that
+lost the functions), and Redis's own per-command counters (``INFO commandstats``, which count the commands
 Kompaktor's functions run too, and the calls the ACL refused) between ``CONFIG RESETSTAT``s.
 
 A command a role's code sends and its user may not run fails the test; so does a right no code
-uses: one neither seen in the runs nor named anywhere in the package's code (a redis-py method,
-the command as a string in capitals, or ``redis.call('CMD'`` in a function library) — the code
-paths a run does not reach (splits, user compactions, failover) still name their commands there.
-The operator and admin roles are not covered yet."""
+uses: a right a role has beyond the compactor's (``FUNCTION LOAD``, ``CONFIG GET``, …) that the
+role's runs do not send, or any right neither seen in the runs nor named anywhere in the
+package's code (a redis-py method, the command as a string in capitals, or ``redis.call('CMD'``
+in a function library) — the shared code paths a run does not reach (splits, failover) still
+name their commands there. The admin role (the CLI) is not covered yet."""
 
 from __future__ import annotations
 
@@ -128,6 +130,7 @@ def compactor_runs(users: RedisProcess, storage: Storage, rec: Recorder) -> None
     worker = Compactor(store, storage, WorkerSettings("default", "c-rights", engine="arrow", idle_wake_poll_s=0.2))
 
     def work() -> None:
+        store.ping()  # as `kompaktor compactor` does first
         outcomes = sorted(o.status for o in (worker.run_one(), worker.run_one()) if o is not None)
         assert outcomes[0] == "committed" and outcomes[-1] != "committed", outcomes
         # idle: it waits for a wake-up, then drains
@@ -141,7 +144,9 @@ def compactor_runs(users: RedisProcess, storage: Storage, rec: Recorder) -> None
 def coordinator_runs(users: RedisProcess, storage: Storage, rec: Recorder) -> None:
     tables(users, storage, ("t",))
     coordinator = Coordinator(MetadataStore.from_url(users.role_url("coordinator")), storage)
-    rec.run("coordinator", coordinator.tick)  # leads, loads the functions, plans
+    # `kompaktor coordinator` checks the server first (a primary, its durability), then leads,
+    # loads the functions and plans
+    rec.run("coordinator", lambda: (coordinator.store.ping(), coordinator.tick()))
     worker = Compactor(
         MetadataStore.from_url(users.role_url("compactor")), storage, WorkerSettings("default", "c", engine="arrow")
     )
@@ -152,7 +157,39 @@ def coordinator_runs(users: RedisProcess, storage: Storage, rec: Recorder) -> No
     rec.run("coordinator", coordinator.resign)
 
 
-RUNS = {"compactor": compactor_runs, "coordinator": coordinator_runs}
+def operator_runs(users: RedisProcess, storage: Storage, rec: Recorder) -> None:
+    from kompaktor.policy.services import GroupConfig, ServiceConfig
+    from kompaktor_operator.backend import RedisBackend
+
+    tables(users, storage, ("t",))
+    coordinator = Coordinator(MetadataStore.from_url(users.role_url("coordinator")), storage)
+    assert coordinator.tick()  # loads the functions
+    worker = Compactor(
+        MetadataStore.from_url(users.role_url("compactor")), storage, WorkerSettings("default", "c", engine="arrow")
+    )
+    assert worker.run_one() is not None  # a compactor registered, with a heartbeat
+    backend = RedisBackend(users.role_url("operator"))
+    redis.Redis.from_url(users.url).function_flush()  # a new server: the operator's write loads them
+
+    def reconcile() -> None:  # what the handlers and timers call
+        backend.store.ping()
+        backend.put_service(ServiceConfig("svc"))
+        backend.put_group(GroupConfig("g"))
+        assert "g" in backend.groups()
+        backend.queue_figures("default")
+        for cid in backend.compactors("default"):
+            backend.request_drain(cid)
+        cid = backend.start_compaction("uid-1", "t", None, None, {})
+        backend.compaction_progress(cid)
+        backend.cancel_compaction(cid)
+        backend.delete_group("g")
+        backend.delete_service("svc")
+
+    rec.run("operator", reconcile)
+    worker.close()
+
+
+RUNS = {"compactor": compactor_runs, "coordinator": coordinator_runs, "operator": operator_runs}
 
 
 @pytest.mark.parametrize("role", sorted(RUNS))
@@ -163,6 +200,9 @@ def test_a_roles_rights_are_what_its_code_sends(users: RedisProcess, tmp_path: P
     assert "fcall" in sent and len(sent) > 10, sent  # the runs did reach Redis
     lacks = rec.refused(role) - REFUSED_PROBES.get(role, set())
     assert not lacks, f"the {role} sends commands its user may not run: {sorted(lacks)}"
+    own = {r[1:] for r in acl.RIGHTS[role] if r not in acl.RIGHTS["compactor"] and not r.startswith("+@")}
+    not_sent = own - sent
+    assert not not_sent, f"the {role}'s user has rights beyond the compactor's that it never sends: {sorted(not_sent)}"
     unused = {r for r in explicit_rights(role) - sent if not named_in_code(r)}
     assert not unused, f"the {role}'s user may run commands no code sends: {sorted(unused)}"
     for category, members in category_members(rec.raw, role).items():

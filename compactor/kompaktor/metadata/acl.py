@@ -8,10 +8,14 @@ Roles
                    no Pub/Sub.
   ``coordinator``  the compactor's rights, plus ``FUNCTION LOAD`` and ``FUNCTION LIST`` (it loads
                    Kompaktor's function libraries where Redis lacks them, :mod:`kompaktor.redisfunctions`)
-                   and ``SCAN``, ``CONFIG GET`` (the durability it can rely on).
-  ``operator``     the coordinator's rights (it writes groups and services, starts and cancels
-                   user compactions through the same scripts).
+                   and ``CONFIG GET`` (the durability it can rely on).
+  ``operator``     the compactor's rights, plus ``FUNCTION LOAD`` (its first write on a server that
+                   lost the libraries loads them) and ``CONFIG GET`` (it writes groups and services,
+                   starts and cancels user compactions through the same functions).
   ``admin``        the ``kompaktor`` CLI of the people running it: the coordinator's rights.
+
+Each right is one the role's code sends (``tests/integration/test_redis_rights.py``, which
+records them with Redis's command counters: compactor, coordinator, operator).
 
 Redis runs a function's commands with the rights of the user calling it, so a user that may run
 the commit function may also run its commands (``HSET`` on ``kz:*``) directly: the ACL bounds what a
@@ -77,12 +81,15 @@ _WRITES = (
     "+blpop",
 )
 #: what only the roles that load code and decide durability get
-_LEADER = ("+function|load", "+function|list", "+scan", "+config|get")
+_LEADER = ("+function|load", "+function|list", "+config|get")
+#: the operator's: a write of its on a server without the functions loads them (never lists
+#: them: only the coordinator's pass does); the durability it can rely on
+_OPERATOR = ("+function|load", "+config|get")
 
 RIGHTS: dict[str, tuple[str, ...]] = {
     "compactor": _BASE + _READS + _WRITES,
     "coordinator": _BASE + _READS + _WRITES + _LEADER,
-    "operator": _BASE + _READS + _WRITES + _LEADER,
+    "operator": _BASE + _READS + _WRITES + _OPERATOR,
     "admin": _BASE + _READS + _WRITES + _LEADER,
 }
 
