@@ -40,6 +40,9 @@ def compactor_args(group: str) -> list[str]:
 #: The compactor's environment variable that carries the settings digest (the pod template's
 #: ``naming.SETTINGS_ANNOTATION``; `kompaktor compactor`)
 SETTINGS_DIGEST_ENV = "KOMPAKTOR_SETTINGS_DIGEST"
+#: the allow-lists a compactor checks its settings against (``OperatorConfig.from_env`` reads them)
+ALLOWED_SPARK_CONF_ENV = "KOMPAKTOR_ALLOWED_SPARK_CONF"
+ALLOWED_MASTERS_ENV = "KOMPAKTOR_ALLOWED_SPARK_MASTERS"
 
 
 def settings_digest(group: str, spec: CompactorGroupSpec) -> str:
@@ -53,7 +56,7 @@ def _env(spec: CompactorGroupSpec, config: OperatorConfig) -> list[dict[str, Any
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         # the digest of the settings this pod was made for: its compactor refuses to start with
-        # none stored, and says so when newer ones are (a rollout replaces it)
+        # none stored or others (issue 34 §2; a rollout replaces a pod made for older ones)
         {
             "name": SETTINGS_DIGEST_ENV,
             "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{naming.SETTINGS_ANNOTATION}']"}},
@@ -63,6 +66,14 @@ def _env(spec: CompactorGroupSpec, config: OperatorConfig) -> list[dict[str, Any
         {"name": "TMPDIR", "value": "/tmp"},
         {"name": "HOME", "value": "/tmp"},
     ]
+    # the rules the operator admitted the group by: its compactors check the settings they read
+    # from Redis against them before they start Spark (the pod's spec: no compactor can change it)
+    for var, entries in (
+        (ALLOWED_SPARK_CONF_ENV, config.allowed_spark_conf),
+        (ALLOWED_MASTERS_ENV, config.allowed_spark_masters),
+    ):
+        if entries:
+            env.append({"name": var, "value": ",".join(entries)})
     storage_uri = spec.storage.uri if spec.storage and spec.storage.uri else config.storage_uri
     if storage_uri:
         env.append({"name": "KOMPAKTOR_STORAGE", "value": storage_uri})
@@ -177,6 +188,8 @@ def build_pod_template(group: str, spec: CompactorGroupSpec, config: OperatorCon
         pod_spec["tolerations"] = copy.deepcopy(spec.tolerations)
     if spec.affinity:
         pod_spec["affinity"] = copy.deepcopy(spec.affinity)
+    if spec.priority_class_name:
+        pod_spec["priorityClassName"] = spec.priority_class_name
     return {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod_spec}
 
 

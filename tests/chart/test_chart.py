@@ -619,3 +619,32 @@ def test_scheduled_backups_and_their_alerts_pass_promtool(tmp_path: Path) -> Non
     out = subprocess.run([promtool(), "check", "rules", str(f)], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "PrometheusRule" not in kinds(render({}))
+
+
+def test_where_and_how_big_a_group_may_run_reaches_the_operator() -> None:
+    """Issue 34 §3: the chart's scheduling and size rules are the operator's OperatorConfig."""
+    from kompaktor.resources.operator_config import DEFAULT_MAX_RESOURCES, OperatorConfig
+
+    toleration = {"key": "dedicated", "operator": "Equal", "value": "compaction", "effect": "NoSchedule"}
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}}
+    values = {
+        "compactor": {
+            "allowedNodeSelectors": ["pool=compaction"],
+            "allowedTolerations": [toleration],
+            "allowedAffinities": [affinity],
+            "allowedPriorityClasses": ["batch-low"],
+            "maxResources": {"cpu": "8", "memory": "32Gi"},
+        }
+    }
+    env = env_of(container(render(values), "Deployment", "kompaktor-operator", "operator"))
+    cfg = OperatorConfig.from_env({k: v["value"] for k, v in env.items() if "value" in v})
+    assert cfg.allowed_node_selectors == ("pool=compaction",) and cfg.allowed_priority_classes == ("batch-low",)
+    assert cfg.allowed_tolerations == (toleration,) and cfg.allowed_affinities == (affinity,)
+    # helm merges maps: what the values leave out keeps the default (null removes it)
+    assert cfg.max_resources == {"cpu": "8", "memory": "32Gi", "ephemeral-storage": "1Ti"}
+    default = env_of(container(render({}), "Deployment", "kompaktor-operator", "operator"))
+    cfg = OperatorConfig.from_env({k: v["value"] for k, v in default.items() if "value" in v})
+    assert cfg.allowed_node_selectors == () and cfg.allowed_tolerations == () and cfg.allowed_affinities == ()
+    assert cfg.max_resources == DEFAULT_MAX_RESOURCES == load(CHART / "values.yaml")["compactor"]["maxResources"]
+    with helm.Chart.load(str(CHART)) as chart, pytest.raises(helm.HelmError):
+        chart.validate_schema({"compactor": {"allowedNodeSelectors": ["pool"]}})

@@ -12,22 +12,28 @@ as the kubelet does after the preStop drain) and a new one started, which runs t
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
+from kompaktor.local.redis_server import RedisProcess
+from kompaktor.metadata import acl
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.resources import models as m
+from kompaktor.resources.operator_config import OperatorConfig
 from kompaktor.worker.compactor import WorkerSettings
 from kompaktor_operator import backend as backends
-from kompaktor_operator import manifests
+from kompaktor_operator import manifests, naming
 from tests.support.procs import python_env
 from tests.support.wait import poll
 
@@ -232,16 +238,14 @@ def test_a_pod_made_by_the_operator_does_not_start_without_its_groups_configurat
     assert ok.settings() == (expected, "the group's configuration in Redis")
     assert ok.drain() == 0, ok.log
 
-    # the group changed since this pod was made: it runs the stored settings, and says why
-    expected = apply(backend, {"spark": {"engine": "arrow"}, "drainGraceSeconds": 41})
+    # the group changed since this pod was made (a restart during a rollout): it does not run
+    # settings it was not made for (issue 34 §2); the rollout replaces it
+    apply(backend, {"spark": {"engine": "arrow"}, "drainGraceSeconds": 41})
     old = start("made-by-operator-3", env={manifests.SETTINGS_DIGEST_ENV: digest})
-    settings, source = old.settings()
-    assert settings == expected
-    assert (
-        source
-        == f"the group's configuration in Redis (newer than this pod's {digest}: the group's rollout replaces it)"
-    )
-    assert old.drain() == 0, old.log
+    assert old.proc.wait(30) == 1, old.log
+    (line,) = old.lines
+    assert line.startswith(f"error: group {GROUP}'s settings in Redis (kz:groups) have digest "), line
+    assert f"not this pod's {digest}" in line
 
 
 def test_the_compactors_engine_resumes_from_its_groups_size(redis_url: str, tmp_path: Path) -> None:
@@ -259,3 +263,71 @@ def test_the_compactors_engine_resumes_from_its_groups_size(redis_url: str, tmp_
     cfg = backend.store.groups()[GROUP]
     off = Worker(backend.store, Storage.from_uri(str(tmp_path)), WorkerSettings.for_group(cfg, "in-process-2"))
     assert off.s.resume is False
+
+
+# -- issue 34 §2: a compactor checks what it is told to run ---------------------------------------
+ADMITTED = {"spark": {"engine": "arrow", "master": "local[1]", "conf": {"spark.ui.enabled": "false"}}}
+RULES = OperatorConfig(allowed_spark_conf=("spark.ui.*",), allowed_spark_masters=("spark://spark-master.spark:*",))
+
+
+def pod_env(spec: dict[str, Any]) -> dict[str, str]:
+    """The environment the operator's pod template gives the compactor container (its literal
+    values, and the settings digest its annotation carries)."""
+    template = manifests.build_pod_template(GROUP, m.CompactorGroupSpec.model_validate(spec), RULES)
+    (container,) = template["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e and e["name"].startswith("KOMPAKTOR_ALLOW")}
+    return {**env, manifests.SETTINGS_DIGEST_ENV: template["metadata"]["annotations"][naming.SETTINGS_ANNOTATION]}
+
+
+@pytest.fixture
+def users(tmp_path: Path) -> Iterator[RedisProcess]:
+    server = RedisProcess(tmp_path / "redis", users=acl.new_passwords()).start()
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize(
+    "tampered, refusal",
+    [
+        # code from elsewhere into every next compactor, with the storage credentials
+        ({"spark_conf": {"spark.jars": "http://evil.example/x.jar"}, "engine": "spark"}, "'spark.jars' is not allowed"),
+        # the rows to a master elsewhere
+        ({"spark_master": "spark://attacker.example:7077"}, "'spark://attacker.example:7077' is not allowed"),
+        # settings each allowed, but not the ones the operator admitted for this pod
+        ({"spark_master": "spark://spark-master.spark:7077"}, "not this pod's"),
+        ({"drain_grace_seconds": 0}, "not this pod's"),
+    ],
+)
+@pytest.mark.parametrize("role", ["compactor", "admin"])
+def test_a_compactor_refuses_group_settings_written_outside_the_operator(
+    users: RedisProcess, tmp_path: Path, role: str, tampered: dict[str, Any], refusal: str
+) -> None:
+    operator = backends.RedisBackend(users.role_url("operator"))
+    operator.put_group(m.to_group_config(GROUP, m.CompactorGroupSpec.model_validate(ADMITTED)))
+    env = pod_env(ADMITTED)
+    assert env["KOMPAKTOR_ALLOWED_SPARK_CONF"] == "spark.ui.*"  # the pod's spec carries the rules
+    compactor_url = users.role_url("compactor")
+    admitted = Compactor(tmp_path, compactor_url, "admitted", env=env)
+    try:
+        assert admitted.settings()[1] == "the group's configuration in Redis"
+        assert admitted.drain() == 0, admitted.log
+    finally:
+        admitted.stop()
+
+    # someone with another Redis user rewrites the group (a compactor taken over by a file it parsed)
+    stored = json.loads(redis.Redis.from_url(users.url).hget("kz:groups", GROUP))
+    try:
+        redis.Redis.from_url(users.role_url(role)).hset("kz:groups", GROUP, json.dumps({**stored, **tampered}))
+    except redis.exceptions.NoPermissionError:  # the user's rights already keep it out (issue 34 §1)
+        assert json.loads(redis.Redis.from_url(users.url).hget("kz:groups", GROUP)) == stored
+        return
+    p = Compactor(tmp_path, compactor_url, "next", env=env)
+    try:
+        assert p.proc.wait(30) == 1, p.log
+        (line,) = [x for x in p.lines if " WARNING " not in x]  # one line, and no Spark started
+        assert line.startswith(f"error: group {GROUP}'s settings in Redis (kz:groups) "), line
+        assert refusal in line and line.rstrip().endswith(("not starting", "outside the operator)")), line
+        assert not any(SETTINGS_LINE.search(x.rstrip()) for x in p.lines)
+        assert "next" not in {c.id for c in backends.RedisBackend(users.url).store.compactors(GROUP)}
+    finally:
+        p.stop()

@@ -144,7 +144,13 @@ def shipped(real_cluster: tuple[ControlPlane, RealNode], tmp_path_factory: pytes
                 {
                     "storage": {"uri": f"s3://{BUCKET}/tables", "existingSecret": "s3-credentials"},
                     # a Spark cluster the admin allowed, which is down (the crash-loop case below)
-                    "compactor": {"allowedSparkMasters": ["spark://nowhere.invalid:7077"]},
+                    # ... and examples/'s large group's toleration (issue 34 §3)
+                    "compactor": {
+                        "allowedSparkMasters": ["spark://nowhere.invalid:7077"],
+                        "allowedTolerations": [
+                            {"key": "dedicated", "operator": "Equal", "value": "compaction", "effect": "NoSchedule"}
+                        ],
+                    },
                 },
                 namespace=NS,
                 timeout=120,

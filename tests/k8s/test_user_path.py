@@ -87,6 +87,16 @@ def _is_e2e_compactor(pod: Any) -> bool:
     return (pod.metadata.labels or {}).get(naming.GROUP_LABEL) == "e2e"
 
 
+TOLERATION = {"key": "dedicated", "operator": "Equal", "value": "compaction", "effect": "NoSchedule"}
+AFFINITY = {
+    "nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [{"key": "disk", "operator": "In", "values": ["ssd"]}]}]
+        }
+    }
+}
+
+
 @pytest.fixture(scope="module")
 def release(
     control_plane: ControlPlane, redis_server: Any, tmp_path_factory: pytest.TempPathFactory
@@ -117,6 +127,8 @@ def release(
         # Endpoints cannot hold loopback addresses: a NodePort Service makes the aggregator
         # dial the Service's ClusterIP (127.100.x.y), where the operator below listens
         "metricsApi": {"serviceType": "NodePort"},
+        # where groups may run (issue 34 §3): examples/'s large group and the trimmed one below
+        "compactor": {"allowedTolerations": [TOLERATION], "allowedAffinities": [AFFINITY]},
     }
     try:
         with helm_release(cp, RELEASE, NS, values) as (rel, _):
@@ -236,17 +248,7 @@ def test_examples_apply_and_show_their_columns(release: Release) -> None:
 def test_a_field_removed_from_a_group_leaves_its_deployment(release: Release) -> None:
     """The operator reconciles with server-side apply: an affinity, a toleration and a pod label
     dropped from a CompactorGroup disappear from its Deployment (a merge patch kept them)."""
-    extras = {
-        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "compaction", "effect": "NoSchedule"}],
-        "affinity": {
-            "nodeAffinity": {
-                "requiredDuringSchedulingIgnoredDuringExecution": {
-                    "nodeSelectorTerms": [{"matchExpressions": [{"key": "disk", "operator": "In", "values": ["ssd"]}]}]
-                }
-            }
-        },
-        "podLabels": {"team": "storage"},
-    }
+    extras = {"tolerations": [TOLERATION], "affinity": AFFINITY, "podLabels": {"team": "storage"}}
     group = {
         "apiVersion": api.GROUP_VERSION,
         "kind": "CompactorGroup",

@@ -213,6 +213,13 @@ async def test_a_groups_resume_settings_reach_redis_and_a_bad_one_changes_nothin
         ({"image": "evil.example/miner:latest"}, "ImageNotAllowed"),
         ({"serviceAccountName": "default"}, "ServiceAccountNotAllowed"),
         ({"redis": {"secretName": "payroll-db"}}, "SecretNotAllowed"),
+        # issue 34 §3: where and how big, only as the chart lists
+        ({"nodeSelector": {"node-role.kubernetes.io/control-plane": ""}}, "NodeSelectorNotAllowed"),
+        ({"tolerations": [{"operator": "Exists"}]}, "TolerationNotAllowed"),
+        ({"affinity": {"podAffinity": {}}}, "AffinityNotAllowed"),
+        ({"priorityClassName": "system-node-critical"}, "PriorityClassNotAllowed"),
+        ({"resources": {"requests": {"cpu": "1000"}}}, "ResourcesNotAllowed"),
+        ({"storage": {"uri": "file:///tmp/allowed/%2e%2e/etc"}}, "StorageNotAllowed"),
     ],
 )
 async def test_hostile_group_is_refused_and_nothing_is_created(
@@ -229,6 +236,7 @@ async def test_hostile_group_is_refused_and_nothing_is_created(
 
     ready = await eventually(refused, what=f"Ready=False {rule}")
     assert ready["reason"] == rule and ready["message"].startswith("refused: "), ready
+    assert "\n" not in ready["message"]
     # nothing created: no child of any kind, nothing stored for the coordinator
     assert not [
         r

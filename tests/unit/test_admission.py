@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -304,3 +306,200 @@ def test_config_reads_the_new_rules_from_the_environment() -> None:
     assert cfg.allowed_spark_conf == ("a.b", "c.*") and cfg.allowed_spark_masters == ()
     assert cfg.allowed_storage == ("s3://b/p",) and cfg.max_replicas_limit == 64
     assert OperatorConfig.from_env({}).max_replicas_limit == 1000
+
+
+# -- issue 34 §3: admission that cannot be talked around ---------------------------------------
+ALLOWED_TMP = CONFIG.model_copy(update={"allowed_storage": ("file:///tmp/allowed", "s3://team-bucket/kompaktor")})
+
+
+@pytest.mark.parametrize(
+    "uri, why",
+    [
+        # pyarrow decodes the path before it opens it: /tmp/allowed/../etc, /tmp/allowed/x/../../etc
+        ("file:///tmp/allowed/%2e%2e/etc", "percent-encoded"),
+        ("file:///tmp/allowed/x%2f..%2f..%2fetc", "percent-encoded"),
+        ("file:///tmp/allowed/%2E%2E", "percent-encoded"),
+        ("file:///tmp/allowed//etc", "empty"),
+        ("file:///tmp/allowed/./x", "'.'"),
+        ("file:///tmp/allowed/../etc", "'..'"),
+        ("file:///tmp/allowed\\..\\etc", "backslash"),
+        ("s3://evil@team-bucket/kompaktor/t", "user part"),
+        ("s3://key:secret@team-bucket/kompaktor/t", "user part"),
+        ("s3://team-bucket/kompaktor/t?endpoint_override=evil.example", "query"),
+        ("s3://team-bucket/kompaktor/t#x", "fragment"),
+        ("s3://team-bucket/kompaktor/\u2025/etc", "non-ASCII"),  # the two-dot leader
+        ("s3://team-bucket/kompaktor/\uff0e\uff0e/etc", "non-ASCII"),  # fullwidth full stops
+        ("s3://team\u2010bucket/kompaktor/t", "non-ASCII"),  # a hyphen look-alike
+        ("s3://team-bucket/kompaktor/t x", "space"),
+        ("S3://team-bucket/kompaktor/t", "lowercase scheme"),
+        ("file:/tmp/allowed/t", "scheme://"),
+    ],
+)
+def test_storage_uris_are_compared_only_in_the_form_pyarrow_opens(uri: str, why: str) -> None:
+    assert admission.storage_allowed("file:///tmp/allowed/t", ALLOWED_TMP)  # the prefix does allow
+    refusal = check(ALLOWED_TMP, storage={"uri": uri})
+    assert refusal is not None and refusal.rule == admission.STORAGE_NOT_ALLOWED
+    assert why in refusal.message and "\n" not in refusal.message, refusal.message
+
+
+def test_storage_prefixes_match_whole_path_segments() -> None:
+    for ok in (
+        "file:///tmp/allowed",
+        "file:///tmp/allowed/",
+        "file:///tmp/allowed/t/1",
+        "s3://team-bucket/kompaktor/t",
+    ):
+        assert admission.storage_allowed(ok, ALLOWED_TMP), ok
+    for bad in ("file:///tmp/allowedx", "file:///tmp", "s3://team-bucket/kompaktorx", "s3://team-bucket2/kompaktor"):
+        assert not admission.storage_allowed(bad, ALLOWED_TMP), bad
+
+
+@pytest.mark.parametrize(
+    "entry, allowed, refused",
+    [
+        (
+            "spark://spark-master.spark:*",
+            ["spark://spark-master.spark:7077"],
+            ["spark://spark-master.spark:7077,evil.example:7077", "spark://spark-master.spark:7077/x"],
+        ),
+        ("spark.ui.*", ["spark.ui.enabled"], ["spark.ui.enabled.x", "spark.uix"]),
+        (
+            "registry.corp/team/*",
+            ["registry.corp/team/compactor:2", f"registry.corp/team/compactor@sha256:{'a' * 64}"],
+            ["registry.corp/team/x/evil:1", "registry.corp/teamx:1", "registry.corp/team/"],
+        ),
+    ],
+)
+def test_a_wildcard_widens_by_one_segment(entry: str, allowed: list[str], refused: list[str]) -> None:
+    segment = admission.IMAGE_SEGMENT if entry.startswith("registry") else admission.SEGMENT
+    for value in allowed:
+        assert admission.listed(value, [entry], segment), value
+    for value in refused:
+        assert not admission.listed(value, [entry], segment), value
+
+
+@pytest.mark.parametrize(
+    "field, entry",
+    [
+        ("allowed_spark_masters", "spark://trusted*"),  # would allow spark://trusted.evil.example
+        ("allowed_images", "registry.corp/team*"),  # ... registry.corp/team-evil/miner
+        ("allowed_spark_conf", "spark.*.memory"),
+        ("allowed_storage", "s3://bucket/*"),
+        ("allowed_storage", "file:///tmp/a/%2e%2e"),
+    ],
+)
+def test_an_allow_list_entry_that_cannot_be_matched_on_boundaries_is_a_configuration_error(
+    field: str, entry: str
+) -> None:
+    with pytest.raises(ValueError, match="allow"):
+        OperatorConfig.model_validate({**CONFIG.model_dump(), field: (entry,)})
+    # and were it ever to reach admission, it matches nothing
+    assert not admission.listed("spark://trusted.evil.example", ["spark://trusted*"])
+    assert not admission.listed("spark://trusted", ["spark://trusted*"])
+
+
+def test_the_chart_refuses_wildcards_off_boundaries() -> None:
+    import jsonschema
+
+    schema = json.loads((Path(__file__).parents[2] / "helm/kompaktor/values.schema.json").read_text())
+    items = schema["properties"]["compactor"]["properties"]
+    for key, good, bad in (
+        ("allowedSparkMasters", "spark://m.spark:*", "spark://trusted*"),
+        ("allowedImages", "registry.corp/team/*", "registry.corp/team*"),
+        ("allowedStorage", "s3://b/p", "file:///tmp/a/%2e%2e"),
+    ):
+        jsonschema.validate(good, items[key]["items"])
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, items[key]["items"])
+
+
+TOLERATION = {"key": "dedicated", "operator": "Equal", "value": "compaction", "effect": "NoSchedule"}
+AFFINITY = {
+    "nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [{"key": "pool", "operator": "In", "values": ["compaction"]}]}]
+        }
+    }
+}
+PLACED = CONFIG.model_copy(
+    update={
+        "allowed_node_selectors": ("pool=compaction",),
+        "allowed_tolerations": (TOLERATION,),
+        "allowed_affinities": (AFFINITY,),
+        "allowed_priority_classes": ("batch-low",),
+        "max_resources": {"cpu": "8", "memory": "32Gi"},
+    }
+)
+
+
+def test_a_group_runs_where_and_as_big_as_the_chart_lists() -> None:
+    ok = check(
+        PLACED,
+        nodeSelector={"pool": "compaction"},
+        tolerations=[TOLERATION],
+        affinity=AFFINITY,
+        priorityClassName="batch-low",
+        resources={"requests": {"cpu": "7500m", "memory": "32Gi"}, "limits": {"cpu": 8, "memory": "34359738368"}},
+    )
+    assert ok is None
+    pod = manifests.build_pod_template("g", CompactorGroupSpec(priorityClassName="batch-low"), PLACED)["spec"]
+    assert pod["priorityClassName"] == "batch-low"
+
+
+@pytest.mark.parametrize(
+    "spec, rule, named",
+    [
+        # the control plane's nodes, or another team's
+        ({"nodeSelector": {"node-role.kubernetes.io/control-plane": ""}}, "NodeSelectorNotAllowed", "control-plane"),
+        ({"nodeSelector": {"pool": "payments"}}, "NodeSelectorNotAllowed", "pool=payments"),
+        (
+            {"tolerations": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}]},
+            "TolerationNotAllowed",
+            "control-plane",
+        ),
+        ({"tolerations": [{"operator": "Exists"}]}, "TolerationNotAllowed", '{"operator":"Exists"}'),  # tolerates all
+        ({"tolerations": [{**TOLERATION, "value": "payments"}]}, "TolerationNotAllowed", "payments"),
+        (
+            {"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"topologyKey": "x"}]}}},
+            "AffinityNotAllowed",
+            "podAffinity",
+        ),
+        ({"priorityClassName": "system-cluster-critical"}, "PriorityClassNotAllowed", "system-cluster-critical"),
+        ({"resources": {"requests": {"cpu": "8001m"}}}, "ResourcesNotAllowed", "requests.cpu 8001m"),
+        ({"resources": {"limits": {"memory": "33Gi"}}}, "ResourcesNotAllowed", "at most 32Gi"),
+        ({"resources": {"limits": {"nvidia.com/gpu": 1}}}, "ResourcesNotAllowed", "not a resource the chart lists"),
+    ],
+)
+def test_scheduling_and_size_beyond_the_charts_lists_are_refused(spec: dict[str, Any], rule: str, named: str) -> None:
+    refusal = check(PLACED, **spec)
+    assert refusal is not None and refusal.rule == rule, refusal
+    assert named in refusal.message and "chart value compactor." in refusal.message, refusal.message
+    assert "\n" not in refusal.message
+
+
+def test_by_default_a_group_chooses_no_node_and_no_priority_and_is_capped() -> None:
+    assert check(nodeSelector={"pool": "compaction"}).rule == "NodeSelectorNotAllowed"
+    assert check(tolerations=[TOLERATION]).rule == "TolerationNotAllowed"
+    assert check(affinity=AFFINITY).rule == "AffinityNotAllowed"
+    assert check(priorityClassName="batch-low").rule == "PriorityClassNotAllowed"
+    assert check(resources={"requests": {"cpu": "64", "memory": "256Gi"}}) is None
+    assert check(resources={"requests": {"cpu": "65"}}).rule == "ResourcesNotAllowed"
+
+
+def test_config_reads_scheduling_and_size_from_the_environment() -> None:
+    cfg = OperatorConfig.from_env(
+        {
+            "KOMPAKTOR_ALLOWED_NODE_SELECTORS": "pool=compaction, disk=ssd",
+            "KOMPAKTOR_ALLOWED_TOLERATIONS": json.dumps([TOLERATION]),
+            "KOMPAKTOR_ALLOWED_AFFINITIES": "[]",
+            "KOMPAKTOR_ALLOWED_PRIORITY_CLASSES": "batch-low",
+            "KOMPAKTOR_MAX_RESOURCES": '{"cpu": 4, "memory": "8Gi"}',
+        }
+    )
+    assert cfg.allowed_node_selectors == ("pool=compaction", "disk=ssd")
+    assert cfg.allowed_tolerations == (TOLERATION,) and cfg.allowed_affinities == ()
+    assert cfg.allowed_priority_classes == ("batch-low",) and cfg.max_resources == {"cpu": 4, "memory": "8Gi"}
+    with pytest.raises(ValueError, match="key=value"):
+        OperatorConfig.from_env({"KOMPAKTOR_ALLOWED_NODE_SELECTORS": "pool"})
+    with pytest.raises(ValueError, match="quantity"):
+        OperatorConfig.from_env({"KOMPAKTOR_MAX_RESOURCES": '{"cpu": "lots"}'})

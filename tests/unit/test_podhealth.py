@@ -119,3 +119,24 @@ def test_a_long_message_is_cut_to_fit_a_condition() -> None:
     last = {"terminated": {"reason": "Error", "exitCode": 1, "message": "x" * 5000}}
     f = podhealth.diagnose([_pod(statuses=[_cs({"waiting": {"reason": "CrashLoopBackOff"}}, last, 1)])])
     assert f is not None and len(f.message) <= 600
+
+
+def test_a_compactor_refusing_its_groups_settings_says_why_on_the_compactor_group() -> None:
+    """Issue 34 §2: the compactor's one-line refusal of settings written into Redis outside the
+    operator is the group's PodsHealthy message (the container's log tail, FallbackToLogsOnError)."""
+    import pytest
+
+    from kompaktor.cli.compactor import refuse_unadmitted
+    from kompaktor.model.errors import KompaktorError
+    from kompaktor.policy.services import GroupConfig
+
+    tampered = GroupConfig("big", spark_conf={"spark.jars": "http://evil.example/x.jar"})
+    with pytest.raises(KompaktorError) as refused:
+        refuse_unadmitted("big", tampered, "0123456789abcdef")
+    log = f"WARNING kompaktor.connection: not durable\nerror: {refused.value}\n"
+    last = {"terminated": {"reason": "Error", "exitCode": 1, "message": log}}
+    pod = _pod(statuses=[_cs({"waiting": {"reason": "CrashLoopBackOff"}}, last, 1)])
+    f = podhealth.diagnose([pod])
+    assert f is not None and f.reason == podhealth.CRASH_LOOP
+    assert "settings in Redis (kz:groups) are not allowed in this pod" in f.message
+    assert "'spark.jars' is not allowed" in f.message, f.message

@@ -11,7 +11,7 @@ import sys
 import click
 
 from kompaktor.cli.common import friendly_errors, redis_option, setup_logging, storage_option
-from kompaktor.policy.services import DEFAULT_DRAIN_GRACE_S, DEFAULT_ENGINE, DEFAULT_SPARK_MASTER, ENGINES
+from kompaktor.policy.services import DEFAULT_DRAIN_GRACE_S, DEFAULT_ENGINE, DEFAULT_SPARK_MASTER, ENGINES, GroupConfig
 
 
 @click.command()
@@ -100,11 +100,8 @@ def compactor(
     the options below override them for a compactor run by hand."""
     import dataclasses
 
-    from kompaktor import keyspace as C
     from kompaktor.files.storage import Storage
     from kompaktor.metadata.store import MetadataStore
-    from kompaktor.model.errors import KompaktorError
-    from kompaktor.policy.services import GroupConfig
     from kompaktor.worker import Compactor, WorkerSettings
     from kompaktor.worker.compactor import DEFAULTS_SOURCE, REDIS_SOURCE
 
@@ -119,15 +116,8 @@ def compactor(
     store.ping()
     cfg = store.groups().get(group)
     source = REDIS_SOURCE
-    if cfg is None and settings_digest:
-        # a pod the operator made: it stored the group before the pod, so Redis lost it (or this
-        # is another Redis); the defaults would silently differ from the CompactorGroup
-        raise KompaktorError(
-            f"group {group} has no configuration in Redis ({C.GROUPS}): the operator stores it when it "
-            f"reconciles the CompactorGroup (edit or re-apply it, or restart the operator)"
-        )
-    if cfg is not None and settings_digest and cfg.settings_digest() != settings_digest:
-        source += f" (newer than this pod's {settings_digest}: the group's rollout replaces it)"
+    if settings_digest:
+        refuse_unadmitted(group, cfg, settings_digest)
     if cfg is None:
         # a compactor run by hand for a group nobody configured: the defaults (those of a
         # CompactorGroup that leaves everything out), said at WARNING in its start-up line; the
@@ -165,6 +155,37 @@ def compactor(
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         worker.close()
     sys.exit(code)
+
+
+def refuse_unadmitted(group: str, cfg: GroupConfig | None, digest: str) -> None:
+    """In a pod the operator made (it gave the digest of the settings it admitted), refuse in one
+    line to run settings from Redis other than those (issue 34 §2): none stored, settings the pod's
+    allow-lists (``KOMPAKTOR_ALLOWED_SPARK_*`` in its spec) refuse, or another digest — Redis
+    lost the group, someone else wrote ``kz:groups``, or the pod is an old one of a rollout."""
+    from kompaktor import keyspace as C
+    from kompaktor.model.errors import KompaktorError
+    from kompaktor.resources.admission import check_spark
+    from kompaktor.resources.operator_config import OperatorConfig
+
+    if cfg is None:
+        # the operator stored the group before the pod, so Redis lost it (or this is another
+        # Redis); the defaults would silently differ from the CompactorGroup
+        raise KompaktorError(
+            f"group {group} has no configuration in Redis ({C.GROUPS}): the operator stores it when it "
+            f"reconciles the CompactorGroup (edit or re-apply it, or restart the operator)"
+        )
+    refusal = check_spark(cfg.spark_conf, cfg.spark_master, OperatorConfig.from_env())
+    if refusal is not None:
+        raise KompaktorError(
+            f"group {group}'s settings in Redis ({C.GROUPS}) are not allowed in this pod ({refusal.rule}): "
+            f"{refusal.message}; not starting"
+        )
+    if cfg.settings_digest() != digest:
+        raise KompaktorError(
+            f"group {group}'s settings in Redis ({C.GROUPS}) have digest {cfg.settings_digest()}, not this "
+            f"pod's {digest}: not starting with settings the operator did not admit for this pod (a rollout "
+            f"of the CompactorGroup replaces it; otherwise {C.GROUPS} was written outside the operator)"
+        )
 
 
 @click.command()

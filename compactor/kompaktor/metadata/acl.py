@@ -8,10 +8,14 @@ Roles
                    no Pub/Sub.
   ``coordinator``  the compactor's rights, plus ``FUNCTION LOAD`` and ``FUNCTION LIST`` (it loads
                    Kompaktor's function libraries where Redis lacks them, :mod:`kompaktor.redisfunctions`)
-                   and ``SCAN``, ``CONFIG GET`` (the durability it can rely on).
-  ``operator``     the coordinator's rights (it writes groups and services, starts and cancels
-                   user compactions through the same scripts).
+                   and ``CONFIG GET`` (the durability it can rely on).
+  ``operator``     the compactor's rights, plus ``FUNCTION LOAD`` (its first write on a server that
+                   lost the libraries loads them) and ``CONFIG GET`` (it writes groups and services,
+                   starts and cancels user compactions through the same functions).
   ``admin``        the ``kompaktor`` CLI of the people running it: the coordinator's rights.
+
+Each right is one the role's code sends (``tests/integration/test_redis_rights.py``, which
+records them with Redis's command counters: compactor, coordinator, operator).
 
 Redis runs a function's commands with the rights of the user calling it, so a user that may run
 the commit function may also run its commands (``HSET`` on ``kz:*``) directly: the ACL bounds what a
@@ -34,15 +38,12 @@ ROLES = ("compactor", "coordinator", "operator", "admin")
 #: what every role needs: connecting (not CLIENT KILL, PAUSE or LIST: dangerous), transactions,
 #: the durability barrier's WAIT, INFO (replication role, persistence), Kompaktor's functions
 _BASE = ("+@connection", "+@transaction", "-@dangerous", "+info", "+fcall")
-#: reads of Kompaktor's structures
+#: reads of Kompaktor's structures: each one the code sends (tests/integration/test_redis_rights.py)
 _READS = (
     "+get",
     "+mget",
     "+exists",
     "+type",
-    "+pttl",
-    "+ttl",
-    "+strlen",
     "+hget",
     "+hmget",
     "+hgetall",
@@ -50,24 +51,12 @@ _READS = (
     "+hvals",
     "+hlen",
     "+hexists",
-    "+hscan",
-    "+hstrlen",
     "+smembers",
-    "+sismember",
-    "+smismember",
     "+scard",
-    "+sscan",
     "+zrange",
-    "+zrangebyscore",
-    "+zrevrange",
-    "+zrevrangebyscore",
     "+zcard",
     "+zscore",
-    "+zcount",
-    "+zscan",
-    "+llen",
     "+lrange",
-    "+lindex",
 )
 #: the writes the scripts and the clients make
 _WRITES = (
@@ -75,11 +64,9 @@ _WRITES = (
     "+del",
     "+unlink",
     "+incr",
-    "+incrby",
     "+expire",
     "+pexpire",
     "+hset",
-    "+hsetnx",
     "+hdel",
     "+hincrby",
     "+sadd",
@@ -87,24 +74,22 @@ _WRITES = (
     "+spop",
     "+zadd",
     "+zrem",
-    "+zincrby",
     "+zpopmin",
-    "+zremrangebyscore",
     "+lpush",
     "+rpush",
-    "+lpop",
-    "+rpop",
-    "+lrem",
     "+ltrim",
     "+blpop",
 )
 #: what only the roles that load code and decide durability get
-_LEADER = ("+function|load", "+function|list", "+scan", "+dbsize", "+config|get")
+_LEADER = ("+function|load", "+function|list", "+config|get")
+#: the operator's: a write of its on a server without the functions loads them (never lists
+#: them: only the coordinator's pass does); the durability it can rely on
+_OPERATOR = ("+function|load", "+config|get")
 
 RIGHTS: dict[str, tuple[str, ...]] = {
     "compactor": _BASE + _READS + _WRITES,
     "coordinator": _BASE + _READS + _WRITES + _LEADER,
-    "operator": _BASE + _READS + _WRITES + _LEADER,
+    "operator": _BASE + _READS + _WRITES + _OPERATOR,
     "admin": _BASE + _READS + _WRITES + _LEADER,
 }
 

@@ -87,6 +87,22 @@ def parse_quantity_bytes(value: int | str) -> int:
         raise ValueError(f"invalid quantity {value!r}: {exc}") from None
 
 
+def parse_quantity_decimal(value: int | str) -> Decimal:
+    """The exact value of a Kubernetes quantity (``"250m"`` is 0.25): for comparing CPU amounts.
+    Raises :class:`ValueError` on anything that is not a finite quantity."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError(f"quantity must be an integer or a string, got {type(value).__name__} {value!r}")
+    from kubernetes.utils import parse_quantity
+
+    try:
+        quantity = parse_quantity(str(value).strip())
+    except (ValueError, TypeError, InvalidOperation) as exc:
+        raise ValueError(f"invalid quantity {value!r}: {exc}") from None
+    if not isinstance(quantity, Decimal) or not quantity.is_finite():
+        raise ValueError(f"invalid quantity {value!r}: not a finite number")
+    return quantity
+
+
 _BINARY_SUFFIXES = (
     ("Ei", 1 << 60),
     ("Pi", 1 << 50),

@@ -20,27 +20,37 @@ may name only:
 - a Spark master ``local``, ``local[N]`` or ``local[*]``, or one listed in
   ``KOMPAKTOR_ALLOWED_SPARK_MASTERS`` (``compactor.allowedSparkMasters``): a master elsewhere
   receives the table's rows and, in the settings, the storage access;
-- a storage URI equal to the operator's default storage or under a prefix in
-  ``KOMPAKTOR_ALLOWED_STORAGE`` (``compactor.allowedStorage``), with no query, fragment or user
-  part (pyarrow reads ``?endpoint_override=`` from a URI: the credentials would go there);
+- a storage URI equal to the operator's default storage or, in normal form
+  (:func:`storage_problem`: no percent-encoding, backslash, user part, query, fragment, empty,
+  ``.`` or ``..`` segment or non-ASCII character — pyarrow decodes a URI before it opens it, and
+  reads ``?endpoint_override=`` from it), under a prefix in ``KOMPAKTOR_ALLOWED_STORAGE``
+  (``compactor.allowedStorage``), segment by segment;
 - ``maxReplicas`` at most ``KOMPAKTOR_MAX_REPLICAS_LIMIT`` (``compactor.maxReplicasLimit``);
+- ``nodeSelector`` pairs, tolerations, an affinity and a priority class only as the chart lists
+  them (``compactor.allowedNodeSelectors``, ``.allowedTolerations``, ``.allowedAffinities``,
+  ``.allowedPriorityClasses``), and resource requests and limits at most ``compactor.maxResources``
+  (:func:`check_scheduling`, :func:`check_resources`);
 - pod labels and annotations outside the keys the operator, the Deployment's selector, the
   scale-down and other controllers act on (:data:`RESERVED_KEY_PREFIXES`).
 
-In the list-valued settings an entry ending in ``*`` allows everything that starts with what
-comes before it. Anything else is a :class:`Refusal` naming the rule; the handler reports it as a
-condition and creates nothing (an edited group's Deployment keeps its last allowed spec); local
+In the list-valued settings (images, Spark settings, masters) an entry may end in ``*`` right
+after ``/``, ``:`` or ``.``; it allows one more segment (:func:`listed`); ``OperatorConfig``
+refuses a ``*`` anywhere else, so ``spark://trusted*`` never allows
+``spark://trusted.evil.example``. Anything else is a :class:`Refusal` naming the rule; the
+handler reports it as a condition and creates nothing (an edited group's Deployment keeps its last allowed spec); local
 mode (``kompaktor up``) refuses such a group the same way. Pure: no I/O. Must not import: kopf,
 redis, kube, ``kompaktor_operator``.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from kompaktor.policy.sizes import parse_quantity_decimal
 from kompaktor.resources import api
 from kompaktor.resources.models import CompactorGroupSpec
 from kompaktor.resources.operator_config import OperatorConfig
@@ -53,6 +63,11 @@ SPARK_MASTER_NOT_ALLOWED = "SparkMasterNotAllowed"
 STORAGE_NOT_ALLOWED = "StorageNotAllowed"
 MAX_REPLICAS_NOT_ALLOWED = "MaxReplicasNotAllowed"
 LABEL_NOT_ALLOWED = "LabelNotAllowed"
+NODE_SELECTOR_NOT_ALLOWED = "NodeSelectorNotAllowed"
+TOLERATION_NOT_ALLOWED = "TolerationNotAllowed"
+AFFINITY_NOT_ALLOWED = "AffinityNotAllowed"
+PRIORITY_CLASS_NOT_ALLOWED = "PriorityClassNotAllowed"
+RESOURCES_NOT_ALLOWED = "ResourcesNotAllowed"
 
 #: Spark settings that size or tune a merge and cannot load code, move files or reveal secrets
 SPARK_CONF_ALLOWED: frozenset[str] = frozenset(
@@ -117,32 +132,97 @@ class Refusal:
 
 
 def image_allowed(image: str, config: OperatorConfig) -> bool:
-    if image == config.compactor_image:
-        return True
-    for entry in config.allowed_images:
-        if entry.endswith("*") and image.startswith(entry[:-1]):
-            return True
-        if image == entry:
+    return image == config.compactor_image or listed(image, config.allowed_images, IMAGE_SEGMENT)
+
+
+#: what a trailing ``*`` of an entry matches: one more segment — a host label, a port, a path
+#: segment or a dotted key's last part (no ``.``, ``/``, ``:``, ``@``, ``,``, space or non-ASCII)
+SEGMENT = re.compile(r"[A-Za-z0-9_-]+")
+#: ... and in an image reference, one repository path segment with its tag and/or digest
+IMAGE_SEGMENT = re.compile(
+    r"[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?"
+)
+#: the characters an entry's ``*`` must follow: it widens an entry on a boundary only
+WILDCARD_BOUNDARIES = "/:."
+
+
+def wildcard_problem(entry: str) -> str | None:
+    """Why ``entry`` is not a valid allow-list entry (a ``*`` elsewhere than last, after a
+    boundary), or None."""
+    if "*" not in entry:
+        return None
+    if entry.count("*") > 1 or not entry.endswith("*") or len(entry) < 2 or entry[-2] not in WILDCARD_BOUNDARIES:
+        return (
+            f"allow-list entry {entry!r}: a '*' may only end an entry, right after one of "
+            f"{' '.join(WILDCARD_BOUNDARIES)} (e.g. 'registry.corp/team/*', 'spark://master.spark:*', 'spark.ui.*')"
+        )
+    return None
+
+
+def listed(value: str, entries: Iterable[str], segment: re.Pattern[str] = SEGMENT) -> bool:
+    """``value`` equals an entry, or an entry ends in ``*`` (after ``/``, ``:`` or ``.``) and
+    ``value`` is the text before it followed by one ``segment``: ``spark://trusted.spark:*``
+    allows ``spark://trusted.spark:7077``, not ``spark://trusted.spark:7077,evil:7077``; an
+    entry with a ``*`` anywhere else matches nothing (``OperatorConfig`` refuses it)."""
+    for e in entries:
+        if not e.endswith("*"):
+            if value == e:
+                return True
+        elif wildcard_problem(e) is None and value.startswith(e[:-1]) and segment.fullmatch(value[len(e) - 1 :]):
             return True
     return False
 
 
-def listed(value: str, entries: Iterable[str]) -> bool:
-    """``value`` equals an entry, or starts with an entry's text before its trailing ``*``."""
-    return any(value.startswith(e[:-1]) if e.endswith("*") else value == e for e in entries)
+_SCHEME = re.compile(r"^[a-z][a-z0-9+.-]*$")
+
+
+def storage_problem(uri: str) -> str | None:
+    """Why ``uri`` is not in the one form admission compares, or None.
+
+    pyarrow decodes a URI before it opens it (``file:///a/%2e%2e/b`` is ``/a/../b``), so a URI
+    is compared only when decoding cannot change it: printable ASCII, no ``%``, ``\\``, ``@``
+    (user part), ``?`` or ``#`` (pyarrow reads settings such as ``endpoint_override`` from the
+    query), a lowercase scheme, and a path without empty, ``.`` or ``..`` segments (one
+    trailing ``/`` aside)."""
+    if any(not 33 <= ord(c) <= 126 for c in uri):
+        return "has a space, a control or a non-ASCII character"
+    for char, what in (
+        ("%", "a percent-encoded character"),
+        ("\\", "a backslash"),
+        ("@", "a user part"),
+        ("?", "a query"),
+        ("#", "a fragment"),
+        ("*", "a wildcard"),
+    ):
+        if char in uri:
+            return f"has {what} ({char!r})"
+    parts = urlsplit(uri)
+    if not _SCHEME.match(uri.partition(":")[0]) or "://" not in uri:
+        return "is not scheme://location/path with a lowercase scheme"
+    path = parts.path[:-1] if parts.path.endswith("/") else parts.path
+    if any(seg in ("", ".", "..") for seg in path.split("/")[1:]):
+        return "has an empty ('//'), '.' or '..' path segment"
+    return None
+
+
+def _storage_key(uri: str) -> tuple[str, str, list[str]]:
+    parts = urlsplit(uri)
+    return parts.scheme, parts.netloc, [s for s in parts.path.split("/") if s]
 
 
 def storage_allowed(uri: str, config: OperatorConfig) -> bool:
+    """``uri`` is the chart's storage, or in normal form (:func:`storage_problem`) under an
+    allowed prefix: the same scheme and location, and the prefix's path segments first."""
     if config.storage_uri and uri == config.storage_uri:
         return True
-    parts = urlsplit(uri)
-    if parts.query or parts.fragment or "@" in parts.netloc or not parts.scheme:
+    if storage_problem(uri) is not None:
         return False
-    if any(seg in (".", "..") for seg in parts.path.split("/")):
-        return False
+    scheme, location, path = _storage_key(uri)
     for prefix in config.allowed_storage:
-        base = prefix.rstrip("/")
-        if uri == base or uri.startswith(base + "/"):
+        if storage_problem(prefix) is not None:
+            continue
+        p_scheme, p_location, p_path = _storage_key(prefix)
+        if (scheme, location, path[: len(p_path)]) == (p_scheme, p_location, p_path):
             return True
     return False
 
@@ -193,29 +273,22 @@ def check_group(spec: CompactorGroupSpec, config: OperatorConfig) -> Refusal | N
                 f"{', '.join(repr(s) for s in sorted(allowed)) or '(none)'} "
                 f"(chart value compactor.allowedSecrets)",
             )
-    for key in sorted(spec.spark.conf):
-        if key not in SPARK_CONF_ALLOWED and not listed(key, config.allowed_spark_conf):
-            return Refusal(
-                SPARK_CONF_NOT_ALLOWED,
-                f"spec.spark.conf key {key!r} is not allowed: a group may set only Spark settings that "
-                f"size or tune a merge (chart value compactor.allowedSparkConf adds keys)",
-            )
-    master = spec.spark.master
-    if not _LOCAL_MASTER.match(master) and not listed(master, config.allowed_spark_masters):
-        return Refusal(
-            SPARK_MASTER_NOT_ALLOWED,
-            f"spec.spark.master {master!r} is not allowed: local, local[N] or local[*]"
-            f"{_and(config.allowed_spark_masters)} (chart value compactor.allowedSparkMasters)",
-        )
+    refusal = check_spark(spec.spark.conf, spec.spark.master, config)
+    if refusal is not None:
+        return refusal
     uri = spec.storage.uri if spec.storage else None
     if uri and not storage_allowed(uri, config):
+        why = storage_problem(uri)
         allowed_uris = ([config.storage_uri] if config.storage_uri else []) + [f"{p}…" for p in config.allowed_storage]
         return Refusal(
             STORAGE_NOT_ALLOWED,
             f"spec.storage.uri {uri!r} is not allowed: a group may use "
             f"{', '.join(repr(a) for a in allowed_uris) or 'only the default storage'} "
-            f"(chart value compactor.allowedStorage; no query, user or '..' part)",
+            f"(chart value compactor.allowedStorage)" + (f"; it {why}" if why else ""),
         )
+    refusal = check_scheduling(spec, config) or check_resources(spec, config)
+    if refusal is not None:
+        return refusal
     if spec.max_replicas > config.max_replicas_limit:
         return Refusal(
             MAX_REPLICAS_NOT_ALLOWED,
@@ -232,6 +305,84 @@ def check_group(spec: CompactorGroupSpec, config: OperatorConfig) -> Refusal | N
                     f"{', '.join(p + '*' for p in RESERVED_KEY_PREFIXES)}, pod-template-hash)",
                 )
     return None
+
+
+def check_spark(conf: Iterable[str], master: str, config: OperatorConfig) -> Refusal | None:
+    """The first Spark setting key in ``conf`` or the ``master`` that a group may not use."""
+    for key in sorted(conf):
+        if key not in SPARK_CONF_ALLOWED and not listed(key, config.allowed_spark_conf):
+            return Refusal(
+                SPARK_CONF_NOT_ALLOWED,
+                f"spec.spark.conf key {key!r} is not allowed: a group may set only Spark settings that "
+                f"size or tune a merge (chart value compactor.allowedSparkConf adds keys)",
+            )
+    if not _LOCAL_MASTER.match(master) and not listed(master, config.allowed_spark_masters):
+        return Refusal(
+            SPARK_MASTER_NOT_ALLOWED,
+            f"spec.spark.master {master!r} is not allowed: local, local[N] or local[*]"
+            f"{_and(config.allowed_spark_masters)} (chart value compactor.allowedSparkMasters)",
+        )
+    return None
+
+
+def _compact(value: object) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def check_scheduling(spec: CompactorGroupSpec, config: OperatorConfig) -> Refusal | None:
+    """nodeSelector pairs, tolerations, the affinity and the priority class, each as the chart
+    lists it: a group's author must not place compactors on nodes (or above pods) of others."""
+    for key, value in sorted(spec.node_selector.items()):
+        if f"{key}={value}" not in config.allowed_node_selectors:
+            return Refusal(
+                NODE_SELECTOR_NOT_ALLOWED,
+                f"spec.nodeSelector {key}={value} is not allowed: only {_listed(config.allowed_node_selectors)} "
+                f"(chart value compactor.allowedNodeSelectors)",
+            )
+    for toleration in spec.tolerations:
+        if toleration not in config.allowed_tolerations:
+            return Refusal(
+                TOLERATION_NOT_ALLOWED,
+                f"spec.tolerations entry {_compact(toleration)} is not allowed: only "
+                f"{_listed(_compact(t) for t in config.allowed_tolerations)} "
+                f"(chart value compactor.allowedTolerations)",
+            )
+    if spec.affinity and spec.affinity not in config.allowed_affinities:
+        return Refusal(
+            AFFINITY_NOT_ALLOWED,
+            f"spec.affinity {_compact(spec.affinity)} is not allowed: only one of "
+            f"{len(config.allowed_affinities)} listed in chart value compactor.allowedAffinities",
+        )
+    pc = spec.priority_class_name
+    if pc and pc not in config.allowed_priority_classes:
+        return Refusal(
+            PRIORITY_CLASS_NOT_ALLOWED,
+            f"spec.priorityClassName {pc!r} is not allowed: only {_listed(config.allowed_priority_classes)} "
+            f"(chart value compactor.allowedPriorityClasses)",
+        )
+    return None
+
+
+def check_resources(spec: CompactorGroupSpec, config: OperatorConfig) -> Refusal | None:
+    """Every request and limit at most the chart's cap for its resource (``compactor.maxResources``)."""
+    if spec.resources is None:
+        return None
+    caps = config.max_resources
+    for kind, amounts in (("requests", spec.resources.requests), ("limits", spec.resources.limits)):
+        for name, amount in sorted(amounts.items()):
+            cap = caps.get(name)
+            if cap is None or parse_quantity_decimal(amount) > parse_quantity_decimal(cap):
+                most = f"at most {cap}" if cap is not None else "not a resource the chart lists"
+                return Refusal(
+                    RESOURCES_NOT_ALLOWED,
+                    f"spec.resources.{kind}.{name} {amount} is not allowed: {most} "
+                    f"(chart value compactor.maxResources: {_compact(caps)})",
+                )
+    return None
+
+
+def _listed(entries: Iterable[str]) -> str:
+    return ", ".join(entries) or "none"
 
 
 def _and(extra: tuple[str, ...]) -> str:

@@ -469,6 +469,11 @@ class CompactorGroupSpec(CRDModel):
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[FreeForm] = Field(default_factory=list)
     affinity: FreeForm | None = None
+    priority_class_name: str | None = Field(
+        None,
+        max_length=253,
+        description="the pods' PriorityClass; one the chart lists (compactor.allowedPriorityClasses)",
+    )
     pod_annotations: dict[str, str] = Field(default_factory=dict)
     pod_labels: dict[str, str] = Field(default_factory=dict)
 

@@ -14,9 +14,12 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kompaktor import __version__
+
+#: the chart's default ``compactor.maxResources``
+DEFAULT_MAX_RESOURCES: dict[str, int | str] = {"cpu": "64", "memory": "256Gi", "ephemeral-storage": "1Ti"}
 
 
 class OperatorConfig(BaseModel):
@@ -39,6 +42,14 @@ class OperatorConfig(BaseModel):
     allowed_spark_masters: tuple[str, ...] = ()
     allowed_storage: tuple[str, ...] = ()
     max_replicas_limit: int = Field(1000, ge=1)
+    #: where and how big a group's pods may be (``admission.check_scheduling``): nodeSelector
+    #: pairs ``key=value``, whole tolerations, whole affinities, priority classes; the most of
+    #: each resource a request or limit may ask for (a resource not named here is refused)
+    allowed_node_selectors: tuple[str, ...] = ()
+    allowed_tolerations: tuple[dict[str, Any], ...] = ()
+    allowed_affinities: tuple[dict[str, Any], ...] = ()
+    allowed_priority_classes: tuple[str, ...] = ()
+    max_resources: dict[str, int | str] = Field(default_factory=lambda: dict(DEFAULT_MAX_RESOURCES))
     #: Secret (in the group's namespace) whose key becomes KOMPAKTOR_DRAIN_TOKEN in compactor pods.
     drain_token_secret: str | None = None
     drain_token_secret_key: str = "token"
@@ -53,6 +64,43 @@ class OperatorConfig(BaseModel):
     #: How often the scaler and status timers run, seconds.
     scale_interval: float = 5.0
     status_interval: float = 15.0
+
+    @field_validator("allowed_images", "allowed_spark_conf", "allowed_spark_masters")
+    @classmethod
+    def _wildcards_on_boundaries(cls, entries: tuple[str, ...]) -> tuple[str, ...]:
+        from kompaktor.resources.admission import wildcard_problem  # it reads this module
+
+        for entry in entries:
+            if problem := wildcard_problem(entry):
+                raise ValueError(problem)
+        return entries
+
+    @field_validator("max_resources")
+    @classmethod
+    def _quantities(cls, caps: dict[str, int | str]) -> dict[str, int | str]:
+        from kompaktor.policy.sizes import parse_quantity_decimal
+
+        for cap in caps.values():
+            parse_quantity_decimal(cap)  # a ValueError names it
+        return caps
+
+    @field_validator("allowed_node_selectors")
+    @classmethod
+    def _pairs(cls, entries: tuple[str, ...]) -> tuple[str, ...]:
+        for entry in entries:
+            if "=" not in entry or not entry.partition("=")[0]:
+                raise ValueError(f"allowed nodeSelector entry {entry!r} is not key=value")
+        return entries
+
+    @field_validator("allowed_storage")
+    @classmethod
+    def _storage_prefixes_in_normal_form(cls, entries: tuple[str, ...]) -> tuple[str, ...]:
+        from kompaktor.resources.admission import storage_problem
+
+        for entry in entries:
+            if problem := storage_problem(entry):
+                raise ValueError(f"allowed storage prefix {entry!r} {problem}")
+        return entries
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
@@ -78,6 +126,9 @@ class OperatorConfig(BaseModel):
         as_json = {  # JSON documents
             "operator_pod_labels": "KOMPAKTOR_OPERATOR_POD_LABELS",
             "metrics_peers": "KOMPAKTOR_METRICS_PEERS",
+            "allowed_tolerations": "KOMPAKTOR_ALLOWED_TOLERATIONS",
+            "allowed_affinities": "KOMPAKTOR_ALLOWED_AFFINITIES",
+            "max_resources": "KOMPAKTOR_MAX_RESOURCES",
         }
         lists = {  # comma-separated
             "allowed_images": "KOMPAKTOR_ALLOWED_IMAGES",
@@ -86,6 +137,8 @@ class OperatorConfig(BaseModel):
             "allowed_spark_conf": "KOMPAKTOR_ALLOWED_SPARK_CONF",
             "allowed_spark_masters": "KOMPAKTOR_ALLOWED_SPARK_MASTERS",
             "allowed_storage": "KOMPAKTOR_ALLOWED_STORAGE",
+            "allowed_node_selectors": "KOMPAKTOR_ALLOWED_NODE_SELECTORS",
+            "allowed_priority_classes": "KOMPAKTOR_ALLOWED_PRIORITY_CLASSES",
         }
         values: dict[str, object] = {field: env[var] for field, var in names.items() if env.get(var)}
         for field, var in lists.items():
