@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "up": "kompaktor.cli.local:up",
     "demo": "kompaktor.cli.local:demo",
     "status": "kompaktor.cli.status:status",
+    "history": "kompaktor.cli.history:history",
     "crds": "kompaktor.cli.crds:crds",
     # the operator's command, imported only when it runs (`kompaktor` never imports the operator's
     # package otherwise; the import-linter contract in pyproject.toml says so)
