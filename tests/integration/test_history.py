@@ -206,3 +206,30 @@ def test_history_and_status_commands(
     ):
         bad = cli(redis_url, tmp_path, "history", *args)
         assert bad.returncode == 1 and msg in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
+def test_a_filtered_read_goes_back_in_bounded_calls_until_it_has_enough(store: MetadataStore) -> None:
+    def rec(i: int, outcome: str = history.COMMITTED) -> history.Record:
+        return history.Record(f"ECID-{i:016x}", outcome, GROUP, "1", "1;", "SYSTEM", "c", 1000.0 + i)
+
+    assert history.append(store, rec(0, history.FAILED))
+    for i in range(1, 2 * history.READ_CHUNK + 10):  # the failure is more than two calls back
+        assert history.append(store, rec(i))
+    calls: list[tuple] = []
+    real = store._r.xrevrange
+
+    def counted(*args):
+        calls.append(args)
+        return real(*args)
+
+    store._r.xrevrange = counted  # type: ignore[method-assign]
+    try:
+        (got,) = history.read(store, [GROUP], failed=True, limit=3)
+    finally:
+        store._r.xrevrange = real  # type: ignore[method-assign]
+    assert got.ecid == rec(0).ecid
+    assert len(calls) == 3 and all(c[-1] == history.READ_CHUNK for c in calls)
+    assert [r.ecid for r in history.read(store, [GROUP], limit=2)] == [
+        rec(2 * history.READ_CHUNK + 9).ecid,
+        rec(2 * history.READ_CHUNK + 8).ecid,
+    ]

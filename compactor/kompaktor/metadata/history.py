@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -43,6 +43,8 @@ DEFAULT_MAX_RECORDS = 10_000
 DEFAULT_MAX_AGE_S = 7 * 86_400.0
 #: the longest reason kept (a merge's exception text can be long)
 REASON_MAX = 500
+#: entries one read of a stream returns at most
+READ_CHUNK = 500
 
 
 @dataclass(frozen=True)
@@ -135,16 +137,32 @@ def read(
 ) -> list[Record]:
     """The newest records first, at most ``limit``, of ``groups``; only those finished at or after
     ``since`` (epoch seconds), of table id ``table``, or failed, when asked."""
-    lo = "-" if since is None else str(max(0, int(since * 1000)))
     out: list[Record] = []
     for g in sorted(set(groups)):
-        # a filter reads further back than the limit: the records it keeps are among the group's
-        count = None if (table or failed) else limit
-        for _id, entry in store.call(store._r.xrevrange, C.history_key(g), "+", lo, count):
-            rec = Record.from_json(json.loads(entry[b"r"]))
-            if (table is None or rec.table == table) and (not failed or rec.failed):
-                out.append(rec)
+        out += _read_group(
+            store, g, since, lambda r: (table is None or r.table == table) and (not failed or r.failed), limit
+        )
     out.sort(key=lambda r: r.finished, reverse=True)
+    return out[:limit]
+
+
+def _read_group(
+    store: MetadataStore, group: str, since: float | None, keep: Callable[[Record], bool], limit: int
+) -> list[Record]:
+    """A group's newest records that ``keep`` keeps, at most ``limit``: read newest first in calls of
+    :data:`READ_CHUNK` entries (Redis runs one command at a time), until enough are found."""
+    lo = "-" if since is None else str(max(0, int(since * 1000)))
+    hi = "+"
+    out: list[Record] = []
+    while len(out) < limit:
+        chunk = store.call(store._r.xrevrange, C.history_key(group), hi, lo, READ_CHUNK)
+        for _id, entry in chunk:
+            rec = Record.from_json(json.loads(entry[b"r"]))
+            if keep(rec):
+                out.append(rec)
+        if len(chunk) < READ_CHUNK:
+            break
+        hi = "(" + chunk[-1][0].decode()  # exclusive: after the last entry read
     return out[:limit]
 
 
