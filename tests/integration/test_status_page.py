@@ -171,3 +171,18 @@ def test_the_table_score_ranks_more_files_deletes_and_tablets_over_the_limit_hig
     assert busy["score"] == 3.0
     assert over["over_limit"] == 1 and over["score"] == 8.0 + 5.0
     assert deleting["deletes_ratio"] == 0.5 and deleting["score"] == 5.0
+
+
+def test_redis_away_is_a_503_that_says_so(storage: Storage) -> None:
+    from tests.support.ports import free_port
+
+    away = MetadataStore.from_url(f"redis://:pw-SECRET@127.0.0.1:{free_port()}/0")
+    c = Coordinator(away, storage, settings())
+    server = serve(c, 0, "127.0.0.1")
+    try:
+        code, _ctype, body = get(f"http://127.0.0.1:{server.server_address[1]}/status")
+        assert code == 503 and body.startswith("status unavailable:") and "SECRET" not in body, body
+        assert get(f"http://127.0.0.1:{server.server_address[1]}/metrics")[0] == 200  # metrics still answer
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -10,6 +10,7 @@ The small charts come from :class:`Samples`, a ring buffer the coordinator fills
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -46,20 +47,23 @@ class Sample:
 @dataclass
 class Samples:
     """Depth and replicas per group over the last hour, one sample every :data:`SAMPLE_EVERY_S`
-    at most (a ring buffer per group: the oldest fall out)."""
+    at most (a ring buffer per group: the oldest fall out). The coordinator's loop adds samples
+    while the HTTP server's threads read them: a lock keeps each read whole."""
 
     every_s: float = SAMPLE_EVERY_S
     window_s: float = CHART_WINDOW_S
     groups: dict[str, deque[Sample]] = field(default_factory=dict)
     _last: float = float("-inf")
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def due(self, now: float) -> bool:
         return now - self._last >= self.every_s
 
     def add(self, group: str, sample: Sample) -> None:
-        ring = self.groups.setdefault(group, deque(maxlen=max(2, int(self.window_s / max(self.every_s, 1.0)) + 1)))
-        ring.append(sample)
-        self._last = sample.t
+        with self._lock:
+            ring = self.groups.setdefault(group, deque(maxlen=max(2, int(self.window_s / max(self.every_s, 1.0)) + 1)))
+            ring.append(sample)
+            self._last = sample.t
 
     def take(self, store: MetadataStore, now: float | None = None) -> None:
         """One sample of every group (queue depth, replicas wanted and ready), if one is due."""
@@ -74,7 +78,8 @@ class Samples:
 
     def of(self, group: str, now: float | None = None) -> list[Sample]:
         now = time.time() if now is None else now
-        return [s for s in self.groups.get(group, ()) if now - s.t <= self.window_s]
+        with self._lock:
+            return [s for s in self.groups.get(group, ()) if now - s.t <= self.window_s]
 
 
 def _groups(status: dict[str, Any], configs: dict[str, GroupConfig]) -> dict[str, dict[str, Any]]:
