@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("kompaktor.coordinator")
 
 STATUS_PATH = "/status"
+#: a page rendered this recently is served again: viewers reloading it (every 10 s each) read the
+#: store once a second at most, and one render runs at a time
+CACHE_S = 1.0
 
 
 def status_html(coord: Coordinator) -> str:
@@ -30,6 +34,16 @@ def status_html(coord: Coordinator) -> str:
 
 def serve(coord: Coordinator, port: int, host: str = "0.0.0.0") -> ThreadingHTTPServer:
     """Serve ``/metrics`` and ``/status`` from a daemon thread; the caller shuts the server down."""
+    lock = threading.Lock()
+    cached: list[tuple[float, bytes]] = []
+
+    def page_body() -> bytes:
+        with lock:
+            if cached and time.monotonic() - cached[0][0] < CACHE_S:
+                return cached[0][1]
+            body = status_html(coord).encode()
+            cached[:] = [(time.monotonic(), body)]
+            return body
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *_args: Any) -> None:
@@ -51,7 +65,7 @@ def serve(coord: Coordinator, port: int, host: str = "0.0.0.0") -> ThreadingHTTP
                 self._send(200, generate_latest(coord.metrics.registry), CONTENT_TYPE_LATEST)
             elif path == STATUS_PATH:
                 try:
-                    body = status_html(coord).encode()
+                    body = page_body()
                 except KompaktorError as exc:  # Redis away: say so, and the page comes back by itself
                     self._send(503, f"status unavailable: {redact_text(str(exc))}\n".encode(), Retry_After="5")
                     return

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 from kompaktor.metadata import failures, history
 from kompaktor.metadata import user_compactions as usercompaction
 from kompaktor.metadata.store import MetadataStore
-from kompaktor.model.tablet import RunningCompaction, Tablet
+from kompaktor.model.tablet import RunningCompaction, TableInfo, Tablet
 
 ALIVE_S = 15.0
 
@@ -52,7 +53,11 @@ def resumable_merge(
     }
 
 
-def gather(store: MetadataStore) -> dict[str, Any]:
+def gather(
+    store: MetadataStore, table_extra: Callable[[TableInfo, list[Tablet]], dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The status. ``table_extra``: more figures per table, from the tablets this pass reads anyway
+    (the coordinator's status page; `kompaktor status` has none)."""
     queues = store.queues
     counters = store.counters()
     groups: dict[str, Any] = {}
@@ -103,6 +108,8 @@ def gather(store: MetadataStore) -> dict[str, Any]:
             # the newest delete horizon of its tablets (docs/file-format.md, "Deletes stay deleted")
             "delete_horizon": max((tb.horizon for tb in tablets if tb.horizon is not None), default=None),
         }
+        if table_extra is not None:
+            tables[t.name].update(table_extra(t, tablets))
     out = {
         "groups": groups,
         "tables": tables,
