@@ -24,13 +24,14 @@ help: ## list the targets
 $(STAMP): pyproject.toml
 	@command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server; }
 	@command -v redis-sentinel >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-sentinel; }
+	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium; }
 	@java -version 2>&1 | grep -Eq 'version "(1[7-9]|[2-9][0-9])' || { apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless; }
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev,spark]'
 	@touch $(STAMP)
 
-install: $(STAMP) ## virtualenv in .venv with the package and dev extras; redis-server, redis-sentinel and Java 17 via apt-get when missing
+install: $(STAMP) ## virtualenv in .venv with the package and dev extras; redis-server, redis-sentinel, chromium (the status page's browser test) and Java 17 via apt-get when missing
 
 test: $(STAMP) control-plane promtool test-images lint ## the gates (make lint), then the whole suite (unit, Redis, Spark, operator, chart, images, real Kubernetes on a real node)
 	$(PY) -m pytest -q

@@ -87,6 +87,12 @@ def ucomp_done_key(cid: str) -> str:
     return f"{PREFIX}ucomp:{cid}:done"  # set of tablet ids finished for a user compaction
 
 
+def history_key(group: str) -> str:
+    # stream: one entry per finished compaction of the group (field ``r``: the record as JSON),
+    # bounded by count and age (kompaktor.metadata.history); not used by the Lua scripts
+    return f"{PREFIX}history:{group}"
+
+
 def queue_vt_key(group: str) -> str:
     return f"{PREFIX}queue:{group}:vt"  # hash: table id -> virtual time of its last job queued (fairness)
 

@@ -648,3 +648,39 @@ def test_where_and_how_big_a_group_may_run_reaches_the_operator() -> None:
     assert cfg.max_resources == DEFAULT_MAX_RESOURCES == load(CHART / "values.yaml")["compactor"]["maxResources"]
     with helm.Chart.load(str(CHART)) as chart, pytest.raises(helm.HelmError):
         chart.validate_schema({"compactor": {"allowedNodeSelectors": ["pool"]}})
+
+
+def test_the_status_page_is_served_through_the_coordinator_service_and_an_optional_ingress() -> None:
+    """Issue 36 §2: the coordinator serves /status on its metrics port, which Service
+    kompaktor-metrics exposes; an Ingress, off by default, publishes /status alone (not /metrics)."""
+    docs = render({})
+    assert "Ingress" not in kinds(docs)
+    svc = next(s for s in kinds(docs)["Service"] if s["metadata"]["name"] == "kompaktor-metrics")
+    c = container(docs, "Deployment", "kompaktor-operator", "coordinator")
+    (port,) = svc["spec"]["ports"]
+    assert "--metrics-port=9090" in c["args"] and port["port"] == 9090
+    assert port["targetPort"] in {p["name"] for p in c["ports"]}
+
+    ing_values = {
+        "enabled": True,
+        "className": "nginx",
+        "host": "kompaktor.example.com",
+        "annotations": {"nginx.ingress.kubernetes.io/auth-type": "basic"},
+        "tls": [{"secretName": "kompaktor-tls", "hosts": ["kompaktor.example.com"]}],
+    }
+    (ing,) = kinds(render({"coordinator": {"statusPage": {"ingress": ing_values}}}))["Ingress"]
+    assert ing["metadata"]["name"] == "kompaktor-status"
+    assert ing["metadata"]["annotations"] == ing_values["annotations"]
+    assert ing["spec"]["ingressClassName"] == "nginx" and ing["spec"]["tls"] == ing_values["tls"]
+    (rule,) = ing["spec"]["rules"]
+    assert rule["host"] == "kompaktor.example.com"
+    (path,) = rule["http"]["paths"]
+    assert (path["path"], path["pathType"]) == ("/status", "Exact")
+    assert path["backend"]["service"] == {"name": "kompaktor-metrics", "port": {"name": "http-metrics"}}
+    # the smallest form: any host, the default class; no Ingress without the coordinator
+    (bare,) = kinds(render({"coordinator": {"statusPage": {"ingress": {"enabled": True}}}}))["Ingress"]
+    assert "host" not in bare["spec"]["rules"][0] and "ingressClassName" not in bare["spec"]
+    off = render({"coordinator": {"enabled": False, "statusPage": {"ingress": {"enabled": True}}}})
+    assert "Ingress" not in kinds(off)
+    with pytest.raises(helm.HelmError, match="statusPage"):
+        render({"coordinator": {"statusPage": {"ingress": {"enabled": True, "path": "/"}}}})

@@ -74,3 +74,48 @@ def test_every_shipped_query_names_an_exported_metric() -> None:
 
 def test_the_check_sees_a_misspelt_metric() -> None:
     assert "kompaktor_compactions_completed" not in exported()  # a counter is scraped as ..._total
+
+
+#: metrics a dashboard panel may name that another exporter serves (kube-state-metrics)
+FOREIGN = {"kube_deployment_spec_replicas"}
+
+
+def dashboard() -> dict:
+    cms = {c["metadata"]["name"]: c for c in kinds(render({}))["ConfigMap"]}
+    return json.loads(cms["kompaktor-dashboard"]["data"]["kompaktor.json"])
+
+
+def test_every_panel_query_and_variable_names_a_metric_that_exists() -> None:
+    """Issue 36 §3: not only the union — each query of each panel (and each templating variable)
+    names at least one metric that exists, and only kompaktor_ metrics that are exported; a panel
+    whose one query lost its metric to a typo (``kompaktr_queue_depth``) would otherwise pass."""
+    have = exported()
+    dash = dashboard()
+    queries = [(p["title"], t["expr"]) for p in dash["panels"] for t in p.get("targets", [])]
+    queries += [(f"variable {v['name']}", v["query"]) for v in dash["templating"]["list"] if v["type"] == "query"]
+    assert len(queries) > 10
+    for where, expr in queries:
+        ours = set(NAME.findall(expr))
+        assert ours <= have, f"{where}: {expr} names metrics nobody exports: {sorted(ours - have)}"
+        foreign = {n for n in FOREIGN if re.search(rf"\b{n}\b", expr)}
+        assert ours or foreign, f"{where}: {expr} names no metric that exists"
+
+
+def test_every_panel_query_is_valid_promql(tmp_path) -> None:
+    """Each panel's query, its dashboard variables filled in, passes ``promtool check rules`` (as a
+    recording rule): a query Prometheus cannot parse would show an error instead of a graph."""
+    from tests.promcheck import promtool
+
+    exprs = [t["expr"] for p in dashboard()["panels"] for t in p.get("targets", [])]
+    filled = [e.replace("$__rate_interval", "5m").replace("$group", ".*") for e in exprs]
+    assert not [e for e in filled if "$" in e], "a dashboard variable the test does not fill"
+    rules = {
+        "groups": [{"name": "dashboard", "rules": [{"record": f"panel:q{i}", "expr": e} for i, e in enumerate(filled)]}]
+    }
+    path = tmp_path / "dashboard-rules.yaml"
+    path.write_text(yaml.safe_dump(rules))
+    import subprocess
+
+    res = subprocess.run([promtool(), "check", "rules", str(path)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"SUCCESS: {len(filled)} rules found" in res.stdout, res.stdout

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -32,8 +33,25 @@ def test_hpa_formula_clamps_to_bounds() -> None:
 
 
 def test_demo_small_verifies_with_spark_and_arrow_groups(tmp_path: Path) -> None:
-    opts = DemoOptions(entries=12_000, duration_s=8, tablets=3, batch=1000, live=False, data_dir=str(tmp_path / "demo"))
+    pages: list[tuple[str, str]] = []
+
+    def look(url: str) -> None:  # the status page, served while the demo runs (issue 36 §2)
+        pages.append(
+            (url, poll(lambda: urllib.request.urlopen(url, timeout=5).read().decode(), "the page", ignore=OSError))
+        )
+
+    opts = DemoOptions(
+        entries=12_000,
+        duration_s=8,
+        tablets=3,
+        batch=1000,
+        live=False,
+        data_dir=str(tmp_path / "demo"),
+        on_status_page=look,
+    )
     res = run_demo(opts)
+    ((url, page),) = pages
+    assert url.startswith("http://127.0.0.1:") and url.endswith("/status") and "Kompaktor status" in page
     s = res.summary
     assert res.verified, "\n".join(f"{k}: {v}" for k, v in s.items())
     assert s["entries scanned"] == s["entries written"] == 12_000 + opts.burst_entries
@@ -153,6 +171,12 @@ def test_up_command_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
     try:
         line = poll(lambda: p.stdout.readline(), timeout=120, what="kompaktor up to start")
         assert "kompaktor is up" in line
+        # the status page's address, served by the coordinator while `up` runs (issue 36 §2)
+        line = p.stdout.readline()
+        assert line.startswith("status page: http://127.0.0.1:"), line
+        url = line.split(": ", 1)[1].strip()
+        page = poll(lambda: urllib.request.urlopen(url, timeout=5).read().decode(), "the page", ignore=OSError)
+        assert "Kompaktor status" in page and 'data-group="small"' in page
         p.send_signal(signal.SIGINT)
         assert p.wait(timeout=120) == 0
     finally:

@@ -14,7 +14,7 @@ from kompaktor.client import Client
 from kompaktor.coordinator import Coordinator
 from kompaktor.files.storage import Storage
 from kompaktor.local.redis_server import RedisProcess
-from kompaktor.metadata import acl
+from kompaktor.metadata import acl, history
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.errors import StoreUnavailable
 from kompaktor.worker import Compactor, WorkerSettings
@@ -127,3 +127,27 @@ def test_each_role_on_its_own_user_compacts_and_the_coordinator_reloads_lost_scr
     assert list(client.scan("t")) == before
     (tablet,) = admin.tablets(admin.table_id("t"))
     assert len(tablet.files) == 1
+    # the compactor, on its user, recorded the job in the history; admin reads it
+    assert [r.ecid for r in history.read(admin, ["default"])] == [outcome.ecid]
+
+
+def test_the_compactor_may_append_to_the_history_and_nothing_more(users: RedisProcess) -> None:
+    """Issue 36 §1: the history's commands reach its streams (kz:history:*) and no other key; the
+    compactor appends (XADD, XTRIM) without reading; the coordinator and admin read."""
+    compactor = redis.Redis.from_url(users.role_url("compactor"))
+    assert compactor.xadd("kz:history:g", {"r": "{}"}, maxlen=10, approximate=True)
+    assert compactor.xtrim("kz:history:g", minid="0", approximate=True) == 0
+    for cmd in (
+        ("XADD", "kz:tables", "*", "r", "x"),  # another Kompaktor key
+        ("XADD", "other:history:g", "*", "r", "x"),  # not Kompaktor's
+        ("XREVRANGE", "kz:history:g", "+", "-"),  # reading is not the compactor's
+        ("XDEL", "kz:history:g", "0-1"),
+        ("XGROUP", "CREATE", "kz:history:g", "x", "$"),
+    ):
+        with pytest.raises(redis.ResponseError, match=r"permission|not allowed"):
+            compactor.execute_command(*cmd)
+    for role in ("coordinator", "admin"):
+        reader = redis.Redis.from_url(users.role_url(role))
+        assert len(reader.xrevrange("kz:history:g", "+", "-")) == 1 and reader.xlen("kz:history:g") == 1
+        with pytest.raises(redis.ResponseError, match=r"permission|not allowed"):
+            reader.execute_command("XADD", "kz:tables", "*", "r", "x")

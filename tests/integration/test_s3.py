@@ -471,6 +471,12 @@ def test_a_storage_outage_mid_merge_fails_the_job_cleanly_and_it_is_retried(
         (tablet,) = store.tablets(store.table_id("t"))
         assert len(tablet.files) == 1 and not set(tablet.files) & inputs
         assert list(client.scan("t")) == before
+        # the history: released without counting a failure (retried), then committed (issue 36 §1)
+        from kompaktor.metadata import history
+
+        recs = history.read(store, ["default"])
+        assert [r.outcome for r in recs] == [history.COMMITTED, history.RETRIED]
+        assert recs[1].reason.startswith("storage unavailable:") and recs[1].failed
     finally:
         proxy.stop()
 

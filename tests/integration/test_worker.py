@@ -32,7 +32,7 @@ from kompaktor.coordinator import Coordinator
 from kompaktor.engines.api import MergeRequest
 from kompaktor.engines.arrow import ArrowMergeEngine
 from kompaktor.files.storage import Storage
-from kompaktor.metadata import compactions, failures
+from kompaktor.metadata import compactions, failures, history
 from kompaktor.metadata import user_compactions as usercompaction
 from kompaktor.metadata.store import MetadataStore, Mutation
 from kompaktor.model.job import fingerprint
@@ -493,6 +493,8 @@ def test_compactor_stops_a_merge_that_is_no_longer_wanted(store, storage, client
     assert time.monotonic() - started < 10
     assert outcome.status == "cancelled" and expected in outcome.reason, outcome
     assert eng.cancelled.is_set() and not eng.merged.is_set()  # the merge itself stopped
+    (rec,) = history.read(store, [GROUP])  # the history says so (issue 36 §1)
+    assert (rec.ecid, rec.outcome, rec.output_bytes) == (res.ecid, history.CANCELLED, None) and expected in rec.reason
     assert_no_trace(store, storage, res)
     assert store._r.hlen(C.FAILURES) == 0  # not a failure of the job
     if why in ("table-offline", "user-compaction-cancelled"):

@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "up": "kompaktor.cli.local:up",
     "demo": "kompaktor.cli.local:demo",
     "status": "kompaktor.cli.status:status",
+    "history": "kompaktor.cli.history:history",
     "crds": "kompaktor.cli.crds:crds",
     "backup": "kompaktor.cli.backup:backup",
     "restore": "kompaktor.cli.backup:restore",

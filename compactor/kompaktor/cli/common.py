@@ -39,6 +39,29 @@ def storage_option(fn: Callable) -> Callable:
     )(fn)
 
 
+def history_options(fn: Callable) -> Callable:
+    """``--history-records`` and ``--history-age``: how much of each group's compaction history a
+    process that writes it keeps (:class:`kompaktor.metadata.history.HistoryLimits`)."""
+    from kompaktor.metadata.history import DEFAULT_MAX_AGE_S, DEFAULT_MAX_RECORDS
+
+    fn = click.option(
+        "--history-records",
+        type=click.IntRange(min=1),
+        envvar="KOMPAKTOR_HISTORY_RECORDS",
+        default=DEFAULT_MAX_RECORDS,
+        show_default=True,
+        help="Records of finished compactions kept per group, about (env KOMPAKTOR_HISTORY_RECORDS).",
+    )(fn)
+    return click.option(
+        "--history-age",
+        type=click.FloatRange(min=0, min_open=True),
+        envvar="KOMPAKTOR_HISTORY_AGE",
+        default=DEFAULT_MAX_AGE_S,
+        show_default=True,
+        help="Seconds a record of a finished compaction is kept, about (env KOMPAKTOR_HISTORY_AGE).",
+    )(fn)
+
+
 #: exceptions that mean "the input or the environment is wrong", not "Kompaktor is broken": one
 #: line ``error: …`` and exit status 1. Redis errors reach the CLI as StoreUnavailable (a
 #: KompaktorError); file system errors (missing, read-only, not a directory, a directory where a

@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from kompaktor.cli.common import friendly_errors, redis_option, setup_logging, storage_option
+from kompaktor.cli.common import friendly_errors, history_options, redis_option, setup_logging, storage_option
 from kompaktor.policy.services import DEFAULT_DRAIN_GRACE_S, DEFAULT_ENGINE, DEFAULT_SPARK_MASTER, ENGINES, GroupConfig
 
 
@@ -74,6 +74,7 @@ from kompaktor.policy.services import DEFAULT_DRAIN_GRACE_S, DEFAULT_ENGINE, DEF
     "configuration of the group in Redis the compactor does not start.",
 )
 @click.option("--max-jobs", type=int, default=None, hidden=True)
+@history_options
 @redis_option
 @storage_option
 @friendly_errors
@@ -90,6 +91,8 @@ def compactor(
     drain_token_file: str | None,
     settings_digest: str | None,
     max_jobs: int | None,
+    history_records: int,
+    history_age: float,
     redis_url: str,
     storage_uri: str | None,
 ) -> None:
@@ -101,6 +104,7 @@ def compactor(
     import dataclasses
 
     from kompaktor.files.storage import Storage
+    from kompaktor.metadata.history import HistoryLimits
     from kompaktor.metadata.store import MetadataStore
     from kompaktor.worker import Compactor, WorkerSettings
     from kompaktor.worker.compactor import DEFAULTS_SOURCE, REDIS_SOURCE
@@ -135,7 +139,9 @@ def compactor(
     if overrides:
         flags = sorted("--" + k.removesuffix("_s").replace("_", "-") for k in overrides)
         source += ", overridden by " + " ".join(flags)
-    settings = dataclasses.replace(settings, source=source, **overrides)
+    settings = dataclasses.replace(
+        settings, source=source, history_limits=HistoryLimits(history_records, history_age), **overrides
+    )
     from kompaktor.worker.http import TOKEN_ENV, token_source
 
     drain_token = token_source(os.environ.get(TOKEN_ENV), drain_token_file)

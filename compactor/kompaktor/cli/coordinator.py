@@ -7,7 +7,7 @@ import threading
 
 import click
 
-from kompaktor.cli.common import friendly_errors, redis_option, setup_logging, storage_option
+from kompaktor.cli.common import friendly_errors, history_options, redis_option, setup_logging, storage_option
 
 
 @click.command()
@@ -16,14 +16,15 @@ from kompaktor.cli.common import friendly_errors, redis_option, setup_logging, s
     type=int,
     default=9090,
     show_default=True,
-    help="Port for /metrics (queue depth per group: the autoscaling signal); -1: off.",
+    help="Port for /metrics (queue depth per group: the autoscaling signal) and /status (the status "
+    "page); 0: any free port, -1: off.",
 )
 @click.option(
     "--metrics-host",
     default="0.0.0.0",
     show_default=True,
     envvar="KOMPAKTOR_METRICS_HOST",
-    help="Address /metrics listens on (env KOMPAKTOR_METRICS_HOST).",
+    help="Address /metrics and /status listen on (env KOMPAKTOR_METRICS_HOST).",
 )
 @click.option(
     "--full-scan-interval",
@@ -76,6 +77,7 @@ from kompaktor.cli.common import friendly_errors, redis_option, setup_logging, s
     default=None,
     help="Seconds after which a backup is deleted (the newest is always kept).",
 )
+@history_options
 @redis_option
 @storage_option
 @friendly_errors
@@ -91,15 +93,19 @@ def coordinator(
     backup_interval: float,
     backup_keep: int,
     backup_max_age: float | None,
+    history_records: int,
+    history_age: float,
     redis_url: str,
     storage_uri: str | None,
 ) -> None:
     """Plan tablets into group queues, run user compactions, detect dead compactions, collect
     garbage. Several may run; one leads (Redis lease), the others wait."""
-    from prometheus_client import start_http_server
+    import logging
 
     from kompaktor.coordinator import Coordinator, CoordinatorSettings
+    from kompaktor.coordinator.http import STATUS_PATH, serve
     from kompaktor.files.storage import Storage
+    from kompaktor.metadata.history import HistoryLimits
     from kompaktor.metadata.store import MetadataStore
 
     setup_logging()
@@ -119,11 +125,19 @@ def coordinator(
             backup_interval_s=backup_interval,
             backup_keep=backup_keep,
             backup_max_age_s=backup_max_age,
+            history_limits=HistoryLimits(history_records, history_age),
             **({} if plan_workers is None else {"plan_workers": plan_workers}),
         ),
     )
     if metrics_port >= 0:
-        start_http_server(metrics_port, addr=metrics_host, registry=coord.metrics.registry)
+        server = serve(coord, metrics_port, metrics_host)
+        logging.getLogger("kompaktor.coordinator").info(
+            "coordinator %s serving /metrics and %s on %s:%d",
+            coord.holder,
+            STATUS_PATH,
+            metrics_host,
+            server.server_address[1],
+        )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

@@ -22,6 +22,10 @@ _storage_option = click.option(
 )
 
 
+#: where `kompaktor up` serves the status page when the port is free
+UP_STATUS_PORT = 8090
+
+
 @click.command()
 @click.option(
     "--config",
@@ -44,8 +48,17 @@ _storage_option = click.option(
     help="Embedded Redis as a primary, a replica and three sentinels (redis+sentinel:// URL): "
     "writes are acknowledged once on two nodes, and survive the loss of either.",
 )
+@click.option(
+    "--status-port",
+    type=click.IntRange(min=-1, max=65535),
+    default=None,
+    help=f"Port of 127.0.0.1 where the coordinator serves the status page (/status) and /metrics "
+    f"(default: {UP_STATUS_PORT}, else any free port; 0: any free port; -1: none). The address is printed.",
+)
 @friendly_errors
-def up(config_path, redis_url: str | None, data_dir: str, storage: str | None, ha: bool) -> None:
+def up(
+    config_path, redis_url: str | None, data_dir: str, storage: str | None, ha: bool, status_port: int | None
+) -> None:
     """Run Redis, the coordinator and autoscaled compactors locally until Ctrl-C."""
     from kompaktor.local.cluster import LocalCluster
     from kompaktor.local.config import DEMO_CONFIG, load_config
@@ -53,7 +66,13 @@ def up(config_path, redis_url: str | None, data_dir: str, storage: str | None, h
 
     cfg = load_config(config_path.read() if config_path else DEMO_CONFIG)
     _check_storage(storage)
-    cluster = LocalCluster(cfg, data_dir, redis_url=redis_url, ha=ha, storage=storage)
+    if status_port is None:
+        status_port = UP_STATUS_PORT if _port_free(UP_STATUS_PORT) else 0
+    elif status_port > 0 and not _port_free(status_port):
+        raise ValueError(f"--status-port {status_port}: in use; give another port, 0 (any) or -1 (none)")
+    cluster = LocalCluster(
+        cfg, data_dir, redis_url=redis_url, ha=ha, storage=storage, status_port=None if status_port < 0 else status_port
+    )
     # Ctrl-C, SIGTERM and a hang-up (the terminal closed) stop everything the same way: drain the
     # compactors, stop the coordinator and Redis; a second signal kills them at once
     with interruptible(on_second=cluster.kill) as received:
@@ -66,6 +85,8 @@ def up(config_path, redis_url: str | None, data_dir: str, storage: str | None, h
                     f"kompaktor is up: KOMPAKTOR_REDIS_URL={redact_url(cluster.url)} "
                     f"KOMPAKTOR_STORAGE={cluster.storage_uri}"
                 )
+                if cluster.status_url:
+                    click.echo(f"status page: {cluster.status_url}")
                 click.echo("Ctrl-C stops everything cleanly (compactors drain first).")
                 while True:
                     time.sleep(1.0)
@@ -142,6 +163,13 @@ def up(config_path, redis_url: str | None, data_dir: str, storage: str | None, h
     "compactions, verified against a reference view.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option(
+    "--status-port",
+    type=click.IntRange(min=-1, max=65535),
+    default=0,
+    help="Port of 127.0.0.1 where the coordinator serves the status page while the demo runs "
+    "(default: a free port, printed at start; -1: none).",
+)
 @friendly_errors
 def demo(
     entries: int,
@@ -159,6 +187,7 @@ def demo(
     ha: bool | None,
     workload: str,
     as_json: bool,
+    status_port: int,
 ) -> None:
     """Continuous ingest, then a burst of imported files, while autoscaled compactors keep files per
     tablet down; then verify that nothing was lost. Exit 0 only when verified. Ctrl-C, SIGTERM and
@@ -191,6 +220,9 @@ def demo(
         chaos_seed=seed,
         ha=chaos if ha is None else ha,
         workload=workload,
+        status_port=None if status_port < 0 else status_port,
+        # on stderr with --json: stdout is the summary alone
+        on_status_page=lambda url: click.echo(f"status page (while the demo runs): {url}", err=as_json),
     )
     try:
         res = run_demo(opts)
@@ -208,6 +240,19 @@ def demo(
     if res.data_kept and not data_dir:
         click.echo(f"verification failed: data and process logs kept in {res.data_kept}", err=True)
     sys.exit(0 if res.verified else 1)
+
+
+def _port_free(port: int) -> bool:
+    """Whether ``port`` of 127.0.0.1 is free now: a status port already taken is one line before
+    anything starts (else the coordinator would fail to start alone, after Redis and the compactors)."""
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def _check_storage(uri: str | None) -> None:

@@ -30,8 +30,9 @@ from kompaktor.coordinator.gc import GcCursor, collect_garbage
 from kompaktor.coordinator.lease import Lease
 from kompaktor.coordinator.metrics import QueueMetrics
 from kompaktor.coordinator.planpool import PlanContext, PlanPool, TabletDoc, default_workers, plan_share
+from kompaktor.coordinator.statuspage import Samples
 from kompaktor.files.storage import Storage
-from kompaktor.metadata import backup, failures, tablet_ops, user_compactions
+from kompaktor.metadata import backup, failures, history, tablet_ops, user_compactions
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.errors import Fenced, KompaktorError, StoreUnavailable
 from kompaktor.model.tablet import Tablet, gc_paused, now_ms
@@ -58,6 +59,8 @@ class CoordinatorSettings:
     max_attempts: int = failures.MAX_ATTEMPTS
     #: worker processes that plan shares of a big full pass (:mod:`.planpool`); 0: one thread
     plan_workers: int = field(default_factory=default_workers)
+    #: how much of each group's compaction history to keep (the coordinator records dead compactions)
+    history_limits: history.HistoryLimits = field(default_factory=history.HistoryLimits)
 
 
 @dataclass
@@ -82,6 +85,8 @@ class Coordinator:
         self._last_backup_ms: int | None = None  # the newest backup's time, once read
         self._known_tables: set[str] | None = None  # table ids seen by the last pass
         self._planpool = PlanPool(self.store.url, self.settings.plan_workers)
+        #: queue depth and replicas per group over the last hour, for the status page's charts
+        self.samples = Samples()
         self.stats = {"planned": 0, "queued": 0, "dead": 0, "gc_deleted": 0, "full_scans": 0}
 
     # -- leadership ------------------------------------------------------------------------------
@@ -159,6 +164,7 @@ class Coordinator:
             self.check_lease()
             self.take_backup()
         self.metrics.export(self.store)
+        self.samples.take(self.store)
         self.store.mark_coordinator_seen()
         return True
 
@@ -302,6 +308,7 @@ class Coordinator:
             self.settings.dead_after_s,
             self.settings.max_attempts,
             not_before=self._store_back,
+            history_limits=self.settings.history_limits,
         )
         self.stats["dead"] += len(dead)
         return dead

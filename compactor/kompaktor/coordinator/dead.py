@@ -8,7 +8,7 @@ import time
 
 from kompaktor.connection import NotDurable
 from kompaktor.files.storage import Storage
-from kompaktor.metadata import failures
+from kompaktor.metadata import failures, history
 from kompaktor.metadata.compactions import delete_outputs, remove_running, running_compactions
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.errors import StoreUnavailable
@@ -45,8 +45,42 @@ def _removed(store: MetadataStore, tablet_id: str, ecid: str, rc: RunningCompact
     return t is not None and ecid not in t.running and rc.output not in t.files
 
 
+def _killed(
+    tablet_id: str, ecid: str, rc: RunningCompaction, hb: dict[str, str], silent_s: float, lettered: bool
+) -> history.Record:
+    """The history's record of a compaction found dead (its last heartbeat's figures)."""
+
+    def figure(name: str) -> int | None:
+        try:
+            return int(float(hb[name])) if name in hb else None
+        except ValueError:
+            return None
+
+    return history.Record(
+        ecid=ecid,
+        outcome=history.DEAD_LETTERED if lettered else history.KILLED,
+        group=rc.group,
+        table=tablet_id.split(";", 1)[0],
+        tablet=tablet_id,
+        kind=rc.kind,
+        compactor=rc.compactor,
+        finished=time.time(),
+        reason=f"compactor died: no heartbeat for {silent_s:.0f}s",
+        input_files=len(rc.files),
+        input_entries=figure("entries_read"),
+        merge_s=round(max(0.0, time.time() - rc.started_ms / 1000.0), 3),
+        resumed_parts=figure("parts_reused") or 0,
+    )
+
+
 def detect_dead(
-    store: MetadataStore, storage: Storage, dead_after_s: float, max_attempts: int, *, not_before: float = 0.0
+    store: MetadataStore,
+    storage: Storage,
+    dead_after_s: float,
+    max_attempts: int,
+    *,
+    not_before: float = 0.0,
+    history_limits: history.HistoryLimits = history.HistoryLimits(),
 ) -> list[str]:
     """Remove the compactions whose last heartbeat (or start, or ``not_before``: when the store
     became reachable again after an outage) is older than ``dead_after_s``; returns their ECIDs.
@@ -72,7 +106,10 @@ def detect_dead(
             delete_outputs(storage, rc.output, ecid)
             store.drop_heartbeat(ecid)
             store.log_dead(ecid, rc.group)
-            failures.record_failure(store, tablet_id, rc.files, rc.group, "compactor died", max_attempts=max_attempts)
+            lettered = failures.record_failure(
+                store, tablet_id, rc.files, rc.group, "compactor died", max_attempts=max_attempts
+            )
             store.mark_dirty([tablet_id])
             dead.append(ecid)
+            history.append(store, _killed(tablet_id, ecid, rc, hb, now - last, lettered), history_limits)
     return dead

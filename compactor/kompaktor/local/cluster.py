@@ -20,6 +20,7 @@ import logging
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -35,6 +36,13 @@ from kompaktor.model.errors import StoreUnavailable
 from kompaktor.queues.jobqueue import JobQueues
 
 log = logging.getLogger("kompaktor.local.cluster")
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 free now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def desired_replicas(depth: int, jobs_per_replica: int, lo: int, hi: int) -> int:
@@ -93,6 +101,9 @@ class LocalCluster:
     ha: bool = False
     #: how a child process runs the ``kompaktor`` CLI (tests run a wrapper of it instead)
     command: list[str] = field(default_factory=lambda: [sys.executable, "-m", "kompaktor"])
+    #: the coordinator serves /metrics and the status page (/status) on this port of 127.0.0.1
+    #: (0: a free port, chosen at start); None: no HTTP server
+    status_port: int | None = None
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir)
@@ -164,8 +175,17 @@ class LocalCluster:
                 self.add_compactor(g)
         return self
 
+    @property
+    def status_url(self) -> str | None:
+        """The coordinator's status page, once started with a :attr:`status_port`."""
+        return None if not self.status_port else f"http://127.0.0.1:{self.status_port}/status"
+
     def start_coordinator(self) -> None:
-        self.coordinator = self._spawn("coordinator", ["coordinator", "--metrics-port", "-1", *self.coordinator_args])
+        if self.status_port == 0:  # one port for every coordinator this cluster starts (restarts too)
+            self.status_port = free_port()
+        port = "-1" if self.status_port is None else str(self.status_port)
+        args = ["coordinator", "--metrics-port", port, "--metrics-host", "127.0.0.1", *self.coordinator_args]
+        self.coordinator = self._spawn("coordinator", args)
 
     def restart_coordinator(self, kill: bool = True) -> None:
         if self.coordinator is not None and self.coordinator.alive:

@@ -61,6 +61,10 @@ class DemoOptions:
     workload: str = "plain"
     #: called once the burst import is acknowledged, before its user compaction starts
     on_burst: Callable[[], None] | None = None
+    #: the coordinator serves the status page on this port of 127.0.0.1 while the demo runs (0: a
+    #: free port; None: none); ``on_status_page`` is told its address once it is up
+    status_port: int | None = 0
+    on_status_page: Callable[[str], None] | None = None
 
 
 @dataclass
@@ -170,6 +174,7 @@ def run_demo(opts: DemoOptions) -> DemoResult:
             coordinator_args=coord_args,
             ha=opts.ha and opts.redis_url is None,
             storage=opts.storage,
+            status_port=opts.status_port,
         )
         if opts.command is not None:
             cluster.command = list(opts.command)
@@ -253,6 +258,8 @@ class _DemoRun:
     def setup(self) -> None:
         """Start the cluster, create the table, start the faults (chaos) and the autoscaler."""
         self.cluster.start()
+        if self.opts.on_status_page is not None and self.cluster.status_url:
+            self.opts.on_status_page(self.cluster.status_url)
         store = self.cluster.store
         assert store is not None
         self.store = store

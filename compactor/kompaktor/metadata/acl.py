@@ -17,6 +17,10 @@ Roles
 Each right is one the role's code sends (``tests/integration/test_redis_rights.py``, which
 records them with Redis's command counters: compactor, coordinator, operator).
 
+The compaction history's streams (``kz:history:<group>``) are reached through an ACL selector of
+their own: the compactor may ``XADD`` and ``XTRIM`` there (it records the jobs it finished) and
+nowhere else; the coordinator and admin may also read them (``XREVRANGE``, ``XRANGE``, ``XLEN``).
+
 Redis runs a function's commands with the rights of the user calling it, so a user that may run
 the commit function may also run its commands (``HSET`` on ``kz:*``) directly: the ACL bounds what a
 compromised compactor can reach (no code execution on the Redis host through ``CONFIG SET``, no
@@ -80,6 +84,12 @@ _WRITES = (
     "+ltrim",
     "+blpop",
 )
+#: the compaction history (:mod:`kompaktor.metadata.history`): an ACL selector, so that these
+#: commands reach the history's streams (``kz:history:*``) and no other key. The compactor only
+#: appends (XADD, then XTRIM by age); the other roles read it as well
+_HISTORY_KEYS = f"~{C.history_key('*')}"
+_HISTORY_WRITE = f"({_HISTORY_KEYS} +xadd +xtrim)"
+_HISTORY_READ_WRITE = f"({_HISTORY_KEYS} +xadd +xtrim +xrevrange +xrange +xlen)"
 #: what only the roles that load code and decide durability get
 _LEADER = ("+function|load", "+function|list", "+config|get")
 #: the operator's: a write of its on a server without the functions loads them (never lists
@@ -87,10 +97,10 @@ _LEADER = ("+function|load", "+function|list", "+config|get")
 _OPERATOR = ("+function|load", "+config|get")
 
 RIGHTS: dict[str, tuple[str, ...]] = {
-    "compactor": _BASE + _READS + _WRITES,
-    "coordinator": _BASE + _READS + _WRITES + _LEADER,
+    "compactor": _BASE + _READS + _WRITES + (_HISTORY_WRITE,),
+    "coordinator": _BASE + _READS + _WRITES + _LEADER + (_HISTORY_READ_WRITE,),
     "operator": _BASE + _READS + _WRITES + _OPERATOR,
-    "admin": _BASE + _READS + _WRITES + _LEADER,
+    "admin": _BASE + _READS + _WRITES + _LEADER + (_HISTORY_READ_WRITE,),
 }
 
 

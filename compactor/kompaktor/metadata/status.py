@@ -3,19 +3,22 @@
 A running merge that is resumable (issue 23 §2) reports what it took over from an earlier
 attempt in its heartbeat (``engines.ranges.progress_dict``); those merges are listed under
 ``resumable_merges`` (and a "resumable merges" table), which is left out entirely while none
-runs, so the rest of the output is what it always was.
+runs, so the rest of the output is what it always was. So are ``last_failures`` (each group's
+newest failed compactions from the history, :mod:`kompaktor.metadata.history`) and its "last
+failures" table: left out while no group has one.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
-from kompaktor.metadata import failures
+from kompaktor.metadata import failures, history
 from kompaktor.metadata import user_compactions as usercompaction
 from kompaktor.metadata.store import MetadataStore
-from kompaktor.model.tablet import RunningCompaction, Tablet
+from kompaktor.model.tablet import RunningCompaction, TableInfo, Tablet
 
 ALIVE_S = 15.0
 
@@ -50,7 +53,11 @@ def resumable_merge(
     }
 
 
-def gather(store: MetadataStore) -> dict[str, Any]:
+def gather(
+    store: MetadataStore, table_extra: Callable[[TableInfo, list[Tablet]], dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The status. ``table_extra``: more figures per table, from the tablets this pass reads anyway
+    (the coordinator's status page; `kompaktor status` has none)."""
     queues = store.queues
     counters = store.counters()
     groups: dict[str, Any] = {}
@@ -67,6 +74,7 @@ def gather(store: MetadataStore) -> dict[str, Any]:
             "busy": sum(c.state == "busy" for c in alive),
             "draining": sum(c.state == "draining" for c in alive),
             "oldest_queued_age_s": round(s.oldest_age_s, 3),
+            "queued_bytes": s.bytes,
             "rejected": s.rejected,
             "dead_compactions_recovered": counters.get(f"dead_compactions:{g}", 0),
             "compactions_committed": counters.get(f"committed:{g}", 0),
@@ -100,6 +108,8 @@ def gather(store: MetadataStore) -> dict[str, Any]:
             # the newest delete horizon of its tablets (docs/file-format.md, "Deletes stay deleted")
             "delete_horizon": max((tb.horizon for tb in tablets if tb.horizon is not None), default=None),
         }
+        if table_extra is not None:
+            tables[t.name].update(table_extra(t, tablets))
     out = {
         "groups": groups,
         "tables": tables,
@@ -110,7 +120,20 @@ def gather(store: MetadataStore) -> dict[str, Any]:
     }
     if resumable:  # only then: the output without resumable merges stays what it was
         out["resumable_merges"] = sorted(resumable, key=lambda r: r["ecid"])
+    last = history.last_failures(store, groups)
+    if last:  # likewise
+        names = {t.id: t.name for t in store.tables()}
+        out["last_failures"] = {
+            g: [{**r.to_json(), "table": names.get(r.table, r.table)} for r in recs] for g, recs in last.items()
+        }
     return out
+
+
+def failure_line(r: dict[str, Any]) -> str:
+    """One failed compaction of ``gather``'s ``last_failures`` on one line."""
+    when = time.strftime("%H:%M:%S", time.gmtime(r["finished"]))
+    where = f"{r['tablet']} ({r['table']}, compactor {r['compactor']})"
+    return f"{when} {r['outcome']} {r['ecid']} on {where}: {r['reason']}"
 
 
 def resumable_line(r: dict[str, Any]) -> str:
@@ -190,4 +213,7 @@ def render(status: dict[str, Any]):
     # last, and only while one runs: every line above is what it always was
     for r in status.get("resumable_merges", ()):
         parts.append(Text(resumable_line(r)))
+    for g, recs in status.get("last_failures", {}).items():
+        parts.append(Text(f"last failures of group {g} (kompaktor history --failed --group {g}):"))
+        parts.extend(Text("  " + failure_line(r)) for r in recs)
     return Group(*parts)

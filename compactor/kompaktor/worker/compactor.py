@@ -21,7 +21,7 @@ from typing import Any
 
 from kompaktor.files.storage import Storage
 from kompaktor.files.storage import unavailable as storage_unavailable
-from kompaktor.metadata import compactions, failures
+from kompaktor.metadata import compactions, failures, history
 from kompaktor.metadata import progress as resume_records
 from kompaktor.metadata.compactions import Reservation
 from kompaktor.metadata.store import MetadataStore
@@ -78,6 +78,8 @@ class WorkerSettings:
     resume_min_bytes: int = DEFAULT_RESUME_MIN_BYTES
     #: where the group's settings above came from, said in the compactor's start-up line
     source: str = "the caller"
+    #: how much of the group's compaction history to keep (each finished job adds a record)
+    history_limits: history.HistoryLimits = field(default_factory=history.HistoryLimits)
 
     @classmethod
     def for_group(cls, cfg: GroupConfig, compactor_id: str, **kw: Any) -> WorkerSettings:
@@ -117,6 +119,10 @@ class JobOutcome:
     ecid: str = ""
     #: failed because the storage could not be reached or written: not counted against the job
     storage_down: bool = False
+    #: the outcome in the compaction history (:mod:`kompaktor.metadata.history`) and its figures
+    #: (the fields of a :class:`~kompaktor.metadata.history.Record` this compactor knows)
+    recorded: str = ""
+    figures: dict[str, Any] = field(default_factory=dict)
 
 
 class Compactor:
@@ -276,8 +282,29 @@ class Compactor:
         finally:
             self.current = None
         self.jobs_done += 1
+        self._remember(res, outcome)
         log.info("%s %s on %s: %s %s", res.ecid, res.job.kind, res.tablet, outcome.status, outcome.reason)
         return outcome
+
+    def _remember(self, res: Reservation, outcome: JobOutcome) -> None:
+        """The job's record in the group's history: written after its outcome is settled (after
+        the commit's reply), one round trip, never failing the job."""
+        rec = history.Record(
+            ecid=res.ecid,
+            outcome=outcome.recorded or history.FAILED,
+            group=self.s.group,
+            table=res.table,
+            tablet=res.tablet,
+            kind=res.job.kind,
+            compactor=self.s.compactor_id,
+            finished=time.time(),
+            reason=outcome.reason,
+            engine=getattr(self.engine, "name", self.s.engine),
+            input_files=len(res.inputs),
+            input_bytes=sum(res.job.files.values()),
+            **outcome.figures,
+        )
+        history.append(self.store, rec, self.s.history_limits)
 
     # -- one job -------------------------------------------------------------------------------------
     def _still_wanted(self, res: Reservation) -> str | None:
@@ -373,6 +400,11 @@ class Compactor:
         self.metrics.resume_parts_reused.labels(g).inc(int(progress.get("parts_reused", 0)))
         self.metrics.resume_bytes_reused.labels(g).inc(int(progress.get("bytes_reused", 0)))
         self.metrics.resume_parts_rejected.labels(g).inc(int(progress.get("parts_rejected", 0)))
+        figures: dict[str, Any] = {
+            "merge_s": round(elapsed, 3),
+            "resumed_parts": int(progress.get("parts_reused", 0)),
+            "input_entries": int(progress.get("entries_read", 0)) or None,
+        }
 
         err = box.get("error")
         if cancel.is_set() and (err is not None or "result" not in box or cancel_reason):
@@ -381,7 +413,7 @@ class Compactor:
             if why.startswith(_JOB_GONE):
                 self._discard_progress(rlog, box)
             self.metrics.cancelled.labels(g).inc()
-            return JobOutcome("cancelled", why, res.ecid)
+            return JobOutcome("cancelled", why, res.ecid, recorded=history.CANCELLED, figures=figures)
         if err is not None and storage_unavailable(err):
             # the place failed, not the job: released for a later attempt, no failure counted
             # (an outage longer than the backoff must not dead-letter every job it touched)
@@ -389,30 +421,38 @@ class Compactor:
             self.metrics.failed.labels(g).inc()
             reason = f"storage unavailable: {' '.join(str(err).split())[:300]}"
             log.warning("%s released: %s", res.ecid, reason)
-            return JobOutcome("failed", reason, res.ecid, storage_down=True)
+            return JobOutcome("failed", reason, res.ecid, storage_down=True, recorded=history.RETRIED, figures=figures)
         if err is not None:
             reason = str(err) if not isinstance(err, MergeCancelled) else "cancelled"
             compactions.release(self.store, self.storage, res)
             if isinstance(err, BadFileError):  # fails every attempt: nothing to resume
                 self._discard_progress(rlog, box)
-            failures.record_failure(self.store, res.tablet, res.inputs, g, reason)
+            dead = failures.record_failure(self.store, res.tablet, res.inputs, g, reason)
             self.metrics.failed.labels(g).inc()
             log.error("%s failed: %s", res.ecid, reason)
-            return JobOutcome("failed", reason, res.ecid)
+            recorded = history.DEAD_LETTERED if dead else history.FAILED
+            return JobOutcome("failed", reason, res.ecid, recorded=recorded, figures=figures)
         result = box["result"]
+        figures.update(
+            input_entries=result.entries_read, output_bytes=result.bytes_written, output_entries=result.entries_written
+        )
+        figures["resumed_parts"] = max(figures["resumed_parts"], result.parts_reused)
+        commit_started = time.monotonic()
         try:
             self._commit(res, result.info)
         except ConditionFailed as exc:
             compactions.release(self.store, self.storage, res)
             self._discard_progress(rlog, box)  # the job changed under it: its parts are of no use
             self.metrics.failed.labels(g).inc()
-            return JobOutcome("failed", f"commit {exc}", res.ecid)
+            return JobOutcome("failed", f"commit {exc}", res.ecid, recorded=history.RETRIED, figures=figures)
         except StoreUnavailable as exc:
             # Whether the commit landed is unknown, so the output stays; if it did not land,
             # dead-compaction detection removes the ECID and the output once the store is back.
             self.metrics.failed.labels(g).inc()
             log.error("%s: cannot commit, metadata store unreachable (gave up): %s", res.ecid, exc)
-            return JobOutcome("failed", f"commit: metadata store unreachable: {exc}", res.ecid)
+            reason = f"commit: metadata store unreachable: {exc}"
+            return JobOutcome("failed", reason, res.ecid, recorded=history.FAILED, figures=figures)
+        figures["commit_s"] = round(time.monotonic() - commit_started, 3)
         if rlog is not None:
             resume_records.finish(self.store, self.storage, rlog.fingerprint, result.parts)
         m = self.metrics
@@ -425,7 +465,7 @@ class Compactor:
         self.store.incr("bytes_written", result.bytes_written)
         if elapsed > 0 and input_bytes > 0:
             self.throughput = 0.7 * self.throughput + 0.3 * (input_bytes / elapsed)
-        return JobOutcome("committed", "", res.ecid)
+        return JobOutcome("committed", "", res.ecid, recorded=history.COMMITTED, figures=figures)
 
     def _discard_progress(self, rlog: resume_records.RedisResumeLog | None, box: dict[str, Any]) -> None:
         """The job will not run again as it was: forget its progress, delete its parts."""

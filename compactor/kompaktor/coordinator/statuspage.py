@@ -1,0 +1,210 @@
+"""What the coordinator's status page shows (issue 36 §2), gathered from the store: :func:`collect`.
+
+The page itself is :mod:`.page` (HTML, no I/O); the HTTP server is :mod:`.http`. The figures per
+group and table are those of ``kompaktor status --json`` (:func:`kompaktor.metadata.status.gather`),
+with what only the page shows beside them: the replicas the autoscaler wants (the HPA formula on the
+group's depth and target), the running compactions' progress, the tables' health and the history.
+The small charts come from :class:`Samples`, a ring buffer the coordinator fills as it runs.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from kompaktor.metadata import history
+from kompaktor.metadata.compactions import running_compactions
+from kompaktor.metadata.status import gather
+from kompaktor.metadata.store import MetadataStore
+from kompaktor.model.tablet import TableInfo, Tablet
+from kompaktor.policy.planning import settings_for
+from kompaktor.policy.services import DEFAULT, GroupConfig, ServiceConfig, dispatch
+
+#: the span of the page's charts, and how often the coordinator takes a sample for them
+CHART_WINDOW_S = 3600.0
+SAMPLE_EVERY_S = 10.0
+#: records of the history the page lists (failures first)
+HISTORY_ROWS = 50
+
+
+def wanted_replicas(depth: int, cfg: GroupConfig) -> int:
+    """The HPA formula with an AverageValue target of ``jobs_per_replica``, within the group's bounds."""
+    return max(cfg.min_replicas, min(cfg.max_replicas, math.ceil(depth / cfg.jobs_per_replica)))
+
+
+@dataclass(frozen=True)
+class Sample:
+    t: float  # epoch seconds
+    depth: int
+    wanted: int
+    ready: int
+
+
+@dataclass
+class Samples:
+    """Depth and replicas per group over the last hour, one sample every :data:`SAMPLE_EVERY_S`
+    at most (a ring buffer per group: the oldest fall out). The coordinator's loop adds samples
+    while the HTTP server's threads read them: a lock keeps each read whole."""
+
+    every_s: float = SAMPLE_EVERY_S
+    window_s: float = CHART_WINDOW_S
+    groups: dict[str, deque[Sample]] = field(default_factory=dict)
+    _last: float = float("-inf")
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def due(self, now: float) -> bool:
+        return now - self._last >= self.every_s
+
+    def add(self, group: str, sample: Sample) -> None:
+        with self._lock:
+            ring = self.groups.setdefault(group, deque(maxlen=max(2, int(self.window_s / max(self.every_s, 1.0)) + 1)))
+            ring.append(sample)
+            self._last = sample.t
+
+    def take(self, store: MetadataStore, now: float | None = None) -> None:
+        """One sample of every group (queue depth, replicas wanted and ready), if one is due."""
+        now = time.time() if now is None else now
+        if not self.due(now):
+            return
+        configs = store.groups()
+        for g in sorted(set(configs) | set(store.queues.groups())):
+            depth = store.queues.stats(g).depth
+            ready = sum(c.state != "draining" for c in store.compactors(g) if now - c.last_seen < 15.0)
+            self.add(g, Sample(now, depth, wanted_replicas(depth, configs.get(g) or GroupConfig(g)), ready))
+
+    def of(self, group: str, now: float | None = None) -> list[Sample]:
+        now = time.time() if now is None else now
+        with self._lock:
+            return [s for s in self.groups.get(group, ()) if now - s.t <= self.window_s]
+
+
+def _groups(status: dict[str, Any], configs: dict[str, GroupConfig]) -> dict[str, dict[str, Any]]:
+    """``kompaktor status``'s groups with the replicas wanted and ready, idle compactors, the HPA target."""
+    out = {}
+    for name, g in status["groups"].items():
+        cfg = configs.get(name) or GroupConfig(name)
+        out[name] = {
+            **g,
+            "idle": g["compactors"] - g["busy"] - g["draining"],
+            "ready": g["compactors"] - g["draining"],
+            "wanted": wanted_replicas(g["depth"], cfg),
+            "min_replicas": cfg.min_replicas,
+            "max_replicas": cfg.max_replicas,
+            "hpa_target": cfg.jobs_per_replica,
+        }
+    return out
+
+
+def _progress(tablet: Tablet, ecid: str, hb: dict[str, str], now: float) -> dict[str, Any]:
+    """One running compaction's progress from its heartbeat: bytes read of its input, parts done,
+    parts resumed, and the time left at the pace so far (None until it is known)."""
+    rc = tablet.running[ecid]
+
+    def num(name: str) -> int:
+        try:
+            return int(float(hb.get(name, 0)))
+        except ValueError:
+            return 0
+
+    input_bytes = sum(tablet.files[f].size for f in rc.files if f in tablet.files)
+    done = min(1.0, num("bytes_read") / input_bytes) if input_bytes else 0.0
+    if num("parts"):
+        done = max(done, num("parts_done") / num("parts"))
+    elapsed = max(0.0, now - rc.started_ms / 1000.0)
+    return {
+        "ecid": ecid,
+        "tablet": tablet.id,
+        "group": rc.group,
+        "kind": rc.kind,
+        "compactor": rc.compactor,
+        "input_files": len(rc.files),
+        "input_bytes": input_bytes,
+        "bytes_read": num("bytes_read"),
+        "parts_done": num("parts_done"),
+        "parts": num("parts"),
+        "resumed_parts": num("parts_reused"),
+        "done": round(done, 3),
+        "elapsed_s": round(elapsed, 1),
+        "left_s": round(elapsed * (1 - done) / done, 1) if 0 < done < 1 else None,
+    }
+
+
+def _running(store: MetadataStore, names: dict[str, str], now: float) -> list[dict[str, Any]]:
+    index = running_compactions(store)
+    tablets = {t.id: t for t in store.get_tablets(sorted({tid for tid, _rc in index.values()}))}
+    out = []
+    for ecid, (tid, rc) in sorted(index.items()):
+        t = tablets.get(tid)
+        if rc is None or t is None or ecid not in t.running:
+            continue
+        row = _progress(t, ecid, store.heartbeat(ecid), now)
+        out.append({"table": names.get(t.table, t.table), **row})
+    return out
+
+
+def file_limit(table: TableInfo, services: dict[str, ServiceConfig]) -> int:
+    """Files per tablet above which the planner compacts a tablet whatever the ratio says (the
+    table's ``table.file.max``, else its service's ``maxFilesPerTablet``)."""
+    name = dispatch(table.name, table.props, "SYSTEM", services.values())
+    return settings_for(table, services.get(name) or DEFAULT).max_files_per_tablet
+
+
+def table_health(tablets: list[Tablet], limit: int) -> dict[str, Any]:
+    """Files per tablet, tablets over the file limit, the deletes ratio and the score.
+
+    The score says which tables most need compaction: the files beyond one per tablet, on
+    average (what compactions would remove), plus 10 × the share of tablets over the file limit,
+    plus 10 × the share of delete markers among the entries."""
+    counts = [len(t.files) for t in tablets]
+    entries = sum(m.entries for t in tablets for m in t.files.values())
+    deletes = sum(m.deletes for t in tablets for m in t.files.values())
+    over = sum(c > limit for c in counts)
+    extra = sum(max(0, c - 1) for c in counts) / len(counts) if counts else 0.0
+    ratio = deletes / entries if entries else 0.0
+    share = over / len(counts) if counts else 0.0
+    return {
+        "file_limit": limit,
+        "over_limit": over,
+        "deletes": deletes,
+        "deletes_ratio": round(ratio, 4),
+        "score": round(extra + 10 * share + 10 * ratio, 2),
+    }
+
+
+def _ranked(tables: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The tables, the one that most needs compaction first."""
+    return dict(sorted(tables.items(), key=lambda kv: -kv[1]["score"]))
+
+
+def _history(store: MetadataStore, groups: set[str], names: dict[str, str]) -> list[dict[str, Any]]:
+    """The newest records, failures first (then the newest first within each)."""
+    recs = history.read(store, groups, limit=HISTORY_ROWS)
+    failed = history.read(store, groups, failed=True, limit=HISTORY_ROWS)
+    seen = {r.ecid for r in failed}
+    rows = failed + [r for r in recs if r.ecid not in seen]
+    return [{**r.to_json(), "table": names.get(r.table, r.table), "failed": r.failed} for r in rows[:HISTORY_ROWS]]
+
+
+def collect(store: MetadataStore, samples: Samples | None = None, now: float | None = None) -> dict[str, Any]:
+    """Everything the page shows, as plain data (the page renders it; tests read it)."""
+    now = time.time() if now is None else now
+    services = store.services()
+    # the tables' health from the tablets `kompaktor status` reads anyway: one pass over them
+    status = gather(store, lambda t, tablets: table_health(tablets, file_limit(t, services)))
+    names = {t["id"]: name for name, t in status["tables"].items()}
+    groups = _groups(status, store.groups())
+    samples = samples or Samples()
+    return {
+        "now": now,
+        "groups": groups,
+        "charts": {g: samples.of(g, now) for g in groups},
+        "running": _running(store, names, now),
+        "tables": _ranked(status["tables"]),
+        "history": _history(store, set(groups) | history.known_groups(store), names),
+        "dead_letters": len(status["dead_letters"]),
+        "retries_pending": status["retries_pending"],
+    }

@@ -1,0 +1,235 @@
+"""The compaction history (issue 36 §1) on a real redis-server: every finished job leaves a record
+— committed, failed, dead-lettered, cancelled, retried, killed — written by the real compactor
+(Arrow engine) or the coordinator's dead-compaction detection; bounded per group by count and age;
+read by `kompaktor history` and shown as the last failures in `kompaktor status`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kompaktor import keyspace as C
+from kompaktor.client import Client
+from kompaktor.coordinator.dead import detect_dead
+from kompaktor.files.storage import Storage
+from kompaktor.metadata import compactions, failures, history
+from kompaktor.metadata.store import MetadataStore
+from kompaktor.worker import Compactor, WorkerSettings
+from tests.integration.test_worker import make_table, plan
+from tests.support.procs import python_env
+
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(120)]
+
+GROUP = "default"
+
+
+def worker(store: MetadataStore, storage: Storage) -> Compactor:
+    return Compactor(store, storage, WorkerSettings(GROUP, "c-hist", engine="arrow", heartbeat_s=0.2))
+
+
+def records(store: MetadataStore, **kw) -> list[history.Record]:
+    return history.read(store, [GROUP], **kw)
+
+
+def cli(redis_url: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = python_env(KOMPAKTOR_REDIS_URL=redis_url, KOMPAKTOR_STORAGE=str(tmp_path / "files"), COLUMNS="200")
+    return subprocess.run(
+        [sys.executable, "-m", "kompaktor", *args], env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_a_committed_job_leaves_its_record(store: MetadataStore, storage: Storage, client: Client) -> None:
+    tid = make_table(client, splits=())
+    plan(store, storage)
+    (tablet,) = store.tablets(tid)
+    sizes = {f: m.size for f, m in tablet.files.items()}
+    outcome = worker(store, storage).run_one()
+    assert outcome is not None and outcome.status == "committed"
+    (rec,) = records(store)
+    (after,) = store.tablets(tid)
+    ((_output, meta),) = after.files.items()
+    assert rec.ecid == outcome.ecid and rec.outcome == history.COMMITTED and not rec.failed
+    assert (rec.group, rec.table, rec.tablet, rec.kind, rec.compactor, rec.engine) == (
+        GROUP,
+        tid,
+        tablet.id,
+        "SYSTEM",
+        "c-hist",
+        "arrow",
+    )
+    assert (rec.input_files, rec.input_bytes) == (len(sizes), sum(sizes.values()))
+    assert rec.input_entries == sum(m.entries for m in tablet.files.values())
+    assert (rec.output_bytes, rec.output_entries) == (meta.size, meta.entries)
+    assert rec.merge_s is not None and rec.merge_s >= 0 and rec.commit_s is not None and rec.commit_s >= 0
+    assert rec.reason == "" and rec.resumed_parts == 0 and abs(rec.finished - time.time()) < 60
+
+
+def test_failures_then_the_dead_letter_are_recorded_with_their_reason(
+    store: MetadataStore, storage: Storage, client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tid = make_table(client, splits=())
+    (tablet,) = store.tablets(tid)
+    bad = sorted(tablet.files)[1]
+    with storage.fs.open_output_stream(storage.path(bad)) as f:
+        f.write(b"PAR1 this is not parquet at all PAR1")
+    plan(store, storage)
+    w = worker(store, storage)
+    assert w.run_one().status == "failed"
+    now = [time.time()]
+
+    class Clock:
+        @staticmethod
+        def time() -> float:
+            return now[0]
+
+    monkeypatch.setattr(failures, "time", Clock)
+    for _attempt in (2, 3):  # each later attempt, once its backoff has passed
+        now[0] += failures.MAX_BACKOFF_S + 1
+        assert plan(store, storage) == 1
+        assert w.run_one().status == "failed"
+    recs = records(store)
+    assert [r.outcome for r in recs] == [history.DEAD_LETTERED, history.FAILED, history.FAILED]
+    assert all(r.failed and bad in r.reason and r.tablet == tablet.id for r in recs)
+    assert all(r.output_bytes is None and r.commit_s is None for r in recs)
+    assert records(store, failed=True) == recs
+
+
+def test_a_dead_compaction_is_recorded_as_killed(
+    store: MetadataStore, storage: Storage, client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tid = make_table(client, splits=())
+    plan(store, storage)
+    res = compactions.reserve(store, store.queues, GROUP, "c-gone")
+    assert res is not None
+    compactions.heartbeat(store, res, {"entries_read": 7, "bytes_read": 10})
+    store._r.hset(C.heartbeat_key(res.ecid), "updated", time.time() - 100)  # its compactor went silent
+    assert detect_dead(store, storage, dead_after_s=30, max_attempts=3) == [res.ecid]
+    (rec,) = records(store)
+    assert (rec.ecid, rec.outcome, rec.compactor, rec.table, rec.input_files) == (
+        res.ecid,
+        history.KILLED,
+        "c-gone",
+        tid,
+        len(res.inputs),
+    )
+    assert rec.reason.startswith("compactor died: no heartbeat for 1") and rec.input_entries == 7
+    # one dead compaction too many (once the backoff has passed): dead-lettered
+    later = time.time() + failures.MAX_BACKOFF_S + 1
+
+    class Clock:
+        @staticmethod
+        def time() -> float:
+            return later
+
+    monkeypatch.setattr(failures, "time", Clock)
+    plan(store, storage)
+    res2 = compactions.reserve(store, store.queues, GROUP, "c-gone")
+    assert res2 is not None
+    store._r.hset(C.heartbeat_key(res2.ecid), "updated", time.time() - 100)
+    assert detect_dead(store, storage, dead_after_s=30, max_attempts=2) == [res2.ecid]
+    assert [r.outcome for r in records(store)] == [history.DEAD_LETTERED, history.KILLED]
+
+
+def test_the_history_is_bounded_by_count_and_by_age(store: MetadataStore) -> None:
+    key = C.history_key(GROUP)
+
+    def rec(i: int) -> history.Record:
+        return history.Record(f"ECID-{i:016x}", history.COMMITTED, GROUP, "1", "1;", "SYSTEM", "c", time.time())
+
+    for i in range(1000):
+        assert history.append(store, rec(i), history.HistoryLimits(max_records=100))
+    # approximate trimming (whole stream nodes of 100 entries): about the bound, never all
+    assert 100 <= store._r.xlen(key) < 300
+    assert records(store, limit=1)[0].ecid == rec(999).ecid
+    # records older than the age bound go: entries written a day ago (ids from then)
+    store._r.delete(key)
+    old = int((time.time() - 86_400) * 1000)
+    for i in range(250):
+        store._r.xadd(key, {"r": json.dumps(rec(i).to_json())}, id=f"{old + i}-0")
+    assert history.append(store, rec(1000), history.HistoryLimits(max_age_s=3600))
+    assert store._r.xlen(key) <= 100  # the two full nodes of day-old records went
+    assert records(store, limit=1)[0].ecid == rec(1000).ecid
+    with pytest.raises(ValueError, match="at least 1 record"):
+        history.HistoryLimits(max_records=0)
+
+
+def test_a_reason_is_kept_redacted_on_one_line(store: MetadataStore) -> None:
+    reason = "storage unavailable: cannot reach\n  s3://key:SECRET@host/b?token=T0KEN " + "x" * 600
+    r = history.Record("ECID-1", history.RETRIED, GROUP, "1", "1;", "SYSTEM", "c", time.time(), reason=reason)
+    assert history.append(store, r)
+    (got,) = records(store)
+    assert "SECRET" not in got.reason and "T0KEN" not in got.reason and "\n" not in got.reason
+    assert got.reason.startswith("storage unavailable: cannot reach s3://***@host/b?token=***")
+    assert len(got.reason) == history.REASON_MAX
+
+
+def test_history_and_status_commands(
+    redis_url: str, store: MetadataStore, storage: Storage, client: Client, tmp_path: Path
+) -> None:
+    tid = make_table(client, splits=(b"m",))
+    plan(store, storage)
+    w = worker(store, storage)
+    assert w.run_one().status == "committed"
+    res = compactions.reserve(store, store.queues, GROUP, "c-gone")
+    assert res is not None
+    store._r.hset(C.heartbeat_key(res.ecid), "updated", time.time() - 100)
+    assert detect_dead(store, storage, dead_after_s=30, max_attempts=3) == [res.ecid]
+
+    out = cli(redis_url, tmp_path, "history", "--json")
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    assert [r["outcome"] for r in rows] == ["killed", "committed"] and {r["table"] for r in rows} == {"t"}
+    failed = json.loads(cli(redis_url, tmp_path, "history", "--json", "--failed", "--table", "t").stdout)
+    assert [r["ecid"] for r in failed] == [res.ecid]
+    assert json.loads(cli(redis_url, tmp_path, "history", "--json", "--group", "other").stdout) == []
+    assert len(json.loads(cli(redis_url, tmp_path, "history", "--json", "--since", "1h").stdout)) == 2
+    future = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() + 3600))
+    assert json.loads(cli(redis_url, tmp_path, "history", "--json", "--since", future).stdout) == []
+    text = cli(redis_url, tmp_path, "history").stdout
+    assert "killed" in text and "committed" in text and "compactor died" in text
+
+    st = json.loads(cli(redis_url, tmp_path, "status", "--json").stdout)
+    ((rec,),) = st["last_failures"].values()
+    assert (rec["ecid"], rec["outcome"], rec["table"]) == (res.ecid, "killed", "t")
+    assert "last failures of group default" in cli(redis_url, tmp_path, "status").stdout
+    del tid
+
+    # bad input: one line, exit 1
+    for args, msg in (
+        (("--since", "yesterday"), "--since 'yesterday'"),
+        (("--table", "nope"), "no table named 'nope'"),
+    ):
+        bad = cli(redis_url, tmp_path, "history", *args)
+        assert bad.returncode == 1 and msg in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
+def test_a_filtered_read_goes_back_in_bounded_calls_until_it_has_enough(store: MetadataStore) -> None:
+    def rec(i: int, outcome: str = history.COMMITTED) -> history.Record:
+        return history.Record(f"ECID-{i:016x}", outcome, GROUP, "1", "1;", "SYSTEM", "c", 1000.0 + i)
+
+    assert history.append(store, rec(0, history.FAILED))
+    for i in range(1, 2 * history.READ_CHUNK + 10):  # the failure is more than two calls back
+        assert history.append(store, rec(i))
+    calls: list[tuple] = []
+    real = store._r.xrevrange
+
+    def counted(*args):
+        calls.append(args)
+        return real(*args)
+
+    store._r.xrevrange = counted  # type: ignore[method-assign]
+    try:
+        (got,) = history.read(store, [GROUP], failed=True, limit=3)
+    finally:
+        store._r.xrevrange = real  # type: ignore[method-assign]
+    assert got.ecid == rec(0).ecid
+    assert len(calls) == 3 and all(c[-1] == history.READ_CHUNK for c in calls)
+    assert [r.ecid for r in history.read(store, [GROUP], limit=2)] == [
+        rec(2 * history.READ_CHUNK + 9).ecid,
+        rec(2 * history.READ_CHUNK + 8).ecid,
+    ]

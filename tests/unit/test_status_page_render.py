@@ -1,0 +1,68 @@
+"""The status page's HTML and the history's records, pure (issue 36): what is escaped and
+redacted, what an empty system shows, how --since is read."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+
+import pytest
+
+from kompaktor.coordinator import page
+from kompaktor.coordinator.statuspage import Sample
+from kompaktor.metadata import history
+
+NOW = 1_790_000_000.0
+
+
+def data(**kw) -> dict:
+    base = {"now": NOW, "groups": {}, "charts": {}, "running": [], "tables": {}, "history": [], "dead_letters": 0}
+    return {**base, "retries_pending": 0, **kw}
+
+
+def test_an_empty_system_says_so_and_nothing_else() -> None:
+    html = page.render(data())
+    assert 'id="empty"' in html and "Nothing here yet" in html
+    assert 'id="groups"' not in html and "<script" not in html.lower()
+
+
+def test_text_from_the_store_is_escaped_and_redacted() -> None:
+    rec = history.Record(
+        "ECID-1",
+        history.FAILED,
+        "g<b>",
+        "1",
+        "1;",
+        "SYSTEM",
+        "<script>alert(1)</script>",
+        NOW,
+        reason="read s3://AKIA:topSECRET@bucket/x failed",
+    )
+    html = page.render(data(history=[{**rec.to_json(), "table": "t", "failed": True}]))
+    assert "<script>alert" not in html and "&lt;script&gt;" in html and "g&lt;b&gt;" in html
+    assert "topSECRET" not in html and "s3://***@bucket/x" in html
+
+
+def test_the_chart_spans_the_samples_it_has() -> None:
+    assert "collecting" in page.chart([Sample(NOW, 1, 1, 1)], NOW)
+    svg = page.chart([Sample(NOW - 60, 0, 0, 0), Sample(NOW, 4, 2, 1)], NOW)
+    assert svg.count("<polyline") == 3 and "1.0m ago" not in svg and "60.0s ago → now" in svg
+
+
+def test_since_reads_durations_and_iso_times() -> None:
+    assert history.parse_since("90s", now=1000.0) == 910.0
+    assert history.parse_since("2h", now=10_000.0) == 10_000.0 - 7200
+    assert history.parse_since("1.5d", now=200_000.0) == 200_000.0 - 129_600
+    assert history.parse_since("2026-11-27T05:00:00") == datetime(2026, 11, 27, 5, tzinfo=UTC).timestamp()
+    assert history.parse_since("2026-11-27T06:00:00+01:00") == datetime(2026, 11, 27, 5, tzinfo=UTC).timestamp()
+    for bad in ("yesterday", "5 minutes", "-3h", ""):
+        with pytest.raises(ValueError, match="give a duration"):
+            history.parse_since(bad)
+
+
+def test_a_record_round_trips_and_refuses_an_unknown_outcome() -> None:
+    rec = history.Record("E", history.KILLED, "g", "1", "1;", "USER", "c", time.time(), merge_s=1.5)
+    assert history.Record.from_json({**rec.to_json(), "added_later": 1}) == rec and rec.failed
+    with pytest.raises(ValueError, match="unknown outcome 'lost'"):
+        history.Record("E", "lost", "g", "1", "1;", "USER", "c", 0.0)
+    assert history.clean_reason("a\n  b " + "x" * 900) == ("a b " + "x" * 900)[: history.REASON_MAX]
