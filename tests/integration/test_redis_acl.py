@@ -148,6 +148,6 @@ def test_the_compactor_may_append_to_the_history_and_nothing_more(users: RedisPr
             compactor.execute_command(*cmd)
     for role in ("coordinator", "admin"):
         reader = redis.Redis.from_url(users.role_url(role))
-        assert len(reader.xrevrange("kz:history:g", "+", "-")) == 1 and reader.xlen("kz:history:g") == 1
+        assert len(reader.xrevrange("kz:history:g", "+", "-")) == 1
         with pytest.raises(redis.ResponseError, match=r"permission|not allowed"):
             reader.execute_command("XADD", "kz:tables", "*", "r", "x")

@@ -25,7 +25,7 @@ import pytest
 import redis
 
 from kompaktor.client import Client
-from kompaktor.coordinator import Coordinator
+from kompaktor.coordinator import Coordinator, statuspage
 from kompaktor.files.storage import Storage
 from kompaktor.local.redis_server import RedisProcess
 from kompaktor.metadata import acl
@@ -98,8 +98,18 @@ def named_in_code(command: str) -> bool:
     )
 
 
+def rights_of(rules) -> set[str]:
+    """The commands named in ``rules``, those of selectors ``(~keys +cmd …)`` included."""
+    out = set()
+    for r in rules:
+        for token in r.strip("()").split() if r.startswith("(") else [r]:
+            if token.startswith("+") and not token.startswith("+@"):
+                out.add(token[1:])
+    return out
+
+
 def explicit_rights(role: str) -> set[str]:
-    return {r[1:] for r in acl.RIGHTS[role] if r.startswith("+") and not r.startswith("+@")}
+    return rights_of(acl.RIGHTS[role])
 
 
 def category_members(raw: redis.Redis, role: str) -> dict[str, set[str]]:
@@ -153,6 +163,8 @@ def coordinator_runs(users: RedisProcess, storage: Storage, rec: Recorder) -> No
     assert (outcome := worker.run_one()) is not None and outcome.status == "committed"
     rec.run("coordinator", lambda: (coordinator.tick(), coordinator.full_scan(), coordinator.detect_dead()))
     rec.run("coordinator", lambda: coordinator.collect_garbage(grace_s=0))
+    rec.run("coordinator", lambda: statuspage.collect(coordinator.store))  # its /status page
+    rec.run("coordinator", lambda: coordinator.take_backup())  # a scheduled backup
     worker.close()
     rec.run("coordinator", coordinator.resign)
 
@@ -200,7 +212,7 @@ def test_a_roles_rights_are_what_its_code_sends(users: RedisProcess, tmp_path: P
     assert "fcall" in sent and len(sent) > 10, sent  # the runs did reach Redis
     lacks = rec.refused(role) - REFUSED_PROBES.get(role, set())
     assert not lacks, f"the {role} sends commands its user may not run: {sorted(lacks)}"
-    own = {r[1:] for r in acl.RIGHTS[role] if r not in acl.RIGHTS["compactor"] and not r.startswith("+@")}
+    own = explicit_rights(role) - explicit_rights("compactor")
     not_sent = own - sent
     assert not not_sent, f"the {role}'s user has rights beyond the compactor's that it never sends: {sorted(not_sent)}"
     unused = {r for r in explicit_rights(role) - sent if not named_in_code(r)}

@@ -19,7 +19,7 @@ records them with Redis's command counters: compactor, coordinator, operator).
 
 The compaction history's streams (``kz:history:<group>``) are reached through an ACL selector of
 their own: the compactor may ``XADD`` and ``XTRIM`` there (it records the jobs it finished) and
-nowhere else; the coordinator and admin may also read them (``XREVRANGE``, ``XRANGE``, ``XLEN``).
+nowhere else; the coordinator (its status page) and admin may also read them (``XREVRANGE``).
 
 Redis runs a function's commands with the rights of the user calling it, so a user that may run
 the commit function may also run its commands (``HSET`` on ``kz:*``) directly: the ACL bounds what a
@@ -89,7 +89,7 @@ _WRITES = (
 #: appends (XADD, then XTRIM by age); the other roles read it as well
 _HISTORY_KEYS = f"~{C.history_key('*')}"
 _HISTORY_WRITE = f"({_HISTORY_KEYS} +xadd +xtrim)"
-_HISTORY_READ_WRITE = f"({_HISTORY_KEYS} +xadd +xtrim +xrevrange +xrange +xlen)"
+_HISTORY_READ_WRITE = f"({_HISTORY_KEYS} +xadd +xtrim +xrevrange)"
 #: what only the roles that load code and decide durability get
 _LEADER = ("+function|load", "+function|list", "+config|get")
 #: the operator's: a write of its on a server without the functions loads them (never lists
