@@ -24,6 +24,7 @@ COMMITS_BY_TABLET = PREFIX + "commits"  # hash: tablet id -> compactions committ
 COMMITLOG = PREFIX + "commitlog"  # list of the ECIDs of the last 100,000 commits, once per commit applied
 FAILURES = PREFIX + "failures"  # hash: job fingerprint -> JSON {count, last_error, retry_at}
 BACKUPS_RUNNING = PREFIX + "backups:running"  # hash: backup id -> expiry (epoch s): backups being taken
+RESTORED = PREFIX + "restored"  # string: the backup this Redis was restored from
 IMPORTS = PREFIX + "imports"  # hash: import id -> JSON {table, files, expires}: bulk imports in progress
 LEASE = PREFIX + "coordinator:lease"  # string: holder id (with TTL)
 FENCE = PREFIX + "coordinator:fence"  # integer fencing token, incremented per takeover

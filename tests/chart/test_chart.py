@@ -610,6 +610,14 @@ def test_scheduled_backups_and_their_alerts_pass_promtool(tmp_path: Path) -> Non
     by = kinds(render({"metrics": {"prometheusRule": {"enabled": True}}, "coordinator": {"backup": {"keep": 3}}}))
     args = container(by["Deployment"], "Deployment", "kompaktor-operator", "coordinator")["args"]
     assert "--backup-interval=3600" in args and "--backup-keep=3" in args
+    assert not any(a.startswith("--bootstrap-from") for a in args)
+    boot = kinds(render({"coordinator": {"backup": {"bootstrapFrom": "latest"}}}))
+    assert (
+        "--bootstrap-from=latest"
+        in container(boot["Deployment"], "Deployment", "kompaktor-operator", "coordinator")["args"]
+    )
+    with helm.Chart.load(str(CHART)) as chart, pytest.raises(helm.HelmError):
+        chart.validate_schema({"coordinator": {"backup": {"bootstrapFrom": "../x"}}})
     (rule,) = by["PrometheusRule"]
     exprs = " ".join(r["expr"] for g in rule["spec"]["groups"] for r in g["rules"])
     assert "kompaktor_backup_last_success_timestamp_seconds" in exprs and "> 10800" in exprs

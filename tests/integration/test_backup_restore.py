@@ -220,3 +220,29 @@ def test_the_coordinator_takes_backups_on_its_schedule_and_keeps_the_newest(clie
     kept = backup.list_backups(client.storage)
     assert len(kept) == 2 and first.id not in {m.id for m in kept}
     assert c.metrics.registry.get_sample_value("kompaktor_backup_failures_total") == 0
+
+
+def test_a_new_install_bootstraps_from_the_latest_backup_once(tmp_path: Path, client: Client, redis_url: str) -> None:
+    """What the chart's coordinator.backup.bootstrapFrom does at the coordinator's start."""
+    client.store.create_table("boot")
+    client.flush("boot", [Entry(b"a", b"f", b"q", b"", 1, False, b"v")])
+    m = backup.create(client.store, client.storage)
+    import redis
+
+    redis.Redis.from_url(redis_url).flushall()  # the Redis PersistentVolumeClaim deleted
+    fresh = MetadataStore.from_url(redis_url)
+    got = backup.bootstrap(fresh, client.storage, "latest")
+    assert got is not None and got.manifest.id == m.id
+    c = Client(fresh, client.storage)
+    assert [(e.row, e.value) for e in c.scan("boot")] == [(b"a", b"v")]
+    # a restart of the coordinator (or a second one) restores nothing again, whatever it holds
+    assert backup.bootstrap(fresh, client.storage, "latest") is None
+    c.store.set_props("boot", {"table.custom.x": "1"})
+    assert backup.bootstrap(fresh, client.storage, m.id) is None
+    assert fresh.table("boot").props == {"table.custom.x": "1"}
+
+
+def test_restore_latest_without_backups_says_so(tmp_path: Path, redis_url: str) -> None:
+    storage = Storage.from_uri(str(tmp_path / "empty"))
+    r = CliRunner().invoke(main, ["restore", "latest", "--redis", redis_url, "--storage", storage.uri])
+    assert r.exit_code != 0 and "no backups in" in r.output

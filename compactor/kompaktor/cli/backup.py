@@ -64,11 +64,13 @@ def list_cmd(as_json: bool, storage_uri: str | None) -> None:
 @storage_option
 @friendly_errors
 def verify(backup_id: str, storage_uri: str | None) -> None:
-    """Check a backup's checksums and that every file it references exists (exit 1 if not)."""
+    """Check a backup's (or `latest`'s) checksums and that every file it references exists (exit 1
+    if not)."""
     from kompaktor.files.storage import Storage
     from kompaktor.metadata import backup as b
 
-    v = b.verify(Storage.from_uri(storage_uri), backup_id)
+    storage = Storage.from_uri(storage_uri)
+    v = b.verify(storage, b.resolve(storage, backup_id))
     if not v.ok:
         raise click.ClickException(
             f"backup {backup_id}: {len(v.missing)} referenced files are missing (first: {v.missing[0]})"
@@ -96,7 +98,7 @@ def delete(backup_id: str, storage_uri: str | None) -> None:
 @storage_option
 @friendly_errors
 def restore(backup_id: str, as_json: bool, redis_url: str, storage_uri: str | None) -> None:
-    """Restore BACKUP_ID into an empty Redis; list what it cannot bring back."""
+    """Restore BACKUP_ID (or `latest`) into an empty Redis; list what it cannot bring back."""
     from kompaktor.metadata import backup as b
 
     c = open_client(redis_url, storage_uri)

@@ -70,6 +70,13 @@ from kompaktor.cli.common import friendly_errors, history_options, redis_option,
     show_default=True,
     help="Seconds between backups of the metadata to storage under backups/ (0: none; docs/backup.md).",
 )
+@click.option(
+    "--bootstrap-from",
+    default=None,
+    envvar="KOMPAKTOR_BOOTSTRAP_FROM",
+    help="At start, restore this backup (an id, or `latest`) if Redis holds no tables and was never "
+    "restored: a new install starting from a backup (docs/backup.md).",
+)
 @click.option("--backup-keep", type=click.IntRange(min=1), default=7, show_default=True, help="Backups retained.")
 @click.option(
     "--backup-max-age",
@@ -93,6 +100,7 @@ def coordinator(
     backup_interval: float,
     backup_keep: int,
     backup_max_age: float | None,
+    bootstrap_from: str | None,
     history_records: int,
     history_age: float,
     redis_url: str,
@@ -113,6 +121,17 @@ def coordinator(
     store.ping()
     storage = Storage.from_uri(storage_uri)
     storage.check_writable()  # read-only or wrong credentials: one line, now
+    if bootstrap_from:
+        from kompaktor.metadata import backup
+
+        restored = backup.bootstrap(store, storage, bootstrap_from)
+        click.echo(
+            f"bootstrap: restored backup {restored.manifest.id} ({restored.tablets} tablets; "
+            f"{len(restored.unreferenced)} files written after it not brought back)"
+            if restored
+            else "bootstrap: Redis already holds metadata (or was restored before): nothing restored",
+            err=True,
+        )
     coord = Coordinator(
         store,
         storage,

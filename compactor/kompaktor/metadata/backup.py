@@ -78,6 +78,16 @@ def manifest_path(bid: str) -> str:
     return f"{BACKUPS_DIR}/{bid}/MANIFEST.json"
 
 
+def resolve(storage: Storage, bid: str) -> str:
+    """``bid``, or the newest complete backup's id for ``latest``."""
+    if bid == "latest":
+        done = list_backups(storage)
+        if not done:
+            raise BackupError(f"no backups in {storage.uri} to restore ('latest')")
+        return done[-1].id
+    return check_id(bid)
+
+
 def check_id(bid: str) -> str:
     if not _ID.match(bid):
         raise BackupError(f"{bid!r} is not a backup id (B<13 digits>-<8 hex>; `kompaktor backup list` shows them)")
@@ -319,6 +329,7 @@ def restore(store: MetadataStore, storage: Storage, bid: str) -> Restored:
     backup whose checksums fail or whose files are missing — in one line, nothing written.
     Compactions running when the backup was taken are gone (their outputs become garbage); the
     coordinator rebuilds the queues from the restored tablets (all marked dirty)."""
+    bid = resolve(storage, bid)
     present = _metadata_keys(store)
     if present:
         raise BackupError(
@@ -332,7 +343,7 @@ def restore(store: MetadataStore, storage: Storage, bid: str) -> Restored:
         raise BackupError(
             f"refused: backup {bid} references {len(missing)} files that are not in storage (first: {missing[0]})"
         )
-    _write_back(store, data, _max_name_numbers(storage))
+    _write_back(store, data, _max_name_numbers(storage), bid)
     wanted = set(files)
     unreferenced = sorted(
         rel
@@ -344,8 +355,17 @@ def restore(store: MetadataStore, storage: Storage, bid: str) -> Restored:
     return Restored(m, len(data["tables"]), tablets, len(files), unreferenced)
 
 
-def _write_back(store: MetadataStore, data: dict[str, Any], tops: tuple[int, int]) -> None:
+def bootstrap(store: MetadataStore, storage: Storage, bid: str) -> Restored | None:
+    """Restore ``bid`` (or ``latest``) when this Redis holds no tables and was never restored —
+    what a new install does when told to start from a backup; None when there was nothing to do."""
+    if _metadata_keys(store) or store.call(store._r.exists, C.RESTORED):
+        return None
+    return restore(store, storage, bid)
+
+
+def _write_back(store: MetadataStore, data: dict[str, Any], tops: tuple[int, int], bid: str) -> None:
     p = store._r.pipeline(transaction=True)
+    p.set(C.RESTORED, bid)  # what bootstrap() checks: this Redis was restored once
     if data["names"]:
         p.hset(C.TABLES, mapping=data["names"])
     for tid, t in data["tables"].items():
