@@ -102,8 +102,10 @@ class Workload:
             collect_garbage(self.client.store, self.client.storage, grace_s=0)
 
 
+@pytest.mark.parametrize("adopt", [False, True], ids=["backup", "adopt-newer"])
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_restore_after_losing_every_redis_node(tmp_path: Path, seed: int) -> None:
+def test_restore_after_losing_every_redis_node(tmp_path: Path, seed: int, adopt: bool) -> None:
+    """Restored: every write acknowledged before the backup; with --adopt-newer, every write."""
     storage = Storage.from_uri(str(tmp_path / "data"))
     server = RedisProcess(tmp_path / "redis-a")
     server.start()
@@ -117,9 +119,10 @@ def test_restore_after_losing_every_redis_node(tmp_path: Path, seed: int) -> Non
                 taken.append((backup.create(store, storage), list(w.accepted)))
         running = w.reserve(True)  # a compaction running when the last backup is taken
         last, acked = backup.create(store, storage), list(w.accepted)
-        for _ in range(30):  # acknowledged after the last backup: what a restore cannot bring back
+        for _ in range(30):  # acknowledged after the last backup: only --adopt-newer brings them back
             w.step()
         collect_garbage(store, storage, grace_s=0)
+        everything = list(w.accepted)
         store.close()
     finally:
         server.stop(kill=True)  # every Redis node lost: SIGKILL, then its AOF and RDB deleted
@@ -133,14 +136,17 @@ def test_restore_after_losing_every_redis_node(tmp_path: Path, seed: int) -> Non
     empty.start()
     try:
         args = ["--redis", empty.url, "--storage", storage.uri]
-        r = CliRunner().invoke(main, ["restore", last.id, *args])
+        r = CliRunner().invoke(main, ["restore", last.id, *args, *(["--adopt-newer"] if adopt else [])])
         assert r.exit_code == 0, r.output
         assert f"restored backup {last.id}" in r.output
         store = MetadataStore.from_url(empty.url)
         client = Client(store, storage)
         got = [(e.row, e.ts) for e in client.scan("t")]
         assert len({row for row, _ in got}) == len(got)  # no key twice
-        assert got == reference(acked)  # nothing lost, nothing deleted come back
+        # nothing lost, nothing deleted come back
+        assert got == reference(everything if adopt else acked)
+        if adopt:
+            assert "adopted" in r.output or everything == acked
         # the compaction that was running is gone: its files can be compacted again
         if running is not None:
             t = store.tablet(running.tablet)

@@ -93,16 +93,21 @@ def delete(backup_id: str, storage_uri: str | None) -> None:
 
 @click.command()
 @click.argument("backup_id")
+@click.option(
+    "--adopt-newer",
+    is_flag=True,
+    help="Also register again the flushes and imports written after the backup (docs/backup.md).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 @redis_option
 @storage_option
 @friendly_errors
-def restore(backup_id: str, as_json: bool, redis_url: str, storage_uri: str | None) -> None:
+def restore(backup_id: str, adopt_newer: bool, as_json: bool, redis_url: str, storage_uri: str | None) -> None:
     """Restore BACKUP_ID (or `latest`) into an empty Redis; list what it cannot bring back."""
     from kompaktor.metadata import backup as b
 
     c = open_client(redis_url, storage_uri)
-    r = b.restore(c.store, c.storage, backup_id)
+    r = b.restore(c.store, c.storage, backup_id, adopt_newer=adopt_newer)
     if as_json:
         click.echo(
             json.dumps(
@@ -112,15 +117,20 @@ def restore(backup_id: str, as_json: bool, redis_url: str, storage_uri: str | No
                     "tablets": r.tablets,
                     "files": r.files,
                     "unreferenced": r.unreferenced,
+                    "adopted": r.adopted,
+                    "not_adopted": r.not_adopted,
                 }
             )
         )
         return
     click.echo(f"restored backup {r.manifest.id}: {r.tables} tables, {r.tablets} tablets, {r.files} files")
-    if r.unreferenced:
+    if r.adopted:
+        click.echo(f"adopted {len(r.adopted)} flushes and imports written after the backup")
+    lost = r.not_adopted if adopt_newer else {f: "written after the backup" for f in r.unreferenced}
+    if lost:
         click.echo(
-            f"not brought back: {len(r.unreferenced)} files in storage written after the backup "
+            f"not brought back: {len(lost)} files in storage written after the backup "
             "(flushes, imports or compaction outputs acknowledged after it):"
         )
-        for f in r.unreferenced:
-            click.echo(f"  {f}")
+        for f, why in lost.items():
+            click.echo(f"  {f}: {why}")

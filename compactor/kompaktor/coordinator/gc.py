@@ -7,7 +7,9 @@ pruned (the job changed: tablet split or gone, inputs compacted away, cancelled)
 parts are temporary files like any other, removed after the grace period.
 
 Files that a retained backup references are spared, and while a backup is being taken nothing
-is deleted (:mod:`kompaktor.metadata.backup`): every retained backup restores completely.
+is deleted (:mod:`kompaktor.metadata.backup`): every retained backup restores completely. Flushes
+and imports written since the newest backup are spared too (until the next backup), so that
+``kompaktor restore --adopt-newer`` finds every write acknowledged after it.
 
 The decision is fenced: before each batch of deletions the collector records it in Redis with
 the coordinator's fencing token (:meth:`MetadataStore.record_gc`), and a coordinator that has
@@ -82,6 +84,7 @@ def collect_garbage(
         if rc is not None:
             referenced.add(rc.output)
     now = time.time()
+    written = dict(listed)  # file -> when it was written (mtime)
     candidates = []
     for rel, mtime in listed:
         if now - mtime < grace_s:
@@ -104,7 +107,12 @@ def collect_garbage(
             log.info("garbage collection waits: a backup is being taken")
             return deleted
         spared = backup.referenced_by_backups(storage)
-        candidates = [rel for rel in candidates if rel not in spared]
+        since = backup.newer_than_backups(storage)
+        candidates = [
+            rel
+            for rel in candidates
+            if rel not in spared and not (since is not None and written[rel] >= since and backup.is_write(rel))
+        ]
     for i in range(0, len(candidates), GC_BATCH):
         check()
         # imports in progress when this pass began, or since (one that registered its files

@@ -19,6 +19,7 @@ references (:func:`referenced_by_backups`), so every retained backup restores co
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import hashlib
 import itertools
@@ -30,12 +31,14 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import pyarrow.parquet as pq
+
 from kompaktor import __version__
 from kompaktor import keyspace as C
 from kompaktor.files.storage import Storage
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.errors import KompaktorError
-from kompaktor.model.names import TABLES_DIR, tmp_tag
+from kompaktor.model.names import TABLES_DIR, file_order_key, tmp_tag
 from kompaktor.model.tablet import Tablet
 
 BACKUPS_DIR = "backups"
@@ -255,7 +258,8 @@ def verify(storage: Storage, bid: str) -> Verified:
     """Both checksums, and every referenced file present."""
     m = read_manifest(storage, bid)
     load(storage, m)
-    return Verified(m, [f for f in files_of(storage, m) if not storage.exists(f)])
+    present = data_files(storage)
+    return Verified(m, [f for f in files_of(storage, m) if f not in present])
 
 
 def delete(storage: Storage, bid: str) -> None:
@@ -292,6 +296,25 @@ def referenced_by_backups(storage: Storage) -> set[str]:
     return out
 
 
+#: a flush or import registers its file this long after writing it at most (an import in progress
+#: announces itself for 120 s at a time): files written this long before a backup began may still
+#: have been registered after it read their tablet
+WRITE_SLACK_S = 900.0
+
+
+def is_write(rel: str) -> bool:
+    """Whether ``rel`` is a flush's or an import's file (not a compaction's output, not temporary)."""
+    name = posixpath.basename(rel)
+    return name[:1] in ("F", "I") and tmp_tag(rel) is None
+
+
+def newer_than_backups(storage: Storage) -> float | None:
+    """From when (epoch s) flushes and imports are spared for ``restore --adopt-newer``: shortly
+    before the newest backup began; None when there is no backup."""
+    done = list_backups(storage)
+    return None if not done else done[-1].created_ms / 1000 - WRITE_SLACK_S
+
+
 # -- restore -----------------------------------------------------------------------------------------
 @dataclass
 class Restored:
@@ -302,6 +325,10 @@ class Restored:
     #: data files in storage that the restored metadata does not reference: what was written after
     #: the backup (flushes, imports, compaction outputs) — acknowledged writes a restore loses
     unreferenced: list[str]
+    #: with ``adopt_newer``: flushes and imports written after the backup, registered again
+    adopted: list[str] = field(default_factory=list)
+    #: with ``adopt_newer``: files left out, each with the reason
+    not_adopted: dict[str, str] = field(default_factory=dict)
 
 
 def _metadata_keys(store: MetadataStore) -> list[str]:
@@ -310,21 +337,27 @@ def _metadata_keys(store: MetadataStore) -> list[str]:
     return [C.TABLES] if store.call(store._r.exists, C.TABLES) else []
 
 
-def _max_name_numbers(storage: Storage) -> tuple[int, int]:
+def data_files(storage: Storage) -> set[str]:
+    """Every file under tables/, listed (one LIST per 1,000 objects on an object store, instead
+    of a HEAD per referenced file)."""
+    return {rel for d in storage.list_dirs(TABLES_DIR) for rel, _ in storage.list_files(f"{TABLES_DIR}/{d}")}
+
+
+def _max_name_numbers(present: set[str]) -> tuple[int, int]:
     """The highest table id and file sequence number in storage (files written after a backup
     have higher ones than its counters: the restored counters must not hand them out again)."""
     top_table = top_file = 0
-    for d in storage.list_dirs(TABLES_DIR):
+    for rel in present:
+        d = rel.split("/")[1]
         if re.fullmatch(r"[0-9a-f]+", d):
             top_table = max(top_table, int(d, 16))
-        for rel, _ in storage.list_files(f"{TABLES_DIR}/{d}"):
-            m = re.match(r"^[A-Z]([0-9a-f]{10})", posixpath.basename(rel))
-            if m:
-                top_file = max(top_file, int(m.group(1), 16))
+        m = re.match(r"^[A-Z]([0-9a-f]{10})", posixpath.basename(rel))
+        if m:
+            top_file = max(top_file, int(m.group(1), 16))
     return top_table, top_file
 
 
-def restore(store: MetadataStore, storage: Storage, bid: str) -> Restored:
+def restore(store: MetadataStore, storage: Storage, bid: str, *, adopt_newer: bool = False) -> Restored:
     """Restore backup ``bid`` into an empty Redis. Refuses a Redis that holds Kompaktor's keys, a
     backup whose checksums fail or whose files are missing — in one line, nothing written.
     Compactions running when the backup was taken are gone (their outputs become garbage); the
@@ -338,21 +371,48 @@ def restore(store: MetadataStore, storage: Storage, bid: str) -> Restored:
     m = read_manifest(storage, bid)
     data = load(storage, m)
     files = files_of(storage, m)
-    missing = [f for f in files if not storage.exists(f)]
+    present = data_files(storage)
+    missing = [f for f in files if f not in present]
     if missing:
         raise BackupError(
             f"refused: backup {bid} references {len(missing)} files that are not in storage (first: {missing[0]})"
         )
-    _write_back(store, data, _max_name_numbers(storage), bid)
+    _write_back(store, data, _max_name_numbers(present), bid)
     wanted = set(files)
-    unreferenced = sorted(
-        rel
-        for d in storage.list_dirs(TABLES_DIR)
-        for rel, _ in storage.list_files(f"{TABLES_DIR}/{d}")
-        if rel not in wanted and tmp_tag(rel) is None
-    )
+    unreferenced = sorted(rel for rel in present if rel not in wanted and tmp_tag(rel) is None)
     tablets = sum(len(t["tablets"]) for t in data["tables"].values())
-    return Restored(m, len(data["tables"]), tablets, len(files), unreferenced)
+    out = Restored(m, len(data["tables"]), tablets, len(files), unreferenced)
+    if adopt_newer:
+        adopt(store, storage, {tid: name for name, tid in data["names"].items()}, out)
+    return out
+
+
+def adopt(store: MetadataStore, storage: Storage, names: dict[str, str], out: Restored) -> None:
+    """Register again the flushes and imports written after the backup, oldest first, with every
+    tablet they overlap — as the flush or import did (the delete horizon checked as it was then).
+    Compaction outputs written after the backup are left out: their inputs are the backup's files,
+    which are all still there (the collector spared them), so nothing of them is lost unless an
+    input written after the backup was collected since."""
+    from kompaktor.files.sortedfile import read_info, ts_bounds  # the footer, then the timestamps
+    from kompaktor.policy.deletes import DeleteHorizonError
+
+    for rel in sorted(out.unreferenced, key=file_order_key):
+        table = names.get(rel.split("/")[1])
+        if not is_write(rel):
+            out.not_adopted[rel] = "a compaction's output (its inputs are restored)"
+            continue
+        if table is None:
+            out.not_adopted[rel] = "its table was created after the backup"
+            continue
+        try:
+            info = read_info(storage, rel)
+            with storage.open_input(rel) as f:
+                put_min, del_max = ts_bounds(pq.read_table(f, columns=["ts", "deleted"]))
+            meta = dataclasses.replace(info, put_min=put_min, del_max=del_max).meta
+            store.add_files(table, {rel: meta})
+            out.adopted.append(rel)
+        except (DeleteHorizonError, KompaktorError, OSError) as exc:
+            out.not_adopted[rel] = " ".join(str(exc).split())
 
 
 def bootstrap(store: MetadataStore, storage: Storage, bid: str) -> Restored | None:
