@@ -11,7 +11,7 @@ row groups, the Spark/Hive default) — and times on the same files in the same 
 - the in-process Arrow engine, and (``arrow-resumable``, issue 23 §2) the same engine resumable:
   every key range written as a part, checksummed and recorded (in memory here; the compactor
   records in Redis), then the parts appended into the output and deleted — the cost that
-  ``RESUME_MIN_BYTES`` keeps off small merges, printed as a ratio to the plain engine,
+  ``DEFAULT_RESUME_MIN_BYTES`` keeps off small merges, printed as a ratio to the plain engine,
 - the peers: Polars (lazy, sort + unique), DuckDB (window + ORDER BY + COPY), a pyarrow-only
   merge (read all, sort, vectorized stack, write),
 - the I/O floor (read the inputs and write one file, no sort).

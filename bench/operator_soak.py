@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import OUT, ROOT, start_redis
-from bench.soak import Sample, growth, plot_processes, sample_processes
+from bench.soak import FD_LIMIT, RSS_LIMIT_PCT, Sample, growth, plot_processes, sample_processes
 from kompaktor.resources import api
 from kompaktor_operator import naming
 
@@ -69,8 +69,6 @@ MANAGED = "app.kubernetes.io/managed-by=kompaktor-operator"
 COMPACTOR_PODS = "app.kubernetes.io/component=compactor"
 #: the project's processes, held to the limits (the control plane's and Redis' are reported)
 LIMITED = ("operator", "coordinator")
-RSS_LIMIT_PCT = 10.0
-FD_LIMIT = 5
 
 
 def churn_spec(rng: random.Random) -> dict[str, Any]:

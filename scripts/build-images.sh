@@ -40,6 +40,8 @@ fi
 mkdir -p "$CACHE" "$WHEEL_CACHE"
 log() { echo "build-images: $*" >&2; }
 sha() { sha256sum | cut -c1-16; }
+# pip_wheel, wheelhouse, publish
+source "$ROOT/scripts/build-images-lib.sh"
 
 # --- the tool ---------------------------------------------------------------------------------
 TOOL="${CONTAINER_TOOL:-}"
@@ -109,21 +111,11 @@ PY="${PYTHON:-}"
 [[ -n "$PY" ]] || { [[ -x "$ROOT/.venv/bin/python" ]] && PY="$ROOT/.venv/bin/python"; } || PY=python3
 deps_hash="$(cat pyproject.toml | sha)"
 DEPS="$WHEEL_CACHE/deps-$deps_hash"
-if [[ ! -f "$DEPS/.complete" ]]; then
-  log "wheelhouse for kompaktor[spark,operator] (once per pyproject.toml)"
-  rm -rf "$DEPS" && mkdir -p "$DEPS"
-  # async-timeout: redis-py needs it below Python 3.11.3, and Debian bookworm's python3 is 3.11.2
-  # while the host's may be newer (pip resolves markers for the Python that runs it)
-  "$PY" -m pip wheel -q --wheel-dir "$DEPS" ".[spark,operator]" "async-timeout>=4.0.3" 2>&1 \
-    | grep -v "^WARNING: Location .* is ignored" >&2 || true
-  ls "$DEPS"/pyspark-*.whl "$DEPS"/kopf-*.whl >/dev/null
-  rm -f "$DEPS"/kompaktor-*.whl
-  touch "$DEPS/.complete"
-fi
+wheelhouse "$DEPS"
 # the package itself, from the working tree (its hash is part of every image's inputs)
 PKG="$(mktemp -d)"
 trap 'rm -rf "$PKG"' EXIT
-"$PY" -m pip wheel -q --no-deps --wheel-dir "$PKG" . 2>&1 | grep -v "^WARNING: Location .* is ignored" >&2 || true
+pip_wheel --no-deps --wheel-dir "$PKG" .
 ls "$PKG"/kompaktor-*.whl >/dev/null
 pkg_hash="$(cd "$PKG" && unzip -p kompaktor-*.whl | sha)"
 
@@ -155,13 +147,8 @@ one() {  # NAME IMAGE DOCKERFILE WITH_WHEELS [build args...]
   build -q -f "$ctx/Dockerfile" --build-arg "VERSION=$VERSION" "$@" -t "$image" "$ctx" >/dev/null
   rm -rf "$ctx"
   if [[ $TOOL != docker ]]; then
-    rm -f "$CACHE/$name"-*.tar
-    $TOOL push -q "$image" "oci-archive:$CACHE/partial-$name.tar:$image" >/dev/null
-    mv "$CACHE/partial-$name.tar" "$archive"
+    publish "$name" "$image" "$archive"
     ARCHIVES[$image]="$archive"
-    # the image this one replaced is left untagged in the tool's storage (/var/lib/containers): a
-    # rebuild per change filled 35 GB here until the node's kubelet evicted the test's pods
-    $TOOL rmi --prune >/dev/null 2>&1 || true
   fi
   log "$image: built in $((SECONDS - t0)) s"
 }
@@ -176,8 +163,7 @@ if [[ $TOOL != docker && -x "$K8S_BIN/pause" ]]; then
   pkey="$( { sha256sum "$pctx/pause"; cat "$pctx/Dockerfile.pause"; } | sha)"
   if [[ ! -s "$CACHE/pause-$pkey.tar" ]]; then
     build -q -f "$pctx/Dockerfile.pause" -t "$PAUSE_IMAGE" "$pctx" >/dev/null
-    rm -f "$CACHE"/pause-*.tar
-    $TOOL push -q "$PAUSE_IMAGE" "oci-archive:$CACHE/pause-$pkey.tar:$PAUSE_IMAGE" >/dev/null
+    publish pause "$PAUSE_IMAGE" "$CACHE/pause-$pkey.tar"
   fi
   ARCHIVES[$PAUSE_IMAGE]="$CACHE/pause-$pkey.tar"
   rm -rf "$pctx"

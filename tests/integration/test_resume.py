@@ -29,6 +29,7 @@ from kompaktor.model.iterators import IteratorSettings, merged_view
 from kompaktor.model.keys import Entry, sort_key
 from kompaktor.model.names import TMP_PREFIX
 from kompaktor.model.resume import job_fingerprint
+from kompaktor.policy.services import DEFAULT_RESUME_MIN_BYTES
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(180)]
 
@@ -243,8 +244,8 @@ def test_a_changed_job_does_not_match_the_recorded_progress(
 
 @pytest.mark.parametrize("kind", ENGINES)
 def test_a_small_merge_is_not_resumable(request, kind: str, store: MetadataStore, storage: Storage, inputs) -> None:
-    """Below RESUME_MIN_BYTES an engine runs as before (Arrow streams into the output, Spark
-    deletes each part once appended): no record, no part left."""
+    """Below its group's resume_min_bytes (the 1 GiB default) an engine runs as before (Arrow
+    streams into the output, Spark deletes each part once appended): no record, no part left."""
     paths, _srcs = inputs
     if kind == "spark":
         request.getfixturevalue("spark_session")
@@ -252,9 +253,11 @@ def test_a_small_merge_is_not_resumable(request, kind: str, store: MetadataStore
 
         from .conftest import SPARK_MASTER
 
-        eng = SparkMergeEngine(SPARK_MASTER, task_entries=RANGE_ENTRIES, warm=False)  # default threshold
+        eng = SparkMergeEngine(
+            SPARK_MASTER, task_entries=RANGE_ENTRIES, warm=False, resume_min_bytes=DEFAULT_RESUME_MIN_BYTES
+        )
     else:
-        eng = ArrowMergeEngine(range_entries=RANGE_ENTRIES)
+        eng = ArrowMergeEngine(range_entries=RANGE_ENTRIES, resume_min_bytes=DEFAULT_RESUME_MIN_BYTES)
     fp = fingerprint(storage, paths)
     got = eng.merge(
         storage, req(paths, "A02.parquet", "ECID-00000000000000b2", records.RedisResumeLog(store, fp, "t1;", ()))

@@ -182,6 +182,7 @@ def shipped(real_cluster: tuple[ControlPlane, RealNode], tmp_path_factory: pytes
             "KOMPAKTOR_STORAGE": f"s3://{BUCKET}/tables",
         }
         yield s
+        _delete_and_uninstall_leave_no_container_running(s)
     finally:
         s3.stop()
 
@@ -240,7 +241,10 @@ def _watch_replicas(s: Shipped, stop: threading.Event) -> None:
 TABLETS = 100
 
 
-def test_burst_hpa_compactor_containers_scan_and_drain(shipped: Shipped, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def small(shipped: Shipped) -> None:
+    """`kubectl apply -f examples/`, the small group sized for this node, its 2 pods Ready: what
+    every test that looks at a compactor pod needs, whichever runs first."""
     s = shipped
     s.kubectl("apply", "-f", str(ROOT / "examples"))
     # this node has 2 cores: the small group's pods ask for a quarter core each, at most 3 of them,
@@ -271,6 +275,25 @@ def test_burst_hpa_compactor_containers_scan_and_drain(shipped: Shipped, tmp_pat
         )
     except TimeoutError as exc:
         raise AssertionError(f"{exc}\n{_diagnose(s)}") from None
+
+
+def _compactor_pod(s: Shipped) -> dict[str, Any]:
+    """A Ready compactor pod of the small group that is not being deleted (a scale-down may be
+    draining another)."""
+    found: list[dict[str, Any]] = []
+
+    def ready() -> bool:
+        pods = s.pods(naming.selector("small"))
+        found[:] = [p for p in pods if _ready(p) and not p["metadata"].get("deletionTimestamp")]
+        return bool(found)
+
+    wait_until(ready, "a Ready compactor pod of the small group", timeout=240, every=1)
+    return found[0]
+
+
+@pytest.mark.usefixtures("small")
+def test_burst_hpa_compactor_containers_scan_and_drain(shipped: Shipped, tmp_path: Path) -> None:
+    s = shipped
     stop = threading.Event()
     watcher = threading.Thread(target=_watch_replicas, args=(s, stop), daemon=True)
     watcher.start()
@@ -337,8 +360,9 @@ def test_burst_hpa_compactor_containers_scan_and_drain(shipped: Shipped, tmp_pat
     assert st["groups"]["small"]["compactions_committed"] >= TABLETS, st["groups"]
 
 
+@pytest.mark.usefixtures("small")
 def test_kubectl_logs_and_exec_on_a_compactor_pod(shipped: Shipped) -> None:
-    pod = shipped.pods(naming.selector("small"))[0]["metadata"]["name"]
+    pod = _compactor_pod(shipped)["metadata"]["name"]
     logs = shipped.kubectl("logs", pod, "-c", "compactor").stdout
     assert logs.strip(), "no log"
     out = shipped.kubectl("exec", pod, "-c", "compactor", "--", "kompaktor", "--version")
@@ -373,6 +397,7 @@ for cmd in (("FLUSHALL",), ("CONFIG", "SET", "dir", "/tmp"), ("EVAL", "return 1"
 """
 
 
+@pytest.mark.usefixtures("small")
 def test_each_pod_reaches_redis_as_its_own_user(shipped: Shipped) -> None:
     """Issue 25 §2 on the real node: the bundled Redis has a user per role; a compactor pod holds
     only the compactor's URL and, as that user, is refused what would hurt everyone."""
@@ -381,7 +406,7 @@ def test_each_pod_reaches_redis_as_its_own_user(shipped: Shipped) -> None:
     redis_pod = shipped.pods("app.kubernetes.io/component=redis")[0]["metadata"]["name"]
     users = shipped.kubectl("exec", redis_pod, "-c", "redis", "--", "redis-cli", "ACL", "USERS").stdout.split()
     assert set(acl.ROLES) <= set(users), users
-    pod = shipped.pods(naming.selector("small"))[0]
+    pod = _compactor_pod(shipped)
     refs = {
         e["name"]: e.get("valueFrom", {}).get("secretKeyRef", {}).get("name")
         for c in pod["spec"]["containers"]
@@ -400,6 +425,7 @@ def test_each_pod_reaches_redis_as_its_own_user(shipped: Shipped) -> None:
         assert env["KOMPAKTOR_REDIS_URL"]["valueFrom"]["secretKeyRef"]["name"] == f"{RELEASE}-redis-{c['name']}"
 
 
+@pytest.mark.usefixtures("small")
 def test_the_storage_secret_key_is_nowhere_a_person_looks(shipped: Shipped) -> None:
     """The S3 secret reaches the pods only through the Secret (envFrom): not in any object a user
     reads (pods, Deployments, the groups' and services' status, events), not in any container's
@@ -411,7 +437,7 @@ def test_the_storage_secret_key_is_nowhere_a_person_looks(shipped: Shipped) -> N
         for c in pod["spec"]["containers"]:
             logs = shipped.kubectl("logs", pod["metadata"]["name"], "-c", c["name"], check=False).stdout
             assert secret not in logs, (pod["metadata"]["name"], c["name"])
-    pod = shipped.pods(naming.selector("small"))[0]["metadata"]["name"]
+    pod = _compactor_pod(shipped)["metadata"]["name"]
     metrics = shipped.kubectl(
         "exec",
         pod,
@@ -493,6 +519,7 @@ def _untouched(s: Shipped) -> dict[str, Any]:
     return {"pods": others, "deployments": deps}
 
 
+@pytest.mark.usefixtures("small")  # the small group is among what the broken groups must leave alone
 def test_a_group_whose_pods_cannot_run_says_why_and_clears_when_fixed(shipped: Shipped) -> None:
     s = shipped
     before = _untouched(s)
@@ -635,9 +662,10 @@ def test_a_group_at_zero_wakes_at_its_first_job_and_parks_again(shipped: Shipped
 
 
 # -- 3. delete and uninstall leave nothing running ---------------------------------------------------
-def test_delete_and_uninstall_leave_no_container_running(shipped: Shipped) -> None:
-    s = shipped
-    s.kubectl("delete", "-f", str(ROOT / "examples"), "--wait=true")
+def _delete_and_uninstall_leave_no_container_running(s: Shipped) -> None:
+    """The module's end, whichever tests ran and in whatever order (a test of its own would have to
+    run last): `kubectl delete -f examples/` and `helm uninstall` leave no pod and no container."""
+    s.kubectl("delete", "-f", str(ROOT / "examples"), "--wait=true", "--ignore-not-found")
     with helm.Config(kubeconfig_path=str(s.cp.kubeconfig), namespace=NS) as cfg:
         cfg.uninstall(RELEASE, timeout=120)
     wait_until(

@@ -249,6 +249,21 @@ async def test_hostile_group_is_refused_and_nothing_is_created(
     assert reconciles(operator_runtime, "CompactorGroup", "refused") > refused0
 
 
+async def test_a_group_named_with_non_ascii_letters_is_refused(operator, api: Api, backend: FakeBackend) -> None:
+    """The operator's own check of a group's name is the models' (ASCII DNS label): "grüppe" was
+    accepted by a str.isalnum() check, while the models refuse it."""
+    kmock = operator
+    await api.create(GROUPS_RES, group_body("grüppe"))
+
+    def refused() -> dict[str, Any] | None:
+        conds = (obj(kmock, GROUPS_RES, "grüppe").get("status") or {}).get("conditions") or []
+        return next((c for c in conds if c["type"] == "Ready" and c["status"] == "False"), None)
+
+    ready = await eventually(refused, what="Ready=False InvalidName")
+    assert ready["reason"] == "InvalidName" and "DNS label" in ready["message"], ready
+    assert "grüppe" not in backend.groups and gone(kmock, DEPLOY, "kompaktor-grüppe")
+
+
 async def test_group_changed_to_a_refused_image_keeps_what_its_allowed_spec_made(
     operator, api: Api, backend: FakeBackend
 ) -> None:

@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from kompaktor.cli.plan import PlanInputError, parse_plan_input
-from kompaktor.model.plan_input import PLAN_KINDS, PlanInput, first_problem
+from kompaktor.model.plan_input import PlanInput, first_problem
 from kompaktor.policy.planner import Kind, PlannerConfigError
 from kompaktor.policy.sizes import parse_accumulo_size
 
@@ -29,8 +29,20 @@ def doc(**changes: Any) -> dict[str, Any]:
     return {k: v for k, v in out.items() if v is not ...}
 
 
-def test_kinds_are_the_planners() -> None:
-    assert tuple(kind.value for kind in Kind) == PLAN_KINDS
+def test_kinds_have_one_definition() -> None:
+    """The planner, the services' kinds, the dispatcher's properties and the CRD read one Kind."""
+    from kompaktor.model import job
+    from kompaktor.policy import services, tableprops
+    from kompaktor.resources import models
+
+    assert Kind is job.Kind and tuple(Kind) == ("SYSTEM", "USER", "SELECTOR")
+    assert tuple(Kind) == services.KINDS
+    assert models.CompactionServiceSpec().kinds == list(Kind)
+    for kind in Kind:
+        tableprops.validate_props({f"{tableprops.DISPATCH_PREFIX}.{kind.lower()}": "s"})
+    for kind in Kind:
+        given = PlanInput.from_document(doc(kind=kind.value), parse_accumulo_size)
+        assert given.kind == kind
 
 
 def test_a_valid_document() -> None:

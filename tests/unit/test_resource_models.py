@@ -187,6 +187,24 @@ def test_load_documents_errors(text: str, words: str) -> None:
     assert words in str(err.value)
 
 
+@pytest.mark.parametrize("name", ["grüppe", "ｓmall", "small\n", "Small", "a_b", "-a", "a-", "a" * 41, ""])
+def test_a_group_name_is_an_ascii_dns_label_everywhere(name: str) -> None:
+    """One check of a group's name (the models, local configuration, the operator's handler):
+    letters outside ASCII are refused, as DNS-1123 and the names of Deployments require."""
+    with pytest.raises(ValueError, match="DNS label"):
+        m.check_group_name(name)
+    with pytest.raises(ValidationError):
+        m.CompactorGroup.model_validate({"metadata": {"name": name}})
+    with pytest.raises(ValidationError):
+        m.CompactionServiceSpec.model_validate({"tiers": [{"name": "t", "compactorGroup": name}]})
+
+
+def test_a_valid_group_name_passes() -> None:
+    for name in ("small", "a", "g-1", "0", "a" * 40):
+        assert m.check_group_name(name) == name
+        assert m.CompactorGroup.model_validate({"metadata": {"name": name}}).name == name
+
+
 def test_conversion_to_core_configs() -> None:
     services = pytest.importorskip("kompaktor.policy.services")
     svc, group = m.load_documents(DOCS)[:2]
@@ -268,30 +286,31 @@ def test_a_groups_defaults_are_the_same_everywhere() -> None:
     assert (spec.resume.min_input_bytes(), cfg.resume_min_bytes, worker.resume_min_bytes) == (
         d.DEFAULT_RESUME_MIN_BYTES,
     ) * 3
+    # the engines hold no default of their own: they run with what the compactor resolved
     from kompaktor.engines import make_engine
-    from kompaktor.engines.resume import RESUME_MIN_BYTES
 
-    assert RESUME_MIN_BYTES == d.DEFAULT_RESUME_MIN_BYTES == make_engine("arrow").resume_min_bytes
     assert make_engine("arrow", resume_min_bytes=7).resume_min_bytes == 7
+    assert make_engine("arrow").resume_min_bytes is None  # told nothing: never resumable
     # and what the operator stores for a group that leaves everything out is exactly that
     assert dataclasses.asdict(m.to_group_config("g", spec)) == dataclasses.asdict(cfg)
 
 
 def test_the_engine_names_are_listed_once() -> None:
     """Issue 26 §1: the CRD's enum, the engines' factory, and the --engine choices of
-    `kompaktor compactor` and `kompaktor merge` are one tuple (policy.services.ENGINES)."""
+    `kompaktor compactor` and `kompaktor merge` are one tuple (model.engines.ENGINES)."""
     import click
 
     from kompaktor import engines
     from kompaktor.cli.compactor import compactor
     from kompaktor.cli.merge import merge
+    from kompaktor.model.engines import ENGINES
     from kompaktor.policy import services as d
 
     schema = m.SparkSettings.model_json_schema()["properties"]["engine"]
-    assert tuple(schema["enum"]) == d.ENGINES == engines.ENGINES
+    assert tuple(schema["enum"]) == ENGINES and d.ENGINES is engines.ENGINES is ENGINES
     for command in (compactor, merge):
         (option,) = [p for p in command.params if p.name == "engine"]
-        assert isinstance(option.type, click.Choice) and tuple(option.type.choices) == d.ENGINES
+        assert isinstance(option.type, click.Choice) and tuple(option.type.choices) == ENGINES
 
 
 @pytest.mark.parametrize(

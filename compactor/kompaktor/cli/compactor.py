@@ -11,7 +11,8 @@ import sys
 import click
 
 from kompaktor.cli.common import friendly_errors, history_options, redis_option, setup_logging, storage_option
-from kompaktor.policy.services import DEFAULT_DRAIN_GRACE_S, DEFAULT_ENGINE, DEFAULT_SPARK_MASTER, ENGINES, GroupConfig
+from kompaktor.model.engines import ENGINES
+from kompaktor.policy.services import DEFAULT_DRAIN_GRACE_S, DEFAULT_ENGINE, DEFAULT_SPARK_MASTER, GroupConfig
 
 
 @click.command()

@@ -9,7 +9,8 @@ import uuid
 import click
 
 from kompaktor.cli.common import friendly_errors
-from kompaktor.policy.services import DEFAULT_ENGINE, DEFAULT_SPARK_MASTER, ENGINES
+from kompaktor.model.engines import ENGINES
+from kompaktor.policy.services import DEFAULT_ENGINE, DEFAULT_SPARK_MASTER
 
 
 def _mb(n: int) -> str:

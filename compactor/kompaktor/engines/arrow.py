@@ -10,7 +10,7 @@ memory; the encoded ranges are spliced into the output in order
 (:class:`~kompaktor.files.parquetconcat.SpliceWriter`) — the same bytes as writing the merged
 ranges one after the other with one ``SortedFileWriter``. At most ``workers`` ranges are in flight.
 
-From :data:`RESUME_MIN_BYTES` of input, a merge given a resume log is resumable (issue 23 §2,
+From ``resume_min_bytes`` of input, a merge given a resume log is resumable (issue 23 §2,
 :mod:`kompaktor.engines.resume`): each range is written as a part, checksummed and recorded, the
 ranges an earlier attempt recorded are reused, and the parts are appended into the output at the
 end without decoding.
@@ -35,7 +35,7 @@ from kompaktor.engines.ranges import (
     plan,
     progress_dict,
 )
-from kompaktor.engines.resume import RESUME_MIN_BYTES, record_part, resume_plan
+from kompaktor.engines.resume import record_part, resume_plan
 from kompaktor.files.arrowstack import merge_tables_once
 from kompaktor.files.parquetconcat import ConcatWriter, SpliceWriter
 from kompaktor.files.sortedfile import EncodedRange, SortedFileWriter, encode_table, write_encoded
@@ -46,7 +46,7 @@ from kompaktor.model.resume import PartRecord
 #: entries per key range for the in-process engine (bounds its memory: ~5x the range's data)
 ARROW_RANGE_ENTRIES = 1_000_000
 
-__all__ = ["ARROW_RANGE_ENTRIES", "RESUME_MIN_BYTES", "ArrowMergeEngine", "default_workers"]
+__all__ = ["ARROW_RANGE_ENTRIES", "ArrowMergeEngine", "default_workers"]
 
 
 def default_workers(task_memory: int = TASK_MEMORY) -> int:
@@ -67,10 +67,12 @@ class ArrowMergeEngine:
         self,
         range_entries: int = ARROW_RANGE_ENTRIES,
         task_memory: int = TASK_MEMORY,
-        resume_min_bytes: int = RESUME_MIN_BYTES,
+        resume_min_bytes: int | None = None,
         workers: int | None = None,
     ) -> None:
         self.range_entries = range_entries
+        #: a merge given a resume log is resumable from this many input bytes (``None``: never;
+        #: the compactor gives its group's, :mod:`.resume`)
         self.resume_min_bytes = resume_min_bytes
         #: bytes the merge may hold; one range's input data may take 1/(2 * MERGE_FACTOR) of it
         self.task_memory = task_memory
@@ -87,7 +89,7 @@ class ArrowMergeEngine:
         cancel: threading.Event | None = None,
     ) -> MergeResult:
         started, metas, bytes_in = open_merge(storage, req, cancel)
-        if req.resume is not None and bytes_in >= self.resume_min_bytes:
+        if req.resume is not None and self.resume_min_bytes is not None and bytes_in >= self.resume_min_bytes:
             return self._merge_resumable(storage, req, progress, cancel, started, metas, bytes_in)
         ranges = plan(storage, metas, req.prev, req.end, self.range_entries)
         budget = self.task_memory // (2 * MERGE_FACTOR)

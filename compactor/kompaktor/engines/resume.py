@@ -19,23 +19,10 @@ from dataclasses import dataclass, field
 from kompaktor.files.storage import Storage
 from kompaktor.model.errors import StoreUnavailable
 from kompaktor.model.resume import Bound, PartRecord, ResumeLog, ResumeState, cuts_valid
-from kompaktor.policy.services import DEFAULT_RESUME_MIN_BYTES
 
 log = logging.getLogger(__name__)
 
 HASH_CHUNK = 8 << 20
-#: input bytes from which a merge given a resume log is resumable (both engines; each engine takes
-#: it as ``resume_min_bytes``). The resumable path writes every range as a part, takes its
-#: SHA-256, records it and keeps the parts until the commit (Arrow: instead of streaming ranges
-#: straight into the output). Measured with ``python -m bench.merge_bench --engines
-#: arrow,arrow-resumable,spark,spark-resumable`` (2 shared cores): Arrow 0.91-1.11x the CPU of the
-#: plain path (wall time within the noise), Spark 1.13x the CPU and 1.04-1.16x the time (the
-#: driver hashes each part as it appends it), and the output's bytes twice on disk until the
-#: commit. Below 1 GiB a merge is about 13 s of work here: restarting it costs less than making
-#: every such merge pay (docs/architecture.md, "Long merges resume"). The default of a
-#: CompactorGroup's ``spec.resume.minInputSize``, defined once in ``kompaktor.policy.services``;
-#: a compactor builds its engine with its group's (``make_engine(resume_min_bytes=...)``).
-RESUME_MIN_BYTES = DEFAULT_RESUME_MIN_BYTES
 
 
 def file_digest(storage: Storage, rel: str) -> tuple[int, str]:

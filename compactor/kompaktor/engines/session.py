@@ -2,8 +2,9 @@
 
 JVM and session start-up cost 5–8 s and a first job a few more (measured on a 2-core machine), so a
 compactor creates the session once, before its first job, and keeps it for its whole life.
-``master`` is ``local[*]`` in the pod by default; a group's configuration can point it at a
-Spark cluster or Spark-on-Kubernetes (``k8s://…``) with any extra Spark conf.
+``master`` is the group's (``local[*]`` in the pod by default, ``kompaktor.policy.services``); a
+group's configuration can point it at a Spark cluster or Spark-on-Kubernetes (``k8s://…``) with
+any extra Spark conf.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import threading
 from collections.abc import Mapping
 
 from kompaktor.engines.api import MergeError
-from kompaktor.policy.services import DEFAULT_SPARK_MASTER
 
 log = logging.getLogger(__name__)
 
@@ -86,9 +86,7 @@ def probe_master(master: str, timeout: float = MASTER_PROBE_TIMEOUT_S) -> None:
     raise SparkUnavailable(f"Spark master {master} does not answer ({'; '.join(errors)})")
 
 
-def get_session(
-    master: str = DEFAULT_SPARK_MASTER, conf: Mapping[str, str] | None = None, driver_memory: str | None = None
-):
+def get_session(master: str, conf: Mapping[str, str] | None = None, driver_memory: str | None = None):
     """The process's SparkSession, created on the first call. Later calls return the same
     session; if they ask for a different master or conf, a warning says the first one stays
     (a JVM's Spark settings cannot change while it runs)."""

@@ -55,7 +55,7 @@ from kompaktor.engines.ranges import (
     plan,
     progress_dict,
 )
-from kompaktor.engines.resume import RESUME_MIN_BYTES, ResumePlan, record_part, resume_plan
+from kompaktor.engines.resume import ResumePlan, record_part, resume_plan
 from kompaktor.files.arrowstack import merge_tables
 from kompaktor.files.parquetconcat import ConcatWriter
 from kompaktor.files.sortedfile import SortedFileWriter
@@ -64,7 +64,6 @@ from kompaktor.model.errors import BadFileError, UnsortedError
 from kompaktor.model.iterators import IteratorSettings
 from kompaktor.model.names import part_names, resume_part_name, tmp_name
 from kompaktor.model.resume import PartRecord
-from kompaktor.policy.services import DEFAULT_SPARK_MASTER
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +204,7 @@ class SparkMergeEngine:
 
     def __init__(
         self,
-        master: str = DEFAULT_SPARK_MASTER,
+        master: str,
         conf: Mapping[str, str] | None = None,
         driver_memory: str | None = None,
         *,
@@ -214,7 +213,7 @@ class SparkMergeEngine:
         warm: bool = True,
         task_memory: int = TASK_MEMORY,
         no_executor_timeout: float = NO_EXECUTOR_TIMEOUT_S,
-        resume_min_bytes: int = RESUME_MIN_BYTES,
+        resume_min_bytes: int | None = None,
         range_runs: bool = True,
     ) -> None:
         from kompaktor.engines.session import get_session, warm_up
@@ -227,7 +226,8 @@ class SparkMergeEngine:
         #: bytes one task's merge may hold in its Python worker (its range's input data 1/4 of it)
         self.task_memory = task_memory
         self.no_executor_timeout = no_executor_timeout
-        #: a merge given a resume log is resumable from this many input bytes (:mod:`.resume`)
+        #: a merge given a resume log is resumable from this many input bytes (``None``: never;
+        #: the compactor gives its group's, :mod:`.resume`)
         self.resume_min_bytes = resume_min_bytes
         #: consecutive ranges in one task when row groups are big (:func:`task_runs`); off: one
         #: task per range always (the bench compares the two)
@@ -254,7 +254,8 @@ class SparkMergeEngine:
     ) -> MergeResult:
         started, metas, bytes_in = open_merge(storage, req, cancel)
         total = estimate_entries(metas, req.prev, req.end)
-        log_ = req.resume if bytes_in >= self.resume_min_bytes else None
+        resumable = self.resume_min_bytes is not None and bytes_in >= self.resume_min_bytes
+        log_ = req.resume if resumable else None
 
         def plan_fn() -> list[tuple[bytes | None, bytes | None]]:
             return plan(storage, metas, req.prev, req.end, self._target_entries(total))

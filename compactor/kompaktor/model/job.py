@@ -5,11 +5,21 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 #: Priorities run 1..PRIORITY_MAX (docs/planner.md §3); the queues store ``PRIORITY_MAX - priority`` in
 #: a fixed-width prefix of each entry so that lexicographic order is priority descending.
 PRIORITY_MAX = 20767
+
+
+#: The kind of a compaction, of its job and of a plan — its one definition (the planner, the
+#: services' ``kinds``, the dispatcher's table properties, the plan input and the CRD read it;
+#: no docstring: the CRD's schema would carry it).
+class Kind(StrEnum):
+    SYSTEM = "SYSTEM"  # chosen by the planner from a tablet's files
+    USER = "USER"  # a user compaction's selection
+    SELECTOR = "SELECTOR"  # a selector's (too many deletes) selection
 
 
 @dataclass(frozen=True)

@@ -37,9 +37,10 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from kompaktor.model.job import Kind
+
 __all__ = [
     "MAX_BYTES",
-    "PLAN_KINDS",
     "PlanGroup",
     "PlanInput",
     "PlanProblem",
@@ -49,8 +50,6 @@ __all__ = [
     "type_name",
 ]
 
-#: The kinds of a plan and of a running compaction (the values of ``policy.planner.Kind``).
-PLAN_KINDS = ("SYSTEM", "USER", "SELECTOR")
 #: The largest size accepted for a file or a group's maxSize (a Java long, as in Accumulo).
 MAX_BYTES = 2**63 - 1
 
@@ -104,8 +103,8 @@ def _context(info: ValidationInfo) -> _Context:
 
 
 def _kind(value: object) -> str:
-    if not isinstance(value, str) or value not in PLAN_KINDS:
-        raise _Problem(f"must be one of {', '.join(map(json.dumps, PLAN_KINDS))}, got {json.dumps(value)}")
+    if not isinstance(value, str) or value not in tuple(Kind):
+        raise _Problem(f"must be one of {', '.join(json.dumps(k.value) for k in Kind)}, got {json.dumps(value)}")
     return value
 
 
@@ -203,7 +202,7 @@ def _files_object(value: object) -> object:
     return value
 
 
-Kind = Annotated[str, PlainValidator(_kind)]
+KindName = Annotated[str, PlainValidator(_kind)]
 Number = Annotated[float, PlainValidator(_number)]
 Integer = Annotated[int, PlainValidator(_integer)]
 Files = Annotated[dict[str, Annotated[int, PlainValidator(_file_size)]], BeforeValidator(_files_object)]
@@ -249,7 +248,7 @@ class PlanRunning(_PlanObject):
     NOT_AN_OBJECT = "must be an object with kind and files"
     KEYS = ("kind", "files")
 
-    kind: Kind
+    kind: KindName
     files: Annotated[tuple[str, ...], PlainValidator(_running_files)]
 
 
@@ -272,7 +271,7 @@ class PlanSettingsInput(_PlanObject):
         "selected",
     )
 
-    kind: Kind
+    kind: KindName
     ratio: Number
     max_open: Integer
     max_files_per_tablet: Integer

@@ -19,12 +19,11 @@ import math
 from bisect import bisect_right, insort
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from itertools import accumulate
 from operator import itemgetter
 from typing import TypeAlias
 
-from kompaktor.model.job import PRIORITY_MAX
+from kompaktor.model.job import PRIORITY_MAX, Kind
 
 __all__ = [
     "DEFAULT_MAX_FILES",
@@ -60,14 +59,6 @@ DEFAULT_MAX_FILES = 99
 #: A real file ``(size, 0, name)`` or a projected file ``(size, 1, creation_number)``.
 _Item: TypeAlias = tuple[int, int, "str | int"]
 _size_of, _name_of = itemgetter(0), itemgetter(2)
-
-
-class Kind(StrEnum):
-    """The kind of a compaction (and of a plan)."""
-
-    SYSTEM = "SYSTEM"
-    USER = "USER"
-    SELECTOR = "SELECTOR"
 
 
 class PlannerConfigError(ValueError):

@@ -7,6 +7,7 @@ import math
 from collections.abc import Iterable, Mapping
 
 from kompaktor.model.errors import KompaktorError
+from kompaktor.model.job import Kind
 from kompaktor.policy.sizes import parse_accumulo_size
 
 VERSIONS = "table.iterator.versions"
@@ -85,8 +86,9 @@ def validate_props(props: Mapping[str, str | None]) -> None:
             _int(k, v, 0, 2**53)
         elif k == DISPATCH_PREFIX or k.startswith(DISPATCH_PREFIX + "."):
             kind = k[len(DISPATCH_PREFIX) + 1 :]
-            if kind and kind not in ("system", "user", "selector"):
-                raise ValueError(f"{k}: unknown compaction kind {kind!r} (system, user, selector)")
+            kinds = [k.value.lower() for k in Kind]
+            if kind and kind not in kinds:
+                raise ValueError(f"{k}: unknown compaction kind {kind!r} ({', '.join(kinds)})")
             if not v:
                 raise ValueError(f"{k}: service name must not be empty")
         elif not k.startswith("table.custom."):

@@ -32,6 +32,8 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from kompaktor.model.engines import ENGINES
+from kompaktor.model.job import Kind
 from kompaktor.policy import services as group_defaults
 from kompaktor.policy.planner import DEFAULTS as PLANNER_DEFAULTS
 from kompaktor.policy.services import GroupConfig, ServiceConfig
@@ -91,8 +93,11 @@ FreeForm = Annotated[
 ]
 
 
-def _check_dns_label(value: str) -> str:
-    if len(value) > 40 or not _K8S_NAME_RE.match(value):
+def check_group_name(value: str) -> str:
+    """A compactor group's name, the one check (the CRD models, local configuration and the
+    operator's handler): a DNS-1123 label of at most 40 characters, ASCII only — it names
+    Deployments, Services and HPAs and is part of Redis keys. ``ValueError`` otherwise."""
+    if len(value) > 40 or not _K8S_NAME_RE.fullmatch(value):
         raise ValueError(
             f"{value!r} must be a lowercase DNS label of at most 40 characters (a-z, 0-9, '-'), "
             "because it names Deployments, Services and HPAs"
@@ -103,7 +108,7 @@ def _check_dns_label(value: str) -> str:
 #: The name of a compactor group (also a Kubernetes object name and a Redis key part).
 GroupName = Annotated[
     str,
-    AfterValidator(_check_dns_label),
+    AfterValidator(check_group_name),
     Field(min_length=1, max_length=40, pattern=_K8S_NAME_RE.pattern),
 ]
 
@@ -156,12 +161,6 @@ class Condition(CRDModel):
 # CompactionService
 
 
-class CompactionKind(enum.StrEnum):
-    SYSTEM = "SYSTEM"
-    USER = "USER"
-    SELECTOR = "SELECTOR"
-
-
 class Tier(CRDModel):
     """One size tier: compactions whose input is smaller than maxSize go to compactorGroup."""
 
@@ -207,9 +206,9 @@ class CompactionServiceSpec(CRDModel):
         min_length=1,
         description="table names or glob patterns (fnmatch) this service serves",
     )
-    kinds: list[CompactionKind] = Field(
+    kinds: list[Kind] = Field(
         # use_enum_values: the list holds the enum's values
-        default_factory=lambda: [k.value for k in CompactionKind],  # type: ignore[arg-type]
+        default_factory=lambda: [k.value for k in Kind],  # type: ignore[arg-type]
         min_length=1,
         description="compaction kinds this service plans for the matching tables",
     )
@@ -224,7 +223,7 @@ class CompactionServiceSpec(CRDModel):
 
     @field_validator("kinds")
     @classmethod
-    def _kinds(cls, value: list[CompactionKind]) -> list[CompactionKind]:
+    def _kinds(cls, value: list[Kind]) -> list[Kind]:
         if len(set(value)) != len(value):
             raise ValueError("kinds lists a kind twice")
         return value
@@ -295,7 +294,7 @@ class Autoscaler(enum.StrEnum):
 class SparkSettings(CRDModel):
     """How the compactor runs its merge: a local Spark, a Spark cluster or Spark on Kubernetes."""
 
-    engine: Literal[group_defaults.ENGINES] = Field(  # type: ignore[valid-type]
+    engine: Literal[ENGINES] = Field(  # type: ignore[valid-type]
         group_defaults.DEFAULT_ENGINE,
         description="merge engine: spark, or arrow (in-process, for groups that only hold small jobs)",
     )
@@ -663,7 +662,7 @@ class CompactorGroup(Resource):
     @field_validator("metadata")
     @classmethod
     def _group_name(cls, meta: ObjectMeta) -> ObjectMeta:
-        _check_dns_label(meta.name)
+        check_group_name(meta.name)
         return meta
 
 
@@ -740,7 +739,7 @@ def to_service_config(name: str, spec: CompactionServiceSpec) -> ServiceConfig:
         lowest_ratio=float(spec.lowest_ratio),
         tiers=tuple(CoreTier(name=t.name, max_size=t.max_size_bytes(), group=t.compactor_group) for t in spec.tiers),
         tables=tuple(spec.tables),
-        kinds=tuple(CompactionKind(k).value for k in spec.kinds),
+        kinds=tuple(Kind(k).value for k in spec.kinds),
     )
 
 

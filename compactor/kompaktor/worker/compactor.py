@@ -340,8 +340,9 @@ class Compactor:
         rlog: resume_records.RedisResumeLog | None = None
         req_settings = res.settings
         # below the engine's threshold a merge is not resumable: no record is read or written
-        # (small merges make no Redis request more than before)
-        if self.s.resume and input_bytes >= getattr(self.engine, "resume_min_bytes", 0):
+        # (small merges make no Redis request more than before); an engine given none never is
+        threshold = getattr(self.engine, "resume_min_bytes", 0)
+        if self.s.resume and threshold is not None and input_bytes >= threshold:
             fp = job_fingerprint(
                 res.tablet, res.prev, res.end, res.job.files, res.job.kind, res.job.selection, res.settings
             )

@@ -34,11 +34,13 @@ async def reconcile_group(
     rt = runtime.of(memo)
     generation = meta.get("generation")
     group = parse(m.CompactorGroupSpec, spec, patch, status, generation)
-    if len(name) > 40 or not name.replace("-", "").isalnum() or name != name.lower():
+    try:
+        m.check_group_name(name)
+    except ValueError as exc:
         refused()
-        message = f"name {name!r} must be a DNS label of at most 40 characters"
+        message = f"name {exc}"
         mark(patch, status, conditions.READY, False, "InvalidName", message, generation)
-        raise kopf.PermanentError(message)
+        raise kopf.PermanentError(message) from None
     cfg = rt.config
     refusal = admission.check_group(group, cfg)
     if refusal is not None:
