@@ -13,33 +13,41 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import start_redis
+from bench.common import start_redis, tablet_doc
 
 
 def _populate(store, storage, tablets: int, files: int) -> None:
     """A table of ``tablets`` tablets; ``files`` files each spanning 1/files of the rows (so every
-    tablet references one, as bulk-imported files are shared)."""
-    from kompaktor.metadata.store import Mutation
+    tablet references one, as bulk-imported files are shared). The tablets are written directly
+    (as bench.planning_bench does): one create of a million splits would hold Redis too long."""
+    from kompaktor import keyspace as C
     from kompaktor.model.names import data_file
     from kompaktor.model.tablet import FileMeta
+    from kompaktor.model.tablet import tablet_id as make_id
 
-    splits = [b"row%010d" % (i * 1000) for i in range(1, tablets)]
-    tid = store.create_table("big", splits)
-    ids = store.tablet_ids(tid)
-    per = max(1, len(ids) // files)
+    splits = [format(i, "08x").encode() for i in range(1, tablets)]
+    tid = store.create_table("big", [])
+    ends = [*splits, None]
+    per = max(1, tablets // files)
     paths = [data_file(tid, "import", n + 1) for n in range(files)]
     for p in paths:
         storage.ensure_dir(str(Path(p).parent))
         out = storage.open_output(p)
         out.write(b"x")
         out.close()
-    for i in range(0, len(ids), 2000):
-        m = Mutation(table=tid)
-        for k, tab in enumerate(ids[i : i + 2000]):
-            f = paths[min((i + k) // per, files - 1)]
-            m.tablet(tab).do("add_files", {f: FileMeta(64_000_000, 1_000_000, 10, b"a", b"z", 5, 9).to_json()})
-        store.mutate(m)
-    store._r.delete("kz:dirty")
+    pipe = store._r.pipeline(transaction=False)
+    for i in range(0, len(splits), 10_000):
+        pipe.zadd(C.tablets_key(tid), {end.hex(): 0 for end in splits[i : i + 10_000]})
+    pipe.execute()
+    meta = FileMeta(64_000_000, 1_000_000, 10, b"a", b"z", 5, 9).to_json()
+    prev = None
+    for n, end in enumerate(ends):
+        fs = {paths[min(n // per, files - 1)]: meta}
+        pipe.set(C.tablet_key(make_id(tid, end)), tablet_doc(tid, prev, end, fs))
+        prev = end
+        if n % 5000 == 4999:
+            pipe.execute()
+    pipe.execute()
 
 
 def _stalls(url: str, stop, out) -> None:
