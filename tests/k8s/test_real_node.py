@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -103,6 +104,62 @@ def _diagnose(s: Shipped) -> str:
     return f"{out}\n--- events ---\n{events}\n" + "\n".join(logs) + f"\n--- kubelet ---\n{s.node.log('kubelet', 3000)}"
 
 
+def _redis_volume(core: Any, data: Path) -> None:
+    """The bundled Redis' volume: this node has no provisioner, so a local volume an admin made."""
+    core.create_persistent_volume(
+        {
+            "metadata": {"name": "kompaktor-redis-data"},
+            "spec": {
+                "capacity": {"storage": "8Gi"},
+                "accessModes": ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "hostPath": {"path": str(data), "type": "Directory"},
+            },
+        }
+    )
+
+
+def _values() -> dict[str, Any]:
+    """The README's values, and what these tests need besides."""
+    return {
+        "storage": {"uri": f"s3://{BUCKET}/tables", "existingSecret": "s3-credentials"},
+        # a Spark cluster the admin allowed, which is down (the crash-loop case below)
+        # ... and examples/'s large group's toleration (issue 34 §3)
+        "compactor": {
+            "allowedSparkMasters": ["spark://nowhere.invalid:7077"],
+            "allowedTolerations": [
+                {"key": "dedicated", "operator": "Equal", "value": "compaction", "effect": "NoSchedule"}
+            ],
+        },
+    }
+
+
+def _wait_ready(s: Shipped) -> None:
+    try:
+        wait_until(
+            lambda: (p := s.pods("app.kubernetes.io/component=operator")) and all(map(_ready, p)),
+            "the operator pod (operator + coordinator) Ready",
+            timeout=240,
+            every=1,
+        )
+        wait_until(
+            lambda: (p := s.pods("app.kubernetes.io/component=redis")) and all(map(_ready, p)),
+            "the bundled Redis pod Ready",
+            timeout=120,
+            every=1,
+        )
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}\n{_diagnose(s)}") from None
+
+
+def _admin_url(core: Any) -> str:
+    """The host reaches Redis through its Service (kube-proxy), as a client in the cluster would,
+    with the CLI of the people running it: the admin user (docs/kubernetes.md)."""
+    svc = core.read_namespaced_service(f"{RELEASE}-redis", NS)
+    password = base64.b64decode(core.read_namespaced_secret(f"{RELEASE}-redis-admin", NS).data["password"]).decode()
+    return f"redis://admin:{password}@{svc.spec.cluster_ip}:6379/0"
+
+
 @pytest.fixture(scope="module")
 def shipped(real_cluster: tuple[ControlPlane, RealNode], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shipped]:
     from tests.harness.s3server import S3Server
@@ -125,64 +182,23 @@ def shipped(real_cluster: tuple[ControlPlane, RealNode], tmp_path_factory: pytes
         # the bundled Redis' volume: this node has no provisioner, so a local volume an admin made
         data = tmp_path_factory.mktemp("redis-data")
         os.chown(data, 999, 999)
-        core.create_persistent_volume(
-            {
-                "metadata": {"name": "kompaktor-redis-data"},
-                "spec": {
-                    "capacity": {"storage": "8Gi"},
-                    "accessModes": ["ReadWriteOnce"],
-                    "persistentVolumeReclaimPolicy": "Retain",
-                    "hostPath": {"path": str(data), "type": "Directory"},
-                },
-            }
-        )
+        _redis_volume(core, data)
         # `helm install` with the README's values
         with helm.Config(kubeconfig_path=str(cp.kubeconfig), namespace=NS) as cfg:
-            cfg.install(
-                str(CHART),
-                RELEASE,
-                {
-                    "storage": {"uri": f"s3://{BUCKET}/tables", "existingSecret": "s3-credentials"},
-                    # a Spark cluster the admin allowed, which is down (the crash-loop case below)
-                    # ... and examples/'s large group's toleration (issue 34 §3)
-                    "compactor": {
-                        "allowedSparkMasters": ["spark://nowhere.invalid:7077"],
-                        "allowedTolerations": [
-                            {"key": "dedicated", "operator": "Equal", "value": "compaction", "effect": "NoSchedule"}
-                        ],
-                    },
-                },
-                namespace=NS,
-                timeout=120,
-            )
+            cfg.install(str(CHART), RELEASE, _values(), namespace=NS, timeout=120)
         s = Shipped(cp, node, {}, s3)
-        try:
-            wait_until(
-                lambda: (p := s.pods("app.kubernetes.io/component=operator")) and all(map(_ready, p)),
-                "the operator pod (operator + coordinator) Ready",
-                timeout=240,
-                every=1,
-            )
-            wait_until(
-                lambda: (p := s.pods("app.kubernetes.io/component=redis")) and all(map(_ready, p)),
-                "the bundled Redis pod Ready",
-                timeout=120,
-                every=1,
-            )
-        except TimeoutError as exc:
-            raise AssertionError(f"{exc}\n{_diagnose(s)}") from None
-        # the host reaches Redis through its Service (kube-proxy), as a client in the cluster would
-        svc = core.read_namespaced_service(f"{RELEASE}-redis", NS)
-        # the CLI of the people running it, as the admin user (docs/kubernetes.md)
-        password = base64.b64decode(core.read_namespaced_secret(f"{RELEASE}-redis-admin", NS).data["password"]).decode()
+        _wait_ready(s)
         s.env = {
             **os.environ,
             **storage_env,
-            "KOMPAKTOR_REDIS_URL": f"redis://admin:{password}@{svc.spec.cluster_ip}:6379/0",
+            "KOMPAKTOR_REDIS_URL": _admin_url(core),
             "KOMPAKTOR_STORAGE": f"s3://{BUCKET}/tables",
         }
         yield s
+        scanned = _back_up(s)
         _delete_and_uninstall_leave_no_container_running(s)
+        _lose_the_redis_volume(core, data)
+        _install_from_the_backup_and_scan(s, core, scanned)
     finally:
         s3.stop()
 
@@ -661,7 +677,54 @@ def test_a_group_at_zero_wakes_at_its_first_job_and_parks_again(shipped: Shipped
         s.kubectl("delete", "compactionservice", "cs-zero", "--wait=true", check=False)
 
 
-# -- 3. delete and uninstall leave nothing running ---------------------------------------------------
+# -- 3. backup, and a new install from it (issue 35 §4) -------------------------------------------------
+def _back_up(s: Shipped) -> str:
+    """A backup of what the tests wrote, taken as the people running it would; returns the scan."""
+    out = s.kompaktor("backup", "create")
+    assert out.stdout.startswith("backup B"), out.stdout
+    return s.kompaktor("scan", TABLE, timeout=300).stdout
+
+
+def _lose_the_redis_volume(core: Any, data: Path) -> None:
+    """The Redis PersistentVolumeClaim deleted, its data gone (AOF and RDB): every Redis node lost."""
+    core.delete_namespaced_persistent_volume_claim("data-kompaktor-redis-0", NS)
+    core.delete_persistent_volume("kompaktor-redis-data")
+    wait_until(
+        lambda: not [v for v in core.list_persistent_volume().items if v.metadata.name == "kompaktor-redis-data"],
+        "the Redis volume gone",
+        timeout=60,
+        every=1,
+    )
+    for f in data.iterdir():
+        if f.is_dir():
+            shutil.rmtree(f)
+        else:
+            f.unlink()
+    _redis_volume(core, data)
+
+
+def _install_from_the_backup_and_scan(s: Shipped, core: Any, before: str) -> None:
+    """`helm install` again with coordinator.backup.bootstrapFrom=latest: the scan is what it was."""
+    with helm.Config(kubeconfig_path=str(s.cp.kubeconfig), namespace=NS) as cfg:
+        cfg.install(
+            str(CHART),
+            RELEASE,
+            {**_values(), "coordinator": {"backup": {"bootstrapFrom": "latest"}}},
+            namespace=NS,
+            timeout=120,
+        )
+    try:
+        _wait_ready(s)
+        s.env["KOMPAKTOR_REDIS_URL"] = _admin_url(core)
+        wait_until(
+            lambda: s.kompaktor("scan", TABLE, check=False).returncode == 0, "the table restored", timeout=120, every=2
+        )
+        assert s.kompaktor("scan", TABLE, timeout=300).stdout == before
+    finally:
+        _delete_and_uninstall_leave_no_container_running(s)
+
+
+# -- 4. delete and uninstall leave nothing running ---------------------------------------------------
 def _delete_and_uninstall_leave_no_container_running(s: Shipped) -> None:
     """The module's end, whichever tests ran and in whatever order (a test of its own would have to
     run last): `kubectl delete -f examples/` and `helm uninstall` leave no pod and no container."""
