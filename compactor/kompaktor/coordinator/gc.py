@@ -106,8 +106,9 @@ def collect_garbage(
         if store.backup_running():
             log.info("garbage collection waits: a backup is being taken")
             return deleted
-        spared = backup.referenced_by_backups(storage)
-        since = backup.newer_than_backups(storage)
+        retained = backup.list_backups(storage)  # one LIST of backups/
+        spared = backup.referenced_by_backups(storage, retained)
+        since = backup.newer_than_backups(retained)
         candidates = [
             rel
             for rel in candidates

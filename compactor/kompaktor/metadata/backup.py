@@ -286,10 +286,10 @@ def prune(storage: Storage, keep: int, max_age_s: float | None = None) -> list[s
 _referenced_cache: dict[str, frozenset[str]] = {}
 
 
-def referenced_by_backups(storage: Storage) -> set[str]:
+def referenced_by_backups(storage: Storage, backups: list[Manifest] | None = None) -> set[str]:
     """Every data file some retained backup references (what the collector spares)."""
     out: set[str] = set()
-    for m in list_backups(storage):
+    for m in list_backups(storage) if backups is None else backups:
         if m.id not in _referenced_cache:
             _referenced_cache[m.id] = frozenset(files_of(storage, m))
         out |= _referenced_cache[m.id]
@@ -308,11 +308,10 @@ def is_write(rel: str) -> bool:
     return name[:1] in ("F", "I") and tmp_tag(rel) is None
 
 
-def newer_than_backups(storage: Storage) -> float | None:
+def newer_than_backups(backups: list[Manifest]) -> float | None:
     """From when (epoch s) flushes and imports are spared for ``restore --adopt-newer``: shortly
-    before the newest backup began; None when there is no backup."""
-    done = list_backups(storage)
-    return None if not done else done[-1].created_ms / 1000 - WRITE_SLACK_S
+    before the newest of ``backups`` began; None when there is none."""
+    return None if not backups else backups[-1].created_ms / 1000 - WRITE_SLACK_S
 
 
 # -- restore -----------------------------------------------------------------------------------------
