@@ -134,7 +134,14 @@ async def test_a_groups_settings_reach_redis_only_and_a_change_rolls_the_pods(
     await api.create(GROUPS_RES, group_body("s", spark=spark, drainGraceSeconds=40))
     dep = await eventually(lambda: obj(kmock, DEPLOY, "kompaktor-s"), what="Deployment")
     template = dep["spec"]["template"]
-    assert template["spec"]["containers"][0]["args"] == ["compactor", "--group", "s", "--http-port", "8080"]
+    assert template["spec"]["containers"][0]["args"] == [
+        "compactor",
+        "--group",
+        "s",
+        "--http-port",
+        "8080",
+        "--stay-drained",
+    ]
     cfg = backend.groups["s"]
     assert (cfg.engine, cfg.spark_master, dict(cfg.spark_conf), cfg.driver_memory, cfg.drain_grace_seconds) == (
         "arrow",

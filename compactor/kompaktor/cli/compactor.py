@@ -73,6 +73,14 @@ from kompaktor.policy.services import DEFAULT_DRAIN_GRACE_S, DEFAULT_ENGINE, DEF
     help="Digest of the group settings the pod was made for (set by the operator): without a "
     "configuration of the group in Redis the compactor does not start.",
 )
+@click.option(
+    "--stay-drained",
+    is_flag=True,
+    envvar="KOMPAKTOR_STAY_DRAINED",
+    help="Once drained, stay up and take no job until SIGTERM, and keep the drain mark in Redis "
+    "when exiting, so that a restarted process with the same --id takes no job either (what a "
+    "compactor pod runs: the kubelet restarts a container that exits before its pod is deleted).",
+)
 @click.option("--max-jobs", type=int, default=None, hidden=True)
 @redis_option
 @storage_option
@@ -89,6 +97,7 @@ def compactor(
     http_host: str,
     drain_token_file: str | None,
     settings_digest: str | None,
+    stay_drained: bool,
     max_jobs: int | None,
     redis_url: str,
     storage_uri: str | None,
@@ -145,7 +154,7 @@ def compactor(
     if overrides:
         flags = sorted("--" + k.removesuffix("_s").replace("_", "-") for k in overrides)
         source += ", overridden by " + " ".join(flags)
-    settings = dataclasses.replace(settings, source=source, **overrides)
+    settings = dataclasses.replace(settings, source=source, stay_drained=stay_drained, **overrides)
     from kompaktor.worker.http import TOKEN_ENV, token_source
 
     drain_token = token_source(os.environ.get(TOKEN_ENV), drain_token_file)
