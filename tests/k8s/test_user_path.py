@@ -41,7 +41,7 @@ from tests.k8s.controlplane import ControlPlane, free_port, wait_until
 from tests.k8s.nodeagent import NodeAgent
 from tests.promcheck import check, samples
 from tests.support.entries import entries
-from tests.support.k8s import Namespaced, container_env, helm_release, start_local
+from tests.support.k8s import JobWatch, Namespaced, container_env, helm_release, start_local
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -431,36 +431,6 @@ def test_burst_scale_up_drain_and_scale_down(release: Release, tmp_path: Path) -
     assert [c.id for c in release.store.compactors("e2e")] == sorted(kept)
 
 
-class _Watch:
-    """Samples a group's compactors and queue every 0.1 s in a thread: how long each job (ECID)
-    ran, and the smallest queue depth seen while ``window`` is open."""
-
-    def __init__(self, store: MetadataStore, group: str) -> None:
-        self.store, self.group = store, group
-        self.jobs: dict[str, list[float]] = {}  # ecid -> [first seen, last seen]
-        self.window = False
-        self.queued_in_window: list[int] = []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while not self.stop.wait(0.1):
-            now = time.monotonic()
-            for c in self.store.compactors(self.group):
-                if c.ecid:
-                    self.jobs.setdefault(c.ecid, [now, now])[1] = now
-            if self.window:
-                self.queued_in_window.append(self.store.queues.stats(self.group).queued)
-
-    def longest_job_s(self) -> float:
-        return max(last - first for first, last in self.jobs.values()) + 0.2  # the sampling period
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(10)
-
-
 @pytest.fixture
 def paced(release: Release, tmp_path: Path) -> Iterator[None]:
     """Compactor pods started meanwhile run ``kompaktor`` through tests/integration/gated_engine.py
@@ -527,7 +497,7 @@ def test_a_lowered_cap_is_obeyed_under_steady_load(release: Release, paced: None
 
     feeder = threading.Thread(target=feed, daemon=True)
     feeder.start()
-    watch = _Watch(release.store, "load")
+    watch = JobWatch(release.store, "load")
     try:
         wait_until(lambda: len(_live_pids(release, "load")) == 3, "3 compactor processes", timeout=120)
         wait_until(
