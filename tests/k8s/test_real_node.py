@@ -683,40 +683,42 @@ def test_a_lowered_cap_is_obeyed_under_steady_load(shipped: Shipped, tmp_path: P
     watch = JobWatch(store, group)
     try:
         try:
-            wait_until(
-                lambda: sum(1 for c in store.compactors(group) if c.ecid) == 3 and store.queues.stats(group).queued > 0,
-                "3 busy compactor containers and jobs queued",
-                timeout=400,
-                every=1,
-            )
-        except TimeoutError as exc:
-            raise AssertionError(f"{exc}\n{_diagnose(s)}") from None
-        before = {p["metadata"]["name"] for p in s.pods(naming.selector(group))}
-        restarts: dict[str, int] = {}
+            try:
+                wait_until(
+                    lambda: (
+                        sum(1 for c in store.compactors(group) if c.ecid) == 3 and store.queues.stats(group).queued > 0
+                    ),
+                    "3 busy compactor containers and jobs queued",
+                    timeout=400,
+                    every=1,
+                )
+            except TimeoutError as exc:
+                raise AssertionError(f"{exc}\n{_diagnose(s)}") from None
+            before = {p["metadata"]["name"] for p in s.pods(naming.selector(group))}
+            restarts: dict[str, int] = {}
 
-        def one_left() -> bool:
-            pods = s.pods(naming.selector(group))
-            for p in pods:  # a drained container the kubelet restarted would show here
-                for cs in (p.get("status") or {}).get("containerStatuses") or []:
-                    name = p["metadata"]["name"]
-                    restarts[name] = max(restarts.get(name, 0), cs.get("restartCount", 0))
-            return len([p for p in pods if not p["metadata"].get("deletionTimestamp")]) == 1
+            def one_left() -> bool:
+                pods = s.pods(naming.selector(group))
+                for p in pods:  # a drained container the kubelet restarted would show here
+                    for cs in (p.get("status") or {}).get("containerStatuses") or []:
+                        name = p["metadata"]["name"]
+                        restarts[name] = max(restarts.get(name, 0), cs.get("restartCount", 0))
+                return len([p for p in pods if not p["metadata"].get("deletionTimestamp")]) == 1
 
-        watch.window = True
-        lowered = time.monotonic()
-        s.kubectl("patch", "compactorgroup", group, "--type=merge", "-p", '{"spec": {"maxReplicas": 1}}')
-        wait_until(one_left, "one compactor pod left", timeout=400, every=0.5)
-        reached_s = time.monotonic() - lowered
-        watch.window = False
-        longest = watch.longest_job_s()
-        print(f"\nreal node: cap 3 -> 1 under load: 1 pod after {reached_s:.1f} s (longest job {longest:.1f} s)")
-        assert watch.queued_in_window and min(watch.queued_in_window) > 0, "the queue emptied: not under load"
-        assert reached_s <= longest + 30
-        (kept,) = [p for p in s.pods(naming.selector(group)) if not p["metadata"].get("deletionTimestamp")]
-    finally:
-        feeding.clear()
-        feeder.join(120)
-    try:
+            watch.window = True
+            lowered = time.monotonic()
+            s.kubectl("patch", "compactorgroup", group, "--type=merge", "-p", '{"spec": {"maxReplicas": 1}}')
+            wait_until(one_left, "one compactor pod left", timeout=400, every=0.5)
+            reached_s = time.monotonic() - lowered
+            watch.window = False
+            longest = watch.longest_job_s()
+            print(f"\nreal node: cap 3 -> 1 under load: 1 pod after {reached_s:.1f} s (longest job {longest:.1f} s)")
+            assert watch.queued_in_window and min(watch.queued_in_window) > 0, "the queue emptied: not under load"
+            assert reached_s <= longest + 30
+            (kept,) = [p for p in s.pods(naming.selector(group)) if not p["metadata"].get("deletionTimestamp")]
+        finally:
+            feeding.clear()
+            feeder.join(120)
         wait_until(
             lambda: (
                 (q := store.queues.stats(group)).queued == 0

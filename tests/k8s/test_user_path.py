@@ -499,30 +499,30 @@ def test_a_lowered_cap_is_obeyed_under_steady_load(release: Release, paced: None
     feeder.start()
     watch = JobWatch(release.store, "load")
     try:
-        wait_until(lambda: len(_live_pids(release, "load")) == 3, "3 compactor processes", timeout=120)
-        wait_until(
-            lambda: (
-                sum(1 for c in release.store.compactors("load") if c.ecid) == 3
-                and release.store.queues.stats("load").queued > 0
-            ),
-            "3 busy compactors and jobs queued",
-            timeout=120,
-        )
-        before = _live_pids(release, "load")
-        watch.window = True
-        lowered = time.monotonic()
-        release.kubectl("patch", "compactorgroup", "load", "--type=merge", "-p", '{"spec": {"maxReplicas": 1}}')
-        wait_until(lambda: _pod_count(release, "load") == 1, "one compactor pod left", timeout=120)
-        reached_s = time.monotonic() - lowered
-        watch.window = False
-        longest = watch.longest_job_s()
-        print(f"\nlowered cap 3 -> 1 under load: 1 pod after {reached_s:.1f} s (longest job {longest:.1f} s)")
-        assert min(watch.queued_in_window) > 0, "the queue emptied: not a test under load"
-        assert reached_s <= longest + 30
-    finally:
-        feeding.clear()
-        feeder.join(30)
-    try:
+        try:
+            wait_until(lambda: len(_live_pids(release, "load")) == 3, "3 compactor processes", timeout=120)
+            wait_until(
+                lambda: (
+                    sum(1 for c in release.store.compactors("load") if c.ecid) == 3
+                    and release.store.queues.stats("load").queued > 0
+                ),
+                "3 busy compactors and jobs queued",
+                timeout=120,
+            )
+            before = _live_pids(release, "load")
+            watch.window = True
+            lowered = time.monotonic()
+            release.kubectl("patch", "compactorgroup", "load", "--type=merge", "-p", '{"spec": {"maxReplicas": 1}}')
+            wait_until(lambda: _pod_count(release, "load") == 1, "one compactor pod left", timeout=120)
+            reached_s = time.monotonic() - lowered
+            watch.window = False
+            longest = watch.longest_job_s()
+            print(f"\nlowered cap 3 -> 1 under load: 1 pod after {reached_s:.1f} s (longest job {longest:.1f} s)")
+            assert min(watch.queued_in_window) > 0, "the queue emptied: not a test under load"
+            assert reached_s <= longest + 30
+        finally:
+            feeding.clear()
+            feeder.join(30)
         wait_until(
             lambda: (
                 (s := release.store.queues.stats("load")).queued == 0

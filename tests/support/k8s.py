@@ -113,6 +113,8 @@ class JobWatch:
         self.thread.start()
 
     def _run(self) -> None:
+        import redis
+
         from kompaktor.model.errors import StoreUnavailable
 
         while not self.stop.wait(0.1):
@@ -123,8 +125,8 @@ class JobWatch:
                         self.jobs.setdefault(c.ecid, [now, now])[1] = now
                 if self.window:
                     self.queued_in_window.append(self.store.queues.stats(self.group).queued)
-            except StoreUnavailable:
-                continue  # a sample missed; the next one is 0.1 s away
+            except (StoreUnavailable, ConnectionError, redis.RedisError):
+                continue  # a sample missed (Redis through a Service); the next one is 0.1 s away
 
     def longest_job_s(self) -> float:
         return max(last - first for first, last in self.jobs.values()) + 0.2  # the sampling period
