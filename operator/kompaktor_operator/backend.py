@@ -106,8 +106,18 @@ class RedisBackend:
         out = {}
         for info in self._call(self.store.compactors, group):
             if now - info.last_seen <= HEARTBEAT_STALE_SECONDS:
-                out[info.id] = CompactorView(id=info.id, state=info.state, ecid=info.ecid)
+                remaining = self._remaining_s(info.ecid, now) if info.ecid else None
+                out[info.id] = CompactorView(id=info.id, state=info.state, ecid=info.ecid, remaining_s=remaining)
         return out
+
+    def _remaining_s(self, ecid: str, now: float) -> float | None:
+        """How long the job ``ecid`` still runs, by its compactor's estimate in the job's last
+        heartbeat (``remaining_s`` as of ``updated``); None when it gave none."""
+        beat = self._call(self.store.heartbeat, ecid)
+        try:
+            return max(0.0, float(beat["remaining_s"]) - max(0.0, now - float(beat["updated"])))
+        except (KeyError, ValueError):
+            return None
 
     def request_drain(self, compactor_id: str) -> None:
         self._call(self.store.request_drain, compactor_id)

@@ -2,16 +2,21 @@
 
 Owns: ``decide_scale`` — given the Deployment's replicas, the desired count, the group's pods
 and the compactors' Redis heartbeats, which pods to ask to drain, which drained pods can go,
-and the replica count to set now. Busy compactors are never victims; a replica is removed only
-after its pod reported itself drained (or never did any work). Must not import: kopf, redis, kube.
+and the replica count to set now. A replica is removed only after its pod reported itself
+drained (or never did any work): a busy compactor is never stopped, but it can be chosen — it
+then takes no new job, finishes the one it holds and goes. So a lowered target is reached within
+one job's duration whatever the queue holds. Must not import: kopf, redis, kube.
 
 The sequence for a scale-down by k, over successive reconciles:
-1. pick k victims (no heartbeat and not ready, then drained, then idle; never busy), ask the
-   idle ones to drain and give every victim the lowest pod-deletion-cost;
-2. once a victim is drained (state ``draining`` and no ECID) or has no heartbeat, lower the
-   replicas by the number of such victims: the ReplicaSet removes the lowest-cost pods first.
-A drained pod that is no longer needed as a victim (the target went back up) is deleted, so the
-Deployment replaces it with a fresh compactor.
+1. pick k victims — no heartbeat and not ready, then drained or already draining, then no
+   heartbeat, then idle, then busy ones whose current job will end soonest (the job's heartbeat
+   carries the estimate) — and ask them to drain;
+2. once a victim is drained (state ``draining`` and no ECID) or has no heartbeat, give it the
+   lowest pod-deletion-cost, and on the next pass lower the replicas by the number of such
+   victims: the ReplicaSet removes the lowest-cost pods first.
+A drained pod that is not a victim (the target went back up, or it was drained by hand) is
+deleted, so the Deployment replaces it with a fresh compactor: a drained compactor takes no job
+until its pod is gone.
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ class CompactorView:
     id: str
     state: State
     ecid: str | None = None
+    #: for a compactor holding a job: the estimated seconds until that job ends (None: unknown)
+    remaining_s: float | None = None
 
     @property
     def working(self) -> bool:
@@ -64,17 +71,29 @@ class ScaleDecision:
     reason: str = ""
 
 
-def _rank(pod: PodView, beat: CompactorView | None) -> tuple[int, str] | None:
-    """Victim preference (lower first); None for pods that must not be victims."""
+def _rank(pod: PodView, beat: CompactorView | None) -> tuple[int, float, str]:
+    """Victim preference, lower first: what goes soonest at the least cost."""
     if beat is None:
-        return (0, pod.name) if not pod.ready else (2, pod.name)
-    if beat.state == "draining" and pod.marked:
-        return (1, pod.name)  # asked earlier: it finishes its job, then goes
-    if beat.working:
-        return None
-    if beat.drained:
-        return (1, pod.name)
-    return (3, pod.name)  # idle
+        return (0 if not pod.ready else 2, 0.0, pod.name)
+    if beat.state == "draining":  # drained, or finishing its job before it goes: soonest first
+        return (1, _remaining(beat), pod.name)
+    if beat.working:  # finishes its job first: the one that ends soonest
+        return (4, _remaining(beat), pod.name)
+    return (3, 0.0, pod.name)  # idle
+
+
+def _remaining(beat: CompactorView) -> float:
+    if not beat.working:
+        return 0.0
+    return beat.remaining_s if beat.remaining_s is not None else float("inf")
+
+
+def _replaceable(live: list[PodView], victims: set[str], compactors: Mapping[str, CompactorView]) -> tuple[str, ...]:
+    """Drained pods that are not victims: deleted, so that fresh compactors replace them (a
+    drained compactor takes no job until its pod is gone)."""
+    return tuple(
+        p.name for p in live if p.name not in victims and (b := compactors.get(p.name)) is not None and b.drained
+    )
 
 
 def decide_scale(
@@ -91,18 +110,15 @@ def decide_scale(
     """
     live = sorted((p for p in pods if not p.terminating), key=lambda p: p.name)
     if desired >= current:
-        # Drained pods marked earlier are useless now: replace them; lift other marks.
-        delete = tuple(p.name for p in live if p.marked and (b := compactors.get(p.name)) and b.drained)
+        # Drained pods are useless now: replace them; lift other marks.
+        delete = _replaceable(live, set(), compactors)
         unmark = tuple(p.name for p in live if (p.marked or p.lowest_cost) and p.name not in delete)
         reason = "scale up" if desired > current else "steady"
         return ScaleDecision(replicas=desired, delete=delete, unmark=unmark, reason=reason)
 
     excess = current - desired
-    ranked = sorted(
-        ((rank, pod) for pod in live if (rank := _rank(pod, compactors.get(pod.name))) is not None),
-        key=lambda rp: (0 if rp[1].marked else 1, rp[0]),  # keep earlier victims: no churn
-    )
-    victims = [pod for _, pod in ranked[:excess]]
+    ranked = sorted(live, key=lambda p: (0 if p.marked else 1, _rank(p, compactors.get(p.name))))
+    victims = ranked[:excess]  # earlier victims first: no churn
     names = {p.name for p in victims}
     removable: list[str] = []
     drain: list[str] = []
@@ -123,10 +139,9 @@ def decide_scale(
                 drain.append(pod.name)
             waiting.append(pod.name)
     mark = tuple(p.name for p in victims if not p.marked)
-    # A pod marked earlier that is no longer a victim: replace it when drained, else lift the mark.
-    others = [p for p in live if (p.marked or p.lowest_cost) and p.name not in names]
-    delete = tuple(p.name for p in others if p.marked and (b := compactors.get(p.name)) and b.drained)
-    unmark = tuple(p.name for p in others if p.name not in delete)
+    # A pod that is no longer a victim: replace it when drained, else lift its mark.
+    delete = _replaceable(live, names, compactors)
+    unmark = tuple(p.name for p in live if (p.marked or p.lowest_cost) and p.name not in names and p.name not in delete)
     exposed = [p.name for p in live if p.lowest_cost and (b := compactors.get(p.name)) and b.working]
     if exposed:
         # A working pod still carries the victim cost (it started a job after being marked):
@@ -138,7 +153,7 @@ def decide_scale(
     elif victims:
         reason = f"draining {len(victims)} compactor(s) before scaling down"
     else:
-        reason = "every compactor is busy; scale-down waits for one to finish"
+        reason = "no pod to drain yet"
     return ScaleDecision(
         replicas=current - len(removable),
         drain=tuple(drain),

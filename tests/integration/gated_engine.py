@@ -8,7 +8,9 @@ Run as a script it *is* the ``kompaktor`` CLI, with every engine it makes wrappe
 ``python gated_engine.py compactor --group G ...``; the gate is the file named by
 ``KOMPAKTOR_TEST_GATE`` (open once it exists; ``{group}`` in it stands for the compactor's
 ``--group``) and the wrapper creates ``<gate>.held`` when a merge starts holding. With
-``KOMPAKTOR_TEST_GATE_ARMED`` set, merges pass freely until the file it names exists.
+``KOMPAKTOR_TEST_GATE_ARMED`` set, merges pass freely until the file it names exists. With
+``KOMPAKTOR_TEST_MERGE_SECONDS`` (and no gate) every merge is paced instead: it holds until that
+many seconds after it started, standing for a bigger merge (it still stops when cancelled).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,6 +33,7 @@ class GatedEngine:
         hold_after_parts: int = 1,
         on_hold: Callable[[], None] | None = None,
         after_merge: Callable[[Any], None] | None = None,
+        min_seconds: float = 0.0,
     ) -> None:
         self.inner = inner
         self.name = inner.name
@@ -37,12 +41,14 @@ class GatedEngine:
         self.hold_after_parts = hold_after_parts
         self.on_hold = on_hold
         self.after_merge = after_merge  # called with the request once the real merge returned
+        self.min_seconds = min_seconds  # a merge holds at least until this long after it started
         self.held = threading.Event()
         self.merged = threading.Event()
         self.cancelled = threading.Event()  # the hold ended because the merge was cancelled
 
     def merge(self, storage, req, *, progress=None, cancel: threading.Event | None = None):
         passed = False
+        until = time.monotonic() + self.min_seconds
 
         def on_progress(p: dict) -> None:
             nonlocal passed
@@ -55,7 +61,7 @@ class GatedEngine:
             if self.on_hold is not None:
                 self.on_hold()
             stop = cancel or threading.Event()
-            while not self._gate():
+            while not self._gate() or time.monotonic() < until:
                 if stop.wait(0.01):
                     self.cancelled.set()
                     return
@@ -72,15 +78,17 @@ def _main() -> None:
     from kompaktor.cli import main
 
     group = sys.argv[sys.argv.index("--group") + 1] if "--group" in sys.argv else ""
-    gate = Path(os.environ["KOMPAKTOR_TEST_GATE"].replace("{group}", group))
+    paced = float(os.environ.get("KOMPAKTOR_TEST_MERGE_SECONDS", "0"))
+    gate = Path(os.environ.get("KOMPAKTOR_TEST_GATE", "").replace("{group}", group))
     armed = os.environ.get("KOMPAKTOR_TEST_GATE_ARMED")
     real_make_engine = engine.make_engine
 
     def is_open() -> bool:
-        return gate.exists() or (armed is not None and not Path(armed).exists())
+        return paced > 0 or gate.exists() or (armed is not None and not Path(armed).exists())
 
     def make_engine(kind: str = "spark", **kw: Any) -> GatedEngine:
-        return GatedEngine(real_make_engine(kind, **kw), is_open, on_hold=lambda: Path(f"{gate}.held").touch())
+        held = (lambda: Path(f"{gate}.held").touch()) if not paced else None
+        return GatedEngine(real_make_engine(kind, **kw), is_open, on_hold=held, min_seconds=paced)
 
     engine.make_engine = make_engine
     sys.argv[0] = "kompaktor"

@@ -219,6 +219,8 @@ def test_heartbeat_carries_progress_and_state(store, storage, client) -> None:
     assert int(hb["entries_read"]) > 0 and int(hb["entries_written"]) > 0
     assert int(hb["bytes_read"]) > 0 and int(hb["parts"]) > 1
     assert abs(float(hb["updated"]) - time.time()) < 10
+    # the seconds the job still needs (what the operator's scale-down ranks busy compactors by)
+    assert 0 <= float(hb["remaining_s"]) < 60
     info = poll(lambda: [c for c in store.compactors(GROUP) if c.state == BUSY], "compactor registered busy")
     assert info[0].ecid == ecid
     gate.set()
@@ -530,6 +532,27 @@ def test_drain_releases_a_job_that_cannot_finish_in_the_grace_period(store, stor
     assert "dead_compactions" not in store.counters()
 
 
+def test_drain_flag_in_redis_lets_the_job_finish_however_long(store, storage, client) -> None:
+    """The operator's scale-down asks through Redis, and nothing stops the pod before it is
+    drained: the job it holds is finished, not released, even far beyond the grace period."""
+    tid = make_table(client, splits=())
+    before = scan(client)
+    plan(store, storage)
+    gate = threading.Event()
+    eng = arrow_gated(gate)
+    w = Compactor(store, storage, settings("victim", drain_grace_s=0.0, default_throughput_bps=1.0), engine=eng)
+    run = Running(w.run)
+    poll(eng.held.is_set, "the merge to hold")
+    store.request_drain("victim")
+    poll(lambda: compactor_state(store, "victim") == DRAINING, "the heartbeat to say draining")
+    assert not eng.cancelled.is_set()
+    gate.set()
+    assert run.join() == 0
+    assert not eng.cancelled.is_set() and store.counters()["compactions_committed"] == 1
+    (files,) = tablet_files(store, tid).values()
+    assert len(files) == 1 and scan(client) == before
+
+
 def test_drain_flag_in_redis_stops_an_idle_compactor(store, storage) -> None:
     w = Compactor(store, storage, settings("victim"))
     run = Running(w.run)
@@ -581,7 +604,9 @@ def test_http_probes_drain_and_metrics(store, storage, client) -> None:
 class CompactorProcess:
     """``kompaktor compactor`` as a child process (its engine gated, see gated_engine.py)."""
 
-    def __init__(self, tmp: Path, redis_url: str, storage_root: str, cid: str, *extra: str) -> None:
+    def __init__(
+        self, tmp: Path, redis_url: str, storage_root: str, cid: str, *extra: str, env: dict[str, str] | None = None
+    ) -> None:
         self.gate = tmp / f"gate-{cid}"
         self.held = Path(f"{self.gate}.held")
         self.cid = cid
@@ -592,6 +617,7 @@ class CompactorProcess:
             KOMPAKTOR_TEST_GATE=str(self.gate),
             POD_NAME=cid,
             PYTHONUNBUFFERED="1",
+            **(env or {}),
         )
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "compactor"), env.get("PYTHONPATH", "")])
         self.proc = subprocess.Popen(
@@ -649,8 +675,8 @@ class CompactorProcess:
 def spawn(tmp_path: Path, redis_url: str, storage: Storage) -> Iterator[Callable[..., CompactorProcess]]:
     procs: list[CompactorProcess] = []
 
-    def start(cid: str, *extra: str) -> CompactorProcess:
-        p = CompactorProcess(tmp_path, redis_url, storage.uri, cid, *extra)
+    def start(cid: str, *extra: str, env: dict[str, str] | None = None) -> CompactorProcess:
+        p = CompactorProcess(tmp_path, redis_url, storage.uri, cid, *extra, env=env)
         procs.append(p)
         return p
 
@@ -704,6 +730,46 @@ def test_drain_while_busy_finishes_the_job_within_the_grace_period(store, storag
     assert store.counters()["compactions_committed"] == 1
     assert store._r.hlen(C.RUNNING) == 0
     assert compactor_state(store, p.cid) is None
+
+
+#: what a compactor pod's container runs with (the manifests' ``--stay-drained``)
+POD = {"KOMPAKTOR_STAY_DRAINED": "1"}
+#: the line a compactor pod says once drained (it then waits for SIGTERM)
+STAYS = "takes no job until its pod is deleted"
+
+
+def test_a_drained_compactor_pod_stays_drained_across_a_container_restart(store, storage, client, spawn) -> None:
+    """Issue 33 §3: the operator drains a busy compactor pod with more work queued; it finishes its
+    job and stays up without taking another. The kubelet restarts its container (killed here, as a
+    failed probe or an OOM kill would) before the pod is deleted: the new process, same pod name,
+    takes no job either — it says ``draining`` until SIGTERM, then exits 0."""
+    make_table(client)  # two tablets: two jobs
+    plan(store, storage)
+    first = spawn("pod-a", env=POD)
+    first.wait_ready()
+    poll(first.held.exists, "the first merge to hold")
+    store.request_drain("pod-a")  # the operator's scale-down
+    poll(lambda: compactor_state(store, "pod-a") == DRAINING, "the heartbeat to say draining")
+    first.gate.touch()
+    poll(lambda: STAYS in first.log or first.proc.poll() is not None, "the job to finish")
+    assert first.proc.poll() is None, f"a drained compactor pod exited (the kubelet restarts it):\n{first.log}"
+    assert store.counters()["compactions_committed"] == 1 and store.queues.stats(GROUP).queued == 1
+    assert compactor_state(store, "pod-a") == DRAINING and http(first.port, "/readyz")[0] == 503
+    # the container restarts
+    first.proc.kill()
+    first.proc.wait(10)
+    first.gate.unlink()
+    first.held.unlink()
+    second = spawn("pod-a", env=POD)
+    poll(lambda: STAYS in second.log or second.held.exists() or second.proc.poll() is not None, "the restart")
+    assert not second.held.exists() and second.proc.poll() is None, second.log
+    stats = store.queues.stats(GROUP)
+    assert (stats.queued, stats.running) == (1, 0), "the restarted container of a draining pod reserved a job"
+    assert compactor_state(store, "pod-a") == DRAINING
+    second.proc.send_signal(signal.SIGTERM)  # the pod is deleted at last
+    assert second.wait_exit(10) == 0, second.log
+    assert store.queues.stats(GROUP).queued == 1 and store.counters()["compactions_committed"] == 1
+    assert store.drain_requested("pod-a")  # a third start would find the mark too
 
 
 def test_sigterm_while_busy_beyond_the_grace_period_releases_the_job_at_once(store, storage, client, spawn) -> None:

@@ -677,7 +677,127 @@ def test_a_group_at_zero_wakes_at_its_first_job_and_parks_again(shipped: Shipped
         s.kubectl("delete", "compactionservice", "cs-zero", "--wait=true", check=False)
 
 
-# -- 3. backup, and a new install from it (issue 35 §4) -------------------------------------------------
+# -- 4. a lowered cap under steady load (issue 33 §2, §3) ------------------------------------------
+STEADY = "steady"  # served by its own CompactionService, below
+
+
+def test_a_lowered_cap_is_obeyed_under_steady_load(shipped: Shipped, tmp_path: Path) -> None:
+    """Three compactor containers (Spark in each), imports arriving all along so the queue never
+    empties, then maxReplicas 3 -> 1: the group is at one pod within the longest job + 30 s, every
+    job seen running committed once (none interrupted, none retried), the scan exact, and no
+    drained container restarted before its pod was deleted."""
+    from kompaktor.files.sortedfile import write_sorted
+    from kompaktor.files.storage import Storage
+    from kompaktor.metadata.store import MetadataStore
+    from tests.support.k8s import JobWatch
+
+    s = shipped
+    group = "steady"
+    body = _group(
+        group,
+        minReplicas=1,
+        maxReplicas=3,
+        replicas=3,
+        autoscaler="none",
+        drainGraceSeconds=60,
+        spark={"engine": "spark", "master": "local[1]", "driverMemory": "512m"},
+        resources={"requests": {"cpu": "100m", "memory": "512Mi"}, "limits": {"memory": "1536Mi"}},
+    )
+    service = {
+        "apiVersion": "kompaktor.io/v1alpha1",
+        "kind": "CompactionService",
+        "metadata": {"name": "cs-steady"},
+        "spec": {"ratio": 2.0, "tiers": [{"name": "all", "compactorGroup": group}], "tables": [STEADY]},
+    }
+    s.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [service, body]}))
+    store = MetadataStore.from_url(s.env["KOMPAKTOR_REDIS_URL"])
+    rows = 2000
+    s.kompaktor("table", "create", STEADY, "--splits", ",".join(f"row{r:05d}" for r in range(100, rows, 100)))
+    local = Storage.from_uri(str(tmp_path))
+    version = 0
+    feeding = threading.Event()
+    feeding.set()
+
+    def feed() -> None:  # one import over all 20 tablets after another, as a steady ingest
+        nonlocal version
+        while feeding.is_set():
+            write_sorted(local, f"v{version + 1}.parquet", entries(range(rows), version + 1))
+            s.kompaktor("import", STEADY, str(tmp_path / f"v{version + 1}.parquet"))
+            version += 1
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    committed_before = store.counters().get("compactions_committed", 0)
+    feeder.start()
+    watch = JobWatch(store, group)
+    try:
+        try:
+            try:
+                wait_until(
+                    lambda: (
+                        sum(1 for c in store.compactors(group) if c.ecid) == 3 and store.queues.stats(group).queued > 0
+                    ),
+                    "3 busy compactor containers and jobs queued",
+                    timeout=400,
+                    every=1,
+                )
+            except TimeoutError as exc:
+                raise AssertionError(f"{exc}\n{_diagnose(s)}") from None
+            before = {p["metadata"]["name"] for p in s.pods(naming.selector(group))}
+            restarts: dict[str, int] = {}
+
+            def one_left() -> bool:
+                pods = s.pods(naming.selector(group))
+                for p in pods:  # a drained container the kubelet restarted would show here
+                    for cs in (p.get("status") or {}).get("containerStatuses") or []:
+                        name = p["metadata"]["name"]
+                        restarts[name] = max(restarts.get(name, 0), cs.get("restartCount", 0))
+                return len([p for p in pods if not p["metadata"].get("deletionTimestamp")]) == 1
+
+            watch.window = True
+            lowered = time.monotonic()
+            s.kubectl("patch", "compactorgroup", group, "--type=merge", "-p", '{"spec": {"maxReplicas": 1}}')
+            wait_until(one_left, "one compactor pod left", timeout=400, every=0.5)
+            reached_s = time.monotonic() - lowered
+            watch.window = False
+            longest = watch.longest_job_s()
+            print(f"\nreal node: cap 3 -> 1 under load: 1 pod after {reached_s:.1f} s (longest job {longest:.1f} s)")
+            assert watch.queued_in_window and min(watch.queued_in_window) > 0, "the queue emptied: not under load"
+            assert reached_s <= longest + 30
+            (kept,) = [p for p in s.pods(naming.selector(group)) if not p["metadata"].get("deletionTimestamp")]
+        finally:
+            feeding.clear()
+            feeder.join(120)
+        wait_until(
+            lambda: (
+                (q := store.queues.stats(group)).queued == 0
+                and q.running == 0
+                and not any(t.running for t in store.tablets(store.table_id(STEADY)))
+            ),
+            "the rest of the work done by the one compactor",
+            timeout=600,
+            every=2,
+        )
+    finally:
+        watch.close()
+    out_file = tmp_path / "scan.parquet"
+    s.kompaktor("scan", STEADY, "-o", str(out_file))
+    import pyarrow.parquet as pq
+
+    scanned = [(r["row"], r["value"]) for r in pq.read_table(out_file).to_pylist()]
+    assert scanned == [(e.row, e.value) for e in entries(range(rows), version)]
+    # every job seen running committed, once: an interrupted job would come back under a new ECID
+    committed = store.counters().get("compactions_committed", 0) - committed_before
+    assert committed == len(watch.jobs), (committed, len(watch.jobs))
+    st = json.loads(s.kompaktor("status", "--json").stdout)
+    assert st["groups"][group]["dead_compactions_recovered"] == 0 and not st["dead_letters"], st
+    assert kept["metadata"]["name"] in before
+    assert not any(restarts.values()), restarts  # no drained container restarted before its pod went
+    s.kubectl("delete", "compactorgroup", group)
+    s.kubectl("delete", "compactionservice", "cs-steady")
+    store.close()
+
+
+# -- 5. backup, and a new install from it (issue 35 §4) -------------------------------------------------
 def _back_up(s: Shipped) -> str:
     """A backup of what the tests wrote, taken as the people running it would; returns the scan."""
     out = s.kompaktor("backup", "create")
@@ -724,7 +844,7 @@ def _install_from_the_backup_and_scan(s: Shipped, core: Any, before: str) -> Non
         _delete_and_uninstall_leave_no_container_running(s)
 
 
-# -- 4. delete and uninstall leave nothing running ---------------------------------------------------
+# -- 6. delete and uninstall leave nothing running ---------------------------------------------------
 def _delete_and_uninstall_leave_no_container_running(s: Shipped) -> None:
     """The module's end, whichever tests ran and in whatever order (a test of its own would have to
     run last): `kubectl delete -f examples/` and `helm uninstall` leave no pod and no container."""

@@ -14,8 +14,10 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -28,6 +30,7 @@ import kubernetes
 import pytest
 
 from kompaktor import __version__
+from kompaktor import keyspace as C
 from kompaktor.files.sortedfile import write_sorted
 from kompaktor.files.storage import Storage
 from kompaktor.local.procs import stop_popen
@@ -38,7 +41,7 @@ from tests.k8s.controlplane import ControlPlane, free_port, wait_until
 from tests.k8s.nodeagent import NodeAgent
 from tests.promcheck import check, samples
 from tests.support.entries import entries
-from tests.support.k8s import Namespaced, container_env, helm_release, start_local
+from tests.support.k8s import JobWatch, Namespaced, container_env, helm_release, start_local
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -83,8 +86,12 @@ def _metrics_api_env(cp: ControlPlane, core: Any, d: Path) -> dict[str, str]:
     }
 
 
+#: the groups whose pods run as real compactor processes (the others' pods are fakes)
+RUN_GROUPS = ("e2e", "load")
+
+
 def _is_e2e_compactor(pod: Any) -> bool:
-    return (pod.metadata.labels or {}).get(naming.GROUP_LABEL) == "e2e"
+    return (pod.metadata.labels or {}).get(naming.GROUP_LABEL) in RUN_GROUPS
 
 
 TOLERATION = {"key": "dedicated", "operator": "Equal", "value": "compaction", "effect": "NoSchedule"}
@@ -424,6 +431,152 @@ def test_burst_scale_up_drain_and_scale_down(release: Release, tmp_path: Path) -
     assert counters.get("dead_compactions", 0) == 0
     assert not release.store.failures()  # no busy compactor was terminated: nothing failed or was released
     assert [c.id for c in release.store.compactors("e2e")] == sorted(kept)
+
+
+@pytest.fixture
+def paced(release: Release, tmp_path: Path) -> Iterator[None]:
+    """Compactor pods started meanwhile run ``kompaktor`` through tests/integration/gated_engine.py
+    with every merge paced to 1.5 s: jobs as long as real ones, so that three compactors cannot
+    empty a queue that a feeder keeps filling."""
+    wrap = tmp_path / "bin"
+    wrap.mkdir()
+    script = wrap / "kompaktor"
+    script.write_text(f'#!/bin/sh\nexec {sys.executable} {ROOT}/tests/integration/gated_engine.py "$@"\n')
+    script.chmod(0o755)
+    saved = dict(release.agent.env)
+    release.agent.env.update({"PATH": f"{wrap}{os.pathsep}{saved['PATH']}", "KOMPAKTOR_TEST_MERGE_SECONDS": "1.5"})
+    try:
+        yield
+    finally:
+        release.agent.env.clear()
+        release.agent.env.update(saved)
+
+
+def test_a_lowered_cap_is_obeyed_under_steady_load(release: Release, paced: None) -> None:
+    """Issue 33 §2 and §3 on the control plane: three real compactors with the queue never empty
+    (a feeder flushes into every tablet all along), then maxReplicas 3 -> 1. The group is at one
+    pod within the longest job + 30 s while jobs are still queued; no job is interrupted, every
+    job commits once, the scan is exact; the drained compactors stay up, inert, until their pods
+    are deleted (no container restart, no job taken after the drain)."""
+    from kompaktor.client import Client
+
+    load = [
+        {
+            "apiVersion": api.GROUP_VERSION,
+            "kind": "CompactionService",
+            "metadata": {"name": "svc-load"},
+            "spec": {"ratio": 2.0, "tiers": [{"name": "all", "compactorGroup": "load"}], "tables": ["load"]},
+        },
+        {
+            "apiVersion": api.GROUP_VERSION,
+            "kind": "CompactorGroup",
+            "metadata": {"name": "load"},
+            "spec": {
+                "minReplicas": 1,
+                "maxReplicas": 3,
+                "replicas": 3,
+                "autoscaler": "none",
+                "drainGraceSeconds": 20,
+                "spark": {"engine": "arrow", "master": "local[1]"},
+            },
+        },
+    ]
+    release.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": load}))
+    rows = 4000
+    release.kompaktor("table", "create", "load", "--splits", ",".join(f"row{r:05d}" for r in range(200, rows, 200)))
+    client = Client(release.store, Storage.from_uri(str(release.storage_dir)))
+    committed_before = release.store.counters().get("compactions_committed", 0)
+    version = 0
+    feeding = threading.Event()
+    feeding.set()
+
+    def feed() -> None:  # a flush into each of the 20 tablets every 0.5 s: more than 3 compactors do
+        nonlocal version
+        while feeding.is_set():
+            client.flush("load", entries(range(rows), version + 1))
+            version += 1
+            time.sleep(0.5)  # the load's pace, not a synchronisation
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    watch = JobWatch(release.store, "load")
+    try:
+        try:
+            wait_until(lambda: len(_live_pids(release, "load")) == 3, "3 compactor processes", timeout=120)
+            wait_until(
+                lambda: (
+                    sum(1 for c in release.store.compactors("load") if c.ecid) == 3
+                    and release.store.queues.stats("load").queued > 0
+                ),
+                "3 busy compactors and jobs queued",
+                timeout=120,
+            )
+            before = _live_pids(release, "load")
+            watch.window = True
+            lowered = time.monotonic()
+            release.kubectl("patch", "compactorgroup", "load", "--type=merge", "-p", '{"spec": {"maxReplicas": 1}}')
+            wait_until(lambda: _pod_count(release, "load") == 1, "one compactor pod left", timeout=120)
+            reached_s = time.monotonic() - lowered
+            watch.window = False
+            longest = watch.longest_job_s()
+            print(f"\nlowered cap 3 -> 1 under load: 1 pod after {reached_s:.1f} s (longest job {longest:.1f} s)")
+            assert min(watch.queued_in_window) > 0, "the queue emptied: not a test under load"
+            assert reached_s <= longest + 30
+        finally:
+            feeding.clear()
+            feeder.join(30)
+        wait_until(
+            lambda: (
+                (s := release.store.queues.stats("load")).queued == 0
+                and s.running == 0
+                and release.store._r.scard(C.DIRTY) == 0
+                and not any(t.running for t in release.store.tablets(release.store.table_id("load")))
+            ),
+            "the remaining work done by the one compactor",
+            timeout=300,
+        )
+    finally:
+        watch.close()
+    got = [(e.row, e.value) for e in client.scan("load")]
+    assert got == [(e.row, e.value) for e in entries(range(rows), version)]  # the newest of every row
+    outcomes = [m.groups() for pod in before.values() for m in OUTCOME.finditer(_pod_logs(release, pod))]
+    assert outcomes and all(status == "committed" for _, status in outcomes), outcomes  # 0 interrupted
+    ecids = [ecid for ecid, _ in outcomes]
+    assert len(ecids) == len(set(ecids)), "a job committed twice"
+    assert release.store.counters().get("compactions_committed", 0) - committed_before == len(ecids)
+    assert not release.store.failures() and release.store.counters().get("dead_compactions", 0) == 0
+    kept = _live_pids(release, "load")
+    for pod in set(before.values()) - set(kept.values()):
+        runs = [r for r in release.agent.records if r.pod == pod]
+        assert len(runs) == 1, f"{pod} was restarted after its drain: {runs}"
+        assert runs[0].exit_code == 0 and not runs[0].sigkilled, runs
+        text = _pod_logs(release, pod)
+        assert "takes no job until its pod is deleted" in text
+        tail = text.split("draining (drain flag in Redis)", 1)[1]
+        assert tail.count(": committed") <= 1  # at most the job it held when asked
+    release.kubectl("delete", "compactorgroup", "load")
+    release.kubectl("delete", "compactionservice", "svc-load")
+    wait_until(lambda: _pod_count(release, "load") == 0, "load's pods gone", timeout=120)
+
+
+#: a compactor's line for a job's outcome: "<ecid> <kind> on <tablet>: <status> <reason>"
+OUTCOME = re.compile(r"kompaktor\.compactor: (\S+) \w+ on \S+: (committed|failed|cancelled)\b")
+
+
+def _pod_count(release: Release, group: str) -> int:
+    pods = json.loads(release.kubectl("get", "pods", "-l", naming.selector(group), "-o", "json").stdout)["items"]
+    return len([p for p in pods if not p["metadata"].get("deletionTimestamp")])
+
+
+def _live_pids(release: Release, group: str) -> dict[int, str]:
+    """The running compactor processes of ``group``: pid -> pod."""
+    prefix = f"kompaktor-{group}-"
+    return {r.pid: r.pod for r in release.agent.records if r.pod.startswith(prefix) and r.stopped is None}
+
+
+def _pod_logs(release: Release, pod: str) -> str:
+    assert release.agent.log_dir is not None
+    return "".join(p.read_text(errors="replace") for p in sorted(release.agent.log_dir.glob(f"{pod}.*.log")))
 
 
 def test_kubectl_delete_compaction_cancels_it(release: Release) -> None:

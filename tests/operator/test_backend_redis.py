@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from kompaktor.metadata import compactions
@@ -33,6 +35,10 @@ def test_configs_heartbeats_drain_and_figures(redis_url: str) -> None:
     backend.store.register_compactor("small", "pod-b", "busy", "ECID-1")
     beats = backend.compactors("small")
     assert beats["pod-a"].state == "idle" and beats["pod-b"].working
+    assert beats["pod-b"].remaining_s is None  # the job has not said how long it needs yet
+    # the job's heartbeat says 30 s left, as of 10 s ago: 20 s now (what scale-down ranks by)
+    backend.store.put_heartbeat("ECID-1", {"compactor": "pod-b", "updated": time.time() - 10, "remaining_s": "30.0"})
+    assert 19 < (backend.compactors("small")["pod-b"].remaining_s or 0) <= 20
     backend.request_drain("pod-a")
     assert backend.store.drain_requested("pod-a")
     assert backend.queue_figures("small") == backends.QueueFigures(

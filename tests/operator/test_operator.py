@@ -134,7 +134,14 @@ async def test_a_groups_settings_reach_redis_only_and_a_change_rolls_the_pods(
     await api.create(GROUPS_RES, group_body("s", spark=spark, drainGraceSeconds=40))
     dep = await eventually(lambda: obj(kmock, DEPLOY, "kompaktor-s"), what="Deployment")
     template = dep["spec"]["template"]
-    assert template["spec"]["containers"][0]["args"] == ["compactor", "--group", "s", "--http-port", "8080"]
+    assert template["spec"]["containers"][0]["args"] == [
+        "compactor",
+        "--group",
+        "s",
+        "--http-port",
+        "8080",
+        "--stay-drained",
+    ]
     cfg = backend.groups["s"]
     assert (cfg.engine, cfg.spark_master, dict(cfg.spark_conf), cfg.driver_memory, cfg.drain_grace_seconds) == (
         "arrow",
@@ -293,12 +300,29 @@ def pod(name: str, group: str, ready: bool = True) -> dict[str, Any]:
     }
 
 
-async def test_scale_down_drains_idle_compactors_never_busy(operator, api: Api, backend: FakeBackend) -> None:
+def replica_patches(kmock: Any, deployment: str) -> list[int]:
+    """The spec.replicas values the operator wrote to ``deployment``, in order."""
+    return [
+        r.data["spec"]["replicas"]
+        for r in list(kmock)
+        if r.method == "PATCH"
+        and f"deployments/{deployment}" in str(r.url)
+        and isinstance(r.data, dict)
+        and "replicas" in r.data.get("spec", {})
+    ]
+
+
+async def test_scale_down_drains_idle_first_then_the_soonest_done_never_stops_a_job(
+    operator, api: Api, backend: FakeBackend
+) -> None:
+    """The HPA lowers spec.replicas 3 -> 1 while jobs are queued: the idle compactor and the busy
+    one whose job ends soonest are asked to drain at once; each goes once drained, never before."""
     kmock = operator
+    backend.figures["w"] = backends.QueueFigures(queued=30, running=2)
     backend.heartbeats["w"] = {
-        "w-a": CompactorView("w-a", "busy", "ECID-1"),
+        "w-a": CompactorView("w-a", "busy", "ECID-1", remaining_s=100.0),
         "w-b": CompactorView("w-b", "idle"),
-        "w-c": CompactorView("w-c", "busy", "ECID-2"),
+        "w-c": CompactorView("w-c", "busy", "ECID-2", remaining_s=5.0),
     }
     for name in ("w-a", "w-b", "w-c"):
         await api.create("v1/pods", pod(name, "w"))
@@ -309,33 +333,45 @@ async def test_scale_down_drains_idle_compactors_never_busy(operator, api: Api, 
     await api.patch(GROUPS_RES, "w", {"spec": {"replicas": 1}})
     await eventually(
         lambda: obj(kmock, DEPLOY, "kompaktor-w")["spec"]["replicas"] == 2,
-        what="one idle compactor drained and removed",
+        what="the idle compactor drained and removed",
     )
-    assert backend.drained == ["w-b"]
+    assert set(backend.drained) == {"w-b", "w-c"}, "the idle one and the busy one that ends soonest"
     annotations = obj(kmock, "v1/pods", "w-b")["metadata"]["annotations"]
     assert annotations[naming.POD_DELETION_COST] == naming.VICTIM_DELETION_COST
-    for busy in ("w-a", "w-c"):
+    for busy in ("w-a", "w-c"):  # still holding jobs: never the victim cost
         assert naming.POD_DELETION_COST not in (obj(kmock, "v1/pods", busy)["metadata"].get("annotations") or {})
+    await eventually(lambda: obj(kmock, GROUPS_RES, "w")["status"]["draining"] == ["w-c"], what="w-c waited for")
+    assert min(replica_patches(kmock, "kompaktor-w")) == 2
+    assert obj(kmock, GROUPS_RES, "w")["status"]["desiredReplicas"] == 1
 
-    status = await eventually(lambda: obj(kmock, GROUPS_RES, "w")["status"], what="status")
-    # the busy ones hold the rest: replicas never fall below the busy count
-    await eventually(lambda: obj(kmock, GROUPS_RES, "w")["status"]["replicas"] == 2, what="status.replicas")
-    replica_patches = [
-        r.data["spec"]["replicas"]
-        for r in list(kmock)
-        if r.method == "PATCH"
-        and "deployments/kompaktor-w" in str(r.url)
-        and isinstance(r.data, dict)
-        and "replicas" in r.data.get("spec", {})
-    ]
-    assert min(replica_patches) == 2, replica_patches
-    assert status["desiredReplicas"] == 1
-
-    # one busy compactor finishes: it is drained and goes too
-    backend.heartbeats["w"]["w-c"] = CompactorView("w-c", "idle")
+    # w-c finishes its job: drained, it goes too; w-a, busy for longer, is never asked
+    backend.heartbeats["w"]["w-c"] = CompactorView("w-c", "draining")
     await api.delete("v1/pods", "w-b")
     await eventually(lambda: obj(kmock, DEPLOY, "kompaktor-w")["spec"]["replicas"] == 1, what="scaled to 1")
     assert "w-a" not in backend.drained
+
+
+async def test_a_lowered_cap_is_obeyed_while_every_compactor_is_busy(operator, api: Api, backend: FakeBackend) -> None:
+    """maxReplicas 3 -> 1 with the queue never empty (issue 33 §2): the two compactors whose jobs
+    end soonest drain; the group reaches 1 as soon as they finish, not when the queue empties."""
+    kmock = operator
+    backend.figures["cap"] = backends.QueueFigures(queued=40, running=3)
+    backend.heartbeats["cap"] = {
+        f"cap-{i}": CompactorView(f"cap-{i}", "busy", f"ECID-{i}", remaining_s=left)
+        for i, left in enumerate((3.0, 60.0, 8.0))
+    }
+    for name in backend.heartbeats["cap"]:
+        await api.create("v1/pods", pod(name, "cap"))
+    await api.create(GROUPS_RES, group_body("cap", minReplicas=1, maxReplicas=3, replicas=3))
+    await eventually(lambda: obj(kmock, DEPLOY, "kompaktor-cap")["spec"]["replicas"] == 3, what="3 replicas")
+    await api.patch(GROUPS_RES, "cap", {"spec": {"maxReplicas": 1}})
+    await eventually(lambda: set(backend.drained) == {"cap-0", "cap-2"}, what="the two soonest done asked to drain")
+    assert obj(kmock, DEPLOY, "kompaktor-cap")["spec"]["replicas"] == 3  # both still hold a job
+    for name in ("cap-0", "cap-2"):  # their jobs end: drained (the queue is as full as before)
+        backend.heartbeats["cap"][name] = CompactorView(name, "draining")
+    await eventually(lambda: obj(kmock, DEPLOY, "kompaktor-cap")["spec"]["replicas"] == 1, what="scaled to 1")
+    assert "cap-1" not in backend.drained
+    assert min(replica_patches(kmock, "kompaktor-cap")) == 1
 
 
 async def test_degraded_when_work_is_queued_and_nothing_is_ready(operator, api: Api, backend: FakeBackend) -> None:

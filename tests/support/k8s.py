@@ -15,6 +15,8 @@ from __future__ import annotations
 import base64
 import json
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -95,3 +97,40 @@ def start_local(args: list[str], env: dict[str, str], log: Path) -> subprocess.P
     its own session, output to ``log``."""
     with open(log, "wb") as out:
         return subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+class JobWatch:
+    """Samples a group's compactors and queue every 0.1 s in a thread: how long each job (ECID)
+    ran, and the queue depths seen while ``window`` is open (issue 33's scale-down under load)."""
+
+    def __init__(self, store: Any, group: str) -> None:
+        self.store, self.group = store, group
+        self.jobs: dict[str, list[float]] = {}  # ecid -> [first seen, last seen]
+        self.window = False
+        self.queued_in_window: list[int] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        import redis
+
+        from kompaktor.model.errors import StoreUnavailable
+
+        while not self.stop.wait(0.1):
+            now = time.monotonic()
+            try:
+                for c in self.store.compactors(self.group):
+                    if c.ecid:
+                        self.jobs.setdefault(c.ecid, [now, now])[1] = now
+                if self.window:
+                    self.queued_in_window.append(self.store.queues.stats(self.group).queued)
+            except (StoreUnavailable, ConnectionError, redis.RedisError):
+                continue  # a sample missed (Redis through a Service); the next one is 0.1 s away
+
+    def longest_job_s(self) -> float:
+        return max(last - first for first, last in self.jobs.values()) + 0.2  # the sampling period
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(10)

@@ -12,8 +12,10 @@ def pods(*names: str, **flags: dict) -> list[PodView]:
     return [PodView(name=n, **flags.get(n, {})) for n in names]
 
 
-def beat(id_: str, state: str = "idle", ecid: str | None = None) -> tuple[str, CompactorView]:
-    return id_, CompactorView(id=id_, state=state, ecid=ecid)  # type: ignore[arg-type]
+def beat(
+    id_: str, state: str = "idle", ecid: str | None = None, remaining_s: float | None = None
+) -> tuple[str, CompactorView]:
+    return id_, CompactorView(id=id_, state=state, ecid=ecid, remaining_s=remaining_s)  # type: ignore[arg-type]
 
 
 def test_scale_up_sets_replicas_at_once() -> None:
@@ -35,10 +37,54 @@ def test_scale_down_drains_idle_first_and_waits() -> None:
     assert d.replicas == 2 and d.victims == ("b",) and not d.waiting
 
 
-def test_busy_pods_are_never_victims() -> None:
-    comps = dict([beat("a", "busy", "e1"), beat("b", "busy", "e2")])
-    d = decide_scale(2, 0, pods("a", "b"), comps)
-    assert d.replicas == 2 and d.victims == () and "busy" in d.reason
+def test_under_load_the_jobs_that_end_soonest_are_drained_then_removed() -> None:
+    """Every compactor busy (the queue never empty), the cap lowered 3 -> 1: the two whose jobs
+    end soonest are asked to drain at once, finish their jobs, and only then go."""
+    comps = dict([beat("a", "busy", "e1", 50.0), beat("b", "busy", "e2", 4.0), beat("c", "busy", "e3", 9.0)])
+    d = decide_scale(3, 1, pods("a", "b", "c"), comps)
+    assert d.victims == ("b", "c") and d.drain == ("b", "c") and d.mark == ("b", "c")
+    assert d.replicas == 3 and d.waiting == ("b", "c") and not d.lowest_cost, "no busy pod gets the cost"
+    # they acknowledged: still finishing their jobs, nothing more to ask; a's job got shorter
+    # meanwhile, yet the victims stay those asked first (no churn)
+    comps.update([beat("a", "busy", "e1", 1.0), beat("b", "draining", "e2", 2.0), beat("c", "draining", "e3", 7.0)])
+    marked = {"b": {"marked": True}, "c": {"marked": True}}
+    d = decide_scale(3, 1, pods("a", "b", "c", **marked), comps)
+    assert d.victims == ("b", "c") and not d.drain and d.replicas == 3 and d.waiting == ("b", "c")
+    # b finished its job: drained, it gets the lowest cost, then goes; c is still waited for
+    comps.update([beat("b", "draining")])
+    d = decide_scale(3, 1, pods("a", "b", "c", **marked), comps)
+    assert d.lowest_cost == ("b",) and d.replicas == 3
+    d = decide_scale(3, 1, pods("a", "b", "c", b={"marked": True, "lowest_cost": True}, c={"marked": True}), comps)
+    assert d.replicas == 2 and d.waiting == ("c",)
+
+
+def test_idle_compactors_go_before_busy_ones() -> None:
+    comps = dict([beat("a", "busy", "e1", 1.0), beat("b"), beat("c", "busy", "e2", 99.0)])
+    d = decide_scale(3, 1, pods("a", "b", "c"), comps)
+    assert d.victims == ("b", "a") and set(d.drain) == {"a", "b"}
+
+
+def test_a_job_without_an_estimate_ends_last() -> None:
+    comps = dict([beat("a", "busy", "e1"), beat("b", "busy", "e2", 600.0)])
+    d = decide_scale(2, 1, pods("a", "b"), comps)
+    assert d.victims == ("b",)
+
+
+def test_a_compactor_already_draining_goes_before_an_idle_one() -> None:
+    comps = dict([beat("a"), beat("b", "draining", "e1", 30.0)])
+    d = decide_scale(2, 1, pods("a", "b"), comps)
+    assert d.victims == ("b",) and d.drain == ("b",) and d.waiting == ("b",)
+
+
+def test_a_drained_pod_that_is_not_a_victim_is_replaced() -> None:
+    """Drained by hand (or asked before the target went back up): it would take no job until its
+    pod is gone, so the pod is deleted and the Deployment makes a fresh one."""
+    comps = dict([beat("a", "draining"), beat("b")])
+    d = decide_scale(2, 2, pods("a", "b"), comps)
+    assert d.delete == ("a",) and d.replicas == 2
+    comps = dict([beat("a", "draining"), beat("b", "draining"), beat("c")])
+    d = decide_scale(3, 2, pods("a", "b", "c", b={"marked": True}), comps)
+    assert d.victims == ("b",) and d.delete == ("a",)
 
 
 def test_draining_with_a_job_is_waited_for() -> None:
@@ -98,9 +144,9 @@ def test_never_removes_a_working_compactor(states: list[str], desired: int, mark
     assert not working & set(d.delete) and not working & set(d.lowest_cost)
     if d.replicas < current:
         assert not any(v.lowest_cost and v.name in working for v in views)
-    marked = {v.name for v in views if v.marked}
-    for name in working & set(d.victims):  # only a compactor asked earlier, finishing its job
-        assert name in marked and comps[name].state == "draining" and name in d.waiting
+    for name in working & set(d.victims):  # asked to drain (or draining already), waited for
+        assert name in d.waiting and (name in d.drain or comps[name].state == "draining")
+    assert len(d.victims) == min(len(views), max(0, current - desired))
     assert d.replicas >= desired
     if desired < current:
         removed = current - d.replicas

@@ -74,6 +74,14 @@ from kompaktor.policy.services import DEFAULT_DRAIN_GRACE_S, DEFAULT_ENGINE, DEF
     help="Digest of the group settings the pod was made for (set by the operator): without a "
     "configuration of the group in Redis the compactor does not start.",
 )
+@click.option(
+    "--stay-drained",
+    is_flag=True,
+    envvar="KOMPAKTOR_STAY_DRAINED",
+    help="Once drained, stay up and take no job until SIGTERM, and keep the drain mark in Redis "
+    "when exiting, so that a restarted process with the same --id takes no job either (what a "
+    "compactor pod runs: the kubelet restarts a container that exits before its pod is deleted).",
+)
 @click.option("--max-jobs", type=int, default=None, hidden=True)
 @history_options
 @redis_option
@@ -91,6 +99,7 @@ def compactor(
     http_host: str,
     drain_token_file: str | None,
     settings_digest: str | None,
+    stay_drained: bool,
     max_jobs: int | None,
     history_records: int,
     history_age: float,
@@ -141,7 +150,11 @@ def compactor(
         flags = sorted("--" + k.removesuffix("_s").replace("_", "-") for k in overrides)
         source += ", overridden by " + " ".join(flags)
     settings = dataclasses.replace(
-        settings, source=source, history_limits=HistoryLimits(history_records, history_age), **overrides
+        settings,
+        source=source,
+        history_limits=HistoryLimits(history_records, history_age),
+        stay_drained=stay_drained,
+        **overrides,
     )
     from kompaktor.worker.http import TOKEN_ENV, token_source
 

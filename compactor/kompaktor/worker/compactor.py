@@ -1,10 +1,16 @@
 """The compactor: one compaction at a time, forever — reserve, merge, commit, repeat.
 
-While a merge runs, the main thread heartbeats progress, checks that the job is still wanted
-(table ONLINE, tablet and ECID still there, USER compaction not cancelled) and watches for a
-drain request (SIGTERM, ``POST /drain`` from the preStop hook, or a drain flag in Redis). A draining compactor takes
-no new job; it finishes the current one if it can complete within the grace period, otherwise it
-cancels the merge and releases the job at once, and exits 0.
+While a merge runs, the main thread heartbeats progress (with an estimate of the seconds left,
+which the operator's scale-down reads), checks that the job is still wanted (table ONLINE, tablet
+and ECID still there, USER compaction not cancelled) and watches for a drain request (SIGTERM,
+``POST /drain`` from the preStop hook, or a drain flag in Redis). A draining compactor takes no
+new job. Asked by SIGTERM or HTTP (its pod is being deleted), it finishes the current job if it
+can complete within the grace period, otherwise it cancels the merge and releases the job at
+once; asked by the flag in Redis (the operator's scale-down: nothing stops the pod before it is
+drained), it finishes the job however long it takes. Then it exits 0 — or, with
+``stay_drained`` (a compactor pod), it stays up and takes no job until SIGTERM, and its drain
+mark in Redis outlives the process: a container the kubelet restarts in a draining pod takes no
+job either.
 """
 
 from __future__ import annotations
@@ -80,6 +86,10 @@ class WorkerSettings:
     source: str = "the caller"
     #: how much of the group's compaction history to keep (each finished job adds a record)
     history_limits: history.HistoryLimits = field(default_factory=history.HistoryLimits)
+    #: a compactor pod: once drained it stays up, inert, until SIGTERM (its pod deleted), and
+    #: its drain mark in Redis (keyed by the pod's name) is kept when it exits, so a restarted
+    #: container of a draining pod takes no job; False: drained, it exits 0 and clears the mark
+    stay_drained: bool = False
 
     @classmethod
     def for_group(cls, cfg: GroupConfig, compactor_id: str, **kw: Any) -> WorkerSettings:
@@ -150,6 +160,8 @@ class Compactor:
             series.labels(settings.group)  # every series exists (at 0) from the start, for rate() and alerts
         self._engine = engine
         self.drain = threading.Event()
+        #: SIGTERM: leave once drained, even with ``stay_drained``
+        self.leave = threading.Event()
         #: set when there may be work (a wake-up token taken) or a drain was asked for
         self._wake = threading.Event()
         self.drain_deadline: float | None = None
@@ -176,15 +188,19 @@ class Compactor:
         return self._engine
 
     # -- drain -------------------------------------------------------------------------------------
-    def request_drain(self, why: str = "requested") -> None:
+    def request_drain(self, why: str = "requested", finish: bool = False) -> None:
+        """Take no new job. ``finish``: finish the current one however long it takes (the
+        operator's scale-down); else within the grace period (the pod is being deleted)."""
         if not self.drain.is_set():
             log.info("compactor %s draining (%s)", self.s.compactor_id, why)
-            self.drain_deadline = time.monotonic() + self.s.drain_grace_s
             self.drain.set()
             self._wake.set()
+        if not finish and self.drain_deadline is None:
+            self.drain_deadline = time.monotonic() + self.s.drain_grace_s
 
     def install_signal_handlers(self) -> None:
         def on_term(signum: int, _frame: Any) -> None:
+            self.leave.set()
             self.request_drain(signal.Signals(signum).name)
 
         signal.signal(signal.SIGTERM, on_term)
@@ -195,8 +211,24 @@ class Compactor:
         ecid = self.current.ecid if self.current else None
         try:
             self.store.register_compactor(self.s.group, self.s.compactor_id, state, ecid)
+            if state == DRAINING and self.s.stay_drained:
+                self.store.request_drain(self.s.compactor_id)  # the mark outlives this process
         except StoreUnavailable as exc:
             log.warning("cannot publish state: %s", exc)
+
+    def _drain_flag(self) -> bool:
+        """Whether Redis holds a drain request (or mark) for this compactor; drains if so."""
+        if self.store.drain_requested(self.s.compactor_id):
+            self.request_drain("drain flag in Redis", finish=True)
+        return self.drain.is_set()
+
+    def _stay_drained(self) -> None:
+        """Drained, in a pod: stay up and take no job until SIGTERM, still saying ``draining``
+        (the operator then removes the pod). Exiting instead would let the kubelet restart the
+        container before the pod is deleted."""
+        log.info("compactor %s drained: it takes no job until its pod is deleted", self.s.compactor_id)
+        while not self.leave.wait(self.s.idle_wake_poll_s):
+            self._publish(DRAINING)
 
     # -- main loop -----------------------------------------------------------------------------------
     def _idle_wait(self, wait: float) -> None:
@@ -236,14 +268,17 @@ class Compactor:
             self.s.describe(),
             self.s.source,
         )
-        self._publish(IDLE)
+        try:
+            self._drain_flag()  # a restarted container of a draining pod: drained from the start
+        except StoreUnavailable as exc:  # checked again before every job
+            log.warning("metadata store unavailable: %s", exc)
+        self._publish(DRAINING if self.drain.is_set() else IDLE)
         self.ready = True
         idle = self.s.idle_min_s
         try:
             while not self.drain.is_set():
                 try:
-                    if self.store.drain_requested(self.s.compactor_id):
-                        self.request_drain("drain flag in Redis")
+                    if self._drain_flag():
                         break
                     outcome = self.run_one()
                 except StoreUnavailable as exc:
@@ -262,10 +297,14 @@ class Compactor:
                 idle = self.s.idle_min_s
                 if self.s.max_jobs is not None and self.jobs_done >= self.s.max_jobs:
                     break
+            if self.drain.is_set() and self.s.stay_drained:
+                self._publish(DRAINING)
+                self._stay_drained()
         finally:
             self.ready = False
+            keep = self.drain.is_set() and self.s.stay_drained
             try:
-                self.store.unregister_compactor(self.s.group, self.s.compactor_id)
+                self.store.unregister_compactor(self.s.group, self.s.compactor_id, keep_drain_mark=keep)
             except StoreUnavailable:
                 pass
         return 0
@@ -380,11 +419,12 @@ class Compactor:
             if now >= next_check:
                 next_check = now + self.s.heartbeat_s
                 try:
-                    compactions.heartbeat(self.store, res, progress)
+                    left = self._remaining_s(input_bytes, progress)
+                    compactions.heartbeat(self.store, res, {**progress, "remaining_s": f"{left:.1f}"})
                     self._publish(DRAINING if self.drain.is_set() else BUSY)
                     why = self._still_wanted(res)
-                    if not self.drain.is_set() and self.store.drain_requested(self.s.compactor_id):
-                        self.request_drain("drain flag in Redis")
+                    if not self.drain.is_set():
+                        self._drain_flag()
                 except StoreUnavailable as exc:  # keep merging; the commit is conditional anyway
                     log.warning("heartbeat failed: %s", exc)
                     why = None
@@ -392,7 +432,7 @@ class Compactor:
                     cancel_reason.append(why)
                     cancel.set()
             if self.drain.is_set() and not cancel.is_set() and self.drain_deadline is not None:
-                remaining = max(0.0, input_bytes - float(progress.get("bytes_read", 0))) / self.throughput
+                remaining = self._remaining_s(input_bytes, progress)
                 if now + remaining > self.drain_deadline or now >= self.drain_deadline:
                     cancel_reason.append("draining: cannot finish within the grace period")
                     cancel.set()
@@ -467,6 +507,10 @@ class Compactor:
         if elapsed > 0 and input_bytes > 0:
             self.throughput = 0.7 * self.throughput + 0.3 * (input_bytes / elapsed)
         return JobOutcome("committed", "", res.ecid, recorded=history.COMMITTED, figures=figures)
+
+    def _remaining_s(self, input_bytes: int, progress: dict[str, Any]) -> float:
+        """Seconds the merge still needs: the input not read yet at the measured throughput."""
+        return max(0.0, input_bytes - float(progress.get("bytes_read", 0))) / self.throughput
 
     def _discard_progress(self, rlog: resume_records.RedisResumeLog | None, box: dict[str, Any]) -> None:
         """The job will not run again as it was: forget its progress, delete its parts."""

@@ -52,9 +52,12 @@ class FleetStore(BookkeepingStore, TableStore):
         doc = json.dumps({"state": state, "ecid": ecid, "last_seen": time.time()})
         self.call(self._r.hset, C.compactors_key(group), compactor_id, doc)
 
-    def unregister_compactor(self, group: str, compactor_id: str) -> None:
+    def unregister_compactor(self, group: str, compactor_id: str, keep_drain_mark: bool = False) -> None:
+        """Forget a compactor that ends; its drain request too, unless ``keep_drain_mark`` (a
+        drained compactor pod: a restarted container must find it, until it expires)."""
         self.call(self._r.hdel, C.compactors_key(group), compactor_id)
-        self.call(self._r.delete, C.drain_key(compactor_id))
+        if not keep_drain_mark:
+            self.call(self._r.delete, C.drain_key(compactor_id))
 
     def compactors(self, group: str) -> list[CompactorInfo]:
         out = []
@@ -64,6 +67,8 @@ class FleetStore(BookkeepingStore, TableStore):
         return out
 
     def request_drain(self, compactor_id: str) -> None:
+        """Ask compactor ``compactor_id`` to drain: it takes no new job (an hour; a drained
+        compactor pod renews it while it lives)."""
         self.call(self._r.set, C.drain_key(compactor_id), "1", ex=3600)
 
     def drain_requested(self, compactor_id: str) -> bool:
