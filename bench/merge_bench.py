@@ -264,11 +264,16 @@ def io_floor(storage: Storage, inputs: list[str], out: str) -> int:
 
 
 def pyarrow_sort(storage: Storage, inputs: list[str], out: str) -> int:
-    """pyarrow alone: read all, concat, sort, newest-version + delete suppression, write."""
-    from kompaktor.files.arrowstack import merge_tables
+    """pyarrow alone: read all, concat, sort, newest-version + delete suppression, write. Its own
+    sort on every shape (not the engine's merge, which skips the sort where inputs do not overlap)."""
+    from kompaktor.files.arrowstack import MERGE_SORT_KEYS, SOURCE, apply_stack_table
 
     tables = [pq.read_table(storage.path(p)) for p in inputs]
-    merged = merge_tables(tables)
+    table = pa.concat_tables(
+        t.append_column(SOURCE, pa.array(np.full(t.num_rows, i, dtype=np.int32))) for i, t in enumerate(tables)
+    ).combine_chunks()
+    table = table.take(pc.sort_indices(table, sort_keys=MERGE_SORT_KEYS))
+    merged = apply_stack_table(table).drop_columns([SOURCE])
     pq.write_table(merged, storage.path(out), compression="zstd", row_group_size=128 * 1024)
     return merged.num_rows
 
