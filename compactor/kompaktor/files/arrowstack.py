@@ -183,7 +183,9 @@ def merge_tables_once(tables_oldest_first: Sequence[pa.Table], settings: Iterato
     order = disjoint_order(tables_oldest_first)
     if order is not None:  # already in merged order once concatenated: the stack alone
         table = pa.concat_tables([tables_oldest_first[i].select(COLUMNS) for i in order] or [SCHEMA.empty_table()])
-        return apply_stack_table(table.combine_chunks(), settings)
+        keep = keep_mask(table, settings)
+        # every entry kept (no versions, no markers): one copy of the range, not two
+        return (table if keep.all() else table.filter(pa.array(keep))).combine_chunks()
     parts = []
     for i, t in enumerate(tables_oldest_first):
         t = t.select(COLUMNS)
