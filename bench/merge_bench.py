@@ -169,9 +169,9 @@ def generate(
         n = per if f < files - 1 else entries - per * (files - 1)
         if shape.disjoint:
             ids, deleted = universe[f * per : f * per + n], np.zeros(n, dtype=bool)
-        elif shape.versions > 1:  # every key in many files: draws with replacement from few keys
-            ids = np.unique(rng.choice(universe, size=n, replace=True))
-            deleted = np.zeros(len(ids), dtype=bool)
+        elif shape.versions > 1:  # every key in many files (and twice in some): draws from few keys
+            ids = rng.choice(universe, size=n, replace=True)
+            deleted = np.zeros(n, dtype=bool)
         else:
             n_over = int(n * shape.overwrite) if f else 0
             n_del = int(n * shape.deletes) if f else 0
@@ -183,7 +183,10 @@ def generate(
             ids = np.concatenate([new, picks])
             deleted = np.zeros(len(ids), dtype=bool)
             deleted[n_new + n_over :] = True
-        ts = (f + 1) * 10_000_000 + rng.integers(0, 1_000_000, size=len(ids))
+        if shape.versions > 1:  # distinct in a file: a key drawn twice is two versions, no tie
+            ts = (f + 1) * 10_000_000 + rng.permutation(len(ids))
+        else:
+            ts = (f + 1) * 10_000_000 + rng.integers(0, 1_000_000, size=len(ids))
         path = f"bench/{shape.name}/F{f:06d}.parquet"
         storage.ensure_dir(f"bench/{shape.name}")
         table = make_table(ids, ts, deleted, rng, shape.value_bytes, shape.row_bytes, shape.quals)
