@@ -188,6 +188,14 @@ def test_spark_engine_conforms(spark_engine, storage, srcs, cfg, tablet, rg_size
 
 
 @pytest.mark.spark
+@settings(max_examples=15, **common)
+@given(srcs=split_sources(), cfg=iterator_settings, tablet=tablet_ranges, rg_sizes=row_group_sizes)
+def test_spark_engine_conforms_on_inputs_that_do_not_overlap(spark_engine, storage, srcs, cfg, tablet, rg_sizes):
+    """The Spark engine's tasks merge with ``merge_tables``: the same path without a sort."""
+    check_engine(spark_engine, storage, srcs, cfg, tablet, rg_sizes)
+
+
+@pytest.mark.spark
 def test_spark_engine_many_versions_across_many_ranges(spark_engine, storage):
     """Deterministic: 6 files, every row with many versions and deletes, cut into many tasks."""
     srcs = []
