@@ -417,12 +417,12 @@ def main(argv: list[str] | None = None) -> int:
     from kompaktor.model.iterators import IteratorSettings
 
     console = Console(width=max(150, Console().width))
+    shapes = parse_shapes(args.shapes)  # before anything is made: a typo changes nothing
     scratch = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="kompaktor-bench-"))
     storage = Storage.from_uri(str(scratch / "files"))
     storage.ensure_dir("out")
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
-    shapes = parse_shapes(args.shapes)
     rows: list[dict] = []
     settings = IteratorSettings(max_versions=1, full=True)
     spark_engine = None
