@@ -1,9 +1,13 @@
 """Merge benchmark (issues 5 §5, 17 §1): one full-compaction merge of 8 sorted input files,
 for each input row-group layout.
 
-``python -m bench.merge_bench [--entries N] [--files 8] [--repeat 3] [--layouts small,one,128mb]``
-generates the inputs (16-byte rows, 64-byte values; 10% of entries overwrite an older file's
-key, 2% are delete markers; random binary rows, so bytes >= 0x80 occur), writes them in each
+``python -m bench.merge_bench [--entries N] [--files 8] [--repeat 3] [--layouts small,one,128mb]
+[--shapes base,...|all]`` generates the inputs of each key shape (:data:`SHAPES`, issue 37 §1;
+``base``, the default: 16-byte rows, 64-byte values; 10% of entries overwrite an older file's
+key, 2% are delete markers; random binary rows, so bytes >= 0x80 occur; the others vary the row
+length (4 B, 200 B), the qualifiers per row (1, 64), the value (empty, 4 KiB on 1/32 of the
+entries), the duplication across files (60%), the versions per key (~16), the deletes (40%), and
+``disjoint``: files whose key ranges do not overlap at all), writes them in each
 layout — ``small`` (64K-row row groups), ``one`` (one row group per file), ``128mb`` (128 MB
 row groups, the Spark/Hive default) — and times on the same files in the same run:
 
@@ -16,7 +20,8 @@ row groups, the Spark/Hive default) — and times on the same files in the same 
   merge (read all, sort, vectorized stack, write),
 - the I/O floor (read the inputs and write one file, no sort).
 
-Every engine's output is checked to have the same entries as the Arrow engine's. For each
+Every engine's output is checked to have the same entries as the Arrow engine's, on every shape
+and layout. For each
 engine it prints the median time, its speed relative to the best peer and to the I/O floor
 (``best peer s / engine s``: above 1 is faster) and peak RSS (this process: the compactor /
 Spark driver; Spark's JVM and Python workers apart), then a summary across layouts, and writes
@@ -35,6 +40,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -69,6 +75,47 @@ def _row_keys(values: np.ndarray, width: int) -> pa.Array:
     return fsb.cast(pa.binary())
 
 
+@dataclass(frozen=True)
+class Shape:
+    """A key shape (issue 37 §1): how the inputs' keys, values and overlaps look."""
+
+    name: str
+    row_bytes: int = 16
+    #: column qualifiers per row (x 2 families: entries per row = 2 x quals)
+    quals: int = 2
+    value_bytes: int = 64
+    #: fraction of each later file's entries that overwrite an older file's key
+    overwrite: float = 0.10
+    #: fraction of each later file's entries that are delete markers of older keys
+    deletes: float = 0.02
+    #: keys drawn from entries / versions distinct keys: each key has ~versions versions
+    versions: int = 1
+    #: each file holds its own contiguous key range (no overlaps, no overwrites)
+    disjoint: bool = False
+    #: the shape runs on entries // entries_div (large values: the same order of bytes)
+    entries_div: int = 1
+
+
+#: the key shapes (issue 37 §1); ``base`` is the bench's original shape
+SHAPES: dict[str, Shape] = {
+    s.name: s
+    for s in (
+        Shape("base"),
+        Shape("row4", row_bytes=4),
+        Shape("row200", row_bytes=200),
+        Shape("fewcq", quals=1),
+        Shape("manycq", quals=64),
+        Shape("value0", value_bytes=0),
+        Shape("value4k", value_bytes=4096, entries_div=32),
+        Shape("dups", overwrite=0.6),
+        Shape("versions", versions=16, overwrite=0.0, deletes=0.0),
+        Shape("deletes", deletes=0.4),
+        Shape("disjoint", overwrite=0.0, deletes=0.0, disjoint=True),
+    )
+}
+DEFAULT_SHAPES = ("base",)
+
+
 def make_table(
     ids: np.ndarray,
     ts: np.ndarray,
@@ -76,44 +123,74 @@ def make_table(
     rng: np.random.Generator,
     value_bytes: int = 40,
     row_bytes: int = 8,
+    quals: int = 2,
 ) -> pa.Table:
-    """Entries for column-key ids: row = id // 4 (``row_bytes``), cf = 2 families, cq = 2 qualifiers."""
+    """Entries for column-key ids: row = id // (2 x ``quals``) (``row_bytes``), cf = 2 families,
+    cq = ``quals`` qualifiers."""
     n = len(ids)
-    row = _row_keys(ids // 4, row_bytes)
-    fam = pa.array(np.where((ids % 4) < 2, b"f0", b"f1"), pa.binary())
-    qual = pa.array(np.where((ids % 2) == 0, b"q0", b"q1"), pa.binary())
+    per_row = 2 * quals
+    row = _row_keys(ids // per_row, row_bytes)
+    fam = pa.array(np.where((ids % per_row) < quals, b"f0", b"f1"), pa.binary())
+    qnames = np.array([b"q%d" % q for q in range(quals)], dtype=object)
+    qual = pa.array(qnames[(ids % quals).astype(np.int64)], pa.binary())
     vis = pa.array(np.where((ids % 3) == 0, b"", b"A&B"), pa.binary())
     vals = rng.integers(0, 256, size=n * value_bytes, dtype=np.uint8).tobytes()
-    value = pa.FixedSizeBinaryArray.from_buffers(pa.binary(value_bytes), n, [None, pa.py_buffer(vals)])
-    value = pc.if_else(pa.array(deleted), pa.scalar(b"", pa.binary()), value.cast(pa.binary()))
+    if value_bytes:
+        value = pa.FixedSizeBinaryArray.from_buffers(pa.binary(value_bytes), n, [None, pa.py_buffer(vals)])
+        value = value.cast(pa.binary())
+    else:
+        value = pa.array(np.full(n, b"", dtype=object), pa.binary())
+    value = pc.if_else(pa.array(deleted), pa.scalar(b"", pa.binary()), value)
     t = pa.Table.from_arrays([row, fam, qual, vis, pa.array(ts, pa.int64()), pa.array(deleted), value], schema=SCHEMA)
     return t.sort_by(ARROW_SORT_KEYS)
 
 
 def generate(
-    storage: Storage, entries: int, files: int = 8, seed: int = 7, *, row_bytes: int = 8, value_bytes: int = 40
+    storage: Storage,
+    entries: int,
+    files: int = 8,
+    seed: int = 7,
+    *,
+    row_bytes: int = 8,
+    value_bytes: int = 40,
+    shape: Shape | None = None,
 ) -> list[str]:
     """Write ``files`` sorted inputs holding ``entries`` in total; return their paths, oldest first."""
+    shape = shape or Shape("custom", row_bytes=row_bytes, value_bytes=value_bytes)
     rng = np.random.default_rng(seed)
     per = entries // files
     next_id = 0
-    universe = rng.permutation(np.arange(entries * 2, dtype=np.uint64)) * np.uint64(2654435761) % np.uint64(2**61)
+    n_keys = max(1, entries // shape.versions) if shape.versions > 1 else entries * 2
+    universe = rng.permutation(np.arange(n_keys, dtype=np.uint64)) * np.uint64(2654435761) % np.uint64(2**61)
+    if shape.disjoint:
+        universe = np.sort(universe[:entries])
     paths: list[str] = []
     for f in range(files):
         n = per if f < files - 1 else entries - per * (files - 1)
-        n_over = n // 10 if f else 0
-        n_del = n // 50 if f else 0
-        n_new = n - n_over - n_del
-        new = universe[next_id : next_id + n_new]
-        next_id += n_new
-        old = universe[: next_id - n_new] if f else new
-        picks = rng.choice(old, size=n_over + n_del, replace=True) if f else np.array([], np.uint64)
-        ids = np.concatenate([new, picks])
-        deleted = np.zeros(len(ids), dtype=bool)
-        deleted[n_new + n_over :] = True
-        ts = (f + 1) * 10_000_000 + rng.integers(0, 1_000_000, size=len(ids))
-        path = f"bench/F{f:06d}.parquet"
-        write_sorted(storage, path, make_table(ids, ts, deleted, rng, value_bytes, row_bytes))
+        if shape.disjoint:
+            ids, deleted = universe[f * per : f * per + n], np.zeros(n, dtype=bool)
+        elif shape.versions > 1:  # every key in many files (and twice in some): draws from few keys
+            ids = rng.choice(universe, size=n, replace=True)
+            deleted = np.zeros(n, dtype=bool)
+        else:
+            n_over = int(n * shape.overwrite) if f else 0
+            n_del = int(n * shape.deletes) if f else 0
+            n_new = n - n_over - n_del
+            new = universe[next_id : next_id + n_new]
+            next_id += n_new
+            old = universe[: next_id - n_new] if f else new
+            picks = rng.choice(old, size=n_over + n_del, replace=True) if f else np.array([], np.uint64)
+            ids = np.concatenate([new, picks])
+            deleted = np.zeros(len(ids), dtype=bool)
+            deleted[n_new + n_over :] = True
+        if shape.versions > 1:  # distinct in a file: a key drawn twice is two versions, no tie
+            ts = (f + 1) * 10_000_000 + rng.permutation(len(ids))
+        else:
+            ts = (f + 1) * 10_000_000 + rng.integers(0, 1_000_000, size=len(ids))
+        path = f"bench/{shape.name}/F{f:06d}.parquet"
+        storage.ensure_dir(f"bench/{shape.name}")
+        table = make_table(ids, ts, deleted, rng, shape.value_bytes, shape.row_bytes, shape.quals)
+        write_sorted(storage, path, table)
         paths.append(path)
     return paths
 
@@ -129,7 +206,7 @@ def relayout(storage: Storage, inputs: list[str], layout: str) -> list[str]:
     default: ~1.2M entries of 110 bytes)."""
     out = []
     for p in inputs:
-        dst = f"{layout}/{p.rsplit('/', 1)[-1]}"
+        dst = f"{layout}/{p.rsplit('/', 2)[-2]}-{p.rsplit('/', 1)[-1]}"
         t = pq.read_table(storage.path(p))
         if layout == "small":
             rows = SMALL_ROW_GROUP
@@ -190,11 +267,16 @@ def io_floor(storage: Storage, inputs: list[str], out: str) -> int:
 
 
 def pyarrow_sort(storage: Storage, inputs: list[str], out: str) -> int:
-    """pyarrow alone: read all, concat, sort, newest-version + delete suppression, write."""
-    from kompaktor.files.arrowstack import merge_tables
+    """pyarrow alone: read all, concat, sort, newest-version + delete suppression, write. Its own
+    sort on every shape (not the engine's merge, which skips the sort where inputs do not overlap)."""
+    from kompaktor.files.arrowstack import MERGE_SORT_KEYS, SOURCE, apply_stack_table
 
     tables = [pq.read_table(storage.path(p)) for p in inputs]
-    merged = merge_tables(tables)
+    table = pa.concat_tables(
+        t.append_column(SOURCE, pa.array(np.full(t.num_rows, i, dtype=np.int32))) for i, t in enumerate(tables)
+    ).combine_chunks()
+    table = table.take(pc.sort_indices(table, sort_keys=MERGE_SORT_KEYS))
+    merged = apply_stack_table(table).drop_columns([SOURCE])
     pq.write_table(merged, storage.path(out), compression="zstd", row_group_size=128 * 1024)
     return merged.num_rows
 
@@ -311,8 +393,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--files", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=3, help="timed runs per engine (median reported)")
     ap.add_argument("--layouts", default=",".join(LAYOUTS), help=f"input layouts, of {', '.join(LAYOUTS)}")
-    ap.add_argument("--row-bytes", type=int, default=16)
-    ap.add_argument("--value-bytes", type=int, default=64)
+    ap.add_argument(
+        "--shapes",
+        default=",".join(DEFAULT_SHAPES),
+        help=f"key shapes, of {', '.join(SHAPES)}, or all (default: base, the original shape)",
+    )
     ap.add_argument("--spark-master", default=DEFAULT_SPARK_MASTER)
     ap.add_argument(
         "--engines",
@@ -332,6 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     from kompaktor.model.iterators import IteratorSettings
 
     console = Console(width=max(150, Console().width))
+    shapes = parse_shapes(args.shapes)  # before anything is made: a typo changes nothing
     scratch = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="kompaktor-bench-"))
     storage = Storage.from_uri(str(scratch / "files"))
     storage.ensure_dir("out")
@@ -341,13 +427,6 @@ def main(argv: list[str] | None = None) -> int:
     settings = IteratorSettings(max_versions=1, full=True)
     spark_engine = None
     try:
-        t0 = time.perf_counter()
-        generated = generate(storage, args.entries, args.files, row_bytes=args.row_bytes, value_bytes=args.value_bytes)
-        console.print(
-            f"generated {args.entries:,} entries in {args.files} files "
-            f"({sum(storage.size(p) for p in generated) / 1e6:.1f} MB; {args.row_bytes}-byte rows, "
-            f"{args.value_bytes}-byte values) in {time.perf_counter() - t0:.1f}s"
-        )
         if "spark" in engines:
             from kompaktor.engines import session as ksp
 
@@ -358,6 +437,7 @@ def main(argv: list[str] | None = None) -> int:
             startup = time.perf_counter() - t0
             rows.append(
                 {
+                    "shape": "",
                     "layout": "",
                     "engine": "Spark session + worker start-up",
                     "median_s": startup,
@@ -372,17 +452,31 @@ def main(argv: list[str] | None = None) -> int:
                 }
             )
             console.print(f"Spark session + worker warm-up: {startup:.2f}s")
-        for layout in layouts:
-            inputs = relayout(storage, generated, layout)
-            md = pq.ParquetFile(storage.path(inputs[0])).metadata
+        for shape in shapes:
+            entries = max(args.files, args.entries // shape.entries_div)
+            t0 = time.perf_counter()
+            generated = generate(storage, entries, args.files, shape=shape)
             console.print(
-                f"\n[bold]layout {layout}[/bold]: {md.num_row_groups} row group(s) of "
-                f"{md.row_group(0).num_rows:,} rows in the first file"
+                f"\n[bold]shape {shape.name}[/bold]: {entries:,} entries in {args.files} files "
+                f"({sum(storage.size(p) for p in generated) / 1e6:.1f} MB; {shape}) "
+                f"in {time.perf_counter() - t0:.1f}s"
             )
-            rows.extend(
-                run_layout(console, storage, inputs, layout, engines, args, settings, spark_engine, MergeRequest)
-            )
-        print_tables(console, rows, layouts, args, Table)
+            for layout in layouts:
+                inputs = relayout(storage, generated, layout)
+                md = pq.ParquetFile(storage.path(inputs[0])).metadata
+                console.print(
+                    f"[bold]{shape.name} x layout {layout}[/bold]: {md.num_row_groups} row group(s) of "
+                    f"{md.row_group(0).num_rows:,} rows in the first file"
+                )
+                got = run_layout(
+                    console, storage, inputs, layout, engines, args, settings, spark_engine, MergeRequest, entries
+                )
+                rows.extend({"shape": shape.name, **r} for r in got)
+                for p in inputs:
+                    storage.delete(p)
+            for p in generated:
+                storage.delete(p)
+        print_tables(console, rows, [(s.name, x) for s in shapes for x in layouts], args, Table)
         csv_path = Path(args.csv)
         csv_path.parent.mkdir(parents=True, exist_ok=True)
         with open(csv_path, "w", newline="") as f:
@@ -394,6 +488,15 @@ def main(argv: list[str] | None = None) -> int:
         if not args.dir:
             shutil.rmtree(scratch, ignore_errors=True)
     return 0
+
+
+def parse_shapes(text: str) -> list[Shape]:
+    """The shapes a ``--shapes`` value names (``all``: every one); a clear error for a typo."""
+    names = list(SHAPES) if text.strip() == "all" else [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [n for n in names if n not in SHAPES]
+    if unknown:
+        raise SystemExit(f"bench.merge_bench: unknown shape(s) {', '.join(unknown)}; known: {', '.join(SHAPES)}, all")
+    return [SHAPES[n] for n in names]
 
 
 PEERS = ("Polars", "DuckDB", "pyarrow sort")
@@ -410,10 +513,12 @@ def run_layout(
     settings,
     spark_engine,
     request_cls,
+    entries: int | None = None,
 ) -> list[dict]:
     """Every engine on one layout's inputs; rows with their ratios to the best peer and floor."""
     rows: list[dict] = []
     outputs: dict[str, str] = {}
+    entries = entries or args.entries
     input_bytes = sum(storage.size(p) for p in inputs)
 
     def record(name: str, times: list[float], n_out: int, base_mb: float, note: str = "") -> None:
@@ -427,9 +532,9 @@ def run_layout(
                 "min_s": min(times),
                 "runs": len(times),
                 "cpu_s": LAST_CPU[0],
-                "entries_in": args.entries,
+                "entries_in": entries,
                 "entries_out": n_out,
-                "entries_per_s": args.entries / med,
+                "entries_per_s": entries / med,
                 "mb_per_s": input_bytes / 1e6 / med,
                 "peak_rss_mb": peak,
                 "peak_rss_growth_mb": max(0.0, peak - base_mb),
@@ -439,7 +544,7 @@ def run_layout(
         )
         console.print(
             f"  {name}: median {med:.2f}s, min {min(times):.2f}s over {len(times)} runs "
-            f"({args.entries / med / 1e6:.2f} M entries/s), {LAST_CPU[0]:.2f} CPU s per run, "
+            f"({entries / med / 1e6:.2f} M entries/s), {LAST_CPU[0]:.2f} CPU s per run, "
             f"peak RSS {peak:.0f} MB"
         )
 
@@ -624,15 +729,19 @@ def current_rss_mb() -> float:
     return 0.0
 
 
-def print_tables(console, rows: list[dict], layouts: list[str], args, table_cls) -> None:
+def print_tables(console, rows: list[dict], cases: list[tuple[str, str]], args, table_cls) -> None:
+    """Every row, then one summary line per (shape, layout) with the ratios beside the aims."""
+
     def f2(v) -> str:
         return f"{v:.2f}" if isinstance(v, float) else ""
 
     table = table_cls(
-        title=f"merge of {args.files} sorted files, {args.entries:,} entries, {os.cpu_count()} cores; "
+        title=f"merge of {args.files} sorted files, {args.entries:,} entries (value4k: 1/32), "
+        f"{os.cpu_count()} cores; "
         "speed = best peer s / engine s (> 1: faster)"
     )
     for col in (
+        "shape",
         "layout",
         "engine",
         "median s",
@@ -645,9 +754,10 @@ def print_tables(console, rows: list[dict], layouts: list[str], args, table_cls)
         "RSS growth MB",
         "JVM+workers MB",
     ):
-        table.add_column(col, justify="left" if col in ("layout", "engine") else "right")
+        table.add_column(col, justify="left" if col in ("shape", "layout", "engine") else "right")
     for r in rows:
         table.add_row(
+            r.get("shape", ""),
             r["layout"],
             r["engine"][:28],
             f"{r['median_s']:.2f}",
@@ -663,12 +773,12 @@ def print_tables(console, rows: list[dict], layouts: list[str], args, table_cls)
             f"{r['children_peak_rss_mb']:.0f}" if r["children_peak_rss_mb"] else "",
         )
     console.print(table)
-    small = {r["engine"]: r["median_s"] for r in rows if r["layout"] == "small"}
     summary = table_cls(
-        title="per layout: aims Arrow >= 1.2x best peer, Spark (warm) >= 1.0x best peer; "
-        "a layout's time vs the small-row-group layout (aim <= 1.2x)"
+        title="per shape x layout: aims Arrow >= 1.2x best peer (>= 0.9x the I/O floor on disjoint), "
+        "Spark (warm) >= 1.0x best peer; a layout's time vs the small-row-group layout (aim <= 1.2x)"
     )
     for col in (
+        "shape",
         "layout",
         "best peer",
         "floor s",
@@ -681,13 +791,14 @@ def print_tables(console, rows: list[dict], layouts: list[str], args, table_cls)
         "Spark vs floor",
         "Spark vs small layout",
     ):
-        summary.add_column(col, justify="left" if col in ("layout", "best peer") else "right")
-    for layout in layouts:
-        by = {r["engine"]: r for r in rows if r["layout"] == layout}
+        summary.add_column(col, justify="left" if col in ("shape", "layout", "best peer") else "right")
+    for shape, layout in cases:
+        small = {r["engine"]: r["median_s"] for r in rows if r["layout"] == "small" and r.get("shape") == shape}
+        by = {r["engine"]: r for r in rows if r["layout"] == layout and r.get("shape") == shape}
         a, sp, fl = by.get("Arrow engine"), by.get("Spark engine (warm)"), by.get(FLOOR)
         peer = next(iter(by.values()))["best_peer"] if by else ""
 
-        def cells(r, name: str) -> list[str]:
+        def cells(r, name: str, small: dict = small) -> list[str]:
             if r is None:
                 return ["", "", "", ""]
             rel = r["median_s"] / small[name] if name in small else None
@@ -695,6 +806,7 @@ def print_tables(console, rows: list[dict], layouts: list[str], args, table_cls)
             return [f"{r['median_s']:.2f}", vs_peer, f2(r["speed_vs_floor"]), f2(rel)]
 
         summary.add_row(
+            shape,
             layout,
             f"{peer} {by[peer]['median_s']:.2f}s" if peer in by else "",
             f"{fl['median_s']:.2f}" if fl else "",

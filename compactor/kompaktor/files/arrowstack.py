@@ -16,6 +16,7 @@ Property tests hold the result to ``merged_view`` entry for entry.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Sequence
 
@@ -127,17 +128,38 @@ def apply_stack_table(table: pa.Table, settings: IteratorSettings = SCAN) -> pa.
     return table.filter(pa.array(keep_mask(table, settings)))
 
 
+def _column_key(table: pa.Table, i: int) -> tuple[bytes, ...]:
+    return tuple(table.column(c)[i].as_py() for c in KEY_COLUMNS)
+
+
+def disjoint_order(tables: Sequence[pa.Table]) -> list[int] | None:
+    """The indexes of the non-empty sorted ``tables`` in key order when their column-key ranges
+    do not overlap (each one's last column key sorts before the next one's first), else None.
+    Their concatenation in that order is then their merged order: no sort, no merge (issue 37:
+    inputs whose key ranges do not overlap, and the ranges where only one input has entries).
+    Python compares bytes as unsigned bytes, as Arrow orders binary columns."""
+    spans = [(_column_key(t, 0), _column_key(t, t.num_rows - 1), i) for i, t in enumerate(tables) if t.num_rows]
+    spans.sort()
+    if any(prev[1] >= nxt[0] for prev, nxt in itertools.pairwise(spans)):
+        return None
+    return [i for _first, _last, i in spans]
+
+
 def merge_order(tables_oldest_first: Sequence[pa.Table]) -> pa.Table:
-    """Concatenate sorted tables with a source column and sort into merged order."""
+    """Concatenate sorted tables with a source column and sort into merged order (a plain
+    concatenation in key order when their key ranges do not overlap, :func:`disjoint_order`)."""
     parts = []
     for i, t in enumerate(tables_oldest_first):
         t = t.select(COLUMNS)
         parts.append(t.append_column(SOURCE, pa.array(np.full(t.num_rows, i, dtype=np.int32))))
     if not parts:
         return SCHEMA.empty_table().append_column(SOURCE, pa.array([], pa.int32()))
+    order = disjoint_order(parts) if len(parts) > 1 else None
+    if order is not None:
+        parts = [parts[i] for i in order] or parts[:1]
     table = pa.concat_tables(parts)
-    if len(parts) == 1:
-        return table  # a single sorted input is already in merged order
+    if len(parts) == 1 or order is not None:
+        return table  # a single sorted input, or inputs that do not overlap: already in merged order
     if table.nbytes < COMBINE_LIMIT:
         # contiguous columns: sort_indices and especially take are much faster than on chunks
         table = table.combine_chunks()
@@ -158,6 +180,12 @@ def merge_tables_once(tables_oldest_first: Sequence[pa.Table], settings: Iterato
     inputs (no sorted copy of the whole range, no filter pass over it)."""
     if len(tables_oldest_first) < 2 or sum(t.nbytes for t in tables_oldest_first) >= COMBINE_LIMIT:
         return merge_tables(tables_oldest_first, settings)
+    order = disjoint_order(tables_oldest_first)
+    if order is not None:  # already in merged order once concatenated: the stack alone
+        table = pa.concat_tables([tables_oldest_first[i].select(COLUMNS) for i in order] or [SCHEMA.empty_table()])
+        keep = keep_mask(table, settings)
+        # every entry kept (no versions, no markers): one copy of the range, not two
+        return (table if keep.all() else table.filter(pa.array(keep))).combine_chunks()
     parts = []
     for i, t in enumerate(tables_oldest_first):
         t = t.select(COLUMNS)
