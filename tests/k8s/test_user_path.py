@@ -348,27 +348,33 @@ def test_a_service_naming_an_unknown_group_is_degraded(release: Release) -> None
 
 
 # -- 3. end to end ----------------------------------------------------------------------------------
-def test_burst_scale_up_drain_and_scale_down(release: Release, tmp_path: Path) -> None:
-    e2e = [
+def _service_and_group(name: str, **spec: Any) -> list[dict[str, Any]]:
+    """A CompactionService for table ``name`` and its CompactorGroup ``name`` (Arrow merges, up to
+    3 replicas, no autoscaler), ``spec`` added to the group's."""
+    return [
         {
             "apiVersion": api.GROUP_VERSION,
             "kind": "CompactionService",
-            "metadata": {"name": "svc-e2e"},
-            "spec": {"ratio": 2.0, "tiers": [{"name": "all", "compactorGroup": "e2e"}], "tables": ["e2e"]},
+            "metadata": {"name": f"svc-{name}"},
+            "spec": {"ratio": 2.0, "tiers": [{"name": "all", "compactorGroup": name}], "tables": [name]},
         },
         {
             "apiVersion": api.GROUP_VERSION,
             "kind": "CompactorGroup",
-            "metadata": {"name": "e2e"},
+            "metadata": {"name": name},
             "spec": {
-                "minReplicas": 0,
                 "maxReplicas": 3,
                 "autoscaler": "none",
                 "drainGraceSeconds": 20,
                 "spark": {"engine": "arrow", "master": "local[1]"},
+                **spec,
             },
         },
     ]
+
+
+def test_burst_scale_up_drain_and_scale_down(release: Release, tmp_path: Path) -> None:
+    e2e = _service_and_group("e2e", minReplicas=0)
     release.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": e2e}))
     wait_until(
         lambda: (c := release.condition("compactorgroup", "e2e", "Ready")) and c["status"] == "True",
@@ -460,27 +466,7 @@ def test_a_lowered_cap_is_obeyed_under_steady_load(release: Release, paced: None
     are deleted (no container restart, no job taken after the drain)."""
     from kompaktor.client import Client
 
-    load = [
-        {
-            "apiVersion": api.GROUP_VERSION,
-            "kind": "CompactionService",
-            "metadata": {"name": "svc-load"},
-            "spec": {"ratio": 2.0, "tiers": [{"name": "all", "compactorGroup": "load"}], "tables": ["load"]},
-        },
-        {
-            "apiVersion": api.GROUP_VERSION,
-            "kind": "CompactorGroup",
-            "metadata": {"name": "load"},
-            "spec": {
-                "minReplicas": 1,
-                "maxReplicas": 3,
-                "replicas": 3,
-                "autoscaler": "none",
-                "drainGraceSeconds": 20,
-                "spark": {"engine": "arrow", "master": "local[1]"},
-            },
-        },
-    ]
+    load = _service_and_group("load", minReplicas=1, replicas=3)
     release.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": load}))
     rows = 4000
     release.kompaktor("table", "create", "load", "--splits", ",".join(f"row{r:05d}" for r in range(200, rows, 200)))
