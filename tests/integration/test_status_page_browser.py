@@ -33,7 +33,7 @@ from tests.support.entries import entries
 from tests.support.procs import python_env
 from tests.support.wait import poll
 
-pytestmark = [pytest.mark.redis, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(600)]
 
 GROUP = "pages"
 CONFIG = f"""\
@@ -201,6 +201,7 @@ def test_the_page_in_a_browser_shows_what_status_json_says(
         lambda: (got := look()) and figures_of(got[0]) == figures_of(got[2]) and got,
         "two looks at `kompaktor status --json` around the page's to agree (the killed job is queued "
         "again once its backoff has passed)",
+        180,  # a look is two CLI processes and a browser: tens of seconds on a loaded machine
         every=1.0,
     )
     page = figures(dom)
