@@ -21,7 +21,7 @@ from kompaktor.model.errors import BadFileError, KompaktorError, StorageError, S
 from kompaktor.model.iterators import IteratorSettings, merged_view
 from kompaktor.model.keys import Entry, sort_key
 from kompaktor.model.names import TABLES_DIR, data_file
-from kompaktor.model.tablet import FileInfo, FileMeta, Tablet, now_ms
+from kompaktor.model.tablet import FileInfo, Tablet, now_ms
 from kompaktor.policy.deletes import set_time_for
 
 MAX_VERSIONS_PROP = "table.iterator.versions"
@@ -44,10 +44,6 @@ def max_versions(props: dict[str, str]) -> int:
     if n < 1:
         raise KompaktorError(f"table property {MAX_VERSIONS_PROP} must be >= 1, got {n}")
     return n
-
-
-def to_file_meta(info: FileInfo) -> FileMeta:
-    return info.meta
 
 
 @dataclass
@@ -87,7 +83,7 @@ class Client:
                     w.abort()
                     raise
                 written[info.path] = info
-            self.store.add_files(table, {p: to_file_meta(i) for p, i in written.items()}, allow_offline=False)
+            self.store.add_files(table, {p: i.meta for p, i in written.items()}, allow_offline=False)
         except StoreUnavailable:
             # the outcome is unknown (a lost reply, a write not confirmed durable): the files may
             # be referenced now, so they stay; if not, the garbage collector removes them
@@ -126,7 +122,7 @@ class Client:
                     done[info.path] = info
             except OSError as exc:  # pyarrow's I/O errors included
                 raise StorageError(f"cannot write to storage {self.storage.uri}: {exc}") from exc
-            self.store.add_files(table, {p: to_file_meta(i) for p, i in done.items()})
+            self.store.add_files(table, {p: i.meta for p, i in done.items()})
         except StoreUnavailable:
             if not done:
                 for w in staged:
