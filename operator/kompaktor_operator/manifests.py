@@ -34,8 +34,9 @@ def compactor_args(group: str) -> list[str]:
     The group's settings (engine, Spark master and conf, driver memory, drain grace) are not
     arguments: the compactor reads them from the GroupConfig the operator stores in Redis before
     it applies the Deployment, so they have one source (docs/kubernetes.md). ``--stay-drained``:
-    a drained compactor takes no job until its pod is gone (the kubelet would restart it)."""
-    return ["compactor", "--group", group, "--http-port", str(naming.HTTP_PORT), "--stay-drained"]
+    a drained compactor takes no job until its pod is gone (the kubelet would restart it).
+    ``--broker``: its writes are asked of the coordinator (its Redis user may only read and ask)."""
+    return ["compactor", "--group", group, "--http-port", str(naming.HTTP_PORT), "--stay-drained", "--broker"]
 
 
 #: The compactor's environment variable that carries the settings digest (the pod template's

@@ -90,7 +90,15 @@ def test_deployment_shape() -> None:
     assert c["image"] == "example.org/compactor:1"
     assert c["command"] == ["kompaktor"]
     # the group's settings are not arguments: the compactor reads them from Redis (one channel)
-    assert c["args"] == ["compactor", "--group", "large", "--http-port", str(naming.HTTP_PORT), "--stay-drained"]
+    assert c["args"] == [
+        "compactor",
+        "--group",
+        "large",
+        "--http-port",
+        str(naming.HTTP_PORT),
+        "--stay-drained",
+        "--broker",
+    ]
     env = {e["name"]: e for e in c["env"]}
     assert env["KOMPAKTOR_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "my-redis", "key": "uri"}
     assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"

@@ -82,6 +82,14 @@ from kompaktor.policy.services import DEFAULT_DRAIN_GRACE_S, DEFAULT_ENGINE, DEF
     "when exiting, so that a restarted process with the same --id takes no job either (what a "
     "compactor pod runs: the kubelet restarts a container that exits before its pod is deleted).",
 )
+@click.option(
+    "--broker",
+    is_flag=True,
+    envvar="KOMPAKTOR_BROKER",
+    help="Ask the coordinator to make this compactor's writes (reserve, heartbeat, commit, release): "
+    "what a compactor pod runs, with a Redis user that may only read and ask (docs/security.md). "
+    "Without it the compactor writes with its own Redis user's rights.",
+)
 @click.option("--max-jobs", type=int, default=None, hidden=True)
 @history_options
 @redis_option
@@ -100,6 +108,7 @@ def compactor(
     drain_token_file: str | None,
     settings_digest: str | None,
     stay_drained: bool,
+    broker: bool,
     max_jobs: int | None,
     history_records: int,
     history_age: float,
@@ -161,7 +170,9 @@ def compactor(
     drain_token = token_source(os.environ.get(TOKEN_ENV), drain_token_file)
     storage = Storage.from_uri(storage_uri)
     storage.check_writable()  # read-only or wrong credentials: one line, now
-    worker = Compactor(store, storage, settings)
+    from kompaktor.metadata.brokered import BrokeredJobs
+
+    worker = Compactor(store, storage, settings, jobs=BrokeredJobs(store) if broker else None)
     worker.install_signal_handlers()
     if http_port >= 0:
         port = worker.serve_http(http_port, http_host, drain_token)

@@ -160,4 +160,7 @@ def coordinator(
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    from kompaktor.coordinator.broker import Broker
+
+    Broker(store).start(stop)  # compactors' writes, made for them (leader or not)
     coord.run(stop)

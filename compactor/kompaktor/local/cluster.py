@@ -195,7 +195,10 @@ class LocalCluster:
     def add_compactor(self, group: str) -> Proc:
         self._seq += 1
         name = f"compactor-{group}-{self._seq}"
-        p = self._spawn(name, ["compactor", "--group", group, "--id", name, "--http-port", "-1", *self.compactor_args])
+        # with a Redis user per role, a compactor may only read and ask the coordinator's broker
+        broker = ["--broker"] if self.role_urls else []
+        args = ["compactor", "--group", group, "--id", name, "--http-port", "-1", *broker, *self.compactor_args]
+        p = self._spawn(name, args)
         p.group = group
         self.compactors[group].append(p)
         return p

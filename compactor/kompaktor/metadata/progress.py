@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 
 from kompaktor import keyspace as C
 from kompaktor.files.storage import Storage
@@ -134,6 +135,10 @@ class RedisResumeLog:
         self.store.call(self.store._r.hdel, self.key, f"p:{index}")
         self.recorded.pop(index, None)
 
+    def forget_record(self, fingerprint: str) -> None:
+        """How :func:`discard` and :func:`finish` forget this job's record (:func:`forget`)."""
+        forget(self.store, fingerprint)
+
 
 def part_paths(store: MetadataStore, fingerprint: str) -> list[str]:
     """The part files a record lists."""
@@ -148,17 +153,34 @@ def part_paths(store: MetadataStore, fingerprint: str) -> list[str]:
     return out
 
 
-def discard(store: MetadataStore, storage: Storage | None, fingerprint: str, also: tuple[str, ...] = ()) -> list[str]:
+def forget(store: MetadataStore, fingerprint: str) -> None:
+    """Delete a job's progress record and its index entry (not its parts)."""
+    p = store._r.pipeline(transaction=True)
+    p.delete(C.progress_key(fingerprint))
+    p.hdel(C.PROGRESS, fingerprint)
+    store.call(p.execute)
+
+
+#: how a record is forgotten: :func:`forget` in the store, or through the coordinator's broker
+Forget = Callable[[str], None]
+
+
+def discard(
+    store: MetadataStore,
+    storage: Storage | None,
+    fingerprint: str,
+    also: tuple[str, ...] = (),
+    forget_record: Forget | None = None,
+) -> list[str]:
     """Forget a job's progress and delete its recorded parts (and ``also``); returns the parts
     deleted. The record goes first: a part is never left listed in a record without its file.
     Parts that cannot be deleted now are left to the garbage collector (no live record keeps
     them)."""
     paths = sorted(set(part_paths(store, fingerprint)) | set(also))
-    r = store._r
-    p = r.pipeline(transaction=True)
-    p.delete(C.progress_key(fingerprint))
-    p.hdel(C.PROGRESS, fingerprint)
-    store.call(p.execute)
+    if forget_record is None:
+        forget(store, fingerprint)
+    else:
+        forget_record(fingerprint)
     deleted = []
     if storage is not None:
         for rel in paths:
@@ -170,11 +192,17 @@ def discard(store: MetadataStore, storage: Storage | None, fingerprint: str, als
     return deleted
 
 
-def finish(store: MetadataStore, storage: Storage, fingerprint: str, also: tuple[str, ...] = ()) -> None:
+def finish(
+    store: MetadataStore,
+    storage: Storage,
+    fingerprint: str,
+    also: tuple[str, ...] = (),
+    forget_record: Forget | None = None,
+) -> None:
     """After a commit: the record and every part go (best effort: an unreachable store leaves
     the record to :func:`prune`, whose job no longer exists once the commit landed)."""
     try:
-        discard(store, storage, fingerprint, also)
+        discard(store, storage, fingerprint, also, forget_record)
     except StoreUnavailable as exc:
         log.warning("progress of %s left for the garbage collector: %s", fingerprint[:16], exc)
         for rel in also:

@@ -27,9 +27,10 @@ from typing import Any
 
 from kompaktor.files.storage import Storage
 from kompaktor.files.storage import unavailable as storage_unavailable
-from kompaktor.metadata import compactions, failures, history
+from kompaktor.metadata import compactions, history
 from kompaktor.metadata import progress as resume_records
 from kompaktor.metadata.compactions import Reservation
+from kompaktor.metadata.jobs import DirectJobs, Jobs
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.errors import BadFileError, ConditionFailed, KompaktorError, StoreUnavailable
 from kompaktor.model.resume import job_fingerprint
@@ -136,8 +137,17 @@ class JobOutcome:
 
 
 class Compactor:
-    def __init__(self, store: MetadataStore, storage: Storage, settings: WorkerSettings, engine: Any = None) -> None:
+    def __init__(
+        self,
+        store: MetadataStore,
+        storage: Storage,
+        settings: WorkerSettings,
+        engine: Any = None,
+        jobs: Jobs | None = None,
+    ) -> None:
         self.store = store
+        #: the writes about its jobs: made with the store's rights, or asked of the coordinator
+        self.jobs: Jobs = DirectJobs(store) if jobs is None else jobs
         self.storage = storage
         self.s = settings
         self.queues = store.queues
@@ -210,9 +220,9 @@ class Compactor:
         self.state = state
         ecid = self.current.ecid if self.current else None
         try:
-            self.store.register_compactor(self.s.group, self.s.compactor_id, state, ecid)
+            self.jobs.register(self.s.group, self.s.compactor_id, state, ecid)
             if state == DRAINING and self.s.stay_drained:
-                self.store.request_drain(self.s.compactor_id)  # the mark outlives this process
+                self.jobs.mark_drained(self.s.compactor_id)  # the mark outlives this process
         except StoreUnavailable as exc:
             log.warning("cannot publish state: %s", exc)
 
@@ -304,14 +314,14 @@ class Compactor:
             self.ready = False
             keep = self.drain.is_set() and self.s.stay_drained
             try:
-                self.store.unregister_compactor(self.s.group, self.s.compactor_id, keep_drain_mark=keep)
+                self.jobs.unregister(self.s.group, self.s.compactor_id, keep)
             except StoreUnavailable:
                 pass
         return 0
 
     def run_one(self) -> JobOutcome | None:
         """Reserve and run one job; None when the queue was empty."""
-        res = compactions.reserve(self.store, self.queues, self.s.group, self.s.compactor_id)
+        res = self.jobs.reserve(self.s.group, self.s.compactor_id)
         if res is None:
             return None
         self.current = res
@@ -385,9 +395,7 @@ class Compactor:
             fp = job_fingerprint(
                 res.tablet, res.prev, res.end, res.job.files, res.job.kind, res.job.selection, res.settings
             )
-            rlog = resume_records.RedisResumeLog(
-                self.store, fp, res.tablet, res.inputs, res.prev, res.end, res.job.selection
-            )
+            rlog = self.jobs.resume_log(res, fp)
             try:
                 state = rlog.load()
             except StoreUnavailable:
@@ -420,7 +428,7 @@ class Compactor:
                 next_check = now + self.s.heartbeat_s
                 try:
                     left = self._remaining_s(input_bytes, progress)
-                    compactions.heartbeat(self.store, res, {**progress, "remaining_s": f"{left:.1f}"})
+                    self.jobs.heartbeat(res, {**progress, "remaining_s": f"{left:.1f}"})
                     self._publish(DRAINING if self.drain.is_set() else BUSY)
                     why = self._still_wanted(res)
                     if not self.drain.is_set():
@@ -449,7 +457,7 @@ class Compactor:
 
         err = box.get("error")
         if cancel.is_set() and (err is not None or "result" not in box or cancel_reason):
-            compactions.release(self.store, self.storage, res)
+            self.jobs.release(self.storage, res)
             why = cancel_reason[0] if cancel_reason else "cancelled"
             if why.startswith(_JOB_GONE):
                 self._discard_progress(rlog, box)
@@ -458,17 +466,17 @@ class Compactor:
         if err is not None and storage_unavailable(err):
             # the place failed, not the job: released for a later attempt, no failure counted
             # (an outage longer than the backoff must not dead-letter every job it touched)
-            compactions.release(self.store, self.storage, res)
+            self.jobs.release(self.storage, res)
             self.metrics.failed.labels(g).inc()
             reason = f"storage unavailable: {' '.join(str(err).split())[:300]}"
             log.warning("%s released: %s", res.ecid, reason)
             return JobOutcome("failed", reason, res.ecid, storage_down=True, recorded=history.RETRIED, figures=figures)
         if err is not None:
             reason = str(err) if not isinstance(err, MergeCancelled) else "cancelled"
-            compactions.release(self.store, self.storage, res)
+            self.jobs.release(self.storage, res)
             if isinstance(err, BadFileError):  # fails every attempt: nothing to resume
                 self._discard_progress(rlog, box)
-            dead = failures.record_failure(self.store, res.tablet, res.inputs, g, reason)
+            dead = self.jobs.record_failure(res, reason)
             self.metrics.failed.labels(g).inc()
             log.error("%s failed: %s", res.ecid, reason)
             recorded = history.DEAD_LETTERED if dead else history.FAILED
@@ -482,7 +490,7 @@ class Compactor:
         try:
             self._commit(res, result.info)
         except ConditionFailed as exc:
-            compactions.release(self.store, self.storage, res)
+            self.jobs.release(self.storage, res)
             self._discard_progress(rlog, box)  # the job changed under it: its parts are of no use
             self.metrics.failed.labels(g).inc()
             return JobOutcome("failed", f"commit {exc}", res.ecid, recorded=history.RETRIED, figures=figures)
@@ -495,7 +503,7 @@ class Compactor:
             return JobOutcome("failed", reason, res.ecid, recorded=history.FAILED, figures=figures)
         figures["commit_s"] = round(time.monotonic() - commit_started, 3)
         if rlog is not None:
-            resume_records.finish(self.store, self.storage, rlog.fingerprint, result.parts)
+            resume_records.finish(self.store, self.storage, rlog.fingerprint, result.parts, rlog.forget_record)
         m = self.metrics
         m.completed.labels(g).inc()
         m.entries_read.labels(g).inc(result.entries_read)
@@ -503,7 +511,10 @@ class Compactor:
         m.bytes_read.labels(g).inc(result.bytes_read)
         m.bytes_written.labels(g).inc(result.bytes_written)
         m.duration.labels(g).observe(elapsed)
-        self.store.incr("bytes_written", result.bytes_written)
+        try:
+            self.jobs.count_written(result.bytes_written)
+        except StoreUnavailable as exc:  # a statistic: the job is committed
+            log.warning("bytes written not counted: %s", exc)
         if elapsed > 0 and input_bytes > 0:
             self.throughput = 0.7 * self.throughput + 0.3 * (input_bytes / elapsed)
         return JobOutcome("committed", "", res.ecid, recorded=history.COMMITTED, figures=figures)
@@ -518,7 +529,8 @@ class Compactor:
             return
         result = box.get("result")
         try:
-            resume_records.discard(self.store, self.storage, rlog.fingerprint, tuple(result.parts) if result else ())
+            parts = tuple(result.parts) if result else ()
+            resume_records.discard(self.store, self.storage, rlog.fingerprint, parts, rlog.forget_record)
         except StoreUnavailable as exc:  # the coordinator's pass prunes it
             log.warning("progress of %s left for the garbage collector: %s", rlog.fingerprint[:16], exc)
 
@@ -534,12 +546,12 @@ class Compactor:
         warned = 0.0
         while True:
             try:
-                compactions.commit(self.store, res, info)
+                self.jobs.commit(res, info)
                 return
             except ConditionFailed:
                 if attempted and self._landed(res, info):
                     log.info("%s: an earlier commit attempt landed", res.ecid)
-                    self.store.drop_heartbeat(res.ecid)
+                    self.jobs.drop_heartbeat(res)
                     return
                 raise
             except StoreUnavailable as exc:
