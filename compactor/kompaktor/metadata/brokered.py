@@ -99,7 +99,7 @@ class BrokeredJobs:
         return self.ask(op, timeout_s, ecid=res.ecid, cap=res.cap, **args)
 
     def reserve(self, group: str, compactor: str) -> Reservation | None:
-        got = self.ask("reserve", group=group, compactor=compactor)
+        got = self.ask("reserve", self.heartbeat_timeout_s, group=group, compactor=compactor)
         return None if got is None else Reservation.from_json(got["res"], got["cap"])
 
     def heartbeat(self, res: Reservation, progress: dict[str, Any]) -> None:
