@@ -36,7 +36,7 @@ from typing import Any
 from kompaktor import keyspace as C
 from kompaktor.metadata import compactions
 from kompaktor.metadata import progress as resume_records
-from kompaktor.metadata.brokered import Refused, encode_reply
+from kompaktor.metadata.brokered import Refused, encode_reply, reservation_record, send_answers, take_requests
 from kompaktor.metadata.compactions import Reservation
 from kompaktor.metadata.jobs import DirectJobs
 from kompaktor.metadata.store import MetadataStore
@@ -129,11 +129,9 @@ class Broker:
     def serve_one(self, wait_s: float) -> bool:
         """Wait up to ``wait_s`` for requests and answer those waiting (up to :data:`BATCH`, their
         answers sent in one round trip); whether there was one."""
-        got = self.store.call(self.store._r.blmpop, wait_s, 1, C.BROKER, direction="RIGHT", count=BATCH)
-        if got is None:
-            return False
-        self.send([a for raw in got[1] if (a := self.respond(raw)) is not None])
-        return True
+        got = take_requests(self.store, wait_s, BATCH)
+        self.send([a for raw in got if (a := self.respond(raw)) is not None])
+        return bool(got)
 
     def handle(self, raw: bytes | str) -> None:
         """Answer one request (nothing when it is malformed or expired: nobody can be told)."""
@@ -165,13 +163,7 @@ class Broker:
         if not answers:
             return
         try:
-            p = self.store._r.pipeline(transaction=False)
-            for a in answers:
-                for key, doc in a.records:
-                    p.set(key, doc, ex=RESERVATION_TTL_S)
-                p.rpush(C.reply_key(a.reply), a.text)
-                p.expire(C.reply_key(a.reply), REPLY_TTL_S)
-            self.store.call(p.execute)
+            send_answers(self.store, [(a.reply, a.text, a.records) for a in answers], RESERVATION_TTL_S, REPLY_TTL_S)
         except StoreUnavailable as exc:  # the askers time out and retry
             log.warning("broker: cannot answer: %s", exc)
 
@@ -192,10 +184,9 @@ class Broker:
             raise Refused("a request about a compaction needs its ECID and its holder's secret")
         known = self._known.get(ecid)
         if known is None:
-            raw = self.store.call(self.store._r.get, C.reservation_key(ecid))
-            if raw is None:
+            doc = reservation_record(self.store, ecid)
+            if doc is None:
                 raise Refused(f"{ecid:.40}: no reservation of the broker's by that ECID")
-            doc = json.loads(raw)
             known = self._remember(ecid, doc["cap"], doc["res"])
         if not secrets.compare_digest(known[0], digest(cap)):
             raise Refused(f"{ecid}: not the holder of this compaction")

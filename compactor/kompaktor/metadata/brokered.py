@@ -158,3 +158,29 @@ class BrokeredResumeLog(resume_records.RedisResumeLog):
 
     def forget_record(self, fingerprint: str) -> None:
         self.jobs._held("progress_forget", self.res, fp=fingerprint)
+
+
+# -- the broker's side (kompaktor.coordinator.broker): its Redis commands -------------------------
+def take_requests(store: MetadataStore, wait_s: float, count: int) -> list[bytes]:
+    """Wait up to ``wait_s`` for requests; up to ``count`` of those waiting, oldest first."""
+    got = store.call(store._r.blmpop, wait_s, 1, C.BROKER, direction="RIGHT", count=count)
+    return [] if got is None else list(got[1])
+
+
+def send_answers(
+    store: MetadataStore, answers: list[tuple[str, str, list[tuple[str, str]]]], record_ttl_s: int, reply_ttl_s: int
+) -> None:
+    """(where to answer, the answer, the records to write before it) each, in one round trip."""
+    p = store._r.pipeline(transaction=False)
+    for reply, text, records in answers:
+        for key, doc in records:
+            p.set(key, doc, ex=record_ttl_s)
+        p.rpush(C.reply_key(reply), text)
+        p.expire(C.reply_key(reply), reply_ttl_s)
+    store.call(p.execute)
+
+
+def reservation_record(store: MetadataStore, ecid: str) -> dict[str, Any] | None:
+    """The broker's record of a reservation (the reservation, the digest of its holder's secret)."""
+    raw = store.call(store._r.get, C.reservation_key(ecid))
+    return None if raw is None else dict(json.loads(raw))
