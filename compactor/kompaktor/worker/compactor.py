@@ -44,6 +44,7 @@ from kompaktor.policy.services import (
     GroupConfig,
 )
 from kompaktor.policy.sizes import format_quantity
+from kompaktor.worker.http import serve
 from kompaktor.worker.metrics import CompactorMetrics
 
 log = logging.getLogger("kompaktor.compactor")
@@ -577,8 +578,6 @@ class Compactor:
     def serve_http(self, port: int, host: str = "0.0.0.0", drain_token: Callable[[], str | None] | None = None) -> int:
         """Serve the compactor's endpoints (:mod:`kompaktor.worker.http`; ``drain_token`` authorizes
         ``POST /drain`` from elsewhere than loopback); returns the port."""
-        from kompaktor.worker.http import serve
-
         self._http = serve(self, port, host, drain_token)
         return self._http.server_address[1]
 
