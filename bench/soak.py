@@ -574,7 +574,7 @@ class Soak:
 
     def _finish(self, client, ingests, chaos) -> int:
         from kompaktor.coordinator import Coordinator, CoordinatorSettings
-        from kompaktor.local.demo import acknowledged_commits
+        from kompaktor.local.chaoscheck import acknowledged_commits
         from kompaktor.local.ingest import verify
 
         store = client.store

@@ -37,6 +37,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from contextlib import ContextDecorator
 from dataclasses import dataclass
 from types import TracebackType
@@ -472,3 +473,63 @@ def pack_command(conn: Connection, *args: Any) -> Any:
         return [_hiredis_pack(args)]
     except TypeError:
         return conn.pack_command(*args)  # raises redis-py's own error
+
+
+class SentCommand:
+    """One command sent on a connection of its own without waiting for its reply ("send now,
+    read later"): the caller prepares the next one while Redis runs it. When the connection fails
+    while sending or reading, it is dropped and there is no reply (None): the caller then runs the
+    command again as an ordinary call, with the client's retries and its error mapping."""
+
+    def __init__(self, pool: redis.ConnectionPool, conn: Connection) -> None:
+        self._pool = pool
+        self._conn: Connection | None = conn
+
+    @classmethod
+    def send(cls, pool: redis.ConnectionPool, conn: Connection, prepare: Callable[[], Any]) -> SentCommand | None:
+        """Send the command ``prepare()`` packs (:func:`pack_command`) on ``conn``, taken from
+        ``pool``; None when the connection failed. ``conn`` goes back to ``pool`` on any failure."""
+        try:
+            packed = prepare()
+        except BaseException:
+            pool.release(conn)
+            raise
+        try:
+            conn.send_packed_command(packed)
+        except (redis.ConnectionError, redis.TimeoutError):
+            conn.disconnect()
+            pool.release(conn)
+            return None
+        except BaseException:
+            conn.disconnect()
+            pool.release(conn)
+            raise
+        return cls(pool, conn)
+
+    def read(self, read_again: Callable[[redis.ResponseError], bool] = lambda _exc: True) -> Any:
+        """The reply, its connection given back; None when there is none to use: the connection
+        failed, or Redis answered an error that ``read_again`` accepts (any other is raised)."""
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return None
+        try:
+            return conn.read_response()
+        except (redis.ConnectionError, redis.TimeoutError):
+            conn.disconnect()
+            return None
+        except redis.ResponseError as exc:
+            if not read_again(exc):
+                raise
+            return None
+        except BaseException:
+            conn.disconnect()  # interrupted mid-reply: the connection is out of step
+            raise
+        finally:
+            self._pool.release(conn)
+
+    def abandon(self) -> None:
+        """Drop the reply if it was never read (the caller stopped early)."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.disconnect()
+            self._pool.release(conn)

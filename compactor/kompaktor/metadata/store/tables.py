@@ -14,10 +14,9 @@ from collections.abc import Iterable, Iterator
 
 import orjson
 import redis
-from redis.connection import Connection
 
 from kompaktor import keyspace as C
-from kompaktor.connection import pack_command
+from kompaktor.connection import SentCommand, pack_command
 from kompaktor.metadata.store.base import StoreBase
 from kompaktor.metadata.store.mutation import Mutation
 from kompaktor.model.errors import ConditionFailed, TableExistsError, UnknownTableError
@@ -197,44 +196,23 @@ class _Mget:
     def __init__(self, store: TableStore, ids: list[str]) -> None:
         self._store, self._ids = store, ids
         self._keys = [C.tablet_key(t) for t in ids]
-        self._pool = store._r.connection_pool
-        self._conn: Connection | None = None
+        self._sent: SentCommand | None = None
+        pool = store._r.connection_pool
         try:
-            conn = self._pool.get_connection()
+            conn = pool.get_connection()
         except (redis.ConnectionError, redis.TimeoutError):
             return  # Redis away: result() reads as an ordinary call (retries, the store's error mapping)
-        try:
-            conn.send_packed_command(pack_command(conn, "MGET", *self._keys))
-        except (redis.ConnectionError, redis.TimeoutError):
-            conn.disconnect()
-            self._pool.release(conn)
-            return
-        except BaseException:
-            conn.disconnect()
-            self._pool.release(conn)
-            raise
-        self._conn = conn
+        self._sent = SentCommand.send(pool, conn, lambda: pack_command(conn, "MGET", *self._keys))
 
     def result(self) -> list[tuple[str, bytes]]:
-        conn, self._conn = self._conn, None
-        raws: list[bytes | None] | None = None
-        if conn is not None:
-            try:
-                raws = conn.read_response()
-            except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError):
-                conn.disconnect()  # read again below: with the client's retries, errors mapped
-            except BaseException:
-                conn.disconnect()  # interrupted mid-reply: the connection is out of step
-                raise
-            finally:
-                self._pool.release(conn)
-        if raws is None:
+        sent, self._sent = self._sent, None
+        raws: list[bytes | None] | None = sent.read() if sent is not None else None
+        if raws is None:  # read again: with the client's retries, errors mapped
             raws = self._store.call(self._store._r.mget, self._keys)
         return [(t, raw) for t, raw in zip(self._ids, raws, strict=True) if raw]
 
     def abandon(self) -> None:
         """Drop the reply if it was never read (the caller stopped early)."""
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            conn.disconnect()
-            self._pool.release(conn)
+        sent, self._sent = self._sent, None
+        if sent is not None:
+            sent.abandon()
