@@ -365,10 +365,10 @@ class _SparkJob:
     def __init__(self, engine: SparkMergeEngine, tmp_tag: str) -> None:
         self.engine = engine
         self.group = f"kompaktor-{tmp_tag}-{uuid.uuid4().hex[:8]}"
-        self.outcome: dict = {}
+        self.outcome: dict[str, Any] = {}
         self.done = threading.Event()
 
-    def start(self, runs: list[Run], task: Callable[[Run], list[dict]], description: str) -> None:
+    def start(self, runs: list[Run], task: Callable[[Run], list[dict[str, Any]]], description: str) -> None:
         sc = self.engine.sc
 
         def run_job() -> None:
@@ -394,7 +394,7 @@ class _SparkJob:
         self.engine._wait_tasks_stopped(self.group)
 
 
-def _task(storage: Storage, req: MergeRequest, memory: int) -> Callable[[Run], list[dict]]:
+def _task(storage: Storage, req: MergeRequest, memory: int) -> Callable[[Run], list[dict[str, Any]]]:
     """What a Spark task runs; it holds the request's fields only (Spark ships it to executors)."""
     inputs, settings, tag = req.inputs, req.settings, req.tmp_tag
     return lambda r: _run_ranges(storage, inputs, settings, tag, memory, r)
@@ -504,7 +504,7 @@ class _SparkMerge:
         self.run.add_part(rec)
         self.read = self.run.read
 
-    def _progress(self, bytes_written: int, done: int) -> dict:
+    def _progress(self, bytes_written: int, done: int) -> dict[str, Any]:
         if self.run is not None:
             return self.run.progress(self.written, bytes_written, done)
         n = len(self.ranges)
