@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,6 +32,7 @@ from kompaktor.policy.services import GroupConfig
 from kompaktor.worker import Compactor, WorkerSettings
 from tests.support.broker import brokered, running_broker
 from tests.support.entries import entries
+from tests.support.procs import python_env
 from tests.support.snapshot import snapshot
 from tests.support.wait import poll
 
@@ -206,3 +209,16 @@ def test_without_a_broker_a_compactor_waits_and_says_why(users: RedisProcess, tm
     jobs = BrokeredJobs(store, timeout_s=0.5)
     with pytest.raises(StoreUnavailable, match="no answer from the coordinator to reserve"):
         jobs.reserve("default", "c")
+
+
+def test_a_compactor_on_its_user_without_the_broker_says_so_in_one_line(
+    users: RedisProcess, system: tuple[MetadataStore, Client], tmp_path: Path
+) -> None:
+    env = python_env(KOMPAKTOR_REDIS_URL=users.role_url("compactor"), KOMPAKTOR_STORAGE=str(tmp_path / "files"))
+    args = ["compactor", "--group", "default", "--id", "by-hand", "--http-port", "-1", "--engine", "arrow"]
+    out = subprocess.run(
+        [sys.executable, "-m", "kompaktor", *args], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode != 0
+    assert "may not write Kompaktor's metadata" in out.stderr and "run it with --broker" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr

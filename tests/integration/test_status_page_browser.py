@@ -149,7 +149,7 @@ def figures_of(st: dict[str, Any]) -> dict[str, Any]:
 def run_one_compactor(cluster: LocalCluster) -> None:
     """A real compactor process that takes one job and ends."""
     env = python_env(KOMPAKTOR_REDIS_URL=cluster.role_urls["compactor"], KOMPAKTOR_STORAGE=cluster.storage_uri)
-    args = ["compactor", "--group", GROUP, "--id", "compactor-once", "--max-jobs", "1", "--http-port", "-1"]
+    args = ["compactor", "--group", GROUP, "--id", "compactor-once", "--max-jobs", "1", "--http-port", "-1", "--broker"]
     out = subprocess.run([sys.executable, "-m", "kompaktor", *args], env=env, capture_output=True, timeout=180)
     assert out.returncode == 0, out.stderr[-2000:]
 

@@ -262,6 +262,15 @@ class Compactor:
             self.request_drain("drain flag in Redis", finish=True)
         return self.drain.is_set()
 
+    def _refuse_without_rights(self, exc: StoreUnavailable) -> None:
+        """A compactor making its own writes on a Redis user that may not (a compactor pod's):
+        one line that says what to do, not an outage retried forever."""
+        if isinstance(self.jobs, DirectJobs) and "denied a command" in str(exc):
+            raise KompaktorError(
+                f"compactor {self.s.compactor_id}: its Redis user may not write Kompaktor's metadata "
+                f"({exc}); run it with --broker, so that the coordinator makes its writes"
+            ) from None
+
     def _stay_drained(self) -> None:
         """Drained, in a pod: stay up and take no job until SIGTERM, still saying ``draining``
         (the operator then removes the pod). Exiting instead would let the kubelet restart the
@@ -322,6 +331,7 @@ class Compactor:
                         break
                     outcome = self.run_one()
                 except StoreUnavailable as exc:
+                    self._refuse_without_rights(exc)
                     log.warning("metadata store unavailable: %s", exc)
                     outcome = None
                 if outcome is None or outcome.storage_down:
