@@ -26,6 +26,7 @@ from kompaktor.metadata import acl, user_compactions
 from kompaktor.metadata.brokered import BrokeredJobs, Refused
 from kompaktor.metadata.compactions import Reservation
 from kompaktor.metadata.store import MetadataStore
+from kompaktor.model import grouptoken
 from kompaktor.model.errors import StoreUnavailable
 from kompaktor.model.tablet import FileInfo
 from kompaktor.policy.services import GroupConfig
@@ -173,6 +174,41 @@ def test_a_compactor_on_its_user_compacts_through_the_broker(
         (tablet,) = admin.tablets(admin.table_id(name))
         assert len(tablet.files) == 1 and not tablet.running
     assert [(c.id, c.state) for c in admin.compactors("default")] == [("c", "busy")]  # its last word
+
+
+def test_with_a_group_key_a_compactor_reserves_and_speaks_for_its_own_group_only(
+    users: RedisProcess, tmp_path: Path
+) -> None:
+    storage = Storage.from_uri(str(tmp_path / "files"))
+    admin = MetadataStore.from_url(users.role_url("admin"))
+    admin.put_group(GroupConfig("default"))
+    admin.create_table("t", [])
+    for k in range(4):
+        Client(admin, storage).flush("t", entries(30, k, value=lambda r, k=k: b"v%d" % k))
+    coordinator = Coordinator(MetadataStore.from_url(users.role_url("coordinator")), storage)
+    assert coordinator.tick()
+    key = "k" * 48
+    store = MetadataStore.from_url(users.role_url("compactor"))
+    other = BrokeredJobs(store, timeout_s=10.0, group_token=grouptoken.group_token(key, "other"))
+    none = BrokeredJobs(store, timeout_s=10.0)
+    own = BrokeredJobs(store, timeout_s=10.0, group_token=grouptoken.group_token(key, "default"))
+    with running_broker(users.role_url("coordinator"), group_key=key):
+        before = look(users)
+        for jobs in (other, none):  # another group's compactor; one without a token
+            with pytest.raises(Refused, match="not a compactor of group default"):
+                jobs.reserve("default", "c")
+            for act in (
+                lambda j=jobs: j.register("default", "c", "idle", None),
+                lambda j=jobs: j.unregister("default", "c", False),
+                lambda j=jobs: j.mark_drained("default", "c"),
+            ):
+                with pytest.raises(Refused, match="not a compactor of group default"):
+                    act()
+        assert look(users) == before
+        held = own.reserve("default", "c")
+        assert held is not None and held.job.group == "default"
+        own.mark_drained("default", "c")
+    coordinator.resign()
 
 
 def test_the_broker_drops_requests_nobody_waits_for_and_refuses_bad_ones(

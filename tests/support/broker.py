@@ -12,9 +12,9 @@ from kompaktor.metadata.store import MetadataStore
 
 
 @contextmanager
-def running_broker(coordinator_url: str, threads: int = 1) -> Iterator[Broker]:
+def running_broker(coordinator_url: str, threads: int = 1, group_key: str | None = None) -> Iterator[Broker]:
     """A broker serving with the coordinator's user until the block ends (its threads joined)."""
-    broker = Broker(MetadataStore.from_url(coordinator_url))
+    broker = Broker(MetadataStore.from_url(coordinator_url), group_key)
     stop = threading.Event()
     serving = broker.start(stop, threads=threads, wait_s=0.1)
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 
@@ -161,6 +162,7 @@ def coordinator(
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     from kompaktor.coordinator.broker import Broker
+    from kompaktor.model.grouptoken import KEY_ENV
 
-    Broker(store).start(stop)  # compactors' writes, made for them (leader or not)
+    Broker(store, os.environ.get(KEY_ENV)).start(stop)  # compactors' writes, made for them (leader or not)
     coord.run(stop)

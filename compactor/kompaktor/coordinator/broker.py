@@ -14,7 +14,10 @@ takes them from ``kz:broker`` and makes the write with the coordinator's rights
   is refused, and the write uses the reservation the broker recorded — its tablet, inputs,
   output and whether it is full — never what the request says they are;
 * ``register``, ``unregister``, ``mark_drained`` and ``count_written`` are a compactor's state and
-  a statistic: what they write is bounded to those keys.
+  a statistic: what they write is bounded to those keys;
+* with a group key (``KOMPAKTOR_GROUP_KEY``, which the operator holds too), ``reserve`` and a
+  compactor's state need its group's token (:mod:`kompaktor.model.grouptoken`, in its pod's
+  spec): a compactor reserves and speaks for its own group only.
 
 Every coordinator, leader or not, serves the broker (its writes are conditional mutations: they
 need no lease). Requests nobody waits for any more (past their ``exp``) are skipped.
@@ -41,6 +44,7 @@ from kompaktor.metadata.compactions import Reservation
 from kompaktor.metadata.jobs import DirectJobs
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.errors import ConditionFailed, StoreUnavailable
+from kompaktor.model.grouptoken import holds
 from kompaktor.model.resume import PartRecord, decode_cuts, job_fingerprint
 from kompaktor.model.tablet import FileInfo, FileMeta
 from kompaktor.resources.models import check_group_name
@@ -83,8 +87,11 @@ def _name(value: Any, what: str) -> str:
 class Broker:
     """Serves compactors' requests from ``kz:broker`` (:meth:`handle` one, :meth:`serve` forever)."""
 
-    def __init__(self, store: MetadataStore) -> None:
+    def __init__(self, store: MetadataStore, group_key: str | None = None) -> None:
         self.store = store
+        #: with a key, a request about a group must carry the group's token
+        #: (:mod:`kompaktor.model.grouptoken`): a compactor acts for its own group only
+        self.group_key = group_key or None
         self.jobs = DirectJobs(store)
         #: reservation records read or made, oldest first (:meth:`_remember`)
         self._known: dict[str, tuple[str, Reservation]] = {}
@@ -203,12 +210,19 @@ class Broker:
         return known
 
     # -- requests without a reservation -------------------------------------------------------------
-    def _reserve(self, req: dict[str, Any], out: Answer) -> Any:
+    def _group(self, req: dict[str, Any]) -> str:
+        """The group a request is about, if it comes from one of its compactors."""
         group = _name(req.get("group"), "group")
         try:
             check_group_name(group)
         except ValueError as exc:
             raise Refused(f"bad group name: {exc}") from None
+        if self.group_key is not None and not holds(self.group_key, group, req.get("token")):
+            raise Refused(f"not a compactor of group {group}: its group token does not match")
+        return group
+
+    def _reserve(self, req: dict[str, Any], out: Answer) -> Any:
+        group = self._group(req)
         res = self.jobs.reserve(group, _name(req.get("compactor"), "compactor id"))
         if res is None:
             return None
@@ -224,18 +238,18 @@ class Broker:
             raise Refused(f"bad compactor state {state!r:.40}")
         ecid = req.get("ecid")
         self.jobs.register(
-            _name(req.get("group"), "group"),
+            self._group(req),
             _name(req.get("compactor"), "compactor id"),
             str(state),
             None if ecid is None else _name(ecid, "ECID"),
         )
 
     def _unregister(self, req: dict[str, Any]) -> None:
-        group, compactor = _name(req.get("group"), "group"), _name(req.get("compactor"), "compactor id")
+        group, compactor = self._group(req), _name(req.get("compactor"), "compactor id")
         self.jobs.unregister(group, compactor, bool(req.get("keep")))
 
     def _mark_drained(self, req: dict[str, Any]) -> None:
-        self.jobs.mark_drained(_name(req.get("compactor"), "compactor id"))
+        self.jobs.mark_drained(self._group(req), _name(req.get("compactor"), "compactor id"))
 
     def _count_written(self, req: dict[str, Any]) -> None:
         n = req.get("n")

@@ -67,8 +67,16 @@ def decode_reply(raw: bytes | str) -> Any:
 class BrokeredJobs:
     """:class:`~kompaktor.metadata.jobs.Jobs` through the coordinator's broker."""
 
-    def __init__(self, store: MetadataStore, timeout_s: float = 20.0, heartbeat_timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        store: MetadataStore,
+        timeout_s: float = 20.0,
+        heartbeat_timeout_s: float = 5.0,
+        group_token: str | None = None,
+    ) -> None:
         self.store = store
+        #: proves requests about its group come from one of its compactors (the pod's spec)
+        self.group_token = group_token
         self.timeout_s = timeout_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
 
@@ -99,7 +107,7 @@ class BrokeredJobs:
         return self.ask(op, timeout_s, ecid=res.ecid, cap=res.cap, **args)
 
     def reserve(self, group: str, compactor: str) -> Reservation | None:
-        got = self.ask("reserve", self.heartbeat_timeout_s, group=group, compactor=compactor)
+        got = self._mine("reserve", group, compactor=compactor)
         return None if got is None else Reservation.from_json(got["res"], got["cap"])
 
     def heartbeat(self, res: Reservation, progress: dict[str, Any]) -> None:
@@ -123,13 +131,32 @@ class BrokeredJobs:
         self.ask("count_written", n=int(n))
 
     def register(self, group: str, compactor: str, state: str, ecid: str | None) -> None:
-        self.ask("register", self.heartbeat_timeout_s, group=group, compactor=compactor, state=state, ecid=ecid)
+        self.ask(
+            "register",
+            self.heartbeat_timeout_s,
+            group=group,
+            compactor=compactor,
+            state=state,
+            ecid=ecid,
+            token=self.group_token,
+        )
 
     def unregister(self, group: str, compactor: str, keep_drain_mark: bool) -> None:
-        self.ask("unregister", self.heartbeat_timeout_s, group=group, compactor=compactor, keep=keep_drain_mark)
+        self.ask(
+            "unregister",
+            self.heartbeat_timeout_s,
+            group=group,
+            compactor=compactor,
+            keep=keep_drain_mark,
+            token=self.group_token,
+        )
 
-    def mark_drained(self, compactor: str) -> None:
-        self.ask("mark_drained", self.heartbeat_timeout_s, compactor=compactor)
+    def mark_drained(self, group: str, compactor: str) -> None:
+        self._mine("mark_drained", group, compactor=compactor)
+
+    def _mine(self, op: str, group: str, **args: Any) -> Any:
+        """A request about this compactor's group (with the group's token)."""
+        return self.ask(op, self.heartbeat_timeout_s, group=group, token=self.group_token, **args)
 
     def resume_log(self, res: Reservation, fingerprint: str) -> resume_records.RedisResumeLog:
         return BrokeredResumeLog(self, res, fingerprint)

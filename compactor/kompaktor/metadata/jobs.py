@@ -49,7 +49,7 @@ class Jobs(Protocol):
 
     def unregister(self, group: str, compactor: str, keep_drain_mark: bool) -> None: ...
 
-    def mark_drained(self, compactor: str) -> None: ...
+    def mark_drained(self, group: str, compactor: str) -> None: ...
 
     def resume_log(self, res: Reservation, fingerprint: str) -> resume_records.RedisResumeLog: ...
 
@@ -87,7 +87,7 @@ class DirectJobs:
     def unregister(self, group: str, compactor: str, keep_drain_mark: bool) -> None:
         self.store.unregister_compactor(group, compactor, keep_drain_mark=keep_drain_mark)
 
-    def mark_drained(self, compactor: str) -> None:
+    def mark_drained(self, group: str, compactor: str) -> None:
         self.store.request_drain(compactor)
 
     def resume_log(self, res: Reservation, fingerprint: str) -> resume_records.RedisResumeLog:

@@ -24,6 +24,7 @@ from kompaktor.files.storage import Storage
 from kompaktor.metadata.brokered import BrokeredJobs
 from kompaktor.metadata.history import HistoryLimits
 from kompaktor.metadata.store import MetadataStore
+from kompaktor.model import grouptoken
 from kompaktor.model.errors import KompaktorError
 from kompaktor.policy.services import GroupConfig
 from kompaktor.resources.admission import check_spark
@@ -119,7 +120,7 @@ def build_compactor(opts: CompactorOptions) -> tuple[Compactor, Callable[[], str
     drain_token = token_source(os.environ.get(TOKEN_ENV), opts.drain_token_file)
     storage = Storage.from_uri(opts.storage_uri)
     storage.check_writable()  # read-only or wrong credentials: one line, now
-    jobs = BrokeredJobs(store) if opts.broker else None
+    jobs = BrokeredJobs(store, group_token=os.environ.get(grouptoken.TOKEN_ENV) or None) if opts.broker else None
     return Compactor(store, storage, settings, jobs=jobs), drain_token
 
 

@@ -252,7 +252,7 @@ class Compactor:
         try:
             self.jobs.register(self.s.group, self.s.compactor_id, state, ecid)
             if state == DRAINING and self.s.stay_drained:
-                self.jobs.mark_drained(self.s.compactor_id)  # the mark outlives this process
+                self.jobs.mark_drained(self.s.group, self.s.compactor_id)  # the mark outlives this process
         except StoreUnavailable as exc:
             log.warning("cannot publish state: %s", exc)
 
