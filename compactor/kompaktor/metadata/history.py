@@ -62,8 +62,11 @@ class HistoryLimits:
 
 @dataclass(frozen=True)
 class Record:
-    """One finished compaction. Figures not known for an outcome are None (a killed job's output,
-    the deletes a merge dropped: the engines do not count them apart from versions)."""
+    """One finished compaction. Figures not known for an outcome are None (a killed job's output
+    and queued time, the delete markers a merge that did not finish dropped). ``queued_s``: the
+    time the job waited in its queue, from its tablet's first queuing (a re-plan keeps it) to the
+    reservation; ``deletes_dropped``: the delete markers of the inputs (within the tablet's range)
+    the output does not hold — all of them for a full compaction."""
 
     ecid: str
     outcome: str

@@ -139,6 +139,14 @@ class JobOutcome:
     figures: dict[str, Any] = field(default_factory=dict)
 
 
+def _queued_s(res: Reservation, reserved: float) -> float | None:
+    """How long the job waited in its queue before this compactor reserved it, at ``reserved``
+    (epoch s). The queue's time is the coordinator's clock: a skew never makes it negative."""
+    if res.queued_ms is None:
+        return None
+    return round(max(0.0, reserved - res.queued_ms / 1000.0), 3)
+
+
 def _no_progress() -> dict[str, Any]:
     return {"entries_read": 0, "entries_written": 0, "bytes_read": 0, "bytes_written": 0}
 
@@ -364,6 +372,7 @@ class Compactor:
         res = self.jobs.reserve(self.s.group, self.s.compactor_id)
         if res is None:
             return None
+        reserved = time.time()
         self.current = res
         self._publish(BUSY)
         try:
@@ -371,11 +380,11 @@ class Compactor:
         finally:
             self.current = None
         self.jobs_done += 1
-        self._remember(res, outcome)
+        self._remember(res, outcome, reserved)
         log.info("%s %s on %s: %s %s", res.ecid, res.job.kind, res.tablet, outcome.status, outcome.reason)
         return outcome
 
-    def _remember(self, res: Reservation, outcome: JobOutcome) -> None:
+    def _remember(self, res: Reservation, outcome: JobOutcome, reserved: float) -> None:
         """The job's record in the group's history: written after its outcome is settled (after
         the commit's reply), one round trip, never failing the job."""
         rec = history.Record(
@@ -391,6 +400,7 @@ class Compactor:
             engine=getattr(self.engine, "name", self.s.engine),
             input_files=len(res.inputs),
             input_bytes=sum(res.job.files.values()),
+            queued_s=_queued_s(res, reserved),
             **outcome.figures,
         )
         history.append(self.store, rec, self.s.history_limits)
@@ -549,7 +559,9 @@ class Compactor:
         res, result, rlog = job.res, job.result, job.rlog
         assert result is not None
         figures.update(
-            input_entries=result.entries_read, output_bytes=result.bytes_written, output_entries=result.entries_written
+            input_entries=result.entries_read,
+            output_bytes=result.bytes_written,
+            output_entries=result.entries_written,
         )
         figures["resumed_parts"] = max(figures["resumed_parts"], result.parts_reused)
         commit_started = time.monotonic()
