@@ -108,6 +108,7 @@ def check_queued_and_deletes(store: MetadataStore, storage: Storage, client: Cli
     (after,) = store.tablets(tid)
     ((_output, meta),) = after.files.items()
     assert rec.input_files == 4 and meta.deletes == 0  # all the tablet's files: a full compaction
+    assert rec.deletes_dropped == DELETES_WRITTEN
     assert rec.queued_s is not None and 120.0 <= rec.queued_s <= 120.0 + waited
 
 
@@ -173,7 +174,7 @@ def test_failures_then_the_dead_letter_are_recorded_with_their_reason(
     recs = records(store)
     assert [r.outcome for r in recs] == [history.DEAD_LETTERED, history.FAILED, history.FAILED]
     assert all(r.failed and bad in r.reason and r.tablet == tablet.id for r in recs)
-    assert all(r.output_bytes is None and r.commit_s is None for r in recs)
+    assert all(r.output_bytes is None and r.commit_s is None and r.deletes_dropped is None for r in recs)
     # each attempt waited in the queue from its (re-)queuing to its reservation
     assert all(r.queued_s is not None and 0 <= r.queued_s < 60 for r in recs)
     assert records(store, failed=True) == recs

@@ -562,6 +562,7 @@ class Compactor:
             input_entries=result.entries_read,
             output_bytes=result.bytes_written,
             output_entries=result.entries_written,
+            deletes_dropped=result.deletes_dropped,
         )
         figures["resumed_parts"] = max(figures["resumed_parts"], result.parts_reused)
         commit_started = time.monotonic()
