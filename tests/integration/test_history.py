@@ -239,6 +239,46 @@ def test_the_history_is_bounded_by_count_and_by_age(store: MetadataStore) -> Non
         history.HistoryLimits(max_records=0)
 
 
+def test_compactors_and_the_coordinator_trim_to_the_groups_bounds(
+    store: MetadataStore, storage: Storage, client: Client
+) -> None:
+    """A CompactorGroup's spec.history, stored with the group's configuration: its compactors trim
+    the group's history to it when they record a job, and the coordinator when it records a dead
+    one (its own bounds, the defaults here, are for groups with no configuration)."""
+    from kompaktor.resources import models as m
+
+    key = C.history_key(GROUP)
+    spec = m.CompactorGroupSpec.model_validate({"spark": {"engine": "arrow"}, "history": {"maxRecords": 100}})
+    store.put_group(m.to_group_config(GROUP, spec))
+    settings = WorkerSettings.for_group(store.groups()[GROUP], "c-bounded", heartbeat_s=0.2)
+    assert settings.history_limits == history.HistoryLimits(100, 7 * 86_400.0)
+
+    def fill(n: int, at: float) -> None:
+        start = int(at * 1000)
+        for i in range(n):
+            rec = history.Record(f"ECID-{i:016x}", history.COMMITTED, GROUP, "1", "1;", "SYSTEM", "c", at)
+            store._r.xadd(key, {"r": json.dumps(rec.to_json())}, id=f"{start + i}-0")
+
+    fill(1000, time.time() - 60)
+    make_table(client, splits=(b"m",))
+    plan(store, storage)
+    assert Compactor(store, storage, settings).run_one().status == "committed"
+    assert 100 <= store._r.xlen(key) < 300  # about the group's 100, not the default 10,000
+    assert records(store, limit=1)[0].compactor == "c-bounded"
+
+    # the age bound: an hour; records a day old go when the coordinator records a dead compaction
+    spec = m.CompactorGroupSpec.model_validate({"history": {"maxAgeSeconds": 3600}})
+    store.put_group(m.to_group_config(GROUP, spec))
+    store._r.delete(key)
+    fill(250, time.time() - 86_400)
+    res = compactions.reserve(store, store.queues, GROUP, "c-gone")
+    assert res is not None
+    store._r.hset(C.heartbeat_key(res.ecid), "updated", time.time() - 100)
+    assert detect_dead(store, storage, dead_after_s=30, max_attempts=3) == [res.ecid]
+    assert store._r.xlen(key) <= 100  # the two full nodes of day-old records went
+    assert records(store, limit=1)[0].ecid == res.ecid
+
+
 def test_a_reason_is_kept_redacted_on_one_line(store: MetadataStore) -> None:
     reason = "storage unavailable: cannot reach\n  s3://key:SECRET@host/b?token=T0KEN " + "x" * 600
     r = history.Record("ECID-1", history.RETRIED, GROUP, "1", "1;", "SYSTEM", "c", time.time(), reason=reason)

@@ -26,6 +26,7 @@ from typing import Any
 from kompaktor import keyspace as C
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.redact import redact_text
+from kompaktor.policy.services import DEFAULT_HISTORY_AGE_S, DEFAULT_HISTORY_RECORDS, GroupConfig
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +40,8 @@ OUTCOMES = (COMMITTED, FAILED, DEAD_LETTERED, CANCELLED, RETRIED, KILLED)
 #: the outcomes `kompaktor history --failed` and the status page's failures list
 FAILURES = frozenset({FAILED, DEAD_LETTERED, RETRIED, KILLED})
 
-DEFAULT_MAX_RECORDS = 10_000
-DEFAULT_MAX_AGE_S = 7 * 86_400.0
+DEFAULT_MAX_RECORDS = DEFAULT_HISTORY_RECORDS
+DEFAULT_MAX_AGE_S = float(DEFAULT_HISTORY_AGE_S)
 #: the longest reason kept (a merge's exception text can be long)
 REASON_MAX = 500
 #: entries one read of a stream returns at most
@@ -58,6 +59,11 @@ class HistoryLimits:
     def __post_init__(self) -> None:
         if self.max_records < 1 or self.max_age_s <= 0:
             raise ValueError("history: need at least 1 record and an age above 0 seconds")
+
+    @classmethod
+    def of_group(cls, cfg: GroupConfig) -> HistoryLimits:
+        """A group's bounds, as its configuration (the CompactorGroup's ``spec.history``) says."""
+        return cls(cfg.history_records, float(cfg.history_age_seconds))
 
 
 @dataclass(frozen=True)

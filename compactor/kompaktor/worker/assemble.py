@@ -57,7 +57,9 @@ class CompactorOptions:
     #: the coordinator makes the compactor's writes (a compactor pod; :mod:`kompaktor.metadata.brokered`)
     broker: bool = False
     max_jobs: int | None = None
-    history_limits: HistoryLimits = dataclasses.field(default_factory=HistoryLimits)
+    #: the group's history bounds (its CompactorGroup's spec.history) overridden, when given
+    history_records: int | None = None
+    history_age: float | None = None
 
 
 def parse_spark_conf(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -96,18 +98,25 @@ def worker_settings(cfg: GroupConfig, source: str, opts: CompactorOptions, conf:
         "driver_memory": opts.driver_memory,
         "drain_grace_s": opts.drain_grace,
         "spark_conf": {**settings.spark_conf, **conf} if conf else None,
+        "history_limits": history_limits(settings.history_limits, opts.history_records, opts.history_age),
     }
     overrides = {k: v for k, v in overrides.items() if v is not None}
     if overrides:
-        flags = sorted("--" + k.removesuffix("_s").replace("_", "-") for k in overrides)
+        flags = sorted(_FLAGS.get(k, "--" + k.removesuffix("_s").replace("_", "-")) for k in overrides)
         source += ", overridden by " + " ".join(flags)
-    return dataclasses.replace(
-        settings,
-        source=source,
-        history_limits=opts.history_limits,
-        stay_drained=opts.stay_drained,
-        **overrides,
-    )
+    return dataclasses.replace(settings, source=source, stay_drained=opts.stay_drained, **overrides)
+
+
+#: the options an override names, where its name is not the setting's
+_FLAGS = {"history_limits": "--history-records/--history-age"}
+
+
+def history_limits(group: HistoryLimits, records: int | None, age: float | None) -> HistoryLimits | None:
+    """The group's history bounds with ``--history-records`` / ``--history-age`` over them, or None
+    when neither option was given."""
+    if records is None and age is None:
+        return None
+    return HistoryLimits(group.max_records if records is None else records, group.max_age_s if age is None else age)
 
 
 def build_compactor(opts: CompactorOptions) -> tuple[Compactor, Callable[[], str | None]]:

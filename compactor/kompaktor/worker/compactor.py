@@ -88,7 +88,8 @@ class WorkerSettings:
     resume_min_bytes: int = DEFAULT_RESUME_MIN_BYTES
     #: where the group's settings above came from, said in the compactor's start-up line
     source: str = "the caller"
-    #: how much of the group's compaction history to keep (each finished job adds a record)
+    #: how much of the group's compaction history to keep (each finished job adds a record and
+    #: trims the group's stream to these bounds; the CompactorGroup's spec.history)
     history_limits: history.HistoryLimits = field(default_factory=history.HistoryLimits)
     #: a compactor pod: once drained it stays up, inert, until SIGTERM (its pod deleted), and
     #: its drain mark in Redis (keyed by the pod's name) is kept when it exits, so a restarted
@@ -108,16 +109,19 @@ class WorkerSettings:
             drain_grace_s=float(cfg.drain_grace_seconds),
             resume=cfg.resume,
             resume_min_bytes=cfg.resume_min_bytes,
+            history_limits=history.HistoryLimits.of_group(cfg),
             **kw,
         )
 
     def describe(self) -> str:
         """The group's settings this compactor runs with, on one line (logged at start)."""
         conf = ",".join(f"{k}={v}" for k, v in sorted(self.spark_conf.items())) or "-"
+        h = self.history_limits
         return (
             f"engine={self.engine} spark_master={self.spark_master} spark_conf={conf} "
             f"driver_memory={self.driver_memory or '-'} drain_grace={self.drain_grace_s:g}s "
-            f"resume={format_quantity(self.resume_min_bytes) if self.resume else 'off'}"
+            f"resume={format_quantity(self.resume_min_bytes) if self.resume else 'off'} "
+            f"history={h.max_records}/{h.max_age_s:g}s"
         )
 
 
