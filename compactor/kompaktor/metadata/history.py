@@ -10,8 +10,9 @@ Stored as one Redis stream per group, ``kz:history:<group>`` (:func:`kompaktor.k
 one field ``r`` holding the record as JSON; the entry's id is the time it was written. The writer
 appends with ``XADD … MAXLEN ~ N`` and trims by age with ``XTRIM … MINID ~`` in the same round trip
 (a pipeline, :func:`append`), once the job's outcome is settled: never inside the reserve or
-commit functions, and a history that cannot be written never fails a job. Bounds are approximate
-(Redis trims whole stream nodes), so a reader may see a few records past them.
+commit functions, and a history that cannot be written never fails a job. The bounds are each
+group's (its CompactorGroup's ``spec.history``, in the group's configuration: :meth:`HistoryLimits.of_group`)
+and approximate (Redis trims whole stream nodes), so a reader may see a few records past them.
 """
 
 from __future__ import annotations
