@@ -178,7 +178,7 @@ def _row_prefixes(rows: pa.Array, skip: int) -> tuple[np.ndarray, np.ndarray]:
     integer, zero padded — a value that never decreases as the row increases — and the row's
     length in bytes."""
     n = len(rows)
-    offsets = np.frombuffer(rows.buffers()[1], dtype=np.int32, count=n + 1, offset=4 * rows.offset)
+    offsets = np.frombuffer(rows.buffers()[1], dtype=np.int32, count=n + 1, offset=4 * rows.offset).astype(np.int64)
     buf = rows.buffers()[2]
     data = np.frombuffer(buf, dtype=np.uint8) if buf is not None and buf.size else np.zeros(0, np.uint8)
     data = np.concatenate([data, np.zeros(8, np.uint8)])  # a word read at any row's start stays inside
