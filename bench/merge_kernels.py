@@ -1,10 +1,11 @@
 """The merge kernel alone (issue 37 §2): candidate ways of putting one key range of sorted
 inputs into merged order, timed on the same range of every key shape in one run.
 
-``python -m bench.merge_kernels [--entries 4000000] [--range 1000000] [--shapes all] [--repeat 5]``
+``python -m bench.merge_kernels [--entries 4000000] [--range 1000000] [--shapes ...] [--repeat 5]``
+(default: every shape but ``disjoint``, which the merge never sees: it skips the sort)
 generates each shape's inputs (:func:`bench.merge_bench.generate`, 8 files), cuts one range of
-about ``--range`` entries from them (the engine's range size) and times, best of ``--repeat`` in CPU seconds (this process's, so
-DataFusion's threads count):
+about ``--range`` entries from them (the engine's range size) and times, best of ``--repeat``,
+in CPU seconds of this process (DataFusion's and Polars' threads count):
 
 - ``arrow sort``: the engine before issue 37 — ``pc.sort_indices`` on the concatenated key
   columns (made contiguous);
