@@ -72,6 +72,12 @@ DURABILITY_ENV = "KOMPAKTOR_DURABILITY"
 WAIT_ENV = "KOMPAKTOR_DURABILITY_TIMEOUT_MS"
 
 
+def text(reply: bytes | str) -> str:
+    """A Redis reply as ``str``. Kompaktor's clients leave responses undecoded (``bytes``);
+    redis-py's types say ``bytes | str``, as they cannot see ``decode_responses``."""
+    return reply.decode() if isinstance(reply, bytes) else reply
+
+
 class NotDurable(StoreUnavailable):
     """Redis applied a write but could not confirm it durable in time: its outcome is unknown."""
 
