@@ -19,31 +19,35 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Sequence
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from numpy.typing import NDArray
 
 from kompaktor.files.sortedfile import COLUMNS, SCHEMA
 from kompaktor.model.iterators import SCAN, IteratorSettings
-from kompaktor.model.keys import ARROW_SORT_KEYS
+from kompaktor.model.keys import ARROW_SORT_KEYS, ArrowSortKey
 
 KEY_COLUMNS = ("row", "cf", "cq", "vis")
 SOURCE = "__source"
 #: merged order: key order, then the newest source (highest index) first among identical keys.
-MERGE_SORT_KEYS: list[tuple[str, str]] = [*ARROW_SORT_KEYS, (SOURCE, "descending")]
+MERGE_SORT_KEYS: list[ArrowSortKey] = [*ARROW_SORT_KEYS, (SOURCE, "descending")]
 #: below this size the inputs of a range are made contiguous before sorting (binary columns
 #: have 32-bit offsets: one contiguous column must stay under 2 GiB)
 COMBINE_LIMIT = 1 << 30
+#: one flag per entry
+Mask = NDArray[np.bool_]
 
 
-def _np_bool(arr) -> np.ndarray:
+def _np_bool(arr: pa.Array[Any] | pa.ChunkedArray[Any]) -> Mask:
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
     return arr.to_numpy(zero_copy_only=False).astype(bool, copy=False)
 
 
-def _row_dropped(table: pa.Table, row_starts: np.ndarray, settings: IteratorSettings) -> np.ndarray:
+def _row_dropped(table: pa.Table, row_starts: Mask, settings: IteratorSettings) -> Mask:
     """settings.row_dropped per entry; the regex runs once per distinct row (Python ``re``, the
     same engine as the reference), the range part is vectorized."""
     n = table.num_rows
@@ -51,9 +55,9 @@ def _row_dropped(table: pa.Table, row_starts: np.ndarray, settings: IteratorSett
     dropped = np.zeros(n, dtype=bool)
     if settings.row_regex is not None:
         idx = np.flatnonzero(row_starts)
-        distinct = rows.take(pa.array(idx)).to_pylist()
+        distinct = cast("list[bytes]", rows.take(pa.array(idx, pa.int64())).to_pylist())
         pat = re.compile(settings.row_regex.encode())
-        hit = np.fromiter((pat.search(r) is not None for r in distinct), dtype=bool, count=len(distinct))
+        hit = np.fromiter((pat.search(r) is not None for r in distinct), dtype=np.bool_, count=len(distinct))
         lengths = np.diff(np.append(idx, n))
         dropped |= np.repeat(hit, lengths)
     if settings.row_start is not None or settings.row_end is not None:
@@ -66,14 +70,7 @@ def _row_dropped(table: pa.Table, row_starts: np.ndarray, settings: IteratorSett
     return dropped
 
 
-def _within_group_exclusive(flags: np.ndarray, gid: np.ndarray, gstart: np.ndarray) -> np.ndarray:
-    """For each entry, how many ``flags`` precede it inside its group."""
-    c = np.cumsum(flags, dtype=np.int64)
-    excl = c - flags
-    return excl - excl[gstart][gid]
-
-
-def _starts(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+def _starts(table: pa.Table) -> tuple[Mask, Mask]:
     """(column-key starts, row starts): True at the first entry of each column key / row."""
     n = table.num_rows
     key_start = np.ones(n, dtype=bool)
@@ -85,7 +82,7 @@ def _starts(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     return key_start, row_start
 
 
-def _within_group_exclusive(flags: np.ndarray, start: np.ndarray) -> np.ndarray:
+def _within_group_exclusive(flags: Mask, start: Mask) -> NDArray[np.int64]:
     """For each entry, how many ``flags`` precede it inside its group (groups begin at ``start``)."""
     excl = np.cumsum(flags, dtype=np.int64) - flags
     # excl never decreases, so the running max of its values at group starts is the value at
@@ -94,7 +91,7 @@ def _within_group_exclusive(flags: np.ndarray, start: np.ndarray) -> np.ndarray:
     return excl - base
 
 
-def keep_mask(table: pa.Table, settings: IteratorSettings = SCAN) -> np.ndarray:
+def keep_mask(table: pa.Table, settings: IteratorSettings = SCAN) -> Mask:
     """Boolean mask of the entries ``apply_stack`` keeps from ``table`` (in merged order)."""
     n = table.num_rows
     if n == 0:
