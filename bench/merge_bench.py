@@ -40,159 +40,21 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from bench.common import descendants
-from kompaktor.files.sortedfile import SCHEMA, write_sorted
+from kompaktor.files.sortedfile import SCHEMA
 from kompaktor.files.storage import Storage
-from kompaktor.model.keys import ARROW_SORT_KEYS
 from kompaktor.policy.services import DEFAULT_SPARK_MASTER
+from tests.support.mergeinputs import SHAPES, generate, parse_shapes, pyarrow_sort, same_entries
 
 OUT_DIR = Path(__file__).resolve().parent / "out"
 
 
-def _binary(values: np.ndarray, width: int) -> pa.Array:
-    """Fixed-width big-endian bytes of unsigned ints, as a binary array (any byte values)."""
-    raw = values.astype(f">u{width}").tobytes()
-    fsb = pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), len(values), [None, pa.py_buffer(raw)])
-    return fsb.cast(pa.binary())
-
-
-def _row_keys(values: np.ndarray, width: int) -> pa.Array:
-    """Row keys of ``width`` bytes (>= 8): a fixed prefix, then the value big-endian."""
-    if width <= 8:
-        return _binary(values, width)
-    raw = np.zeros((len(values), width), dtype=np.uint8)
-    raw[:, : width - 8] = 0x6B  # 'k'
-    raw[:, width - 8 :] = values.astype(">u8").view(np.uint8).reshape(-1, 8)
-    fsb = pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), len(values), [None, pa.py_buffer(raw.tobytes())])
-    return fsb.cast(pa.binary())
-
-
-@dataclass(frozen=True)
-class Shape:
-    """A key shape (issue 37 §1): how the inputs' keys, values and overlaps look."""
-
-    name: str
-    row_bytes: int = 16
-    #: column qualifiers per row (x 2 families: entries per row = 2 x quals)
-    quals: int = 2
-    value_bytes: int = 64
-    #: fraction of each later file's entries that overwrite an older file's key
-    overwrite: float = 0.10
-    #: fraction of each later file's entries that are delete markers of older keys
-    deletes: float = 0.02
-    #: keys drawn from entries / versions distinct keys: each key has ~versions versions
-    versions: int = 1
-    #: each file holds its own contiguous key range (no overlaps, no overwrites)
-    disjoint: bool = False
-    #: the shape runs on entries // entries_div (large values: the same order of bytes)
-    entries_div: int = 1
-
-
-#: the key shapes (issue 37 §1); ``base`` is the bench's original shape
-SHAPES: dict[str, Shape] = {
-    s.name: s
-    for s in (
-        Shape("base"),
-        Shape("row4", row_bytes=4),
-        Shape("row200", row_bytes=200),
-        Shape("fewcq", quals=1),
-        Shape("manycq", quals=64),
-        Shape("value0", value_bytes=0),
-        Shape("value4k", value_bytes=4096, entries_div=32),
-        Shape("dups", overwrite=0.6),
-        Shape("versions", versions=16, overwrite=0.0, deletes=0.0),
-        Shape("deletes", deletes=0.4),
-        Shape("disjoint", overwrite=0.0, deletes=0.0, disjoint=True),
-    )
-}
+#: the shapes ``--shapes`` names by default (of :data:`SHAPES`, in tests.support.mergeinputs)
 DEFAULT_SHAPES = ("base",)
-
-
-def make_table(
-    ids: np.ndarray,
-    ts: np.ndarray,
-    deleted: np.ndarray,
-    rng: np.random.Generator,
-    value_bytes: int = 40,
-    row_bytes: int = 8,
-    quals: int = 2,
-) -> pa.Table:
-    """Entries for column-key ids: row = id // (2 x ``quals``) (``row_bytes``), cf = 2 families,
-    cq = ``quals`` qualifiers."""
-    n = len(ids)
-    per_row = 2 * quals
-    row = _row_keys(ids // per_row, row_bytes)
-    fam = pa.array(np.where((ids % per_row) < quals, b"f0", b"f1"), pa.binary())
-    qnames = np.array([b"q%d" % q for q in range(quals)], dtype=object)
-    qual = pa.array(qnames[(ids % quals).astype(np.int64)], pa.binary())
-    vis = pa.array(np.where((ids % 3) == 0, b"", b"A&B"), pa.binary())
-    vals = rng.integers(0, 256, size=n * value_bytes, dtype=np.uint8).tobytes()
-    if value_bytes:
-        value = pa.FixedSizeBinaryArray.from_buffers(pa.binary(value_bytes), n, [None, pa.py_buffer(vals)])
-        value = value.cast(pa.binary())
-    else:
-        value = pa.array(np.full(n, b"", dtype=object), pa.binary())
-    value = pc.if_else(pa.array(deleted), pa.scalar(b"", pa.binary()), value)
-    t = pa.Table.from_arrays([row, fam, qual, vis, pa.array(ts, pa.int64()), pa.array(deleted), value], schema=SCHEMA)
-    return t.sort_by(ARROW_SORT_KEYS)
-
-
-def generate(
-    storage: Storage,
-    entries: int,
-    files: int = 8,
-    seed: int = 7,
-    *,
-    row_bytes: int = 8,
-    value_bytes: int = 40,
-    shape: Shape | None = None,
-) -> list[str]:
-    """Write ``files`` sorted inputs holding ``entries`` in total; return their paths, oldest first."""
-    shape = shape or Shape("custom", row_bytes=row_bytes, value_bytes=value_bytes)
-    rng = np.random.default_rng(seed)
-    per = entries // files
-    next_id = 0
-    n_keys = max(1, entries // shape.versions) if shape.versions > 1 else entries * 2
-    universe = rng.permutation(np.arange(n_keys, dtype=np.uint64)) * np.uint64(2654435761) % np.uint64(2**61)
-    if shape.disjoint:
-        universe = np.sort(universe[:entries])
-    paths: list[str] = []
-    for f in range(files):
-        n = per if f < files - 1 else entries - per * (files - 1)
-        if shape.disjoint:
-            ids, deleted = universe[f * per : f * per + n], np.zeros(n, dtype=bool)
-        elif shape.versions > 1:  # every key in many files (and twice in some): draws from few keys
-            ids = rng.choice(universe, size=n, replace=True)
-            deleted = np.zeros(n, dtype=bool)
-        else:
-            n_over = int(n * shape.overwrite) if f else 0
-            n_del = int(n * shape.deletes) if f else 0
-            n_new = n - n_over - n_del
-            new = universe[next_id : next_id + n_new]
-            next_id += n_new
-            old = universe[: next_id - n_new] if f else new
-            picks = rng.choice(old, size=n_over + n_del, replace=True) if f else np.array([], np.uint64)
-            ids = np.concatenate([new, picks])
-            deleted = np.zeros(len(ids), dtype=bool)
-            deleted[n_new + n_over :] = True
-        if shape.versions > 1:  # distinct in a file: a key drawn twice is two versions, no tie
-            ts = (f + 1) * 10_000_000 + rng.permutation(len(ids))
-        else:
-            ts = (f + 1) * 10_000_000 + rng.integers(0, 1_000_000, size=len(ids))
-        path = f"bench/{shape.name}/F{f:06d}.parquet"
-        storage.ensure_dir(f"bench/{shape.name}")
-        table = make_table(ids, ts, deleted, rng, shape.value_bytes, shape.row_bytes, shape.quals)
-        write_sorted(storage, path, table)
-        paths.append(path)
-    return paths
 
 
 #: input layouts (issue 17 §1): rows per row group of each input file
@@ -264,21 +126,6 @@ def io_floor(storage: Storage, inputs: list[str], out: str) -> int:
             for i in range(pf.num_row_groups):
                 w.write_table(pf.read_row_group(i))
     return pq.ParquetFile(storage.path(out)).metadata.num_rows
-
-
-def pyarrow_sort(storage: Storage, inputs: list[str], out: str) -> int:
-    """pyarrow alone: read all, concat, sort, newest-version + delete suppression, write. Its own
-    sort on every shape (not the engine's merge, which skips the sort where inputs do not overlap)."""
-    from kompaktor.files.arrowstack import MERGE_SORT_KEYS, SOURCE, apply_stack_table
-
-    tables = [pq.read_table(storage.path(p)) for p in inputs]
-    table = pa.concat_tables(
-        t.append_column(SOURCE, pa.array(np.full(t.num_rows, i, dtype=np.int32))) for i, t in enumerate(tables)
-    ).combine_chunks()
-    table = table.take(pc.sort_indices(table, sort_keys=MERGE_SORT_KEYS))
-    merged = apply_stack_table(table).drop_columns([SOURCE])
-    pq.write_table(merged, storage.path(out), compression="zstd", row_group_size=128 * 1024)
-    return merged.num_rows
 
 
 def polars_merge(storage: Storage, inputs: list[str], out: str) -> int:
@@ -362,11 +209,6 @@ def timed(fn: Callable[[], int], repeat: int, children: bool = False) -> tuple[l
         times.append(time.perf_counter() - t0)
     LAST_CPU[0] = (cpu_seconds(children) - c0) / max(1, repeat)
     return times, n
-
-
-def same_entries(storage: Storage, a: str, b: str) -> bool:
-    ta, tb = pq.read_table(storage.path(a)), pq.read_table(storage.path(b))
-    return ta.select(SCHEMA.names).cast(SCHEMA).equals(tb.select(SCHEMA.names).cast(SCHEMA))
 
 
 def _compare_resumable(console, rows: list[dict], plain_name: str, label: str) -> None:
@@ -488,15 +330,6 @@ def main(argv: list[str] | None = None) -> int:
         if not args.dir:
             shutil.rmtree(scratch, ignore_errors=True)
     return 0
-
-
-def parse_shapes(text: str) -> list[Shape]:
-    """The shapes a ``--shapes`` value names (``all``: every one); a clear error for a typo."""
-    names = list(SHAPES) if text.strip() == "all" else [x.strip() for x in text.split(",") if x.strip()]
-    unknown = [n for n in names if n not in SHAPES]
-    if unknown:
-        raise SystemExit(f"bench.merge_bench: unknown shape(s) {', '.join(unknown)}; known: {', '.join(SHAPES)}, all")
-    return [SHAPES[n] for n in names]
 
 
 PEERS = ("Polars", "DuckDB", "pyarrow sort")

@@ -53,9 +53,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import OUT, ROOT, start_redis
-from bench.soak import FD_LIMIT, RSS_LIMIT_PCT, Sample, growth, plot_processes, sample_processes
+from bench.soak import plot_processes, sample_processes
 from kompaktor.resources import api
 from kompaktor_operator import naming
+from tests.support.growth import FD_LIMIT, RSS_LIMIT_PCT, Sample, growth
 
 NS = "kompaktor"
 RELEASE = "kompaktor"

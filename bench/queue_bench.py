@@ -1,6 +1,9 @@
 """Queue throughput under load (issues 4 §6 and 8 §4): P client processes (default 8) each run
 reserve + commit round trips against one local Redis. Checks that no job is reserved twice and
-none is lost; reports round trips per second and p50/p99 latency. Aim: 2,000 round trips/s."""
+none is lost; reports round trips per second and p50/p99 latency. Aim: 2,000 round trips/s.
+
+``--broker``: the same cycles made as compactor pods make them, asked of the coordinator's broker
+(issue 34 §1), measured in the same run after the direct ones, and the ratio printed."""
 
 from __future__ import annotations
 
@@ -13,13 +16,16 @@ from pathlib import Path
 from bench.common import fill_tablets, percentile, start_redis, write_csv
 
 
-def _worker(url: str, group: str, out: mp.Queue, ready: mp.Queue, go, profile: str | None = None) -> None:
-    from kompaktor.metadata import compactions
+def _worker(
+    url: str, group: str, out: mp.Queue, ready: mp.Queue, go, profile: str | None = None, broker: bool = False
+) -> None:
+    from kompaktor.metadata.brokered import BrokeredJobs
+    from kompaktor.metadata.jobs import DirectJobs, Jobs
     from kompaktor.metadata.store import MetadataStore
     from kompaktor.model.tablet import FileInfo
 
     store = MetadataStore.from_url(url)
-    queues = store.queues
+    jobs: Jobs = BrokeredJobs(store) if broker else DirectJobs(store)
     store.ping()
     ready.put(1)
     go.wait()
@@ -35,11 +41,11 @@ def _worker(url: str, group: str, out: mp.Queue, ready: mp.Queue, go, profile: s
     reserved_files: list[list[str]] = []
     while True:
         t0 = time.perf_counter()
-        res = compactions.reserve(store, queues, group, f"bench-{mp.current_process().pid}")
+        res = jobs.reserve(group, f"bench-{mp.current_process().pid}")
         if res is None:
             break
         info = FileInfo(res.output, 1000, 10, 0, (b"a",), (b"b",))
-        compactions.commit(store, res, info)
+        jobs.commit(res, info)
         lat.append(time.perf_counter() - t0)
         ecids.append(res.ecid)
         reserved_files.append(list(res.inputs))
@@ -71,16 +77,41 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--jobs", type=int, default=10_000)
     ap.add_argument("--procs", type=int, default=8)
     ap.add_argument(
+        "--broker",
+        action="store_true",
+        help="also run the cycles through the coordinator's broker (2 threads, as a coordinator "
+        "serves), after the direct ones, and print the ratio",
+    )
+    ap.add_argument(
         "--profile",
         metavar="DIR",
         help="write each client's cProfile stats to DIR and print Redis "
         "server time per command (INFO commandstats) for the measured part",
     )
     args = ap.parse_args(argv)
+    rows = [_run(args, broker=False)]
+    if args.broker:
+        rows.append(_run(args, broker=True))
+        ratio = rows[1]["round_trips_per_s"] / max(rows[0]["round_trips_per_s"], 1)
+        print(
+            f"through the broker: {rows[1]['round_trips_per_s']:,}/s vs {rows[0]['round_trips_per_s']:,}/s direct "
+            f"= {ratio:.2f}x; p50 {rows[1]['p50_ms']} ms vs {rows[0]['p50_ms']} ms"
+        )
+    write_csv("queue.csv", rows)
+    if any(r["reserved_twice"] or r["lost"] for r in rows):
+        raise SystemExit("queue benchmark found a job reserved twice or lost")
+    return rows
+
+
+def _run(args: argparse.Namespace, broker: bool) -> dict:
+    import threading
+
+    from kompaktor.coordinator.broker import Broker
     from kompaktor.metadata.store import MetadataStore
     from kompaktor.model.job import Job
 
     redis = start_redis()
+    stop = threading.Event()
     try:
         store = MetadataStore.from_url(redis.url)
         queues = store.queues
@@ -98,8 +129,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
         go = ctx.Event()
         if args.profile:
             Path(args.profile).mkdir(parents=True, exist_ok=True)
+        if broker:
+            Broker(MetadataStore.from_url(redis.url)).start(stop)
         procs = [
-            ctx.Process(target=_worker, args=(redis.url, "g", out, ready, go, args.profile)) for _ in range(args.procs)
+            ctx.Process(target=_worker, args=(redis.url, "g", out, ready, go, args.profile, broker))
+            for _ in range(args.procs)
         ]
         for p in procs:
             p.start()
@@ -121,6 +155,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         twice = len(files) - len(set(files))
         lost = args.jobs - len(ecids)
         row = {
+            "mode": "broker" if broker else "direct",
             "procs": args.procs,
             "jobs": args.jobs,
             "round_trips": len(lat),
@@ -134,7 +169,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             "redis_cpu_us_per_trip": round(redis_cpu / max(len(lat), 1) * 1e6),
         }
         print(
-            f"queue: {args.procs} processes, {len(lat):,} reserve+commit round trips in {wall:.1f}s = "
+            f"queue ({row['mode']}): {args.procs} processes, {len(lat):,} reserve+commit round trips in {wall:.1f}s = "
             f"{row['round_trips_per_s']:,}/s; p50 {row['p50_ms']} ms, "
             f"p99 {row['p99_ms']} ms; reserved twice: {twice}, lost: {lost} (aim 2,000/s); CPU per round trip: "
             f"clients {row['client_cpu_us_per_trip']} µs, Redis {row['redis_cpu_us_per_trip']} µs"
@@ -155,11 +190,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         )
         if args.profile:
             _print_commandstats(stats, len(lat))
-        write_csv("queue.csv", [row])
-        if twice or lost:
-            raise SystemExit("queue benchmark found a job reserved twice or lost")
-        return [row]
+        return row
     finally:
+        stop.set()
         redis.stop()
 
 

@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     from kompaktor.engines.api import MergeRequest
     from kompaktor.files.storage import Storage
     from kompaktor.model.iterators import IteratorSettings
-    from tests.harness.s3server import S3Server
+    from tests.support.s3server import S3Server
 
     root = Path(tempfile.mkdtemp(prefix="kompaktor-s3bench-"))
     s3 = S3Server(root / "s3", record=True).start()

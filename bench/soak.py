@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import common
+from tests.support.growth import FD_LIMIT, LIMIT_WARM_MIN, RSS_LIMIT_PCT, Sample, growth_per_process, judge_limits
 
 KEY_ID = re.compile(r"(ECID-[0-9a-f]+|[0-9a-f]{8,}|\d+|compactor-[\w-]+)")
 #: key families bounded by a TTL or a retention rather than by the tables (left out of the
@@ -56,17 +57,6 @@ KEY_ID = re.compile(r"(ECID-[0-9a-f]+|[0-9a-f]{8,}|\d+|compactor-[\w-]+)")
 #: user_compactions.RETENTION_S, 7 days), Compaction requests (30 days)
 BOUNDED = ("kz:mut:", "kz:split:", "kz:wake:", "kz:ucomp:", "kz:ucomps", "kz:operator:compaction:")
 PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-@dataclass
-class Sample:
-    minute: float
-    role: str
-    pid: int
-    rss_mb: float
-    fds: int
-    threads: int
-    children: int
 
 
 @dataclass
@@ -140,78 +130,6 @@ def sample_processes(procs: dict[str, int], minute: float) -> list[Sample]:
         if got is not None:
             out.append(Sample(minute, role, pid, round(got[0], 1), got[1], got[2], len(common.descendants(pid))))
     return out
-
-
-#: the limits every process is held to over its own life after its warm-up (issue 24)
-RSS_LIMIT_PCT = 10.0
-FD_LIMIT = 5
-#: ... from its 10th minute (issue 24: "from minute 10"): what the Redis dataset takes to steady
-#: (``kz:mut:*`` outcomes live 600 s) and a compactor to start Spark's Python workers
-LIMIT_WARM_MIN = 10.0
-
-
-@dataclass(frozen=True)
-class Growth:
-    """One process's growth over its own life: from its first sample ``warm`` minutes or more after
-    its first sample at all (its own warm-up) to its last sample."""
-
-    process: str  # the role without its ``:pid`` suffix
-    pid: int
-    start: float  # minutes
-    end: float
-    rss_pct: float
-    fds: int
-    threads: int
-
-    def over_limits(self) -> bool:
-        return self.rss_pct > RSS_LIMIT_PCT or self.fds > FD_LIMIT
-
-    def __str__(self) -> str:
-        return (
-            f"{self.process}:{self.pid} rss {self.rss_pct:+.1f}% fds {self.fds:+d} "
-            f"(minute {self.start:g} to {self.end:g})"
-        )
-
-
-def growth_per_process(samples: list[Sample], warm: float) -> list[Growth]:
-    """Each process's growth over its own life (samples of one PID only, so a role that passes
-    from one process to another — a failover, a restart — is never read as one series). A process
-    counts when, after its own warm-up, it was sampled over at least ``warm`` minutes: one killed
-    or scaled down sooner is not judged on its start-up."""
-    by: dict[tuple[str, int], list[Sample]] = {}
-    for s in sorted(samples, key=lambda s: s.minute):
-        by.setdefault((s.role.rsplit(":", 1)[0], s.pid), []).append(s)
-    out = []
-    for (process, pid), ss in by.items():
-        measured = [s for s in ss if s.minute >= ss[0].minute + warm]
-        if len(measured) < 2 or measured[-1].minute - measured[0].minute < warm:
-            continue
-        first, last = measured[0], measured[-1]
-        rss_pct = (last.rss_mb - first.rss_mb) / first.rss_mb * 100
-        out.append(
-            Growth(process, pid, first.minute, last.minute, rss_pct, last.fds - first.fds, last.threads - first.threads)
-        )
-    return out
-
-
-def judge_limits(samples: list[Sample]) -> tuple[list[Growth], list[Growth]]:
-    """(the processes held to the limits, those beyond them): each process from its 10th minute
-    (:data:`LIMIT_WARM_MIN`) to its last sample, when it lived 10 minutes more. A run shorter
-    than 20 minutes holds no process to them; ``verified`` needs the second list empty."""
-    judged = growth_per_process(samples, LIMIT_WARM_MIN)
-    return judged, [g for g in judged if g.over_limits()]
-
-
-def growth(samples: list[Sample], warm: float) -> tuple[dict[str, float], dict[str, int], dict[str, int]]:
-    """RSS growth (percent), fd growth and thread growth by process name (the role without its
-    ``:pid``; of several processes of one name, the one measured longest), each over its own life
-    (:func:`growth_per_process`)."""
-    rss: dict[str, float] = {}
-    fds: dict[str, int] = {}
-    threads: dict[str, int] = {}
-    for g in sorted(growth_per_process(samples, warm), key=lambda g: g.end - g.start):
-        rss[g.process], fds[g.process], threads[g.process] = g.rss_pct, g.fds, g.threads
-    return rss, fds, threads
 
 
 def plot_processes(rss_ax, fds_ax, samples: list[Sample]) -> None:
@@ -574,7 +492,7 @@ class Soak:
 
     def _finish(self, client, ingests, chaos) -> int:
         from kompaktor.coordinator import Coordinator, CoordinatorSettings
-        from kompaktor.local.demo import acknowledged_commits
+        from kompaktor.local.chaoscheck import acknowledged_commits
         from kompaktor.local.ingest import verify
 
         store = client.store

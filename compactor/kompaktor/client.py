@@ -6,7 +6,7 @@ from __future__ import annotations
 import posixpath
 import threading
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -23,8 +23,8 @@ from kompaktor.model.keys import Entry, sort_key
 from kompaktor.model.names import TABLES_DIR, data_file
 from kompaktor.model.tablet import FileInfo, Tablet, now_ms
 from kompaktor.policy.deletes import set_time_for
+from kompaktor.policy.tableprops import max_versions
 
-MAX_VERSIONS_PROP = "table.iterator.versions"
 #: a bulk import in progress keeps its staged files from the garbage collector for this long after
 #: its last sign of life (refreshed every third of it while the import runs)
 IMPORT_TTL_S = 120.0
@@ -33,17 +33,6 @@ IMPORT_TTL_S = 120.0
 def file_order_key(path: str) -> str:
     """Files of a tablet oldest first: names are a prefix letter then a global sequence number."""
     return posixpath.basename(path)[1:]
-
-
-def max_versions(props: dict[str, str]) -> int:
-    raw = props.get(MAX_VERSIONS_PROP, "1")
-    try:
-        n = int(raw)
-    except ValueError:
-        raise KompaktorError(f"table property {MAX_VERSIONS_PROP}={raw!r} is not an integer") from None
-    if n < 1:
-        raise KompaktorError(f"table property {MAX_VERSIONS_PROP} must be >= 1, got {n}")
-    return n
 
 
 @dataclass
@@ -223,7 +212,7 @@ def _copy(src: str, w: SortedFileWriter, stamp: int | None) -> None:
         w.write_table(rest, checked=True)
 
 
-def _quietly(fn, *args) -> None:
+def _quietly(fn: Callable[..., object], *args: object) -> None:
     """Clean-up after a failure: a second error (the storage that failed) must not hide the first."""
     try:
         fn(*args)
@@ -231,7 +220,7 @@ def _quietly(fn, *args) -> None:
         pass
 
 
-def _open_foreign(src: str):
+def _open_foreign(src: str) -> pa.NativeFile:
     try:
         if "://" in src:
             fs, path = pafs.FileSystem.from_uri(src)
@@ -262,4 +251,4 @@ def _read_foreign(src: str) -> Iterator[pa.RecordBatch]:
             raise BadFileError(f"{src}: not a readable Parquet file: {exc}") from exc
 
 
-__all__ = ["Client", "file_order_key", "max_versions", "read_info"]
+__all__ = ["Client", "file_order_key", "read_info"]

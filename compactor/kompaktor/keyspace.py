@@ -117,6 +117,23 @@ def progress_key(fingerprint: str) -> str:
     return f"{PREFIX}progress:{fingerprint}"
 
 
+#: the broker's keys, apart from Kompaktor's others: a compactor may read every ``kz:`` key but
+#: none of these (a pending request names where its answer — maybe a reservation's secret — goes)
+BROKER_PREFIX = "kzb:"
+#: list: requests of compactors to the coordinator's broker (a compactor may only push here)
+BROKER = BROKER_PREFIX + "requests"
+
+
+def reply_key(reply_id: str) -> str:
+    """List: the broker's answer to one request (a random name only its asker knows)."""
+    return f"{BROKER_PREFIX}reply:{reply_id}"
+
+
+def reservation_key(ecid: str) -> str:
+    """String: JSON of a reservation the broker made, with the digest of its holder's secret."""
+    return f"{PREFIX}resv:{ecid}"
+
+
 SPLIT_CHECK = PREFIX + "split:checked"  # string with TTL: auto-split checked every tablet recently
 
 

@@ -1,12 +1,16 @@
 """Pure helpers for ``status.conditions`` (the metav1.Condition shape).
 
 Owns: setting one condition in a list without losing the others, keeping lastTransitionTime
-when the status does not change. The caller passes the time. Must not import: kopf, redis, kube.
+when the status does not change, and which reason a CompactorGroup's Degraded condition gives
+(:func:`decide_group_degraded`). The caller passes the time. Must not import: kopf, redis, kube.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
+
+from kompaktor_operator import naming
 
 READY = "Ready"
 DEGRADED = "Degraded"
@@ -30,7 +34,7 @@ def set_condition(
         "type": type_,
         "status": text,
         "reason": reason,
-        "lastTransitionTime": now if changed else old.get("lastTransitionTime", now),
+        "lastTransitionTime": now if changed or old is None else old.get("lastTransitionTime", now),
     }
     if message:
         # An empty string is left out: a real 1.20 apiserver stored "" as null here and then refused
@@ -50,3 +54,34 @@ def get(conditions: list[dict[str, Any]] | None, type_: str) -> dict[str, Any] |
 def is_true(conditions: list[dict[str, Any]] | None, type_: str) -> bool:
     cond = get(conditions, type_)
     return cond is not None and cond.get("status") == "True"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What one condition says: its status, reason and message."""
+
+    status: bool
+    reason: str
+    message: str = ""
+
+
+def decide_group_degraded(
+    group: str, queued: int, ready: int, dead_lettered: int, hpa_blind: str | None = None
+) -> Verdict:
+    """A CompactorGroup's Degraded condition, the most pressing cause first: jobs queued while its
+    HPA cannot scale on the queue depth (``hpa_blind``: why it cannot, or None), jobs queued and
+    no compactor pod ready, jobs dead-lettered; else not degraded."""
+    if queued > 0 and hpa_blind is not None:
+        return Verdict(
+            True,
+            "AutoscalerCannotReadMetric",
+            f"{queued} job(s) queued but HorizontalPodAutoscaler {naming.hpa_name(group)} cannot scale on "
+            f"{naming.QUEUE_DEPTH_METRIC}: {hpa_blind}",
+        )
+    if queued > 0 and ready == 0:
+        return Verdict(
+            True, "NoReadyCompactors", f"{queued} job(s) queued but no compactor pod is ready; check the pods' events"
+        )
+    if dead_lettered > 0:
+        return Verdict(True, "DeadLetteredJobs", f"{dead_lettered} job(s) failed too often; see `kompaktor status`")
+    return Verdict(False, "Healthy")

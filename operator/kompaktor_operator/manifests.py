@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from kompaktor.model import grouptoken
 from kompaktor.resources import api
 from kompaktor.resources.models import Autoscaler, CompactorGroupSpec, to_group_config
 from kompaktor.resources.operator_config import OperatorConfig
@@ -34,8 +35,9 @@ def compactor_args(group: str) -> list[str]:
     The group's settings (engine, Spark master and conf, driver memory, drain grace) are not
     arguments: the compactor reads them from the GroupConfig the operator stores in Redis before
     it applies the Deployment, so they have one source (docs/kubernetes.md). ``--stay-drained``:
-    a drained compactor takes no job until its pod is gone (the kubelet would restart it)."""
-    return ["compactor", "--group", group, "--http-port", str(naming.HTTP_PORT), "--stay-drained"]
+    a drained compactor takes no job until its pod is gone (the kubelet would restart it).
+    ``--broker``: its writes are asked of the coordinator (its Redis user may only read and ask)."""
+    return ["compactor", "--group", group, "--http-port", str(naming.HTTP_PORT), "--stay-drained", "--broker"]
 
 
 #: The compactor's environment variable that carries the settings digest (the pod template's
@@ -50,7 +52,7 @@ def settings_digest(group: str, spec: CompactorGroupSpec) -> str:
     return str(to_group_config(group, spec).settings_digest())
 
 
-def _env(spec: CompactorGroupSpec, config: OperatorConfig) -> list[dict[str, Any]]:
+def _env(group: str, spec: CompactorGroupSpec, config: OperatorConfig) -> list[dict[str, Any]]:
     secret = spec.redis.secret_name if spec.redis else config.redis_secret
     key = spec.redis.key if spec.redis else config.redis_secret_key
     env: list[dict[str, Any]] = [
@@ -78,6 +80,11 @@ def _env(spec: CompactorGroupSpec, config: OperatorConfig) -> list[dict[str, Any
     storage_uri = spec.storage.uri if spec.storage and spec.storage.uri else config.storage_uri
     if storage_uri:
         env.append({"name": "KOMPAKTOR_STORAGE", "value": storage_uri})
+    if config.group_key is not None:
+        # proves to the coordinator's broker that the pod's requests are its group's (issue 34 §1)
+        env.append(
+            {"name": grouptoken.TOKEN_ENV, "value": grouptoken.group_token(config.group_key.get_secret_value(), group)}
+        )
     if config.drain_token_secret:
         # POST /drain from outside the pod needs this token (the operator holds the same Secret);
         # optional: without the Secret in this namespace, only the pod's own preStop (loopback) drains.
@@ -118,7 +125,7 @@ def build_pod_template(group: str, spec: CompactorGroupSpec, config: OperatorCon
         "imagePullPolicy": spec.image_pull_policy or config.image_pull_policy,
         "command": ["kompaktor"],
         "args": compactor_args(group),
-        "env": _env(spec, config),
+        "env": _env(group, spec, config),
         "ports": [{"name": http, "containerPort": naming.HTTP_PORT, "protocol": "TCP"}],
         # a container that exits with an error leaves its log's tail as its termination message:
         # the CompactorGroup's PodsHealthy condition quotes it (podhealth)

@@ -213,6 +213,7 @@ def test_service_monitor_and_existing_secret() -> None:
         "kompaktor-drain-token",
         "kompaktor-drain-token",
         "kompaktor-drain-token",
+        "kompaktor-group-key",
         "kompaktor-metrics-api-tls",
     ]
 
@@ -434,6 +435,23 @@ def test_drain_token_secret_is_shared_by_operator_and_compactor_namespaces() -> 
     env = env_of(container(own, "Deployment", "kompaktor-operator", "operator"))
     assert env["KOMPAKTOR_DRAIN_TOKEN_SECRET"]["value"] == "my-drain"
     assert env["KOMPAKTOR_DRAIN_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "my-drain"
+
+
+def test_the_group_key_is_the_operators_and_the_coordinators_alone() -> None:
+    """Issue 34 §1: the key groups' tokens derive from, in the release's namespace only, read by
+    the operator (it puts each group's token in its pods) and the coordinator (its broker checks
+    them); no compactor namespace holds it. Set redis.password and it is the same every render."""
+    docs = render({"operator": {"watchNamespaces": ["tables"]}})
+    keys = [k for k in by_name(docs, "Secret") if k[0] == "kompaktor-group-key"]
+    assert keys == [("kompaktor-group-key", "kompaktor-system")]
+    for name in ("operator", "coordinator"):
+        env = env_of(container(docs, "Deployment", "kompaktor-operator", name))
+        assert env["KOMPAKTOR_GROUP_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "kompaktor-group-key", "key": "key"}
+    fixed = [by_name(render({"redis": {"password": "p4ss"}}), "Secret")[("kompaktor-group-key", "kompaktor-system")]]
+    fixed.append(
+        by_name(render({"redis": {"password": "p4ss"}}), "Secret")[("kompaktor-group-key", "kompaktor-system")]
+    )
+    assert fixed[0]["data"] == fixed[1]["data"]
 
 
 def test_network_policies_on_by_default_and_can_be_relaxed() -> None:

@@ -1,4 +1,4 @@
-"""What the chaos run's verdict counts (``local.demo.check_chaos``), on a real redis-server.
+"""What the chaos run's verdict counts (``local.chaoscheck.check_chaos``), on a real redis-server.
 
 A compactor frozen by chaos may already have sent its commit: Redis applies it all the same
 (commands from different connections have no order), so the kill came after the commit landed.
@@ -12,7 +12,7 @@ import pytest
 
 from kompaktor.files.storage import Storage
 from kompaktor.local.chaos import ChaosLog
-from kompaktor.local.demo import check_chaos
+from kompaktor.local.chaoscheck import check_chaos
 from kompaktor.metadata import compactions
 from kompaktor.metadata.store import MetadataStore, Mutation
 from kompaktor.model.job import Job

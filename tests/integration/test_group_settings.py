@@ -34,6 +34,7 @@ from kompaktor.resources.operator_config import OperatorConfig
 from kompaktor.worker.compactor import WorkerSettings
 from kompaktor_operator import backend as backends
 from kompaktor_operator import manifests, naming
+from tests.support.broker import running_broker
 from tests.support.procs import python_env
 from tests.support.wait import poll
 
@@ -41,6 +42,13 @@ pytestmark = [pytest.mark.redis]
 
 GROUP = "settings"
 SETTINGS_LINE = re.compile(r"compactor (\S+) of group (\S+): (engine=.*) \(from (.*)\)$")
+
+
+@pytest.fixture(autouse=True)
+def broker(redis_url: str) -> Iterator[None]:
+    """The coordinator's broker: a compactor pod's writes are asked of it (``--broker``)."""
+    with running_broker(redis_url):
+        yield
 
 
 class Compactor:

@@ -8,12 +8,12 @@ import itertools
 import pyarrow.parquet as pq
 import pytest
 
-from bench.merge_bench import SHAPES, generate, parse_shapes, pyarrow_sort, same_entries
 from kompaktor.engines.api import MergeRequest
 from kompaktor.engines.arrow import ArrowMergeEngine
 from kompaktor.files.sortedfile import check_sorted
 from kompaktor.files.storage import Storage
 from kompaktor.model.iterators import IteratorSettings
+from tests.support.mergeinputs import SHAPES, generate, parse_shapes, pyarrow_sort, same_entries
 
 
 @pytest.mark.parametrize("name", list(SHAPES))

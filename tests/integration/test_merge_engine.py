@@ -24,6 +24,7 @@ from kompaktor.files.storage import Storage
 from kompaktor.model.errors import BadFileError, UnsortedError
 from kompaktor.model.iterators import IteratorSettings, merged_view
 from kompaktor.model.keys import Entry, sort_key
+from tests.support.mergeinputs import generate
 
 ENGINES = ["arrow", pytest.param("spark", marks=pytest.mark.spark)]
 
@@ -175,7 +176,6 @@ def test_cancel_at_first_progress_leaves_nothing(engine, storage):
 def test_cancel_stops_a_running_spark_job(spark_session, storage):
     """A merge big enough that its Spark task runs for a while is cancelled mid-task: the job
     group is cancelled, the merge returns promptly, and no part or temp file remains."""
-    from bench.merge_bench import generate
     from kompaktor.engines.spark import SparkMergeEngine
 
     paths = generate(storage, 400_000, files=4)

@@ -16,8 +16,8 @@ from kompaktor.files.storage import Storage
 from kompaktor.local.redis_server import RedisProcess
 from kompaktor.metadata import acl, history
 from kompaktor.metadata.store import MetadataStore
-from kompaktor.model.errors import StoreUnavailable
 from kompaktor.worker import Compactor, WorkerSettings
+from tests.support.broker import brokered, running_broker
 from tests.support.entries import entries
 from tests.support.snapshot import snapshot
 
@@ -100,7 +100,7 @@ def test_the_acl_file_holds_no_password_and_urls_carry_the_role(users: RedisProc
         acl.rule("root", "x")
 
 
-def test_each_role_on_its_own_user_compacts_and_the_coordinator_reloads_lost_scripts(
+def test_each_role_on_its_own_user_compacts_and_the_broker_reloads_lost_scripts(
     users: RedisProcess, tmp_path: Path
 ) -> None:
     storage = Storage.from_uri(str(tmp_path / "files"))
@@ -111,18 +111,15 @@ def test_each_role_on_its_own_user_compacts_and_the_coordinator_reloads_lost_scr
         client.flush("t", entries(50, k, value=lambda r, k=k: b"v%d" % k))
     before = list(client.scan("t"))
     coordinator = Coordinator(MetadataStore.from_url(users.role_url("coordinator")), storage)
-    compactor_store = MetadataStore.from_url(users.role_url("compactor"))
-    worker = Compactor(compactor_store, storage, WorkerSettings("default", "c-acl", engine="arrow"))
+    compactor_store, jobs = brokered(users.role_url("compactor"))
+    worker = Compactor(compactor_store, storage, WorkerSettings("default", "c-acl", engine="arrow"), jobs=jobs)
 
     # Redis lost Kompaktor's functions (a new server, FUNCTION FLUSH): the compactor may not load
-    # them, so it cannot reserve — an outage to it, not a crash ...
+    # them, nor run them — it asks the coordinator's broker, which loads them
     assert coordinator.tick()
     redis.Redis.from_url(users.url).function_flush()
-    with pytest.raises(StoreUnavailable, match=r"function\|load"):
-        worker.run_one()
-    # ... until the coordinator's next pass has loaded them
-    assert coordinator.tick()
-    outcome = worker.run_one()
+    with running_broker(users.role_url("coordinator")):
+        outcome = worker.run_one()
     assert outcome is not None and outcome.status == "committed", outcome
     assert list(client.scan("t")) == before
     (tablet,) = admin.tablets(admin.table_id("t"))

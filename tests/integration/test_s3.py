@@ -1,5 +1,5 @@
 """Object storage as users deploy it: `s3://` through a real S3 API server (moto in server mode,
-tests/harness/s3server.py), the endpoint given as users give one for MinIO, Ceph RGW or R2
+tests/support/s3server.py), the endpoint given as users give one for MinIO, Ceph RGW or R2
 (``AWS_ENDPOINT_URL``), credentials only in the environment.
 
 - The whole demo — flushes, bulk imports, compactions by both engines (Arrow in-process, Spark
@@ -25,8 +25,8 @@ from kompaktor import keyspace as C
 from kompaktor.files.sortedfile import SortedFileWriter
 from kompaktor.files.storage import REQUESTS, Storage
 from kompaktor.model.keys import Entry
-from tests.harness.s3server import S3Server
 from tests.support.entries import entries
+from tests.support.s3server import S3Server
 
 BIN = Path(sys.executable).parent
 BUCKET = "kompaktor-s3"
@@ -437,7 +437,7 @@ def test_a_storage_outage_mid_merge_fails_the_job_cleanly_and_it_is_retried(
     from kompaktor.metadata import failures
     from kompaktor.metadata.store import MetadataStore
     from kompaktor.worker import Compactor, WorkerSettings
-    from tests.harness.tcpproxy import TcpProxy
+    from tests.support.tcpproxy import TcpProxy
 
     proxy = TcpProxy((s3.host, s3.port)).start()
     try:

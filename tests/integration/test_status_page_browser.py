@@ -28,6 +28,7 @@ from kompaktor.local.cluster import LocalCluster
 from kompaktor.local.config import load_config
 from kompaktor.metadata import compactions, history
 from kompaktor.metadata.store import MetadataStore
+from kompaktor.model import grouptoken
 from tests.integration.test_status_page import figures
 from tests.support.entries import entries
 from tests.support.procs import python_env
@@ -148,8 +149,12 @@ def figures_of(st: dict[str, Any]) -> dict[str, Any]:
 
 def run_one_compactor(cluster: LocalCluster) -> None:
     """A real compactor process that takes one job and ends."""
-    env = python_env(KOMPAKTOR_REDIS_URL=cluster.role_urls["compactor"], KOMPAKTOR_STORAGE=cluster.storage_uri)
-    args = ["compactor", "--group", GROUP, "--id", "compactor-once", "--max-jobs", "1", "--http-port", "-1"]
+    env = python_env(
+        KOMPAKTOR_REDIS_URL=cluster.role_urls["compactor"],
+        KOMPAKTOR_STORAGE=cluster.storage_uri,
+        KOMPAKTOR_GROUP_TOKEN=grouptoken.group_token(cluster.group_key, GROUP),  # one of the group's
+    )
+    args = ["compactor", "--group", GROUP, "--id", "compactor-once", "--max-jobs", "1", "--http-port", "-1", "--broker"]
     out = subprocess.run([sys.executable, "-m", "kompaktor", *args], env=env, capture_output=True, timeout=180)
     assert out.returncode == 0, out.stderr[-2000:]
 

@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +30,14 @@ from kompaktor.files.storage import Storage
 from kompaktor.local.procs import kill_group, spawn, stop_popen
 from kompaktor.metadata import progress as records
 from kompaktor.metadata import user_compactions as usercompaction
+from kompaktor.metadata.brokered import BrokeredJobs
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.keys import Entry, sort_key
 from kompaktor.model.names import TMP_PREFIX
 from kompaktor.model.tablet import FileMeta
 from kompaktor.worker import Compactor, WorkerSettings
 from tests.integration.gated_engine import GatedEngine
+from tests.support.broker import running_broker
 from tests.support.procs import python_env
 from tests.support.wait import poll
 
@@ -153,7 +155,19 @@ def interrupted_by_drain(store: MetadataStore, storage: Storage, hold_after: int
     assert out and out[0].status == "cancelled" and "draining" in out[0].reason, out
 
 
-def test_a_released_job_resumes_on_another_compactor(store: MetadataStore, storage: Storage) -> None:
+@pytest.fixture(params=["direct", "broker"])
+def writes(request: pytest.FixtureRequest, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The compactors' writes made by themselves, or asked of the coordinator's broker (what a
+    compactor pod does): a resumable merge's progress records go through it too."""
+    if request.param == "direct":
+        yield "direct"
+        return
+    monkeypatch.setattr("kompaktor.worker.compactor.DirectJobs", lambda s: BrokeredJobs(s, timeout_s=10.0))
+    with running_broker(redis_url):
+        yield "broker"
+
+
+def test_a_released_job_resumes_on_another_compactor(store: MetadataStore, storage: Storage, writes: str) -> None:
     client = Client(store, storage)
     make_table(store, storage)
     before = list(client.scan("t"))
@@ -173,10 +187,11 @@ def test_a_released_job_resumes_on_another_compactor(store: MetadataStore, stora
     assert list(client.scan("t")) == before
     # committed: the record and every part are gone
     assert records.records(store) == {} and not store._r.exists(C.progress_key(fp))
+    assert bool(store._r.keys(C.reservation_key("*"))) == (writes == "broker")  # who made the writes
     assert temp_files(storage) == []
 
 
-def test_a_cancelled_user_compaction_discards_its_progress(store: MetadataStore, storage: Storage) -> None:
+def test_a_cancelled_user_compaction_discards_its_progress(store: MetadataStore, storage: Storage, writes: str) -> None:
     client = Client(store, storage)
     make_table(store, storage)
     before = list(client.scan("t"))

@@ -55,8 +55,8 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
 def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ControlPlane, Any]]:
     """A control plane on the node bridge and a real node (kubelet + containerd) running the
     project's own images (built by `make images`, imported into the node's containerd)."""
-    from tests.harness.images import ensure_images
     from tests.k8s.node import start_cluster
+    from tests.support.images import ensure_images
 
     images = ensure_images()
     cp, node = start_cluster(tmp_path_factory.mktemp("real-node"), images)

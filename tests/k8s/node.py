@@ -282,7 +282,7 @@ class RealNode:
 
     # -- start -----------------------------------------------------------------------------------
     def start(self) -> RealNode:
-        from tests.harness.containerd import Containerd
+        from tests.support.containerd import Containerd
 
         t0 = time.monotonic()
         bin_dir = self.cp.bin_dir or binaries()

@@ -31,8 +31,8 @@ REDIS = f"ghcr.io/kompaktor/kompaktor-redis:{__version__}"
 
 @pytest.fixture(scope="module")
 def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    from tests.harness.containerd import Containerd
-    from tests.harness.images import ensure_images
+    from tests.support.containerd import Containerd
+    from tests.support.images import ensure_images
 
     images = ensure_images()
     ctd = Containerd(tmp_path_factory.mktemp("containerd"))

@@ -162,7 +162,7 @@ def _admin_url(core: Any) -> str:
 
 @pytest.fixture(scope="module")
 def shipped(real_cluster: tuple[ControlPlane, RealNode], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shipped]:
-    from tests.harness.s3server import S3Server
+    from tests.support.s3server import S3Server
 
     cp, node = real_cluster
     core = kubernetes.client.CoreV1Api(cp.api())

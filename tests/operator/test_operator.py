@@ -141,6 +141,7 @@ async def test_a_groups_settings_reach_redis_only_and_a_change_rolls_the_pods(
         "--http-port",
         "8080",
         "--stay-drained",
+        "--broker",
     ]
     cfg = backend.groups["s"]
     assert (cfg.engine, cfg.spark_master, dict(cfg.spark_conf), cfg.driver_memory, cfg.drain_grace_seconds) == (

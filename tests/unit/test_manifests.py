@@ -6,7 +6,9 @@ import copy
 
 import kubernetes_validate
 import pytest
+from pydantic import SecretStr
 
+from kompaktor.model import grouptoken
 from kompaktor.resources.models import CompactorGroupSpec, to_group_config
 from kompaktor.resources.operator_config import OperatorConfig
 from kompaktor_operator import manifests, naming
@@ -90,7 +92,15 @@ def test_deployment_shape() -> None:
     assert c["image"] == "example.org/compactor:1"
     assert c["command"] == ["kompaktor"]
     # the group's settings are not arguments: the compactor reads them from Redis (one channel)
-    assert c["args"] == ["compactor", "--group", "large", "--http-port", str(naming.HTTP_PORT), "--stay-drained"]
+    assert c["args"] == [
+        "compactor",
+        "--group",
+        "large",
+        "--http-port",
+        str(naming.HTTP_PORT),
+        "--stay-drained",
+        "--broker",
+    ]
     env = {e["name"]: e for e in c["env"]}
     assert env["KOMPAKTOR_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "my-redis", "key": "uri"}
     assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
@@ -196,3 +206,20 @@ def test_a_changed_compactor_setting_rolls_the_pods(change: dict) -> None:
     assert after["spec"]["containers"][0]["args"] == before["spec"]["containers"][0]["args"]
     scaler_only = template({"minReplicas": 0, "maxReplicas": 7, "jobsPerReplica": 3, "autoscaler": "keda"})
     assert scaler_only == before
+
+
+def test_each_groups_pods_carry_their_groups_token_and_only_with_a_key() -> None:
+    """Issue 34 §1: the broker acts for a compactor of the group its token names; the token is
+    the group's HMAC under the operator's key, different per group, and never the key itself."""
+
+    def env(group: str, config: OperatorConfig) -> dict[str, object]:
+        (c,) = manifests.build_compactor_deployment(group, FULL, config)["spec"]["template"]["spec"]["containers"]
+        return {e["name"]: e.get("value") for e in c["env"]}
+
+    assert grouptoken.TOKEN_ENV not in env("large", CONFIG)
+    keyed = CONFIG.model_copy(update={"group_key": SecretStr("k" * 48)})
+    large, small = env("large", keyed)[grouptoken.TOKEN_ENV], env("small", keyed)[grouptoken.TOKEN_ENV]
+    assert large == grouptoken.group_token("k" * 48, "large") != small
+    assert grouptoken.holds("k" * 48, "large", large) and not grouptoken.holds("k" * 48, "small", large)
+    assert "k" * 48 not in repr(keyed) and "k" * 48 not in str(env("large", keyed))
+    assert OperatorConfig.from_env({grouptoken.KEY_ENV: "k" * 48}).group_key == SecretStr("k" * 48)

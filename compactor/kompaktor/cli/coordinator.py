@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 
@@ -160,4 +161,8 @@ def coordinator(
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    from kompaktor.coordinator.broker import Broker
+    from kompaktor.model.grouptoken import KEY_ENV
+
+    Broker(store, os.environ.get(KEY_ENV)).start(stop)  # compactors' writes, made for them (leader or not)
     coord.run(stop)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+from functools import partial
 
 import pyarrow as pa
 
@@ -30,18 +31,20 @@ from kompaktor.engines.ranges import (
     MERGE_FACTOR,
     RANGE_BYTES,
     TASK_MEMORY,
+    Bound,
     InputCursor,
+    InputMeta,
     open_merge,
     plan,
     progress_dict,
 )
-from kompaktor.engines.resume import record_part, resume_plan
+from kompaktor.engines.resume import ResumeRun
 from kompaktor.files.arrowstack import merge_tables_once
 from kompaktor.files.parquetconcat import ConcatWriter, SpliceWriter
 from kompaktor.files.sortedfile import EncodedRange, SortedFileWriter, encode_table, write_encoded
 from kompaktor.files.storage import Storage
-from kompaktor.model.names import resume_part_name
 from kompaktor.model.resume import PartRecord
+from kompaktor.model.tablet import FileInfo
 
 #: entries per key range for the in-process engine (bounds its memory: ~5x the range's data)
 ARROW_RANGE_ENTRIES = 1_000_000
@@ -158,140 +161,124 @@ class ArrowMergeEngine:
         progress: ProgressFn | None,
         cancel: threading.Event | None,
         started: float,
-        metas: list,
+        metas: list[InputMeta],
         bytes_in: int,
     ) -> MergeResult:
         """The ranges merged on ``workers`` threads, each written as a part and recorded in
         ``req.resume`` in range order as they finish; ranges an earlier attempt finished are
         taken from its verified parts (the inputs' row groups are read only where a range is
         merged); then every part is appended, in order, into the output without decoding."""
-        log_ = req.resume
-        assert log_ is not None
-        rp = resume_plan(
-            storage,
-            log_,
-            req.prev,
-            req.end,
-            req.settings.now_ms,
-            lambda: plan(storage, metas, req.prev, req.end, self.range_entries),
+        run = ResumeRun.start(
+            storage, req, started, lambda: plan(storage, metas, req.prev, req.end, self.range_entries)
         )
-        ranges, n = rp.ranges, len(rp.ranges)
-        budget = self.task_memory // (2 * MERGE_FACTOR)
         report = progress or (lambda d: None)
-        reused_read = sum(r.entries_read for r in rp.reused.values())
-        reused_bytes = sum(r.input_bytes for r in rp.reused.values())
-        names = {i: rec.path for i, rec in rp.reused.items()} | {
-            i: resume_part_name(req.output, log_.fingerprint, req.tmp_tag, i) for i in rp.missing
-        }
-        recorded: set[int] = set(rp.reused)
-        written_parts: list[str] = []
-        read = 0  # input entries this attempt read (the reused ranges' are entries_reused)
-        reread = 0
-        done = len(rp.reused)
-
-        def extra() -> dict:
-            return {
-                "parts_reused": len(rp.reused),
-                "parts_rejected": len(rp.rejected),
-                "entries_reused": reused_read,
-                "bytes_reused": reused_bytes,
-                "input_bytes_reread": reread,
-            }
-
-        report(progress_dict(0, 0, reused_bytes, 0, done, n, started, **extra()))
-        # the missing ranges in runs of consecutive ones: one set of cursors per run, opened at the
-        # run's first row (the inputs' row groups before it are skipped by their statistics)
-        run_of: dict[int, int] = {}
-        runs: list[tuple[int, int]] = []
-        for i in rp.missing:
-            if runs and runs[-1][1] == i:
-                runs[-1] = (runs[-1][0], i + 1)
-            else:
-                runs.append((i, i + 1))
-            run_of[i] = len(runs) - 1
-        cur: dict[str, object] = {"run": None, "cursors": []}
-
-        def close_cursors() -> None:
-            for c in cur["cursors"]:  # type: ignore[attr-defined]
-                c.close()
-            cur["cursors"] = []
-
-        missing = rp.missing
-
-        def take(k: int) -> tuple[list[pa.Table], int]:  # in range order, one thread at a time
-            i = missing[k]
-            if cur["run"] != run_of[i]:
-                close_cursors()
-                a, b = runs[run_of[i]]
-                lo, hi = ranges[a][0], ranges[b - 1][1]
-                cur["cursors"] = [InputCursor(storage, p, lo, hi) for p in req.inputs]
-                cur["run"] = run_of[i]
-            cursors: list[InputCursor] = cur["cursors"]  # type: ignore[assignment]
-            before = sum(c.bytes_read for c in cursors)
-            tables: list[pa.Table] = []
-            for c in cursors:
-                tables.append(c.take(ranges[i][1], budget - sum(t.nbytes for t in tables)))
-            return tables, sum(c.bytes_read for c in cursors) - before
-
-        def merge_encode_part(k: int, got: tuple[list[pa.Table], int]) -> tuple[int, EncodedRange, int, int, str]:
-            """Merge one range and encode it as its part, in memory (on a worker thread): the
-            part file appears only when this thread writes it, just before recording it."""
-            tables, nbytes = got
-            i = missing[k]
-            n_read = sum(t.num_rows for t in tables)
-            out = merge_tables_once(tables, req.settings)
-            tables.clear()
-            meta = {b"kompaktor.entries_read": str(n_read).encode(), b"kompaktor.bytes_read": str(nbytes).encode()}
-            enc = encode_table(out, meta)
-            return i, enc, n_read, nbytes, hashlib.sha256(enc.data).hexdigest()
-
-        w: ConcatWriter | None = None
+        report(run.progress(0, 0))
+        missing = run.plan.missing
+        reader = _MissingRanges(storage, req, run.plan.ranges, missing, self.task_memory // (2 * MERGE_FACTOR))
         # parts merged and encoded on worker threads (at most self.workers in flight), written
         # and recorded here, in range order, as they finish
-        results = run_ordered(len(missing), take, merge_encode_part, self.workers, "arrowmerge")
+        encode = partial(_merge_encode_part, req, missing)
+        results = run_ordered(len(missing), reader.take, encode, self.workers, "arrowmerge")
+        written: list[int] = []
         try:
             for i, enc, n_read, nbytes, sha in results:
-                if cancel is not None and cancel.is_set():
-                    raise MergeCancelled(f"merge into {req.output} cancelled after {done} of {n} parts")
-                written_parts.append(names[i])
-                part = write_encoded(storage, names[i], enc, tmp_tag=req.tmp_tag)
+                _stop_if_cancelled(cancel, f"merge into {req.output} cancelled after {run.done} of {run.parts} parts")
+                written.append(i)
+                _write_part(storage, req, run, i, enc, n_read, nbytes, sha)
                 del enc
-                rec = PartRecord(i, names[i], *ranges[i], n_read, part.entries, nbytes, part.size, sha)
-                if record_part(log_, rec):
-                    recorded.add(i)
-                read += n_read
-                reread += nbytes
-                done += 1
-                report(progress_dict(read, 0, reused_bytes + reread, 0, done, n, started, **extra()))
-            if cancel is not None and cancel.is_set():
-                raise MergeCancelled(f"merge into {req.output} cancelled before commit")
-            w = ConcatWriter(storage, req.output, tmp_tag=req.tmp_tag)
-            for i in range(n):
-                w.append(names[i])
-            if cancel is not None and cancel.is_set():
-                raise MergeCancelled(f"merge into {req.output} cancelled before commit")
-            info = w.commit()
+                report(run.progress(0, 0))
+            info = _concat_parts(storage, req, run, cancel)
         except BaseException:
-            if w is not None:
-                w.abort()
-            for name in written_parts:  # a part not recorded is of no use to a later attempt
-                if name not in {names[i] for i in recorded}:
-                    storage.delete(name)
+            for name in run.unrecorded(written):  # a part not recorded is of no use to a later attempt
+                storage.delete(name)
             raise
         finally:
             results.close()
-            close_cursors()
-        report(progress_dict(read, info.entries, reused_bytes + reread, info.size, n, n, started, **extra()))
-        return MergeResult(
-            info=info,
-            entries_read=read,
-            entries_written=info.entries,
-            bytes_read=bytes_in,
-            bytes_written=info.size,
-            parts=tuple(names[i] for i in range(n)),
-            resumable=True,
-            parts_reused=len(rp.reused),
-            entries_reused=reused_read,
-            bytes_reused=reused_bytes,
-            input_bytes_reread=reread,
-        )
+            reader.close()
+        report(run.progress(info.entries, info.size))
+        return run.result(info, info.entries, bytes_in)
+
+
+def _stop_if_cancelled(cancel: threading.Event | None, message: str) -> None:
+    if cancel is not None and cancel.is_set():
+        raise MergeCancelled(message)
+
+
+class _MissingRanges:
+    """Reads the ranges a resumable merge still has to merge, in order: the missing ranges in runs
+    of consecutive ones, one set of cursors per run, opened at the run's first row (the inputs'
+    row groups before it are skipped by their statistics)."""
+
+    def __init__(
+        self, storage: Storage, req: MergeRequest, ranges: list[tuple[Bound, Bound]], missing: list[int], budget: int
+    ) -> None:
+        self.storage, self.inputs, self.ranges, self.missing, self.budget = storage, req.inputs, ranges, missing, budget
+        self.run_of: dict[int, int] = {}
+        self.runs: list[tuple[int, int]] = []
+        for i in missing:
+            if self.runs and self.runs[-1][1] == i:
+                self.runs[-1] = (self.runs[-1][0], i + 1)
+            else:
+                self.runs.append((i, i + 1))
+            self.run_of[i] = len(self.runs) - 1
+        self.run: int | None = None
+        self.cursors: list[InputCursor] = []
+
+    def take(self, k: int) -> tuple[list[pa.Table], int]:
+        """The rows of the ``k``-th missing range and the input bytes read for them (in range
+        order, one thread at a time)."""
+        i = self.missing[k]
+        if self.run != self.run_of[i]:
+            self.close()
+            a, b = self.runs[self.run_of[i]]
+            lo, hi = self.ranges[a][0], self.ranges[b - 1][1]
+            self.cursors = [InputCursor(self.storage, p, lo, hi) for p in self.inputs]
+            self.run = self.run_of[i]
+        before = sum(c.bytes_read for c in self.cursors)
+        tables: list[pa.Table] = []
+        for c in self.cursors:
+            tables.append(c.take(self.ranges[i][1], self.budget - sum(t.nbytes for t in tables)))
+        return tables, sum(c.bytes_read for c in self.cursors) - before
+
+    def close(self) -> None:
+        for c in self.cursors:
+            c.close()
+        self.cursors = []
+
+
+def _merge_encode_part(
+    req: MergeRequest, missing: list[int], k: int, got: tuple[list[pa.Table], int]
+) -> tuple[int, EncodedRange, int, int, str]:
+    """Merge the ``k``-th missing range and encode it as its part, in memory (on a worker thread):
+    the part file appears only when the merge's thread writes it, just before recording it."""
+    tables, nbytes = got
+    i = missing[k]
+    n_read = sum(t.num_rows for t in tables)
+    out = merge_tables_once(tables, req.settings)
+    tables.clear()
+    meta = {b"kompaktor.entries_read": str(n_read).encode(), b"kompaktor.bytes_read": str(nbytes).encode()}
+    enc = encode_table(out, meta)
+    return i, enc, n_read, nbytes, hashlib.sha256(enc.data).hexdigest()
+
+
+def _write_part(
+    storage: Storage, req: MergeRequest, run: ResumeRun, i: int, enc: EncodedRange, n_read: int, nbytes: int, sha: str
+) -> None:
+    """Write range ``i``'s encoded part under its name and record it."""
+    name = run.names[i]
+    part = write_encoded(storage, name, enc, tmp_tag=req.tmp_tag)
+    run.add_part(PartRecord(i, name, *run.plan.ranges[i], n_read, part.entries, nbytes, part.size, sha))
+
+
+def _concat_parts(storage: Storage, req: MergeRequest, run: ResumeRun, cancel: threading.Event | None) -> FileInfo:
+    """Every part appended, in range order, into the output without decoding; committed."""
+    _stop_if_cancelled(cancel, f"merge into {req.output} cancelled before commit")
+    w = ConcatWriter(storage, req.output, tmp_tag=req.tmp_tag)
+    try:
+        for i in range(run.parts):
+            w.append(run.names[i])
+        _stop_if_cancelled(cancel, f"merge into {req.output} cancelled before commit")
+        return w.commit()
+    except BaseException:
+        w.abort()
+        raise

@@ -14,11 +14,16 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from kompaktor.engines.api import MergeProgress, MergeRequest, MergeResult, ResumeFigures
+from kompaktor.engines.ranges import progress_dict
 from kompaktor.files.storage import Storage
 from kompaktor.model.errors import StoreUnavailable
+from kompaktor.model.names import resume_part_name
 from kompaktor.model.resume import Bound, PartRecord, ResumeLog, ResumeState, cuts_valid
+from kompaktor.model.tablet import FileInfo
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +87,7 @@ def resume_plan(
     prev: Bound,
     end: Bound,
     now_ms: int,
-    plan_fn,
+    plan_fn: Callable[[], list[tuple[Bound, Bound]]],
     state: ResumeState | None = None,
 ) -> ResumePlan:
     """The ranges and reusable parts of a resumable merge: an earlier attempt's cuts and verified
@@ -125,3 +130,94 @@ def record_part(log_: ResumeLog, rec: PartRecord) -> bool:
     except StoreUnavailable as exc:
         log.warning("part %d of %s not recorded: %s", rec.index, log_.fingerprint[:16], exc)
         return False
+
+
+@dataclass
+class ResumeRun:
+    """One attempt of a resumable merge, the part both engines share: the plan (:func:`resume_plan`),
+    every range's part name, which parts are recorded, and the figures the attempt reports. The
+    engine merges the ranges in :attr:`ResumePlan.missing`, hands each finished part to
+    :meth:`add_part`, appends :attr:`names` in order into the output and returns :meth:`result`."""
+
+    log: ResumeLog
+    plan: ResumePlan
+    names: dict[int, str]
+    started: float
+    #: ranges whose part is recorded (reused, or recorded by this attempt): kept for a later one
+    recorded: set[int]
+    read: int = 0  # input entries this attempt merged (the reused ranges' are entries_reused)
+    reread: int = 0  # compressed input bytes this attempt decoded
+    done: int = 0  # parts finished: reused, or merged by this attempt
+
+    @classmethod
+    def start(
+        cls, storage: Storage, req: MergeRequest, started: float, plan_fn: Callable[[], list[tuple[Bound, Bound]]]
+    ) -> ResumeRun:
+        """Plan the attempt: an earlier attempt's cuts and verified parts, else ``plan_fn()``'s
+        ranges (recorded as the job's cuts); reused parts keep their names, the others are named
+        by the job (:func:`~kompaktor.model.names.resume_part_name`)."""
+        log_ = req.resume
+        assert log_ is not None
+        rp = resume_plan(storage, log_, req.prev, req.end, req.settings.now_ms, plan_fn)
+        names = {i: rec.path for i, rec in rp.reused.items()} | {
+            i: resume_part_name(req.output, log_.fingerprint, req.tmp_tag, i) for i in rp.missing
+        }
+        return cls(log_, rp, names, started, set(rp.reused), done=len(rp.reused))
+
+    @property
+    def parts(self) -> int:
+        return len(self.plan.ranges)
+
+    @property
+    def entries_reused(self) -> int:
+        return sum(r.entries_read for r in self.plan.reused.values())
+
+    @property
+    def bytes_reused(self) -> int:
+        return sum(r.input_bytes for r in self.plan.reused.values())
+
+    def figures(self) -> ResumeFigures:
+        """What a resumable merge adds to its progress reports (:func:`progress_dict`)."""
+        return {
+            "parts_reused": len(self.plan.reused),
+            "parts_rejected": len(self.plan.rejected),
+            "entries_reused": self.entries_reused,
+            "bytes_reused": self.bytes_reused,
+            "input_bytes_reread": self.reread,
+        }
+
+    def progress(self, written: int, bytes_written: int, done: int | None = None) -> MergeProgress:
+        """The attempt's progress report now (``done``: parts finished, default :attr:`done`)."""
+        done = self.done if done is None else done
+        read_bytes = self.bytes_reused + self.reread
+        return progress_dict(
+            self.read, written, read_bytes, bytes_written, done, self.parts, self.started, **self.figures()
+        )
+
+    def add_part(self, rec: PartRecord) -> None:
+        """A part this attempt merged and wrote: recorded (when the store takes it) and counted."""
+        if record_part(self.log, rec):
+            self.recorded.add(rec.index)
+        self.read += rec.entries_read
+        self.reread += rec.input_bytes
+        self.done += 1
+
+    def unrecorded(self, written: Iterable[int]) -> list[str]:
+        """The part names among ``written`` not recorded: of no use to a later attempt."""
+        return [self.names[i] for i in written if i not in self.recorded]
+
+    def result(self, info: FileInfo, written: int, bytes_in: int) -> MergeResult:
+        """The merge's result once its output is committed (the parts stay until the caller's commit)."""
+        return MergeResult(
+            info=info,
+            entries_read=self.read,
+            entries_written=written,
+            bytes_read=bytes_in,
+            bytes_written=info.size,
+            parts=tuple(self.names[i] for i in range(self.parts)),
+            resumable=True,
+            parts_reused=len(self.plan.reused),
+            entries_reused=self.entries_reused,
+            bytes_reused=self.bytes_reused,
+            input_bytes_reread=self.reread,
+        )

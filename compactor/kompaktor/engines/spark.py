@@ -40,10 +40,10 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
-from kompaktor.engines.api import MergeCancelled, MergeError, MergeRequest, MergeResult, ProgressFn
+from kompaktor.engines.api import MergeCancelled, MergeError, MergeProgress, MergeRequest, MergeResult, ProgressFn
 from kompaktor.engines.ranges import (
     MERGE_FACTOR,
     TASK_MEMORY,
@@ -55,15 +55,19 @@ from kompaktor.engines.ranges import (
     plan,
     progress_dict,
 )
-from kompaktor.engines.resume import ResumePlan, record_part, resume_plan
+from kompaktor.engines.resume import ResumeRun
 from kompaktor.files.arrowstack import merge_tables
 from kompaktor.files.parquetconcat import ConcatWriter
 from kompaktor.files.sortedfile import SortedFileWriter
 from kompaktor.files.storage import Storage
 from kompaktor.model.errors import BadFileError, UnsortedError
 from kompaktor.model.iterators import IteratorSettings
-from kompaktor.model.names import part_names, resume_part_name, tmp_name
+from kompaktor.model.names import part_names, tmp_name
 from kompaktor.model.resume import PartRecord
+
+if TYPE_CHECKING:
+    from pyspark import SparkContext
+from kompaktor.model.tablet import FileInfo
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +87,7 @@ def _run_ranges(
     tmp_tag: str,
     task_memory: int,
     run: tuple[tuple[int, bytes | None, bytes | None, str], ...],
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """Executor side: merge a run of consecutive key ranges, one part each, reading every input
     forward once with one cursor (:class:`~kompaktor.engines.ranges.InputCursor`) for the whole
     run — so a row group bigger than a range is decoded once by this task, not from its start by
@@ -92,7 +96,7 @@ def _run_ranges(
     input or a range bigger than the task memory (retrying would not help). A run of one range is
     read as :func:`~kompaktor.engines.ranges.merge_range` reads a range."""
     budget = task_memory // MERGE_FACTOR
-    out: list[dict] = []
+    out: list[dict[str, Any]] = []
     cursors: list[InputCursor] = []
     try:
         try:
@@ -123,14 +127,16 @@ def _run_ranges(
     return out
 
 
-def _task_error(index: int, exc: BaseException) -> dict:
+def _task_error(index: int, exc: BaseException) -> dict[str, Any]:
     """A task's result for a range that cannot be merged: a bad input or a range bigger than the
     task memory (retrying would not help)."""
     kind = "unsorted" if isinstance(exc, UnsortedError) else "memory" if isinstance(exc, TaskMemoryExceeded) else "bad"
     return {"index": index, "error": str(exc), "kind": kind}
 
 
-def _write_part(storage: Storage, final: str, tmp_tag: str, index: int, table: Any, read: int, bytes_read: int) -> dict:
+def _write_part(
+    storage: Storage, final: str, tmp_tag: str, index: int, table: Any, read: int, bytes_read: int
+) -> dict[str, Any]:
     """Write one range's merged entries as the part ``final``; the task's summary for it."""
     # the part is already in the output's format (Parquet, its row groups and compression): the
     # driver copies its bytes into the one output file without decoding them
@@ -235,7 +241,7 @@ class SparkMergeEngine:
         self._local = master.startswith("local")
 
     @property
-    def sc(self):
+    def sc(self) -> SparkContext:
         return self.session.sparkContext
 
     def _target_entries(self, total: int) -> int:
@@ -253,166 +259,22 @@ class SparkMergeEngine:
         cancel: threading.Event | None = None,
     ) -> MergeResult:
         started, metas, bytes_in = open_merge(storage, req, cancel)
-        total = estimate_entries(metas, req.prev, req.end)
-        resumable = self.resume_min_bytes is not None and bytes_in >= self.resume_min_bytes
-        log_ = req.resume if resumable else None
-
-        def plan_fn() -> list[tuple[bytes | None, bytes | None]]:
-            return plan(storage, metas, req.prev, req.end, self._target_entries(total))
-
-        if log_ is not None:
-            rp: ResumePlan | None = resume_plan(storage, log_, req.prev, req.end, req.settings.now_ms, plan_fn)
-            ranges = rp.ranges
-            reused = rp.reused
-            names = {i: rec.path for i, rec in reused.items()}
-            names |= {
-                i: resume_part_name(req.output, log_.fingerprint, req.tmp_tag, i)
-                for i in range(len(ranges))
-                if i not in reused
-            }
-        else:
-            rp = None
-            ranges = plan_fn()
-            reused = {}
-            names = {i: part_names(req.output, req.tmp_tag, i)[0] for i in range(len(ranges))}
-        n = len(ranges)
-        tasks = [(i, lo, hi, names[i]) for i, (lo, hi) in enumerate(ranges) if i not in reused]
-        runs = (
-            task_runs(tasks, metas, self._target_entries(total), self.sc.defaultParallelism)
-            if self.range_runs
-            else [(t,) for t in tasks]
-        )
-        recorded: set[int] = set(reused)
-        reused_read = sum(r.entries_read for r in reused.values())
-        reused_bytes = sum(r.input_bytes for r in reused.values())
-        reread = 0
-
-        def extra() -> dict:
-            if rp is None:
-                return {}
-            return {
-                "parts_reused": len(reused),
-                "parts_rejected": len(rp.rejected),
-                "entries_reused": reused_read,
-                "bytes_reused": reused_bytes,
-                "input_bytes_reread": reread,
-            }
-
-        report = progress or (lambda d: None)
-        report(progress_dict(0, 0, reused_bytes, 0, len(reused), n, started, **extra()))
-
-        group = f"kompaktor-{req.tmp_tag}-{uuid.uuid4().hex[:8]}"
-        outcome: dict = {}
-        done = threading.Event()
-        inputs, settings, tag, memory = req.inputs, req.settings, req.tmp_tag, self.task_memory
-        sc = self.sc
-
-        def run_job() -> None:
-            try:
-                if not tasks:  # every range was reused
-                    outcome["results"] = []
-                    return
-                sc.setJobGroup(group, f"merge {len(inputs)} files into {req.output}", interruptOnCancel=True)
-                rdd = sc.parallelize(runs, len(runs)).flatMap(
-                    lambda r: _run_ranges(storage, inputs, settings, tag, memory, r)
-                )
-                outcome["results"] = rdd.collect()
-            except BaseException as exc:
-                outcome["error"] = exc
-            finally:
-                done.set()
-
-        job = threading.Thread(target=run_job, name=f"spark-{group}", daemon=True)
-        w: ConcatWriter | None = None
-        read = written = 0
-        try:
-            job.start()
-            w = ConcatWriter(storage, req.output, tmp_tag=req.tmp_tag)
-            for i in range(n):
-                final = names[i]
-                if i in reused:
-                    self._append_part(storage, final, w, cancel, req)
-                elif log_ is None:
-                    self._wait_for_part(storage, final, done, outcome, cancel, req, i, n)
-                    read += self._append_part(storage, final, w, cancel, req)
-                    storage.delete(final)
-                else:
-                    self._wait_for_part(storage, final, done, outcome, cancel, req, i, n)
-                    h = hashlib.sha256()
-                    meta = self._append_part_meta(final, w, cancel, req, h)
-                    read_i = int(meta.get(b"kompaktor.entries_read", b"0"))
-                    bytes_i = int(meta.get(b"kompaktor.bytes_read", b"0"))
-                    rec = PartRecord(
-                        i,
-                        final,
-                        *ranges[i],
-                        read_i,
-                        int(meta.get(b"kompaktor.entries", b"0")),
-                        bytes_i,
-                        storage.size(final),
-                        h.hexdigest(),
-                    )
-                    if record_part(log_, rec):
-                        recorded.add(i)
-                    read += read_i
-                    reread += bytes_i
-                written = w.entries
-                bytes_done = reused_bytes + reread if rp is not None else round(bytes_in * (i + 1) / n)
-                report(progress_dict(read, written, bytes_done, w.position(), i + 1, n, started, **extra()))
-            while not done.wait(0.05):  # every part is in; the job is finishing
-                if cancel is not None and cancel.is_set():
-                    raise MergeCancelled(f"merge into {req.output} cancelled before commit")
-            self._raise_job_failure(outcome, req)
-            if cancel is not None and cancel.is_set():
-                raise MergeCancelled(f"merge into {req.output} cancelled before commit")
-            info = w.commit()
-        except BaseException:
-            if not done.is_set():
-                sc.cancelJobGroup(group)
-            done.wait(60)
-            self._wait_tasks_stopped(group)
-            if w is not None:
-                w.abort()
-            raise
-        finally:
-            # every part, also one a retried task may have rewritten after it was consumed; a
-            # resumable merge keeps the parts it recorded (removed after the commit, or reused)
-            for i in range(n):
-                if i in reused:
-                    continue  # an earlier attempt's part: kept until the commit
-                final = names[i]
-                # done, and in progress (object stores write parts at their final name only)
-                staged = (tmp_name(final, req.tmp_tag),) if storage.renames_atomically else ()
-                for name in (final, *staged) if i not in recorded else staged:
-                    storage.delete(name)
-        bytes_done = reused_bytes + reread if rp is not None else bytes_in
-        report(progress_dict(read, written, bytes_done, info.size, n, n, started, **extra()))
-        return MergeResult(
-            info=info,
-            entries_read=read,
-            entries_written=written,
-            bytes_read=bytes_in,
-            bytes_written=info.size,
-            parts=tuple(names[i] for i in range(n)) if rp is not None else (),
-            resumable=rp is not None,
-            parts_reused=len(reused),
-            entries_reused=reused_read,
-            bytes_reused=reused_bytes,
-            input_bytes_reread=reread,
-        )
+        resumable = req.resume is not None and self.resume_min_bytes is not None and bytes_in >= self.resume_min_bytes
+        merge = _SparkMerge(self, storage, req, cancel, progress or (lambda d: None), started, bytes_in)
+        return merge.execute(merge.plan_parts(metas, resumable))
 
     def executors(self) -> int:
         """Executors the session has now (on a cluster: without the driver)."""
         if self._local:
             return 1
-        return max(0, self.sc._jsc.sc().getExecutorMemoryStatus().size() - 1)
+        return max(0, int(self.sc._jsc.sc().getExecutorMemoryStatus().size()) - 1)
 
     def _wait_for_part(
         self,
         storage: Storage,
         final: str,
         done: threading.Event,
-        outcome: dict,
+        outcome: dict[str, Any],
         cancel: threading.Event | None,
         req: MergeRequest,
         i: int,
@@ -444,7 +306,7 @@ class SparkMergeEngine:
             done.wait(POLL_S)
 
     @staticmethod
-    def _raise_job_failure(outcome: dict, req: MergeRequest) -> None:
+    def _raise_job_failure(outcome: dict[str, Any], req: MergeRequest) -> None:
         if "error" in outcome:
             exc = outcome["error"]
             raise MergeError(f"merge into {req.output}: Spark job failed: {_short(exc)}") from exc
@@ -496,3 +358,187 @@ class SparkMergeEngine:
 def _short(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[-1][:500] if text else type(exc).__name__
+
+
+Run = tuple[tuple[int, bytes | None, bytes | None, str], ...]
+
+
+class _SparkJob:
+    """The Spark job of one merge, on a thread of its own, in a job group of its own (so that it
+    can be cancelled): the tasks' summaries (or the error) in ``outcome`` once ``done`` is set."""
+
+    def __init__(self, engine: SparkMergeEngine, tmp_tag: str) -> None:
+        self.engine = engine
+        self.group = f"kompaktor-{tmp_tag}-{uuid.uuid4().hex[:8]}"
+        self.outcome: dict[str, Any] = {}
+        self.done = threading.Event()
+
+    def start(self, runs: list[Run], task: Callable[[Run], list[dict[str, Any]]], description: str) -> None:
+        sc = self.engine.sc
+
+        def run_job() -> None:
+            try:
+                if not runs:  # every range was reused
+                    self.outcome["results"] = []
+                    return
+                sc.setJobGroup(self.group, description, interruptOnCancel=True)
+                rdd = sc.parallelize(runs, len(runs)).flatMap(task)
+                self.outcome["results"] = rdd.collect()
+            except BaseException as exc:
+                self.outcome["error"] = exc
+            finally:
+                self.done.set()
+
+        threading.Thread(target=run_job, name=f"spark-{self.group}", daemon=True).start()
+
+    def stop(self) -> None:
+        """After a failure: cancel the job group, wait for the job to end and its tasks to stop."""
+        if not self.done.is_set():
+            self.engine.sc.cancelJobGroup(self.group)
+        self.done.wait(60)
+        self.engine._wait_tasks_stopped(self.group)
+
+
+def _task(storage: Storage, req: MergeRequest, memory: int) -> Callable[[Run], list[dict[str, Any]]]:
+    """What a Spark task runs; it holds the request's fields only (Spark ships it to executors)."""
+    inputs, settings, tag = req.inputs, req.settings, req.tmp_tag
+    return lambda r: _run_ranges(storage, inputs, settings, tag, memory, r)
+
+
+class _SparkMerge:
+    """One merge on the Spark engine, in steps: plan the parts (:meth:`plan_parts`; a resumable
+    merge's through :class:`~kompaktor.engines.resume.ResumeRun`), start the Spark job, append each
+    part into the output as it appears and commit (:meth:`append_parts`); on a failure cancel the
+    job; always remove the parts not kept (:meth:`remove_parts`)."""
+
+    def __init__(
+        self,
+        engine: SparkMergeEngine,
+        storage: Storage,
+        req: MergeRequest,
+        cancel: threading.Event | None,
+        report: ProgressFn,
+        started: float,
+        bytes_in: int,
+    ) -> None:
+        self.engine, self.storage, self.req, self.cancel, self.report = engine, storage, req, cancel, report
+        self.started, self.bytes_in = started, bytes_in
+        self.run: ResumeRun | None = None  # a resumable merge's attempt
+        self.ranges: list[tuple[bytes | None, bytes | None]] = []
+        self.names: dict[int, str] = {}
+        self.w: ConcatWriter | None = None
+        self.read = self.written = 0
+
+    @property
+    def reused(self) -> dict[int, PartRecord]:
+        return self.run.plan.reused if self.run is not None else {}
+
+    def plan_parts(self, metas: list[InputMeta], resumable: bool) -> list[Run]:
+        """The ranges and their part names; the Spark tasks that merge the ranges not reused."""
+        eng, req = self.engine, self.req
+        total = estimate_entries(metas, req.prev, req.end)
+
+        def plan_fn() -> list[tuple[bytes | None, bytes | None]]:
+            return plan(self.storage, metas, req.prev, req.end, eng._target_entries(total))
+
+        if resumable:
+            self.run = ResumeRun.start(self.storage, req, self.started, plan_fn)
+            self.ranges, self.names = self.run.plan.ranges, self.run.names
+        else:
+            self.ranges = plan_fn()
+            self.names = {i: part_names(req.output, req.tmp_tag, i)[0] for i in range(len(self.ranges))}
+        tasks = [(i, lo, hi, self.names[i]) for i, (lo, hi) in enumerate(self.ranges) if i not in self.reused]
+        if not eng.range_runs:
+            return [(t,) for t in tasks]
+        return task_runs(tasks, metas, eng._target_entries(total), eng.sc.defaultParallelism)
+
+    def execute(self, runs: list[Run]) -> MergeResult:
+        req = self.req
+        self.report(self._progress(0, len(self.reused)))
+        job = _SparkJob(self.engine, req.tmp_tag)
+        try:
+            what = f"merge {len(req.inputs)} files into {req.output}"
+            job.start(runs, _task(self.storage, req, self.engine.task_memory), what)
+            info = self.append_parts(job)
+        except BaseException:
+            job.stop()
+            if self.w is not None:
+                self.w.abort()
+            raise
+        finally:
+            self.remove_parts()
+        return self.result(info)
+
+    def append_parts(self, job: _SparkJob) -> FileInfo:
+        """Every part appended into the output in range order as it appears; the output committed
+        once the job ended well."""
+        req, cancel = self.req, self.cancel
+        self.w = w = ConcatWriter(self.storage, req.output, tmp_tag=req.tmp_tag)
+        for i in range(len(self.ranges)):
+            self.append_part(i, job)
+            self.written = w.entries
+            self.report(self._progress(w.position(), i + 1))
+        while not job.done.wait(0.05):  # every part is in; the job is finishing
+            if cancel is not None and cancel.is_set():
+                raise MergeCancelled(f"merge into {req.output} cancelled before commit")
+        self.engine._raise_job_failure(job.outcome, req)
+        if cancel is not None and cancel.is_set():
+            raise MergeCancelled(f"merge into {req.output} cancelled before commit")
+        return w.commit()
+
+    def append_part(self, i: int, job: _SparkJob) -> None:
+        """Part ``i`` appended: a reused one at once; else once its task wrote it, then deleted
+        (a plain merge) or recorded with the SHA-256 of the bytes copied (a resumable one)."""
+        eng, storage, req, cancel, final, w = self.engine, self.storage, self.req, self.cancel, self.names[i], self.w
+        assert w is not None
+        if i in self.reused:
+            eng._append_part(storage, final, w, cancel, req)
+            return
+        eng._wait_for_part(storage, final, job.done, job.outcome, cancel, req, i, len(self.ranges))
+        if self.run is None:
+            self.read += eng._append_part(storage, final, w, cancel, req)
+            storage.delete(final)
+            return
+        h = hashlib.sha256()
+        meta = eng._append_part_meta(final, w, cancel, req, h)
+        entries_read = int(meta.get(b"kompaktor.entries_read", b"0"))
+        bytes_read = int(meta.get(b"kompaktor.bytes_read", b"0"))
+        entries = int(meta.get(b"kompaktor.entries", b"0"))
+        size = storage.size(final)
+        rec = PartRecord(i, final, *self.ranges[i], entries_read, entries, bytes_read, size, h.hexdigest())
+        self.run.add_part(rec)
+        self.read = self.run.read
+
+    def _progress(self, bytes_written: int, done: int) -> MergeProgress:
+        if self.run is not None:
+            return self.run.progress(self.written, bytes_written, done)
+        n = len(self.ranges)
+        bytes_read = round(self.bytes_in * done / n) if n else 0
+        return progress_dict(self.read, self.written, bytes_read, bytes_written, done, n, self.started)
+
+    def remove_parts(self) -> None:
+        """Every part, also one a retried task may have rewritten after it was consumed; a
+        resumable merge keeps the parts it recorded (removed after the commit, or reused)."""
+        recorded = self.run.recorded if self.run is not None else set()
+        for i in range(len(self.ranges)):
+            if i in self.reused:
+                continue  # an earlier attempt's part: kept until the commit
+            final = self.names[i]
+            # done, and in progress (object stores write parts at their final name only)
+            staged = (tmp_name(final, self.req.tmp_tag),) if self.storage.renames_atomically else ()
+            for name in (final, *staged) if i not in recorded else staged:
+                self.storage.delete(name)
+
+    def result(self, info: FileInfo) -> MergeResult:
+        n = len(self.ranges)
+        if self.run is not None:
+            self.report(self.run.progress(self.written, info.size, n))
+            return self.run.result(info, self.written, self.bytes_in)
+        self.report(progress_dict(self.read, self.written, self.bytes_in, info.size, n, n, self.started))
+        return MergeResult(
+            info=info,
+            entries_read=self.read,
+            entries_written=self.written,
+            bytes_read=self.bytes_in,
+            bytes_written=info.size,
+        )

@@ -19,31 +19,35 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from numpy.typing import NDArray
 
 from kompaktor.files.sortedfile import COLUMNS, SCHEMA
 from kompaktor.model.iterators import SCAN, IteratorSettings
-from kompaktor.model.keys import ARROW_SORT_KEYS
+from kompaktor.model.keys import ARROW_SORT_KEYS, ArrowSortKey
 
 KEY_COLUMNS = ("row", "cf", "cq", "vis")
 SOURCE = "__source"
 #: merged order: key order, then the newest source (highest index) first among identical keys.
-MERGE_SORT_KEYS: list[tuple[str, str]] = [*ARROW_SORT_KEYS, (SOURCE, "descending")]
+MERGE_SORT_KEYS: list[ArrowSortKey] = [*ARROW_SORT_KEYS, (SOURCE, "descending")]
 #: below this size the inputs of a range are made contiguous before sorting (binary columns
 #: have 32-bit offsets: one contiguous column must stay under 2 GiB)
 COMBINE_LIMIT = 1 << 30
+#: one flag per entry
+Mask = NDArray[np.bool_]
 
 
-def _np_bool(arr) -> np.ndarray:
+def _np_bool(arr: pa.Array[Any] | pa.ChunkedArray[Any]) -> Mask:
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
     return arr.to_numpy(zero_copy_only=False).astype(bool, copy=False)
 
 
-def _row_dropped(table: pa.Table, row_starts: np.ndarray, settings: IteratorSettings) -> np.ndarray:
+def _row_dropped(table: pa.Table, row_starts: Mask, settings: IteratorSettings) -> Mask:
     """settings.row_dropped per entry; the regex runs once per distinct row (Python ``re``, the
     same engine as the reference), the range part is vectorized."""
     n = table.num_rows
@@ -51,9 +55,9 @@ def _row_dropped(table: pa.Table, row_starts: np.ndarray, settings: IteratorSett
     dropped = np.zeros(n, dtype=bool)
     if settings.row_regex is not None:
         idx = np.flatnonzero(row_starts)
-        distinct = rows.take(pa.array(idx)).to_pylist()
+        distinct = cast("list[bytes]", rows.take(pa.array(idx, pa.int64())).to_pylist())
         pat = re.compile(settings.row_regex.encode())
-        hit = np.fromiter((pat.search(r) is not None for r in distinct), dtype=bool, count=len(distinct))
+        hit = np.fromiter((pat.search(r) is not None for r in distinct), dtype=np.bool_, count=len(distinct))
         lengths = np.diff(np.append(idx, n))
         dropped |= np.repeat(hit, lengths)
     if settings.row_start is not None or settings.row_end is not None:
@@ -66,14 +70,7 @@ def _row_dropped(table: pa.Table, row_starts: np.ndarray, settings: IteratorSett
     return dropped
 
 
-def _within_group_exclusive(flags: np.ndarray, gid: np.ndarray, gstart: np.ndarray) -> np.ndarray:
-    """For each entry, how many ``flags`` precede it inside its group."""
-    c = np.cumsum(flags, dtype=np.int64)
-    excl = c - flags
-    return excl - excl[gstart][gid]
-
-
-def _starts(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+def _starts(table: pa.Table) -> tuple[Mask, Mask]:
     """(column-key starts, row starts): True at the first entry of each column key / row."""
     n = table.num_rows
     key_start = np.ones(n, dtype=bool)
@@ -85,7 +82,7 @@ def _starts(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     return key_start, row_start
 
 
-def _within_group_exclusive(flags: np.ndarray, start: np.ndarray) -> np.ndarray:
+def _within_group_exclusive(flags: Mask, start: Mask) -> NDArray[np.int64]:
     """For each entry, how many ``flags`` precede it inside its group (groups begin at ``start``)."""
     excl = np.cumsum(flags, dtype=np.int64) - flags
     # excl never decreases, so the running max of its values at group starts is the value at
@@ -94,7 +91,7 @@ def _within_group_exclusive(flags: np.ndarray, start: np.ndarray) -> np.ndarray:
     return excl - base
 
 
-def keep_mask(table: pa.Table, settings: IteratorSettings = SCAN) -> np.ndarray:
+def keep_mask(table: pa.Table, settings: IteratorSettings = SCAN) -> Mask:
     """Boolean mask of the entries ``apply_stack`` keeps from ``table`` (in merged order)."""
     if table.num_rows == 0:
         return np.zeros(0, dtype=bool)
@@ -110,13 +107,13 @@ def keep_mask(table: pa.Table, settings: IteratorSettings = SCAN) -> np.ndarray:
 
 
 def _keep(
-    start: np.ndarray,
-    row_starts: np.ndarray,
-    dele: np.ndarray,
+    start: Mask,
+    row_starts: Mask,
+    dele: Mask,
     settings: IteratorSettings,
-    ts: Callable[[], np.ndarray],
+    ts: Callable[[], NDArray[np.int64]],
     rows: Callable[[], pa.Table],
-) -> np.ndarray:
+) -> Mask:
     """:func:`keep_mask` from the merged order's column-key and row starts and delete flags;
     ``ts`` and ``rows`` (a table with the ``row`` column) give the timestamps and rows in merged
     order, asked for only when the settings need them (age-off, a row filter)."""
@@ -124,7 +121,8 @@ def _keep(
     filtered = settings.ageoff_cutoff is not None or settings.has_row_filter
     if settings.full and settings.max_versions == 1 and not filtered:
         # the common system compaction: the newest entry of each key, unless it is a marker
-        return start & ~dele
+        out: Mask = start & ~dele
+        return out
 
     hidden = _within_group_exclusive(dele, start) > 0
     visible = ~hidden
@@ -137,7 +135,8 @@ def _keep(
     if settings.has_row_filter:
         cand &= ~_row_dropped(rows(), row_starts, settings)
     rank = _within_group_exclusive(cand, start)  # candidates before this one
-    return markers | (cand & (rank < settings.max_versions))
+    kept: Mask = markers | (cand & (rank < settings.max_versions))
+    return kept
 
 
 def apply_stack_table(table: pa.Table, settings: IteratorSettings = SCAN) -> pa.Table:
@@ -173,14 +172,16 @@ def _common_prefix(a: bytes, b: bytes) -> int:
 _KEEP = np.array([0] + [((1 << (8 * k)) - 1) << (64 - 8 * k) for k in range(1, 9)], dtype=np.uint64)
 
 
-def _row_prefixes(rows: pa.Array, skip: int) -> tuple[np.ndarray, np.ndarray]:
+def _row_prefixes(rows: pa.Array[Any], skip: int) -> tuple[NDArray[np.uint64], NDArray[np.int64]]:
     """(prefix, length) of each row: bytes ``skip`` to ``skip + 8`` as a big-endian unsigned
     integer, zero padded — a value that never decreases as the row increases — and the row's
     length in bytes."""
     n = len(rows)
-    offsets = np.frombuffer(rows.buffers()[1], dtype=np.int32, count=n + 1, offset=4 * rows.offset).astype(np.int64)
-    buf = rows.buffers()[2]
-    data = np.frombuffer(buf, dtype=np.uint8) if buf is not None and buf.size else np.zeros(0, np.uint8)
+    bufs = rows.buffers()
+    assert bufs[1] is not None  # a binary array always has offsets
+    offsets = np.frombuffer(memoryview(bufs[1]), dtype=np.int32, count=n + 1, offset=4 * rows.offset).astype(np.int64)
+    buf = bufs[2]
+    data = np.frombuffer(memoryview(buf), dtype=np.uint8) if buf is not None and buf.size else np.zeros(0, np.uint8)
     data = np.concatenate([data, np.zeros(8, np.uint8)])  # a word read at any row's start stays inside
     # every byte offset seen as the start of a big-endian word (unaligned, no copy)
     words = np.ndarray(shape=(len(data) - 7,), dtype=">u8", buffer=data, strides=(1,))
@@ -260,7 +261,7 @@ def _tie_order(
         part = part.drop_columns(["row"]).append_column("__prefix", pa.array(prefix))
         part = part.append_column("__length", pa.array(length))
         row_cols = ["__prefix", "__length"]
-        sort_keys = [(c, "ascending") for c in row_cols] + MERGE_SORT_KEYS[1:]
+        sort_keys: list[ArrowSortKey] = [(c, "ascending") for c in row_cols] + MERGE_SORT_KEYS[1:]
     else:
         sort_keys, row_cols = MERGE_SORT_KEYS, ["row"]
     sidx = pc.sort_indices(part, sort_keys=sort_keys)
@@ -329,7 +330,8 @@ def merge_keep(tables_oldest_first: Sequence[pa.Table], table: pa.Table, setting
         lambda: table.column("ts").to_numpy()[order],
         lambda: table.select(["row"]).take(pa.array(order)),
     )
-    return order[keep]
+    kept: NDArray[np.int64] = order[keep]
+    return kept
 
 
 def merge_tables_once(tables_oldest_first: Sequence[pa.Table], settings: IteratorSettings = SCAN) -> pa.Table:

@@ -19,6 +19,7 @@ import contextlib
 import logging
 import math
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -32,6 +33,7 @@ from kompaktor.local.procs import kill_group, spawn, stop_popen
 from kompaktor.local.redis_server import RedisHA, RedisProcess
 from kompaktor.metadata import acl
 from kompaktor.metadata.store import MetadataStore
+from kompaktor.model import grouptoken
 from kompaktor.model.errors import StoreUnavailable
 from kompaktor.queues.jobqueue import JobQueues
 
@@ -122,9 +124,11 @@ class LocalCluster:
         self._recent: dict[str, list[tuple[float, int]]] = {g: [] for g in self.config.groups}
         self.exited: list[Proc] = []  # compactors that ended, with what they held
         self.env = dict(os.environ)
+        #: the key compactor groups' tokens derive from (as the chart's group-key Secret)
+        self.group_key = secrets.token_urlsafe(36)
 
     # -- processes ----------------------------------------------------------------------------------
-    def _spawn(self, name: str, args: list[str]) -> Proc:
+    def _spawn(self, name: str, args: list[str], extra_env: dict[str, str] | None = None) -> Proc:
         logs = self.data_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         out = open(logs / f"{name}.log", "ab")  # noqa: SIM115 — owned by the child for its lifetime
@@ -134,6 +138,7 @@ class LocalCluster:
             "KOMPAKTOR_REDIS_URL": self.role_urls.get(role, self.url),
             "KOMPAKTOR_STORAGE": self.storage_uri,
             "PYTHONUNBUFFERED": "1",
+            **(extra_env or {}),
         }
         # Spark's scratch space inside the data directory: nothing is left in /tmp by a killed compactor
         env.setdefault("KOMPAKTOR_SPARK_LOCAL_DIR", str(self.data_dir / "spark" / name))
@@ -185,7 +190,8 @@ class LocalCluster:
             self.status_port = free_port()
         port = "-1" if self.status_port is None else str(self.status_port)
         args = ["coordinator", "--metrics-port", port, "--metrics-host", "127.0.0.1", *self.coordinator_args]
-        self.coordinator = self._spawn("coordinator", args)
+        # the key groups' tokens derive from: its broker acts for a compactor of its own group only
+        self.coordinator = self._spawn("coordinator", args, {grouptoken.KEY_ENV: self.group_key})
 
     def restart_coordinator(self, kill: bool = True) -> None:
         if self.coordinator is not None and self.coordinator.alive:
@@ -195,7 +201,10 @@ class LocalCluster:
     def add_compactor(self, group: str) -> Proc:
         self._seq += 1
         name = f"compactor-{group}-{self._seq}"
-        p = self._spawn(name, ["compactor", "--group", group, "--id", name, "--http-port", "-1", *self.compactor_args])
+        # with a Redis user per role, a compactor may only read and ask the coordinator's broker
+        broker = ["--broker"] if self.role_urls else []
+        args = ["compactor", "--group", group, "--id", name, "--http-port", "-1", *broker, *self.compactor_args]
+        p = self._spawn(name, args, {grouptoken.TOKEN_ENV: grouptoken.group_token(self.group_key, group)})
         p.group = group
         self.compactors[group].append(p)
         return p

@@ -18,18 +18,22 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kompaktor.client import Client
 from kompaktor.files.storage import Storage
+from kompaktor.local.chaoscheck import check_chaos
 from kompaktor.local.cluster import GroupSample, LocalCluster, Proc
 from kompaktor.local.config import DEMO_CONFIG, LocalConfig, load_config
-from kompaktor.local.ingest import ContinuousIngest, Verification, split_points, verify
+from kompaktor.local.ingest import ContinuousIngest, IngestStats, Verification, split_points, verify
 from kompaktor.local.mix import MixCheck, MixedWorkload, mix_summary
 from kompaktor.local.procs import interruptible
 from kompaktor.metadata import user_compactions
 from kompaktor.metadata.status import gather
 from kompaktor.model.errors import StoreUnavailable
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 
 @dataclass
@@ -94,8 +98,13 @@ def _bar(up: int, draining: int, hi: int) -> str:
 
 
 def _progress_table(
-    ingest_stats, status: dict[str, Any], phase: str, elapsed: float, scaling: dict[str, GroupSample], cfg: LocalConfig
-):
+    ingest_stats: IngestStats,
+    status: dict[str, Any],
+    phase: str,
+    elapsed: float,
+    scaling: dict[str, GroupSample],
+    cfg: LocalConfig,
+) -> Table:
     from rich.table import Table
 
     t = Table(title=f"kompaktor demo — {phase} — {elapsed:.0f}s", expand=False)
@@ -333,7 +342,7 @@ class _DemoRun:
         """Paced flushes of the continuous ingest, the progress shown at most twice a second."""
         last = [0.0]
 
-        def on_flush(_s) -> None:
+        def on_flush(_s: IngestStats) -> None:
             if self.mix is not None:
                 self.mix.step()
             if time.monotonic() - last[0] > 0.5:
@@ -516,119 +525,6 @@ class _DemoRun:
             "verified": "yes" if checks.verified else "no",
         }
         return DemoResult(checks.verified, summary, status, self.samples, list(self.cluster.timeline))
-
-
-def acknowledged_commits(logs: Path) -> list[str]:
-    """The ECIDs whose commit a compactor was told succeeded (its log line ``<ECID> <kind> on
-    <tablet>: committed``), from every compactor log under ``logs``."""
-    import re
-
-    pat = re.compile(r"(ECID-[0-9a-f]{16}) \w+ on \S+: committed")
-    out: list[str] = []
-    for f in sorted(logs.glob("compactor-*.log")):
-        out.extend(m.group(1) for m in pat.finditer(f.read_text(errors="replace")))
-    return out
-
-
-def check_chaos(
-    log, store, storage, *, ha: bool = False, logs: Path | None = None, acked_writes: int = 0
-) -> tuple[dict[str, Any], bool]:
-    """After the queues drained: every SIGKILLed compaction was detected dead and its tablet
-    compacted again; SIGTERMed compactors caused no dead compaction; no running compaction is
-    left; after garbage collection every file in storage is referenced and no temp file is left.
-    With an HA Redis (failovers): every commit a compactor was told succeeded is in the commit log
-    exactly once (none lost, none applied twice), and every file a tablet references exists."""
-    from kompaktor.coordinator import Coordinator, CoordinatorSettings
-
-    dead = store.dead_log()
-    # A commit already on its way to Redis when the compactor was frozen is applied all the same
-    # (commands from different connections have no order): such a kill came after the commit
-    # landed, it killed no merge, and it is reported apart rather than counted as one.
-    applied = store.commit_log()  # the ECIDs of the commits applied, once per commit
-    committed = set(applied)
-    after_commit = [e for e, _t in log.killed if e in committed]
-    mid_merge = [(e, t) for e, t in log.killed if e not in committed]
-    killed = [ecid for ecid, _t in mid_merge]
-    detected = sum(1 for e in killed if e in dead)
-    rerun = sum(1 for _e, t in mid_merge if store.commits_on(t) > log.commits_at_kill.get(t, 0))
-    term_dead = sum(1 for e in log.termed if e in dead)
-    running_left = store.running_count()
-    gc = Coordinator(store, storage, CoordinatorSettings())
-    gc.collect_garbage(grace_s=0)
-    referenced = {f for t in store.iter_all_tablets() for f in t.files}
-    on_disk = [rel for rel, _m in storage.list_files("tables")]
-    stray = [f for f in on_disk if f not in referenced]
-    missing = [f for f in referenced if not storage.exists(f)]
-    ha_summary: dict[str, Any] = {}
-    ha_ok = True
-    if ha:
-        counts: dict[str, int] = {}
-        for e in applied:
-            counts[e] = counts.get(e, 0) + 1
-        acked = sorted(set(acknowledged_commits(logs))) if logs is not None else []
-        lost = [e for e in acked if e not in counts]
-        twice = [e for e, n in counts.items() if n > 1]
-        ha_ok = (
-            len(log.failovers) == 2
-            and {f["moment"] for f in log.failovers} == {"ingest", "commit"}
-            and not lost
-            and not twice
-            and not missing
-        )
-        ha_summary = {
-            "chaos: Redis primary SIGKILLed, replica promoted (failovers)": len(log.failovers),
-            "chaos: failovers": "; ".join(
-                f"mid-{f['moment']}: {f['pending']} writes awaiting acknowledgment, "
-                f"{f['commits_pending']} commits applied unacknowledged, promoted in "
-                f"{f['promoted_s']}s"
-                for f in log.failovers
-            ),
-            "chaos: acknowledged writes checked (flushes + commits)": acked_writes + len(acked),
-            "chaos: acknowledged commits checked": len(acked),
-            "chaos: acknowledged commits lost": len(lost),
-            "chaos: commits applied twice": len(twice),
-            "chaos: referenced files missing": len(missing),
-        }
-    redis_ok = len(log.failovers) == 2 if ha else log.redis_restarts == 1
-    in_dead_log = detected
-    if ha:
-        # A failover can take the dead-log entry with it (a bookkeeping write, not acknowledged
-        # to anyone, or the coordinator's pass ended by a write whose outcome was unknown): a killed
-        # compaction counts as handled when it is gone from the tablet and its tablet was compacted
-        # again; how many are in the dead log is reported as well.
-        detected = max(
-            detected,
-            sum(
-                1
-                for e, t in mid_merge
-                if store.running_tablet(e) is None and store.commits_on(t) > log.commits_at_kill.get(t, 0)
-            ),
-        )
-    ok = (
-        detected == len(killed)
-        and rerun == len(killed)
-        and term_dead == 0
-        and running_left == 0
-        and not stray
-        and redis_ok
-        and ha_ok
-        and not missing
-        and log.coordinator_restarts >= 1
-    )
-    return {
-        "chaos: compactors SIGKILLed mid-merge": len(killed),
-        **({"chaos: kills that came after the commit landed": len(after_commit)} if after_commit else {}),
-        "chaos: busy compactors SIGTERMed": len(log.termed),
-        "chaos: coordinator restarts": log.coordinator_restarts,
-        "chaos: Redis restarts": log.redis_restarts,
-        "chaos: dead compactions detected (of the killed)": detected,
-        **({"chaos: killed compactions in the dead log": in_dead_log} if ha else {}),
-        "chaos: killed jobs re-run": rerun,
-        "chaos: dead compactions from SIGTERM": term_dead,
-        "chaos: running compactions left": running_left,
-        "chaos: unreferenced or temp files after GC": len(stray),
-        **ha_summary,
-    }, ok
 
 
 def print_summary(result: DemoResult) -> None:

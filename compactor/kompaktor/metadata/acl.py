@@ -1,30 +1,27 @@
 """Redis users per role: each component connects with only the commands and keys its code uses.
 
 Roles
-  ``compactor``    reads its job and the tablets, heartbeats and commits through the functions the
-                   coordinator loaded (``FCALL``), waits for work (``BLPOP``) — and nothing else:
-                   no ``EVAL``, ``SCRIPT LOAD`` or ``FUNCTION LOAD`` (no code of its own in Redis), no ``CONFIG``,
-                   ``FLUSH*``, ``DEBUG``, ``MODULE``, ``KEYS``, ``SHUTDOWN``, no key outside ``kz:*``,
-                   no Pub/Sub.
-  ``coordinator``  the compactor's rights, plus ``FUNCTION LOAD`` and ``FUNCTION LIST`` (it loads
-                   Kompaktor's function libraries where Redis lacks them, :mod:`kompaktor.redisfunctions`)
-                   and ``CONFIG GET`` (the durability it can rely on).
-  ``operator``     the compactor's rights, plus ``FUNCTION LOAD`` (its first write on a server that
-                   lost the libraries loads them) and ``CONFIG GET`` (it writes groups and services,
-                   starts and cancels user compactions through the same functions).
+  ``compactor``    reads Kompaktor's keys and writes none of them: it pushes requests onto the
+                   coordinator's broker list (``kz:broker``) and pops the answers
+                   (``kz:reply:*``, names only the asker knows), waits for work (``BLPOP`` on
+                   ``kz:wake:*``) and appends to its group's history (``kz:history:*``). Its
+                   reservations, heartbeats, progress, commits, releases and failures are
+                   made by the broker (:mod:`kompaktor.coordinator.broker`), which acts only for
+                   the holder of a reservation. No ``FCALL`` (Redis runs a function's commands
+                   with its caller's rights, so a user that may commit through a function may
+                   also write the tablets directly), no ``EVAL``, no ``CONFIG``, ``FLUSH*``,
+                   ``DEBUG``, ``MODULE``, ``KEYS``, ``SHUTDOWN``, no key outside ``kz:*``, no Pub/Sub.
+  ``coordinator``  the writes of Kompaktor's structures (its passes and the broker), through the
+                   functions it loads (``FUNCTION LOAD``/``LIST``) and plain commands, and
+                   ``CONFIG GET`` (the durability it can rely on).
+  ``operator``     the same writes without ``FUNCTION LIST`` (it writes groups and services,
+                   starts and cancels user compactions; its first write on a server that lost
+                   the libraries loads them).
   ``admin``        the ``kompaktor`` CLI of the people running it: the coordinator's rights.
 
 Each right is one the role's code sends (``tests/integration/test_redis_rights.py``, which
-records them with Redis's command counters: compactor, coordinator, operator).
-
-The compaction history's streams (``kz:history:<group>``) are reached through an ACL selector of
-their own: the compactor may ``XADD`` and ``XTRIM`` there (it records the jobs it finished) and
-nowhere else; the coordinator (its status page) and admin may also read them (``XREVRANGE``).
-
-Redis runs a function's commands with the rights of the user calling it, so a user that may run
-the commit function may also run its commands (``HSET`` on ``kz:*``) directly: the ACL bounds what a
-compromised compactor can reach (no code execution on the Redis host through ``CONFIG SET``, no
-``FLUSHALL``, no key outside Kompaktor's), not which ``kz:`` keys it writes.
+records them with Redis's command counters: compactor, coordinator, operator), and what the
+compactor may not do is refused by the server (``tests/integration/test_compactor_rights.py``).
 
 Pure: the rules as text, new passwords, and URLs with a role's user in them.
 """
@@ -40,8 +37,10 @@ from kompaktor import keyspace as C
 ROLES = ("compactor", "coordinator", "operator", "admin")
 
 #: what every role needs: connecting (not CLIENT KILL, PAUSE or LIST: dangerous), transactions,
-#: the durability barrier's WAIT, INFO (replication role, persistence), Kompaktor's functions
-_BASE = ("+@connection", "+@transaction", "-@dangerous", "+info", "+fcall")
+#: INFO (replication role, persistence)
+_BASE = ("+@connection", "+@transaction", "-@dangerous", "+info")
+#: the roles that write: Kompaktor's functions
+_FCALL = ("+fcall",)
 #: reads of Kompaktor's structures: each one the code sends (tests/integration/test_redis_rights.py)
 _READS = (
     "+get",
@@ -84,24 +83,39 @@ _WRITES = (
     "+ltrim",
     "+blpop",
 )
+#: the reads every role has, and the writes every role that writes has (public for the rights test)
+SHARED_READS, SHARED_WRITES = _READS, _WRITES
+#: the compactor's only writes, each an ACL selector (these commands on these keys only): its
+#: requests to the broker (pushed: it may not read the list), the answers (popped), wake-ups
+_ASK = (
+    f"(~{C.BROKER} +lpush)",
+    f"(~{C.reply_key('*')} +blpop)",
+    f"(~{C.wake_key('*')} +blpop)",
+)
 #: the compaction history (:mod:`kompaktor.metadata.history`): an ACL selector, so that these
 #: commands reach the history's streams (``kz:history:*``) and no other key. The compactor only
 #: appends (XADD, then XTRIM by age); the other roles read it as well
 _HISTORY_KEYS = f"~{C.history_key('*')}"
 _HISTORY_WRITE = f"({_HISTORY_KEYS} +xadd +xtrim)"
 _HISTORY_READ_WRITE = f"({_HISTORY_KEYS} +xadd +xtrim +xrevrange)"
+#: the history's appends (the compactor's jobs; the coordinator's for compactions found dead)
+HISTORY_APPEND = _HISTORY_WRITE
 #: what only the roles that load code and decide durability get
 _LEADER = ("+function|load", "+function|list", "+config|get")
+#: the coordinator's broker: it waits for compactors' requests
+_BROKER = ("+blmpop",)
 #: the operator's: a write of its on a server without the functions loads them (never lists
 #: them: only the coordinator's pass does); the durability it can rely on
 _OPERATOR = ("+function|load", "+config|get")
 
 RIGHTS: dict[str, tuple[str, ...]] = {
-    "compactor": _BASE + _READS + _WRITES + (_HISTORY_WRITE,),
-    "coordinator": _BASE + _READS + _WRITES + _LEADER + (_HISTORY_READ_WRITE,),
-    "operator": _BASE + _READS + _WRITES + _OPERATOR,
-    "admin": _BASE + _READS + _WRITES + _LEADER + (_HISTORY_READ_WRITE,),
+    "compactor": _BASE + _READS + _ASK + (_HISTORY_WRITE,),
+    "coordinator": _BASE + _FCALL + _READS + _WRITES + _LEADER + _BROKER + (_HISTORY_READ_WRITE,),
+    "operator": _BASE + _FCALL + _READS + _WRITES + _OPERATOR,
+    "admin": _BASE + _FCALL + _READS + _WRITES + _LEADER + (_HISTORY_READ_WRITE,),
 }
+#: the keys a role's commands outside selectors reach: the compactor's only to read
+KEYS: dict[str, str] = {"compactor": f"%R~{C.PREFIX}*", "coordinator": f"~{C.PREFIX}* ~{C.BROKER_PREFIX}*"}
 
 
 def new_passwords() -> dict[str, str]:
@@ -113,7 +127,7 @@ def rights(role: str) -> str:
     """What ``role`` may touch, as ACL rules: only Kompaktor's keys, no channels, its commands."""
     if role not in RIGHTS:
         raise ValueError(f"unknown Redis role {role!r}: one of {', '.join(ROLES)}")
-    return " ".join((f"~{C.PREFIX}*", "resetchannels", "-@all", *RIGHTS[role]))
+    return " ".join((KEYS.get(role, f"~{C.PREFIX}*"), "resetchannels", "-@all", *RIGHTS[role]))
 
 
 def rule(role: str, password: str) -> str:

@@ -53,10 +53,64 @@ class Reservation:
     full: bool
     settings: IteratorSettings
     compactor: str
+    #: the secret that proves a compactor holds this reservation (the coordinator's broker gives
+    #: it to the compactor it reserved for, :mod:`kompaktor.coordinator.broker`); empty when the
+    #: compactor reserved through the store itself
+    cap: str = ""
 
     @property
     def tablet(self) -> str:
         return self.job.tablet
+
+    def to_json(self) -> dict[str, Any]:
+        """The reservation as JSON (without :attr:`cap`)."""
+        st = self.settings
+        return {
+            "ecid": self.ecid,
+            "job": self.job.to_json(),
+            "table": self.table,
+            "prev": encode_row(self.prev),
+            "end": encode_row(self.end),
+            "inputs": list(self.inputs),
+            "output": self.output,
+            "full": self.full,
+            "compactor": self.compactor,
+            "settings": {
+                "max_versions": st.max_versions,
+                "full": st.full,
+                "ageoff_ttl_ms": st.ageoff_ttl_ms,
+                "now_ms": st.now_ms,
+                "row_regex": st.row_regex,
+                "row_start": encode_row(st.row_start),
+                "row_end": encode_row(st.row_end),
+            },
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any], cap: str = "") -> Reservation:
+        st = d["settings"]
+        settings = IteratorSettings(
+            max_versions=int(st["max_versions"]),
+            full=bool(st["full"]),
+            ageoff_ttl_ms=st["ageoff_ttl_ms"],
+            now_ms=int(st["now_ms"]),
+            row_regex=st["row_regex"],
+            row_start=decode_row(st["row_start"]),
+            row_end=decode_row(st["row_end"]),
+        )
+        return cls(
+            str(d["ecid"]),
+            Job.from_json(d["job"]),
+            str(d["table"]),
+            decode_row(d["prev"]),
+            decode_row(d["end"]),
+            tuple(d["inputs"]),
+            str(d["output"]),
+            bool(d["full"]),
+            settings,
+            str(d["compactor"]),
+            cap,
+        )
 
     def tmp_path(self) -> str:
         return tmp_name(self.output, self.ecid)
@@ -292,8 +346,15 @@ def commit(store: MetadataStore, res: Reservation, info: FileInfo) -> None:
 def release(store: MetadataStore, storage: Storage, res: Reservation) -> bool:
     """Undo a reservation: remove the ECID (if still registered) and any output. Returns whether
     the ECID was still registered."""
-    removed = remove_running(store, res.tablet, res.ecid)
+    removed = release_metadata(store, res)
     delete_outputs(storage, res.output, res.ecid)
+    return removed
+
+
+def release_metadata(store: MetadataStore, res: Reservation) -> bool:
+    """The metadata half of :func:`release`: the ECID and its heartbeat gone, the tablet to plan
+    again. Returns whether the ECID was still registered."""
+    removed = remove_running(store, res.tablet, res.ecid)
     store.drop_heartbeat(res.ecid)
     store.mark_dirty([res.tablet])
     return removed

@@ -30,8 +30,11 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
+from typing import Any, cast
 
 from kompaktor import keyspace as C
+from kompaktor.connection import text
 from kompaktor.files.storage import Storage
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.errors import StoreUnavailable
@@ -81,7 +84,7 @@ class RedisResumeLog:
         self.recorded: dict[int, PartRecord] = {}
 
     def load(self) -> ResumeState | None:
-        raw = self.store.call(self.store._r.hgetall, self.key)
+        raw = cast("dict[bytes, bytes]", self.store.call(self.store._r.hgetall, self.key))
         if not raw or b"job" not in raw:
             return None
         try:
@@ -134,10 +137,14 @@ class RedisResumeLog:
         self.store.call(self.store._r.hdel, self.key, f"p:{index}")
         self.recorded.pop(index, None)
 
+    def forget_record(self, fingerprint: str) -> None:
+        """How :func:`discard` and :func:`finish` forget this job's record (:func:`forget`)."""
+        forget(self.store, fingerprint)
+
 
 def part_paths(store: MetadataStore, fingerprint: str) -> list[str]:
     """The part files a record lists."""
-    raw = store.call(store._r.hgetall, C.progress_key(fingerprint))
+    raw = cast("dict[bytes, bytes]", store.call(store._r.hgetall, C.progress_key(fingerprint)))
     out = []
     for k, v in raw.items():
         if k.startswith(b"p:"):
@@ -148,17 +155,34 @@ def part_paths(store: MetadataStore, fingerprint: str) -> list[str]:
     return out
 
 
-def discard(store: MetadataStore, storage: Storage | None, fingerprint: str, also: tuple[str, ...] = ()) -> list[str]:
+def forget(store: MetadataStore, fingerprint: str) -> None:
+    """Delete a job's progress record and its index entry (not its parts)."""
+    p = store._r.pipeline(transaction=True)
+    p.delete(C.progress_key(fingerprint))
+    p.hdel(C.PROGRESS, fingerprint)
+    store.call(p.execute)
+
+
+#: how a record is forgotten: :func:`forget` in the store, or through the coordinator's broker
+Forget = Callable[[str], None]
+
+
+def discard(
+    store: MetadataStore,
+    storage: Storage | None,
+    fingerprint: str,
+    also: tuple[str, ...] = (),
+    forget_record: Forget | None = None,
+) -> list[str]:
     """Forget a job's progress and delete its recorded parts (and ``also``); returns the parts
     deleted. The record goes first: a part is never left listed in a record without its file.
     Parts that cannot be deleted now are left to the garbage collector (no live record keeps
     them)."""
     paths = sorted(set(part_paths(store, fingerprint)) | set(also))
-    r = store._r
-    p = r.pipeline(transaction=True)
-    p.delete(C.progress_key(fingerprint))
-    p.hdel(C.PROGRESS, fingerprint)
-    store.call(p.execute)
+    if forget_record is None:
+        forget(store, fingerprint)
+    else:
+        forget_record(fingerprint)
     deleted = []
     if storage is not None:
         for rel in paths:
@@ -170,11 +194,17 @@ def discard(store: MetadataStore, storage: Storage | None, fingerprint: str, als
     return deleted
 
 
-def finish(store: MetadataStore, storage: Storage, fingerprint: str, also: tuple[str, ...] = ()) -> None:
+def finish(
+    store: MetadataStore,
+    storage: Storage,
+    fingerprint: str,
+    also: tuple[str, ...] = (),
+    forget_record: Forget | None = None,
+) -> None:
     """After a commit: the record and every part go (best effort: an unreachable store leaves
     the record to :func:`prune`, whose job no longer exists once the commit landed)."""
     try:
-        discard(store, storage, fingerprint, also)
+        discard(store, storage, fingerprint, also, forget_record)
     except StoreUnavailable as exc:
         log.warning("progress of %s left for the garbage collector: %s", fingerprint[:16], exc)
         for rel in also:
@@ -186,10 +216,10 @@ def finish(store: MetadataStore, storage: Storage, fingerprint: str, also: tuple
 
 def records(store: MetadataStore) -> dict[str, str]:
     """Fingerprint -> tablet id of every indexed record."""
-    return {k.decode(): v.decode() for k, v in store.call(store._r.hgetall, C.PROGRESS).items()}
+    return {text(k): text(v) for k, v in store.call(store._r.hgetall, C.PROGRESS).items()}
 
 
-def _gone(job: dict, t: Tablet | None, dead: set[str]) -> bool:
+def _gone(job: dict[str, Any], t: Tablet | None, dead: set[str]) -> bool:
     """Whether the job a record was written for can no longer run."""
     if t is None:
         return True  # the tablet is gone: split, merged or deleted

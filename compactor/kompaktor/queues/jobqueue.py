@@ -15,14 +15,13 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import redis
-from redis.connection import Connection
 
 from kompaktor import keyspace as C
-from kompaktor.connection import pack_command, redis_errors
+from kompaktor.connection import SentCommand, pack_command, redis_errors, text
 from kompaktor.model.job import PRIORITY_MAX, Job
 from kompaktor.policy.tableprops import QUOTA, QUOTA_STEP_MAX
 from kompaktor.redisfunctions import LuaFunction, LuaLibrary, missing_function
@@ -127,7 +126,7 @@ class QueueAdder:
         self._script = script
         self._pool = client.connection_pool
         self._head = [fence, gen, max_size, int(time.time() * 1000)]
-        self._pending: tuple[Connection, list[Any]] | None = None
+        self._pending: tuple[SentCommand, list[Any]] | None = None
         self.admitted = 0
 
     def send(self, plans: Iterable[tuple[str, Sequence[Job]]]) -> None:
@@ -144,44 +143,26 @@ class QueueAdder:
             return
         args = self._head + body
         conn = self._pool.get_connection()
-        try:
+
+        def prepare() -> Any:
             packed = pack_command(conn, "FCALL", self._script.name, 0, *args)
             self.wait()  # for the batch before, on another connection
-        except BaseException:
-            self._pool.release(conn)
-            raise
-        try:
-            conn.send_packed_command(packed)
-        except (redis.ConnectionError, redis.TimeoutError):
-            conn.disconnect()
-            self._pool.release(conn)
+            return packed
+
+        sent = SentCommand.send(self._pool, conn, prepare)
+        if sent is None:
             self.admitted += int(self._script(args=args))  # with the client's retries
             return
-        except BaseException:
-            conn.disconnect()
-            self._pool.release(conn)
-            raise
-        self._pending = (conn, args)
+        self._pending = (sent, args)
 
     def wait(self) -> None:
         """Wait until the batch in flight, if any, has been applied."""
         if self._pending is None:
             return
-        (conn, args), self._pending = self._pending, None
-        try:
-            res = conn.read_response()
-        except (redis.ConnectionError, redis.TimeoutError):
-            conn.disconnect()
-            res = None  # the call below retries, as redis-py retries any command
-        except redis.ResponseError as exc:
-            if not missing_function(exc):
-                raise
-            res = None  # a server without the library (a new one, FUNCTION FLUSH): the call below loads it
-        except BaseException:
-            conn.disconnect()  # interrupted mid-reply: the connection is out of step
-            raise
-        finally:
-            self._pool.release(conn)
+        (sent, args), self._pending = self._pending, None
+        # no reply when the connection failed (the call below retries, as redis-py retries any
+        # command) or the server lacks the library (a new one, FUNCTION FLUSH: the call loads it)
+        res = sent.read(missing_function)
         if res is None:
             res = self._script(args=args)
         self.admitted += int(res)
@@ -330,11 +311,11 @@ class JobQueues:
     # -- inspection ------------------------------------------------------------------------------
     @mapped
     def groups(self) -> list[str]:
-        return sorted(g.decode() for g in self._r.smembers(C.QUEUE_GROUPS))
+        return sorted(text(g) for g in self._r.smembers(C.QUEUE_GROUPS))
 
     @mapped
     def jobs(self, group: str, limit: int = 100) -> list[Job]:
-        members = self._r.zrange(C.queue_key(group), 0, limit - 1)
+        members = cast("list[bytes]", self._r.zrange(C.queue_key(group), 0, limit - 1))
         if not members:
             return []
         raws = self._r.hmget(C.queue_jobs_key(group), members)
@@ -342,7 +323,7 @@ class JobQueues:
 
     @mapped
     def queued_tablets(self, group: str) -> set[str]:
-        return {t.decode() for t in self._r.hkeys(C.queue_index_key(group))}
+        return {text(t) for t in self._r.hkeys(C.queue_index_key(group))}
 
     @mapped
     def stats(self, group: str) -> QueueStats:

@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from kompaktor import __version__
 
@@ -50,6 +50,10 @@ class OperatorConfig(BaseModel):
     allowed_affinities: tuple[dict[str, Any], ...] = ()
     allowed_priority_classes: tuple[str, ...] = ()
     max_resources: dict[str, int | str] = Field(default_factory=lambda: dict(DEFAULT_MAX_RESOURCES))
+    #: the key compactor groups' tokens are derived from (:mod:`kompaktor.model.grouptoken`): each
+    #: group's pods get their group's token; the coordinator's broker, holding the same key, acts
+    #: for a compactor of that group only
+    group_key: SecretStr | None = None
     #: Secret (in the group's namespace) whose key becomes KOMPAKTOR_DRAIN_TOKEN in compactor pods.
     drain_token_secret: str | None = None
     drain_token_secret_key: str = "token"
@@ -117,6 +121,7 @@ class OperatorConfig(BaseModel):
             "status_interval": "KOMPAKTOR_STATUS_INTERVAL",
             "compactor_service_account": "KOMPAKTOR_COMPACTOR_SERVICE_ACCOUNT",
             "drain_token_secret": "KOMPAKTOR_DRAIN_TOKEN_SECRET",
+            "group_key": "KOMPAKTOR_GROUP_KEY",
             "drain_token_secret_key": "KOMPAKTOR_DRAIN_TOKEN_SECRET_KEY",
             "redis_ca_configmap": "KOMPAKTOR_REDIS_CA_CONFIGMAP",
             "network_policy": "KOMPAKTOR_NETWORK_POLICY",

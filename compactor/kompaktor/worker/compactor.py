@@ -25,13 +25,16 @@ from dataclasses import dataclass, field, replace
 from http.server import ThreadingHTTPServer
 from typing import Any
 
+from kompaktor.engines.api import MergeCancelled, MergeRequest, MergeResult
 from kompaktor.files.storage import Storage
 from kompaktor.files.storage import unavailable as storage_unavailable
-from kompaktor.metadata import compactions, failures, history
+from kompaktor.metadata import compactions, history
 from kompaktor.metadata import progress as resume_records
 from kompaktor.metadata.compactions import Reservation
+from kompaktor.metadata.jobs import DirectJobs, Jobs
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.errors import BadFileError, ConditionFailed, KompaktorError, StoreUnavailable
+from kompaktor.model.iterators import IteratorSettings
 from kompaktor.model.resume import job_fingerprint
 from kompaktor.model.tablet import ONLINE
 from kompaktor.policy.services import (
@@ -43,6 +46,7 @@ from kompaktor.policy.services import (
     GroupConfig,
 )
 from kompaktor.policy.sizes import format_quantity
+from kompaktor.worker.http import serve
 from kompaktor.worker.metrics import CompactorMetrics
 
 log = logging.getLogger("kompaktor.compactor")
@@ -135,9 +139,45 @@ class JobOutcome:
     figures: dict[str, Any] = field(default_factory=dict)
 
 
+def _no_progress() -> dict[str, Any]:
+    return {"entries_read": 0, "entries_written": 0, "bytes_read": 0, "bytes_written": 0}
+
+
+@dataclass
+class _Job:
+    """One reserved job while the compactor runs it: what its merge is given, what the merge
+    reports (progress, then its result or error) and why it was cancelled."""
+
+    res: Reservation
+    input_bytes: int
+    settings: IteratorSettings  # the merge's (a resumed job's keep the first attempt's age-off cut)
+    rlog: resume_records.RedisResumeLog | None = None  # where a resumable merge records its parts
+    progress: dict[str, Any] = field(default_factory=_no_progress)
+    cancel: threading.Event = field(default_factory=threading.Event)
+    reason: str | None = None  # why the merge was cancelled (the first reason)
+    result: MergeResult | None = None
+    error: BaseException | None = None
+    elapsed: float = 0.0  # seconds the merge took
+
+    def stop(self, why: str) -> None:
+        """Cancel the merge for ``why``, unless it is cancelled already."""
+        if not self.cancel.is_set():
+            self.reason = why
+            self.cancel.set()
+
+
 class Compactor:
-    def __init__(self, store: MetadataStore, storage: Storage, settings: WorkerSettings, engine: Any = None) -> None:
+    def __init__(
+        self,
+        store: MetadataStore,
+        storage: Storage,
+        settings: WorkerSettings,
+        engine: Any = None,
+        jobs: Jobs | None = None,
+    ) -> None:
         self.store = store
+        #: the writes about its jobs: made with the store's rights, or asked of the coordinator
+        self.jobs: Jobs = DirectJobs(store) if jobs is None else jobs
         self.storage = storage
         self.s = settings
         self.queues = store.queues
@@ -210,9 +250,9 @@ class Compactor:
         self.state = state
         ecid = self.current.ecid if self.current else None
         try:
-            self.store.register_compactor(self.s.group, self.s.compactor_id, state, ecid)
+            self.jobs.register(self.s.group, self.s.compactor_id, state, ecid)
             if state == DRAINING and self.s.stay_drained:
-                self.store.request_drain(self.s.compactor_id)  # the mark outlives this process
+                self.jobs.mark_drained(self.s.group, self.s.compactor_id)  # the mark outlives this process
         except StoreUnavailable as exc:
             log.warning("cannot publish state: %s", exc)
 
@@ -221,6 +261,15 @@ class Compactor:
         if self.store.drain_requested(self.s.compactor_id):
             self.request_drain("drain flag in Redis", finish=True)
         return self.drain.is_set()
+
+    def _refuse_without_rights(self, exc: StoreUnavailable) -> None:
+        """A compactor making its own writes on a Redis user that may not (a compactor pod's):
+        one line that says what to do, not an outage retried forever."""
+        if isinstance(self.jobs, DirectJobs) and "denied a command" in str(exc):
+            raise KompaktorError(
+                f"compactor {self.s.compactor_id}: its Redis user may not write Kompaktor's metadata "
+                f"({exc}); run it with --broker, so that the coordinator makes its writes"
+            ) from None
 
     def _stay_drained(self) -> None:
         """Drained, in a pod: stay up and take no job until SIGTERM, still saying ``draining``
@@ -282,6 +331,7 @@ class Compactor:
                         break
                     outcome = self.run_one()
                 except StoreUnavailable as exc:
+                    self._refuse_without_rights(exc)
                     log.warning("metadata store unavailable: %s", exc)
                     outcome = None
                 if outcome is None or outcome.storage_down:
@@ -304,14 +354,14 @@ class Compactor:
             self.ready = False
             keep = self.drain.is_set() and self.s.stay_drained
             try:
-                self.store.unregister_compactor(self.s.group, self.s.compactor_id, keep_drain_mark=keep)
+                self.jobs.unregister(self.s.group, self.s.compactor_id, keep)
             except StoreUnavailable:
                 pass
         return 0
 
     def run_one(self) -> JobOutcome | None:
         """Reserve and run one job; None when the queue was empty."""
-        res = compactions.reserve(self.store, self.queues, self.s.group, self.s.compactor_id)
+        res = self.jobs.reserve(self.s.group, self.s.compactor_id)
         if res is None:
             return None
         self.current = res
@@ -364,52 +414,61 @@ class Compactor:
         return None
 
     def _execute(self, res: Reservation) -> JobOutcome:
-        from kompaktor.engines.api import MergeCancelled, MergeRequest
+        """Run the job's merge (on a thread of its own, watched from here), then settle it:
+        released (cancelled, or failed) or committed."""
+        job = self._prepare(res)
+        self._merge(job)
+        figures = self._merge_figures(job)
+        return self._unfinished(job, figures) or self._finish(job, figures)
 
-        g = self.s.group
-        input_bytes = sum(res.job.files.values())
-        progress: dict[str, Any] = {"entries_read": 0, "entries_written": 0, "bytes_read": 0, "bytes_written": 0}
-        box: dict[str, Any] = {}
-        cancel = threading.Event()
-        cancel_reason: list[str] = []
-
-        def on_progress(p: dict[str, Any]) -> None:
-            progress.update(p)
-
-        rlog: resume_records.RedisResumeLog | None = None
-        req_settings = res.settings
+    def _prepare(self, res: Reservation) -> _Job:
+        """The job's state before its merge: its resume record, when the merge is resumable, and
+        the iterator settings (the first attempt's age-off cut, when one recorded progress)."""
+        job = _Job(res, sum(res.job.files.values()), res.settings)
         # below the engine's threshold a merge is not resumable: no record is read or written
         # (small merges make no Redis request more than before); an engine given none never is
         threshold = getattr(self.engine, "resume_min_bytes", 0)
-        if self.s.resume and threshold is not None and input_bytes >= threshold:
-            fp = job_fingerprint(
-                res.tablet, res.prev, res.end, res.job.files, res.job.kind, res.job.selection, res.settings
-            )
-            rlog = resume_records.RedisResumeLog(
-                self.store, fp, res.tablet, res.inputs, res.prev, res.end, res.job.selection
-            )
-            try:
-                state = rlog.load()
-            except StoreUnavailable:
-                state = None
-            if state is not None:  # one age-off cut for every range of the output: the first attempt's
-                req_settings = replace(req_settings, now_ms=state.now_ms)
+        if not (self.s.resume and threshold is not None and job.input_bytes >= threshold):
+            return job
+        fp = job_fingerprint(
+            res.tablet, res.prev, res.end, res.job.files, res.job.kind, res.job.selection, res.settings
+        )
+        job.rlog = rlog = self.jobs.resume_log(res, fp)
+        try:
+            state = rlog.load()
+        except StoreUnavailable:
+            state = None
+        if state is not None:  # one age-off cut for every range of the output: the first attempt's
+            job.settings = replace(job.settings, now_ms=state.now_ms)
+        return job
+
+    def _merge(self, job: _Job) -> None:
+        """The merge on a thread of its own; this thread heartbeats and watches until it ends."""
+        res = job.res
 
         def work() -> None:
             try:
-                box["result"] = self.engine.merge(
+                job.result = self.engine.merge(
                     self.storage,
-                    MergeRequest(res.inputs, res.output, res.prev, res.end, req_settings, res.ecid, resume=rlog),
-                    progress=on_progress,
-                    cancel=cancel,
+                    MergeRequest(res.inputs, res.output, res.prev, res.end, job.settings, res.ecid, resume=job.rlog),
+                    progress=job.progress.update,
+                    cancel=job.cancel,
                 )
             except BaseException as exc:
-                box["error"] = exc
+                job.error = exc
 
         started = time.monotonic()
-        self.metrics.running.labels(g).set(1)
+        self.metrics.running.labels(self.s.group).set(1)
         th = threading.Thread(target=work, name=f"merge-{res.ecid}", daemon=True)
         th.start()
+        self._watch(job, th)
+        self.metrics.running.labels(self.s.group).set(0)
+        job.elapsed = time.monotonic() - started
+
+    def _watch(self, job: _Job, th: threading.Thread) -> None:
+        """Until the merge ends: every ``heartbeat_s``, a heartbeat with the progress, the state
+        published, whether the job is still wanted and whether Redis asks for a drain; a merge
+        that cannot finish within a drain's grace period is cancelled."""
         next_check = 0.0
         while th.is_alive():
             th.join(timeout=min(0.25, self.s.heartbeat_s))
@@ -418,62 +477,77 @@ class Compactor:
             now = time.monotonic()
             if now >= next_check:
                 next_check = now + self.s.heartbeat_s
-                try:
-                    left = self._remaining_s(input_bytes, progress)
-                    compactions.heartbeat(self.store, res, {**progress, "remaining_s": f"{left:.1f}"})
-                    self._publish(DRAINING if self.drain.is_set() else BUSY)
-                    why = self._still_wanted(res)
-                    if not self.drain.is_set():
-                        self._drain_flag()
-                except StoreUnavailable as exc:  # keep merging; the commit is conditional anyway
-                    log.warning("heartbeat failed: %s", exc)
-                    why = None
-                if why and not cancel.is_set():
-                    cancel_reason.append(why)
-                    cancel.set()
-            if self.drain.is_set() and not cancel.is_set() and self.drain_deadline is not None:
-                remaining = self._remaining_s(input_bytes, progress)
+                why = self._heartbeat(job)
+                if why:
+                    job.stop(why)
+            if self.drain.is_set() and not job.cancel.is_set() and self.drain_deadline is not None:
+                remaining = self._remaining_s(job.input_bytes, job.progress)
                 if now + remaining > self.drain_deadline or now >= self.drain_deadline:
-                    cancel_reason.append("draining: cannot finish within the grace period")
-                    cancel.set()
-        self.metrics.running.labels(g).set(0)
-        elapsed = time.monotonic() - started
+                    job.stop("draining: cannot finish within the grace period")
+
+    def _heartbeat(self, job: _Job) -> str | None:
+        """One heartbeat of a running merge; why the job is no longer wanted, or None."""
+        res, progress = job.res, job.progress
+        try:
+            left = self._remaining_s(job.input_bytes, progress)
+            self.jobs.heartbeat(res, {**progress, "remaining_s": f"{left:.1f}"})
+            self._publish(DRAINING if self.drain.is_set() else BUSY)
+            why = self._still_wanted(res)
+            if not self.drain.is_set():
+                self._drain_flag()
+        except StoreUnavailable as exc:  # keep merging; the commit is conditional anyway
+            log.warning("heartbeat failed: %s", exc)
+            why = None
+        return why
+
+    def _merge_figures(self, job: _Job) -> dict[str, Any]:
+        """The resume counters, and the history record's figures as far as the merge knows them."""
+        g, progress = self.s.group, job.progress
         self.metrics.resume_parts_reused.labels(g).inc(int(progress.get("parts_reused", 0)))
         self.metrics.resume_bytes_reused.labels(g).inc(int(progress.get("bytes_reused", 0)))
         self.metrics.resume_parts_rejected.labels(g).inc(int(progress.get("parts_rejected", 0)))
-        figures: dict[str, Any] = {
-            "merge_s": round(elapsed, 3),
+        return {
+            "merge_s": round(job.elapsed, 3),
             "resumed_parts": int(progress.get("parts_reused", 0)),
             "input_entries": int(progress.get("entries_read", 0)) or None,
         }
 
-        err = box.get("error")
-        if cancel.is_set() and (err is not None or "result" not in box or cancel_reason):
-            compactions.release(self.store, self.storage, res)
-            why = cancel_reason[0] if cancel_reason else "cancelled"
+    def _unfinished(self, job: _Job, figures: dict[str, Any]) -> JobOutcome | None:
+        """A merge that did not finish: cancelled, or failed (the storage down, or the job
+        itself); its job released. None when the merge finished."""
+        res, g, err = job.res, self.s.group, job.error
+        if job.cancel.is_set() and (err is not None or job.result is None or job.reason is not None):
+            self.jobs.release(self.storage, res)
+            why = job.reason or "cancelled"
             if why.startswith(_JOB_GONE):
-                self._discard_progress(rlog, box)
+                self._discard_progress(job)
             self.metrics.cancelled.labels(g).inc()
             return JobOutcome("cancelled", why, res.ecid, recorded=history.CANCELLED, figures=figures)
         if err is not None and storage_unavailable(err):
             # the place failed, not the job: released for a later attempt, no failure counted
             # (an outage longer than the backoff must not dead-letter every job it touched)
-            compactions.release(self.store, self.storage, res)
+            self.jobs.release(self.storage, res)
             self.metrics.failed.labels(g).inc()
             reason = f"storage unavailable: {' '.join(str(err).split())[:300]}"
             log.warning("%s released: %s", res.ecid, reason)
             return JobOutcome("failed", reason, res.ecid, storage_down=True, recorded=history.RETRIED, figures=figures)
         if err is not None:
             reason = str(err) if not isinstance(err, MergeCancelled) else "cancelled"
-            compactions.release(self.store, self.storage, res)
+            self.jobs.release(self.storage, res)
             if isinstance(err, BadFileError):  # fails every attempt: nothing to resume
-                self._discard_progress(rlog, box)
-            dead = failures.record_failure(self.store, res.tablet, res.inputs, g, reason)
+                self._discard_progress(job)
+            dead = self.jobs.record_failure(res, reason)
             self.metrics.failed.labels(g).inc()
             log.error("%s failed: %s", res.ecid, reason)
             recorded = history.DEAD_LETTERED if dead else history.FAILED
             return JobOutcome("failed", reason, res.ecid, recorded=recorded, figures=figures)
-        result = box["result"]
+        return None
+
+    def _finish(self, job: _Job, figures: dict[str, Any]) -> JobOutcome:
+        """A finished merge committed (:meth:`_commit`), its progress record removed; or, when the
+        tablet changed under it or the store stays unreachable, failed."""
+        res, result, rlog = job.res, job.result, job.rlog
+        assert result is not None
         figures.update(
             input_entries=result.entries_read, output_bytes=result.bytes_written, output_entries=result.entries_written
         )
@@ -482,43 +556,51 @@ class Compactor:
         try:
             self._commit(res, result.info)
         except ConditionFailed as exc:
-            compactions.release(self.store, self.storage, res)
-            self._discard_progress(rlog, box)  # the job changed under it: its parts are of no use
-            self.metrics.failed.labels(g).inc()
+            self.jobs.release(self.storage, res)
+            self._discard_progress(job)  # the job changed under it: its parts are of no use
+            self.metrics.failed.labels(self.s.group).inc()
             return JobOutcome("failed", f"commit {exc}", res.ecid, recorded=history.RETRIED, figures=figures)
         except StoreUnavailable as exc:
             # Whether the commit landed is unknown, so the output stays; if it did not land,
             # dead-compaction detection removes the ECID and the output once the store is back.
-            self.metrics.failed.labels(g).inc()
+            self.metrics.failed.labels(self.s.group).inc()
             log.error("%s: cannot commit, metadata store unreachable (gave up): %s", res.ecid, exc)
             reason = f"commit: metadata store unreachable: {exc}"
             return JobOutcome("failed", reason, res.ecid, recorded=history.FAILED, figures=figures)
         figures["commit_s"] = round(time.monotonic() - commit_started, 3)
         if rlog is not None:
-            resume_records.finish(self.store, self.storage, rlog.fingerprint, result.parts)
-        m = self.metrics
+            resume_records.finish(self.store, self.storage, rlog.fingerprint, result.parts, rlog.forget_record)
+        self._count_committed(job, result)
+        return JobOutcome("committed", "", res.ecid, recorded=history.COMMITTED, figures=figures)
+
+    def _count_committed(self, job: _Job, result: MergeResult) -> None:
+        """A committed job's metrics and counters, and the throughput its merge measured."""
+        g, m, elapsed, input_bytes = self.s.group, self.metrics, job.elapsed, job.input_bytes
         m.completed.labels(g).inc()
         m.entries_read.labels(g).inc(result.entries_read)
         m.entries_written.labels(g).inc(result.entries_written)
         m.bytes_read.labels(g).inc(result.bytes_read)
         m.bytes_written.labels(g).inc(result.bytes_written)
         m.duration.labels(g).observe(elapsed)
-        self.store.incr("bytes_written", result.bytes_written)
+        try:
+            self.jobs.count_written(result.bytes_written)
+        except StoreUnavailable as exc:  # a statistic: the job is committed
+            log.warning("bytes written not counted: %s", exc)
         if elapsed > 0 and input_bytes > 0:
             self.throughput = 0.7 * self.throughput + 0.3 * (input_bytes / elapsed)
-        return JobOutcome("committed", "", res.ecid, recorded=history.COMMITTED, figures=figures)
 
     def _remaining_s(self, input_bytes: int, progress: dict[str, Any]) -> float:
         """Seconds the merge still needs: the input not read yet at the measured throughput."""
         return max(0.0, input_bytes - float(progress.get("bytes_read", 0))) / self.throughput
 
-    def _discard_progress(self, rlog: resume_records.RedisResumeLog | None, box: dict[str, Any]) -> None:
+    def _discard_progress(self, job: _Job) -> None:
         """The job will not run again as it was: forget its progress, delete its parts."""
+        rlog, result = job.rlog, job.result
         if rlog is None:
             return
-        result = box.get("result")
         try:
-            resume_records.discard(self.store, self.storage, rlog.fingerprint, tuple(result.parts) if result else ())
+            parts = tuple(result.parts) if result else ()
+            resume_records.discard(self.store, self.storage, rlog.fingerprint, parts, rlog.forget_record)
         except StoreUnavailable as exc:  # the coordinator's pass prunes it
             log.warning("progress of %s left for the garbage collector: %s", rlog.fingerprint[:16], exc)
 
@@ -534,12 +616,12 @@ class Compactor:
         warned = 0.0
         while True:
             try:
-                compactions.commit(self.store, res, info)
+                self.jobs.commit(res, info)
                 return
             except ConditionFailed:
                 if attempted and self._landed(res, info):
                     log.info("%s: an earlier commit attempt landed", res.ecid)
-                    self.store.drop_heartbeat(res.ecid)
+                    self.jobs.drop_heartbeat(res)
                     return
                 raise
             except StoreUnavailable as exc:
@@ -565,8 +647,6 @@ class Compactor:
     def serve_http(self, port: int, host: str = "0.0.0.0", drain_token: Callable[[], str | None] | None = None) -> int:
         """Serve the compactor's endpoints (:mod:`kompaktor.worker.http`; ``drain_token`` authorizes
         ``POST /drain`` from elsewhere than loopback); returns the port."""
-        from kompaktor.worker.http import serve
-
         self._http = serve(self, port, host, drain_token)
         return self._http.server_address[1]
 

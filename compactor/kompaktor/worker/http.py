@@ -19,12 +19,11 @@ import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-if TYPE_CHECKING:
-    from kompaktor.worker.compactor import Compactor
+from kompaktor.worker.metrics import CompactorMetrics
 
 DEFAULT_PORT = 8080
 TOKEN_ENV = "KOMPAKTOR_DRAIN_TOKEN"
@@ -43,6 +42,18 @@ def token_source(token: str | None = None, token_file: str | None = None) -> Cal
     if token_file:
         current()  # a missing or unreadable file is an error at start, not at the first drain
     return current
+
+
+class Served(Protocol):
+    """What the endpoints read and ask of the compactor (:class:`kompaktor.worker.compactor.Compactor`,
+    which imports this module, not the other way round)."""
+
+    ready: bool
+    state: str
+    drain: threading.Event
+    metrics: CompactorMetrics
+
+    def request_drain(self, why: str = ..., finish: bool = ...) -> None: ...
 
 
 def _ip(addr: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
@@ -76,7 +87,7 @@ def _current(drain_token: Callable[[], str | None] | None) -> str | None:
 
 
 def serve(
-    worker: Compactor, port: int, host: str = "0.0.0.0", drain_token: Callable[[], str | None] | None = None
+    worker: Served, port: int, host: str = "0.0.0.0", drain_token: Callable[[], str | None] | None = None
 ) -> ThreadingHTTPServer:
     """Start serving in a daemon thread; the caller shuts the server down. ``drain_token`` gives
     the token that authorizes ``POST /drain`` from elsewhere than loopback (None: loopback only)."""
@@ -141,4 +152,5 @@ def request_drain(
     url_host = f"[{host}]" if ":" in host else host
     req = urllib.request.Request(f"http://{url_host}:{port}/drain", method="POST", data=b"", headers=headers)
     with urllib.request.urlopen(req, timeout=timeout) as resp:
-        return resp.read().decode().strip()
+        answer: bytes = resp.read()
+        return answer.decode().strip()

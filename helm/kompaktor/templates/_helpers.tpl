@@ -107,6 +107,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
 {{/* The Secret (key `token`) whose value authorizes POST /drain from outside a compactor pod. */}}
+{{- define "kompaktor.groupKeySecret" -}}
+{{- printf "%s-group-key" (include "kompaktor.fullname" .) }}
+{{- end }}
+
 {{- define "kompaktor.drainTokenSecret" -}}
 {{- default (printf "%s-drain-token" (include "kompaktor.fullname" .)) .Values.drain.existingSecret }}
 {{- end }}

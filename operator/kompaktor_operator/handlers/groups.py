@@ -5,6 +5,7 @@ drain first, and parks an idle HPA-scaled group at zero.
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -14,9 +15,19 @@ from pydantic import ValidationError
 from kompaktor.resources import admission, api
 from kompaktor.resources import models as m
 from kompaktor_operator import conditions, manifests, naming, podhealth, runtime
-from kompaktor_operator.handlers.common import backend_call, counted, kube_call, mark, parse, refused, settled
+from kompaktor_operator.backend import Backend, QueueFigures
+from kompaktor_operator.handlers.common import (
+    backend_call,
+    counted,
+    kube_call,
+    mark,
+    namespaced,
+    parse,
+    refused,
+    settled,
+)
 from kompaktor_operator.runtime import Runtime
-from kompaktor_operator.scaling import PodView, decide_scale, parked_replicas
+from kompaktor_operator.scaling import PodView, ScaleDecision, decide_scale, parked_replicas
 
 
 @counted(api.GROUP_KIND)
@@ -110,8 +121,8 @@ async def reconcile_group(
     )
 
 
-async def delete_group(name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
-    rt = runtime.of(memo)
+async def delete_group(name: str, namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
+    rt, namespace = runtime.of(memo), namespaced(namespace)
     # Owner references let Kubernetes collect the children; deleting them here as well makes the
     # removal immediate and visible, and works where no garbage collector runs.
     await kube_call(rt, rt.kube.delete("apps/v1", "Deployment", namespace, naming.deployment_name(name)))
@@ -129,6 +140,10 @@ async def delete_group(name: str, namespace: str, memo: kopf.Memo, **_: Any) -> 
         )
     await backend_call(rt, lambda b: b.delete_group(name))
     rt.forget_group(namespace, name)
+
+
+def _request_drain(pod: str, b: Backend) -> None:
+    b.request_drain(pod)
 
 
 def _pod_view(pod: dict[str, Any]) -> PodView:
@@ -183,6 +198,8 @@ async def _scale_group(
     memo: kopf.Memo,
     **_: Any,
 ) -> None:
+    """Read the group, its Deployment, queue and pods; decide (:func:`decide_scale`); apply the
+    decision; report the figures, then the group's PodsHealthy and Degraded conditions."""
     rt = runtime.of(memo)
     try:
         group = m.CompactorGroupSpec.model_validate(dict(spec))
@@ -200,9 +217,34 @@ async def _scale_group(
     pods = [_pod_view(p) for p in raw_pods]
     compactors = await backend_call(rt, lambda b: b.compactors(name))
     decision = decide_scale(current, desired, pods, compactors)
+    await _apply_scale(rt, namespace, name, current, decision, logger)
+    if not meta.get("deletionTimestamp"):  # a deleted group's series go with it (delete_group)
+        rt.metrics.replicas.labels(name).set(decision.replicas)
+        rt.metrics.desired.labels(name).set(desired)
+        rt.metrics.draining.labels(name).set(len(decision.waiting))
+    ready = int((dep.get("status") or {}).get("readyReplicas") or 0)
+    _report_figures(patch, name, decision, ready, desired, figures)
+    if not settled(status, meta):
+        return  # the figures now, the condition once the reconcile handler has set Ready
+    generation = meta.get("generation")
+    _mark_pods_healthy(patch, status, raw_pods, ready, decision.replicas, generation)
+    blind = (
+        await _hpa_cannot_scale(rt, namespace, name)
+        if figures.queued > 0 and group.autoscaler == m.Autoscaler.HPA.value
+        else None
+    )
+    verdict = conditions.decide_group_degraded(name, figures.queued, ready, figures.dead_lettered, blind)
+    mark(patch, status, conditions.DEGRADED, verdict.status, verdict.reason, verdict.message, generation)
+
+
+async def _apply_scale(
+    rt: Runtime, namespace: str, name: str, current: int, decision: ScaleDecision, logger: logging.Logger
+) -> None:
+    """Carry out a scale decision: ask pods to drain, annotate the victims (or take the marks off),
+    delete drained pods, set the Deployment's replicas."""
     mx = rt.metrics
     for pod in decision.drain:
-        await backend_call(rt, lambda b, pod=pod: b.request_drain(pod))
+        await backend_call(rt, functools.partial(_request_drain, pod))
         mx.drain_requests.labels(name).inc()
     for pod in decision.mark:
         await kube_call(
@@ -229,12 +271,12 @@ async def _scale_group(
         logger.info("group %s: replicas %d -> %d (%s)", name, current, decision.replicas, decision.reason)
         await kube_call(rt, rt.kube.set_replicas(namespace, naming.deployment_name(name), decision.replicas))
         mx.replica_changes.labels(name, "up" if decision.replicas > current else "down").inc()
-    if not meta.get("deletionTimestamp"):  # a deleted group's series go with it (delete_group)
-        mx.replicas.labels(name).set(decision.replicas)
-        mx.desired.labels(name).set(desired)
-        mx.draining.labels(name).set(len(decision.waiting))
 
-    ready = int((dep.get("status") or {}).get("readyReplicas") or 0)
+
+def _report_figures(
+    patch: kopf.Patch, name: str, decision: ScaleDecision, ready: int, desired: int, figures: QueueFigures
+) -> None:
+    """The group's replicas (the scale subresource reads them) and queue figures, in its status."""
     patch.status["replicas"] = decision.replicas
     patch.status["readyReplicas"] = ready
     patch.status["desiredReplicas"] = desired
@@ -245,60 +287,18 @@ async def _scale_group(
     patch.status["oldestQueuedAgeSeconds"] = round(figures.oldest_age_s, 1)
     patch.status["deadLettered"] = figures.dead_lettered
     patch.status["rejected"] = figures.rejected
-    generation = meta.get("generation")
-    if not settled(status, meta):
-        return  # the figures now, the condition once the reconcile handler has set Ready
+
+
+def _mark_pods_healthy(
+    patch: kopf.Patch, status: Any, raw_pods: list[dict[str, Any]], ready: int, replicas: int, generation: int | None
+) -> None:
+    """The PodsHealthy condition: the pods' trouble (:func:`podhealth.diagnose`), or how many are ready."""
     trouble = podhealth.diagnose(raw_pods)
     if trouble is not None:
         mark(patch, status, podhealth.PODS_HEALTHY, False, trouble.reason, trouble.message, generation)
-    else:
-        mark(
-            patch,
-            status,
-            podhealth.PODS_HEALTHY,
-            True,
-            podhealth.HEALTHY,
-            f"{ready} of {decision.replicas} compactor pod(s) ready; none failing",
-            generation,
-        )
-    blind = (
-        await _hpa_cannot_scale(rt, namespace, name)
-        if figures.queued > 0 and group.autoscaler == m.Autoscaler.HPA.value
-        else None
-    )
-    if blind is not None:
-        mark(
-            patch,
-            status,
-            conditions.DEGRADED,
-            True,
-            "AutoscalerCannotReadMetric",
-            f"{figures.queued} job(s) queued but HorizontalPodAutoscaler {naming.hpa_name(name)} cannot scale on "
-            f"{naming.QUEUE_DEPTH_METRIC}: {blind}",
-            generation,
-        )
-    elif figures.queued > 0 and ready == 0:
-        mark(
-            patch,
-            status,
-            conditions.DEGRADED,
-            True,
-            "NoReadyCompactors",
-            f"{figures.queued} job(s) queued but no compactor pod is ready; check the pods' events",
-            generation,
-        )
-    elif figures.dead_lettered > 0:
-        mark(
-            patch,
-            status,
-            conditions.DEGRADED,
-            True,
-            "DeadLetteredJobs",
-            f"{figures.dead_lettered} job(s) failed too often; see `kompaktor status`",
-            generation,
-        )
-    else:
-        mark(patch, status, conditions.DEGRADED, False, "Healthy", "", generation)
+        return
+    message = f"{ready} of {replicas} compactor pod(s) ready; none failing"
+    mark(patch, status, podhealth.PODS_HEALTHY, True, podhealth.HEALTHY, message, generation)
 
 
 async def _hpa_cannot_scale(rt: Runtime, namespace: str, name: str) -> str | None:

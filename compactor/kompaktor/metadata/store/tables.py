@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
+from typing import Any, cast
 
 import orjson
 import redis
-from redis.connection import Connection
 
 from kompaktor import keyspace as C
-from kompaktor.connection import pack_command
+from kompaktor.connection import SentCommand, pack_command, text
 from kompaktor.metadata.store.base import StoreBase
 from kompaktor.metadata.store.mutation import Mutation
 from kompaktor.model.errors import ConditionFailed, TableExistsError, UnknownTableError
@@ -51,7 +51,13 @@ class TableStore(StoreBase):
         m = Mutation(table=tid, table_conds=[["absent", name]], table_ops=[["create", name, json.dumps(props or {})]])
         prev: bytes | None = None
         for end in [*rows, None]:
-            doc = {"table": tid, "prev": encode_row(prev), "end": encode_row(end), "files": {}, "running": {}}
+            doc: dict[str, Any] = {
+                "table": tid,
+                "prev": encode_row(prev),
+                "end": encode_row(end),
+                "files": {},
+                "running": {},
+            }
             m.tablet(tablet_id(tid, end)).require("absent").do("create", doc, end_token(end))
             prev = end
         try:
@@ -64,13 +70,13 @@ class TableStore(StoreBase):
         tid = self.call(self._r.hget, C.TABLES, name)
         if tid is None:
             raise UnknownTableError(f"unknown table {name!r}")
-        return tid.decode()
+        return text(tid)
 
     def table_info(self, tid: str) -> TableInfo:
         h = self.call(self._r.hgetall, C.table_key(tid))
         if not h:
             raise UnknownTableError(f"unknown table id {tid!r}")
-        return TableInfo(tid, h[b"name"].decode(), h[b"state"].decode(), json.loads(h[b"props"]))
+        return TableInfo(tid, text(h[b"name"]), text(h[b"state"]), json.loads(h[b"props"]))
 
     def table(self, name: str) -> TableInfo:
         return self.table_info(self.table_id(name))
@@ -78,7 +84,7 @@ class TableStore(StoreBase):
     def tables(self) -> list[TableInfo]:
         out = []
         for _name, tid in sorted(self.call(self._r.hgetall, C.TABLES).items()):
-            out.append(self.table_info(tid.decode()))
+            out.append(self.table_info(text(tid)))
         return out
 
     def set_props(self, name: str, props: dict[str, str | None]) -> None:
@@ -115,8 +121,8 @@ class TableStore(StoreBase):
         out: list[str] = []
         start = 0
         while True:
-            part = self.call(self._r.zrange, C.tablets_key(tid), start, start + chunk - 1)
-            out.extend(f"{tid};{e.decode()}" for e in part)
+            part = cast("list[bytes]", self.call(self._r.zrange, C.tablets_key(tid), start, start + chunk - 1))
+            out.extend(f"{tid};{text(e)}" for e in part)
             if len(part) < chunk:
                 return out
             start += chunk
@@ -158,7 +164,7 @@ class TableStore(StoreBase):
         out: list[tuple[str, bytes]] = []
         for i in range(0, len(tablet_ids), chunk):
             part = tablet_ids[i : i + chunk]
-            raws = self.call(self._r.mget, [C.tablet_key(t) for t in part])
+            raws = cast("list[bytes | None]", self.call(self._r.mget, [C.tablet_key(t) for t in part]))
             out.extend((t, raw) for t, raw in zip(part, raws, strict=True) if raw)
         return out
 
@@ -197,44 +203,23 @@ class _Mget:
     def __init__(self, store: TableStore, ids: list[str]) -> None:
         self._store, self._ids = store, ids
         self._keys = [C.tablet_key(t) for t in ids]
-        self._pool = store._r.connection_pool
-        self._conn: Connection | None = None
+        self._sent: SentCommand | None = None
+        pool = store._r.connection_pool
         try:
-            conn = self._pool.get_connection()
+            conn = pool.get_connection()
         except (redis.ConnectionError, redis.TimeoutError):
             return  # Redis away: result() reads as an ordinary call (retries, the store's error mapping)
-        try:
-            conn.send_packed_command(pack_command(conn, "MGET", *self._keys))
-        except (redis.ConnectionError, redis.TimeoutError):
-            conn.disconnect()
-            self._pool.release(conn)
-            return
-        except BaseException:
-            conn.disconnect()
-            self._pool.release(conn)
-            raise
-        self._conn = conn
+        self._sent = SentCommand.send(pool, conn, lambda: pack_command(conn, "MGET", *self._keys))
 
     def result(self) -> list[tuple[str, bytes]]:
-        conn, self._conn = self._conn, None
-        raws: list[bytes | None] | None = None
-        if conn is not None:
-            try:
-                raws = conn.read_response()
-            except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError):
-                conn.disconnect()  # read again below: with the client's retries, errors mapped
-            except BaseException:
-                conn.disconnect()  # interrupted mid-reply: the connection is out of step
-                raise
-            finally:
-                self._pool.release(conn)
-        if raws is None:
-            raws = self._store.call(self._store._r.mget, self._keys)
+        sent, self._sent = self._sent, None
+        raws: list[bytes | None] | None = sent.read() if sent is not None else None
+        if raws is None:  # read again: with the client's retries, errors mapped
+            raws = cast("list[bytes | None]", self._store.call(self._store._r.mget, self._keys))
         return [(t, raw) for t, raw in zip(self._ids, raws, strict=True) if raw]
 
     def abandon(self) -> None:
         """Drop the reply if it was never read (the caller stopped early)."""
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            conn.disconnect()
-            self._pool.release(conn)
+        sent, self._sent = self._sent, None
+        if sent is not None:
+            sent.abandon()

@@ -1,0 +1,303 @@
+"""The broker: the coordinator makes the writes compactors ask for, and only those.
+
+A compactor reads untrusted files, so it is the component most likely to be taken over; its
+Redis user may write nothing but requests (:mod:`kompaktor.metadata.brokered`). The broker
+takes them from ``kz:broker`` and makes the write with the coordinator's rights
+(:class:`~kompaktor.metadata.jobs.DirectJobs`), as Accumulo's compactors ask the coordinator
+(its manager, in 4.0) to reserve and to commit:
+
+* ``reserve`` reserves a job of the group asked for and gives the compactor a new secret; the
+  broker keeps the reservation with the secret's SHA-256 (``kz:resv:<ECID>``, a key compactors
+  may read but not write);
+* every other request about a compaction (heartbeat, progress, commit, release, failure) names
+  its ECID and carries the secret: a request without the secret of a reservation the broker made
+  is refused, and the write uses the reservation the broker recorded — its tablet, inputs,
+  output and whether it is full — never what the request says they are;
+* ``register``, ``unregister``, ``mark_drained`` and ``count_written`` are a compactor's state and
+  a statistic: what they write is bounded to those keys;
+* with a group key (``KOMPAKTOR_GROUP_KEY``, which the operator holds too), ``reserve`` and a
+  compactor's state need its group's token (:mod:`kompaktor.model.grouptoken`, in its pod's
+  spec): a compactor reserves and speaks for its own group only.
+
+Every coordinator, leader or not, serves the broker (its writes are conditional mutations: they
+need no lease). Requests nobody waits for any more (past their ``exp``) are skipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kompaktor import keyspace as C
+from kompaktor.metadata import compactions
+from kompaktor.metadata import progress as resume_records
+from kompaktor.metadata.brokered import Refused, encode_reply, reservation_record, send_answers, take_requests
+from kompaktor.metadata.compactions import Reservation
+from kompaktor.metadata.jobs import DirectJobs
+from kompaktor.metadata.store import MetadataStore
+from kompaktor.model.errors import ConditionFailed, StoreUnavailable
+from kompaktor.model.grouptoken import holds
+from kompaktor.model.resume import PartRecord, decode_cuts, job_fingerprint
+from kompaktor.model.tablet import FileInfo, FileMeta
+from kompaktor.resources.models import check_group_name
+
+log = logging.getLogger("kompaktor.broker")
+
+#: a reservation's record lives this long (a merge never takes longer; a record outliving its
+#: compaction refuses nothing but a holder's late progress)
+RESERVATION_TTL_S = 7 * 24 * 3600
+#: an answer waits this long for its asker
+REPLY_TTL_S = 60
+#: requests answered in one round trip at most
+BATCH = 32
+#: reservation records a broker keeps in memory
+KNOWN_MAX = 10_000
+#: the compactor states a compactor may say it is in
+STATES = ("idle", "busy", "draining")
+_ID_MAX = 253
+
+
+@dataclass
+class Answer:
+    """An answer, where it goes, and the reservation records to write before it."""
+
+    reply: str
+    text: str = ""
+    records: list[tuple[str, str]] = field(default_factory=list)
+
+
+def digest(cap: str) -> str:
+    return hashlib.sha256(cap.encode()).hexdigest()
+
+
+def _name(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not 0 < len(value) <= _ID_MAX or not value.isprintable():
+        raise Refused(f"bad {what}: {value!r:.80}")
+    return value
+
+
+class Broker:
+    """Serves compactors' requests from ``kz:broker`` (:meth:`handle` one, :meth:`serve` forever)."""
+
+    def __init__(self, store: MetadataStore, group_key: str | None = None) -> None:
+        self.store = store
+        #: with a key, a request about a group must carry the group's token
+        #: (:mod:`kompaktor.model.grouptoken`): a compactor acts for its own group only
+        self.group_key = group_key or None
+        self.jobs = DirectJobs(store)
+        #: reservation records read or made, oldest first (:meth:`_remember`)
+        self._known: dict[str, tuple[str, Reservation]] = {}
+        self._lock = threading.Lock()
+        self.ops: dict[str, Callable[[dict[str, Any]], Any]] = {
+            "register": self._register,
+            "unregister": self._unregister,
+            "mark_drained": self._mark_drained,
+            "count_written": self._count_written,
+        }
+        self.held_ops: dict[str, Callable[[Reservation, dict[str, Any]], Any]] = {
+            "heartbeat": self._heartbeat,
+            "commit": self._commit,
+            "release": self._release,
+            "failure": self._failure,
+            "drop_heartbeat": lambda res, _req: self.jobs.drop_heartbeat(res),
+            "progress_start": self._progress_start,
+            "progress_part": self._progress_part,
+            "progress_drop": self._progress_drop,
+            "progress_forget": self._progress_forget,
+        }
+
+    # -- the loop ------------------------------------------------------------------------------------
+    def serve(self, stop: threading.Event, wait_s: float = 1.0) -> None:
+        """Answer requests until ``stop``; an unreachable store is waited out."""
+        while not stop.is_set():
+            try:
+                self.serve_one(wait_s)
+            except StoreUnavailable as exc:
+                log.warning("broker: metadata store unavailable: %s", exc)
+                stop.wait(1.0)
+
+    def start(self, stop: threading.Event, threads: int = 2, wait_s: float = 1.0) -> list[threading.Thread]:
+        """Serve in ``threads`` daemon threads (one compactor's slow commit does not hold the rest)."""
+        out = []
+        for i in range(threads):
+            th = threading.Thread(target=self.serve, args=(stop, wait_s), name=f"broker-{i}", daemon=True)
+            th.start()
+            out.append(th)
+        return out
+
+    def serve_one(self, wait_s: float) -> bool:
+        """Wait up to ``wait_s`` for requests and answer those waiting (up to :data:`BATCH`, their
+        answers sent in one round trip); whether there was one."""
+        got = take_requests(self.store, wait_s, BATCH)
+        self.send([a for raw in got if (a := self.respond(raw)) is not None])
+        return bool(got)
+
+    def handle(self, raw: bytes | str) -> None:
+        """Answer one request (nothing when it is malformed or expired: nobody can be told)."""
+        got = self.respond(raw)
+        if got is not None:
+            self.send([got])
+
+    def respond(self, raw: bytes | str) -> Answer | None:
+        """The answer to one request, or None when nobody can be told."""
+        try:
+            req = json.loads(raw)
+            reply = req["reply"]
+            if not isinstance(reply, str) or len(reply) != 32 or float(req["exp"]) < time.time():
+                return None
+        except (ValueError, KeyError, TypeError):
+            log.warning("broker: malformed request dropped")
+            return None
+        out = Answer(reply)
+        try:
+            out.text = encode_reply(self.answer(req, out))
+        except Exception as exc:  # told to the asker, whatever it is
+            if not isinstance(exc, (Refused, StoreUnavailable, ConditionFailed)):
+                log.warning("broker: %s failed: %s", req.get("op"), exc)
+            out.text, out.records = encode_reply(error=exc), []
+        return out
+
+    def send(self, answers: list[Answer]) -> None:
+        """The answers, each after what its request records (one round trip)."""
+        if not answers:
+            return
+        try:
+            send_answers(self.store, [(a.reply, a.text, a.records) for a in answers], RESERVATION_TTL_S, REPLY_TTL_S)
+        except StoreUnavailable as exc:  # the askers time out and retry
+            log.warning("broker: cannot answer: %s", exc)
+
+    def answer(self, req: dict[str, Any], out: Answer) -> Any:
+        op = req.get("op")
+        if op == "reserve":
+            return self._reserve(req, out)
+        if op in self.ops:
+            return self.ops[op](req)
+        if op in self.held_ops:
+            return self.held_ops[op](self.held(req), req)
+        raise Refused(f"unknown request {op!r:.40}")
+
+    def held(self, req: dict[str, Any]) -> Reservation:
+        """The reservation a request names, if it carries the secret of its holder."""
+        ecid, cap = req.get("ecid"), req.get("cap")
+        if not isinstance(ecid, str) or not isinstance(cap, str) or not cap:
+            raise Refused("a request about a compaction needs its ECID and its holder's secret")
+        known = self._known.get(ecid)
+        if known is None:
+            doc = reservation_record(self.store, ecid)
+            if doc is None:
+                raise Refused(f"{ecid:.40}: no reservation of the broker's by that ECID")
+            known = self._remember(ecid, doc["cap"], doc["res"])
+        if not secrets.compare_digest(known[0], digest(cap)):
+            raise Refused(f"{ecid}: not the holder of this compaction")
+        return dataclasses.replace(known[1], cap=cap)
+
+    def _remember(self, ecid: str, cap_digest: str, res: dict[str, Any]) -> tuple[str, Reservation]:
+        """A reservation record, kept here too (records never change): a holder's next requests
+        need no read of it."""
+        known = (cap_digest, Reservation.from_json(res))
+        with self._lock:
+            self._known[ecid] = known
+            while len(self._known) > KNOWN_MAX:
+                self._known.pop(next(iter(self._known)))
+        return known
+
+    # -- requests without a reservation -------------------------------------------------------------
+    def _group(self, req: dict[str, Any]) -> str:
+        """The group a request is about, if it comes from one of its compactors."""
+        group = _name(req.get("group"), "group")
+        try:
+            check_group_name(group)
+        except ValueError as exc:
+            raise Refused(f"bad group name: {exc}") from None
+        if self.group_key is not None and not holds(self.group_key, group, req.get("token")):
+            raise Refused(f"not a compactor of group {group}: its group token does not match")
+        return group
+
+    def _reserve(self, req: dict[str, Any], out: Answer) -> Any:
+        group = self._group(req)
+        res = self.jobs.reserve(group, _name(req.get("compactor"), "compactor id"))
+        if res is None:
+            return None
+        cap = secrets.token_urlsafe(24)
+        doc = res.to_json()
+        out.records.append((C.reservation_key(res.ecid), json.dumps({"res": doc, "cap": digest(cap)})))
+        self._remember(res.ecid, digest(cap), doc)
+        return {"res": doc, "cap": cap}
+
+    def _register(self, req: dict[str, Any]) -> None:
+        state = req.get("state")
+        if state not in STATES:
+            raise Refused(f"bad compactor state {state!r:.40}")
+        ecid = req.get("ecid")
+        self.jobs.register(
+            self._group(req),
+            _name(req.get("compactor"), "compactor id"),
+            str(state),
+            None if ecid is None else _name(ecid, "ECID"),
+        )
+
+    def _unregister(self, req: dict[str, Any]) -> None:
+        group, compactor = self._group(req), _name(req.get("compactor"), "compactor id")
+        self.jobs.unregister(group, compactor, bool(req.get("keep")))
+
+    def _mark_drained(self, req: dict[str, Any]) -> None:
+        self.jobs.mark_drained(self._group(req), _name(req.get("compactor"), "compactor id"))
+
+    def _count_written(self, req: dict[str, Any]) -> None:
+        n = req.get("n")
+        if not isinstance(n, int) or n < 0:
+            raise Refused(f"bad byte count {n!r:.40}")
+        self.jobs.count_written(n)
+
+    # -- requests of a reservation's holder ----------------------------------------------------------
+    def _heartbeat(self, res: Reservation, req: dict[str, Any]) -> None:
+        progress = req.get("progress")
+        if not isinstance(progress, dict) or len(progress) > 32:
+            raise Refused("bad progress")
+        fields = {str(k)[:64]: str(v)[:256] for k, v in progress.items() if k not in ("compactor", "updated")}
+        self.jobs.heartbeat(res, fields)
+
+    def _commit(self, res: Reservation, req: dict[str, Any]) -> None:
+        """The output is the reservation's; the compactor describes what it wrote there."""
+        meta = FileMeta.from_json(req["meta"])
+        first = None if meta.first_row is None else (meta.first_row,)
+        last = None if meta.last_row is None else (meta.last_row,)
+        # first/last are rows, not the sort keys FileInfo declares: compactions.commit reads only
+        # .entries and .meta (its rows), so the keys' other parts are never asked for
+        info = FileInfo(res.output, meta.size, meta.entries, meta.deletes, first, last, meta.put_min, meta.del_max)  # type: ignore[arg-type]
+        self.jobs.commit(res, info)
+
+    def _release(self, res: Reservation, _req: dict[str, Any]) -> bool:
+        return compactions.release_metadata(self.store, res)
+
+    def _failure(self, res: Reservation, req: dict[str, Any]) -> bool:
+        return self.jobs.record_failure(res, str(req.get("reason", ""))[:500])
+
+    def _fingerprint(self, res: Reservation, req: dict[str, Any]) -> str:
+        fp = job_fingerprint(
+            res.tablet, res.prev, res.end, res.job.files, res.job.kind, res.job.selection, res.settings
+        )
+        if req.get("fp") != fp:
+            raise Refused(f"{res.ecid}: not the progress record of this compaction")
+        return fp
+
+    def _progress_start(self, res: Reservation, req: dict[str, Any]) -> None:
+        log_ = self.jobs.resume_log(res, self._fingerprint(res, req))
+        log_.start(decode_cuts(req["cuts"]), int(req["now_ms"]))
+
+    def _progress_part(self, res: Reservation, req: dict[str, Any]) -> None:
+        self.jobs.resume_log(res, self._fingerprint(res, req)).record(PartRecord.from_json(req["part"]))
+
+    def _progress_drop(self, res: Reservation, req: dict[str, Any]) -> None:
+        self.jobs.resume_log(res, self._fingerprint(res, req)).drop(int(req["index"]))
+
+    def _progress_forget(self, res: Reservation, req: dict[str, Any]) -> None:
+        resume_records.forget(self.store, self._fingerprint(res, req))
