@@ -46,3 +46,14 @@ def test_an_unknown_shape_is_refused_in_one_line():
     with pytest.raises(SystemExit, match=r"unknown shape.*nope; known: base"):
         parse_shapes("base,nope")
     assert [s.name for s in parse_shapes("all")] == list(SHAPES)
+
+
+def test_merge_kernels_agree_on_every_shape(capsys):
+    """``bench.merge_kernels`` (issue 37 §2) on small data: every candidate's merged order is
+    Arrow's sort's, and the merge step's output before and after the merge is the same."""
+    from bench.merge_kernels import main
+
+    assert main(["--entries", "4000", "--range", "1000", "--repeat", "1", "--no-datafusion"]) == 0
+    out = capsys.readouterr().out
+    assert "| deletes |" in out
+    assert "WRONG" not in out and "DIFFERS" not in out
