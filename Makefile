@@ -57,7 +57,7 @@ test-operator: $(STAMP) ## only the operator: kopf handlers against the kmock Ku
 demo: $(STAMP) ## run the main job locally: embedded Redis, coordinator, autoscaled compactors, continuous ingest, verification
 	$(VENV)/bin/kompaktor demo
 
-lint: $(STAMP) ## the gates: ruff (lint and format), the import-layer contract (pyproject.toml [tool.importlinter]), mypy --strict on model/, policy/ and resources/ ([tool.mypy]); any one failing fails
+lint: $(STAMP) ## the gates: ruff (lint and format), the import-layer contract (pyproject.toml [tool.importlinter]), mypy --strict on all of compactor/ and operator/ ([tool.mypy]); any one failing fails
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	PYTHONPATH=compactor:operator $(VENV)/bin/lint-imports

@@ -6,7 +6,7 @@ from __future__ import annotations
 import posixpath
 import threading
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -212,7 +212,7 @@ def _copy(src: str, w: SortedFileWriter, stamp: int | None) -> None:
         w.write_table(rest, checked=True)
 
 
-def _quietly(fn, *args) -> None:
+def _quietly(fn: Callable[..., object], *args: object) -> None:
     """Clean-up after a failure: a second error (the storage that failed) must not hide the first."""
     try:
         fn(*args)
@@ -220,7 +220,7 @@ def _quietly(fn, *args) -> None:
         pass
 
 
-def _open_foreign(src: str):
+def _open_foreign(src: str) -> pa.NativeFile:
     try:
         if "://" in src:
             fs, path = pafs.FileSystem.from_uri(src)

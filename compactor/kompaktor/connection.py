@@ -41,11 +41,12 @@ from collections.abc import Callable
 from contextlib import ContextDecorator
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal, TypeVar
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
 from redis.backoff import ExponentialBackoff, NoBackoff
+from redis.client import Pipeline
 from redis.connection import Connection
 from redis.retry import Retry
 from redis.sentinel import Sentinel
@@ -54,10 +55,13 @@ from kompaktor import keyspace as C
 from kompaktor.model.errors import Fenced, StoreUnavailable
 from kompaktor.model.redact import redact_text, redact_url
 
+_hiredis_pack: Callable[[tuple[Any, ...]], Any] | None
 try:
     from hiredis import pack_command as _hiredis_pack
 except ImportError:  # redis-py packs the commands itself
     _hiredis_pack = None
+
+T = TypeVar("T")
 
 log = logging.getLogger("kompaktor.connection")
 
@@ -68,6 +72,12 @@ DURABILITY_ENV = "KOMPAKTOR_DURABILITY"
 WAIT_ENV = "KOMPAKTOR_DURABILITY_TIMEOUT_MS"
 
 
+def text(reply: bytes | str) -> str:
+    """A Redis reply as ``str``. Kompaktor's clients leave responses undecoded (``bytes``);
+    redis-py's types say ``bytes | str``, as they cannot see ``decode_responses``."""
+    return reply.decode() if isinstance(reply, bytes) else reply
+
+
 class NotDurable(StoreUnavailable):
     """Redis applied a write but could not confirm it durable in time: its outcome is unknown."""
 
@@ -76,7 +86,13 @@ class _Retry(Retry):
     """The client's retries, except for refused credentials: a wrong or missing password does not
     get better with backoff, and the person waiting should hear so at once."""
 
-    def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):
+    def call_with_retry(
+        self,
+        do: Callable[[], T],
+        fail: Callable[[Exception], Any] | Callable[[Exception, int], Any],
+        is_retryable: Callable[[Exception], bool] | None = None,
+        with_failure_count: bool = False,
+    ) -> T:
         def retryable(exc: Exception) -> bool:
             return not isinstance(exc, redis.AuthenticationError) and (is_retryable is None or is_retryable(exc))
 
@@ -184,9 +200,10 @@ def connect(url: str, *, retries: int = 6, socket_timeout: float = 5.0) -> redis
         if s.sentinel_password:
             sentinel_kwargs["password"] = s.sentinel_password
         sentinel = Sentinel(s.sentinels, sentinel_kwargs=sentinel_kwargs)
-        return sentinel.master_for(
+        primary: redis.Redis = sentinel.master_for(
             s.service, db=s.db, password=s.password, username=s.username, check_connection=True, **common, **tls
         )
+        return primary
     _check_query(url)
     try:
         return redis.Redis.from_url(url, **common)
@@ -270,7 +287,9 @@ class redis_errors(ContextDecorator):
     def __enter__(self) -> redis_errors:
         return self
 
-    def __exit__(self, typ: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> bool:
+    def __exit__(
+        self, typ: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> Literal[False]:
         if isinstance(exc, redis.RedisError) and (mapped := translate(exc, self.where, url=self.url)) is not None:
             raise mapped from exc
         return False
@@ -445,7 +464,7 @@ class Durability:
                 )
 
 
-def durable_pipeline(r: redis.Redis, durability: Durability, queue_writes) -> list[Any]:
+def durable_pipeline(r: redis.Redis, durability: Durability, queue_writes: Callable[[Pipeline], object]) -> list[Any]:
     """Run the writes ``queue_writes(pipe)`` queues, then the barrier and the wait the plan asks
     for, in one round trip on one connection; returns the writes' replies. Raises
     :class:`NotDurable` when the wait came back short."""

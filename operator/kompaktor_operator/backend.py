@@ -11,10 +11,15 @@ Errors reaching Redis surface as ``BackendUnavailable`` (handlers retry them).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ParamSpec, Protocol, TypeVar
 
+from kompaktor.policy.services import GroupConfig, ServiceConfig
 from kompaktor_operator.scaling import CompactorView
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 #: A heartbeat older than this is no heartbeat: the pod is treated as having no compactor.
 HEARTBEAT_STALE_SECONDS = 60.0
@@ -46,9 +51,9 @@ class Progress:
 
 
 class Backend(Protocol):
-    def put_service(self, cfg: Any) -> None: ...
+    def put_service(self, cfg: ServiceConfig) -> None: ...
     def delete_service(self, name: str) -> None: ...
-    def put_group(self, cfg: Any) -> None: ...
+    def put_group(self, cfg: GroupConfig) -> None: ...
     def delete_group(self, name: str) -> None: ...
     def groups(self) -> set[str]: ...
     def compactors(self, group: str) -> dict[str, CompactorView]: ...
@@ -81,7 +86,7 @@ class RedisBackend:
         self.store = MetadataStore.from_url(url)
         self.queues = self.store.queues
 
-    def _call(self, fn, *args, **kwargs):
+    def _call(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         from kompaktor.model.errors import StoreUnavailable
 
         try:
@@ -89,13 +94,13 @@ class RedisBackend:
         except StoreUnavailable as exc:
             raise BackendUnavailable(str(exc)) from exc
 
-    def put_service(self, cfg: Any) -> None:
+    def put_service(self, cfg: ServiceConfig) -> None:
         self._call(self.store.put_service, cfg)
 
     def delete_service(self, name: str) -> None:
         self._call(self.store.delete_service, name)
 
-    def put_group(self, cfg: Any) -> None:
+    def put_group(self, cfg: GroupConfig) -> None:
         self._call(self.store.put_group, cfg)
 
     def delete_group(self, name: str) -> None:
@@ -103,7 +108,7 @@ class RedisBackend:
 
     def compactors(self, group: str) -> dict[str, CompactorView]:
         now = time.time()
-        out = {}
+        out: dict[str, CompactorView] = {}
         for info in self._call(self.store.compactors, group):
             if now - info.last_seen <= HEARTBEAT_STALE_SECONDS:
                 remaining = self._remaining_s(info.ecid, now) if info.ecid else None

@@ -34,7 +34,7 @@ def set_condition(
         "type": type_,
         "status": text,
         "reason": reason,
-        "lastTransitionTime": now if changed else old.get("lastTransitionTime", now),
+        "lastTransitionTime": now if changed or old is None else old.get("lastTransitionTime", now),
     }
     if message:
         # An empty string is left out: a real 1.20 apiserver stored "" as null here and then refused

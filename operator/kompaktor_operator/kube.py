@@ -59,6 +59,16 @@ def _error(exc: ApiException) -> KubeError:
     return KubeError(int(exc.status or 0), message)
 
 
+def _pem(
+    path: str | bytes | os.PathLike[str] | os.PathLike[bytes] | None, data: bytes | str | None, made: list[str]
+) -> str | None:
+    """A PEM file's path: ``path`` as given, else ``data`` in a new temporary file (:func:`_tmpfile`);
+    None without either."""
+    if path:
+        return os.fsdecode(path)
+    return _tmpfile(data, made) if data else None
+
+
 def _tmpfile(data: bytes | str, made: list[str]) -> str:
     """``data`` (base64 text or bytes) in a new temporary file, its path added to ``made``."""
     raw = base64.b64decode(data) if isinstance(data, str) else data
@@ -108,12 +118,10 @@ class Client:
             info = self.info
             conf = k8s.Configuration(host=info.server.rstrip("/"))
             conf.verify_ssl = not info.insecure
-            conf.ssl_ca_cert = info.ca_path or (_tmpfile(info.ca_data, self._tmpfiles) if info.ca_data else None)
+            conf.ssl_ca_cert = _pem(info.ca_path, info.ca_data, self._tmpfiles)
             if info.certificate_path or info.certificate_data:
-                conf.cert_file = info.certificate_path or _tmpfile(info.certificate_data, self._tmpfiles)
-                conf.key_file = info.private_key_path or (
-                    _tmpfile(info.private_key_data, self._tmpfiles) if info.private_key_data else None
-                )
+                conf.cert_file = _pem(info.certificate_path, info.certificate_data, self._tmpfiles)
+                conf.key_file = _pem(info.private_key_path, info.private_key_data, self._tmpfiles)
             if info.username:
                 conf.username, conf.password = info.username, info.password or ""
             header = (f"{info.scheme or 'Bearer'} {info.token}", "Authorization") if info.token else (None, None)
@@ -157,7 +165,8 @@ class Client:
 
     async def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            return await self.request("GET", _path(api_version, kind, namespace, name))
+            found: dict[str, Any] = await self.request("GET", _path(api_version, kind, namespace, name))
+            return found
         except KubeError as exc:
             if exc.status == 404:
                 return None
@@ -208,13 +217,14 @@ class Client:
             except KubeError as exc:  # a controller wrote the status meanwhile: read it again
                 if exc.status != 409 or attempt == 4:
                     raise
-        return await self.request(
+        applied: dict[str, Any] = await self.request(
             "PATCH",
             _path(api_version, kind, namespace, name),
             json=body,
             content_type="application/apply-patch+yaml",
             params={"fieldManager": FIELD_MANAGER, "force": "true"},
         )
+        return applied
 
     async def claim_replicas(self, namespace: str, deployment: str, replicas: int) -> None:
         """Make :data:`SCALER_MANAGER` the owner of a Deployment's ``spec.replicas`` (a forced apply of

@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from kompaktor_operator import naming
 from kompaktor_operator.backend import Backend
@@ -61,6 +62,10 @@ def _status(code: int, reason: str, message: str) -> web.Response:
     )
 
 
+async def _healthz(_request: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
 def parse_selector(selector: str) -> dict[str, str]:
     """``group=small`` (or ``group==small``, comma-separated equalities) -> {"group": "small"};
     anything else (set-based selectors) raises ValueError."""
@@ -87,11 +92,11 @@ class MetricsAPI:
         app.router.add_get(f"/apis/{GROUP}", self.group)
         app.router.add_get(prefix, self.resources)
         app.router.add_get(prefix + "/namespaces/{namespace}/{metric}", self.value)
-        app.router.add_get("/healthz", lambda _r: web.Response(text="ok"))
+        app.router.add_get("/healthz", _healthz)
         return app
 
     @web.middleware
-    async def _count(self, request: web.Request, handler: Callable) -> web.StreamResponse:
+    async def _count(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """Every answer's status code to ``on_response`` (refusals and unknown paths too)."""
         count = self.on_response or (lambda _code: None)
         try:
@@ -106,7 +111,7 @@ class MetricsAPI:
         return response
 
     @web.middleware
-    async def _auth(self, request: web.Request, handler: Callable) -> web.StreamResponse:
+    async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path == "/healthz":
             return await handler(request)
         peer = request.transport.get_extra_info("peercert") if request.transport else None

@@ -13,7 +13,6 @@ object in every handler; :func:`of` reads it. Must not import: the handlers.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import threading
 import time
@@ -134,7 +133,7 @@ class Runtime:
             await self._kube.close()
         self._kube = None
 
-    async def serve_metrics_api(self, logger: logging.Logger) -> None:
+    async def serve_metrics_api(self, logger: kopf.Logger) -> None:
         """Serve external.metrics.k8s.io once kopf has logged in (the API needs the cluster's
         request-header CA); a failure is logged loudly and retried, never fatal to the operator."""
         from kompaktor_operator import metrics_api

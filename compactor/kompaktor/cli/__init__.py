@@ -7,6 +7,7 @@ One click group; each subcommand lives in its own module and is imported only wh
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 import click
 
@@ -52,9 +53,10 @@ class LazyGroup(click.Group):
             if exc.name and module_name.startswith(exc.name):
                 return None  # not built yet in this checkout
             raise
-        return getattr(module, attr)
+        command: click.Command = getattr(module, attr)
+        return command
 
-    def invoke(self, ctx: click.Context):
+    def invoke(self, ctx: click.Context) -> Any:
         # The top-level error rule (cli.common.friendly_errors) around every subcommand, also
         # those that do not apply it themselves (the operator's) and the lazy import above.
         from kompaktor.cli.common import friendly_errors

@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import click
 
@@ -16,8 +16,16 @@ from kompaktor.metadata.store import DEFAULT_REDIS_URL
 from kompaktor.model.errors import KompaktorError
 from kompaktor.model.redact import redact_text
 
+if TYPE_CHECKING:
+    from kompaktor.client import Client
 
-def redis_option(fn: Callable) -> Callable:
+#: a command function, as click's decorators take and give it back
+F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def redis_option(fn: F) -> F:
     return click.option(
         "--redis",
         "redis_url",
@@ -28,7 +36,7 @@ def redis_option(fn: Callable) -> Callable:
     )(fn)
 
 
-def storage_option(fn: Callable) -> Callable:
+def storage_option(fn: F) -> F:
     return click.option(
         "--storage",
         "storage_uri",
@@ -42,7 +50,7 @@ def storage_option(fn: Callable) -> Callable:
 _UNSET = ", for a group without configuration in Redis (a CompactorGroup's spec.history applies to its group)."
 
 
-def history_options(group: bool = False) -> Callable[[Callable], Callable]:
+def history_options(group: bool = False) -> Callable[[F], F]:
     """``--history-records`` and ``--history-age``: how much of each group's compaction history a
     process that writes it keeps (:class:`kompaktor.metadata.history.HistoryLimits`). ``group``:
     the process serves one group, whose configuration (the CompactorGroup's ``spec.history``)
@@ -50,7 +58,7 @@ def history_options(group: bool = False) -> Callable[[Callable], Callable]:
     coordinator) they bound the groups that have no configuration; a configured group's apply."""
     from kompaktor.metadata.history import DEFAULT_MAX_AGE_S, DEFAULT_MAX_RECORDS
 
-    def add(fn: Callable) -> Callable:
+    def add(fn: F) -> F:
         fn = click.option(
             "--history-records",
             type=click.IntRange(min=1),
@@ -105,7 +113,7 @@ def report_error(exc: BaseException) -> int:
     return INTERNAL_ERROR
 
 
-def friendly_errors(fn: Callable) -> Callable:
+def friendly_errors(fn: Callable[P, R]) -> Callable[P, R]:
     """The CLI's top-level rule (applied to every command by the click group, and by this
     decorator to each subcommand): no traceback reaches the user. An input or environment
     problem is one line ``error: …`` and exit status 1; anything else is one line saying it is an
@@ -113,7 +121,7 @@ def friendly_errors(fn: Callable) -> Callable:
     own exits and usage errors pass through."""
 
     @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return fn(*args, **kwargs)
         except (click.exceptions.Exit, click.ClickException, click.Abort, KeyboardInterrupt, SystemExit):
@@ -141,7 +149,7 @@ def setup_logging() -> None:
     logging.basicConfig(level=os.environ.get("KOMPAKTOR_LOG", "INFO"), handlers=[handler])
 
 
-def open_client(redis_url: str, storage_uri: str | None):
+def open_client(redis_url: str, storage_uri: str | None) -> Client:
     from kompaktor.client import Client
     from kompaktor.files.storage import Storage
     from kompaktor.metadata.store import MetadataStore

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 
@@ -50,7 +51,7 @@ def compact(
     else:
         if not name:
             raise ValueError("give a table NAME, or --cancel ID / --status ID")
-        its: dict = {"ageoff_ttl_ms": ageoff_ttl, "row_regex": row_regex}
+        its: dict[str, Any] = {"ageoff_ttl_ms": ageoff_ttl, "row_regex": row_regex}
         if delete_rows_from is not None or delete_rows_to is not None:
             its["row_start"] = None if delete_rows_from is None else delete_rows_from.encode().hex()
             its["row_end"] = None if delete_rows_to is None else delete_rows_to.encode().hex()

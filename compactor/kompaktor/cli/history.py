@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 import time
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from kompaktor.cli.common import friendly_errors, open_client, redis_option, storage_option
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 
 @click.command()
@@ -64,7 +68,7 @@ def history(
     Console().print(_table(rows))
 
 
-def _table(rows: list[dict]):
+def _table(rows: list[dict[str, Any]]) -> Table:
     from rich.table import Table
 
     from kompaktor.metadata.status import human_bytes

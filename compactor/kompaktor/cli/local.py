@@ -7,6 +7,8 @@ import json
 import signal
 import sys
 import time
+from pathlib import Path
+from typing import IO
 
 import click
 
@@ -57,7 +59,12 @@ UP_STATUS_PORT = 8090
 )
 @friendly_errors
 def up(
-    config_path, redis_url: str | None, data_dir: str, storage: str | None, ha: bool, status_port: int | None
+    config_path: IO[str] | None,
+    redis_url: str | None,
+    data_dir: str,
+    storage: str | None,
+    ha: bool,
+    status_port: int | None,
 ) -> None:
     """Run Redis, the coordinator and autoscaled compactors locally until Ctrl-C."""
     from kompaktor.local.cluster import LocalCluster
@@ -71,7 +78,12 @@ def up(
     elif status_port > 0 and not _port_free(status_port):
         raise ValueError(f"--status-port {status_port}: in use; give another port, 0 (any) or -1 (none)")
     cluster = LocalCluster(
-        cfg, data_dir, redis_url=redis_url, ha=ha, storage=storage, status_port=None if status_port < 0 else status_port
+        cfg,
+        Path(data_dir),
+        redis_url=redis_url,
+        ha=ha,
+        storage=storage,
+        status_port=None if status_port < 0 else status_port,
     )
     # Ctrl-C, SIGTERM and a hang-up (the terminal closed) stop everything the same way: drain the
     # compactors, stop the coordinator and Redis; a second signal kills them at once
@@ -179,7 +191,7 @@ def demo(
     batch: int,
     burst_entries: int,
     burst_files: int,
-    config_path,
+    config_path: IO[str] | None,
     data_dir: str | None,
     storage: str | None,
     chaos: bool,

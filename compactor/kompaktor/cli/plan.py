@@ -109,7 +109,7 @@ def run_plan(text: str) -> str:
 
 def _read(file: str) -> str:
     if file == "-":
-        data = click.get_binary_stream("stdin").read()
+        data = sys.stdin.buffer.read()  # click.get_binary_stream is deprecated (Click 8.5)
         source = "stdin"
     else:
         source = file

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import IO
+
 import click
 
 from kompaktor.cli.common import friendly_errors, open_client, redis_option, storage_option
@@ -17,7 +19,7 @@ def service() -> None:
 @redis_option
 @storage_option
 @friendly_errors
-def apply(path, redis_url: str, storage_uri: str | None) -> None:
+def apply(path: IO[str], redis_url: str, storage_uri: str | None) -> None:
     """Validate and store the CompactionService and CompactorGroup documents of a YAML file."""
     from kompaktor.local.config import load_config
 

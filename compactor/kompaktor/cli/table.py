@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from typing import IO
 
 import click
 
@@ -23,7 +25,9 @@ def table() -> None:
 @redis_option
 @storage_option
 @friendly_errors
-def create(name: str, splits: str | None, splits_file, redis_url: str, storage_uri: str | None) -> None:
+def create(
+    name: str, splits: str | None, splits_file: IO[bytes] | None, redis_url: str, storage_uri: str | None
+) -> None:
     """Create table NAME, split into tablets at the given rows."""
     rows: list[bytes] = []
     if splits:
@@ -71,7 +75,7 @@ def config(name: str, settings: tuple[str, ...], redis_url: str, storage_uri: st
         click.echo(f"{k}={v}")
 
 
-def _state_command(state: str, help_text: str):
+def _state_command(state: str, help_text: str) -> Callable[[str, str, str | None], None]:
     @click.argument("name")
     @redis_option
     @storage_option

@@ -270,9 +270,10 @@ class Broker:
         meta = FileMeta.from_json(req["meta"])
         first = None if meta.first_row is None else (meta.first_row,)
         last = None if meta.last_row is None else (meta.last_row,)
-        self.jobs.commit(
-            res, FileInfo(res.output, meta.size, meta.entries, meta.deletes, first, last, meta.put_min, meta.del_max)
-        )
+        # first/last are rows, not the sort keys FileInfo declares: compactions.commit reads only
+        # .entries and .meta (its rows), so the keys' other parts are never asked for
+        info = FileInfo(res.output, meta.size, meta.entries, meta.deletes, first, last, meta.put_min, meta.del_max)  # type: ignore[arg-type]
+        self.jobs.commit(res, info)
 
     def _release(self, res: Reservation, _req: dict[str, Any]) -> bool:
         return compactions.release_metadata(self.store, res)

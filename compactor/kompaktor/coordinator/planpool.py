@@ -19,7 +19,7 @@ import os
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -113,7 +113,7 @@ def plan_share(
                 tp = planner.doc(tid, d, info) if d is not None else None
                 if tp is None:
                     if t is None:
-                        t = from_json(tid, d)
+                        t = from_json(tid, cast("dict[str, Any]", d))  # a raw document's tablet
                     tp = planner.tablet(t, info)
                 planned += 1
                 if tp.select:
@@ -174,9 +174,9 @@ class PlanPool:
             self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
         return ShareRun(self, tablet_ids, ctx, batch)
 
-    def _submit(self, chunk: Sequence[str], ctx: PlanContext, batch: int) -> Future:
+    def _submit(self, chunk: Sequence[str], ctx: PlanContext, batch: int) -> Future[ShareResult]:
         if self._pool is None:  # dropped after a failure: the chunk fails over to the coordinator
-            failed: Future = Future()
+            failed: Future[ShareResult] = Future()
             failed.set_exception(RuntimeError("the planning workers stopped"))
             return failed
         return self._pool.submit(_plan_in_worker, self.url, chunk, ctx, batch)
@@ -207,7 +207,7 @@ class ShareRun:
         self._pool, self._ctx, self._batch = pool, ctx, batch
         self._todo = [tablet_ids[i : i + CHUNK_TABLETS] for i in range(0, len(tablet_ids), CHUNK_TABLETS)]
         self._todo.reverse()
-        self._inflight: list[tuple[Sequence[str], Future]] = []
+        self._inflight: list[tuple[Sequence[str], Future[ShareResult]]] = []
         self._fill()
 
     def _fill(self) -> None:

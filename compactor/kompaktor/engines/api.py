@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import NotRequired, Protocol, TypedDict, runtime_checkable
 
 from kompaktor.files.storage import Storage
 from kompaktor.model.errors import KompaktorError
@@ -88,7 +88,35 @@ class MergeError(KompaktorError):
     """The merge failed for a reason other than its input files (e.g. the Spark job failed)."""
 
 
-ProgressFn = Callable[[dict], None]
+class ResumeFigures(TypedDict, total=False):
+    """What a resumable merge adds to its progress: ``parts_reused``, ``entries_reused`` and
+    ``bytes_reused`` (input entries and compressed input bytes of the ranges taken from an earlier
+    attempt's parts, not read again), ``input_bytes_reread`` (compressed input bytes of the row
+    groups this attempt decoded) and ``parts_rejected`` (recorded parts that failed verification
+    and were merged again). A merge that is not resumable reports none of them."""
+
+    parts_reused: int
+    entries_reused: int
+    bytes_reused: int
+    input_bytes_reread: int
+    parts_rejected: int
+
+
+class MergeProgress(ResumeFigures):
+    """A merge's progress report (:func:`kompaktor.engines.ranges.progress_dict`), heartbeated by
+    the compactor as it is (so its keys are the heartbeat's fields). The four counts are always
+    there; the parts and the time from the engine's first report on."""
+
+    entries_read: int
+    entries_written: int
+    bytes_read: int
+    bytes_written: int
+    parts_done: NotRequired[int]
+    parts: NotRequired[int]
+    elapsed_s: NotRequired[float]
+
+
+ProgressFn = Callable[[MergeProgress], None]
 
 
 @runtime_checkable

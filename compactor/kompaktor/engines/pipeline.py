@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
@@ -30,7 +30,7 @@ class _Stopped(Exception):
 
 def run_ordered(
     n: int, read: Callable[[int], T], work: Callable[[int, T], R], workers: int, name: str = "ranges"
-) -> Iterator[R]:
+) -> Generator[R, None, None]:
     """``work(i, read(i))`` for i in 0..n-1 on ``workers`` threads, ``read`` called in order and
     never concurrently, results yielded in order. A range is started only when fewer than
     ``workers`` are in flight (a yielded result counts until the caller asks for the next one).

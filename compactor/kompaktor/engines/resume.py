@@ -16,9 +16,8 @@ import hashlib
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
-from kompaktor.engines.api import MergeRequest, MergeResult
+from kompaktor.engines.api import MergeProgress, MergeRequest, MergeResult, ResumeFigures
 from kompaktor.engines.ranges import progress_dict
 from kompaktor.files.sortedfile import add_deletes_read
 from kompaktor.files.storage import Storage
@@ -89,7 +88,7 @@ def resume_plan(
     prev: Bound,
     end: Bound,
     now_ms: int,
-    plan_fn,
+    plan_fn: Callable[[], list[tuple[Bound, Bound]]],
     state: ResumeState | None = None,
 ) -> ResumePlan:
     """The ranges and reusable parts of a resumable merge: an earlier attempt's cuts and verified
@@ -181,7 +180,7 @@ class ResumeRun:
     def bytes_reused(self) -> int:
         return sum(r.input_bytes for r in self.plan.reused.values())
 
-    def figures(self) -> dict[str, int]:
+    def figures(self) -> ResumeFigures:
         """What a resumable merge adds to its progress reports (:func:`progress_dict`)."""
         return {
             "parts_reused": len(self.plan.reused),
@@ -191,7 +190,7 @@ class ResumeRun:
             "input_bytes_reread": self.reread,
         }
 
-    def progress(self, written: int, bytes_written: int, done: int | None = None) -> dict[str, Any]:
+    def progress(self, written: int, bytes_written: int, done: int | None = None) -> MergeProgress:
         """The attempt's progress report now (``done``: parts finished, default :attr:`done`)."""
         done = self.done if done is None else done
         read_bytes = self.bytes_reused + self.reread

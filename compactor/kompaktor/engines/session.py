@@ -17,16 +17,23 @@ import socket
 import sys
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from kompaktor.engines.api import MergeError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
-_session = None
-_settings: tuple | None = None
-_warm = None
+#: the master, the conf and the driver memory a session was made with
+_Settings = tuple[str, tuple[tuple[str, str], ...], str | None]
+
+_session: SparkSession | None = None
+_settings: _Settings | None = None
+_warm: SparkSession | None = None
 
 #: Defaults for a compactor's session; the caller's conf wins.
 DEFAULT_CONF: dict[str, str] = {
@@ -86,15 +93,15 @@ def probe_master(master: str, timeout: float = MASTER_PROBE_TIMEOUT_S) -> None:
     raise SparkUnavailable(f"Spark master {master} does not answer ({'; '.join(errors)})")
 
 
-def get_session(master: str, conf: Mapping[str, str] | None = None, driver_memory: str | None = None):
+def get_session(master: str, conf: Mapping[str, str] | None = None, driver_memory: str | None = None) -> SparkSession:
     """The process's SparkSession, created on the first call. Later calls return the same
     session; if they ask for a different master or conf, a warning says the first one stays
     (a JVM's Spark settings cannot change while it runs)."""
     global _session, _settings
     conf = dict(conf or {})
-    wanted = (master, tuple(sorted(conf.items())), driver_memory)
+    wanted: _Settings = (master, tuple(sorted(conf.items())), driver_memory)
     with _lock:
-        if _session is not None and not _session.sparkContext._jsc.sc().isStopped():
+        if _session is not None and _settings is not None and not _session.sparkContext._jsc.sc().isStopped():
             if (
                 master != _settings[0]
                 or (conf and wanted[1] != _settings[1])
@@ -128,13 +135,13 @@ def get_session(master: str, conf: Mapping[str, str] | None = None, driver_memor
         return session
 
 
-def _import_merge_modules(_it):
+def _import_merge_modules(_it: Iterable[int]) -> list[int]:
     import kompaktor.engines.arrow  # noqa: F401  (pyarrow, numpy and the merge code)
 
     return [os.getpid()]
 
 
-def warm_up(session) -> None:
+def warm_up(session: SparkSession) -> None:
     """Start the Python workers and import the merge code in them once, so that the first
     job does not pay for it (a compactor calls this before taking its first job)."""
     global _warm

@@ -41,9 +41,9 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kompaktor.engines.api import MergeCancelled, MergeError, MergeRequest, MergeResult, ProgressFn
+from kompaktor.engines.api import MergeCancelled, MergeError, MergeProgress, MergeRequest, MergeResult, ProgressFn
 from kompaktor.engines.ranges import (
     MERGE_FACTOR,
     TASK_MEMORY,
@@ -64,6 +64,9 @@ from kompaktor.model.errors import BadFileError, UnsortedError
 from kompaktor.model.iterators import IteratorSettings
 from kompaktor.model.names import part_names, tmp_name
 from kompaktor.model.resume import PartRecord
+
+if TYPE_CHECKING:
+    from pyspark import SparkContext
 from kompaktor.model.tablet import FileInfo
 
 log = logging.getLogger(__name__)
@@ -84,7 +87,7 @@ def _run_ranges(
     tmp_tag: str,
     task_memory: int,
     run: tuple[tuple[int, bytes | None, bytes | None, str], ...],
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """Executor side: merge a run of consecutive key ranges, one part each, reading every input
     forward once with one cursor (:class:`~kompaktor.engines.ranges.InputCursor`) for the whole
     run — so a row group bigger than a range is decoded once by this task, not from its start by
@@ -93,7 +96,7 @@ def _run_ranges(
     input or a range bigger than the task memory (retrying would not help). A run of one range is
     read as :func:`~kompaktor.engines.ranges.merge_range` reads a range."""
     budget = task_memory // MERGE_FACTOR
-    out: list[dict] = []
+    out: list[dict[str, Any]] = []
     cursors: list[InputCursor] = []
     try:
         try:
@@ -124,7 +127,7 @@ def _run_ranges(
     return out
 
 
-def _task_error(index: int, exc: BaseException) -> dict:
+def _task_error(index: int, exc: BaseException) -> dict[str, Any]:
     """A task's result for a range that cannot be merged: a bad input or a range bigger than the
     task memory (retrying would not help)."""
     kind = "unsorted" if isinstance(exc, UnsortedError) else "memory" if isinstance(exc, TaskMemoryExceeded) else "bad"
@@ -133,7 +136,7 @@ def _task_error(index: int, exc: BaseException) -> dict:
 
 def _write_part(
     storage: Storage, final: str, tmp_tag: str, index: int, table: Any, counts: tuple[int, int, int]
-) -> dict:
+) -> dict[str, Any]:
     """Write one range's merged entries as the part ``final``; the task's summary for it. ``counts``:
     what the range read — entries, bytes, delete markers — said in the part's footer."""
     read, bytes_read, deletes_read = counts
@@ -241,7 +244,7 @@ class SparkMergeEngine:
         self._local = master.startswith("local")
 
     @property
-    def sc(self):
+    def sc(self) -> SparkContext:
         return self.session.sparkContext
 
     def _target_entries(self, total: int) -> int:
@@ -267,14 +270,14 @@ class SparkMergeEngine:
         """Executors the session has now (on a cluster: without the driver)."""
         if self._local:
             return 1
-        return max(0, self.sc._jsc.sc().getExecutorMemoryStatus().size() - 1)
+        return max(0, int(self.sc._jsc.sc().getExecutorMemoryStatus().size()) - 1)
 
     def _wait_for_part(
         self,
         storage: Storage,
         final: str,
         done: threading.Event,
-        outcome: dict,
+        outcome: dict[str, Any],
         cancel: threading.Event | None,
         req: MergeRequest,
         i: int,
@@ -306,7 +309,7 @@ class SparkMergeEngine:
             done.wait(POLL_S)
 
     @staticmethod
-    def _raise_job_failure(outcome: dict, req: MergeRequest) -> None:
+    def _raise_job_failure(outcome: dict[str, Any], req: MergeRequest) -> None:
         if "error" in outcome:
             exc = outcome["error"]
             raise MergeError(f"merge into {req.output}: Spark job failed: {_short(exc)}") from exc
@@ -512,7 +515,7 @@ class _SparkMerge:
         else:
             self.deletes_read = add_deletes_read(self.deletes_read, part_meta)
 
-    def _progress(self, bytes_written: int, done: int) -> dict[str, Any]:
+    def _progress(self, bytes_written: int, done: int) -> MergeProgress:
         if self.run is not None:
             return self.run.progress(self.written, bytes_written, done)
         n = len(self.ranges)

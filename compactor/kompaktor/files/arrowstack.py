@@ -18,32 +18,36 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from numpy.typing import NDArray
 
 from kompaktor.files.sortedfile import COLUMNS, SCHEMA
 from kompaktor.model.iterators import SCAN, IteratorSettings
-from kompaktor.model.keys import ARROW_SORT_KEYS
+from kompaktor.model.keys import ARROW_SORT_KEYS, ArrowSortKey
 
 KEY_COLUMNS = ("row", "cf", "cq", "vis")
 SOURCE = "__source"
 #: merged order: key order, then the newest source (highest index) first among identical keys.
-MERGE_SORT_KEYS: list[tuple[str, str]] = [*ARROW_SORT_KEYS, (SOURCE, "descending")]
+MERGE_SORT_KEYS: list[ArrowSortKey] = [*ARROW_SORT_KEYS, (SOURCE, "descending")]
 #: below this size the inputs of a range are made contiguous before sorting (binary columns
 #: have 32-bit offsets: one contiguous column must stay under 2 GiB)
 COMBINE_LIMIT = 1 << 30
+#: one flag per entry
+Mask = NDArray[np.bool_]
 
 
-def _np_bool(arr) -> np.ndarray:
+def _np_bool(arr: pa.Array[Any] | pa.ChunkedArray[Any]) -> Mask:
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
     return arr.to_numpy(zero_copy_only=False).astype(bool, copy=False)
 
 
-def _row_dropped(table: pa.Table, row_starts: np.ndarray, settings: IteratorSettings) -> np.ndarray:
+def _row_dropped(table: pa.Table, row_starts: Mask, settings: IteratorSettings) -> Mask:
     """settings.row_dropped per entry; the regex runs once per distinct row (Python ``re``, the
     same engine as the reference), the range part is vectorized."""
     n = table.num_rows
@@ -51,9 +55,9 @@ def _row_dropped(table: pa.Table, row_starts: np.ndarray, settings: IteratorSett
     dropped = np.zeros(n, dtype=bool)
     if settings.row_regex is not None:
         idx = np.flatnonzero(row_starts)
-        distinct = rows.take(pa.array(idx)).to_pylist()
+        distinct = cast("list[bytes]", rows.take(pa.array(idx, pa.int64())).to_pylist())
         pat = re.compile(settings.row_regex.encode())
-        hit = np.fromiter((pat.search(r) is not None for r in distinct), dtype=bool, count=len(distinct))
+        hit = np.fromiter((pat.search(r) is not None for r in distinct), dtype=np.bool_, count=len(distinct))
         lengths = np.diff(np.append(idx, n))
         dropped |= np.repeat(hit, lengths)
     if settings.row_start is not None or settings.row_end is not None:
@@ -66,14 +70,7 @@ def _row_dropped(table: pa.Table, row_starts: np.ndarray, settings: IteratorSett
     return dropped
 
 
-def _within_group_exclusive(flags: np.ndarray, gid: np.ndarray, gstart: np.ndarray) -> np.ndarray:
-    """For each entry, how many ``flags`` precede it inside its group."""
-    c = np.cumsum(flags, dtype=np.int64)
-    excl = c - flags
-    return excl - excl[gstart][gid]
-
-
-def _starts(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+def _starts(table: pa.Table) -> tuple[Mask, Mask]:
     """(column-key starts, row starts): True at the first entry of each column key / row."""
     n = table.num_rows
     key_start = np.ones(n, dtype=bool)
@@ -85,7 +82,7 @@ def _starts(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     return key_start, row_start
 
 
-def _within_group_exclusive(flags: np.ndarray, start: np.ndarray) -> np.ndarray:
+def _within_group_exclusive(flags: Mask, start: Mask) -> NDArray[np.int64]:
     """For each entry, how many ``flags`` precede it inside its group (groups begin at ``start``)."""
     excl = np.cumsum(flags, dtype=np.int64) - flags
     # excl never decreases, so the running max of its values at group starts is the value at
@@ -94,17 +91,38 @@ def _within_group_exclusive(flags: np.ndarray, start: np.ndarray) -> np.ndarray:
     return excl - base
 
 
-def keep_mask(table: pa.Table, settings: IteratorSettings = SCAN) -> np.ndarray:
+def keep_mask(table: pa.Table, settings: IteratorSettings = SCAN) -> Mask:
     """Boolean mask of the entries ``apply_stack`` keeps from ``table`` (in merged order)."""
-    n = table.num_rows
-    if n == 0:
+    if table.num_rows == 0:
         return np.zeros(0, dtype=bool)
     start, row_starts = _starts(table)
-    dele = _np_bool(table.column("deleted"))
+    return _keep(
+        start,
+        row_starts,
+        _np_bool(table.column("deleted")),
+        settings,
+        lambda: table.column("ts").to_numpy(),
+        lambda: table,
+    )
+
+
+def _keep(
+    start: Mask,
+    row_starts: Mask,
+    dele: Mask,
+    settings: IteratorSettings,
+    ts: Callable[[], NDArray[np.int64]],
+    rows: Callable[[], pa.Table],
+) -> Mask:
+    """:func:`keep_mask` from the merged order's column-key and row starts and delete flags;
+    ``ts`` and ``rows`` (a table with the ``row`` column) give the timestamps and rows in merged
+    order, asked for only when the settings need them (age-off, a row filter)."""
+    n = len(start)
     filtered = settings.ageoff_cutoff is not None or settings.has_row_filter
     if settings.full and settings.max_versions == 1 and not filtered:
         # the common system compaction: the newest entry of each key, unless it is a marker
-        return start & ~dele
+        out: Mask = start & ~dele
+        return out
 
     hidden = _within_group_exclusive(dele, start) > 0
     visible = ~hidden
@@ -113,12 +131,12 @@ def keep_mask(table: pa.Table, settings: IteratorSettings = SCAN) -> np.ndarray:
     cand = visible & ~dele
     cutoff = settings.ageoff_cutoff
     if cutoff is not None:
-        ts = table.column("ts").to_numpy()
-        cand &= ts >= cutoff
+        cand &= ts() >= cutoff
     if settings.has_row_filter:
-        cand &= ~_row_dropped(table, row_starts, settings)
+        cand &= ~_row_dropped(rows(), row_starts, settings)
     rank = _within_group_exclusive(cand, start)  # candidates before this one
-    return markers | (cand & (rank < settings.max_versions))
+    kept: Mask = markers | (cand & (rank < settings.max_versions))
+    return kept
 
 
 def apply_stack_table(table: pa.Table, settings: IteratorSettings = SCAN) -> pa.Table:
@@ -145,39 +163,182 @@ def disjoint_order(tables: Sequence[pa.Table]) -> list[int] | None:
     return [i for _first, _last, i in spans]
 
 
+def _common_prefix(a: bytes, b: bytes) -> int:
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
+
+
+#: masks keeping the first 0..8 bytes of a big-endian 64-bit word
+_KEEP = np.array([0] + [((1 << (8 * k)) - 1) << (64 - 8 * k) for k in range(1, 9)], dtype=np.uint64)
+
+
+def _row_prefixes(rows: pa.Array[Any], skip: int) -> tuple[NDArray[np.uint64], NDArray[np.int64]]:
+    """(prefix, length) of each row: bytes ``skip`` to ``skip + 8`` as a big-endian unsigned
+    integer, zero padded — a value that never decreases as the row increases — and the row's
+    length in bytes."""
+    n = len(rows)
+    bufs = rows.buffers()
+    assert bufs[1] is not None  # a binary array always has offsets
+    offsets = np.frombuffer(memoryview(bufs[1]), dtype=np.int32, count=n + 1, offset=4 * rows.offset).astype(np.int64)
+    buf = bufs[2]
+    data = np.frombuffer(memoryview(buf), dtype=np.uint8) if buf is not None and buf.size else np.zeros(0, np.uint8)
+    data = np.concatenate([data, np.zeros(8, np.uint8)])  # a word read at any row's start stays inside
+    # every byte offset seen as the start of a big-endian word (unaligned, no copy)
+    words = np.ndarray(shape=(len(data) - 7,), dtype=">u8", buffer=data, strides=(1,))
+    start = offsets[:-1] + skip
+    length = offsets[1:] - offsets[:-1]
+    got = words[np.minimum(start, len(words) - 1)].astype(np.uint64)
+    return got & _KEEP[np.clip(length - skip, 0, 8)], length
+
+
+def merge_indices(tables_oldest_first: Sequence[pa.Table]) -> np.ndarray:
+    """Indexes into the concatenation of ``tables_oldest_first`` in merged order
+    (:data:`MERGE_SORT_KEYS`), made from the inputs' order instead of a comparison sort of the
+    whole range (issue 37 §2; :func:`_merged`)."""
+    return _merged(tables_oldest_first)[0]
+
+
+def _merged(tables: Sequence[pa.Table]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(order, column-key starts, row starts) of the sorted ``tables`` (oldest first; each one's
+    rows never decrease, as the cursors check): ``order`` indexes their concatenation in merged
+    order, the starts are in that order.
+
+    Each row is cut to the 8 bytes that follow the prefix every row of the range shares, as an
+    unsigned integer that orders as the row does (equal integers: rows equal in those bytes).
+    numpy's stable sort of those integers is a timsort: it finds the runs the sorted inputs
+    make and merges them (O(n log k)). An entry whose integer no other entry shares is a row of
+    its own (a key start and a row start). Only the entries that share one are ordered by the
+    rest of the key (Arrow's ``sort_indices``, newest input first among identical keys; on the
+    integer and the row's length instead of the row when those 8 bytes hold every row whole)
+    and put back in the positions they took — the integer orders them, group by group, as the
+    full key does. Nothing is assumed of the order within a row (such an input comes out sorted)."""
+    sizes = [t.num_rows for t in tables]
+    n = sum(sizes)
+    start, row_start = np.ones(n, dtype=bool), np.ones(n, dtype=bool)
+    if not n:
+        return np.zeros(0, dtype=np.int64), start, row_start
+    rows = [t.column("row").combine_chunks() for t in tables]
+    live = [r for r in rows if len(r)]
+    skip = _common_prefix(min(r[0].as_py() for r in live), max(r[len(r) - 1].as_py() for r in live))
+    got = [_row_prefixes(r, skip) for r in live]
+    prefix = np.concatenate([p for p, _ in got])
+    order = np.argsort(prefix, kind="stable")
+    sp = prefix[order]
+    tie = np.zeros(n, dtype=bool)
+    tie[1:] = sp[1:] == sp[:-1]
+    tie[:-1] |= tie[1:]  # both ends of an equal pair
+    pos = np.flatnonzero(tie)
+    if len(pos) > n // 2:  # mostly tied: one sort of them all costs less than picking them out
+        pos = np.arange(n)
+    if len(pos):
+        length = np.concatenate([ln for _, ln in got])
+        if len(pos) == n:
+            sub, tied = pos, np.ones(n, dtype=bool)
+        else:  # the tied entries in the inputs' order (read forward, not gathered)
+            tied = np.zeros(n, dtype=bool)
+            tied[order[pos]] = True
+            sub = np.flatnonzero(tied)
+            prefix, length = prefix[sub], length[sub]
+        sidx, start[pos], row_start[pos] = _tie_order(tables, tied, prefix, length, skip)
+        order[pos] = sub[sidx]
+    return order, start, row_start
+
+
+def _tie_order(
+    tables: Sequence[pa.Table], tied: np.ndarray, prefix: np.ndarray, length: np.ndarray, skip: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The order of the ``tied`` entries of the concatenated inputs (``prefix``, ``length``: of
+    their rows) by the full key, newest input first among identical keys, as indexes into those
+    entries; and, in that order, where a column key and where a row starts."""
+    keys = pa.concat_tables(
+        t.select(["row", "cf", "cq", "vis", "ts", "deleted"]).append_column(
+            SOURCE, pa.array(np.full(t.num_rows, i, dtype=np.int32))
+        )
+        for i, t in enumerate(tables)
+    )
+    part = (keys if tied.all() else keys.filter(pa.array(tied))).combine_chunks()
+    if int(length.max()) <= skip + 8:  # the prefix and the length are the row
+        part = part.drop_columns(["row"]).append_column("__prefix", pa.array(prefix))
+        part = part.append_column("__length", pa.array(length))
+        row_cols = ["__prefix", "__length"]
+        sort_keys: list[ArrowSortKey] = [(c, "ascending") for c in row_cols] + MERGE_SORT_KEYS[1:]
+    else:
+        sort_keys, row_cols = MERGE_SORT_KEYS, ["row"]
+    sidx = pc.sort_indices(part, sort_keys=sort_keys)
+    ordered = part.select([*row_cols, "cf", "cq", "vis"]).take(sidx)
+    m = part.num_rows
+    start, row_start = np.ones(m, dtype=bool), np.ones(m, dtype=bool)
+    if m > 1:
+        diffs = [pc.not_equal(c.slice(1), c.slice(0, m - 1)) for c in ordered.columns]
+        row_diff = diffs[0] if len(row_cols) == 1 else pc.or_(diffs[0], diffs[1])
+        row_start[1:] = _np_bool(row_diff)
+        key_start = row_diff
+        for d in diffs[len(row_cols) :]:
+            key_start = pc.or_(key_start, d)
+        start[1:] = _np_bool(key_start)
+    return sidx.to_numpy(), start, row_start
+
+
+def _with_source(tables_oldest_first: Sequence[pa.Table]) -> list[pa.Table]:
+    return [
+        t.select(COLUMNS).append_column(SOURCE, pa.array(np.full(t.num_rows, i, dtype=np.int32)))
+        for i, t in enumerate(tables_oldest_first)
+    ]
+
+
 def merge_order(tables_oldest_first: Sequence[pa.Table]) -> pa.Table:
-    """Concatenate sorted tables with a source column and sort into merged order (a plain
-    concatenation in key order when their key ranges do not overlap, :func:`disjoint_order`)."""
-    parts = []
-    for i, t in enumerate(tables_oldest_first):
-        t = t.select(COLUMNS)
-        parts.append(t.append_column(SOURCE, pa.array(np.full(t.num_rows, i, dtype=np.int32))))
+    """Concatenate sorted tables with a source column, in merged order (:func:`merge_indices`;
+    a plain concatenation in key order when their key ranges do not overlap, :func:`disjoint_order`)."""
+    parts = _with_source(tables_oldest_first)
     if not parts:
         return SCHEMA.empty_table().append_column(SOURCE, pa.array([], pa.int32()))
     order = disjoint_order(parts) if len(parts) > 1 else None
-    if order is not None:
-        parts = [parts[i] for i in order] or parts[:1]
-    table = pa.concat_tables(parts)
     if len(parts) == 1 or order is not None:
-        return table  # a single sorted input, or inputs that do not overlap: already in merged order
+        # a single sorted input, or inputs that do not overlap: already in merged order
+        return pa.concat_tables([parts[i] for i in order] if order else parts)
+    return _take(pa.concat_tables(parts), merge_indices(parts))
+
+
+def _take(table: pa.Table, idx: np.ndarray) -> pa.Table:
     if table.nbytes < COMBINE_LIMIT:
-        # contiguous columns: sort_indices and especially take are much faster than on chunks
+        # contiguous columns: take is much faster than on chunks (binary columns have 32-bit
+        # offsets: one contiguous column must stay under 2 GiB)
         table = table.combine_chunks()
-    idx = pc.sort_indices(table, sort_keys=MERGE_SORT_KEYS)
-    return table.take(idx)
+    return table.take(pa.array(idx))
 
 
 def merge_tables(tables_oldest_first: Sequence[pa.Table], settings: IteratorSettings = SCAN) -> pa.Table:
     """Merge sorted tables (oldest first) and apply the iterator stack; returns the file schema."""
-    merged = merge_order(tables_oldest_first)
-    return apply_stack_table(merged, settings).drop_columns([SOURCE])
+    if len(tables_oldest_first) < 2 or disjoint_order(tables_oldest_first) is not None:
+        merged = merge_order(tables_oldest_first)
+        return apply_stack_table(merged, settings).drop_columns([SOURCE])
+    table = pa.concat_tables(t.select(COLUMNS) for t in tables_oldest_first)
+    return _take(table, merge_keep(tables_oldest_first, table, settings))
+
+
+def merge_keep(tables_oldest_first: Sequence[pa.Table], table: pa.Table, settings: IteratorSettings) -> np.ndarray:
+    """Indexes into ``table`` (the concatenation of ``tables_oldest_first``) of the entries the
+    iterator stack keeps, in merged order: the stack runs on the merge's key starts and the
+    inputs' delete flags, without the key columns ever being put into merged order."""
+    order, start, row_start = _merged(tables_oldest_first)
+    dele = _np_bool(table.column("deleted"))[order]
+    keep = _keep(
+        start,
+        row_start,
+        dele,
+        settings,
+        lambda: table.column("ts").to_numpy()[order],
+        lambda: table.select(["row"]).take(pa.array(order)),
+    )
+    kept: NDArray[np.int64] = order[keep]
+    return kept
 
 
 def merge_tables_once(tables_oldest_first: Sequence[pa.Table], settings: IteratorSettings = SCAN) -> pa.Table:
     """What :func:`merge_tables` returns — the same entries, one contiguous chunk per column —
-    with less copying: only the key columns are made contiguous and sorted; the iterator stack
-    runs on them, and each kept entry's columns, the value among them, are taken once from the
-    inputs (no sorted copy of the whole range, no filter pass over it)."""
+    with less copying: the iterator stack runs on the merge of the inputs (:func:`merge_keep`),
+    and each kept entry's columns, the value among them, are taken once from the inputs (no
+    sorted copy of the whole range, no filter pass over it)."""
     if len(tables_oldest_first) < 2 or sum(t.nbytes for t in tables_oldest_first) >= COMBINE_LIMIT:
         return merge_tables(tables_oldest_first, settings)
     order = disjoint_order(tables_oldest_first)
@@ -186,16 +347,8 @@ def merge_tables_once(tables_oldest_first: Sequence[pa.Table], settings: Iterato
         keep = keep_mask(table, settings)
         # every entry kept (no versions, no markers): one copy of the range, not two
         return (table if keep.all() else table.filter(pa.array(keep))).combine_chunks()
-    parts = []
-    for i, t in enumerate(tables_oldest_first):
-        t = t.select(COLUMNS)
-        parts.append(t.append_column(SOURCE, pa.array(np.full(t.num_rows, i, dtype=np.int32))))
-    table = pa.concat_tables(parts)
-    keys = table.select([name for name, _ in MERGE_SORT_KEYS]).combine_chunks()
-    idx = pc.sort_indices(keys, sort_keys=MERGE_SORT_KEYS)
-    keep = keep_mask(keys.take(idx), settings)
-    del keys
-    return table.drop_columns([SOURCE]).take(idx.filter(pa.array(keep))).combine_chunks()
+    table = pa.concat_tables(t.select(COLUMNS) for t in tables_oldest_first)
+    return table.take(pa.array(merge_keep(tables_oldest_first, table, settings))).combine_chunks()
 
 
 def first_unsorted(table: pa.Table) -> int | None:

@@ -21,6 +21,7 @@ from typing import Any
 from kompaktor.files.sortedfile import _decode_key, _metadata
 from kompaktor.files.storage import Storage
 from kompaktor.model.errors import BadFileError, UnsortedError
+from kompaktor.model.keys import SortKey
 from kompaktor.model.tablet import FileInfo
 
 MAGIC = b"PAR1"
@@ -195,8 +196,16 @@ def encode(fields: Struct) -> bytes:
     return bytes(out)
 
 
-def field(s: Struct, fid: int) -> list | None:
+def field(s: Struct, fid: int) -> list[Any] | None:
     return next((f for f in s if f[0] == fid), None)
+
+
+def required(s: Struct, fid: int) -> list[Any]:
+    """Field ``fid`` of ``s``; a ValueError if the struct has none."""
+    f = field(s, fid)
+    if f is None:
+        raise ValueError(f"Thrift struct without field {fid}")
+    return f
 
 
 def set_field(s: Struct, fid: int, t: int, v: Any) -> None:
@@ -239,14 +248,14 @@ def shift_row_group(rg: Struct, by: int, ordinal: int) -> Struct:
 
 def key_values(md: Struct) -> dict[bytes, bytes]:
     f = field(md, 5)
-    out = {}
+    out: dict[bytes, bytes] = {}
     for kv in f[2][1] if f else []:
-        k, v = field(kv, 1), field(kv, 2)
+        k, v = required(kv, 1), field(kv, 2)
         out[k[2]] = v[2] if v is not None else b""
     return out
 
 
-def _kv_list(items: dict[bytes, bytes]) -> list:
+def _kv_list(items: dict[bytes, bytes]) -> list[Any]:
     return [T_STRUCT, [[[1, T_BINARY, k], [2, T_BINARY, v]] for k, v in items.items()]]
 
 
@@ -264,10 +273,10 @@ class _OutputWriter:
         self._pos = len(MAGIC)
         self._template: Struct | None = None
         self._schema: bytes | None = None
-        self._row_groups: list = []
+        self._row_groups: list[Struct] = []
         self.entries = self.deletes = 0
-        self.first: tuple | None = None
-        self.last: tuple | None = None
+        self.first: SortKey | None = None
+        self.last: SortKey | None = None
         self._closed = False
 
     def position(self) -> int:
@@ -327,7 +336,7 @@ class ConcatWriter(_OutputWriter):
                 md = decode(footer)
             except (ValueError, IndexError) as exc:
                 raise BadFileError(f"{part}: unreadable Parquet footer: {exc}") from exc
-            schema = encode([field(md, 2)])
+            schema = encode([required(md, 2)])
             if self._template is None:
                 self._template, self._schema = md, schema
             elif schema != self._schema:
@@ -386,7 +395,7 @@ class SpliceWriter(_OutputWriter):
     writes (0) and is shifted only when set. A range with no entries adds nothing. With no range
     appended, :meth:`commit` refuses (the caller writes an empty file with ``SortedFileWriter``)."""
 
-    def append(self, data: Any, entries: int, deletes: int, first: tuple | None, last: tuple | None) -> None:
+    def append(self, data: Any, entries: int, deletes: int, first: SortKey | None, last: SortKey | None) -> None:
         """Append one encoded range (``data``: the Parquet file's bytes, any buffer) holding
         ``entries`` entries (``deletes`` delete markers) from key ``first`` to ``last``."""
         if not entries:
@@ -401,7 +410,7 @@ class SpliceWriter(_OutputWriter):
         if bytes(view[:4]) != MAGIC or bytes(view[size - 4 :]) != MAGIC or flen > size - 12:
             raise ValueError("not an encoded Parquet file")
         md = decode(bytes(view[size - 8 - flen : size - 8]))
-        schema = encode([field(md, 2)])
+        schema = encode([required(md, 2)])
         if self._template is None:
             self._template, self._schema = md, schema
         elif schema != self._schema:

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 
 from kompaktor.files.sortedfile import _key_at, check_sorted, conform, show_key
 from kompaktor.model.errors import UnsortedError
+from kompaktor.model.keys import SortKey
 
 KEY_COLUMNS = ("row", "cf", "cq", "vis")
 
@@ -51,7 +52,7 @@ class TimeSetter:
         self.ts = ts
         self.source = source
         self._rows = 0
-        self._last: tuple | None = None
+        self._last: SortKey | None = None
         self._tail: pa.Table | None = None
 
     def feed(self, batch: pa.Table) -> pa.Table:

@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 import posixpath
 from collections.abc import Iterable, Iterator
-from typing import NamedTuple
+from types import TracebackType
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -22,28 +23,27 @@ import pyarrow.parquet as pq
 
 from kompaktor.files.storage import Storage
 from kompaktor.model.errors import BadFileError, UnsortedError
-from kompaktor.model.keys import ARROW_SORT_KEYS, Entry, sort_key
+from kompaktor.model.keys import ARROW_SORT_KEYS, Entry, SortKey, sort_key
 from kompaktor.model.tablet import TS_MAX, FileInfo
 
-SCHEMA = pa.schema(
-    [
-        pa.field("row", pa.binary(), nullable=False),
-        pa.field("cf", pa.binary(), nullable=False),
-        pa.field("cq", pa.binary(), nullable=False),
-        pa.field("vis", pa.binary(), nullable=False),
-        pa.field("ts", pa.int64(), nullable=False),
-        pa.field("deleted", pa.bool_(), nullable=False),
-        pa.field("value", pa.binary(), nullable=False),
-    ]
-)
+_FIELDS: list[pa.Field[Any]] = [
+    pa.field("row", pa.binary(), nullable=False),
+    pa.field("cf", pa.binary(), nullable=False),
+    pa.field("cq", pa.binary(), nullable=False),
+    pa.field("vis", pa.binary(), nullable=False),
+    pa.field("ts", pa.int64(), nullable=False),
+    pa.field("deleted", pa.bool_(), nullable=False),
+    pa.field("value", pa.binary(), nullable=False),
+]
+SCHEMA = pa.schema(_FIELDS)
 COLUMNS = SCHEMA.names
 ROW_GROUP_SIZE = 128 * 1024
 #: how every sorted file is encoded (SortedFileWriter, encode_table)
-WRITER_OPTIONS: dict = {"compression": "zstd"}
+WRITER_OPTIONS: dict[str, Any] = {"compression": "zstd"}
 
 
 def entries_to_table(entries: Iterable[Entry]) -> pa.Table:
-    cols: list[list] = [[] for _ in COLUMNS]
+    cols: list[list[object]] = [[] for _ in COLUMNS]
     for e in entries:
         for i, v in enumerate(e):
             cols[i].append(v)
@@ -77,11 +77,11 @@ def conform(table: pa.Table, source: str = "input") -> pa.Table:
     return table.cast(SCHEMA)
 
 
-def _key_at(table: pa.Table, i: int) -> tuple:
+def _key_at(table: pa.Table, i: int) -> SortKey:
     return sort_key(Entry(*(table.column(n)[i].as_py() for n in COLUMNS)))
 
 
-def show_key(k: tuple) -> str:
+def show_key(k: SortKey) -> str:
     """A sort_key tuple as a person reads it (timestamp and delete flag as stored)."""
     return f"(row={k[0]!r}, cf={k[1]!r}, cq={k[2]!r}, vis={k[3]!r}, ts={-k[4]}, deleted={not k[5]})"
 
@@ -122,8 +122,8 @@ def ts_bounds(table: pa.Table) -> tuple[int, int | None]:
     return (TS_MAX if put_min is None else int(put_min)), (None if del_max is None else int(del_max))
 
 
-def _metadata(entries: int, deletes: int, first: tuple | None, last: tuple | None) -> dict[bytes, bytes]:
-    def enc(k: tuple | None) -> str | None:
+def _metadata(entries: int, deletes: int, first: SortKey | None, last: SortKey | None) -> dict[bytes, bytes]:
+    def enc(k: SortKey | None) -> str | None:
         if k is None:
             return None
         return json.dumps([k[0].hex(), k[1].hex(), k[2].hex(), k[3].hex(), -k[4], not k[5]])
@@ -136,7 +136,7 @@ def _metadata(entries: int, deletes: int, first: tuple | None, last: tuple | Non
     }
 
 
-def _decode_key(text: bytes | None) -> tuple | None:
+def _decode_key(text: bytes | None) -> SortKey | None:
     if text is None or text == b"null":
         return None
     r, cf, cq, vis, ts, deleted = json.loads(text)
@@ -160,8 +160,8 @@ class SortedFileWriter:
         self._writer = pq.ParquetWriter(self._sink, SCHEMA, **WRITER_OPTIONS)
         self.entries = 0
         self.deletes = 0
-        self.first: tuple | None = None
-        self.last: tuple | None = None
+        self.first: SortKey | None = None
+        self.last: SortKey | None = None
         self.put_min: int = TS_MAX  # the oldest put so far (TS_MAX: none yet)
         self.del_max: int | None = None  # the newest delete marker so far
         self._closed = False
@@ -196,7 +196,8 @@ class SortedFileWriter:
         """Close the file and move it to its final name; return what the metadata records.
         ``extra_metadata`` is added to the footer's key/value metadata."""
         self._writer.add_key_value_metadata(
-            {**(extra_metadata or {}), **_metadata(self.entries, self.deletes, self.first, self.last)}
+            # pyarrow-stubs: dict[str, str], but pyarrow takes bytes keys and values as well
+            {**(extra_metadata or {}), **_metadata(self.entries, self.deletes, self.first, self.last)}  # type: ignore[dict-item]
         )
         self._writer.close()
         # the size as written, not read back after publishing: once visible, the file may be
@@ -230,7 +231,9 @@ class SortedFileWriter:
     def __enter__(self) -> SortedFileWriter:
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if exc_type is not None:
             self.abort()
 
@@ -241,8 +244,8 @@ class EncodedRange(NamedTuple):
     data: pa.Buffer
     entries: int
     deletes: int
-    first: tuple | None
-    last: tuple | None
+    first: SortKey | None
+    last: SortKey | None
 
 
 def count_deletes(table: pa.Table) -> int:
@@ -276,7 +279,8 @@ def encode_table(table: pa.Table, extra_metadata: dict[bytes, bytes] | None = No
     w = pq.ParquetWriter(sink, SCHEMA, **WRITER_OPTIONS)
     if n:
         w.write_table(table, row_group_size=ROW_GROUP_SIZE)
-    w.add_key_value_metadata({**(extra_metadata or {}), **_metadata(n, deletes, first, last)})
+    # pyarrow-stubs: dict[str, str], but pyarrow takes bytes keys and values as well
+    w.add_key_value_metadata({**(extra_metadata or {}), **_metadata(n, deletes, first, last)})  # type: ignore[dict-item]
     w.close()
     return EncodedRange(sink.getvalue(), n, deletes, first, last)
 

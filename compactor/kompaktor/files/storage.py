@@ -24,6 +24,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 from prometheus_client.core import CounterMetricFamily
 
@@ -173,12 +174,12 @@ class Storage:
         except (OSError, ValueError) as exc:
             raise StorageError(f"storage {self.uri}: cannot write: {' '.join(str(exc).split())}") from None
 
-    def open_input(self, rel: str) -> pafs.NativeFile:
+    def open_input(self, rel: str) -> pa.NativeFile:
         """A finished file, for reading (random access: row groups are fetched by range)."""
         REQUESTS.add("get")
         return self.fs.open_input_file(self.path(rel))
 
-    def open_output(self, rel: str) -> pafs.NativeFile:
+    def open_output(self, rel: str) -> pa.NativeFile:
         """A new file, written as a stream (on object stores: one object, uploaded in parts)."""
         REQUESTS.add("put")
         return self.fs.open_output_stream(self.path(rel))

@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from kompaktor import keyspace as C
 from kompaktor.local.cluster import LocalCluster
@@ -66,7 +67,7 @@ class ChaosLog:
     redis_restarts: int = 0
     #: per Redis primary SIGKILLed: {"moment", "pending" (clients waiting for their write's
     #: acknowledgment when it died), "commits_pending", "promoted_s" (kill to new primary)}
-    failovers: list[dict] = field(default_factory=list)
+    failovers: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass

@@ -18,19 +18,22 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kompaktor.client import Client
 from kompaktor.files.storage import Storage
 from kompaktor.local.chaoscheck import check_chaos
 from kompaktor.local.cluster import GroupSample, LocalCluster, Proc
 from kompaktor.local.config import DEMO_CONFIG, LocalConfig, load_config
-from kompaktor.local.ingest import ContinuousIngest, Verification, split_points, verify
+from kompaktor.local.ingest import ContinuousIngest, IngestStats, Verification, split_points, verify
 from kompaktor.local.mix import MixCheck, MixedWorkload, mix_summary
 from kompaktor.local.procs import interruptible
 from kompaktor.metadata import user_compactions
 from kompaktor.metadata.status import gather
 from kompaktor.model.errors import StoreUnavailable
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 
 @dataclass
@@ -95,8 +98,13 @@ def _bar(up: int, draining: int, hi: int) -> str:
 
 
 def _progress_table(
-    ingest_stats, status: dict[str, Any], phase: str, elapsed: float, scaling: dict[str, GroupSample], cfg: LocalConfig
-):
+    ingest_stats: IngestStats,
+    status: dict[str, Any],
+    phase: str,
+    elapsed: float,
+    scaling: dict[str, GroupSample],
+    cfg: LocalConfig,
+) -> Table:
     from rich.table import Table
 
     t = Table(title=f"kompaktor demo — {phase} — {elapsed:.0f}s", expand=False)
@@ -334,7 +342,7 @@ class _DemoRun:
         """Paced flushes of the continuous ingest, the progress shown at most twice a second."""
         last = [0.0]
 
-        def on_flush(_s) -> None:
+        def on_flush(_s: IngestStats) -> None:
             if self.mix is not None:
                 self.mix.step()
             if time.monotonic() - last[0] > 0.5:

@@ -133,7 +133,7 @@ class ContinuousIngest:
                 self.prev, self.in_chain = b"", 0
             else:
                 self.prev = row
-        sources = []
+        sources: list[str] = []
         for n, part in enumerate(p for p in parts if p):
             src = workdir / f"burst-{n:03d}.parquet"
             pq.write_table(entries_to_table(sorted(part, key=sort_key)), src)
@@ -144,8 +144,8 @@ class ContinuousIngest:
             self.stats.rows.difference_update(rows)  # refused: nothing of it is in the table
             raise
         finally:
-            for src in sources:
-                Path(src).unlink(missing_ok=True)
+            for name in sources:
+                Path(name).unlink(missing_ok=True)
         self.stats.entries += len(rows)
         self.stats.imported_files += len(imported)
         return imported

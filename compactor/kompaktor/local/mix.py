@@ -21,6 +21,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import pyarrow.parquet as pq
 
@@ -166,7 +167,7 @@ class MixedWorkload:
         finally:
             src.unlink(missing_ok=True)
         with self.client.storage.open_input(paths[0]) as f:
-            (ts,) = {int(t) for t in pq.read_table(f, columns=["ts"]).column("ts").to_pylist()}
+            (ts,) = {int(t) for t in cast("list[int]", pq.read_table(f, columns=["ts"]).column("ts").to_pylist())}
         for r in rows:
             self.accepted[r].append((ts, False))
         self.uncertain -= set(rows)

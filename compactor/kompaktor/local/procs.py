@@ -56,11 +56,15 @@ def _die_with(parent: int, sig: int) -> Callable[[], None]:
     return preexec
 
 
+#: what the spawner thread runs, and where the child goes
+_Request = tuple[Callable[[], "subprocess.Popen[Any]"], "Future[subprocess.Popen[Any]]"]
+
+
 class _Spawner:
     """The one thread that forks every child (see the module docstring)."""
 
     def __init__(self) -> None:
-        self.requests: queue.SimpleQueue[tuple[Callable[[], subprocess.Popen], Future]] = queue.SimpleQueue()
+        self.requests: queue.SimpleQueue[_Request] = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._run, name="kompaktor-spawner", daemon=True)
         self.thread.start()
 
@@ -74,8 +78,8 @@ class _Spawner:
             except BaseException as exc:  # handed to the caller
                 fut.set_exception(exc)
 
-    def submit(self, start: Callable[[], subprocess.Popen]) -> subprocess.Popen:
-        fut: Future = Future()
+    def submit(self, start: Callable[[], subprocess.Popen[Any]]) -> subprocess.Popen[Any]:
+        fut: Future[subprocess.Popen[Any]] = Future()
         self.requests.put((start, fut))
         return fut.result()
 
@@ -84,7 +88,7 @@ _spawner: _Spawner | None = None
 _spawner_lock = threading.Lock()
 
 
-def spawn(args: list[str], *, deathsig: int = signal.SIGKILL, **popen_kwargs: Any) -> subprocess.Popen:
+def spawn(args: list[str], *, deathsig: int = signal.SIGKILL, **popen_kwargs: Any) -> subprocess.Popen[Any]:
     """``subprocess.Popen(args, ...)`` for a child that dies with this process: own session and
     process group, parent-death signal ``deathsig``."""
     global _spawner
@@ -104,7 +108,7 @@ def kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
         os.killpg(pgid, sig)
 
 
-def stop_popen(p: subprocess.Popen, timeout: float, sig: int = signal.SIGTERM) -> int:
+def stop_popen(p: subprocess.Popen[Any], timeout: float, sig: int = signal.SIGTERM) -> int:
     """Signal ``p``, wait up to ``timeout`` seconds, then SIGKILL it; sweep its process group
     either way. Returns its exit status."""
     if p.poll() is None:

@@ -10,7 +10,9 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 from urllib.parse import quote
 
 import redis
@@ -57,7 +59,7 @@ class RedisProcess:
         #: password, :func:`acl.new_passwords`); :meth:`role_url` gives each component its own URL.
         #: The default user stays (with ``password`` if given): what sets the server up uses it.
         self.role_passwords = dict(users or {})
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[Any] | None = None
 
     @property
     def url(self) -> str:
@@ -147,7 +149,7 @@ class RedisProcess:
         return redis.Redis(port=self.port, password=self.password, socket_connect_timeout=1, socket_timeout=5)
 
 
-def _poll(what: str, ok, timeout: float) -> None:
+def _poll(what: str, ok: Callable[[], object], timeout: float) -> None:
     """Wait until ``ok()`` is true (polled, with a deadline), else fail naming ``what``."""
     deadline = time.monotonic() + timeout
     while True:
@@ -190,7 +192,7 @@ class SentinelProcess:
         self.quorum = quorum
         self.password = password
         self.down_after_ms = down_after_ms
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[Any] | None = None
 
     def start(self, timeout: float = 30.0) -> SentinelProcess:
         conf = self.data_dir / "sentinel.conf"
@@ -226,7 +228,7 @@ class SentinelProcess:
         """The primary this sentinel names now (None: it cannot be asked)."""
         c = self.client()
         try:
-            addr = c.sentinel_get_master_addr_by_name(self.service)
+            addr = cast("tuple[bytes | str, int] | None", c.sentinel_get_master_addr_by_name(self.service))
         except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError):
             return None
         finally:
@@ -360,7 +362,7 @@ class RedisHA:
             for s in self.sentinels:
                 c = s.client()
                 try:
-                    m = c.sentinel_master(self.SERVICE)
+                    m = cast("dict[str, Any]", c.sentinel_master(self.SERVICE))
                 finally:
                     c.close()
                 if (
@@ -417,6 +419,7 @@ class RedisHA:
             srv.stop()
 
     def kill(self) -> None:
-        for p in [*self.sentinels, *self.servers]:
+        procs: list[RedisProcess | SentinelProcess] = [*self.sentinels, *self.servers]
+        for p in procs:
             if p.proc is not None:
                 kill_group(p.proc.pid)

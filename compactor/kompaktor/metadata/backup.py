@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 
 from kompaktor import __version__
 from kompaktor import keyspace as C
+from kompaktor.connection import text
 from kompaktor.files.storage import Storage
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.errors import KompaktorError
@@ -98,8 +99,8 @@ def check_id(bid: str) -> str:
 
 
 # -- reading the metadata ----------------------------------------------------------------------------
-def _text(d: dict[bytes, bytes]) -> dict[str, str]:
-    return {k.decode(): v.decode() for k, v in d.items()}
+def _text(d: dict[bytes | str, bytes | str]) -> dict[str, str]:
+    return {text(k): text(v) for k, v in d.items()}
 
 
 def partition_gap(tablets: list[Tablet]) -> str | None:
@@ -132,10 +133,10 @@ def snapshot(store: MetadataStore, bid: str) -> dict[str, Any]:
         store.begin_backup(bid, MARK_TTL_S)  # refreshed: a big table takes a while
         tables[tid] = {"hash": _text(store.call(r.hgetall, C.table_key(tid))), "tablets": _read_tablets(store, tid)}
     ucomps = {}
-    for cid in sorted(m.decode() for m in store.call(r.smembers, C.UCOMPS)):
+    for cid in sorted(text(m) for m in store.call(r.smembers, C.UCOMPS)):
         ucomps[cid] = {
             "hash": _text(store.call(r.hgetall, C.ucomp_key(cid))),
-            "done": sorted(m.decode() for m in store.call(r.smembers, C.ucomp_done_key(cid))),
+            "done": sorted(text(m) for m in store.call(r.smembers, C.ucomp_done_key(cid))),
         }
     return {
         "format": FORMAT,
@@ -370,15 +371,15 @@ def restore(store: MetadataStore, storage: Storage, bid: str, *, adopt_newer: bo
     m = read_manifest(storage, bid)
     data = load(storage, m)
     files = files_of(storage, m)
-    present = data_files(storage)
-    missing = [f for f in files if f not in present]
+    stored = data_files(storage)
+    missing = [f for f in files if f not in stored]
     if missing:
         raise BackupError(
             f"refused: backup {bid} references {len(missing)} files that are not in storage (first: {missing[0]})"
         )
-    _write_back(store, data, _max_name_numbers(present), bid)
+    _write_back(store, data, _max_name_numbers(stored), bid)
     wanted = set(files)
-    unreferenced = sorted(rel for rel in present if rel not in wanted and tmp_tag(rel) is None)
+    unreferenced = sorted(rel for rel in stored if rel not in wanted and tmp_tag(rel) is None)
     tablets = sum(len(t["tablets"]) for t in data["tables"].values())
     out = Restored(m, len(data["tables"]), tablets, len(files), unreferenced)
     if adopt_newer:
@@ -417,7 +418,7 @@ def adopt(store: MetadataStore, storage: Storage, names: dict[str, str], out: Re
 def bootstrap(store: MetadataStore, storage: Storage, bid: str) -> Restored | None:
     """Restore ``bid`` (or ``latest``) when this Redis holds no tables and was never restored —
     what a new install does when told to start from a backup; None when there was nothing to do."""
-    if _metadata_keys(store) or store.call(store._r.exists, C.RESTORED):
+    if _metadata_keys(store) or bool(store.call(store._r.exists, C.RESTORED)):
         return None
     return restore(store, storage, bid)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from typing import Any
+from typing import Any, cast
 
 from kompaktor import keyspace as C
 from kompaktor.files.storage import Storage
@@ -190,7 +190,10 @@ class BrokeredResumeLog(resume_records.RedisResumeLog):
 # -- the broker's side (kompaktor.coordinator.broker): its Redis commands -------------------------
 def take_requests(store: MetadataStore, wait_s: float, count: int) -> list[bytes]:
     """Wait up to ``wait_s`` for requests; up to ``count`` of those waiting, oldest first."""
-    got = store.call(store._r.blmpop, wait_s, 1, C.BROKER, direction="RIGHT", count=count)
+    got = cast(
+        "list[Any] | None",  # [key, [request, ...]]
+        store.call(store._r.blmpop, wait_s, 1, C.BROKER, direction="RIGHT", count=count),
+    )
     return [] if got is None else list(got[1])
 
 

@@ -22,9 +22,10 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import Any, cast
 
 from kompaktor import keyspace as C
+from kompaktor.connection import text
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.redact import redact_text
 from kompaktor.policy.services import DEFAULT_HISTORY_AGE_S, DEFAULT_HISTORY_RECORDS, GroupConfig
@@ -165,14 +166,17 @@ def _read_group(
     hi = "+"
     out: list[Record] = []
     while len(out) < limit:
-        chunk = store.call(store._r.xrevrange, C.history_key(group), hi, lo, READ_CHUNK)
+        chunk = cast(
+            "list[tuple[bytes, dict[bytes, bytes]]]",
+            store.call(store._r.xrevrange, C.history_key(group), hi, lo, READ_CHUNK),
+        )
         for _id, entry in chunk:
             rec = Record.from_json(json.loads(entry[b"r"]))
             if keep(rec):
                 out.append(rec)
         if len(chunk) < READ_CHUNK:
             break
-        hi = "(" + chunk[-1][0].decode()  # exclusive: after the last entry read
+        hi = "(" + text(chunk[-1][0])  # exclusive: after the last entry read
     return out[:limit]
 
 

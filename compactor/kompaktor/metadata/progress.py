@@ -31,8 +31,10 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from typing import Any, cast
 
 from kompaktor import keyspace as C
+from kompaktor.connection import text
 from kompaktor.files.storage import Storage
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.errors import StoreUnavailable
@@ -82,7 +84,7 @@ class RedisResumeLog:
         self.recorded: dict[int, PartRecord] = {}
 
     def load(self) -> ResumeState | None:
-        raw = self.store.call(self.store._r.hgetall, self.key)
+        raw = cast("dict[bytes, bytes]", self.store.call(self.store._r.hgetall, self.key))
         if not raw or b"job" not in raw:
             return None
         try:
@@ -142,7 +144,7 @@ class RedisResumeLog:
 
 def part_paths(store: MetadataStore, fingerprint: str) -> list[str]:
     """The part files a record lists."""
-    raw = store.call(store._r.hgetall, C.progress_key(fingerprint))
+    raw = cast("dict[bytes, bytes]", store.call(store._r.hgetall, C.progress_key(fingerprint)))
     out = []
     for k, v in raw.items():
         if k.startswith(b"p:"):
@@ -214,10 +216,10 @@ def finish(
 
 def records(store: MetadataStore) -> dict[str, str]:
     """Fingerprint -> tablet id of every indexed record."""
-    return {k.decode(): v.decode() for k, v in store.call(store._r.hgetall, C.PROGRESS).items()}
+    return {text(k): text(v) for k, v in store.call(store._r.hgetall, C.PROGRESS).items()}
 
 
-def _gone(job: dict, t: Tablet | None, dead: set[str]) -> bool:
+def _gone(job: dict[str, Any], t: Tablet | None, dead: set[str]) -> bool:
     """Whether the job a record was written for can no longer run."""
     if t is None:
         return True  # the tablet is gone: split, merged or deleted

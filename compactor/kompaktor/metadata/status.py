@@ -13,12 +13,15 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kompaktor.metadata import failures, history
 from kompaktor.metadata import user_compactions as usercompaction
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.tablet import RunningCompaction, TableInfo, Tablet
+
+if TYPE_CHECKING:
+    from rich.console import Group
 
 ALIVE_S = 15.0
 
@@ -156,7 +159,7 @@ def human_bytes(n: int) -> str:
     raise AssertionError("unreachable")
 
 
-def render(status: dict[str, Any]):
+def render(status: dict[str, Any]) -> Group:
     """A rich renderable of the status (one screen)."""
     from rich.console import Group
     from rich.table import Table

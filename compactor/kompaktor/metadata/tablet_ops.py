@@ -39,8 +39,10 @@ from __future__ import annotations
 import bisect
 import logging
 from collections.abc import Iterable
+from typing import cast
 
 from kompaktor.metadata.store import MetadataStore, Mutation
+from kompaktor.metadata.store.mutation import TabletChange
 from kompaktor.model.errors import ConditionFailed, KompaktorError
 from kompaktor.model.keys import encode_row
 from kompaktor.model.tablet import ONLINE, TableInfo, Tablet, end_token, tablet_id, ts_token
@@ -87,7 +89,7 @@ class TabletOpRefused(KompaktorError):
 
 
 # -- helpers -----------------------------------------------------------------------------------
-def _guard(m: Mutation, t: Tablet):
+def _guard(m: Mutation, t: Tablet) -> TabletChange:
     """Conditions that make the change apply to exactly the tablet that was read."""
     return m.tablet(t.id).require("version", t.version).require("no_running").require("no_hold").require("no_selection")
 
@@ -149,7 +151,7 @@ def split(
     for attempt in range(_ATTEMPTS):
         info = _online(store, table_name)
         tablets = store.tablets(info.id)
-        ends = [t.end for t in tablets[:-1]]  # the last tablet's end is None (+inf)
+        ends = cast("list[bytes]", [t.end for t in tablets[:-1]])  # the last tablet's end is None (+inf)
         per: dict[str, tuple[Tablet, list[bytes]]] = {}
         for row in want:
             t = tablets[bisect.bisect_left(ends, row)]

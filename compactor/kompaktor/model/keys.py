@@ -9,7 +9,7 @@ so :func:`sort_key` is exact; Arrow and Spark are held to the same order by prop
 from __future__ import annotations
 
 import itertools
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
@@ -41,8 +41,11 @@ def sort_key(e: Entry) -> SortKey:
     return (e.row, e.cf, e.cq, e.vis, -e.ts, not e.deleted)
 
 
+#: a column and its direction, as Arrow's ``sort_indices`` takes them
+ArrowSortKey = tuple[str, Literal["ascending", "descending"]]
+
 #: The same order for Arrow's ``sort_indices`` / ``Table.sort_by`` (column, direction).
-ARROW_SORT_KEYS: list[tuple[str, str]] = [
+ARROW_SORT_KEYS: list[ArrowSortKey] = [
     ("row", "ascending"),
     ("cf", "ascending"),
     ("cq", "ascending"),

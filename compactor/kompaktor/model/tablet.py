@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import orjson
 
@@ -278,10 +278,14 @@ def decode_tablets(docs: Iterable[tuple[str, bytes]]) -> list[Tablet]:
         return [decode(t, loads(raw)) for t, raw in docs]
 
 
+#: what a compactor is doing, as its heartbeat says
+CompactorState = Literal["idle", "busy", "draining"]
+
+
 @dataclass(frozen=True)
 class CompactorInfo:
     id: str
     group: str
-    state: str  # idle, busy or draining
+    state: CompactorState
     ecid: str | None
     last_seen: float

@@ -15,13 +15,13 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import redis
 
 from kompaktor import keyspace as C
-from kompaktor.connection import SentCommand, pack_command, redis_errors
+from kompaktor.connection import SentCommand, pack_command, redis_errors, text
 from kompaktor.model.job import PRIORITY_MAX, Job
 from kompaktor.policy.tableprops import QUOTA, QUOTA_STEP_MAX
 from kompaktor.redisfunctions import LuaFunction, LuaLibrary, missing_function
@@ -311,11 +311,11 @@ class JobQueues:
     # -- inspection ------------------------------------------------------------------------------
     @mapped
     def groups(self) -> list[str]:
-        return sorted(g.decode() for g in self._r.smembers(C.QUEUE_GROUPS))
+        return sorted(text(g) for g in self._r.smembers(C.QUEUE_GROUPS))
 
     @mapped
     def jobs(self, group: str, limit: int = 100) -> list[Job]:
-        members = self._r.zrange(C.queue_key(group), 0, limit - 1)
+        members = cast("list[bytes]", self._r.zrange(C.queue_key(group), 0, limit - 1))
         if not members:
             return []
         raws = self._r.hmget(C.queue_jobs_key(group), members)
@@ -323,7 +323,7 @@ class JobQueues:
 
     @mapped
     def queued_tablets(self, group: str) -> set[str]:
-        return {t.decode() for t in self._r.hkeys(C.queue_index_key(group))}
+        return {text(t) for t in self._r.hkeys(C.queue_index_key(group))}
 
     @mapped
     def stats(self, group: str) -> QueueStats:

@@ -17,7 +17,7 @@ import signal
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from kompaktor import keyspace as C
 from kompaktor.files.storage import Storage
@@ -87,20 +87,45 @@ def group_config(store: MetadataStore, group: str, digest: str | None) -> tuple[
     return cfg, REDIS_SOURCE
 
 
+class SettingsOverrides(TypedDict, total=False):
+    """The :class:`WorkerSettings` fields the command line overrides (the options given)."""
+
+    engine: str
+    spark_master: str
+    driver_memory: str
+    drain_grace_s: float
+    spark_conf: dict[str, str]
+    history_limits: HistoryLimits
+
+
+def settings_overrides(
+    opts: CompactorOptions, spark_conf: dict[str, str] | None, limits: HistoryLimits | None = None
+) -> SettingsOverrides:
+    """The settings ``opts`` override; ``spark_conf``: the whole Spark conf, when it is overridden;
+    ``limits``: the history's bounds, when ``--history-records`` or ``--history-age`` is given."""
+    out = SettingsOverrides()
+    if opts.engine is not None:
+        out["engine"] = opts.engine
+    if opts.spark_master is not None:
+        out["spark_master"] = opts.spark_master
+    if opts.driver_memory is not None:
+        out["driver_memory"] = opts.driver_memory
+    if opts.drain_grace is not None:
+        out["drain_grace_s"] = opts.drain_grace
+    if spark_conf is not None:
+        out["spark_conf"] = spark_conf
+    if limits is not None:
+        out["history_limits"] = limits
+    return out
+
+
 def worker_settings(cfg: GroupConfig, source: str, opts: CompactorOptions, conf: dict[str, str]) -> WorkerSettings:
     """The group's settings with the command line's overrides (``conf``: the parsed
     ``--spark-conf``); the overriding flags are named in the settings' source."""
     compactor_id = opts.compactor_id or f"{socket.gethostname()}-{os.getpid()}"
     settings = WorkerSettings.for_group(cfg, compactor_id, max_jobs=opts.max_jobs)
-    overrides: dict[str, Any] = {
-        "engine": opts.engine,
-        "spark_master": opts.spark_master,
-        "driver_memory": opts.driver_memory,
-        "drain_grace_s": opts.drain_grace,
-        "spark_conf": {**settings.spark_conf, **conf} if conf else None,
-        "history_limits": history_limits(settings.history_limits, opts.history_records, opts.history_age),
-    }
-    overrides = {k: v for k, v in overrides.items() if v is not None}
+    limits = history_limits(settings.history_limits, opts.history_records, opts.history_age)
+    overrides = settings_overrides(opts, {**settings.spark_conf, **conf} if conf else None, limits)
     if overrides:
         flags = sorted(_FLAGS.get(k, "--" + k.removesuffix("_s").replace("_", "-")) for k in overrides)
         source += ", overridden by " + " ".join(flags)

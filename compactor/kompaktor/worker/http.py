@@ -152,4 +152,5 @@ def request_drain(
     url_host = f"[{host}]" if ":" in host else host
     req = urllib.request.Request(f"http://{url_host}:{port}/drain", method="POST", data=b"", headers=headers)
     with urllib.request.urlopen(req, timeout=timeout) as resp:
-        return resp.read().decode().strip()
+        answer: bytes = resp.read()
+        return answer.decode().strip()

@@ -35,7 +35,7 @@ from kompaktor_operator.runtime import memo as operator_memo
 # start-up, login and clean-up
 
 
-async def on_startup(settings: kopf.OperatorSettings, logger: logging.Logger, memo: kopf.Memo, **_: Any) -> None:
+async def on_startup(settings: kopf.OperatorSettings, logger: kopf.Logger, memo: kopf.Memo, **_: Any) -> None:
     rt = runtime.of(memo)
     # Our own finalizer and annotation names, so kubectl shows whose they are.
     settings.persistence.finalizer = naming.FINALIZER
@@ -76,29 +76,28 @@ async def on_login(memo: kopf.Memo, **kwargs: Any) -> kopf.ConnectionInfo | None
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig, *, login: bool = True) -> kopf.OperatorRegistry:
     """Register every handler on ``registry``, the timers at ``config``'s intervals (tests pass
     their own registry and login)."""
-    r = {"registry": registry}
-    kopf.on.startup(**r)(on_startup)
-    kopf.on.cleanup(**r)(on_cleanup)
+    kopf.on.startup(registry=registry)(on_startup)
+    kopf.on.cleanup(registry=registry)(on_cleanup)
     if login:
-        kopf.on.login(**r)(on_login)
+        kopf.on.login(registry=registry)(on_login)
 
     service, group, compaction = api.SERVICE_RESOURCE, api.GROUP_RESOURCE, api.COMPACTION_RESOURCE
     for decorator in (kopf.on.resume, kopf.on.create, kopf.on.update):
-        decorator(*service, id="reconcile", **r)(services.reconcile_service)
-        decorator(*group, id="reconcile", **r)(groups.reconcile_group)
-    kopf.on.delete(*service, id="delete", **r)(services.delete_service)
-    kopf.on.delete(*group, id="delete", **r)(groups.delete_group)
-    kopf.timer(*service, id="status", interval=config.status_interval, **r)(services.service_status)
-    kopf.timer(*group, id="scale", interval=config.scale_interval, **r)(groups.scale_group)
+        decorator(*service, id="reconcile", registry=registry)(services.reconcile_service)
+        decorator(*group, id="reconcile", registry=registry)(groups.reconcile_group)
+    kopf.on.delete(*service, id="delete", registry=registry)(services.delete_service)
+    kopf.on.delete(*group, id="delete", registry=registry)(groups.delete_group)
+    kopf.timer(*service, id="status", interval=config.status_interval, registry=registry)(services.service_status)
+    kopf.timer(*group, id="scale", interval=config.scale_interval, registry=registry)(groups.scale_group)
 
     not_terminal = compactions.not_terminal
-    kopf.on.resume(*compaction, id="start", when=not_terminal, **r)(compactions.start_compaction)
-    kopf.on.create(*compaction, id="start", **r)(compactions.start_compaction)
-    kopf.timer(*compaction, id="track", interval=config.scale_interval, when=not_terminal, **r)(
+    kopf.on.resume(*compaction, id="start", when=not_terminal, registry=registry)(compactions.start_compaction)
+    kopf.on.create(*compaction, id="start", registry=registry)(compactions.start_compaction)
+    kopf.timer(*compaction, id="track", interval=config.scale_interval, when=not_terminal, registry=registry)(
         compactions.track_compaction
     )
-    kopf.on.update(*compaction, id="immutable", field="spec", **r)(compactions.compaction_changed)
-    kopf.on.delete(*compaction, id="cancel", **r)(compactions.cancel_compaction)
+    kopf.on.update(*compaction, id="immutable", field="spec", registry=registry)(compactions.compaction_changed)
+    kopf.on.delete(*compaction, id="cancel", registry=registry)(compactions.cancel_compaction)
     return registry
 
 

@@ -27,6 +27,14 @@ T = TypeVar("T", bound=m.CRDModel)
 R = TypeVar("R")
 
 
+def namespaced(namespace: str | None) -> str:
+    """The namespace kopf gives a handler of a namespaced resource (its handler types allow None,
+    which only a cluster-scoped resource gets)."""
+    if namespace is None:
+        raise kopf.PermanentError("a namespaced resource without a namespace")
+    return namespace
+
+
 def now() -> str:
     return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 

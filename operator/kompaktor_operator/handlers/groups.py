@@ -5,6 +5,7 @@ drain first, and parks an idle HPA-scaled group at zero.
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -14,8 +15,17 @@ from pydantic import ValidationError
 from kompaktor.resources import admission, api
 from kompaktor.resources import models as m
 from kompaktor_operator import conditions, manifests, naming, podhealth, runtime
-from kompaktor_operator.backend import QueueFigures
-from kompaktor_operator.handlers.common import backend_call, counted, kube_call, mark, parse, refused, settled
+from kompaktor_operator.backend import Backend, QueueFigures
+from kompaktor_operator.handlers.common import (
+    backend_call,
+    counted,
+    kube_call,
+    mark,
+    namespaced,
+    parse,
+    refused,
+    settled,
+)
 from kompaktor_operator.runtime import Runtime
 from kompaktor_operator.scaling import PodView, ScaleDecision, decide_scale, parked_replicas
 
@@ -111,8 +121,8 @@ async def reconcile_group(
     )
 
 
-async def delete_group(name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
-    rt = runtime.of(memo)
+async def delete_group(name: str, namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
+    rt, namespace = runtime.of(memo), namespaced(namespace)
     # Owner references let Kubernetes collect the children; deleting them here as well makes the
     # removal immediate and visible, and works where no garbage collector runs.
     await kube_call(rt, rt.kube.delete("apps/v1", "Deployment", namespace, naming.deployment_name(name)))
@@ -130,6 +140,10 @@ async def delete_group(name: str, namespace: str, memo: kopf.Memo, **_: Any) -> 
         )
     await backend_call(rt, lambda b: b.delete_group(name))
     rt.forget_group(namespace, name)
+
+
+def _request_drain(pod: str, b: Backend) -> None:
+    b.request_drain(pod)
 
 
 def _pod_view(pod: dict[str, Any]) -> PodView:
@@ -230,7 +244,7 @@ async def _apply_scale(
     delete drained pods, set the Deployment's replicas."""
     mx = rt.metrics
     for pod in decision.drain:
-        await backend_call(rt, lambda b, pod=pod: b.request_drain(pod))
+        await backend_call(rt, functools.partial(_request_drain, pod))
         mx.drain_requests.labels(name).inc()
     for pod in decision.mark:
         await kube_call(

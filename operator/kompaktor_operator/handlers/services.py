@@ -12,8 +12,17 @@ from pydantic import ValidationError
 from kompaktor.resources import api
 from kompaktor.resources import models as m
 from kompaktor_operator import conditions, runtime
-from kompaktor_operator.backend import QueueFigures
-from kompaktor_operator.handlers.common import backend_call, counted, kube_call, mark, parse, refused, settled
+from kompaktor_operator.backend import Backend, QueueFigures
+from kompaktor_operator.handlers.common import (
+    backend_call,
+    counted,
+    kube_call,
+    mark,
+    namespaced,
+    parse,
+    refused,
+    settled,
+)
 
 
 @counted(api.SERVICE_KIND)
@@ -48,9 +57,9 @@ async def delete_service(name: str, memo: kopf.Memo, **_: Any) -> None:
 
 
 async def service_status(
-    name: str, namespace: str, spec: Any, status: Any, meta: Any, patch: kopf.Patch, memo: kopf.Memo, **_: Any
+    name: str, namespace: str | None, spec: Any, status: Any, meta: Any, patch: kopf.Patch, memo: kopf.Memo, **_: Any
 ) -> None:
-    rt = runtime.of(memo)
+    rt, namespace = runtime.of(memo), namespaced(namespace)
     try:
         svc = m.CompactionServiceSpec.model_validate(dict(spec))
     except ValidationError:
@@ -58,7 +67,11 @@ async def service_status(
     tiers, missing = [], []
     figures: dict[str, QueueFigures] = {}
     for group in svc.groups():
-        figures[group] = await backend_call(rt, lambda b, group=group: b.queue_figures(group))
+
+        def queue_figures(b: Backend, group: str = group) -> QueueFigures:
+            return b.queue_figures(group)
+
+        figures[group] = await backend_call(rt, queue_figures)
         if await kube_call(rt, rt.kube.get(api.GROUP_VERSION, api.GROUP_KIND, namespace, group)) is None:
             missing.append(group)
     for tier in svc.tiers:

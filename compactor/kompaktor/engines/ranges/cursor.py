@@ -9,6 +9,7 @@ Part of :mod:`kompaktor.engines.ranges`; imports only :mod:`.inputs`.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -34,10 +35,10 @@ MERGE_FACTOR = 4
 #: 1 MiB read buffer: without one (buffer_size=0) parquet-cpp reads each column chunk whole, so an
 #: input held its current row group's compressed bytes (a one-row-group file: all of it). Measured
 #: on 4M entries in 8 one-row-group files: peak RSS growth 1.40 GB -> 1.11-1.18 GB, time the same
-READ_OPTIONS: dict = {"pre_buffer": False, "buffer_size": 1 << 20}
+READ_OPTIONS: dict[str, Any] = {"pre_buffer": False, "buffer_size": 1 << 20}
 #: on an object store every read is a request with its latency: a row group's column chunks are
 #: fetched together (pyarrow coalesces them into one ranged GET), 9 GETs per small input → 3
-OBJECT_STORE_READ_OPTIONS: dict = {"pre_buffer": True, "buffer_size": 0}
+OBJECT_STORE_READ_OPTIONS: dict[str, Any] = {"pre_buffer": True, "buffer_size": 0}
 
 
 class TaskMemoryExceeded(MergeError):
@@ -46,11 +47,13 @@ class TaskMemoryExceeded(MergeError):
 
 
 def _first_row(t: pa.Table) -> bytes:
-    return t.column("row")[0].as_py()
+    row: bytes = t.column("row")[0].as_py()
+    return row
 
 
 def _last_row(t: pa.Table) -> bytes:
-    return t.column("row")[t.num_rows - 1].as_py()
+    row: bytes = t.column("row")[t.num_rows - 1].as_py()
+    return row
 
 
 class InputCursor:
@@ -67,6 +70,7 @@ class InputCursor:
     def __init__(self, storage: Storage, path: str, prev: Bound, end: Bound, *, batch_rows: int = BATCH_ROWS) -> None:
         self.path, self.prev, self.end = path, prev, end
         self.batch_rows = batch_rows
+        self._file: pa.NativeFile | None = None
         with reading(path, on_error=self.close):
             self._file = storage.open_input(path)
             self._pf = pq.ParquetFile(
@@ -111,22 +115,24 @@ class InputCursor:
                     n = t.num_rows
                     if not n:
                         continue
-                    self._check(t, g, offset, lo, hi)
+                    last = self._check(t, g, offset, lo, hi)
                     offset += n
-                    if self.prev is not None and self._last_row <= self.prev:
+                    if self.prev is not None and last <= self.prev:
                         continue  # the whole batch is before the tablet
                     if self.end is not None and _first_row(t) > self.end:
                         return
                     if (self.prev is not None and _first_row(t) <= self.prev) or (
-                        self.end is not None and self._last_row > self.end
+                        self.end is not None and last > self.end
                     ):
                         if mask is None:
                             mask = range_filter(self.prev, self.end)
-                        t = t.filter(mask)
+                        if mask is not None:  # always: a bound is set
+                            t = t.filter(mask)
                     if t.num_rows:
                         yield t
 
-    def _check(self, t: pa.Table, g: int, offset: int, lo: bytes | None, hi: bytes | None) -> None:
+    def _check(self, t: pa.Table, g: int, offset: int, lo: bytes | None, hi: bytes | None) -> bytes:
+        """Refuse ``t`` if its rows decrease or lie outside its row group's statistics; its last row."""
         bad = first_row_decrease(t)
         if bad is not None:
             raise UnsortedError(
@@ -139,13 +145,14 @@ class InputCursor:
             raise UnsortedError(
                 f"{self.path}: entries are not in key order: {where} before the end of the previous one"
             )
-        if lo is not None and (first < lo or last > hi):
+        if lo is not None and hi is not None and (first < lo or last > hi):
             row = first if first < lo else last
             raise BadFileError(
                 f"{self.path}: row group {g} holds row {row!r}, outside the rows its footer "
                 f"statistics claim ({lo!r} to {hi!r})"
             )
         self._last_row = last
+        return last
 
     def take(self, hi: Bound, memory_limit: int | None = None) -> pa.Table:
         """The input's rows after the previous ``take`` and up to ``hi`` (inclusive). Raises
@@ -165,7 +172,7 @@ class InputCursor:
                 n = (
                     0
                     if _first_row(t) > hi
-                    else int(pc.sum(pc.less_equal(t.column("row"), pa.scalar(hi, pa.binary()))).as_py() or 0)
+                    else int(pc.sum(pc.less_equal(t.column("row"), pa.scalar(hi, pa.binary()))).as_py() or 0)  # type: ignore[type-var]  # pyarrow-stubs: pyarrow sums booleans
                 )
                 if n:
                     parts.append(t.slice(0, n))
@@ -183,7 +190,12 @@ class InputCursor:
 
 
 def read_range(
-    storage: Storage, path: str, lo: Bound, hi: Bound, memory_limit: int | None = None, stats: dict | None = None
+    storage: Storage,
+    path: str,
+    lo: Bound,
+    hi: Bound,
+    memory_limit: int | None = None,
+    stats: dict[str, int] | None = None,
 ) -> pa.Table:
     """An input's entries in rows (lo, hi], in the file schema; BadFileError when unreadable or
     out of key order. Decodes only the row groups whose statistics overlap the range, and
@@ -205,7 +217,7 @@ def merge_range(
     hi: Bound,
     settings: IteratorSettings,
     task_memory: int | None = None,
-    stats: dict | None = None,
+    stats: dict[str, int] | None = None,
 ) -> tuple[pa.Table, int]:
     """Merge one key range of the inputs (oldest first); returns (output table, entries read).
     The range's input data may use at most ``task_memory`` / :data:`MERGE_FACTOR` bytes.

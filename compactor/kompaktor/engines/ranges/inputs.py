@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -37,7 +38,8 @@ class InputMeta:
     group_index: tuple[int, ...] = ()
 
 
-def as_bytes(v) -> bytes:
+def as_bytes(v: Any) -> bytes:
+    """A row statistic (``str`` or ``bytes``, as pyarrow gives it) as bytes."""
     return v.encode() if isinstance(v, str) else bytes(v)
 
 
@@ -67,14 +69,14 @@ def reading(path: str, *, row_group: int | None = None, on_error: Callable[[], N
         raise _read_error(path, exc, row_group) from exc
 
 
-def row_stats(md, row_col: int | None, g: int) -> tuple[bytes, bytes] | None:
+def row_stats(md: pq.FileMetaData, row_col: int | None, g: int) -> tuple[bytes, bytes] | None:
     st = md.row_group(g).column(row_col).statistics if row_col is not None else None
     if st is None or not st.has_min_max:
         return None
     return as_bytes(st.min), as_bytes(st.max)
 
 
-def row_column(md) -> int | None:
+def row_column(md: pq.FileMetaData) -> int | None:
     return next((i for i in range(md.num_columns) if md.schema.column(i).path == "row"), None)
 
 
@@ -90,7 +92,9 @@ def inspect_inputs(storage: Storage, inputs: tuple[str, ...] | list[str]) -> lis
                 conform(pf.schema_arrow.empty_table(), path)
                 md = pf.metadata
         row_col = row_column(md)
-        groups, index, has_stats = [], [], row_col is not None
+        groups: list[tuple[bytes, bytes, int, int]] = []
+        index: list[int] = []
+        has_stats = row_col is not None
         for g in range(md.num_row_groups):
             rg = md.row_group(g)
             stats = row_stats(md, row_col, g)

@@ -44,9 +44,9 @@ def plan_ranges(
     k = math.ceil(total / target_entries)
     step = total / k
     cuts: list[bytes] = []
-    acc = 0
-    for row, n in cands:
-        acc += n
+    acc = 0.0
+    for row, weighed in cands:
+        acc += weighed
         if acc >= total:
             break  # a cut at the very last row would leave an empty range
         if acc >= step * (len(cuts) + 1) and len(cuts) < k - 1:

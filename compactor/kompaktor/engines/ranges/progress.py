@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Unpack
 
-from kompaktor.engines.api import MergeCancelled, MergeRequest
+from kompaktor.engines.api import MergeCancelled, MergeProgress, MergeRequest, ResumeFigures
 from kompaktor.engines.ranges.inputs import InputMeta, inspect_inputs
 from kompaktor.files.storage import Storage
 
@@ -34,13 +35,9 @@ def progress_dict(
     parts_done: int,
     parts: int,
     started: float,
-    **resume: int,
-) -> dict:
-    """A merge's progress report. A resumable merge adds (``resume``): ``parts_reused``,
-    ``entries_reused`` and ``bytes_reused`` (input entries and compressed input bytes of the
-    ranges taken from an earlier attempt's parts, not read again), ``input_bytes_reread``
-    (compressed input bytes of the row groups this attempt decoded) and ``parts_rejected``
-    (recorded parts that failed verification and were merged again)."""
+    **resume: Unpack[ResumeFigures],
+) -> MergeProgress:
+    """A merge's progress report; a resumable merge adds its :class:`ResumeFigures`."""
     return {
         "entries_read": entries_read,
         "entries_written": entries_written,

@@ -16,7 +16,7 @@ import json
 import uuid
 from collections.abc import Callable, Mapping
 from importlib import resources
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, ParamSpec, Self, TypeVar
 
 import redis
 
@@ -34,7 +34,7 @@ from kompaktor.metadata.store.mutation import Mutation
 from kompaktor.model.errors import ConditionFailed, Fenced, StoreUnavailable
 from kompaktor.model.redact import redact_url
 from kompaktor.queues.jobqueue import JobQueues, queue_preamble
-from kompaktor.redisfunctions import LuaLibrary, load_missing, missing_function
+from kompaktor.redisfunctions import LuaFunction, LuaLibrary, load_missing, missing_function
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 #: the most a single call reads or pops of a structure that grows with the instance (a table's
@@ -67,6 +67,9 @@ RESERVE_MAX_STALE = 16
 #: the oldest Redis Kompaktor runs on: function libraries (``FUNCTION LOAD``, ``FCALL``)
 MIN_REDIS = (7, 0)
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
 
 class StoreBase:
     """The connection, the scripts and the write paths every part of the metadata store uses."""
@@ -75,6 +78,10 @@ class StoreBase:
     #: library's :data:`PREAMBLE`). Each part declares its own; the store's library holds those of
     #: every class it is made of (:meth:`library`; :meth:`load_scripts` loads it)
     SCRIPTS: ClassVar[dict[str, str]] = {"_mutate": _MUTATE, "_reserve": _RESERVE, "_fenced_write": _FENCED_WRITE}
+    # the SCRIPTS, bound to the connection as attributes in __init__
+    _mutate: LuaFunction
+    _reserve: LuaFunction
+    _fenced_write: LuaFunction
     #: :data:`SCAN_CHUNK`, per class (a test makes it small)
     scan_chunk: ClassVar[int] = SCAN_CHUNK
 
@@ -103,7 +110,7 @@ class StoreBase:
     def library(cls) -> LuaLibrary:
         """The Redis function library of this store: :data:`PREAMBLE`, then the ``SCRIPTS`` of
         every class it is made of, each a function (:mod:`kompaktor.redisfunctions`)."""
-        return _library_of(cls)
+        return _library_of(cls)  # type: ignore[arg-type]  # a class is hashable; typeshed's cache says not
 
     def load_scripts(self) -> int:
         """Load the store's and the queues' function libraries where Redis does not hold them (a new
@@ -153,7 +160,7 @@ class StoreBase:
         return cls(connect(url), url)
 
     # -- plumbing -------------------------------------------------------------------------
-    def call(self, fn, *args, **kwargs):
+    def call(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         """Run a Redis call; what Redis failures mean is raised in their place
         (:class:`~kompaktor.connection.redis_errors`): :class:`StoreUnavailable` (with the URL,
         redacted) when Redis cannot be used, including a wrong password and a database index the
@@ -210,7 +217,7 @@ class StoreBase:
         # One id per call: redis-py resends the same arguments when it retries after a broken
         # connection, and the script then answers with the first attempt's outcome.
         fence = None if self._fence is None else self._fence()
-        res = json.loads(self._eval_durable(m.to_json(uuid.uuid4().hex, fence)))
+        res: dict[str, Any] = json.loads(self._eval_durable(m.to_json(uuid.uuid4().hex, fence)))
         if not res["ok"] and res["cond"] == "fenced":
             raise Fenced(res.get("detail") or "stale fencing token")
         if not res["ok"]:

@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterable
 
 from kompaktor import keyspace as C
+from kompaktor.connection import text
 from kompaktor.metadata.store.base import StoreBase
 
 
@@ -31,7 +32,7 @@ class BookkeepingStore(StoreBase):
             self._write(("SADD", C.DIRTY, *ids[i : i + 10_000]))
 
     def dirty_ids(self) -> list[str]:
-        return sorted(x.decode() for x in self.call(self._r.smembers, C.DIRTY))
+        return sorted(text(x) for x in self.call(self._r.smembers, C.DIRTY))
 
     def dirty_count(self) -> int:
         return int(self.call(self._r.scard, C.DIRTY))
@@ -47,7 +48,7 @@ class BookkeepingStore(StoreBase):
         return int(n)
 
     def counters(self) -> dict[str, int]:
-        return {k.decode(): int(v) for k, v in self.call(self._r.hgetall, C.COUNTERS).items()}
+        return {text(k): int(v) for k, v in self.call(self._r.hgetall, C.COUNTERS).items()}
 
     def commits_on(self, tablet_id: str) -> int:
         """Compactions committed on a tablet (counted by mutate.lua)."""
@@ -56,4 +57,4 @@ class BookkeepingStore(StoreBase):
     def commit_log(self) -> list[str]:
         """The ECIDs of the last commits applied, oldest first, once per commit applied
         (``keyspace.COMMITLOG``: what a check that no commit was lost or applied twice reads)."""
-        return [e.decode() for e in self.call(self._r.lrange, C.COMMITLOG, 0, -1)]
+        return [text(e) for e in self.call(self._r.lrange, C.COMMITLOG, 0, -1)]

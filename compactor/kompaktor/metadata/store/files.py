@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterable
 
 from kompaktor import keyspace as C
+from kompaktor.connection import text
 from kompaktor.metadata.store.mutation import Mutation
 from kompaktor.metadata.store.tables import TableStore
 from kompaktor.model.errors import ConditionFailed
@@ -102,7 +103,7 @@ class FileStore(TableStore):
         for iid, raw in self.call(self._r.hgetall, C.IMPORTS).items():
             doc = json.loads(raw)
             if float(doc["expires"]) >= since:
-                ids.add(iid.decode())
+                ids.add(text(iid))
                 files.update(doc["files"])
         return ids, files
 
@@ -114,4 +115,4 @@ class FileStore(TableStore):
             if float(json.loads(raw)["expires"]) < before
         ]
         if old:
-            self._write(("HDEL", C.IMPORTS, *[i.decode() for i in old]))
+            self._write(("HDEL", C.IMPORTS, *[text(i) for i in old]))

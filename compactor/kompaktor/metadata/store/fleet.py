@@ -9,18 +9,23 @@ from __future__ import annotations
 
 import json
 import time
+from typing import TYPE_CHECKING
 
 from kompaktor import keyspace as C
+from kompaktor.connection import text
 from kompaktor.metadata.store.bookkeeping import BookkeepingStore
 from kompaktor.metadata.store.tables import TableStore
 from kompaktor.model.tablet import CompactorInfo
+
+if TYPE_CHECKING:
+    from kompaktor.policy.services import GroupConfig, ServiceConfig
 
 
 class FleetStore(BookkeepingStore, TableStore):
     """Services, groups, compactors, drains."""
 
     # -- services, groups, compactors (written by the operator or `kompaktor up`) ------------
-    def put_service(self, cfg) -> None:
+    def put_service(self, cfg: ServiceConfig) -> None:
         """Store a compaction service; every tablet is re-planned against the new settings."""
         self.call(self._r.hset, C.SERVICES, cfg.name, cfg.to_json())
         self.mark_dirty(self.all_tablet_ids())
@@ -29,24 +34,24 @@ class FleetStore(BookkeepingStore, TableStore):
         self.call(self._r.hdel, C.SERVICES, name)
         self.mark_dirty(self.all_tablet_ids())
 
-    def services(self) -> dict:
+    def services(self) -> dict[str, ServiceConfig]:
         from kompaktor.policy.services import DEFAULT, ServiceConfig
 
-        out = {DEFAULT.name: DEFAULT}
+        out: dict[str, ServiceConfig] = {DEFAULT.name: DEFAULT}
         for name, raw in self.call(self._r.hgetall, C.SERVICES).items():
-            out[name.decode()] = ServiceConfig.from_json(raw)
+            out[text(name)] = ServiceConfig.from_json(raw)
         return out
 
-    def put_group(self, cfg) -> None:
+    def put_group(self, cfg: GroupConfig) -> None:
         self.call(self._r.hset, C.GROUPS, cfg.name, cfg.to_json())
 
     def delete_group(self, name: str) -> None:
         self.call(self._r.hdel, C.GROUPS, name)
 
-    def groups(self) -> dict:
+    def groups(self) -> dict[str, GroupConfig]:
         from kompaktor.policy.services import GroupConfig
 
-        return {n.decode(): GroupConfig.from_json(raw) for n, raw in self.call(self._r.hgetall, C.GROUPS).items()}
+        return {text(n): GroupConfig.from_json(raw) for n, raw in self.call(self._r.hgetall, C.GROUPS).items()}
 
     def register_compactor(self, group: str, compactor_id: str, state: str, ecid: str | None = None) -> None:
         doc = json.dumps({"state": state, "ecid": ecid, "last_seen": time.time()})
@@ -63,7 +68,7 @@ class FleetStore(BookkeepingStore, TableStore):
         out = []
         for cid, raw in sorted(self.call(self._r.hgetall, C.compactors_key(group)).items()):
             d = json.loads(raw)
-            out.append(CompactorInfo(cid.decode(), group, d["state"], d.get("ecid"), float(d["last_seen"])))
+            out.append(CompactorInfo(text(cid), group, d["state"], d.get("ecid"), float(d["last_seen"])))
         return out
 
     def request_drain(self, compactor_id: str) -> None:

@@ -10,6 +10,7 @@ import time
 
 from kompaktor import keyspace as C
 from kompaktor.metadata.store.base import StoreBase
+from kompaktor.redisfunctions import LuaFunction
 
 _LEASE_RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -35,6 +36,9 @@ class LeaseStore(StoreBase):
     """``kz:coordinator:lease``, ``kz:coordinator:fence``, ``kz:coordinator:seen``."""
 
     SCRIPTS = {"_lease_acquire": _LEASE_ACQUIRE, "_lease_renew": _LEASE_RENEW, "_lease_release": _LEASE_RELEASE}
+    _lease_acquire: LuaFunction
+    _lease_renew: LuaFunction
+    _lease_release: LuaFunction
 
     def coordinator_seen(self) -> float | None:
         """When a leading coordinator last completed a pass (epoch seconds), or None."""

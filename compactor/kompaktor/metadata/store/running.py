@@ -14,7 +14,9 @@ from importlib import resources
 from typing import Any
 
 from kompaktor import keyspace as C
+from kompaktor.connection import text
 from kompaktor.metadata.store.base import StoreBase
+from kompaktor.redisfunctions import LuaFunction
 
 DEADLOG_LENGTH = 10_000  # ECIDs of the last dead compactions kept
 _FAILURES = resources.files("kompaktor.metadata").joinpath("lua/failures.lua").read_text()
@@ -24,24 +26,25 @@ class RunningStore(StoreBase):
     """``kz:running``, ``kz:hb:<ecid>``, ``kz:deadlog``, ``kz:failures``, ``kz:deadletter``."""
 
     SCRIPTS = {"_failures": _FAILURES}
+    _failures: LuaFunction
 
     # -- heartbeats of running compactions -------------------------------------------------
     def put_heartbeat(self, ecid: str, fields: dict[str, Any]) -> None:
         self.call(self._r.hset, C.heartbeat_key(ecid), mapping={k: str(v) for k, v in fields.items()})
 
     def heartbeat(self, ecid: str) -> dict[str, str]:
-        return {k.decode(): v.decode() for k, v in self.call(self._r.hgetall, C.heartbeat_key(ecid)).items()}
+        return {text(k): text(v) for k, v in self.call(self._r.hgetall, C.heartbeat_key(ecid)).items()}
 
     def drop_heartbeat(self, ecid: str) -> None:
         self._write(("DEL", C.heartbeat_key(ecid)))
 
     # -- the index of running compactions (ECID -> tablet, maintained by mutate.lua) ----------
     def running_index(self) -> dict[str, str]:
-        return {k.decode(): v.decode() for k, v in self.call(self._r.hgetall, C.RUNNING).items()}
+        return {text(k): text(v) for k, v in self.call(self._r.hgetall, C.RUNNING).items()}
 
     def running_tablet(self, ecid: str) -> str | None:
         raw = self.call(self._r.hget, C.RUNNING, ecid)
-        return None if raw is None else raw.decode()
+        return None if raw is None else text(raw)
 
     def running_count(self) -> int:
         return int(self.call(self._r.hlen, C.RUNNING))
@@ -60,7 +63,7 @@ class RunningStore(StoreBase):
         )
 
     def dead_log(self) -> set[str]:
-        return {e.decode() for e in self.call(self._r.lrange, C.DEADLOG, 0, -1)}
+        return {text(e) for e in self.call(self._r.lrange, C.DEADLOG, 0, -1)}
 
     # -- failed jobs ----------------------------------------------------------------------------
     def failure(self, fp: str) -> dict[str, Any] | None:
@@ -96,7 +99,7 @@ class RunningStore(StoreBase):
         return [t.decode() for t in self.call(self._failures, args=[self._token(), "redirty", repr(now)])]
 
     def failures(self) -> dict[str, dict[str, Any]]:
-        return {k.decode(): json.loads(v) for k, v in self.call(self._r.hgetall, C.FAILURES).items()}
+        return {text(k): json.loads(v) for k, v in self.call(self._r.hgetall, C.FAILURES).items()}
 
     def forget_failures(self, fps: list[str]) -> None:
         if fps:
@@ -111,4 +114,4 @@ class RunningStore(StoreBase):
         )
 
     def dead_letters(self) -> dict[str, dict[str, Any]]:
-        return {k.decode(): json.loads(v) for k, v in self.call(self._r.hgetall, C.DEADLETTER).items()}
+        return {text(k): json.loads(v) for k, v in self.call(self._r.hgetall, C.DEADLETTER).items()}

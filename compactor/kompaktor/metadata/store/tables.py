@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
+from typing import Any, cast
 
 import orjson
 import redis
 
 from kompaktor import keyspace as C
-from kompaktor.connection import SentCommand, pack_command
+from kompaktor.connection import SentCommand, pack_command, text
 from kompaktor.metadata.store.base import StoreBase
 from kompaktor.metadata.store.mutation import Mutation
 from kompaktor.model.errors import ConditionFailed, TableExistsError, UnknownTableError
@@ -50,7 +51,13 @@ class TableStore(StoreBase):
         m = Mutation(table=tid, table_conds=[["absent", name]], table_ops=[["create", name, json.dumps(props or {})]])
         prev: bytes | None = None
         for end in [*rows, None]:
-            doc = {"table": tid, "prev": encode_row(prev), "end": encode_row(end), "files": {}, "running": {}}
+            doc: dict[str, Any] = {
+                "table": tid,
+                "prev": encode_row(prev),
+                "end": encode_row(end),
+                "files": {},
+                "running": {},
+            }
             m.tablet(tablet_id(tid, end)).require("absent").do("create", doc, end_token(end))
             prev = end
         try:
@@ -63,13 +70,13 @@ class TableStore(StoreBase):
         tid = self.call(self._r.hget, C.TABLES, name)
         if tid is None:
             raise UnknownTableError(f"unknown table {name!r}")
-        return tid.decode()
+        return text(tid)
 
     def table_info(self, tid: str) -> TableInfo:
         h = self.call(self._r.hgetall, C.table_key(tid))
         if not h:
             raise UnknownTableError(f"unknown table id {tid!r}")
-        return TableInfo(tid, h[b"name"].decode(), h[b"state"].decode(), json.loads(h[b"props"]))
+        return TableInfo(tid, text(h[b"name"]), text(h[b"state"]), json.loads(h[b"props"]))
 
     def table(self, name: str) -> TableInfo:
         return self.table_info(self.table_id(name))
@@ -77,7 +84,7 @@ class TableStore(StoreBase):
     def tables(self) -> list[TableInfo]:
         out = []
         for _name, tid in sorted(self.call(self._r.hgetall, C.TABLES).items()):
-            out.append(self.table_info(tid.decode()))
+            out.append(self.table_info(text(tid)))
         return out
 
     def set_props(self, name: str, props: dict[str, str | None]) -> None:
@@ -114,8 +121,8 @@ class TableStore(StoreBase):
         out: list[str] = []
         start = 0
         while True:
-            part = self.call(self._r.zrange, C.tablets_key(tid), start, start + chunk - 1)
-            out.extend(f"{tid};{e.decode()}" for e in part)
+            part = cast("list[bytes]", self.call(self._r.zrange, C.tablets_key(tid), start, start + chunk - 1))
+            out.extend(f"{tid};{text(e)}" for e in part)
             if len(part) < chunk:
                 return out
             start += chunk
@@ -157,7 +164,7 @@ class TableStore(StoreBase):
         out: list[tuple[str, bytes]] = []
         for i in range(0, len(tablet_ids), chunk):
             part = tablet_ids[i : i + chunk]
-            raws = self.call(self._r.mget, [C.tablet_key(t) for t in part])
+            raws = cast("list[bytes | None]", self.call(self._r.mget, [C.tablet_key(t) for t in part]))
             out.extend((t, raw) for t, raw in zip(part, raws, strict=True) if raw)
         return out
 
@@ -208,7 +215,7 @@ class _Mget:
         sent, self._sent = self._sent, None
         raws: list[bytes | None] | None = sent.read() if sent is not None else None
         if raws is None:  # read again: with the client's retries, errors mapped
-            raws = self._store.call(self._store._r.mget, self._keys)
+            raws = cast("list[bytes | None]", self._store.call(self._store._r.mget, self._keys))
         return [(t, raw) for t, raw in zip(self._ids, raws, strict=True) if raw]
 
     def abandon(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from kompaktor import keyspace as C
+from kompaktor.connection import text
 from kompaktor.metadata.store.base import StoreBase
 
 
@@ -31,15 +32,15 @@ class UserCompactionStore(StoreBase):
 
     def user_compaction_field(self, cid: str, name: str) -> str | None:
         raw = self.call(self._r.hget, C.ucomp_key(cid), name)
-        return None if raw is None else raw.decode()
+        return None if raw is None else text(raw)
 
     def forget_user_compaction(self, cid: str) -> None:
         """Remove a finished user compaction's record, its finished tablets and its id."""
         self._write(("DEL", C.ucomp_key(cid), C.ucomp_done_key(cid)), ("SREM", C.UCOMPS, cid))
 
     def list_user_compactions(self) -> list[str]:
-        return sorted(c.decode() for c in self.call(self._r.smembers, C.UCOMPS))
+        return sorted(text(c) for c in self.call(self._r.smembers, C.UCOMPS))
 
     def request_claimed(self, request_id: str) -> str | None:
         raw = self.call(self._r.get, C.request_key(request_id))
-        return None if raw is None else raw.decode()
+        return None if raw is None else text(raw)
