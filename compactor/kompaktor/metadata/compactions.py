@@ -125,7 +125,8 @@ def user_iterators(store: MetadataStore, cid: str) -> dict[str, Any] | None:
     rec = store.user_compaction(cid)
     if rec is None or rec[0].get("state") != "RUNNING":
         return None
-    return json.loads(rec[0].get("iterators", "{}"))
+    its: dict[str, Any] = json.loads(rec[0].get("iterators", "{}"))
+    return its
 
 
 def _settings_for(its: dict[str, Any] | None, props: dict[str, str], full: bool, now: int) -> IteratorSettings:
