@@ -132,7 +132,7 @@ def test_only_the_holder_may_commit_release_or_heartbeat_a_compaction(
     for cap in ("", "guess", recorded["cap"]):
         forged = dataclasses.replace(held, cap=cap)
         for act in (
-            lambda r=forged: b.commit(r, info),
+            lambda r=forged: b.commit(r, info.meta),
             lambda r=forged: b.release(Storage.from_uri(str(tmp_path / "files")), r),
             lambda r=forged: b.heartbeat(r, {"bytes_read": 1}),
             lambda r=forged: b.record_failure(r, "x"),

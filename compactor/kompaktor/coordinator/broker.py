@@ -46,7 +46,7 @@ from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.errors import ConditionFailed, StoreUnavailable
 from kompaktor.model.grouptoken import holds
 from kompaktor.model.resume import PartRecord, decode_cuts, job_fingerprint
-from kompaktor.model.tablet import FileInfo, FileMeta
+from kompaktor.model.tablet import FileMeta
 from kompaktor.resources.models import check_group_name
 
 log = logging.getLogger("kompaktor.broker")
@@ -267,13 +267,7 @@ class Broker:
 
     def _commit(self, res: Reservation, req: dict[str, Any]) -> None:
         """The output is the reservation's; the compactor describes what it wrote there."""
-        meta = FileMeta.from_json(req["meta"])
-        first = None if meta.first_row is None else (meta.first_row,)
-        last = None if meta.last_row is None else (meta.last_row,)
-        # first/last are rows, not the sort keys FileInfo declares: compactions.commit reads only
-        # .entries and .meta (its rows), so the keys' other parts are never asked for
-        info = FileInfo(res.output, meta.size, meta.entries, meta.deletes, first, last, meta.put_min, meta.del_max)  # type: ignore[arg-type]
-        self.jobs.commit(res, info)
+        self.jobs.commit(res, FileMeta.from_json(req["meta"]))
 
     def _release(self, res: Reservation, _req: dict[str, Any]) -> bool:
         return compactions.release_metadata(self.store, res)

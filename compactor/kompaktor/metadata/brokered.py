@@ -27,7 +27,7 @@ from kompaktor.metadata.compactions import Reservation, delete_outputs
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.errors import ConditionFailed, KompaktorError, StoreUnavailable
 from kompaktor.model.resume import Bound, PartRecord
-from kompaktor.model.tablet import FileInfo
+from kompaktor.model.tablet import FileMeta
 
 #: one BLPOP waits at most this long (below the client's socket timeout); a request loops
 _WAIT_STEP_S = 4.0
@@ -113,8 +113,8 @@ class BrokeredJobs:
     def heartbeat(self, res: Reservation, progress: dict[str, Any]) -> None:
         self._held("heartbeat", res, self.heartbeat_timeout_s, progress={k: str(v) for k, v in progress.items()})
 
-    def commit(self, res: Reservation, info: FileInfo) -> None:
-        self._held("commit", res, meta=info.meta.to_json())
+    def commit(self, res: Reservation, meta: FileMeta) -> None:
+        self._held("commit", res, meta=meta.to_json())
 
     def release(self, storage: Storage, res: Reservation) -> bool:
         removed = bool(self._held("release", res))

@@ -616,7 +616,7 @@ class Compactor:
         warned = 0.0
         while True:
             try:
-                self.jobs.commit(res, info)
+                self.jobs.commit(res, info.meta)
                 return
             except ConditionFailed:
                 if attempted and self._landed(res, info):
