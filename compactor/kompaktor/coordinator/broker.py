@@ -52,8 +52,10 @@ from kompaktor.resources.models import check_group_name
 log = logging.getLogger("kompaktor.broker")
 
 #: a reservation's record lives this long (a merge never takes longer; a record outliving its
-#: compaction refuses nothing but a holder's late progress)
-RESERVATION_TTL_S = 7 * 24 * 3600
+#: compaction refuses nothing but a holder's late progress) ...
+RESERVATION_TTL_S = 2 * 24 * 3600
+#: ... and this long once its compaction committed or was released
+DONE_TTL_S = 600
 #: an answer waits this long for its asker
 REPLY_TTL_S = 60
 #: requests answered in one round trip at most
@@ -72,6 +74,9 @@ class Answer:
     reply: str
     text: str = ""
     records: list[tuple[str, str]] = field(default_factory=list)
+    #: reservation records whose compaction ended: kept :data:`DONE_TTL_S` more (its progress may
+    #: still be forgotten), then gone
+    done: list[str] = field(default_factory=list)
 
 
 def digest(cap: str) -> str:
@@ -170,7 +175,11 @@ class Broker:
         if not answers:
             return
         try:
-            send_answers(self.store, [(a.reply, a.text, a.records) for a in answers], RESERVATION_TTL_S, REPLY_TTL_S)
+            send_answers(
+                self.store,
+                [(a.reply, a.text, a.records, a.done) for a in answers],
+                (RESERVATION_TTL_S, DONE_TTL_S, REPLY_TTL_S),
+            )
         except StoreUnavailable as exc:  # the askers time out and retry
             log.warning("broker: cannot answer: %s", exc)
 
@@ -181,7 +190,13 @@ class Broker:
         if op in self.ops:
             return self.ops[op](req)
         if op in self.held_ops:
-            return self.held_ops[op](self.held(req), req)
+            res = self.held(req)
+            value = self.held_ops[op](res, req)
+            if op in ("commit", "release"):  # the compaction ended: its record goes soon
+                out.done.append(C.reservation_key(res.ecid))
+                with self._lock:
+                    self._known.pop(res.ecid, None)
+            return value
         raise Refused(f"unknown request {op!r:.40}")
 
     def held(self, req: dict[str, Any]) -> Reservation:

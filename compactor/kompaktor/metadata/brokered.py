@@ -198,13 +198,20 @@ def take_requests(store: MetadataStore, wait_s: float, count: int) -> list[bytes
 
 
 def send_answers(
-    store: MetadataStore, answers: list[tuple[str, str, list[tuple[str, str]]]], record_ttl_s: int, reply_ttl_s: int
+    store: MetadataStore,
+    answers: list[tuple[str, str, list[tuple[str, str]], list[str]]],
+    ttls: tuple[int, int, int],
 ) -> None:
-    """(where to answer, the answer, the records to write before it) each, in one round trip."""
+    """(where to answer, the answer, the records to write before it, the records whose
+    compaction ended) each, in one round trip; ``ttls``: of a record, of an ended one's, of an
+    answer."""
+    record_ttl_s, done_ttl_s, reply_ttl_s = ttls
     p = store._r.pipeline(transaction=False)
-    for reply, text, records in answers:
+    for reply, text, records, done in answers:
         for key, doc in records:
             p.set(key, doc, ex=record_ttl_s)
+        for key in done:
+            p.expire(key, done_ttl_s)
         p.rpush(C.reply_key(reply), text)
         p.expire(C.reply_key(reply), reply_ttl_s)
     store.call(p.execute)
