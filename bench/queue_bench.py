@@ -45,7 +45,7 @@ def _worker(
         if res is None:
             break
         info = FileInfo(res.output, 1000, 10, 0, (b"a",), (b"b",))
-        jobs.commit(res, info)
+        jobs.commit(res, info.meta)
         lat.append(time.perf_counter() - t0)
         ecids.append(res.ecid)
         reserved_files.append(list(res.inputs))

@@ -132,7 +132,7 @@ def test_only_the_holder_may_commit_release_or_heartbeat_a_compaction(
     for cap in ("", "guess", recorded["cap"]):
         forged = dataclasses.replace(held, cap=cap)
         for act in (
-            lambda r=forged: b.commit(r, info),
+            lambda r=forged: b.commit(r, info.meta),
             lambda r=forged: b.release(Storage.from_uri(str(tmp_path / "files")), r),
             lambda r=forged: b.heartbeat(r, {"bytes_read": 1}),
             lambda r=forged: b.record_failure(r, "x"),
@@ -258,3 +258,21 @@ def test_a_compactor_on_its_user_without_the_broker_says_so_in_one_line(
     assert out.returncode != 0
     assert "may not write Kompaktor's metadata" in out.stderr and "run it with --broker" in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_a_reservations_record_goes_soon_after_its_compaction_ends(
+    users: RedisProcess, system: tuple[MetadataStore, Client], tmp_path: Path
+) -> None:
+    """The broker's records do not pile up: once committed or released, a record lives minutes."""
+    store, jobs = brokered(users.role_url("compactor"))
+    raw = redis.Redis.from_url(users.url)
+    worker = Compactor(
+        store, Storage.from_uri(str(tmp_path / "files")), WorkerSettings("default", "c", engine="arrow"), jobs=jobs
+    )
+    committed = worker.run_one()
+    released = jobs.reserve("default", "c")
+    assert committed is not None and committed.status == "committed" and released is not None
+    assert raw.ttl(C.reservation_key(released.ecid)) > 3600  # while it runs: days
+    jobs.release(Storage.from_uri(str(tmp_path / "files")), released)
+    for ecid in (committed.ecid, released.ecid):
+        assert 0 < raw.ttl(C.reservation_key(ecid)) <= 600

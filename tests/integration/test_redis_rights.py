@@ -180,7 +180,9 @@ class UncountedBroker(Broker):
             for a in answers:
                 for key, doc in a.records:
                     self.store._r.set(key, doc)
-                a.records = []
+                for key in a.done:
+                    self.store._r.expire(key, 600)
+                a.records, a.done = [], []
         super().send(answers)
 
 

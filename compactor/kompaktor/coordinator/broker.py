@@ -46,14 +46,16 @@ from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.errors import ConditionFailed, StoreUnavailable
 from kompaktor.model.grouptoken import holds
 from kompaktor.model.resume import PartRecord, decode_cuts, job_fingerprint
-from kompaktor.model.tablet import FileInfo, FileMeta
+from kompaktor.model.tablet import FileMeta
 from kompaktor.resources.models import check_group_name
 
 log = logging.getLogger("kompaktor.broker")
 
 #: a reservation's record lives this long (a merge never takes longer; a record outliving its
-#: compaction refuses nothing but a holder's late progress)
-RESERVATION_TTL_S = 7 * 24 * 3600
+#: compaction refuses nothing but a holder's late progress) ...
+RESERVATION_TTL_S = 2 * 24 * 3600
+#: ... and this long once its compaction committed or was released
+DONE_TTL_S = 600
 #: an answer waits this long for its asker
 REPLY_TTL_S = 60
 #: requests answered in one round trip at most
@@ -72,6 +74,9 @@ class Answer:
     reply: str
     text: str = ""
     records: list[tuple[str, str]] = field(default_factory=list)
+    #: reservation records whose compaction ended: kept :data:`DONE_TTL_S` more (its progress may
+    #: still be forgotten), then gone
+    done: list[str] = field(default_factory=list)
 
 
 def digest(cap: str) -> str:
@@ -170,7 +175,11 @@ class Broker:
         if not answers:
             return
         try:
-            send_answers(self.store, [(a.reply, a.text, a.records) for a in answers], RESERVATION_TTL_S, REPLY_TTL_S)
+            send_answers(
+                self.store,
+                [(a.reply, a.text, a.records, a.done) for a in answers],
+                (RESERVATION_TTL_S, DONE_TTL_S, REPLY_TTL_S),
+            )
         except StoreUnavailable as exc:  # the askers time out and retry
             log.warning("broker: cannot answer: %s", exc)
 
@@ -181,7 +190,13 @@ class Broker:
         if op in self.ops:
             return self.ops[op](req)
         if op in self.held_ops:
-            return self.held_ops[op](self.held(req), req)
+            res = self.held(req)
+            value = self.held_ops[op](res, req)
+            if op in ("commit", "release"):  # the compaction ended: its record goes soon
+                out.done.append(C.reservation_key(res.ecid))
+                with self._lock:
+                    self._known.pop(res.ecid, None)
+            return value
         raise Refused(f"unknown request {op!r:.40}")
 
     def held(self, req: dict[str, Any]) -> Reservation:
@@ -267,13 +282,7 @@ class Broker:
 
     def _commit(self, res: Reservation, req: dict[str, Any]) -> None:
         """The output is the reservation's; the compactor describes what it wrote there."""
-        meta = FileMeta.from_json(req["meta"])
-        first = None if meta.first_row is None else (meta.first_row,)
-        last = None if meta.last_row is None else (meta.last_row,)
-        # first/last are rows, not the sort keys FileInfo declares: compactions.commit reads only
-        # .entries and .meta (its rows), so the keys' other parts are never asked for
-        info = FileInfo(res.output, meta.size, meta.entries, meta.deletes, first, last, meta.put_min, meta.del_max)  # type: ignore[arg-type]
-        self.jobs.commit(res, info)
+        self.jobs.commit(res, FileMeta.from_json(req["meta"]))
 
     def _release(self, res: Reservation, _req: dict[str, Any]) -> bool:
         return compactions.release_metadata(self.store, res)

@@ -27,6 +27,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from kompaktor.local.config import LocalConfig
 from kompaktor.local.procs import kill_group, spawn, stop_popen
@@ -55,7 +56,7 @@ def desired_replicas(depth: int, jobs_per_replica: int, lo: int, hi: int) -> int
 @dataclass
 class Proc:
     name: str
-    popen: subprocess.Popen
+    popen: subprocess.Popen[Any]
     group: str = ""
     draining: bool = False
     started: float = field(default_factory=time.monotonic)
@@ -170,8 +171,8 @@ class LocalCluster:
         self.store = MetadataStore.from_url(self.role_urls.get("admin", self.url))
         self.store.load_scripts()  # before the compactors' first FCALL (they may not load code)
         self.queues = self.store.queues
-        for g in self.config.groups.values():
-            self.store.put_group(g)
+        for group in self.config.groups.values():
+            self.store.put_group(group)
         for s in self.config.services.values():
             self.store.put_service(s)
         self.start_coordinator()

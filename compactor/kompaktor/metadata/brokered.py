@@ -27,7 +27,7 @@ from kompaktor.metadata.compactions import Reservation, delete_outputs
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.errors import ConditionFailed, KompaktorError, StoreUnavailable
 from kompaktor.model.resume import Bound, PartRecord
-from kompaktor.model.tablet import FileInfo
+from kompaktor.model.tablet import FileMeta
 
 #: one BLPOP waits at most this long (below the client's socket timeout); a request loops
 _WAIT_STEP_S = 4.0
@@ -113,8 +113,8 @@ class BrokeredJobs:
     def heartbeat(self, res: Reservation, progress: dict[str, Any]) -> None:
         self._held("heartbeat", res, self.heartbeat_timeout_s, progress={k: str(v) for k, v in progress.items()})
 
-    def commit(self, res: Reservation, info: FileInfo) -> None:
-        self._held("commit", res, meta=info.meta.to_json())
+    def commit(self, res: Reservation, meta: FileMeta) -> None:
+        self._held("commit", res, meta=meta.to_json())
 
     def release(self, storage: Storage, res: Reservation) -> bool:
         removed = bool(self._held("release", res))
@@ -198,13 +198,20 @@ def take_requests(store: MetadataStore, wait_s: float, count: int) -> list[bytes
 
 
 def send_answers(
-    store: MetadataStore, answers: list[tuple[str, str, list[tuple[str, str]]]], record_ttl_s: int, reply_ttl_s: int
+    store: MetadataStore,
+    answers: list[tuple[str, str, list[tuple[str, str]], list[str]]],
+    ttls: tuple[int, int, int],
 ) -> None:
-    """(where to answer, the answer, the records to write before it) each, in one round trip."""
+    """(where to answer, the answer, the records to write before it, the records whose
+    compaction ended) each, in one round trip; ``ttls``: of a record, of an ended one's, of an
+    answer."""
+    record_ttl_s, done_ttl_s, reply_ttl_s = ttls
     p = store._r.pipeline(transaction=False)
-    for reply, text, records in answers:
+    for reply, text, records, done in answers:
         for key, doc in records:
             p.set(key, doc, ex=record_ttl_s)
+        for key in done:
+            p.expire(key, done_ttl_s)
         p.rpush(C.reply_key(reply), text)
         p.expire(C.reply_key(reply), reply_ttl_s)
     store.call(p.execute)

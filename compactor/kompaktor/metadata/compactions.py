@@ -32,7 +32,7 @@ from kompaktor.model.iterators import IteratorSettings
 from kompaktor.model.job import Job
 from kompaktor.model.keys import decode_row, encode_row
 from kompaktor.model.names import ecid_nonce, file_order_key, output_template, tmp_name
-from kompaktor.model.tablet import ONLINE, FileInfo, RunningCompaction, Tablet, now_ms, ts_token
+from kompaktor.model.tablet import ONLINE, FileInfo, FileMeta, RunningCompaction, Tablet, now_ms, ts_token
 from kompaktor.policy.tableprops import max_versions, selection_expiry_ms
 from kompaktor.queues.jobqueue import JobQueues
 
@@ -129,7 +129,8 @@ def user_iterators(store: MetadataStore, cid: str) -> dict[str, Any] | None:
     rec = store.user_compaction(cid)
     if rec is None or rec[0].get("state") != "RUNNING":
         return None
-    return json.loads(rec[0].get("iterators", "{}"))
+    its: dict[str, Any] = json.loads(rec[0].get("iterators", "{}"))
+    return its
 
 
 def _settings_for(its: dict[str, Any] | None, props: dict[str, str], full: bool, now: int) -> IteratorSettings:
@@ -329,9 +330,11 @@ def heartbeat(store: MetadataStore, res: Reservation, progress: dict[str, Any]) 
     store.put_heartbeat(res.ecid, {"compactor": res.compactor, "updated": time.time(), **progress})
 
 
-def commit(store: MetadataStore, res: Reservation, info: FileInfo) -> None:
-    """Atomically replace the inputs with the output; raise ConditionFailed if anything changed
-    that the compaction depended on (the caller then deletes the output)."""
+def commit(store: MetadataStore, res: Reservation, info: FileInfo | FileMeta) -> None:
+    """Atomically replace the inputs with the output (``info``: what its writer, or a read of its
+    footer, says of it); raise ConditionFailed if anything changed that the compaction depended on
+    (the caller then deletes the output)."""
+    meta = info if isinstance(info, FileMeta) else info.meta
     m = Mutation(table=res.table).require_table(ONLINE)
     # the ECID still registered and its files (the inputs, recorded when it reserved) all present
     tc = m.tablet(res.tablet).require("ecid_inputs_present", res.ecid)
@@ -340,9 +343,9 @@ def commit(store: MetadataStore, res: Reservation, info: FileInfo) -> None:
     unknown = ts_token(now_ms())
     if res.full:  # it dropped delete markers: none may hide a put of a file added since it reserved
         tc.require("hides_nothing", res.ecid, unknown)
-    output = res.output if info.entries > 0 else None
+    output = res.output if meta.entries > 0 else None
     # the inputs out, the output in (its timestamp bounds from the inputs'), the delete horizon up
-    tc.do("compacted", res.ecid, output, info.meta.to_json() if output else None, res.full, unknown)
+    tc.do("compacted", res.ecid, output, meta.to_json() if output else None, res.full, unknown)
     tc.do("remove_running", res.ecid).do("drop_heartbeat", res.ecid).do("count_commit", res.job.group, res.ecid)
     if res.job.kind != "SYSTEM":  # the selection shrinks, or is complete (mutate.lua decides)
         tc.require("selection_is", res.job.selection).do(

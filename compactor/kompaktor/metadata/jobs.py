@@ -25,7 +25,7 @@ from kompaktor.metadata import compactions, failures
 from kompaktor.metadata import progress as resume_records
 from kompaktor.metadata.compactions import Reservation
 from kompaktor.metadata.store import MetadataStore
-from kompaktor.model.tablet import FileInfo
+from kompaktor.model.tablet import FileMeta
 
 
 class Jobs(Protocol):
@@ -35,7 +35,7 @@ class Jobs(Protocol):
 
     def heartbeat(self, res: Reservation, progress: dict[str, Any]) -> None: ...
 
-    def commit(self, res: Reservation, info: FileInfo) -> None: ...
+    def commit(self, res: Reservation, meta: FileMeta) -> None: ...
 
     def release(self, storage: Storage, res: Reservation) -> bool: ...
 
@@ -66,8 +66,8 @@ class DirectJobs:
     def heartbeat(self, res: Reservation, progress: dict[str, Any]) -> None:
         compactions.heartbeat(self.store, res, progress)
 
-    def commit(self, res: Reservation, info: FileInfo) -> None:
-        compactions.commit(self.store, res, info)
+    def commit(self, res: Reservation, meta: FileMeta) -> None:
+        compactions.commit(self.store, res, meta)
 
     def release(self, storage: Storage, res: Reservation) -> bool:
         return compactions.release(self.store, storage, res)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from http.server import ThreadingHTTPServer
 from typing import Any
 
-from kompaktor.engines.api import MergeCancelled, MergeRequest, MergeResult
+from kompaktor.engines.api import MergeCancelled, MergeEngine, MergeProgress, MergeRequest, MergeResult
 from kompaktor.files.storage import Storage
 from kompaktor.files.storage import unavailable as storage_unavailable
 from kompaktor.metadata import compactions, history
@@ -36,7 +36,7 @@ from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.errors import BadFileError, ConditionFailed, KompaktorError, StoreUnavailable
 from kompaktor.model.iterators import IteratorSettings
 from kompaktor.model.resume import job_fingerprint
-from kompaktor.model.tablet import ONLINE
+from kompaktor.model.tablet import ONLINE, FileInfo
 from kompaktor.policy.services import (
     DEFAULT_DRAIN_GRACE_S,
     DEFAULT_ENGINE,
@@ -151,7 +151,7 @@ def _queued_s(res: Reservation, reserved: float) -> float | None:
     return round(max(0.0, reserved - res.queued_ms / 1000.0), 3)
 
 
-def _no_progress() -> dict[str, Any]:
+def _no_progress() -> MergeProgress:
     return {"entries_read": 0, "entries_written": 0, "bytes_read": 0, "bytes_written": 0}
 
 
@@ -164,7 +164,7 @@ class _Job:
     input_bytes: int
     settings: IteratorSettings  # the merge's (a resumed job's keep the first attempt's age-off cut)
     rlog: resume_records.RedisResumeLog | None = None  # where a resumable merge records its parts
-    progress: dict[str, Any] = field(default_factory=_no_progress)
+    progress: MergeProgress = field(default_factory=_no_progress)
     cancel: threading.Event = field(default_factory=threading.Event)
     reason: str | None = None  # why the merge was cancelled (the first reason)
     result: MergeResult | None = None
@@ -184,7 +184,7 @@ class Compactor:
         store: MetadataStore,
         storage: Storage,
         settings: WorkerSettings,
-        engine: Any = None,
+        engine: MergeEngine | None = None,
         jobs: Jobs | None = None,
     ) -> None:
         self.store = store
@@ -226,7 +226,7 @@ class Compactor:
 
     # -- engine ------------------------------------------------------------------------------------
     @property
-    def engine(self) -> Any:
+    def engine(self) -> MergeEngine:
         if self._engine is None:
             from kompaktor.engines import make_engine
 
@@ -606,7 +606,7 @@ class Compactor:
         if elapsed > 0 and input_bytes > 0:
             self.throughput = 0.7 * self.throughput + 0.3 * (input_bytes / elapsed)
 
-    def _remaining_s(self, input_bytes: int, progress: dict[str, Any]) -> float:
+    def _remaining_s(self, input_bytes: int, progress: MergeProgress) -> float:
         """Seconds the merge still needs: the input not read yet at the measured throughput."""
         return max(0.0, input_bytes - float(progress.get("bytes_read", 0))) / self.throughput
 
@@ -621,7 +621,7 @@ class Compactor:
         except StoreUnavailable as exc:  # the coordinator's pass prunes it
             log.warning("progress of %s left for the garbage collector: %s", rlog.fingerprint[:16], exc)
 
-    def _commit(self, res: Reservation, info: Any) -> None:
+    def _commit(self, res: Reservation, info: FileInfo) -> None:
         """Commit the merged output. While the store is unreachable, retry (the merge's work is
         worth keeping), with backoff up to 2 s, until ``commit_retry_s`` (default: no limit) or
         the drain deadline has passed. A retry that is
@@ -633,7 +633,7 @@ class Compactor:
         warned = 0.0
         while True:
             try:
-                self.jobs.commit(res, info)
+                self.jobs.commit(res, info.meta)
                 return
             except ConditionFailed:
                 if attempted and self._landed(res, info):
@@ -652,7 +652,7 @@ class Compactor:
                 time.sleep(pause)
                 pause = min(2.0, pause * 2)
 
-    def _landed(self, res: Reservation, info: Any) -> bool:
+    def _landed(self, res: Reservation, info: FileInfo) -> bool:
         t = self.store.tablet(res.tablet)
         if t is None or res.ecid in t.running:
             return False
