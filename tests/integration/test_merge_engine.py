@@ -244,6 +244,25 @@ def test_spark_merge_collects_nothing_but_summaries(spark_engine, storage, monke
     assert md.num_rows == res.entries_written and md.num_row_groups > 1
 
 
+def test_the_spark_executors_storage_requests_are_in_the_compactors_count(spark_engine, storage):
+    """``kompaktor_storage_requests_total`` of a compactor on the Spark engine (issue 38 §4): the
+    executors (other processes) write the parts; their writes, opens and existence checks are in
+    the driver's count, beside its own: the output written once and every part deleted."""
+    from kompaktor.engines import spark as sparkmerge
+    from kompaktor.files.storage import REQUESTS
+
+    paths, _ = good_inputs(storage, 4)
+    eng = sparkmerge.SparkMergeEngine("local[2]", task_entries=100)
+    before = REQUESTS.snapshot()
+    res = eng.merge(storage, request(paths))
+    counted = {op: n - before[op] for op, n in REQUESTS.snapshot().items()}
+    assert res.entries_written > 0
+    # the driver writes the output alone: every other put is a part an executor wrote
+    assert counted["put"] >= 3, counted
+    assert counted["delete"] >= counted["put"] - 1, counted  # every part, deleted by the driver
+    assert counted["get"] >= 2 * len(paths), counted  # the driver's footers and the executors' reads
+
+
 def test_merge_request_validation():
     with pytest.raises(ValueError):
         MergeRequest(inputs=("a",), output="a", prev=None, end=None, settings=IteratorSettings(), tmp_tag="x")

@@ -59,7 +59,7 @@ from kompaktor.engines.resume import ResumeRun
 from kompaktor.files.arrowstack import merge_tables
 from kompaktor.files.parquetconcat import ConcatWriter
 from kompaktor.files.sortedfile import DELETES_READ, SortedFileWriter, add_deletes_read, count_deletes
-from kompaktor.files.storage import Storage
+from kompaktor.files.storage import REQUESTS, Storage
 from kompaktor.model.errors import BadFileError, UnsortedError
 from kompaktor.model.iterators import IteratorSettings
 from kompaktor.model.names import part_names, tmp_name
@@ -377,7 +377,9 @@ class _SparkJob:
                     return
                 sc.setJobGroup(self.group, description, interruptOnCancel=True)
                 rdd = sc.parallelize(runs, len(runs)).flatMap(task)
-                self.outcome["results"] = rdd.collect()
+                results = rdd.collect()
+                _add_executor_requests(results)
+                self.outcome["results"] = results
             except BaseException as exc:
                 self.outcome["error"] = exc
             finally:
@@ -396,7 +398,25 @@ class _SparkJob:
 def _task(storage: Storage, req: MergeRequest, memory: int) -> Callable[[Run], list[dict[str, Any]]]:
     """What a Spark task runs; it holds the request's fields only (Spark ships it to executors)."""
     inputs, settings, tag = req.inputs, req.settings, req.tmp_tag
-    return lambda r: _run_ranges(storage, inputs, settings, tag, memory, r)
+    return lambda r: _counted(lambda: _run_ranges(storage, inputs, settings, tag, memory, r))
+
+
+def _counted(run: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Executor side: a task's summaries, the last one with the storage requests the task made
+    (``requests``): an executor's process counts its own, which the compactor's ``/metrics`` would
+    not see — the driver adds them to its count (:func:`_add_executor_requests`)."""
+    before = REQUESTS.snapshot()
+    out = run()
+    if out:
+        out[-1]["requests"] = {op: n - before[op] for op, n in REQUESTS.snapshot().items() if n != before[op]}
+    return out
+
+
+def _add_executor_requests(results: list[dict[str, Any]]) -> None:
+    """Driver side: the executors' storage requests, into this process's count."""
+    for r in results:
+        for op, n in r.pop("requests", {}).items():
+            REQUESTS.add(op, int(n))
 
 
 class _SparkMerge:
