@@ -150,11 +150,12 @@ def test_each_setting_of_a_compactor_group_reaches_the_running_compactor(redis_u
         },
         "drainGraceSeconds": 40,
         "resume": {"minInputSize": "256Mi"},
+        "history": {"maxRecords": 500, "maxAgeSeconds": 3600},
     }
     expected = apply(backend, first)
     assert expected == (
         "engine=arrow spark_master=local[1] spark_conf=spark.sql.shuffle.partitions=2 "
-        "driver_memory=512m drain_grace=40s resume=256Mi"
+        "driver_memory=512m drain_grace=40s resume=256Mi history=500/3600s"
     )
     a = start("c-1")
     assert a.settings() == (expected, "the group's configuration in Redis")
@@ -176,7 +177,8 @@ def test_each_setting_of_a_compactor_group_reaches_the_running_compactor(redis_u
     assert a.drain() == 0, a.log
     b = start("c-2")
     assert b.settings() == (expected, "the group's configuration in Redis")
-    assert "spark_master=local[2]" in expected and "drain_grace=41s" in expected and expected.endswith(" resume=off")
+    assert "spark_master=local[2]" in expected and "drain_grace=41s" in expected
+    assert expected.endswith(" resume=off history=10000/604800s")
     poll(lambda: registered(store, "c-2"), "compactor c-2 registered", alive=(b.proc,))
     assert b.drain() == 0, b.log
 
@@ -184,7 +186,7 @@ def test_each_setting_of_a_compactor_group_reaches_the_running_compactor(redis_u
     expected = apply(backend, {**second, "resume": {"enabled": True, "minInputSize": "3G"}})
     b = start("c-2b")
     assert b.settings() == (expected, "the group's configuration in Redis")
-    assert expected.endswith(" drain_grace=41s resume=3000000000")
+    assert expected.endswith(" drain_grace=41s resume=3000000000 history=10000/604800s")
     poll(lambda: registered(store, "c-2b"), "compactor c-2b registered", alive=(b.proc,))
     assert b.drain() == 0, b.log
 
@@ -203,13 +205,15 @@ def test_each_setting_of_a_compactor_group_reaches_the_running_compactor(redis_u
 def test_command_line_flags_override_the_group_for_a_compactor_run_by_hand(redis_url: str, start) -> None:
     backend = backends.RedisBackend(redis_url)
     apply(backend, {"spark": {"engine": "arrow", "master": "local[1]"}, "drainGraceSeconds": 40})
-    p = start("by-hand", "--drain-grace", "5", "--spark-conf", "spark.sql.shuffle.partitions=4")
+    p = start("by-hand", "--drain-grace", "5", "--spark-conf", "spark.sql.shuffle.partitions=4", "--history-age", "60")
     settings, source = p.settings()
     assert settings == (
         "engine=arrow spark_master=local[1] spark_conf=spark.sql.shuffle.partitions=4 driver_memory=- drain_grace=5s "
-        "resume=1Gi"
+        "resume=1Gi history=10000/60s"
     )
-    assert source == "the group's configuration in Redis, overridden by --drain-grace --spark-conf"
+    assert source == (
+        "the group's configuration in Redis, overridden by --drain-grace --history-records/--history-age --spark-conf"
+    )
     poll(lambda: registered(backend.store, "by-hand"), "registered", alive=(p.proc,))
     assert p.drain() == 0, p.log
 

@@ -18,9 +18,11 @@ from kompaktor.client import Client
 from kompaktor.coordinator.dead import detect_dead
 from kompaktor.files.storage import Storage
 from kompaktor.metadata import compactions, failures, history
+from kompaktor.metadata.brokered import BrokeredJobs
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.worker import Compactor, WorkerSettings
-from tests.integration.test_worker import make_table, plan
+from tests.integration.test_worker import ROWS, entries, make_table, plan
+from tests.support.broker import running_broker
 from tests.support.procs import python_env
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(120)]
@@ -28,8 +30,9 @@ pytestmark = [pytest.mark.redis, pytest.mark.timeout(120)]
 GROUP = "default"
 
 
-def worker(store: MetadataStore, storage: Storage) -> Compactor:
-    return Compactor(store, storage, WorkerSettings(GROUP, "c-hist", engine="arrow", heartbeat_s=0.2))
+def worker(store: MetadataStore, storage: Storage, engine: object = None, **kw: object) -> Compactor:
+    settings = WorkerSettings(GROUP, "c-hist", engine="arrow", heartbeat_s=0.2, **kw)  # type: ignore[arg-type]
+    return Compactor(store, storage, settings, engine=engine)
 
 
 def records(store: MetadataStore, **kw) -> list[history.Record]:
@@ -69,6 +72,82 @@ def test_a_committed_job_leaves_its_record(store: MetadataStore, storage: Storag
     assert rec.reason == "" and rec.resumed_parts == 0 and abs(rec.finished - time.time()) < 60
 
 
+#: the delete markers make_table's four flushes hold (every third row of the odd ones), counted
+#: from the entries written, not by the engines
+DELETES_WRITTEN = sum(e.deleted for k in range(4) for e in entries(k, ROWS, 1000 + k))
+
+
+class Later:
+    """The compactor's clock, ``ahead`` seconds ahead of the coordinator's that queued the job."""
+
+    def __init__(self, ahead: float) -> None:
+        self.ahead = ahead
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(time, name)
+
+    def time(self) -> float:
+        return time.time() + self.ahead
+
+
+def check_queued_and_deletes(store: MetadataStore, storage: Storage, client: Client, w: Compactor) -> None:
+    """A full compaction of make_table's tablet, reserved 120 s (on the compactor's clock) after it
+    was queued: its record says it waited that long and dropped every delete marker written."""
+    from kompaktor.worker import compactor as compactor_module
+
+    tid = make_table(client, splits=())
+    assert DELETES_WRITTEN > 0
+    queued_from = time.time()
+    plan(store, storage)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(compactor_module, "time", Later(120.0))
+        outcome = w.run_one()
+    waited = time.time() - queued_from
+    assert outcome is not None and outcome.status == "committed", outcome
+    (rec,) = records(store)
+    (after,) = store.tablets(tid)
+    ((_output, meta),) = after.files.items()
+    assert rec.input_files == 4 and meta.deletes == 0  # all the tablet's files: a full compaction
+    assert rec.deletes_dropped == DELETES_WRITTEN
+    assert rec.queued_s is not None and 120.0 <= rec.queued_s <= 120.0 + waited
+
+
+@pytest.mark.parametrize("resumable", [False, True], ids=["plain", "resumable"])
+def test_a_record_says_how_long_the_job_was_queued_and_the_deletes_it_dropped(
+    store: MetadataStore, storage: Storage, client: Client, resumable: bool
+) -> None:
+    kw = {"resume": True, "resume_min_bytes": 0} if resumable else {"resume": False}
+    check_queued_and_deletes(store, storage, client, worker(store, storage, **kw))
+
+
+def test_a_job_reserved_through_the_broker_records_how_long_it_was_queued(
+    store: MetadataStore, storage: Storage, client: Client, redis_url: str
+) -> None:
+    """A compactor pod reserves through the coordinator's broker: the reservation it is handed
+    keeps when its tablet was queued."""
+    settings = WorkerSettings(GROUP, "c-hist", engine="arrow", heartbeat_s=0.2, resume=False)
+    with running_broker(redis_url):
+        w = Compactor(store, storage, settings, jobs=BrokeredJobs(store, timeout_s=10.0))
+        check_queued_and_deletes(store, storage, client, w)
+    assert store._r.keys(C.reservation_key("*"))  # reserved by the broker
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("resumable", [False, True], ids=["plain", "resumable"])
+def test_the_spark_engine_counts_the_deletes_it_dropped(
+    store: MetadataStore, storage: Storage, client: Client, spark_engine, resumable: bool
+) -> None:
+    from kompaktor.engines.spark import SparkMergeEngine
+    from tests.integration.conftest import SPARK_MASTER
+
+    engine = spark_engine
+    if resumable:  # another engine on the same session, whose merges are all resumable
+        engine = SparkMergeEngine(SPARK_MASTER, task_entries=8, warm=False, resume_min_bytes=0)
+    w = worker(store, storage, engine=engine, resume=resumable)
+    check_queued_and_deletes(store, storage, client, w)
+
+
 def test_failures_then_the_dead_letter_are_recorded_with_their_reason(
     store: MetadataStore, storage: Storage, client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -95,7 +174,9 @@ def test_failures_then_the_dead_letter_are_recorded_with_their_reason(
     recs = records(store)
     assert [r.outcome for r in recs] == [history.DEAD_LETTERED, history.FAILED, history.FAILED]
     assert all(r.failed and bad in r.reason and r.tablet == tablet.id for r in recs)
-    assert all(r.output_bytes is None and r.commit_s is None for r in recs)
+    assert all(r.output_bytes is None and r.commit_s is None and r.deletes_dropped is None for r in recs)
+    # each attempt waited in the queue from its (re-)queuing to its reservation
+    assert all(r.queued_s is not None and 0 <= r.queued_s < 60 for r in recs)
     assert records(store, failed=True) == recs
 
 
@@ -156,6 +237,46 @@ def test_the_history_is_bounded_by_count_and_by_age(store: MetadataStore) -> Non
     assert records(store, limit=1)[0].ecid == rec(1000).ecid
     with pytest.raises(ValueError, match="at least 1 record"):
         history.HistoryLimits(max_records=0)
+
+
+def test_compactors_and_the_coordinator_trim_to_the_groups_bounds(
+    store: MetadataStore, storage: Storage, client: Client
+) -> None:
+    """A CompactorGroup's spec.history, stored with the group's configuration: its compactors trim
+    the group's history to it when they record a job, and the coordinator when it records a dead
+    one (its own bounds, the defaults here, are for groups with no configuration)."""
+    from kompaktor.resources import models as m
+
+    key = C.history_key(GROUP)
+    spec = m.CompactorGroupSpec.model_validate({"spark": {"engine": "arrow"}, "history": {"maxRecords": 100}})
+    store.put_group(m.to_group_config(GROUP, spec))
+    settings = WorkerSettings.for_group(store.groups()[GROUP], "c-bounded", heartbeat_s=0.2)
+    assert settings.history_limits == history.HistoryLimits(100, 7 * 86_400.0)
+
+    def fill(n: int, at: float) -> None:
+        start = int(at * 1000)
+        for i in range(n):
+            rec = history.Record(f"ECID-{i:016x}", history.COMMITTED, GROUP, "1", "1;", "SYSTEM", "c", at)
+            store._r.xadd(key, {"r": json.dumps(rec.to_json())}, id=f"{start + i}-0")
+
+    fill(1000, time.time() - 60)
+    make_table(client, splits=(b"m",))
+    plan(store, storage)
+    assert Compactor(store, storage, settings).run_one().status == "committed"
+    assert 100 <= store._r.xlen(key) < 300  # about the group's 100, not the default 10,000
+    assert records(store, limit=1)[0].compactor == "c-bounded"
+
+    # the age bound: an hour; records a day old go when the coordinator records a dead compaction
+    spec = m.CompactorGroupSpec.model_validate({"history": {"maxAgeSeconds": 3600}})
+    store.put_group(m.to_group_config(GROUP, spec))
+    store._r.delete(key)
+    fill(250, time.time() - 86_400)
+    res = compactions.reserve(store, store.queues, GROUP, "c-gone")
+    assert res is not None
+    store._r.hset(C.heartbeat_key(res.ecid), "updated", time.time() - 100)
+    assert detect_dead(store, storage, dead_after_s=30, max_attempts=3) == [res.ecid]
+    assert store._r.xlen(key) <= 100  # the two full nodes of day-old records went
+    assert records(store, limit=1)[0].ecid == res.ecid
 
 
 def test_a_reason_is_kept_redacted_on_one_line(store: MetadataStore) -> None:

@@ -119,6 +119,9 @@ def check_engine(engine, storage: Storage, srcs, cfg, tablet, rg_sizes) -> None:
     assert got == expected
     assert res.entries_written == len(expected) == res.info.entries
     assert res.entries_read == sum(1 for s in srcs for e in s if row_in_range(e.row, prev, end))
+    # the delete markers dropped: those of the inputs within the range that the reference keeps not
+    deletes_in = sum(e.deleted for s in srcs for e in s if row_in_range(e.row, prev, end))
+    assert res.deletes_dropped == deletes_in - sum(e.deleted for e in expected)
     assert res.info.path == out and res.bytes_written == storage.size(out)
     assert seen and seen[-1]["entries_written"] == len(expected)
     # nothing but the inputs and the output is left

@@ -244,7 +244,7 @@ def test_the_page_in_a_browser_shows_what_status_json_says(
     assert "<script" not in dom.lower()
 
     shots = [tmp_path / "status-page.png"]
-    browse(chromium, profile, f"--screenshot={shots[0]}", "--window-size=1500,1400", "--hide-scrollbars", url)
+    browse(chromium, profile, f"--screenshot={shots[0]}", "--window-size=1760,1400", "--hide-scrollbars", url)
     assert shots[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shots[0].stat().st_size > 20_000
     if os.environ.get("KOMPAKTOR_SCREENSHOTS"):
         dest = Path(os.environ["KOMPAKTOR_SCREENSHOTS"])

@@ -468,6 +468,94 @@ def test_the_storage_secret_key_is_nowhere_a_person_looks(shipped: Shipped) -> N
     assert "kompaktor_storage_requests_total" in metrics and secret not in metrics
 
 
+# -- the status page through the chart's Service (issue 36 §3) -----------------------------------------
+PAGE_TABLE = "ci_page"  # served by the examples' cs1 → group small
+
+
+def _coordinator_service(s: Shipped) -> str:
+    """The coordinator's /metrics and /status, through the chart's Service `<release>-metrics`
+    (kube-proxy), as a port-forward or a Prometheus in the cluster reaches them."""
+    core = kubernetes.client.CoreV1Api(s.cp.api())
+    svc = core.read_namespaced_service(f"{RELEASE}-metrics", NS)
+    return f"http://{svc.spec.cluster_ip}:{svc.spec.ports[0].port}"
+
+
+def _http_get(url: str) -> tuple[int, str, str]:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=20) as r:
+        return r.status, r.headers.get("Content-Type", ""), r.read().decode()
+
+
+@pytest.mark.usefixtures("small")
+def test_the_status_page_through_the_charts_service_shows_what_status_json_says(
+    shipped: Shipped, tmp_path: Path
+) -> None:
+    """The coordinator pod serves /status (and still /metrics) through the chart's Service; with a
+    table compacted by the compactor containers, the page shows every group and table with the
+    figures `kompaktor status --json` reports, and the committed jobs in its history."""
+    from tests.integration.test_status_page import figures
+    from tests.integration.test_status_page_browser import GROUP_KEYS, TABLE_KEYS, figures_of
+
+    s = shipped
+    base = _coordinator_service(s)
+    s.kompaktor("table", "create", PAGE_TABLE, "--splits", "row00050")
+    _import_versions(s, PAGE_TABLE, tmp_path, range(100))
+
+    def status() -> dict[str, Any]:
+        return json.loads(s.kompaktor("status", "--json").stdout)
+
+    def compacted() -> bool:
+        st = status()
+        t, g = st["tables"].get(PAGE_TABLE), st["groups"].get("small", {})
+        return bool(t) and t["files_per_tablet"]["max"] == 1 and g.get("queued") == 0 and g.get("running") == 0
+
+    try:
+        wait_until(compacted, f"{PAGE_TABLE}'s two tablets compacted by the compactor containers", 300, every=2)
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}\n{_diagnose(s)}") from None
+
+    def look() -> tuple[dict[str, Any], str, dict[str, Any]]:
+        before = status()
+        code, ctype, html = _http_get(f"{base}/status")
+        assert code == 200 and ctype.startswith("text/html"), (code, ctype)
+        return before, html, status()
+
+    def agree(got: tuple[dict[str, Any], str, dict[str, Any]]) -> bool:
+        before, html, after = got
+        page = figures(html)
+        return figures_of(before) == figures_of(after) and all(
+            page.values.get((g, k)) == str(v[k]) for g, v in before["groups"].items() for k in GROUP_KEYS
+        )
+
+    # two looks at the CLI around the page's agree once nothing moves (a scale-down may drain a pod)
+    before, html, _ = wait_until(lambda: (got := look()) and agree(got) and got, "the page and status agree", 120, 2)
+    page = figures(html)
+    assert set(before["groups"]) >= {"small", "large"} and PAGE_TABLE in before["tables"]
+    for g, v in before["groups"].items():
+        assert g in page.rows
+        for k in GROUP_KEYS:
+            assert page.values[(g, k)] == str(v[k]), (g, k)
+    for name, t in before["tables"].items():
+        for k in TABLE_KEYS:
+            assert page.values[(name, k)] == str(t[k]), (name, k)
+        assert page.values[(name, "files_max")] == str(t["files_per_tablet"]["max"])
+    assert before["groups"]["small"]["compactions_committed"] >= 2
+    # the history: this table's jobs, committed by compactor pods of the small group
+    committed = [e for e in page.rows if e.startswith("ECID-") and page.values.get((e, "outcome")) == "committed"]
+    assert committed, "no committed job in the page's history"
+    assert "Traceback" not in html and "<script" not in html.lower()
+
+    code, ctype, metrics = _http_get(f"{base}/metrics")
+    assert code == 200 and ctype.startswith("text/plain"), (code, ctype)
+    depth = next(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith('kompaktor_queue_depth{group="small"}')
+    )
+    assert depth == before["groups"]["small"]["depth"] == 0
+
+
 # -- 3. a group whose pods cannot run says why ---------------------------------------------------------
 def _group(name: str, **spec: Any) -> dict[str, Any]:
     base: dict[str, Any] = {

@@ -304,26 +304,30 @@ def test_kubectl_scale_reaches_the_deployment(release: Release) -> None:
 
 
 @pytest.mark.parametrize(
-    "name, spec, refused_by",
+    "name, spec, refused_by, words",
     [
-        ("bad-quantity", {"resources": {"requests": {"memory": "lots"}}}, "schema"),
-        ("min-over-max", {"minReplicas": 5, "maxReplicas": 2}, "operator"),
+        ("bad-quantity", {"resources": {"requests": {"memory": "lots"}}}, "schema", "memory"),
+        ("min-over-max", {"minReplicas": 5, "maxReplicas": 2}, "operator", "maxReplicas"),
+        # issue 36: a group's history bounds, refused at admission in one line
+        ("no-history", {"history": {"maxRecords": 0}}, "schema", "spec.history.maxRecords"),
+        ("long-history", {"history": {"maxAgeSeconds": 10**9}}, "schema", "spec.history.maxAgeSeconds"),
     ],
 )
 def test_invalid_groups_are_refused_and_nothing_is_created(
-    release: Release, name: str, spec: dict[str, Any], refused_by: str
+    release: Release, name: str, spec: dict[str, Any], refused_by: str, words: str
 ) -> None:
     body = {"apiVersion": api.GROUP_VERSION, "kind": "CompactorGroup", "metadata": {"name": name}, "spec": spec}
     out = release.kubectl("apply", "-f", "-", input=json.dumps(body), check=False)
     if refused_by == "schema":
-        assert out.returncode != 0 and "memory" in out.stderr, out.stderr
+        assert out.returncode != 0 and words in out.stderr, out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1, out.stderr
         assert release.get("compactorgroup", name) is None
     else:
         assert out.returncode == 0, out.stderr  # no CEL on 1.20: the operator enforces the rule
         cond = wait_until(
             lambda: (c := release.condition("compactorgroup", name, "Ready")) and c, "a condition", timeout=30
         )
-        assert cond["status"] == "False" and "maxReplicas" in cond["message"], cond
+        assert cond["status"] == "False" and words in cond["message"], cond
         release.kubectl("delete", "compactorgroup", name, "--wait=false")
     assert release.get("deployment", naming.deployment_name(name)) is None
 

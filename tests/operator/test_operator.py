@@ -215,6 +215,54 @@ async def test_a_groups_resume_settings_reach_redis_and_a_bad_one_changes_nothin
         assert annotations[SETTINGS_ANNOTATION] == digest
 
 
+async def test_a_groups_history_bounds_reach_redis_and_a_bad_one_changes_nothing(
+    operator, api: Api, backend: FakeBackend
+) -> None:
+    """spec.history is stored with the group's other settings (its compactors trim the group's
+    history to it) and rolls its pods like them; a bound out of range is an invalid spec:
+    Ready=False naming the field in one line, the stored settings and the pods as they were."""
+    from kompaktor_operator.naming import SETTINGS_ANNOTATION
+
+    kmock = operator
+    await api.create(GROUPS_RES, group_body("h"))
+    dep = await eventually(lambda: obj(kmock, DEPLOY, "kompaktor-h"), what="Deployment")
+    cfg = backend.groups["h"]
+    assert (cfg.history_records, cfg.history_age_seconds) == (10_000, 7 * 86_400)  # the defaults
+    first = dep["spec"]["template"]["metadata"]["annotations"][SETTINGS_ANNOTATION]
+
+    history = {"maxRecords": 2000, "maxAgeSeconds": 86_400}
+    await api.patch(GROUPS_RES, "h", {"metadata": {"generation": 2}, "spec": {"history": history}})
+
+    def rolled() -> bool:
+        annotations = obj(kmock, DEPLOY, "kompaktor-h")["spec"]["template"]["metadata"]["annotations"]
+        return annotations[SETTINGS_ANNOTATION] != first
+
+    await eventually(rolled, what="pod template with the new settings digest")
+    cfg = backend.groups["h"]
+    assert (cfg.history_records, cfg.history_age_seconds) == (2000, 86_400)
+    digest = cfg.settings_digest()
+    assert (
+        obj(kmock, DEPLOY, "kompaktor-h")["spec"]["template"]["metadata"]["annotations"][SETTINGS_ANNOTATION] == digest
+    )
+
+    for generation, bad, words in (
+        (3, {"maxRecords": 0}, "history.maxRecords: Input should be greater than or equal to 1"),
+        (4, {"maxAgeSeconds": "a week"}, "history.maxAgeSeconds: Input should be a valid integer"),
+    ):
+        await api.patch(GROUPS_RES, "h", {"metadata": {"generation": generation}, "spec": {"history": bad}})
+
+        def refused(generation: int = generation) -> dict[str, Any] | None:
+            ready = next(c for c in obj(kmock, GROUPS_RES, "h")["status"]["conditions"] if c["type"] == "Ready")
+            return ready if ready["status"] == "False" and ready.get("observedGeneration") == generation else None
+
+        ready = await eventually(refused, what=f"Ready=False for generation {generation}")
+        assert ready["reason"] == "InvalidSpec" and words in ready["message"], ready
+        assert "\n" not in ready["message"]
+        assert backend.groups["h"] == cfg  # the stored settings are the last valid ones
+        annotations = obj(kmock, DEPLOY, "kompaktor-h")["spec"]["template"]["metadata"]["annotations"]
+        assert annotations[SETTINGS_ANNOTATION] == digest
+
+
 @pytest.mark.parametrize(
     "spec, rule",
     [

@@ -335,10 +335,12 @@ def test_a_group_config_is_the_compactors_settings() -> None:
             "drainGraceSeconds": 45,
             "maxReplicas": 5,
             "resume": {"minInputSize": "2Gi"},
+            "history": {"maxRecords": 500, "maxAgeSeconds": 3600},
         }
     )
     cfg = m.to_group_config("g", spec)
     w = WorkerSettings.for_group(cfg, "c-1")
+    assert (w.history_limits.max_records, w.history_limits.max_age_s) == (500, 3600.0)
     assert (
         w.group,
         w.compactor_id,
@@ -351,7 +353,8 @@ def test_a_group_config_is_the_compactors_settings() -> None:
         w.resume_min_bytes,
     ) == ("g", "c-1", "arrow", "local[3]", {"spark.a": "b"}, "3g", 45.0, True, 2 << 30)
     assert w.describe() == (
-        "engine=arrow spark_master=local[3] spark_conf=spark.a=b driver_memory=3g drain_grace=45s resume=2Gi"
+        "engine=arrow spark_master=local[3] spark_conf=spark.a=b driver_memory=3g drain_grace=45s resume=2Gi "
+        "history=500/3600s"
     )
     import dataclasses
 
@@ -359,8 +362,10 @@ def test_a_group_config_is_the_compactors_settings() -> None:
     assert dataclasses.replace(cfg, drain_grace_seconds=46).settings_digest() != cfg.settings_digest()
     assert dataclasses.replace(cfg, resume=False).settings_digest() != cfg.settings_digest()
     assert dataclasses.replace(cfg, resume_min_bytes=1).settings_digest() != cfg.settings_digest()
+    assert dataclasses.replace(cfg, history_records=501).settings_digest() != cfg.settings_digest()
+    assert dataclasses.replace(cfg, history_age_seconds=3601).settings_digest() != cfg.settings_digest()
     off = WorkerSettings.for_group(dataclasses.replace(cfg, resume=False), "c-1")
-    assert off.describe().endswith(" drain_grace=45s resume=off")
+    assert off.describe().endswith(" drain_grace=45s resume=off history=500/3600s")
 
 
 @pytest.mark.parametrize(
@@ -423,6 +428,76 @@ def test_the_crd_refuses_a_signed_resume_size(value: int | str, valid: bool) -> 
     from kompaktor.resources import crdgen
 
     schema = crdgen.structural(m.ResumeSettings.model_json_schema())["properties"]["minInputSize"]
+    errors = list(jsonschema.Draft7Validator(schema).iter_errors(value))
+    assert (not errors) == valid, errors
+
+
+@pytest.mark.parametrize(
+    ("spec", "records", "age"),
+    [
+        ({}, 10_000, 604_800),
+        ({"maxRecords": 1}, 1, 604_800),
+        ({"maxRecords": 1_000_000, "maxAgeSeconds": 31_622_400}, 1_000_000, 31_622_400),
+        ({"maxAgeSeconds": 60}, 10_000, 60),
+    ],
+)
+def test_a_groups_history_bounds_reach_its_group_config(spec: dict, records: int, age: int) -> None:
+    """spec.history, the defaults unchanged when left out; what the operator stores is what a
+    compactor reads back."""
+    from kompaktor.policy.services import GroupConfig
+
+    cfg = m.to_group_config("g", m.CompactorGroupSpec.model_validate({"history": spec}))
+    assert (cfg.history_records, cfg.history_age_seconds) == (records, age)
+    assert GroupConfig.from_json(cfg.to_json()) == cfg
+
+
+def test_a_group_config_stored_before_history_bounds_existed_reads_with_the_defaults() -> None:
+    import json
+
+    from kompaktor.policy import services as d
+
+    stored = json.loads(d.GroupConfig("g").to_json())
+    del stored["history_records"], stored["history_age_seconds"]
+    cfg = d.GroupConfig.from_json(json.dumps(stored))
+    assert (cfg.history_records, cfg.history_age_seconds) == (10_000, 7 * 86_400)
+
+
+@pytest.mark.parametrize(
+    ("history", "words"),
+    [
+        ({"maxRecords": 0}, "history.maxRecords: Input should be greater than or equal to 1"),
+        ({"maxRecords": -3}, "history.maxRecords: Input should be greater than or equal to 1"),
+        ({"maxRecords": 1_000_001}, "history.maxRecords: Input should be less than or equal to 1000000"),
+        ({"maxAgeSeconds": 0}, "history.maxAgeSeconds: Input should be greater than or equal to 1"),
+        ({"maxAgeSeconds": 40_000_000}, "history.maxAgeSeconds: Input should be less than or equal to 31622400"),
+        ({"maxRecords": "lots"}, "history.maxRecords: Input should be a valid integer"),
+        ({"maxRecords": True}, "history.maxRecords: Input should be a valid integer"),
+        ({"maxAgeSeconds": 1.5}, "history.maxAgeSeconds: Input should be a valid integer"),
+        ({"maxAge": "7d"}, "history.maxAge: Extra inputs are not permitted"),
+    ],
+)
+def test_bad_history_bounds_are_refused_in_one_line(history: dict, words: str) -> None:
+    from kompaktor.policy.services import GroupConfig
+
+    with pytest.raises(ValidationError) as err:
+        m.CompactorGroupSpec.model_validate({"history": history})
+    text = m.explain(err.value)
+    assert words in text and "\n" not in text, text
+    with pytest.raises(ValueError, match="history"):  # nor can a GroupConfig hold them
+        GroupConfig("g", history_records=0)
+
+
+@pytest.mark.parametrize(
+    ("value", "valid"), [({"maxRecords": 1}, True), ({"maxRecords": 0}, False), ({"maxAgeSeconds": 10**9}, False)]
+)
+def test_the_crd_refuses_history_bounds_out_of_range(value: dict, valid: bool) -> None:
+    """The API server refuses them at admission, before the operator sees them (the schema's
+    minimum and maximum)."""
+    import jsonschema
+
+    from kompaktor.resources import crdgen
+
+    schema = crdgen.openapi_schema(m.CompactorGroup)["properties"]["spec"]["properties"]["history"]
     errors = list(jsonschema.Draft7Validator(schema).iter_errors(value))
     assert (not errors) == valid, errors
 

@@ -43,6 +43,19 @@ def test_text_from_the_store_is_escaped_and_redacted() -> None:
     assert "topSECRET" not in html and "s3://***@bucket/x" in html
 
 
+def test_the_history_shows_the_queued_time_and_the_deletes_dropped() -> None:
+    rec = history.Record(
+        "ECID-2", history.COMMITTED, "g", "1", "1;", "SYSTEM", "c", NOW, queued_s=12.5, deletes_dropped=1234
+    )
+    killed = history.Record("ECID-3", history.KILLED, "g", "1", "1;", "SYSTEM", "c", NOW)
+    rows = [{**r.to_json(), "table": "t", "failed": r.failed} for r in (killed, rec)]
+    html = page.render(data(history=rows))
+    assert '<td data-k="queued_s" data-v="12.5">12.5s</td>' in html
+    assert '<td data-k="deletes_dropped" data-v="1234">1,234</td>' in html
+    assert '<td data-k="queued_s" data-v="None">–</td>' in html  # not known for a killed job
+    assert "<th>deletes dropped</th><th>queued</th>" in html
+
+
 def test_the_chart_spans_the_samples_it_has() -> None:
     assert "collecting" in page.chart([Sample(NOW, 1, 1, 1)], NOW)
     svg = page.chart([Sample(NOW - 60, 0, 0, 0), Sample(NOW, 4, 2, 1)], NOW)

@@ -47,27 +47,38 @@ def storage_option(fn: F) -> F:
     )(fn)
 
 
-def history_options(fn: F) -> F:
+_UNSET = ", for a group without configuration in Redis (a CompactorGroup's spec.history applies to its group)."
+
+
+def history_options(group: bool = False) -> Callable[[F], F]:
     """``--history-records`` and ``--history-age``: how much of each group's compaction history a
-    process that writes it keeps (:class:`kompaktor.metadata.history.HistoryLimits`)."""
+    process that writes it keeps (:class:`kompaktor.metadata.history.HistoryLimits`). ``group``:
+    the process serves one group, whose configuration (the CompactorGroup's ``spec.history``)
+    gives the bounds; the options, when given, override it (None when not given). Otherwise (the
+    coordinator) they bound the groups that have no configuration; a configured group's apply."""
     from kompaktor.metadata.history import DEFAULT_MAX_AGE_S, DEFAULT_MAX_RECORDS
 
-    fn = click.option(
-        "--history-records",
-        type=click.IntRange(min=1),
-        envvar="KOMPAKTOR_HISTORY_RECORDS",
-        default=DEFAULT_MAX_RECORDS,
-        show_default=True,
-        help="Records of finished compactions kept per group, about (env KOMPAKTOR_HISTORY_RECORDS).",
-    )(fn)
-    return click.option(
-        "--history-age",
-        type=click.FloatRange(min=0, min_open=True),
-        envvar="KOMPAKTOR_HISTORY_AGE",
-        default=DEFAULT_MAX_AGE_S,
-        show_default=True,
-        help="Seconds a record of a finished compaction is kept, about (env KOMPAKTOR_HISTORY_AGE).",
-    )(fn)
+    def add(fn: F) -> F:
+        fn = click.option(
+            "--history-records",
+            type=click.IntRange(min=1),
+            envvar="KOMPAKTOR_HISTORY_RECORDS",
+            default=None if group else DEFAULT_MAX_RECORDS,
+            show_default=not group,
+            help="Records of finished compactions kept per group, about (env KOMPAKTOR_HISTORY_RECORDS)"
+            + (f"; overrides the group's (default: the group's, else {DEFAULT_MAX_RECORDS})." if group else _UNSET),
+        )(fn)
+        return click.option(
+            "--history-age",
+            type=click.FloatRange(min=0, min_open=True),
+            envvar="KOMPAKTOR_HISTORY_AGE",
+            default=None if group else DEFAULT_MAX_AGE_S,
+            show_default=not group,
+            help="Seconds a record of a finished compaction is kept, about (env KOMPAKTOR_HISTORY_AGE)"
+            + (f"; overrides the group's (default: the group's, else {DEFAULT_MAX_AGE_S:g})." if group else _UNSET),
+        )(fn)
+
+    return add
 
 
 #: exceptions that mean "the input or the environment is wrong", not "Kompaktor is broken": one

@@ -88,7 +88,7 @@ from kompaktor.policy.services import DEFAULT_DRAIN_GRACE_S, DEFAULT_ENGINE, DEF
     "Without it the compactor writes with its own Redis user's rights.",
 )
 @click.option("--max-jobs", type=int, default=None, hidden=True)
-@history_options
+@history_options(group=True)
 @redis_option
 @storage_option
 @friendly_errors
@@ -107,8 +107,8 @@ def compactor(
     stay_drained: bool,
     broker: bool,
     max_jobs: int | None,
-    history_records: int,
-    history_age: float,
+    history_records: int | None,
+    history_age: float | None,
     redis_url: str,
     storage_uri: str | None,
 ) -> None:
@@ -117,7 +117,6 @@ def compactor(
     The group's settings (engine, Spark master and conf, driver memory, drain grace, resume) come from its
     configuration in Redis, which the operator (or `kompaktor up`) writes from the CompactorGroup;
     the options below override them for a compactor run by hand."""
-    from kompaktor.metadata.history import HistoryLimits
     from kompaktor.worker.assemble import CompactorOptions, run_compactor
 
     setup_logging()
@@ -138,7 +137,8 @@ def compactor(
         stay_drained=stay_drained,
         broker=broker,
         max_jobs=max_jobs,
-        history_limits=HistoryLimits(history_records, history_age),
+        history_records=history_records,
+        history_age=history_age,
     )
     sys.exit(run_compactor(opts))
 

@@ -85,7 +85,7 @@ from kompaktor.cli.common import friendly_errors, history_options, redis_option,
     default=None,
     help="Seconds after which a backup is deleted (the newest is always kept).",
 )
-@history_options
+@history_options()
 @redis_option
 @storage_option
 @friendly_errors

@@ -74,7 +74,21 @@ def _table(rows: list[dict[str, Any]]) -> Table:
     from kompaktor.metadata.status import human_bytes
 
     t = Table(title="compaction history (newest first, times in UTC)")
-    cols = ("finished", "outcome", "group", "table", "tablet", "kind", "compactor", "in", "out", "merge", "reason")
+    cols = (
+        "finished",
+        "outcome",
+        "group",
+        "table",
+        "tablet",
+        "kind",
+        "compactor",
+        "in",
+        "out",
+        "deletes dropped",
+        "queued",
+        "merge",
+        "reason",
+    )
     for col in cols:
         t.add_column(col)
     for r in rows:
@@ -88,6 +102,8 @@ def _table(rows: list[dict[str, Any]]) -> Table:
             r["compactor"],
             f"{r['input_files']} files, {human_bytes(r['input_bytes'] or 0)}",
             "-" if r["output_bytes"] is None else human_bytes(r["output_bytes"]),
+            "-" if r["deletes_dropped"] is None else f"{r['deletes_dropped']:,}",
+            "-" if r["queued_s"] is None else f"{r['queued_s']:.1f}s",
             "-" if r["merge_s"] is None else f"{r['merge_s']:.1f}s",
             r["reason"],
         )

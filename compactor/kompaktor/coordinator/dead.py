@@ -73,6 +73,16 @@ def _killed(
     )
 
 
+def _group_limits(store: MetadataStore) -> dict[str, history.HistoryLimits]:
+    """Each configured group's history bounds (its CompactorGroup's spec.history), the bounds its
+    compactors trim with; none when they cannot be read (the record is never worth a failure)."""
+    try:
+        return {g: history.HistoryLimits.of_group(cfg) for g, cfg in store.groups().items()}
+    except Exception as exc:
+        log.warning("history bounds of the groups not read: %s", exc)
+        return {}
+
+
 def detect_dead(
     store: MetadataStore,
     storage: Storage,
@@ -84,9 +94,12 @@ def detect_dead(
 ) -> list[str]:
     """Remove the compactions whose last heartbeat (or start, or ``not_before``: when the store
     became reachable again after an outage) is older than ``dead_after_s``; returns their ECIDs.
-    The removal is a (fenced) conditional mutation; outputs are deleted only after it applied."""
+    The removal is a (fenced) conditional mutation; outputs are deleted only after it applied.
+    Each is recorded in its group's history, trimmed to the group's bounds (``history_limits`` for
+    a group with no configuration)."""
     now = time.time()
     dead = []
+    limits: dict[str, history.HistoryLimits] | None = None  # read once a pass finds a dead one
     for ecid, (tablet_id, rc) in running_compactions(store).items():
         if rc is None:
             store.forget_running(ecid)
@@ -111,5 +124,8 @@ def detect_dead(
             )
             store.mark_dirty([tablet_id])
             dead.append(ecid)
-            history.append(store, _killed(tablet_id, ecid, rc, hb, now - last, lettered), history_limits)
+            if limits is None:
+                limits = _group_limits(store)
+            rec = _killed(tablet_id, ecid, rc, hb, now - last, lettered)
+            history.append(store, rec, limits.get(rc.group, history_limits))
     return dead

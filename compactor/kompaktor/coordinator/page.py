@@ -50,6 +50,10 @@ def human_bytes(n: int | None) -> str:
     raise AssertionError("unreachable")
 
 
+def _count(n: int | None) -> str:
+    return "–" if n is None else f"{n:,}"
+
+
 def _secs(s: float | None) -> str:
     if s is None:
         return "–"
@@ -264,6 +268,8 @@ def _history(data: dict[str, Any]) -> str:
             + _cell("engine", r["engine"] or "–")
             + _cell("input", r["input_files"], f"{r['input_files']} · {human_bytes(r['input_bytes'])}")
             + _cell("output_bytes", r["output_bytes"], human_bytes(r["output_bytes"]))
+            + _cell("deletes_dropped", r["deletes_dropped"], _count(r["deletes_dropped"]))
+            + _cell("queued_s", r["queued_s"], _secs(r["queued_s"]))
             + _cell("merge_s", r["merge_s"], _secs(r["merge_s"]))
             + _cell("commit_s", r["commit_s"], _secs(r["commit_s"]))
             + _cell("resumed_parts", r["resumed_parts"])
@@ -281,6 +287,8 @@ def _history(data: dict[str, Any]) -> str:
         "engine",
         "input files · bytes",
         "output",
+        "deletes dropped",
+        "queued",
         "merge",
         "commit",
         "resumed",

@@ -68,6 +68,15 @@ class MergeResult:
     entries_reused: int = 0  # input entries of the reused ranges (not read again)
     bytes_reused: int = 0  # compressed input bytes of the reused ranges (not read again)
     input_bytes_reread: int = 0  # compressed input bytes this attempt decoded (resumable merges)
+    #: delete markers among the entries of the tablet's range in the inputs (reused ranges
+    #: included); None: not counted (a part of an earlier attempt written before they were)
+    deletes_read: int | None = None
+
+    @property
+    def deletes_dropped(self) -> int | None:
+        """Delete markers the merge dropped (a full compaction drops them all): those it read
+        minus those it wrote; the merge never makes one."""
+        return None if self.deletes_read is None else self.deletes_read - self.info.deletes
 
 
 class MergeCancelled(Exception):

@@ -41,7 +41,14 @@ from kompaktor.engines.ranges import (
 from kompaktor.engines.resume import ResumeRun
 from kompaktor.files.arrowstack import merge_tables_once
 from kompaktor.files.parquetconcat import ConcatWriter, SpliceWriter
-from kompaktor.files.sortedfile import EncodedRange, SortedFileWriter, encode_table, write_encoded
+from kompaktor.files.sortedfile import (
+    DELETES_READ,
+    EncodedRange,
+    SortedFileWriter,
+    count_deletes,
+    encode_table,
+    write_encoded,
+)
 from kompaktor.files.storage import Storage
 from kompaktor.model.resume import PartRecord
 from kompaktor.model.tablet import FileInfo
@@ -97,7 +104,7 @@ class ArrowMergeEngine:
         ranges = plan(storage, metas, req.prev, req.end, self.range_entries)
         budget = self.task_memory // (2 * MERGE_FACTOR)
         report = progress or (lambda d: None)
-        read = written = 0
+        read = written = deletes = 0
         report(progress_dict(0, 0, 0, 0, 0, len(ranges), started))
         cursors: list[InputCursor] = []
 
@@ -107,22 +114,24 @@ class ArrowMergeEngine:
                 tables.append(c.take(ranges[i][1], budget - sum(t.nbytes for t in tables)))
             return tables
 
-        def merge_encode(i: int, tables: list[pa.Table]) -> tuple[EncodedRange, int]:
+        def merge_encode(i: int, tables: list[pa.Table]) -> tuple[EncodedRange, int, int]:
             n = sum(t.num_rows for t in tables)
+            d = sum(count_deletes(t) for t in tables)
             out = merge_tables_once(tables, req.settings)
             tables.clear()  # the inputs go as soon as the range is merged
-            return encode_table(out), n
+            return encode_table(out), n, d
 
         w = SpliceWriter(storage, req.output, tmp_tag=req.tmp_tag)
         results = run_ordered(len(ranges), take, merge_encode, self.workers, "arrowmerge")
         try:
             cursors.extend(InputCursor(storage, p, req.prev, req.end) for p in req.inputs)
-            for i, (enc, n) in enumerate(results):
+            for i, (enc, n, d) in enumerate(results):
                 if cancel is not None and cancel.is_set():
                     raise MergeCancelled(f"merge into {req.output} cancelled after {i} of {len(ranges)} parts")
                 w.append(enc.data, enc.entries, enc.deletes, enc.first, enc.last)
                 del enc
                 read += n
+                deletes += d
                 written = w.entries
                 report(
                     progress_dict(
@@ -151,7 +160,12 @@ class ArrowMergeEngine:
                 c.close()
         report(progress_dict(read, written, bytes_in, info.size, len(ranges), len(ranges), started))
         return MergeResult(
-            info=info, entries_read=read, entries_written=written, bytes_read=bytes_in, bytes_written=info.size
+            info=info,
+            entries_read=read,
+            entries_written=written,
+            bytes_read=bytes_in,
+            bytes_written=info.size,
+            deletes_read=deletes,
         )
 
     def _merge_resumable(
@@ -254,9 +268,14 @@ def _merge_encode_part(
     tables, nbytes = got
     i = missing[k]
     n_read = sum(t.num_rows for t in tables)
+    d_read = sum(count_deletes(t) for t in tables)
     out = merge_tables_once(tables, req.settings)
     tables.clear()
-    meta = {b"kompaktor.entries_read": str(n_read).encode(), b"kompaktor.bytes_read": str(nbytes).encode()}
+    meta = {
+        b"kompaktor.entries_read": str(n_read).encode(),
+        b"kompaktor.bytes_read": str(nbytes).encode(),
+        DELETES_READ: str(d_read).encode(),
+    }
     enc = encode_table(out, meta)
     return i, enc, n_read, nbytes, hashlib.sha256(enc.data).hexdigest()
 
@@ -275,8 +294,8 @@ def _concat_parts(storage: Storage, req: MergeRequest, run: ResumeRun, cancel: t
     _stop_if_cancelled(cancel, f"merge into {req.output} cancelled before commit")
     w = ConcatWriter(storage, req.output, tmp_tag=req.tmp_tag)
     try:
-        for i in range(run.parts):
-            w.append(run.names[i])
+        for i in range(run.parts):  # a reused part's footer says what its range read, as a new one's
+            run.appended(w.append(run.names[i]))
         _stop_if_cancelled(cancel, f"merge into {req.output} cancelled before commit")
         return w.commit()
     except BaseException:

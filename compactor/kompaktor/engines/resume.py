@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from kompaktor.engines.api import MergeProgress, MergeRequest, MergeResult, ResumeFigures
 from kompaktor.engines.ranges import progress_dict
+from kompaktor.files.sortedfile import add_deletes_read
 from kompaktor.files.storage import Storage
 from kompaktor.model.errors import StoreUnavailable
 from kompaktor.model.names import resume_part_name
@@ -148,6 +149,9 @@ class ResumeRun:
     read: int = 0  # input entries this attempt merged (the reused ranges' are entries_reused)
     reread: int = 0  # compressed input bytes this attempt decoded
     done: int = 0  # parts finished: reused, or merged by this attempt
+    #: delete markers the ranges read, from the footers of the parts appended (reused ones too);
+    #: None once a part does not say (written before they were counted)
+    deletes_read: int | None = 0
 
     @classmethod
     def start(
@@ -202,6 +206,10 @@ class ResumeRun:
         self.reread += rec.input_bytes
         self.done += 1
 
+    def appended(self, part_meta: dict[bytes, bytes]) -> None:
+        """A part appended into the output: its footer's count of the delete markers its range read."""
+        self.deletes_read = add_deletes_read(self.deletes_read, part_meta)
+
     def unrecorded(self, written: Iterable[int]) -> list[str]:
         """The part names among ``written`` not recorded: of no use to a later attempt."""
         return [self.names[i] for i in written if i not in self.recorded]
@@ -220,4 +228,5 @@ class ResumeRun:
             entries_reused=self.entries_reused,
             bytes_reused=self.bytes_reused,
             input_bytes_reread=self.reread,
+            deletes_read=self.deletes_read,
         )

@@ -58,7 +58,7 @@ from kompaktor.engines.ranges import (
 from kompaktor.engines.resume import ResumeRun
 from kompaktor.files.arrowstack import merge_tables
 from kompaktor.files.parquetconcat import ConcatWriter
-from kompaktor.files.sortedfile import SortedFileWriter
+from kompaktor.files.sortedfile import DELETES_READ, SortedFileWriter, add_deletes_read, count_deletes
 from kompaktor.files.storage import REQUESTS, Storage
 from kompaktor.model.errors import BadFileError, UnsortedError
 from kompaktor.model.iterators import IteratorSettings
@@ -116,11 +116,11 @@ def _run_ranges(
                 out.append(_task_error(index, exc))
                 return out
             read = sum(t.num_rows for t in tables)
+            deletes = sum(count_deletes(t) for t in tables)
             table = merge_tables(tables, settings)
             del tables
-            out.append(
-                _write_part(storage, final, tmp_tag, index, table, read, sum(c.bytes_read for c in cursors) - before)
-            )
+            nbytes = sum(c.bytes_read for c in cursors) - before
+            out.append(_write_part(storage, final, tmp_tag, index, table, (read, nbytes, deletes)))
     finally:
         for c in cursors:
             c.close()
@@ -135,9 +135,11 @@ def _task_error(index: int, exc: BaseException) -> dict[str, Any]:
 
 
 def _write_part(
-    storage: Storage, final: str, tmp_tag: str, index: int, table: Any, read: int, bytes_read: int
+    storage: Storage, final: str, tmp_tag: str, index: int, table: Any, counts: tuple[int, int, int]
 ) -> dict[str, Any]:
-    """Write one range's merged entries as the part ``final``; the task's summary for it."""
+    """Write one range's merged entries as the part ``final``; the task's summary for it. ``counts``:
+    what the range read — entries, bytes, delete markers — said in the part's footer."""
+    read, bytes_read, deletes_read = counts
     # the part is already in the output's format (Parquet, its row groups and compression): the
     # driver copies its bytes into the one output file without decoding them
     try:
@@ -150,6 +152,7 @@ def _write_part(
             {
                 b"kompaktor.entries_read": str(read).encode(),
                 b"kompaktor.bytes_read": str(bytes_read).encode(),
+                DELETES_READ: str(deletes_read).encode(),
             }
         )
     except FileExistsError:
@@ -317,19 +320,10 @@ class SparkMergeEngine:
 
     @staticmethod
     def _append_part(
-        storage: Storage, final: str, w: ConcatWriter, cancel: threading.Event | None, req: MergeRequest
-    ) -> int:
-        """Copy one part's row groups into the output without decoding them; return entries read."""
-        if cancel is not None and cancel.is_set():
-            raise MergeCancelled(f"merge into {req.output} cancelled")
-        meta = w.append(final)
-        return int(meta.get(b"kompaktor.entries_read", b"0"))
-
-    @staticmethod
-    def _append_part_meta(
-        final: str, w: ConcatWriter, cancel: threading.Event | None, req: MergeRequest, digest: Any
+        final: str, w: ConcatWriter, cancel: threading.Event | None, req: MergeRequest, digest: Any = None
     ) -> dict[bytes, bytes]:
-        """Copy one part into the output, feeding its bytes to ``digest``; its footer metadata."""
+        """Copy one part's row groups into the output without decoding them (feeding its bytes to
+        ``digest``, if given); its footer metadata (what its range read)."""
         if cancel is not None and cancel.is_set():
             raise MergeCancelled(f"merge into {req.output} cancelled")
         return w.append(final, digest)
@@ -448,6 +442,7 @@ class _SparkMerge:
         self.names: dict[int, str] = {}
         self.w: ConcatWriter | None = None
         self.read = self.written = 0
+        self.deletes_read: int | None = 0  # a plain merge's (a resumable one's: ResumeRun's)
 
     @property
     def reused(self) -> dict[int, PartRecord]:
@@ -508,19 +503,23 @@ class _SparkMerge:
 
     def append_part(self, i: int, job: _SparkJob) -> None:
         """Part ``i`` appended: a reused one at once; else once its task wrote it, then deleted
-        (a plain merge) or recorded with the SHA-256 of the bytes copied (a resumable one)."""
+        (a plain merge) or recorded with the SHA-256 of the bytes copied (a resumable one). Every
+        part's footer adds the delete markers its range read (a reused part's too)."""
         eng, storage, req, cancel, final, w = self.engine, self.storage, self.req, self.cancel, self.names[i], self.w
         assert w is not None
         if i in self.reused:
-            eng._append_part(storage, final, w, cancel, req)
+            self._appended(eng._append_part(final, w, cancel, req))
             return
         eng._wait_for_part(storage, final, job.done, job.outcome, cancel, req, i, len(self.ranges))
         if self.run is None:
-            self.read += eng._append_part(storage, final, w, cancel, req)
+            meta = eng._append_part(final, w, cancel, req)
+            self.read += int(meta.get(b"kompaktor.entries_read", b"0"))
+            self._appended(meta)
             storage.delete(final)
             return
         h = hashlib.sha256()
-        meta = eng._append_part_meta(final, w, cancel, req, h)
+        meta = eng._append_part(final, w, cancel, req, h)
+        self._appended(meta)
         entries_read = int(meta.get(b"kompaktor.entries_read", b"0"))
         bytes_read = int(meta.get(b"kompaktor.bytes_read", b"0"))
         entries = int(meta.get(b"kompaktor.entries", b"0"))
@@ -528,6 +527,13 @@ class _SparkMerge:
         rec = PartRecord(i, final, *self.ranges[i], entries_read, entries, bytes_read, size, h.hexdigest())
         self.run.add_part(rec)
         self.read = self.run.read
+
+    def _appended(self, part_meta: dict[bytes, bytes]) -> None:
+        """The delete markers a part's range read (its footer), counted."""
+        if self.run is not None:
+            self.run.appended(part_meta)
+        else:
+            self.deletes_read = add_deletes_read(self.deletes_read, part_meta)
 
     def _progress(self, bytes_written: int, done: int) -> MergeProgress:
         if self.run is not None:
@@ -561,4 +567,5 @@ class _SparkMerge:
             entries_written=self.written,
             bytes_read=self.bytes_in,
             bytes_written=info.size,
+            deletes_read=self.deletes_read,
         )

@@ -248,6 +248,23 @@ class EncodedRange(NamedTuple):
     last: SortKey | None
 
 
+def count_deletes(table: pa.Table) -> int:
+    """The delete markers among ``table``'s entries (one vectorized pass over its ``deleted`` column)."""
+    return int(pc.sum(table.column("deleted").cast(pa.int64())).as_py() or 0) if table.num_rows else 0
+
+
+#: a merged part's footer: the delete markers among the entries it read (what the merge dropped is
+#: these minus the part's own ``kompaktor.deletes``)
+DELETES_READ = b"kompaktor.deletes_read"
+
+
+def add_deletes_read(total: int | None, part_meta: dict[bytes, bytes]) -> int | None:
+    """``total`` plus the delete markers a part's range read (its footer's :data:`DELETES_READ`);
+    None once a part does not say (written by an earlier version)."""
+    d = part_meta.get(DELETES_READ)
+    return None if total is None or d is None else total + int(d)
+
+
 def encode_table(table: pa.Table, extra_metadata: dict[bytes, bytes] | None = None) -> EncodedRange:
     """``table`` (sorted: not checked) as a whole Parquet file in memory: the very bytes
     ``SortedFileWriter`` writes for it in one ``write_table`` call and ``commit(extra_metadata)``.

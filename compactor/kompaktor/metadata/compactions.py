@@ -57,6 +57,8 @@ class Reservation:
     #: it to the compactor it reserved for, :mod:`kompaktor.coordinator.broker`); empty when the
     #: compactor reserved through the store itself
     cap: str = ""
+    #: when the job's tablet was first queued (epoch ms; a re-plan keeps it), if the queue said
+    queued_ms: int | None = None
 
     @property
     def tablet(self) -> str:
@@ -75,6 +77,7 @@ class Reservation:
             "output": self.output,
             "full": self.full,
             "compactor": self.compactor,
+            "queued_ms": self.queued_ms,
             "settings": {
                 "max_versions": st.max_versions,
                 "full": st.full,
@@ -110,6 +113,7 @@ class Reservation:
             settings,
             str(d["compactor"]),
             cap,
+            d.get("queued_ms"),
         )
 
     def tmp_path(self) -> str:
@@ -195,7 +199,9 @@ def _reserve_mutation(
     return m, tc
 
 
-def try_reserve(store: MetadataStore, job: Job, compactor: str, group: str) -> Reservation:
+def try_reserve(
+    store: MetadataStore, job: Job, compactor: str, group: str, queued_ms: int | None = None
+) -> Reservation:
     """Register a new ECID for ``job`` or raise :class:`ConditionFailed` (the job is stale).
 
     One conditional mutation, without reading the tablet first: it checks the job against the
@@ -225,7 +231,7 @@ def try_reserve(store: MetadataStore, job: Job, compactor: str, group: str) -> R
     )
     if job.kind == "SYSTEM" and job.overlaps:
         _take_stale_selection(store, job, files, now, tc)
-    return _reservation(store, job, ecid, compactor, its, now, store.apply(m))
+    return _reservation(store, job, ecid, compactor, its, now, store.apply(m), queued_ms)
 
 
 def _reservation(
@@ -236,6 +242,7 @@ def _reservation(
     its: dict[str, Any] | None,
     now: int,
     out: dict[str, Any],
+    queued_ms: int | None = None,
 ) -> Reservation:
     """The :class:`Reservation` a reserving mutation's outcome ``out`` describes."""
     got = out["reserved"][job.tablet]
@@ -256,6 +263,7 @@ def _reservation(
         full,
         settings,
         compactor,
+        queued_ms=queued_ms,
     )
 
 
@@ -311,9 +319,9 @@ def reserve(store: MetadataStore, queues: JobQueues, group: str, compactor: str)
         job = Job.from_json(raw)
         res = out.get("res")
         if res is not None:
-            return _reservation(store, job, ecid, compactor, None, now, res)
+            return _reservation(store, job, ecid, compactor, None, now, res, out.get("queued"))
         try:
-            return try_reserve(store, job, compactor, group)
+            return try_reserve(store, job, compactor, group, out.get("queued"))
         except ConditionFailed:
             store.incr("stale_jobs_discarded")
 

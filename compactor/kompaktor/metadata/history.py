@@ -10,8 +10,9 @@ Stored as one Redis stream per group, ``kz:history:<group>`` (:func:`kompaktor.k
 one field ``r`` holding the record as JSON; the entry's id is the time it was written. The writer
 appends with ``XADD … MAXLEN ~ N`` and trims by age with ``XTRIM … MINID ~`` in the same round trip
 (a pipeline, :func:`append`), once the job's outcome is settled: never inside the reserve or
-commit functions, and a history that cannot be written never fails a job. Bounds are approximate
-(Redis trims whole stream nodes), so a reader may see a few records past them.
+commit functions, and a history that cannot be written never fails a job. The bounds are each
+group's (its CompactorGroup's ``spec.history``, in the group's configuration: :meth:`HistoryLimits.of_group`)
+and approximate (Redis trims whole stream nodes), so a reader may see a few records past them.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from kompaktor import keyspace as C
 from kompaktor.connection import text
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.redact import redact_text
+from kompaktor.policy.services import DEFAULT_HISTORY_AGE_S, DEFAULT_HISTORY_RECORDS, GroupConfig
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +42,8 @@ OUTCOMES = (COMMITTED, FAILED, DEAD_LETTERED, CANCELLED, RETRIED, KILLED)
 #: the outcomes `kompaktor history --failed` and the status page's failures list
 FAILURES = frozenset({FAILED, DEAD_LETTERED, RETRIED, KILLED})
 
-DEFAULT_MAX_RECORDS = 10_000
-DEFAULT_MAX_AGE_S = 7 * 86_400.0
+DEFAULT_MAX_RECORDS = DEFAULT_HISTORY_RECORDS
+DEFAULT_MAX_AGE_S = float(DEFAULT_HISTORY_AGE_S)
 #: the longest reason kept (a merge's exception text can be long)
 REASON_MAX = 500
 #: entries one read of a stream returns at most
@@ -60,11 +62,19 @@ class HistoryLimits:
         if self.max_records < 1 or self.max_age_s <= 0:
             raise ValueError("history: need at least 1 record and an age above 0 seconds")
 
+    @classmethod
+    def of_group(cls, cfg: GroupConfig) -> HistoryLimits:
+        """A group's bounds, as its configuration (the CompactorGroup's ``spec.history``) says."""
+        return cls(cfg.history_records, float(cfg.history_age_seconds))
+
 
 @dataclass(frozen=True)
 class Record:
-    """One finished compaction. Figures not known for an outcome are None (a killed job's output,
-    the deletes a merge dropped: the engines do not count them apart from versions)."""
+    """One finished compaction. Figures not known for an outcome are None (a killed job's output
+    and queued time, the delete markers a merge that did not finish dropped). ``queued_s``: the
+    time the job waited in its queue, from its tablet's first queuing (a re-plan keeps it) to the
+    reservation; ``deletes_dropped``: the delete markers of the inputs (within the tablet's range)
+    the output does not hold — all of them for a full compaction."""
 
     ecid: str
     outcome: str

@@ -105,6 +105,13 @@ DEFAULT_RESUME = True
 #: twice on disk until the commit. Below 1 GiB a merge is about 13 s of work here: restarting it
 #: costs less than making every such merge pay (docs/architecture.md, "Long merges resume").
 DEFAULT_RESUME_MIN_BYTES = 1 << 30
+#: how much of a group's compaction history Redis keeps (``spec.history``; issue 36 §1): about
+#: this many records, none older than about this many seconds (7 days)
+DEFAULT_HISTORY_RECORDS = 10_000
+DEFAULT_HISTORY_AGE_S = 7 * 86_400
+#: the most a CompactorGroup may ask to keep (a record is about 0.5 KB of Redis memory)
+MAX_HISTORY_RECORDS = 1_000_000
+MAX_HISTORY_AGE_S = 366 * 86_400
 
 #: The settings a compactor of the group runs with (the rest of GroupConfig is for the scaler).
 COMPACTOR_SETTINGS = (
@@ -115,6 +122,8 @@ COMPACTOR_SETTINGS = (
     "drain_grace_seconds",
     "resume",
     "resume_min_bytes",
+    "history_records",
+    "history_age_seconds",
 )
 
 
@@ -138,6 +147,8 @@ class GroupConfig:
     engine: str = DEFAULT_ENGINE  # "spark", or "arrow" for groups that only hold small jobs
     resume: bool = DEFAULT_RESUME  # merges record their finished key ranges (issue 23 §2)
     resume_min_bytes: int = DEFAULT_RESUME_MIN_BYTES  # ... from this many input bytes
+    history_records: int = DEFAULT_HISTORY_RECORDS  # the group's history keeps about this many
+    history_age_seconds: int = DEFAULT_HISTORY_AGE_S  # ... none older than this
 
     def __post_init__(self) -> None:
         if self.min_replicas < 0 or self.max_replicas < max(1, self.min_replicas):
@@ -152,10 +163,16 @@ class GroupConfig:
             raise ValueError(f"group {self.name!r}: resume.minInputSize must be a whole number of bytes")
         if self.resume_min_bytes < 0:
             raise ValueError(f"group {self.name!r}: resume.minInputSize must be >= 0")
+        for value, what, top in (
+            (self.history_records, "history.maxRecords", MAX_HISTORY_RECORDS),
+            (self.history_age_seconds, "history.maxAgeSeconds", MAX_HISTORY_AGE_S),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
+                raise ValueError(f"group {self.name!r}: {what} must be a whole number from 1 to {top}")
 
     def compactor_settings(self) -> dict[str, object]:
         """What a compactor of the group runs with: engine, Spark master, conf, driver memory, grace,
-        resume (on/off and from which input size)."""
+        resume (on/off and from which input size), the history's bounds."""
         d = {k: getattr(self, k) for k in COMPACTOR_SETTINGS}
         d["spark_conf"] = dict(self.spark_conf)
         return d

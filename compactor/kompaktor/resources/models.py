@@ -414,6 +414,27 @@ class ResumeSettings(CRDModel):
         return quantity_bytes(self.min_input_size)
 
 
+class HistorySettings(CRDModel):
+    """How much of the group's compaction history (a record of every finished job: `kompaktor
+    history`, the status page) Redis keeps; both bounds are approximate (Redis trims whole stream
+    nodes of 100 records)."""
+
+    max_records: int = Field(
+        group_defaults.DEFAULT_HISTORY_RECORDS,
+        ge=1,
+        le=group_defaults.MAX_HISTORY_RECORDS,
+        strict=True,  # a whole number: not true, not "100", not 1.5
+        description="records kept, about (the oldest go first); a record takes about 0.5 KB of Redis memory",
+    )
+    max_age_seconds: int = Field(
+        group_defaults.DEFAULT_HISTORY_AGE_S,
+        ge=1,
+        le=group_defaults.MAX_HISTORY_AGE_S,
+        strict=True,  # a whole number: not true, not "100", not 1.5
+        description="seconds a record is kept, about (604800: 7 days)",
+    )
+
+
 class CompactorGroupSpec(CRDModel):
     """A resource group: a pool of compactor pods serving one queue, autoscaled on its depth."""
 
@@ -461,6 +482,10 @@ class CompactorGroupSpec(CRDModel):
     resume: ResumeSettings = Field(
         default_factory=ResumeSettings,
         description="long merges resume from their finished key ranges after an interruption",
+    )
+    history: HistorySettings = Field(
+        default_factory=HistorySettings,
+        description="how much of the group's compaction history Redis keeps",
     )
     redis: RedisRef | None = Field(None, description="Redis URL Secret; the operator's default when left out")
     storage: StorageSettings | None = None
@@ -757,6 +782,8 @@ def to_group_config(name: str, spec: CompactorGroupSpec) -> GroupConfig:
         engine=spec.spark.engine,
         resume=spec.resume.enabled,
         resume_min_bytes=spec.resume.min_input_bytes(),
+        history_records=spec.history.max_records,
+        history_age_seconds=spec.history.max_age_seconds,
     )
 
 

@@ -57,7 +57,9 @@ class CompactorOptions:
     #: the coordinator makes the compactor's writes (a compactor pod; :mod:`kompaktor.metadata.brokered`)
     broker: bool = False
     max_jobs: int | None = None
-    history_limits: HistoryLimits = dataclasses.field(default_factory=HistoryLimits)
+    #: the group's history bounds (its CompactorGroup's spec.history) overridden, when given
+    history_records: int | None = None
+    history_age: float | None = None
 
 
 def parse_spark_conf(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -93,10 +95,14 @@ class SettingsOverrides(TypedDict, total=False):
     driver_memory: str
     drain_grace_s: float
     spark_conf: dict[str, str]
+    history_limits: HistoryLimits
 
 
-def settings_overrides(opts: CompactorOptions, spark_conf: dict[str, str] | None) -> SettingsOverrides:
-    """The settings ``opts`` override; ``spark_conf``: the whole Spark conf, when it is overridden."""
+def settings_overrides(
+    opts: CompactorOptions, spark_conf: dict[str, str] | None, limits: HistoryLimits | None = None
+) -> SettingsOverrides:
+    """The settings ``opts`` override; ``spark_conf``: the whole Spark conf, when it is overridden;
+    ``limits``: the history's bounds, when ``--history-records`` or ``--history-age`` is given."""
     out = SettingsOverrides()
     if opts.engine is not None:
         out["engine"] = opts.engine
@@ -108,6 +114,8 @@ def settings_overrides(opts: CompactorOptions, spark_conf: dict[str, str] | None
         out["drain_grace_s"] = opts.drain_grace
     if spark_conf is not None:
         out["spark_conf"] = spark_conf
+    if limits is not None:
+        out["history_limits"] = limits
     return out
 
 
@@ -116,17 +124,24 @@ def worker_settings(cfg: GroupConfig, source: str, opts: CompactorOptions, conf:
     ``--spark-conf``); the overriding flags are named in the settings' source."""
     compactor_id = opts.compactor_id or f"{socket.gethostname()}-{os.getpid()}"
     settings = WorkerSettings.for_group(cfg, compactor_id, max_jobs=opts.max_jobs)
-    overrides = settings_overrides(opts, {**settings.spark_conf, **conf} if conf else None)
+    limits = history_limits(settings.history_limits, opts.history_records, opts.history_age)
+    overrides = settings_overrides(opts, {**settings.spark_conf, **conf} if conf else None, limits)
     if overrides:
-        flags = sorted("--" + k.removesuffix("_s").replace("_", "-") for k in overrides)
+        flags = sorted(_FLAGS.get(k, "--" + k.removesuffix("_s").replace("_", "-")) for k in overrides)
         source += ", overridden by " + " ".join(flags)
-    return dataclasses.replace(
-        settings,
-        source=source,
-        history_limits=opts.history_limits,
-        stay_drained=opts.stay_drained,
-        **overrides,
-    )
+    return dataclasses.replace(settings, source=source, stay_drained=opts.stay_drained, **overrides)
+
+
+#: the options an override names, where its name is not the setting's
+_FLAGS = {"history_limits": "--history-records/--history-age"}
+
+
+def history_limits(group: HistoryLimits, records: int | None, age: float | None) -> HistoryLimits | None:
+    """The group's history bounds with ``--history-records`` / ``--history-age`` over them, or None
+    when neither option was given."""
+    if records is None and age is None:
+        return None
+    return HistoryLimits(group.max_records if records is None else records, group.max_age_s if age is None else age)
 
 
 def build_compactor(opts: CompactorOptions) -> tuple[Compactor, Callable[[], str | None]]:

@@ -88,7 +88,8 @@ class WorkerSettings:
     resume_min_bytes: int = DEFAULT_RESUME_MIN_BYTES
     #: where the group's settings above came from, said in the compactor's start-up line
     source: str = "the caller"
-    #: how much of the group's compaction history to keep (each finished job adds a record)
+    #: how much of the group's compaction history to keep (each finished job adds a record and
+    #: trims the group's stream to these bounds; the CompactorGroup's spec.history)
     history_limits: history.HistoryLimits = field(default_factory=history.HistoryLimits)
     #: a compactor pod: once drained it stays up, inert, until SIGTERM (its pod deleted), and
     #: its drain mark in Redis (keyed by the pod's name) is kept when it exits, so a restarted
@@ -108,16 +109,19 @@ class WorkerSettings:
             drain_grace_s=float(cfg.drain_grace_seconds),
             resume=cfg.resume,
             resume_min_bytes=cfg.resume_min_bytes,
+            history_limits=history.HistoryLimits.of_group(cfg),
             **kw,
         )
 
     def describe(self) -> str:
         """The group's settings this compactor runs with, on one line (logged at start)."""
         conf = ",".join(f"{k}={v}" for k, v in sorted(self.spark_conf.items())) or "-"
+        h = self.history_limits
         return (
             f"engine={self.engine} spark_master={self.spark_master} spark_conf={conf} "
             f"driver_memory={self.driver_memory or '-'} drain_grace={self.drain_grace_s:g}s "
-            f"resume={format_quantity(self.resume_min_bytes) if self.resume else 'off'}"
+            f"resume={format_quantity(self.resume_min_bytes) if self.resume else 'off'} "
+            f"history={h.max_records}/{h.max_age_s:g}s"
         )
 
 
@@ -137,6 +141,14 @@ class JobOutcome:
     #: (the fields of a :class:`~kompaktor.metadata.history.Record` this compactor knows)
     recorded: str = ""
     figures: dict[str, Any] = field(default_factory=dict)
+
+
+def _queued_s(res: Reservation, reserved: float) -> float | None:
+    """How long the job waited in its queue before this compactor reserved it, at ``reserved``
+    (epoch s). The queue's time is the coordinator's clock: a skew never makes it negative."""
+    if res.queued_ms is None:
+        return None
+    return round(max(0.0, reserved - res.queued_ms / 1000.0), 3)
 
 
 def _no_progress() -> MergeProgress:
@@ -364,6 +376,7 @@ class Compactor:
         res = self.jobs.reserve(self.s.group, self.s.compactor_id)
         if res is None:
             return None
+        reserved = time.time()
         self.current = res
         self._publish(BUSY)
         try:
@@ -371,11 +384,11 @@ class Compactor:
         finally:
             self.current = None
         self.jobs_done += 1
-        self._remember(res, outcome)
+        self._remember(res, outcome, reserved)
         log.info("%s %s on %s: %s %s", res.ecid, res.job.kind, res.tablet, outcome.status, outcome.reason)
         return outcome
 
-    def _remember(self, res: Reservation, outcome: JobOutcome) -> None:
+    def _remember(self, res: Reservation, outcome: JobOutcome, reserved: float) -> None:
         """The job's record in the group's history: written after its outcome is settled (after
         the commit's reply), one round trip, never failing the job."""
         rec = history.Record(
@@ -391,6 +404,7 @@ class Compactor:
             engine=getattr(self.engine, "name", self.s.engine),
             input_files=len(res.inputs),
             input_bytes=sum(res.job.files.values()),
+            queued_s=_queued_s(res, reserved),
             **outcome.figures,
         )
         history.append(self.store, rec, self.s.history_limits)
@@ -549,7 +563,10 @@ class Compactor:
         res, result, rlog = job.res, job.result, job.rlog
         assert result is not None
         figures.update(
-            input_entries=result.entries_read, output_bytes=result.bytes_written, output_entries=result.entries_written
+            input_entries=result.entries_read,
+            output_bytes=result.bytes_written,
+            output_entries=result.entries_written,
+            deletes_dropped=result.deletes_dropped,
         )
         figures["resumed_parts"] = max(figures["resumed_parts"], result.parts_reused)
         commit_started = time.monotonic()

@@ -11,8 +11,9 @@
 -- "@selection@", "@ecid@", "@now@", and @tid@ (the table id) and @nonce@ (the ECID's) in the
 -- output's name template; see compile and fill below.
 -- A job of a key with no template is returned popped but not reserved: the client reserves it.
--- Returns JSON {n = stale jobs discarded, job? = the job popped, res? = the mutation's outcome
--- (reserved), more? = true (the stale bound was reached with jobs left)}; a job whose mutation
+-- Returns JSON {n = stale jobs discarded, job? = the job popped, queued? = when its tablet was first
+-- queued (ms; the history's queued time), res? = the mutation's outcome (reserved), more? = true
+-- (the stale bound was reached with jobs left)}; a job whose mutation
 -- is refused is discarded (counted in stale_jobs_discarded) and the next one popped. The outcome
 -- is recorded under the call id, as a mutation's: a call resent after a broken connection gets it.
 
@@ -100,19 +101,21 @@ local function reserve_next(ARGV)
   local stale = 0
   local out = nil
   while not out do
-    local raw, job, found = poll_first(g)
+    local raw, job, found, added = poll_first(g)
     if not found then
       out = '{"n":' .. stale .. '}'
     elseif raw then
       local key = job.kind
       if job.overlaps == true then key = key .. '+overlaps' end
       local tmpl = templates[key]
+      local queued = ''
+      if added then queued = ',"queued":' .. string.format('%d', added) end
       if not tmpl then
-        out = '{"n":' .. stale .. ',"job":' .. raw .. '}'
+        out = '{"n":' .. stale .. queued .. ',"job":' .. raw .. '}'
       else
         local res, ok = mutate(fill(tmpl, job, ecid, now))
         if ok then
-          out = '{"n":' .. stale .. ',"job":' .. raw .. ',"res":' .. res .. '}'
+          out = '{"n":' .. stale .. queued .. ',"job":' .. raw .. ',"res":' .. res .. '}'
         else
           stale = stale + 1
           if stale >= max_stale then out = '{"n":' .. stale .. ',"more":true}' end

@@ -44,9 +44,10 @@ local function remove_member(g, member)
 end
 
 -- Remove one member from its tablet's index entry; the entry goes when it has no member left.
+-- Returns the time (ms) the tablet was first queued (the index's 'added'), or nil.
 local function drop_from_index(g, tab, member)
   local raw = redis.call('HGET', g.ik, tab)
-  if not raw then return end
+  if not raw then return nil end
   local idx = cjson.decode(raw)
   local keep = {}
   for _, m in ipairs(idx.ids) do if m ~= member then table.insert(keep, m) end end
@@ -57,6 +58,7 @@ local function drop_from_index(g, tab, member)
     idx.ids = keep
     redis.call('HSET', g.ik, tab, cjson.encode(idx))
   end
+  return idx.added
 end
 
 -- Remove every entry of a tablet (and its index entry); returns how many entries went.
@@ -79,8 +81,8 @@ local function take_entry(g, member)
 end
 
 -- Poll (docs/planner.md §6.4): remove the first entry of a group's queue and return its job's JSON,
--- the job decoded and true; nil, nil, false when the queue is empty (an entry whose job is missing
--- is removed all the same: nil, nil, true).
+-- the job decoded, true and the time (ms) its tablet was first queued (nil if unknown); nil, nil,
+-- false when the queue is empty (an entry whose job is missing is removed all the same: nil, nil, true).
 local function poll_first(g)
   -- every member's score is 0: the lowest is the first in lexicographic order (ZRANGE 0 0)
   local first = redis.call('ZPOPMIN', g.qk)[1]
@@ -102,10 +104,10 @@ local function poll_first(g)
   redis.call(unpack(upd))
   local raw = redis.call('HGET', g.jk, first)
   redis.call('HDEL', g.jk, first)
-  local job = nil
+  local job, added = nil, nil
   if raw then
     job = cjson.decode(raw)
-    drop_from_index(g, job.tablet, first)
+    added = drop_from_index(g, job.tablet, first)
   end
-  return raw, job, true
+  return raw, job, true, added
 end
