@@ -45,7 +45,7 @@ from kompaktor.metadata.jobs import DirectJobs
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.errors import ConditionFailed, StoreUnavailable
 from kompaktor.model.grouptoken import holds
-from kompaktor.model.resume import PartRecord, decode_cuts, job_fingerprint
+from kompaktor.model.resume import PartRecord, decode_cuts
 from kompaktor.model.tablet import FileMeta
 from kompaktor.resources.models import check_group_name
 
@@ -291,9 +291,7 @@ class Broker:
         return self.jobs.record_failure(res, str(req.get("reason", ""))[:500])
 
     def _fingerprint(self, res: Reservation, req: dict[str, Any]) -> str:
-        fp = job_fingerprint(
-            res.tablet, res.prev, res.end, res.job.files, res.job.kind, res.job.selection, res.settings
-        )
+        fp = res.fingerprint
         if req.get("fp") != fp:
             raise Refused(f"{res.ecid}: not the progress record of this compaction")
         return fp

@@ -32,6 +32,7 @@ from kompaktor.model.iterators import IteratorSettings
 from kompaktor.model.job import Job
 from kompaktor.model.keys import decode_row, encode_row
 from kompaktor.model.names import ecid_nonce, file_order_key, output_template, tmp_name
+from kompaktor.model.resume import job_fingerprint
 from kompaktor.model.tablet import ONLINE, FileInfo, FileMeta, RunningCompaction, Tablet, now_ms, ts_token
 from kompaktor.policy.tableprops import max_versions, selection_expiry_ms
 from kompaktor.queues.jobqueue import JobQueues
@@ -63,6 +64,13 @@ class Reservation:
     @property
     def tablet(self) -> str:
         return self.job.tablet
+
+    @property
+    def fingerprint(self) -> str:
+        """What the merged output depends on (:func:`~kompaktor.model.resume.job_fingerprint`):
+        the key of a resumable merge's progress record."""
+        job = self.job
+        return job_fingerprint(self.tablet, self.prev, self.end, job.files, job.kind, job.selection, self.settings)
 
     def to_json(self) -> dict[str, Any]:
         """The reservation as JSON (without :attr:`cap`)."""

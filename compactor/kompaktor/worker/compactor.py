@@ -35,7 +35,6 @@ from kompaktor.metadata.jobs import DirectJobs, Jobs
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.errors import BadFileError, ConditionFailed, KompaktorError, StoreUnavailable
 from kompaktor.model.iterators import IteratorSettings
-from kompaktor.model.resume import job_fingerprint
 from kompaktor.model.tablet import ONLINE, FileInfo
 from kompaktor.policy.services import (
     DEFAULT_DRAIN_GRACE_S,
@@ -444,10 +443,7 @@ class Compactor:
         threshold = getattr(self.engine, "resume_min_bytes", 0)
         if not (self.s.resume and threshold is not None and job.input_bytes >= threshold):
             return job
-        fp = job_fingerprint(
-            res.tablet, res.prev, res.end, res.job.files, res.job.kind, res.job.selection, res.settings
-        )
-        job.rlog = rlog = self.jobs.resume_log(res, fp)
+        job.rlog = rlog = self.jobs.resume_log(res, res.fingerprint)
         try:
             state = rlog.load()
         except StoreUnavailable:
