@@ -52,7 +52,7 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from kompaktor import keyspace as C
-from kompaktor.model.errors import Fenced, StoreUnavailable
+from kompaktor.model.errors import Fenced, NotPermitted, StoreUnavailable
 from kompaktor.model.redact import redact_text, redact_url
 
 _hiredis_pack: Callable[[tuple[Any, ...]], Any] | None
@@ -250,7 +250,7 @@ def unreachable(where: str, exc: BaseException) -> StoreUnavailable:
             "check the number at the end of the Redis URL"
         )
     if text.startswith("NOPERM") or isinstance(exc, redis.exceptions.NoPermissionError):
-        return StoreUnavailable(f"Redis at {where} denied a command to this user: {redact_text(text)}")
+        return NotPermitted(f"Redis at {where} denied a command to this user: {redact_text(text)}")
     return StoreUnavailable(f"Redis at {where} is unreachable: {redact_text(text)}")
 
 

@@ -36,6 +36,11 @@ class StoreUnavailable(KompaktorError):
     """Redis cannot be reached after bounded retries."""
 
 
+class NotPermitted(StoreUnavailable):
+    """Redis refused a command to this user (its ACL): to the caller an outage as any other, but
+    one that waiting does not end."""
+
+
 class StorageError(KompaktorError):
     """The data files' storage cannot be used (not a directory, not writable, …)."""
 

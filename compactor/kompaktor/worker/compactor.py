@@ -33,7 +33,7 @@ from kompaktor.metadata import progress as resume_records
 from kompaktor.metadata.compactions import Reservation
 from kompaktor.metadata.jobs import DirectJobs, Jobs
 from kompaktor.metadata.store import MetadataStore
-from kompaktor.model.errors import BadFileError, ConditionFailed, KompaktorError, StoreUnavailable
+from kompaktor.model.errors import BadFileError, ConditionFailed, KompaktorError, NotPermitted, StoreUnavailable
 from kompaktor.model.iterators import IteratorSettings
 from kompaktor.model.tablet import ONLINE, FileInfo
 from kompaktor.policy.services import (
@@ -276,7 +276,7 @@ class Compactor:
     def _refuse_without_rights(self, exc: StoreUnavailable) -> None:
         """A compactor making its own writes on a Redis user that may not (a compactor pod's):
         one line that says what to do, not an outage retried forever."""
-        if isinstance(self.jobs, DirectJobs) and "denied a command" in str(exc):
+        if isinstance(self.jobs, DirectJobs) and isinstance(exc, NotPermitted):
             raise KompaktorError(
                 f"compactor {self.s.compactor_id}: its Redis user may not write Kompaktor's metadata "
                 f"({exc}); run it with --broker, so that the coordinator makes its writes"
