@@ -2,7 +2,7 @@
 
 A compactor reads untrusted files, so it is the component most likely to be taken over; its
 Redis user may write nothing but requests (:mod:`kompaktor.metadata.brokered`). The broker
-takes them from ``kz:broker`` and makes the write with the coordinator's rights
+takes them from ``kzb:requests`` and makes the write with the coordinator's rights
 (:class:`~kompaktor.metadata.jobs.DirectJobs`), as Accumulo's compactors ask the coordinator
 (its manager, in 4.0) to reserve and to commit:
 
@@ -90,7 +90,7 @@ def _name(value: Any, what: str) -> str:
 
 
 class Broker:
-    """Serves compactors' requests from ``kz:broker`` (:meth:`handle` one, :meth:`serve` forever)."""
+    """Serves compactors' requests from ``kzb:requests`` (:meth:`handle` one, :meth:`serve` forever)."""
 
     def __init__(self, store: MetadataStore, group_key: str | None = None) -> None:
         self.store = store
@@ -242,9 +242,9 @@ class Broker:
         if res is None:
             return None
         cap = secrets.token_urlsafe(24)
-        doc = res.to_json()
-        out.records.append((C.reservation_key(res.ecid), json.dumps({"res": doc, "cap": digest(cap)})))
-        self._remember(res.ecid, digest(cap), doc)
+        doc, cap_digest = res.to_json(), digest(cap)
+        out.records.append((C.reservation_key(res.ecid), json.dumps({"res": doc, "cap": cap_digest})))
+        self._remember(res.ecid, cap_digest, doc)
         return {"res": doc, "cap": cap}
 
     def _register(self, req: dict[str, Any]) -> None:

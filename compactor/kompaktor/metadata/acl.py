@@ -2,15 +2,16 @@
 
 Roles
   ``compactor``    reads Kompaktor's keys and writes none of them: it pushes requests onto the
-                   coordinator's broker list (``kz:broker``) and pops the answers
-                   (``kz:reply:*``, names only the asker knows), waits for work (``BLPOP`` on
+                   coordinator's broker list (``kzb:requests``) and pops the answers
+                   (``kzb:reply:*``, names only the asker knows), waits for work (``BLPOP`` on
                    ``kz:wake:*``) and appends to its group's history (``kz:history:*``). Its
                    reservations, heartbeats, progress, commits, releases and failures are
                    made by the broker (:mod:`kompaktor.coordinator.broker`), which acts only for
                    the holder of a reservation. No ``FCALL`` (Redis runs a function's commands
                    with its caller's rights, so a user that may commit through a function may
                    also write the tablets directly), no ``EVAL``, no ``CONFIG``, ``FLUSH*``,
-                   ``DEBUG``, ``MODULE``, ``KEYS``, ``SHUTDOWN``, no key outside ``kz:*``, no Pub/Sub.
+                   ``DEBUG``, ``MODULE``, ``KEYS``, ``SHUTDOWN``, no key outside ``kz:*`` and its
+                   two ``kzb:`` lists, no Pub/Sub.
   ``coordinator``  the writes of Kompaktor's structures (its passes and the broker), through the
                    functions it loads (``FUNCTION LOAD``/``LIST``) and plain commands, and
                    ``CONFIG GET`` (the durability it can rely on).

@@ -1,7 +1,7 @@
 """A compactor's writes, asked of the coordinator's broker (:mod:`kompaktor.coordinator.broker`).
 
-The compactor's Redis user may push requests onto one list (``kz:broker``) and pop the answer
-from a list whose name only it knows (``kz:reply:<random>``); every other key it may only read
+The compactor's Redis user may push requests onto one list (``kzb:requests``) and pop the answer
+from a list whose name only it knows (``kzb:reply:<random>``); every other key it may only read
 (:mod:`kompaktor.metadata.acl`). A request is one JSON document: the operation, its arguments,
 where to answer, and until when an answer is of use (a broker that comes back after an outage
 skips requests nobody waits for any more). For a reservation it holds, the compactor sends the
