@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from bench.common import start_redis, tablet_doc
+from tests.support.rawredis import raw_redis
 
 
 def _populate(store, storage, tablets: int, files: int) -> None:
@@ -35,7 +36,7 @@ def _populate(store, storage, tablets: int, files: int) -> None:
         out = storage.open_output(p)
         out.write(b"x")
         out.close()
-    pipe = store._r.pipeline(transaction=False)
+    pipe = raw_redis(store).pipeline(transaction=False)
     for i in range(0, len(splits), 10_000):
         pipe.zadd(C.tablets_key(tid), {end.hex(): 0 for end in splits[i : i + 10_000]})
     pipe.execute()
@@ -113,7 +114,7 @@ def main() -> None:
             f"trips while it ran: {_show(during)}; before it: {_show(quiet)}",
             flush=True,
         )
-        store._r.flushall()
+        raw_redis(store).flushall()
         t0 = time.perf_counter()
         r = backup.restore(store, storage, m.id)
         print(f"restore: {r.tablets} tablets into an empty Redis in {time.perf_counter() - t0:.1f} s", flush=True)

@@ -7,6 +7,7 @@ import tempfile
 from pathlib import Path
 
 from tests.support.procs import descendants  # noqa: F401 (the benchmarks' process trees)
+from tests.support.rawredis import raw_redis
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "out"
@@ -73,7 +74,7 @@ def fill_tablets(store, jobs: int, name: str) -> tuple[list[str], str]:
     splits = [format(i, "06x").encode() for i in range(1, jobs)]
     tid = store.create_table(name, splits)
     ids = store.tablet_ids(tid)
-    pipe = store._r.pipeline(transaction=False)
+    pipe = raw_redis(store).pipeline(transaction=False)
     prev = None
     for n, (tablet_id, end) in enumerate(zip(ids, [*splits, None], strict=True)):
         fs = {f"tables/{tid}/F{n:07x}{k}.parquet": {"size": 1000, "entries": 10, "deletes": 0} for k in range(3)}

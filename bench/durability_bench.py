@@ -28,6 +28,7 @@ from pathlib import Path
 
 from bench.common import fill_tablets, percentile, write_csv
 from bench.queue_bench import _worker
+from tests.support.rawredis import raw_redis
 
 SETUPS = [
     ("before", "everysec", False, "none"),
@@ -52,7 +53,7 @@ def _one(label: str, fsync: str, replica: bool, durability: str, jobs: int, proc
         url = servers[0].url
         store = MetadataStore.from_url(url)
         store.ping()
-        plan = store.durability.plan(store._r).label
+        plan = store.durability.plan(raw_redis(store)).label
         queues = store.queues
         queues.resize(max(jobs, 1))
         ids, tid = fill_tablets(store, jobs, "dbench")

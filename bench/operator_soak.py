@@ -57,6 +57,7 @@ from bench.soak import plot_processes, sample_processes
 from kompaktor.resources import api
 from kompaktor_operator import naming
 from tests.support.growth import FD_LIMIT, RSS_LIMIT_PCT, Sample, growth
+from tests.support.rawredis import raw_redis
 
 NS = "kompaktor"
 RELEASE = "kompaktor"
@@ -477,7 +478,7 @@ class OperatorSoak:
         out["networkpolicies"] = len(self.netpol.list_namespaced_network_policy(NS, label_selector=MANAGED).items)
         out["events"] = len(self.core.list_namespaced_event(NS).items)
         out.update(self.etcd_figures())
-        r = self.store._r
+        r = raw_redis(self.store)
         out["redis_groups"] = self.store.call(r.hlen, K.GROUPS)
         out["redis_services"] = self.store.call(r.hlen, K.SERVICES)
         out["redis_ucomps"] = self.store.call(r.scard, K.UCOMPS)

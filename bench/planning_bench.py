@@ -13,6 +13,7 @@ import random
 import time
 
 from bench.common import start_redis, tablet_doc, write_csv
+from tests.support.rawredis import raw_redis
 
 
 def setup(store, tablets: int, files: int, seed: int = 7) -> list[str]:
@@ -27,7 +28,7 @@ def setup(store, tablets: int, files: int, seed: int = 7) -> list[str]:
     tid = store.create_table("bench", [])
     ends = [*splits, None]
     ids = [make_id(tid, end) for end in ends]
-    pipe = store._r.pipeline(transaction=False)
+    pipe = raw_redis(store).pipeline(transaction=False)
     for i in range(0, len(ends) - 1, 10_000):
         pipe.zadd(C.tablets_key(tid), {end.hex(): 0 for end in ends[i : i + 10_000] if end is not None})
     pipe.execute()
@@ -66,14 +67,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     redis = start_redis()
     try:
         store = MetadataStore.from_url(redis.url)
-        mem0 = store._r.info("memory")["used_memory"]
+        mem0 = raw_redis(store).info("memory")["used_memory"]
         t0 = time.perf_counter()
         ids = setup(store, args.tablets, args.files)
         setup_s = time.perf_counter() - t0
-        per_tablet = (store._r.info("memory")["used_memory"] - mem0) / max(1, len(ids))
-        store._r.config_set("slowlog-log-slower-than", 5000)
-        store._r.config_set("slowlog-max-len", 10_000)
-        store._r.slowlog_reset()
+        per_tablet = (raw_redis(store).info("memory")["used_memory"] - mem0) / max(1, len(ids))
+        raw_redis(store).config_set("slowlog-log-slower-than", 5000)
+        raw_redis(store).config_set("slowlog-max-len", 10_000)
+        raw_redis(store).slowlog_reset()
         rss0 = _rss_mb()
         import tempfile
 
@@ -130,7 +131,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 "jobs_queued": queued_inc,
             },
         ]
-        slow = store._r.slowlog_get(10_000)
+        slow = raw_redis(store).slowlog_get(10_000)
         longest = max((e["duration"] for e in slow), default=0) / 1000
         aim = 30 if len(ids) >= 1_000_000 else 10
         print(

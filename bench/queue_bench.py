@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from bench.common import fill_tablets, percentile, start_redis, write_csv
+from tests.support.rawredis import raw_redis
 
 
 def _worker(
@@ -139,13 +140,13 @@ def _run(args: argparse.Namespace, broker: bool) -> dict:
             p.start()
         for _ in procs:
             ready.get(timeout=120)  # every client connected: measure the round trips only
-        store._r.config_resetstat()
-        redis_cpu0 = _redis_cpu(store._r)
+        raw_redis(store).config_resetstat()
+        redis_cpu0 = _redis_cpu(raw_redis(store))
         t0 = time.perf_counter()
         go.set()
         results = [json.loads(out.get(timeout=600)) for _ in procs]
         wall = time.perf_counter() - t0
-        redis_cpu = _redis_cpu(store._r) - redis_cpu0
+        redis_cpu = _redis_cpu(raw_redis(store)) - redis_cpu0
         for p in procs:
             p.join()
         lat = [x for r in results for x in r["lat"]]
@@ -174,7 +175,7 @@ def _run(args: argparse.Namespace, broker: bool) -> dict:
             f"p99 {row['p99_ms']} ms; reserved twice: {twice}, lost: {lost} (aim 2,000/s); CPU per round trip: "
             f"clients {row['client_cpu_us_per_trip']} µs, Redis {row['redis_cpu_us_per_trip']} µs"
         )
-        stats = store._r.info("commandstats")
+        stats = raw_redis(store).info("commandstats")
         # the cycle's function calls (the queue pop folded into the reserving function, then the
         # committing mutation; a last call finds the queue empty); a function's own commands are
         # counted inside its FCALL time (and again under their own names)

@@ -16,6 +16,7 @@ import threading
 import time
 
 from bench.common import start_redis
+from tests.support.rawredis import raw_redis
 
 
 def used(r) -> int:
@@ -45,7 +46,7 @@ def main(argv: list[str] | None = None) -> dict:
     redis = start_redis()
     try:
         store = MetadataStore.from_url(redis.url)
-        r = store._r
+        r = raw_redis(store)
         if args.appendfsync:
             r.config_set("appendfsync", args.appendfsync)
         base = used(r)

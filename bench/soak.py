@@ -49,6 +49,7 @@ from pathlib import Path
 
 from bench import common
 from tests.support.growth import FD_LIMIT, LIMIT_WARM_MIN, RSS_LIMIT_PCT, Sample, growth_per_process, judge_limits
+from tests.support.rawredis import raw_redis
 
 KEY_ID = re.compile(r"(ECID-[0-9a-f]+|[0-9a-f]{8,}|\d+|compactor-[\w-]+)")
 #: key families bounded by a TTL or a retention rather than by the tables (left out of the
@@ -365,7 +366,7 @@ class Soak:
         try:
             fams: Counter = Counter()
             n = 0
-            for key in store.call(store._r.scan_iter, count=1000):
+            for key in store.call(raw_redis(store).scan_iter, count=1000):
                 fams[_family(key)] += 1
                 n += 1
             return n, fams
@@ -382,7 +383,7 @@ class Soak:
         self._sample_redis(m, row)
         try:
             store = client.store
-            info = store.call(store._r.info, "memory")
+            info = store.call(raw_redis(store).info, "memory")
             row["redis_used_mb"] = round(info["used_memory"] / 2**20, 2)
             row["redis_keys"], fams = self.redis_keys()
             if self.base is None and self.minutes() >= self.warm:

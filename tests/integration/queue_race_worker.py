@@ -25,4 +25,4 @@ def reserve_all(url: str, groups: list[str], compactor: str, barrier) -> list[tu
                     got.append((res.ecid, res.tablet, list(res.inputs)))
         return got
     finally:
-        store._r.close()
+        store.close()

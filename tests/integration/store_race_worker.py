@@ -37,7 +37,7 @@ def claim(url: str, tablet_ids: list[str], files: list[str], ecid: str, barrier)
         except ConditionFailed as exc:
             return exc.condition
     finally:
-        store._r.close()
+        store.close()
 
 
 def add_files_cas(url: str, tablet_id: str, prefix: str, count: int, barrier, deadline_s: float = 60) -> int:
@@ -68,4 +68,4 @@ def add_files_cas(url: str, tablet_id: str, prefix: str, count: int, barrier, de
                     conflicts += 1
         return conflicts
     finally:
-        store._r.close()
+        store.close()

@@ -21,6 +21,7 @@ from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.errors import BadFileError, KompaktorError, StoreUnavailable, UnknownTableError, UnsortedError
 from kompaktor.model.iterators import IteratorSettings, merged_view
 from kompaktor.model.keys import Entry, sort_key
+from tests.support.rawredis import raw_redis
 
 pytestmark = pytest.mark.redis
 
@@ -37,15 +38,15 @@ def write_parquet(path: Path, entries: list[Entry]) -> str:
 def metadata(store: MetadataStore) -> dict:
     """Everything in Redis except the id/name counters (a refused import may draw a name)."""
     out = {}
-    for k in store._r.keys("*"):
+    for k in raw_redis(store).keys("*"):
         if k == C.SEQ.encode():
             continue
-        t = store._r.type(k).decode()
+        t = raw_redis(store).type(k).decode()
         out[k] = {
-            "string": store._r.get,
-            "hash": store._r.hgetall,
-            "set": store._r.smembers,
-            "zset": lambda k: store._r.zrange(k, 0, -1),
+            "string": raw_redis(store).get,
+            "hash": raw_redis(store).hgetall,
+            "set": raw_redis(store).smembers,
+            "zset": lambda k: raw_redis(store).zrange(k, 0, -1),
         }[t](k)
     return out
 
@@ -226,7 +227,7 @@ entry = st.builds(E, field, st.integers(0, 3), st.binary(max_size=2), st.boolean
 def test_scan_equals_the_merge_of_everything_written(client: Client, splits, batches, start, end, versions) -> None:
     """Whatever the splits and flushes, a scan of [start, end] is the merged view of all flushed
     entries in that range (flushes in order, later ones newer)."""
-    client.store._r.flushdb()
+    raw_redis(client.store).flushdb()
     client.store.create_table("t", splits, props={"table.iterator.versions": str(versions)})
     for b in batches:
         if b:

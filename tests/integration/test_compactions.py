@@ -19,6 +19,7 @@ from kompaktor.model.job import Job
 from kompaktor.model.names import ecid_nonce
 from kompaktor.model.tablet import FileInfo, FileMeta
 from tests.integration import store_race_worker as W
+from tests.support.rawredis import raw_redis
 from tests.support.snapshot import snapshot
 
 pytestmark = pytest.mark.redis
@@ -63,7 +64,7 @@ def resend_every_mutation(store: MetadataStore, monkeypatch: pytest.MonkeyPatch)
 def test_reserve_names_the_output_decides_full_and_reports_range_and_props(store: MetadataStore) -> None:
     tid, tablet = table_with_files(store, 3, {"table.iterator.versions": "3"})
     files = sorted(store.tablet(tablet).files)
-    seq = int(store._r.hget(C.SEQ, "file") or 0)
+    seq = int(raw_redis(store).hget(C.SEQ, "file") or 0)
     partial = compactions.try_reserve(store, job(tablet, files[:2]), "c1", "g")
     assert not partial.full and not partial.settings.full
     assert partial.output == f"tables/{tid}/C{seq + 1:010x}-{ecid_nonce(partial.ecid)}.parquet"
@@ -71,8 +72,8 @@ def test_reserve_names_the_output_decides_full_and_reports_range_and_props(store
     assert partial.inputs == tuple(files[:2]) and partial.settings.max_versions == 3
     t = store.tablet(tablet)
     assert t.running[partial.ecid].output == partial.output and t.running[partial.ecid].files == tuple(files[:2])
-    assert store._r.hget(C.RUNNING, partial.ecid).decode() == tablet
-    assert store._r.sismember(C.running_group_key("g"), partial.ecid)
+    assert raw_redis(store).hget(C.RUNNING, partial.ecid).decode() == tablet
+    assert raw_redis(store).sismember(C.running_group_key("g"), partial.ecid)
     compactions.remove_running(store, tablet, partial.ecid)
 
     full = compactions.try_reserve(store, job(tablet, list(reversed(files))), "c1", "g")
@@ -112,11 +113,11 @@ def test_a_refused_reservation_changes_nothing(store: MetadataStore, cond: str) 
         m = Mutation(table=tid)
         m.tablet(tablet).do("set_op", "split")
         store.mutate(m)
-    before = snapshot(store._r)
+    before = snapshot(raw_redis(store))
     with pytest.raises(ConditionFailed) as exc:
         compactions.try_reserve(store, job(tablet, files), "c1", "g")
     assert exc.value.condition == cond
-    assert snapshot(store._r) == before  # no ECID, and no file sequence number taken
+    assert snapshot(raw_redis(store)) == before  # no ECID, and no file sequence number taken
 
 
 def test_a_reservation_with_unusable_settings_leaves_no_ecid(store: MetadataStore) -> None:
@@ -124,17 +125,17 @@ def test_a_reservation_with_unusable_settings_leaves_no_ecid(store: MetadataStor
     store.mutate(Mutation(table=tid, table_ops=[["set_prop", "table.iterator.versions", "many"]]))
     with pytest.raises(KompaktorError, match="not an integer"):
         compactions.try_reserve(store, job(tablet, sorted(store.tablet(tablet).files)), "c1", "g")
-    assert store.tablet(tablet).running == {} and not store._r.hlen(C.RUNNING)
+    assert store.tablet(tablet).running == {} and not raw_redis(store).hlen(C.RUNNING)
 
 
 def test_a_resent_reservation_is_recognised(store: MetadataStore, monkeypatch: pytest.MonkeyPatch) -> None:
     _tid, tablet = table_with_files(store, 2)
     files = sorted(store.tablet(tablet).files)
-    seq = int(store._r.hget(C.SEQ, "file") or 0)
+    seq = int(raw_redis(store).hget(C.SEQ, "file") or 0)
     replies = resend_every_mutation(store, monkeypatch)
     res = compactions.try_reserve(store, job(tablet, files), "c1", "g")
     assert replies[0] == replies[1]  # the resend answered with the first outcome
-    assert int(store._r.hget(C.SEQ, "file")) == seq + 1  # one output name allocated
+    assert int(raw_redis(store).hget(C.SEQ, "file")) == seq + 1  # one output name allocated
     assert set(store.tablet(tablet).running) == {res.ecid}
 
 
@@ -144,15 +145,17 @@ def test_commit_drops_the_heartbeat_and_counts_in_the_same_mutation(store: Metad
     files = sorted(store.tablet(tablet).files)
     res = compactions.try_reserve(store, job(tablet, files, group="small"), "c1", "small")
     compactions.heartbeat(store, res, {"entries_read": 1})
-    assert store._r.exists(C.heartbeat_key(res.ecid))
+    assert raw_redis(store).exists(C.heartbeat_key(res.ecid))
     compactions.commit(store, res, output_info(res.output))
     t = store.tablet(tablet)
     assert set(t.files) == {res.output} and t.running == {}
-    assert not store._r.exists(C.heartbeat_key(res.ecid))
-    assert not store._r.hexists(C.RUNNING, res.ecid) and not store._r.sismember(C.running_group_key("small"), res.ecid)
+    assert not raw_redis(store).exists(C.heartbeat_key(res.ecid))
+    assert not raw_redis(store).hexists(C.RUNNING, res.ecid) and not raw_redis(store).sismember(
+        C.running_group_key("small"), res.ecid
+    )
     counters = store.counters()
     assert counters["compactions_committed"] == 1 and counters["committed:small"] == 1
-    assert store._r.hget(C.COMMITS_BY_TABLET, tablet) == b"1"
+    assert raw_redis(store).hget(C.COMMITS_BY_TABLET, tablet) == b"1"
 
 
 def test_a_resent_commit_is_recognised_and_counts_once(store: MetadataStore, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -163,7 +166,7 @@ def test_a_resent_commit_is_recognised_and_counts_once(store: MetadataStore, mon
     assert json.loads(replies[1])["ok"] and replies[0] == replies[1]
     assert set(store.tablet(tablet).files) == {res.output}
     assert store.counters()["compactions_committed"] == 1 and store.counters()["committed:g"] == 1
-    assert store._r.hget(C.COMMITS_BY_TABLET, tablet) == b"1"
+    assert raw_redis(store).hget(C.COMMITS_BY_TABLET, tablet) == b"1"
 
 
 def test_the_commit_log_holds_each_commit_applied_once(store: MetadataStore, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -180,10 +183,10 @@ def test_a_rejected_commit_counts_nothing_and_keeps_the_heartbeat(store: Metadat
     res = compactions.try_reserve(store, job(tablet, sorted(store.tablet(tablet).files)), "c1", "g")
     compactions.heartbeat(store, res, {"entries_read": 1})
     compactions.remove_running(store, tablet, res.ecid)  # as dead-compaction detection does
-    before = snapshot(store._r)
+    before = snapshot(raw_redis(store))
     with pytest.raises(ConditionFailed, match="compaction registered"):
         compactions.commit(store, res, output_info(res.output))
-    assert snapshot(store._r) == before
+    assert snapshot(raw_redis(store)) == before
     assert "compactions_committed" not in store.counters()
 
 
@@ -202,14 +205,14 @@ def test_a_rejected_commit_counts_nothing_and_keeps_the_heartbeat(store: Metadat
 )
 def test_malformed_new_ops_are_rejected_before_any_write(store: MetadataStore, op: list) -> None:
     tid, tablet = table_with_files(store, 1)
-    before = snapshot(store._r)
+    before = snapshot(raw_redis(store))
     m = Mutation(table=tid)
     m.tablet(store.tablet_ids(tid)[0]).do("add_files", {"x": FileMeta(1, 1).to_json()})
     m.tablet(tablet).do(*op)
     with pytest.raises(ConditionFailed) as exc:
         store.mutate(m)
     assert exc.value.condition == "bad operation"
-    assert snapshot(store._r) == before
+    assert snapshot(raw_redis(store)) == before
 
 
 def test_table_reads_return_fields_of_the_table_after_the_ops(store: MetadataStore) -> None:
@@ -245,31 +248,31 @@ def test_selection_done_shrinks_the_selection_then_completes_it(store: MetadataS
     done([files[2]], None)  # an empty output leaves the selection
     sel = store.tablet(tablet).selection
     assert sel is not None and (sel.files, sel.done) == (("X",), 2)
-    assert not store._r.exists(C.ucomp_done_key("U1"))
+    assert not raw_redis(store).exists(C.ucomp_done_key("U1"))
     done(["X"], "Y")
     assert store.tablet(tablet).selection is None
-    assert store._r.smembers(C.ucomp_done_key("U1")) == ({tablet.encode()} if ucomp else set())
+    assert raw_redis(store).smembers(C.ucomp_done_key("U1")) == ({tablet.encode()} if ucomp else set())
 
 
 def test_selection_done_needs_a_selection(store: MetadataStore) -> None:
     tid, tablet = table_with_files(store, 1)
-    before = snapshot(store._r)
+    before = snapshot(raw_redis(store))
     m = Mutation(table=tid)
     m.tablet(tablet).do("selection_done", ["f"], None, None)
     with pytest.raises(ConditionFailed, match="no selection to update"):
         store.mutate(m)
-    assert snapshot(store._r) == before
+    assert snapshot(raw_redis(store)) == before
 
 
 # -- the folded poll-and-reserve (one script call: lua/reserve.lua) ----------------------------------
 def function_calls(store: MetadataStore) -> int:
-    return int(store._r.info("commandstats").get("cmdstat_fcall", {}).get("calls", 0))
+    return int(raw_redis(store).info("commandstats").get("cmdstat_fcall", {}).get("calls", 0))
 
 
 def reset_stats(store: MetadataStore) -> None:
     """Functions loaded (a first FCALL would fail and count), statistics reset."""
     store.load_scripts()
-    store._r.config_resetstat()
+    raw_redis(store).config_resetstat()
 
 
 def test_reserve_polls_and_reserves_in_one_script_call_as_try_reserve_would(store: MetadataStore) -> None:
@@ -290,12 +293,12 @@ def test_reserve_polls_and_reserves_in_one_script_call_as_try_reserve_would(stor
     assert res.inputs == tuple(sorted(files)) and res.full and res.prev == b"m" and res.end is None
     assert (res.full, res.prev, res.end) == (by_python.full, by_python.prev, by_python.end)
     assert res.output.startswith(f"tables/{tid}/A") and res.output.endswith(f"-{ecid_nonce(res.ecid)}.parquet")
-    folded = json.loads(store._r.get(C.tablet_key(tablet)))["running"][res.ecid]
-    direct = json.loads(store._r.get(C.tablet_key(other)))["running"][by_python.ecid]
+    folded = json.loads(raw_redis(store).get(C.tablet_key(tablet)))["running"][res.ecid]
+    direct = json.loads(raw_redis(store).get(C.tablet_key(other)))["running"][by_python.ecid]
     assert folded["files"] == list(res.inputs)
     same = ("kind", "group", "priority", "compactor")
     assert set(folded) == set(direct) and {k: folded[k] for k in same} == {k: direct[k] for k in same}
-    assert store._r.hget(C.RUNNING, res.ecid) == tablet.encode()
+    assert raw_redis(store).hget(C.RUNNING, res.ecid) == tablet.encode()
     assert store.queues.stats("g").dequeued == 1 and store.queues.jobs("g") == []
 
 
@@ -334,14 +337,14 @@ def test_a_template_decoded_once_keeps_nothing_of_an_earlier_reservation(store: 
         got.append((res, before, compactions.now_ms()))
     assert len({res.ecid for res, _, _ in got}) == 3
     for (res, before, after), j, tid, compactor in zip(got, queued, tids, ("c1", "c1", "c2"), strict=True):
-        rec = json.loads(store._r.get(C.tablet_key(j.tablet)))["running"][res.ecid]
+        rec = json.loads(raw_redis(store).get(C.tablet_key(j.tablet)))["running"][res.ecid]
         assert res.job.tablet == j.tablet and rec["files"] == sorted(j.files) == list(res.inputs)
         assert (rec["kind"], rec["priority"], rec["compactor"], rec["group"]) == (j.kind, j.priority, compactor, "g")
         assert rec.get("selection") == j.selection  # left out of a SYSTEM record, as Python does
         assert isinstance(rec["started"], int) and before <= rec["started"] <= after
         assert rec["output"] == res.output and res.output.startswith(f"tables/{tid}/")
         assert res.output.endswith(f"-{ecid_nonce(res.ecid)}.parquet")
-        assert store._r.hget(C.RUNNING, res.ecid) == j.tablet.encode()
+        assert raw_redis(store).hget(C.RUNNING, res.ecid) == j.tablet.encode()
     assert [res.full for res, _, _ in got] == [True, False, False]  # all of t1's files; one of t2's; t3's but one
 
 
@@ -427,7 +430,7 @@ def test_commit_is_refused_when_an_input_is_gone(store: MetadataStore) -> None:
     m = Mutation(table=tid)
     m.tablet(tablet).do("remove_files", [files[1]])
     store.mutate(m)
-    before = snapshot(store._r)
+    before = snapshot(raw_redis(store))
     with pytest.raises(ConditionFailed, match="files present"):
         compactions.commit(store, res, output_info(res.output))
-    assert snapshot(store._r) == before
+    assert snapshot(raw_redis(store)) == before

@@ -36,6 +36,7 @@ from kompaktor.model.tablet import OFFLINE, ONLINE, FileMeta
 from kompaktor.policy.services import ServiceConfig, Tier
 from kompaktor.policy.tableprops import RATIO, SELECTION_EXPIRY
 from tests.support.coordinator import settings
+from tests.support.rawredis import raw_redis
 from tests.support.wait import poll
 
 pytestmark = pytest.mark.redis
@@ -120,15 +121,15 @@ def scan_rows(client: Client, table: str = "t") -> list[bytes]:
 
 
 def backdate_heartbeat(store: MetadataStore, ecid: str, seconds: float) -> None:
-    store._r.hset(C.heartbeat_key(ecid), mapping={"compactor": "cx", "updated": str(time.time() - seconds)})
+    raw_redis(store).hset(C.heartbeat_key(ecid), mapping={"compactor": "cx", "updated": str(time.time() - seconds)})
 
 
 def expire_backoffs(store: MetadataStore) -> None:
     """Move every failure's retry time into the past (instead of waiting out the backoff)."""
-    for fp, raw in store._r.hgetall(C.FAILURES).items():
+    for fp, raw in raw_redis(store).hgetall(C.FAILURES).items():
         rec = json.loads(raw)
         rec["retry_at"] = time.time() - 1
-        store._r.hset(C.FAILURES, fp, json.dumps(rec))
+        raw_redis(store).hset(C.FAILURES, fp, json.dumps(rec))
 
 
 def stop_renewing(c: Coordinator) -> None:
@@ -344,11 +345,11 @@ def test_seed000_scenario3_table_deleted(
         compactions.commit(store, running, result.info)
     compactions.release(store, storage, running)
     assert not storage.exists(running.output)
-    assert store._r.hlen(C.RUNNING) == 0
+    assert raw_redis(store).hlen(C.RUNNING) == 0
     files_before = storage.list_files("tables")
     assert reserve(coord) is None  # the other tablet's queued job is discarded
     assert storage.list_files("tables") == files_before
-    assert store._r.hlen(C.RUNNING) == 0
+    assert raw_redis(store).hlen(C.RUNNING) == 0
 
 
 def test_seed000_scenario4_coordinator_dies_job_queued_again(
@@ -382,7 +383,7 @@ def test_seed001_user_compaction_while_system_compactions_run(
     set_service(store, name="default", max_open=30)
     store.create_table("t")
     tab = only_tablet(store)
-    r = store._r
+    r = raw_redis(store)
 
     def system_never_takes_selected() -> None:
         t = store.tablet(tab)
@@ -566,7 +567,7 @@ def test_a_new_leader_rebuilds_partially_lost_queues(store: MetadataStore, stora
     a = Coordinator(store, storage, settings())
     assert a.tick()
     a.resign()
-    store._r.delete(C.queue_key("default"), C.queue_jobs_key("default"), C.queue_index_key("default"))
+    raw_redis(store).delete(C.queue_key("default"), C.queue_jobs_key("default"), C.queue_index_key("default"))
     b = Coordinator(store, storage, settings())
     assert b.tick()
     assert [j.tablet for j in queued(b)] == [tab]
@@ -587,7 +588,7 @@ def test_second_coordinator_waits_then_takes_over(store: MetadataStore, storage:
     # while b waits, it does nothing: dirty tablets stay for the leader
     fake_files(store, tab, {f"f{k}": 10 for k in range(5)})
     assert not b.tick()
-    assert queued(b) == [] and store._r.sismember(C.DIRTY, tab)
+    assert queued(b) == [] and raw_redis(store).sismember(C.DIRTY, tab)
     # a stops renewing (dies): b takes over once the lease expires, with a higher fencing token
     stop_renewing(a)
     poll(b.tick, "b to lead", timeout=10, every=0.02)
@@ -607,8 +608,8 @@ def test_deleted_queue_keys_are_rebuilt(store: MetadataStore, storage: Storage, 
     assert coord.tick()
     before = sorted((j.tablet, sorted(j.files)) for j in queued(coord))
     assert len(before) == 2
-    keys = list(store._r.scan_iter(match=C.PREFIX + "queue:*"))
-    store._r.delete(*keys)
+    keys = list(raw_redis(store).scan_iter(match=C.PREFIX + "queue:*"))
+    raw_redis(store).delete(*keys)
     assert coord.tick()  # the same leader notices and rebuilds
     assert sorted((j.tablet, sorted(j.files)) for j in queued(coord)) == before
 
@@ -631,8 +632,8 @@ def test_dead_compaction_recovery(store: MetadataStore, storage: Storage, client
     t = store.tablet(tab)
     assert t.running == {} and set(t.files) == set(files)
     assert not storage.exists(res.tmp_path()) and not storage.exists(res.output)
-    assert not store._r.exists(C.heartbeat_key(res.ecid)) and not store._r.hexists(C.RUNNING, res.ecid)
-    assert store._r.scard(C.running_group_key("default")) == 0
+    assert not raw_redis(store).exists(C.heartbeat_key(res.ecid)) and not raw_redis(store).hexists(C.RUNNING, res.ecid)
+    assert raw_redis(store).scard(C.running_group_key("default")) == 0
     assert store.counters()["dead_compactions"] == 1
     # the tablet is re-planned once its backoff passes, and the job runs to completion
     coord.plan_dirty()
@@ -768,7 +769,7 @@ def test_table_offline_removes_queued_jobs_and_refuses_reservation(store: Metada
     store.set_state("t", OFFLINE)
     # a compactor polling before the coordinator notices: refused, nothing registered
     assert reserve(coord) is None
-    assert store._r.hlen(C.RUNNING) == 0
+    assert raw_redis(store).hlen(C.RUNNING) == 0
     # the coordinator removes what is queued for the offline table
     for j in jobs:
         coord.queues.add(j.tablet, [j])
@@ -797,7 +798,7 @@ def test_table_deleted_removes_queued_jobs_and_refuses_reservation(store: Metada
     coord.queues.add(ids[0], [Job(ids[0], "SYSTEM", 0, "default", {"0-0": 10, "0-1": 10})])
     got = reserve_all(coord)
     assert [res.tablet for res in got] == [only_tablet(store, "other")]
-    assert store._r.hlen(C.RUNNING) == 1
+    assert raw_redis(store).hlen(C.RUNNING) == 1
 
 
 def test_finished_user_compactions_are_forgotten_after_their_retention(store: MetadataStore) -> None:
@@ -816,7 +817,7 @@ def test_finished_user_compactions_are_forgotten_after_their_retention(store: Me
     usercompaction.advance(store, retention_s=0)
     assert store.list_user_compactions() == [running]  # running: never forgotten
     assert usercompaction.get(store, running).state == usercompaction.RUNNING
-    assert not store.call(store._r.exists, C.ucomp_key(done), C.ucomp_done_key(done))
+    assert not store.call(raw_redis(store).exists, C.ucomp_key(done), C.ucomp_done_key(done))
     with pytest.raises(KompaktorError, match="unknown user compaction"):
         usercompaction.get(store, done)
 
@@ -866,12 +867,14 @@ def test_a_full_pass_shared_with_worker_processes_queues_exactly_what_one_thread
     store.set_state("off", OFFLINE)
 
     def one_pass(workers: int, url: str | None = None) -> tuple[list[tuple], dict[str, object], int]:
-        for k in store._r.scan_iter("kz:queue*"):
-            store._r.delete(k)
+        for k in raw_redis(store).scan_iter("kz:queue*"):
+            raw_redis(store).delete(k)
         for tab in off:  # queued before the table went offline: the pass removes them
             store.queues.add(tab, [Job(tab, "SYSTEM", 1, "default", {f"x-{tab}": 1})])
         for tab in store.tablet_ids(store.table_id("sel")):
-            store._r.set(C.tablet_key(tab), json.dumps({**json.loads(store._r.get(C.tablet_key(tab))), "sel": None}))
+            raw_redis(store).set(
+                C.tablet_key(tab), json.dumps({**json.loads(raw_redis(store).get(C.tablet_key(tab))), "sel": None})
+            )
         c = Coordinator(store, storage, settings(plan_workers=workers))
         if url is not None:
             c._planpool.url = url

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kompaktor.client import Client
-from kompaktor.connection import Durability
+from kompaktor.connection import Durability, connect
 from kompaktor.coordinator.dead import detect_dead
 from kompaktor.files.storage import Storage
 from kompaktor.local.redis_server import RedisHA, RedisProcess
@@ -43,7 +43,9 @@ def test_a_dead_compaction_removed_without_a_durable_reply_is_handled_in_the_sam
         storage.ensure_dir(str(Path(tmp).parent))
         Path(storage.path(tmp)).write_bytes(b"half a merge")  # what the dead compactor left
         replica.stop(kill=True)  # from now on Redis applies writes but cannot confirm them durable
-        unconfirmed = MetadataStore(store._r, primary.url, durability=Durability("replicas", timeout_ms=200))
+        unconfirmed = MetadataStore(
+            connect(primary.url), primary.url, durability=Durability("replicas", timeout_ms=200)
+        )
 
         assert detect_dead(unconfirmed, storage, dead_after_s=0, max_attempts=3) == [res.ecid]
 

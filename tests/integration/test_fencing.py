@@ -32,6 +32,7 @@ from kompaktor.model.names import tmp_name
 from kompaktor.model.tablet import FileMeta
 from tests.support.coordinator import settings as quiet_settings
 from tests.support.procs import python_env
+from tests.support.rawredis import raw_redis
 from tests.support.snapshot import snapshot
 from tests.support.wait import poll
 
@@ -85,7 +86,7 @@ def test_a_replaced_leader_changes_nothing(store: MetadataStore, storage: Storag
     b = Coordinator(store, storage, settings())
     poll(b.try_lead, "b takes over")
     assert b.fence == 2
-    before = snapshot(store._r, C.PREFIX + "*")
+    before = snapshot(raw_redis(store), C.PREFIX + "*")
     files_before = sorted(rel for rel, _ in storage.list_files("tables"))
 
     # a wakes up believing its lease still valid (a pause right after its last check)
@@ -111,7 +112,7 @@ def test_a_replaced_leader_changes_nothing(store: MetadataStore, storage: Storag
         with pytest.raises(Fenced):
             attempt()
         refused.append(what)
-    assert snapshot(store._r, C.PREFIX + "*") == before, "the replaced leader changed the metadata"
+    assert snapshot(raw_redis(store), C.PREFIX + "*") == before, "the replaced leader changed the metadata"
     assert sorted(rel for rel, _ in storage.list_files("tables")) == files_before
     assert storage.exists(tmp_out) and storage.exists(garbage)
     assert len(refused) == len(attempts)
@@ -172,15 +173,15 @@ def test_sigstopped_coordinator_process_is_fenced(
     log = tmp_path / "a.log"
     a = _coordinator(redis_url, storage.uri, log)
     try:
-        poll(lambda: store._r.get(C.FENCE) == b"1", "the process leads", timeout=60)
-        poll(lambda: int(store._r.get(C.QUEUE_GENERATION) or 0) >= 3, "a few full scans", timeout=60)
+        poll(lambda: raw_redis(store).get(C.FENCE) == b"1", "the process leads", timeout=60)
+        poll(lambda: int(raw_redis(store).get(C.QUEUE_GENERATION) or 0) >= 3, "a few full scans", timeout=60)
         os.kill(a.pid, signal.SIGSTOP)
         b = Coordinator(store, storage, settings(lease_ms=2000))
         poll(b.try_lead, "another coordinator takes over", timeout=30)
         assert b.fence == 2
         # a file the frozen leader's garbage collection would take (grace 0, referenced by nothing)
         put(storage, keep, b"x")
-        before = snapshot(store._r, C.PREFIX + "*")
+        before = snapshot(raw_redis(store), C.PREFIX + "*")
         os.kill(a.pid, signal.SIGCONT)
         poll(
             lambda: b"stops acting as leader" in log.read_bytes() or b"lost the coordinator lease" in log.read_bytes(),
@@ -190,7 +191,9 @@ def test_sigstopped_coordinator_process_is_fenced(
         # watch for a while: the resumed process runs on (as a follower) and changes nothing
         end = time.monotonic() + 3.0
         while time.monotonic() < end:
-            assert snapshot(store._r, C.PREFIX + "*") == before, "the resumed, replaced leader changed the metadata"
+            assert snapshot(raw_redis(store), C.PREFIX + "*") == before, (
+                "the resumed, replaced leader changed the metadata"
+            )
             assert storage.exists(keep)
             time.sleep(0.1)
         assert a.poll() is None

@@ -24,6 +24,7 @@ from kompaktor.worker import Compactor, WorkerSettings
 from tests.integration.test_worker import ROWS, entries, make_table, plan
 from tests.support.broker import running_broker
 from tests.support.procs import python_env
+from tests.support.rawredis import raw_redis
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(120)]
 
@@ -129,7 +130,7 @@ def test_a_job_reserved_through_the_broker_records_how_long_it_was_queued(
     with running_broker(redis_url):
         w = Compactor(store, storage, settings, jobs=BrokeredJobs(store, timeout_s=10.0))
         check_queued_and_deletes(store, storage, client, w)
-    assert store._r.keys(C.reservation_key("*"))  # reserved by the broker
+    assert raw_redis(store).keys(C.reservation_key("*"))  # reserved by the broker
 
 
 @pytest.mark.spark
@@ -188,7 +189,7 @@ def test_a_dead_compaction_is_recorded_as_killed(
     res = compactions.reserve(store, store.queues, GROUP, "c-gone")
     assert res is not None
     compactions.heartbeat(store, res, {"entries_read": 7, "bytes_read": 10})
-    store._r.hset(C.heartbeat_key(res.ecid), "updated", time.time() - 100)  # its compactor went silent
+    raw_redis(store).hset(C.heartbeat_key(res.ecid), "updated", time.time() - 100)  # its compactor went silent
     assert detect_dead(store, storage, dead_after_s=30, max_attempts=3) == [res.ecid]
     (rec,) = records(store)
     assert (rec.ecid, rec.outcome, rec.compactor, rec.table, rec.input_files) == (
@@ -211,7 +212,7 @@ def test_a_dead_compaction_is_recorded_as_killed(
     plan(store, storage)
     res2 = compactions.reserve(store, store.queues, GROUP, "c-gone")
     assert res2 is not None
-    store._r.hset(C.heartbeat_key(res2.ecid), "updated", time.time() - 100)
+    raw_redis(store).hset(C.heartbeat_key(res2.ecid), "updated", time.time() - 100)
     assert detect_dead(store, storage, dead_after_s=30, max_attempts=2) == [res2.ecid]
     assert [r.outcome for r in records(store)] == [history.DEAD_LETTERED, history.KILLED]
 
@@ -225,15 +226,15 @@ def test_the_history_is_bounded_by_count_and_by_age(store: MetadataStore) -> Non
     for i in range(1000):
         assert history.append(store, rec(i), history.HistoryLimits(max_records=100))
     # approximate trimming (whole stream nodes of 100 entries): about the bound, never all
-    assert 100 <= store._r.xlen(key) < 300
+    assert 100 <= raw_redis(store).xlen(key) < 300
     assert records(store, limit=1)[0].ecid == rec(999).ecid
     # records older than the age bound go: entries written a day ago (ids from then)
-    store._r.delete(key)
+    raw_redis(store).delete(key)
     old = int((time.time() - 86_400) * 1000)
     for i in range(250):
-        store._r.xadd(key, {"r": json.dumps(rec(i).to_json())}, id=f"{old + i}-0")
+        raw_redis(store).xadd(key, {"r": json.dumps(rec(i).to_json())}, id=f"{old + i}-0")
     assert history.append(store, rec(1000), history.HistoryLimits(max_age_s=3600))
-    assert store._r.xlen(key) <= 100  # the two full nodes of day-old records went
+    assert raw_redis(store).xlen(key) <= 100  # the two full nodes of day-old records went
     assert records(store, limit=1)[0].ecid == rec(1000).ecid
     with pytest.raises(ValueError, match="at least 1 record"):
         history.HistoryLimits(max_records=0)
@@ -257,25 +258,25 @@ def test_compactors_and_the_coordinator_trim_to_the_groups_bounds(
         start = int(at * 1000)
         for i in range(n):
             rec = history.Record(f"ECID-{i:016x}", history.COMMITTED, GROUP, "1", "1;", "SYSTEM", "c", at)
-            store._r.xadd(key, {"r": json.dumps(rec.to_json())}, id=f"{start + i}-0")
+            raw_redis(store).xadd(key, {"r": json.dumps(rec.to_json())}, id=f"{start + i}-0")
 
     fill(1000, time.time() - 60)
     make_table(client, splits=(b"m",))
     plan(store, storage)
     assert Compactor(store, storage, settings).run_one().status == "committed"
-    assert 100 <= store._r.xlen(key) < 300  # about the group's 100, not the default 10,000
+    assert 100 <= raw_redis(store).xlen(key) < 300  # about the group's 100, not the default 10,000
     assert records(store, limit=1)[0].compactor == "c-bounded"
 
     # the age bound: an hour; records a day old go when the coordinator records a dead compaction
     spec = m.CompactorGroupSpec.model_validate({"history": {"maxAgeSeconds": 3600}})
     store.put_group(m.to_group_config(GROUP, spec))
-    store._r.delete(key)
+    raw_redis(store).delete(key)
     fill(250, time.time() - 86_400)
     res = compactions.reserve(store, store.queues, GROUP, "c-gone")
     assert res is not None
-    store._r.hset(C.heartbeat_key(res.ecid), "updated", time.time() - 100)
+    raw_redis(store).hset(C.heartbeat_key(res.ecid), "updated", time.time() - 100)
     assert detect_dead(store, storage, dead_after_s=30, max_attempts=3) == [res.ecid]
-    assert store._r.xlen(key) <= 100  # the two full nodes of day-old records went
+    assert raw_redis(store).xlen(key) <= 100  # the two full nodes of day-old records went
     assert records(store, limit=1)[0].ecid == res.ecid
 
 
@@ -298,7 +299,7 @@ def test_history_and_status_commands(
     assert w.run_one().status == "committed"
     res = compactions.reserve(store, store.queues, GROUP, "c-gone")
     assert res is not None
-    store._r.hset(C.heartbeat_key(res.ecid), "updated", time.time() - 100)
+    raw_redis(store).hset(C.heartbeat_key(res.ecid), "updated", time.time() - 100)
     assert detect_dead(store, storage, dead_after_s=30, max_attempts=3) == [res.ecid]
 
     out = cli(redis_url, tmp_path, "history", "--json")
@@ -336,20 +337,17 @@ def test_a_filtered_read_goes_back_in_bounded_calls_until_it_has_enough(store: M
     assert history.append(store, rec(0, history.FAILED))
     for i in range(1, 2 * history.READ_CHUNK + 10):  # the failure is more than two calls back
         assert history.append(store, rec(i))
-    calls: list[tuple] = []
-    real = store._r.xrevrange
-
-    def counted(*args):
-        calls.append(args)
-        return real(*args)
-
-    store._r.xrevrange = counted  # type: ignore[method-assign]
+    r = raw_redis(store)
+    slower_than = r.config_get("slowlog-log-slower-than")["slowlog-log-slower-than"]
+    r.config_set("slowlog-log-slower-than", 0)  # the server logs every command with its arguments
+    r.slowlog_reset()
     try:
         (got,) = history.read(store, [GROUP], failed=True, limit=3)
+        calls = [e["command"].split() for e in r.slowlog_get(1000) if e["command"].startswith(b"XREVRANGE")]
     finally:
-        store._r.xrevrange = real  # type: ignore[method-assign]
+        r.config_set("slowlog-log-slower-than", slower_than)
     assert got.ecid == rec(0).ecid
-    assert len(calls) == 3 and all(c[-1] == history.READ_CHUNK for c in calls)
+    assert len(calls) == 3 and all(c[-1] == str(history.READ_CHUNK).encode() for c in calls)
     assert [r.ecid for r in history.read(store, [GROUP], limit=2)] == [
         rec(2 * history.READ_CHUNK + 9).ecid,
         rec(2 * history.READ_CHUNK + 8).ecid,

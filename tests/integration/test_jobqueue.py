@@ -20,6 +20,7 @@ from kompaktor.model.tablet import FileMeta
 from kompaktor.queues import jobqueue
 from kompaktor.queues.jobqueue import DEFAULT_MAX, JobQueues
 from tests.integration import queue_race_worker as W
+from tests.support.rawredis import raw_redis
 from tests.support.snapshot import snapshot
 
 pytestmark = pytest.mark.redis
@@ -101,7 +102,7 @@ def test_the_quota_step_inside_redis_is_the_policys(q: JobQueues, store: Metadat
             f"{tid};00000",
             [job(f"{tid};00000", 5, 1, group=f"s{n}"), job(f"{tid};00000", 5, 1, group=f"s{n}", tag="x")],
         )
-        members = store._r.zrange(C.queue_key(f"s{n}"), 0, -1)
+        members = raw_redis(store).zrange(C.queue_key(f"s{n}"), 0, -1)
         vts = sorted(int(m[9:21]) for m in members)
         assert vts[1] - vts[0] == quota_step({QUOTA: quota}), quota
 
@@ -216,7 +217,7 @@ def test_eviction_takes_fewest_files_then_newest_among_lowest(q: JobQueues) -> N
     assert [j.tablet for j in drain(q, "g")] == ["top", "n1", "n2", "n3"]
 
 
-def test_bound_within_one_add_keeps_the_index_exact(q: JobQueues) -> None:
+def test_bound_within_one_add_keeps_the_index_exact(q: JobQueues, store: MetadataStore) -> None:
     """A tablet's own job admitted earlier in the same add can be the one evicted: it must not
     stay in the tablet's index (nor count as admitted)."""
     q.resize(2)
@@ -224,8 +225,8 @@ def test_bound_within_one_add_keeps_the_index_exact(q: JobQueues) -> None:
     assert q.add("t", [job("t", 1, tag="a"), job("t", 3, tag="b"), job("t", 4, tag="c")]) == 1
     # the queue had x(5); t:a(1) admitted -> full; t:b(3) evicts t:a; t:c(4) evicts t:b
     assert [(j.tablet, j.priority) for j in q.jobs("g")] == [("x", 5), ("t", 4)]
-    idx = q._r.hget(C.queue_index_key("g"), "t")
-    members = set(q._r.zrange(C.queue_key("g"), 0, -1))
+    idx = raw_redis(store).hget(C.queue_index_key("g"), "t")
+    members = set(raw_redis(store).zrange(C.queue_key("g"), 0, -1))
     assert set(m.encode() for m in json.loads(idx)["ids"]) <= members
     assert len(json.loads(idx)["ids"]) == 1
     assert q.stats("g").rejected == 2
@@ -270,12 +271,12 @@ def test_add_replaces_only_this_tablets_entries_in_this_group(q: JobQueues) -> N
     assert q.queued_tablets("g") == {"A", "B"} and q.queued_tablets("h") == {"A"}
 
 
-def test_empty_add_touches_nothing(q: JobQueues) -> None:
+def test_empty_add_touches_nothing(q: JobQueues, store: MetadataStore) -> None:
     q.add("A", [job("A", 1)])
-    before = snapshot(q._r)
+    before = snapshot(raw_redis(store))
     assert q.add("A", []) == 0
     assert q.add("Z", []) == 0
-    assert snapshot(q._r) == before
+    assert snapshot(raw_redis(store)) == before
     assert [j.tablet for j in q.jobs("g")] == ["A"]
 
 
@@ -305,7 +306,7 @@ def test_add_many_is_add_for_many_tablets(q: JobQueues, store: MetadataStore) ->
     assert got_g == [("D", 3), ("B", 3), ("A", 1), ("D", 0)]
     assert q.stats("g").rejected == 1
     assert q.queued_tablets("g") == {"A", "B", "D"} and q.queued_tablets("h") == {"A"}
-    assert {json.loads(v)["gen"] for v in store._r.hvals(C.queue_index_key("g"))} == {7}
+    assert {json.loads(v)["gen"] for v in raw_redis(store).hvals(C.queue_index_key("g"))} == {7}
     assert other.add_many([]) == 0
 
 
@@ -338,7 +339,7 @@ def test_remove_tablets_in_every_group(q: JobQueues) -> None:
 
 
 # -- counters ---------------------------------------------------------------------------------------
-def test_stats_counters_and_oldest_age(q: JobQueues, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_stats_counters_and_oldest_age(q: JobQueues, store: MetadataStore, monkeypatch: pytest.MonkeyPatch) -> None:
     clock = [1_000_000.0]
     monkeypatch.setattr(jobqueue, "time", SimpleNamespace(time=lambda: clock[0]))
     empty = q.stats("g")
@@ -360,9 +361,9 @@ def test_stats_counters_and_oldest_age(q: JobQueues, monkeypatch: pytest.MonkeyP
     assert (st.queued, st.lowest_priority) == (3, -2)
     assert st.oldest_age_s == pytest.approx(15.0)
     # running (maintained by the metadata) and dead letters (per group) feed the depth
-    q._r.sadd(C.running_group_key("g"), "ECID-1", "ECID-2")
-    q._r.hset(C.DEADLETTER, "fp1", '{"group": "g"}')
-    q._r.hset(C.DEADLETTER, "fp2", '{"group": "other"}')
+    raw_redis(store).sadd(C.running_group_key("g"), "ECID-1", "ECID-2")
+    raw_redis(store).hset(C.DEADLETTER, "fp1", '{"group": "g"}')
+    raw_redis(store).hset(C.DEADLETTER, "fp2", '{"group": "other"}')
     st = q.stats("g")
     assert (st.running, st.depth, st.dead_lettered) == (2, 5, 1)
     # B is polled first (priority 7): A is still the oldest
@@ -387,15 +388,15 @@ def test_stats_counters_and_oldest_age(q: JobQueues, monkeypatch: pytest.MonkeyP
     assert q.stats("g").oldest_age_s == pytest.approx(0.0)
 
 
-def test_clear_all_forgets_queues_but_keeps_the_bound(q: JobQueues) -> None:
+def test_clear_all_forgets_queues_but_keeps_the_bound(q: JobQueues, store: MetadataStore) -> None:
     q.resize(7)
     q.add("A", [job("A", 1)])
-    seq = int(q._r.get(C.QUEUE_SEQ))
+    seq = int(raw_redis(store).get(C.QUEUE_SEQ))
     q.clear_all()
     assert q.groups() == [] and q.poll("g") is None and not q.has_generation()
-    assert q.max_size() == 7 and int(q._r.get(C.QUEUE_SEQ)) == seq  # settings and sequence stay
+    assert q.max_size() == 7 and int(raw_redis(store).get(C.QUEUE_SEQ)) == seq  # settings and sequence stay
     q.add("A", [job("A", 1)])
-    assert int(q._r.get(C.QUEUE_SEQ)) == seq + 1
+    assert int(raw_redis(store).get(C.QUEUE_SEQ)) == seq + 1
 
 
 # -- concurrent reservation -------------------------------------------------------------------------
@@ -436,8 +437,10 @@ def check_reservations(
         mine = {e: fs for e, tb, fs in got if tb == tab}
         assert {e: sorted(r.files) for e, r in t.running.items()} == {e: sorted(fs) for e, fs in mine.items()}
         assert mine, f"tablet {tab} got no reservation"
-    assert store._r.hlen(C.RUNNING) == len(got)
-    assert store._r.scard(C.running_group_key("g")) + store._r.scard(C.running_group_key("h")) == len(got)
+    assert raw_redis(store).hlen(C.RUNNING) == len(got)
+    assert raw_redis(store).scard(C.running_group_key("g")) + raw_redis(store).scard(C.running_group_key("h")) == len(
+        got
+    )
 
 
 def test_concurrent_reserve_threads_never_reserve_twice(store: MetadataStore, q: JobQueues, redis_url: str) -> None:
@@ -465,7 +468,7 @@ def test_concurrent_reserve_threads_never_reserve_twice(store: MetadataStore, q:
         except BaseException as exc:  # pragma: no cover - reported below
             errors.append(exc)
         finally:
-            s._r.close()
+            s.close()
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(6)]
     for t in threads:

@@ -20,6 +20,7 @@ from kompaktor.metadata import compactions
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.job import Job
 from kompaktor.model.keys import Entry
+from tests.support.rawredis import raw_redis
 
 
 def E(row: bytes) -> Entry:
@@ -50,7 +51,7 @@ def test_names_stay_unique_after_redis_loses_its_last_writes(server: RedisProces
     client.flush("t", [E(b"a")])
     saved = tmp_path / "aof-before"
     shutil.copytree(server.data_dir / "appendonlydir", saved)
-    seq_before = int(store._r.hget(C.SEQ, "file"))
+    seq_before = int(raw_redis(store).hget(C.SEQ, "file"))
 
     # writes that will be lost: a flush and a compaction's output name
     lost_flush = client.flush("t", [E(b"b")])
@@ -61,7 +62,7 @@ def test_names_stay_unique_after_redis_loses_its_last_writes(server: RedisProces
     Path(storage.path(first.output)).write_bytes(b"the first compaction's output")
 
     rollback(server, saved)
-    assert int(store._r.hget(C.SEQ, "file")) == seq_before  # the counter went back
+    assert int(raw_redis(store).hget(C.SEQ, "file")) == seq_before  # the counter went back
     again = client.flush("t", [E(b"c")])
     files = sorted(store.tablet(tablet).files)
     second = compactions.try_reserve(store, Job(tablet, "SYSTEM", 1, "g", {f: 1 for f in files}), "c2", "g")

@@ -27,6 +27,7 @@ from kompaktor.local.redis_server import RedisProcess
 from kompaktor.metadata.store import MetadataStore
 from tests.support.entries import entries
 from tests.support.procs import python_env
+from tests.support.rawredis import raw_redis
 from tests.support.wait import poll
 
 pytestmark = pytest.mark.redis
@@ -132,7 +133,7 @@ def test_coordinator_and_compactor_ride_out_a_30s_outage(tmp_path: Path) -> None
         assert out not in tablet_files(store) and len(tablet_files(store)) == 1
         print(
             f"outage {OUTAGE_S:.0f}s; commit landed {committed_after:.1f}s after Redis came back; "
-            f"fencing token now {int(store._r.get(C.FENCE))}"
+            f"fencing token now {int(raw_redis(store).get(C.FENCE))}"
         )
         for p in alive:
             assert p.poll() is None
@@ -214,7 +215,7 @@ def test_a_coordinator_started_after_an_outage_does_not_declare_compactions_dead
         server.start()
         second = spawn(coord_args, stdout=subprocess.DEVNULL, stderr=log, env=env)
         procs.append(second)
-        poll(lambda: int(store._r.get(C.FENCE) or 0) == 2, "the new coordinator leads", alive=(second,))
+        poll(lambda: int(raw_redis(store).get(C.FENCE) or 0) == 2, "the new coordinator leads", alive=(second,))
         seen = store.coordinator_seen()
         poll(lambda: (store.coordinator_seen() or 0) > seen, "a pass of the new leader", alive=(second,))
         assert ecid in store.running_index() and store.counters().get("dead_compactions", 0) == 0

@@ -14,6 +14,7 @@ from redis.connection import Connection
 from kompaktor.model.job import Job
 from kompaktor.queues import jobqueue
 from kompaktor.queues.jobqueue import JobQueues
+from tests.support.rawredis import raw_redis
 from tests.support.snapshot import snapshot
 
 pytestmark = pytest.mark.redis
@@ -79,7 +80,7 @@ def test_add_after_the_functions_were_flushed(store) -> None:
     role that may load code: the batches in flight and those after all land."""
     q = store.queues
     assert q.add_many([("a", [job("a", 1, 1, "g", "")])]) == 1
-    store._r.function_flush()
+    raw_redis(store).function_flush()
     assert q.add_many([("b", [job("b", 2, 1, "g", "")]), ("c", [job("c", 3, 1, "g", "")])], chunk=1) == 2
     assert [j.tablet for j in q.jobs("g")] == ["c", "b", "a"]
 

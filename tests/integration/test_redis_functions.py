@@ -14,6 +14,7 @@ from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.job import Job
 from kompaktor.queues.jobqueue import JobQueues
 from kompaktor.redisfunctions import LuaLibrary, load_missing
+from tests.support.rawredis import raw_redis
 
 pytestmark = pytest.mark.redis
 
@@ -35,13 +36,13 @@ def test_a_server_that_lost_the_libraries_gets_them_from_the_first_call_that_may
     """FUNCTION FLUSH (or a new server): a mutation, a queue call and a reservation each find
     their library missing, load it (the default user may) and are applied once."""
     store.load_scripts()
-    store._r.function_flush()
+    raw_redis(store).function_flush()
     tid = store.create_table("t", [])
     assert store.table("t").id == tid
-    store._r.function_flush()
+    raw_redis(store).function_flush()
     (tablet,) = store.tablet_ids(tid)
     assert store.queues.add(tablet, [Job(tablet, "SYSTEM", 1, "g", {"f": 1})]) == 1
-    store._r.function_flush()
+    raw_redis(store).function_flush()
     assert store.queues.poll("g") is not None
     assert store.load_scripts() == 1  # the store's: no call needed it since the last flush
 
@@ -58,7 +59,7 @@ def test_the_libraries_survive_a_restart(tmp_path: Path, kill: bool) -> None:
         server.stop(kill=kill)
         server.start()
         store = MetadataStore.from_url(server.url)
-        libs = [dict(zip(lib[::2], lib[1::2], strict=True)) for lib in store._r.function_list()]
+        libs = [dict(zip(lib[::2], lib[1::2], strict=True)) for lib in raw_redis(store).function_list()]
         held = {lib[b"library_name"].decode() for lib in libs}
         assert {store.library().name, *(lib.name for lib in JobQueues.libraries())} <= held
         assert store.load_scripts() == 0

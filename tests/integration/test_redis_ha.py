@@ -14,13 +14,14 @@ from click.testing import CliRunner
 
 from kompaktor.cli import main
 from kompaktor.client import Client
-from kompaktor.connection import Durability, NotDurable, parse_sentinel_url
+from kompaktor.connection import Durability, NotDurable, connect, parse_sentinel_url
 from kompaktor.files.storage import Storage
 from kompaktor.local.redis_server import RedisHA, RedisProcess
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.errors import StoreUnavailable
 from kompaktor.model.keys import Entry
 from tests.support.ports import free_port
+from tests.support.rawredis import raw_redis
 from tests.support.snapshot import snapshot
 from tests.support.wait import poll
 
@@ -49,21 +50,21 @@ def test_single_node_acknowledges_what_it_fsynced_and_says_when_it_cannot(tmp_pa
     everysec = RedisProcess(tmp_path / "everysec", appendfsync="everysec").start()
     try:
         s = MetadataStore.from_url(always.url)
-        assert s.durability.plan(s._r).label.startswith("fsync: appendfsync always")
+        assert s.durability.plan(raw_redis(s)).label.startswith("fsync: appendfsync always")
         s.create_table("t")  # acknowledged: applied and fsynced
         s.close()
         s = MetadataStore.from_url(everysec.url)
-        plan = s.durability.plan(s._r)
-        version = s._r.info("server")["redis_version"]
+        plan = s.durability.plan(raw_redis(s))
+        version = raw_redis(s).info("server")["redis_version"]
         if tuple(int(x) for x in version.split(".")[:2]) >= (7, 2):
             assert plan.commands == (("WAITAOF", 1, 0, s.durability.timeout_ms),)
         else:  # Debian 12: 7.0 has no WAITAOF; the store says what it cannot promise
             assert plan.unsafe and "neither WAITAOF (Redis >= 7.2) nor fsync always" in plan.label
-            strict = MetadataStore(s._r, everysec.url, durability=Durability("fsync"))
-            before = snapshot(s._r)
+            strict = MetadataStore(connect(everysec.url), everysec.url, durability=Durability("fsync"))
+            before = snapshot(raw_redis(s))
             with pytest.raises(StoreUnavailable, match="durability fsync is not possible"):
                 strict.ping()  # what every command, the coordinator and a compactor do first
-            assert snapshot(s._r) == before  # refused before anything was written
+            assert snapshot(raw_redis(s)) == before  # refused before anything was written
         s.close()
     finally:
         always.stop()
@@ -76,14 +77,14 @@ def test_with_a_replica_a_write_is_acknowledged_once_the_replica_has_it(tmp_path
     try:
         s = MetadataStore.from_url(primary.url)
         RedisHA._wait_synced(None, replica, 30)  # type: ignore[arg-type]
-        assert s.durability.plan(s._r).commands[0][:2] == ("WAIT", 1)
+        assert s.durability.plan(raw_redis(s)).commands[0][:2] == ("WAIT", 1)
         s.create_table("t", [b"m"])
         rc = replica.client()
         assert rc.hget("kz:tables", "t") is not None  # on the replica when the call returned
         # the replica gone: no write is acknowledged any more, each says so in one line
         replica.stop(kill=True)
         s.durability.forget()
-        strict = MetadataStore(s._r, primary.url, durability=Durability("replicas"))
+        strict = MetadataStore(connect(primary.url), primary.url, durability=Durability("replicas"))
         with pytest.raises(NotDurable, match=r"WAIT: 0 of 1 replica\(s\)\): it may or may not be kept"):
             strict.create_table("u")
         rc.close()
@@ -121,7 +122,7 @@ def test_a_reservation_is_acknowledged_once_the_replica_has_it_and_an_empty_poll
         rc.close()
         replica.stop(kill=True)
         s.durability.forget()
-        strict = MetadataStore(s._r, primary.url, durability=Durability("replicas"))
+        strict = MetadataStore(connect(primary.url), primary.url, durability=Durability("replicas"))
         t0 = time.monotonic()
         assert compactions.reserve(strict, strict.queues, "g", "c1") is None
         assert time.monotonic() - t0 < strict.durability.timeout_ms / 1000
@@ -284,8 +285,11 @@ def test_up_ha_runs_primary_replica_and_three_sentinels_and_stops_them(tmp_path:
             "sentinel-2",
         ]
         store = MetadataStore.from_url(url)
-        assert store.durability.plan(store._r).commands[0][:2] == ("WAIT", 1)
-        ports = [int(store._r.info("replication")["slave0"]["port"]), store._r.connection_pool.get_master_address()[1]]
+        assert store.durability.plan(raw_redis(store)).commands[0][:2] == ("WAIT", 1)
+        ports = [
+            int(raw_redis(store).info("replication")["slave0"]["port"]),
+            raw_redis(store).connection_pool.get_master_address()[1],
+        ]
         store.close()
         p.send_signal(signal.SIGINT)
         assert p.wait(timeout=120) == 0

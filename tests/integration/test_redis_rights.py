@@ -37,6 +37,7 @@ from kompaktor.metadata.store import MetadataStore
 from kompaktor.worker import Compactor, WorkerSettings
 from tests.support.broker import running_broker
 from tests.support.entries import entries
+from tests.support.rawredis import raw_redis
 
 pytestmark = pytest.mark.redis
 
@@ -179,9 +180,9 @@ class UncountedBroker(Broker):
         with self.rec.excluded():  # the records; the answers themselves are BROKER_LOOP's
             for a in answers:
                 for key, doc in a.records:
-                    self.store._r.set(key, doc)
+                    raw_redis(self.store).set(key, doc)
                 for key in a.done:
-                    self.store._r.expire(key, 600)
+                    raw_redis(self.store).expire(key, 600)
                 a.records, a.done = [], []
         super().send(answers)
 

@@ -26,6 +26,7 @@ from kompaktor.files.sortedfile import SortedFileWriter
 from kompaktor.files.storage import REQUESTS, Storage
 from kompaktor.model.keys import Entry
 from tests.support.entries import entries
+from tests.support.rawredis import raw_redis
 from tests.support.s3server import S3Server
 
 BIN = Path(sys.executable).parent
@@ -463,7 +464,7 @@ def test_a_storage_outage_mid_merge_fails_the_job_cleanly_and_it_is_retried(
         assert outcome is not None and outcome.status == "failed" and outcome.storage_down, outcome
         (tablet,) = store.tablets(store.table_id("t"))
         assert set(tablet.files) == inputs and tablet.running == {}  # nothing committed, released
-        assert store._r.hlen(C.FAILURES) == 0 and not failures.dead_letters(store)  # not the job's fault
+        assert raw_redis(store).hlen(C.FAILURES) == 0 and not failures.dead_letters(store)  # not the job's fault
 
         proxy.restore()
         assert Coordinator(store, storage).full_scan() == 1  # planned again at once

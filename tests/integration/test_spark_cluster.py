@@ -41,6 +41,7 @@ from kompaktor.files.storage import Storage
 from kompaktor.model.iterators import IteratorSettings
 from kompaktor.model.keys import Entry, sort_key
 from tests.support.ports import free_port
+from tests.support.rawredis import raw_redis
 from tests.support.wait import PollTimeout, poll
 
 from .spark_cluster import SparkCluster
@@ -381,7 +382,7 @@ def test_a_compactor_with_a_dead_master_url_is_one_line_and_leaves_redis_and_the
     for src in sources()[:2]:
         client.flush("t", src)
     assert Coordinator(store, storage).full_scan() == 1  # a job is queued for the group
-    before = snapshot(store._r), files(storage, "")
+    before = snapshot(raw_redis(store)), files(storage, "")
     dead = f"spark://127.0.0.1:{free_port()}"
     exe = Path(sys.executable).parent / "kompaktor"
     r = subprocess.run(
@@ -410,4 +411,4 @@ def test_a_compactor_with_a_dead_master_url_is_one_line_and_leaves_redis_and_the
     )
     assert r.returncode == 1, r.stderr
     assert r.stderr.count("\n") == 1 and r.stderr.startswith(f"error: Spark master {dead} does not answer"), r.stderr
-    assert (snapshot(store._r), files(storage, "")) == before  # not reserved, not registered, nothing written
+    assert (snapshot(raw_redis(store)), files(storage, "")) == before  # not reserved, not registered, nothing written

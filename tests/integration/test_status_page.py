@@ -24,6 +24,7 @@ from kompaktor.model.tablet import FileMeta, Tablet
 from kompaktor.policy.services import GroupConfig
 from tests.integration.test_worker import make_table
 from tests.support.coordinator import settings
+from tests.support.rawredis import raw_redis
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(120)]
 
@@ -107,7 +108,7 @@ def test_the_page_shows_groups_running_work_tables_and_failures_first(
         rec = history.Record(f"ECID-{i:016x}", outcome, "default", res.table, res.tablet, "SYSTEM", "c", now + i)
         assert history.append(store, history.Record(**{**rec.to_json(), "reason": reason}))
     # a reason recorded before redaction existed (or by another writer) is redacted on the page too
-    store._r.xadd("kz:history:default", {"r": history.Record("ECID-raw", history.KILLED, "default", res.table,
+    raw_redis(store).xadd("kz:history:default", {"r": history.Record("ECID-raw", history.KILLED, "default", res.table,
         res.tablet, "SYSTEM", "c", now + 5, reason=f"died at {secret}").to_json().__repr__().replace("'", '"')
         .replace("None", "null").replace("False", "false").replace("True", "true")})  # fmt: skip
 

@@ -32,6 +32,7 @@ from kompaktor.model import grouptoken
 from tests.integration.test_status_page import figures
 from tests.support.entries import entries
 from tests.support.procs import python_env
+from tests.support.rawredis import raw_redis
 from tests.support.wait import poll
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(600)]
@@ -173,7 +174,7 @@ def work_in_flight(cluster: LocalCluster, store: MetadataStore) -> compactions.R
     run_one_compactor(cluster)
     ghost = compactions.reserve(store, store.queues, GROUP, "compactor-gone")
     assert ghost is not None
-    store._r.hset(C.heartbeat_key(ghost.ecid), "updated", time.time() - 3600)  # silent for an hour
+    raw_redis(store).hset(C.heartbeat_key(ghost.ecid), "updated", time.time() - 3600)  # silent for an hour
     poll(
         lambda: [r.outcome for r in history.read(store, [GROUP])] == [history.KILLED, history.COMMITTED],
         "the coordinator to find the silent compaction dead",

@@ -33,6 +33,7 @@ from kompaktor.model.tablet import Tablet, tablet_id
 from kompaktor.policy.deletes import DeleteHorizonError
 from kompaktor.policy.tableprops import SPLIT_THRESHOLD
 from tests.support.coordinator import settings as coordinator_settings
+from tests.support.rawredis import raw_redis
 
 pytestmark = pytest.mark.redis
 
@@ -64,7 +65,9 @@ def assert_partition(store: MetadataStore, table: str) -> None:
 def tablet_docs(store: MetadataStore, table: str) -> dict[bytes, bytes]:
     tid = store.table_id(table)
     keys = [C.tablet_key(i) for i in store.tablet_ids(tid)]
-    return {k.encode(): store._r.get(k) for k in keys} | {b"z": tuple(store._r.zrange(C.tablets_key(tid), 0, -1))}
+    return {k.encode(): raw_redis(store).get(k) for k in keys} | {
+        b"z": tuple(raw_redis(store).zrange(C.tablets_key(tid), 0, -1))
+    }
 
 
 def run_reservation(client: Client, res: compactions.Reservation):
@@ -238,7 +241,7 @@ def test_auto_split_past_threshold(client: Client, storage) -> None:
     assert tabletops.auto_split(store) == []  # default threshold 1G: nothing to do
     store.set_props("t", {SPLIT_THRESHOLD: str(size // 5)})
     coord = coordinator(store, storage)
-    store._r.delete(C.SPLIT_CHECK)
+    raw_redis(store).delete(C.SPLIT_CHECK)
     assert coord.tick()  # the coordinator's tick runs auto_split
     ts = tablets(store, "t")
     assert 5 <= len(ts) <= 16
@@ -250,7 +253,7 @@ def test_auto_split_past_threshold(client: Client, storage) -> None:
     assert min(sizes) > 2000 / 16 / 2  # about even pieces, from metadata only
     # a bad threshold is logged and skipped, not fatal
     store.set_props("small", {SPLIT_THRESHOLD: "1K"})
-    store._r.hset(C.table_key(store.table_id("small")), "props", json.dumps({SPLIT_THRESHOLD: "lots"}))
+    raw_redis(store).hset(C.table_key(store.table_id("small")), "props", json.dumps({SPLIT_THRESHOLD: "lots"}))
     assert coord.tick()
     assert len(tablets(store, "small")) == 1
 
@@ -377,7 +380,7 @@ def test_coordinator_replans_new_tablets_and_outputs_hold_only_their_rows(client
     before = view(client, "t")
     new = tabletops.split(store, "t", [b"row00100", b"row00200"])
     assert queues.jobs(group) == []  # the old tablet's queued jobs are gone
-    assert set(new) <= {x.decode() for x in store._r.smembers(C.DIRTY)}
+    assert set(new) <= {x.decode() for x in raw_redis(store).smembers(C.DIRTY)}
     coord.tick()
     assert {j.tablet for j in queues.jobs(group)} == set(new)
     done = 0

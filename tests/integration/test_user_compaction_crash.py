@@ -26,6 +26,7 @@ from kompaktor.model.errors import KompaktorError
 from kompaktor.model.tablet import FileMeta
 from tests.support.coordinator import settings
 from tests.support.procs import python_env
+from tests.support.rawredis import raw_redis
 from tests.support.snapshot import snapshot
 
 pytestmark = pytest.mark.redis
@@ -72,10 +73,10 @@ def test_start_is_all_or_nothing(store: MetadataStore) -> None:
     m = Mutation()
     m.tablet(last).do("set_op", "SPLIT_PENDING")  # an operation in progress there
     store.mutate(m)
-    before = snapshot(store._r, C.PREFIX + "*")
+    before = snapshot(raw_redis(store), C.PREFIX + "*")
     with pytest.raises(KompaktorError, match="cannot start a user compaction"):
         usercompaction.start(store, "t", request_id="uid-1")
-    after = snapshot(store._r, C.PREFIX + "*")
+    after = snapshot(raw_redis(store), C.PREFIX + "*")
     changed = {k for k in set(before) | set(after) if before.get(k) != after.get(k)}
     assert changed == {C.SEQ.encode()}  # a compaction number was taken, nothing else
     assert store.request_claimed("uid-1") is None and usercompaction.all_compactions(store) == []

@@ -42,6 +42,7 @@ from kompaktor.model.tablet import OFFLINE, end_token
 from kompaktor.worker import BUSY, DRAINING, IDLE, Compactor, WorkerSettings
 from kompaktor.worker.http import request_drain
 from tests.integration.gated_engine import GatedEngine
+from tests.support.rawredis import raw_redis
 from tests.support.wait import poll
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(120)]
@@ -94,8 +95,8 @@ def assert_no_trace(store: MetadataStore, storage: Storage, res_or_ecid: Any, ou
     """The compaction left nothing: ECID not registered anywhere, no heartbeat, no output."""
     ecid = getattr(res_or_ecid, "ecid", res_or_ecid)
     output = output or getattr(res_or_ecid, "output", None)
-    assert store._r.hget(C.RUNNING, ecid) is None
-    assert not store._r.exists(C.heartbeat_key(ecid))
+    assert raw_redis(store).hget(C.RUNNING, ecid) is None
+    assert not raw_redis(store).exists(C.heartbeat_key(ecid))
     for t in store.iter_all_tablets():
         assert ecid not in t.running
     assert leftovers(storage, ecid) == []
@@ -174,7 +175,7 @@ def test_arrow_compactor_compacts_and_scan_is_unchanged(store, storage, client) 
     assert scan(client) == before
     for t in store.tablets(tid):
         assert t.running == {}
-    assert store._r.hlen(C.RUNNING) == 0
+    assert raw_redis(store).hlen(C.RUNNING) == 0
     assert store.counters()["compactions_committed"] == 2
     text = w.metrics.registry
     from prometheus_client import generate_latest
@@ -226,7 +227,7 @@ def test_heartbeat_carries_progress_and_state(store, storage, client) -> None:
     gate.set()
     outcome = run.join()
     assert outcome.status == "committed"
-    assert not store._r.exists(C.heartbeat_key(ecid))
+    assert not raw_redis(store).exists(C.heartbeat_key(ecid))
     assert compactor_state(store, "c1") == BUSY  # run_one alone does not publish idle; run() does
 
 
@@ -311,7 +312,7 @@ def test_seed000_scenario3_table_deleted_while_queued(store, storage, client) ->
     assert w.run_one() is None
     assert not eng.held.is_set()
     assert queues.stats(GROUP).queued == 0
-    assert store._r.hlen(C.RUNNING) == 0
+    assert raw_redis(store).hlen(C.RUNNING) == 0
     assert [rel for rel, _ in storage.list_files("tables") if "/A" in rel or "/C" in rel or TMP_PREFIX in rel] == []
 
 
@@ -327,7 +328,7 @@ def test_seed000_scenario5_metadata_store_restarts_while_merging(store, storage,
     w = Compactor(store, storage, settings(heartbeat_s=0.1, commit_retry_s=60.0), engine=eng)
     run = Running(w.run_one)
     poll(eng.held.is_set, "the merge to hold")
-    poll(lambda: store._r.exists(C.heartbeat_key(w.current.ecid)), "a heartbeat")
+    poll(lambda: raw_redis(store).exists(C.heartbeat_key(w.current.ecid)), "a heartbeat")
     redis_server.stop()
     try:
         gate.set()
@@ -419,7 +420,7 @@ def test_bad_input_file_fails_the_job_and_leaves_the_tablet(store, storage, clie
     assert bad in outcome.reason, outcome.reason
     assert tablet_files(store, tid) == before
     assert_no_trace(store, storage, outcome.ecid)
-    rec = json.loads(store._r.hget(C.FAILURES, fingerprint(t_id, sorted(files))))
+    rec = json.loads(raw_redis(store).hget(C.FAILURES, fingerprint(t_id, sorted(files))))
     assert rec["count"] == 1 and bad in rec["last_error"]
     # backing off: not queued again at once
     assert plan(store, storage) == 0
@@ -498,7 +499,7 @@ def test_compactor_stops_a_merge_that_is_no_longer_wanted(store, storage, client
     (rec,) = history.read(store, [GROUP])  # the history says so (issue 36 §1)
     assert (rec.ecid, rec.outcome, rec.output_bytes) == (res.ecid, history.CANCELLED, None) and expected in rec.reason
     assert_no_trace(store, storage, res)
-    assert store._r.hlen(C.FAILURES) == 0  # not a failure of the job
+    assert raw_redis(store).hlen(C.FAILURES) == 0  # not a failure of the job
     if why in ("table-offline", "user-compaction-cancelled"):
         assert tablet_files(store, tid) == before
         store.set_state("t", "ONLINE")
@@ -526,7 +527,7 @@ def test_drain_releases_a_job_that_cannot_finish_in_the_grace_period(store, stor
     assert eng.cancelled.is_set()
     assert_no_trace(store, storage, res)
     assert tablet_files(store, tid) == before
-    assert res.tablet in {m.decode() for m in store._r.smembers(C.DIRTY)}
+    assert res.tablet in {m.decode() for m in raw_redis(store).smembers(C.DIRTY)}
     assert Coordinator(store, storage).tick() and store.queues.stats(GROUP).queued == 1
     assert store.compactors(GROUP) == []
     assert "dead_compactions" not in store.counters()
@@ -728,7 +729,7 @@ def test_drain_while_busy_finishes_the_job_within_the_grace_period(store, storag
     assert len(files) == 1
     assert scan(client) == before
     assert store.counters()["compactions_committed"] == 1
-    assert store._r.hlen(C.RUNNING) == 0
+    assert raw_redis(store).hlen(C.RUNNING) == 0
     assert compactor_state(store, p.cid) is None
 
 

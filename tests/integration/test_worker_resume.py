@@ -39,6 +39,7 @@ from kompaktor.worker import Compactor, WorkerSettings
 from tests.integration.gated_engine import GatedEngine
 from tests.support.broker import running_broker
 from tests.support.procs import python_env
+from tests.support.rawredis import raw_redis
 from tests.support.wait import poll
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(180)]
@@ -125,7 +126,7 @@ def temp_files(storage: Storage) -> list[str]:
 def only_record(store: MetadataStore) -> tuple[str, int, int]:
     """(fingerprint, parts recorded, ranges) of the one progress record."""
     (fp,) = records.records(store)
-    raw = store._r.hgetall(C.progress_key(fp))
+    raw = raw_redis(store).hgetall(C.progress_key(fp))
     import json
 
     cuts = json.loads(raw[b"job"])["cuts"]
@@ -186,8 +187,8 @@ def test_a_released_job_resumes_on_another_compactor(store: MetadataStore, stora
     assert metric(w, "kompaktor_resume_bytes_reused_total") == last["bytes_reused"] > 0
     assert list(client.scan("t")) == before
     # committed: the record and every part are gone
-    assert records.records(store) == {} and not store._r.exists(C.progress_key(fp))
-    assert bool(store._r.keys(C.reservation_key("*"))) == (writes == "broker")  # who made the writes
+    assert records.records(store) == {} and not raw_redis(store).exists(C.progress_key(fp))
+    assert bool(raw_redis(store).keys(C.reservation_key("*"))) == (writes == "broker")  # who made the writes
     assert temp_files(storage) == []
 
 
@@ -232,7 +233,7 @@ def test_a_user_compaction_cancelled_between_attempts_discards_its_progress(
     assert coord.collect_garbage(0.0) == [] and records.records(store) != {}  # live: kept
     usercompaction.cancel(store, cid)
     assert coord.collect_garbage(1e9) == []
-    assert records.records(store) == {} and not store._r.exists(C.progress_key(fp))
+    assert records.records(store) == {} and not raw_redis(store).exists(C.progress_key(fp))
     assert sorted(coord.collect_garbage(0.0)) == parts
     assert list(client.scan("t")) == before
 
@@ -252,7 +253,7 @@ def test_a_split_tablet_discards_the_progress_of_its_interrupted_job(store: Meta
     tablet_ops.split(store, "t", [b"r\x80"])
     coord = Coordinator(store, storage)
     assert coord.collect_garbage(1e9) == []  # pruned, but the parts are young: left for now
-    assert records.records(store) == {} and not store._r.exists(C.progress_key(fp))
+    assert records.records(store) == {} and not raw_redis(store).exists(C.progress_key(fp))
     assert temp_files(storage) == parts
     assert sorted(coord.collect_garbage(0.0)) == parts
     coord.full_scan()
@@ -286,7 +287,7 @@ def test_gc_keeps_a_live_jobs_parts_and_collects_those_of_a_job_that_changed(
     assert temp_files(storage) == parts  # not resumable: nobody discarded the old record
     # the next pass prunes the record; its parts are then temp files, left until the grace passes
     assert coord.collect_garbage(1e9) == []
-    assert records.records(store) == {} and not store._r.exists(C.progress_key(fp))
+    assert records.records(store) == {} and not raw_redis(store).exists(C.progress_key(fp))
     assert temp_files(storage) == parts
     assert set(parts) <= set(coord.collect_garbage(0.0))  # with the compacted-away inputs
     assert temp_files(storage) == []

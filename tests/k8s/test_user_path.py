@@ -42,6 +42,7 @@ from tests.k8s.nodeagent import NodeAgent
 from tests.promcheck import check, samples
 from tests.support.entries import entries
 from tests.support.k8s import JobWatch, Namespaced, container_env, helm_release, start_local
+from tests.support.rawredis import raw_redis
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -519,7 +520,7 @@ def test_a_lowered_cap_is_obeyed_under_steady_load(release: Release, paced: None
             lambda: (
                 (s := release.store.queues.stats("load")).queued == 0
                 and s.running == 0
-                and release.store._r.scard(C.DIRTY) == 0
+                and raw_redis(release.store).scard(C.DIRTY) == 0
                 and not any(t.running for t in release.store.tablets(release.store.table_id("load")))
             ),
             "the remaining work done by the one compactor",

@@ -1,6 +1,7 @@
 """Helpers shared by the test tiers (and the benchmarks), one of each: ``wait`` (poll with a
 deadline), ``ports`` (a free loopback port), ``procs`` (process trees, on psutil), ``snapshot``
-(a Redis database's contents), ``entries`` (rows of key/value entries), ``mergeinputs`` (the merge
+(a Redis database's contents), ``rawredis`` (a client of a store's Redis, the test's own),
+``entries`` (rows of key/value entries), ``mergeinputs`` (the merge
 bench's key shapes and sorted input files), ``growth`` (the soaks' per-process growth and its
 limits), ``k8s`` (a Helm release on the real control plane); and servers the tests start:
 ``s3server`` (an S3 API server), ``containerd`` (a containerd of the test's own), ``images`` (the
