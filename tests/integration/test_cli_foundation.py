@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from kompaktor import keyspace as C
 from kompaktor.cli import main
+from kompaktor.connection import connect
 from kompaktor.files.sortedfile import SCHEMA, entries_to_table
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.keys import Entry, sort_key
@@ -50,7 +51,11 @@ def parquet(path: Path, entries: list[Entry]) -> str:
 
 def snapshot(url: str, storage: str) -> tuple:
     """The metadata (the ID sequence aside) and the files under ``storage``."""
-    meta = redis_contents(MetadataStore.from_url(url)._r, skip=(C.SEQ.encode(),))
+    client = connect(url)
+    try:
+        meta = redis_contents(client, skip=(C.SEQ.encode(),))
+    finally:
+        client.close()
     files = (
         sorted(str(p.relative_to(storage)) for p in Path(storage).rglob("*") if p.is_file())
         if os.path.isdir(storage)
