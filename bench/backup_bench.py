@@ -27,7 +27,7 @@ def _populate(store, storage, tablets: int, files: int) -> None:
     from kompaktor.model.tablet import tablet_id as make_id
 
     splits = [format(i, "08x").encode() for i in range(1, tablets)]
-    tid = store.create_table("big", [])
+    tid = store.tables.create_table("big", [])
     ends = [*splits, None]
     per = max(1, tablets // files)
     paths = [data_file(tid, "import", n + 1) for n in range(files)]
@@ -118,7 +118,7 @@ def main() -> None:
         t0 = time.perf_counter()
         r = backup.restore(store, storage, m.id)
         print(f"restore: {r.tablets} tablets into an empty Redis in {time.perf_counter() - t0:.1f} s", flush=True)
-        assert len(store.tablet_ids(store.table_id("big"))) == args.tablets
+        assert len(store.tables.tablet_ids(store.tables.table_id("big"))) == args.tablets
     finally:
         redis.stop()
 

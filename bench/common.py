@@ -72,8 +72,8 @@ def fill_tablets(store, jobs: int, name: str) -> tuple[list[str], str]:
     from kompaktor import keyspace as C
 
     splits = [format(i, "06x").encode() for i in range(1, jobs)]
-    tid = store.create_table(name, splits)
-    ids = store.tablet_ids(tid)
+    tid = store.tables.create_table(name, splits)
+    ids = store.tables.tablet_ids(tid)
     pipe = raw_redis(store).pipeline(transaction=False)
     prev = None
     for n, (tablet_id, end) in enumerate(zip(ids, [*splits, None], strict=True)):

@@ -294,7 +294,7 @@ class OperatorSoak:
             self.counts["groups created"] += 1
         self.ingests = {}
         for i, table in enumerate(t for ts in WORK_TABLES.values() for t in ts):
-            self.store.create_table(table, split_points(self.args.tablets))
+            self.store.tables.create_table(table, split_points(self.args.tablets))
             self.ingests[table] = ContinuousIngest(self.client, table, seed=self.args.seed + i, batch=500)
         for group in WORK_TABLES:
             self.wait_until(
@@ -524,7 +524,7 @@ class OperatorSoak:
                 st = self.store.queues.stats(group)
                 row[f"{group}_queued"], row[f"{group}_running"] = st.queued, st.running
                 row[f"{group}_replicas"] = self.apps.read_namespaced_deployment(f"kompaktor-{group}", NS).spec.replicas
-            row["compactions_committed"] = int(self.store.counters().get("compactions_committed", 0))
+            row["compactions_committed"] = int(self.store.bookkeeping.counters().get("compactions_committed", 0))
         row["hpa_scale_changes"] = self.hpa_scale_changes()
         row["compactor_processes"] = sum(1 for r in self.agent.records if r.stopped is None)
         self.rows.append(row)

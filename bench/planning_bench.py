@@ -25,7 +25,7 @@ def setup(store, tablets: int, files: int, seed: int = 7) -> list[str]:
     splits = [format(i, "08x").encode() for i in range(1, tablets)]
     # the table with its one tablet, then the rest written directly: one create of a million
     # splits would be one script running for longer than Redis lets a script hold it
-    tid = store.create_table("bench", [])
+    tid = store.tables.create_table("bench", [])
     ends = [*splits, None]
     ids = [make_id(tid, end) for end in ends]
     pipe = raw_redis(store).pipeline(transaction=False)
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         queued_again = coord.full_scan()  # the periodic case: queues already built (and full)
         again_s = time.perf_counter() - t0
         changed = random.Random(1).sample(ids, max(1, len(ids) // 100))
-        store.mark_dirty(changed)
+        store.bookkeeping.mark_dirty(changed)
         t0 = time.perf_counter()
         queued_inc = coord.plan_dirty()
         inc_s = time.perf_counter() - t0

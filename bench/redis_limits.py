@@ -51,8 +51,8 @@ def main(argv: list[str] | None = None) -> dict:
             r.config_set("appendfsync", args.appendfsync)
         base = used(r)
         splits = [b"row%010d" % (i * 1000) for i in range(1, args.tablets)]
-        tid = store.create_table("limits", splits)
-        ids = store.tablet_ids(tid)
+        tid = store.tables.create_table("limits", splits)
+        ids = store.tables.tablet_ids(tid)
         after_tablets = used(r)
         rows = [None, *splits]
         seq = 0

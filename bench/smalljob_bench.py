@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for engine in [e.strip() for e in args.engines.split(",") if e.strip()]:
             table = f"small_{engine}"
             # ratio 1: two files of equal size are a job (the default ratio waits for more)
-            store.create_table(table, [], {"table.compaction.major.ratio": "1"})
+            store.tables.create_table(table, [], {"table.compaction.major.ratio": "1"})
             settings = WorkerSettings("default", f"bench-{engine}", engine=engine, spark_master=args.spark_master)
             w = Compactor(store, storage, settings)
             t0 = time.perf_counter()
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     raise SystemExit(f"small-job bench: cycle {k} on {engine} did not commit: {outcome}")
                 if k >= 2:
                     times.append(dt)
-            tablet = next(iter(store.tablets(store.table_id(table))))
+            tablet = next(iter(store.tables.tablets(store.tables.table_id(table))))
             assert len(tablet.files) == 1, tablet.files
             med, p90 = statistics.median(times) * 1000, percentile(times, 0.9) * 1000
             aim = AIMS_MS.get(engine)

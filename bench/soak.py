@@ -285,7 +285,9 @@ class Soak:
             (g, p)
             for g, ps in self.cluster.compactors.items()
             for p in ps
-            if p.alive and not p.draining and any(c.id == p.name and c.state == "idle" for c in store.compactors(g))
+            if p.alive
+            and not p.draining
+            and any(c.id == p.name and c.state == "idle" for c in store.fleet.compactors(g))
         ]
         if not idle:
             return False
@@ -389,12 +391,12 @@ class Soak:
             if self.base is None and self.minutes() >= self.warm:
                 self.base = fams  # the baseline: every key family has appeared by the end of the warm-up
             row["queued"] = sum(store.queues.stats(g).depth for g in self.cfg.groups)
-            referenced = {f for t in store.iter_all_tablets() for f in t.files}
+            referenced = {f for t in store.tables.iter_all_tablets() for f in t.files}
             present = [rel for rel, _ in client.storage.list_files("tables")]
             row["files_referenced"] = len(referenced)
             row["files_present"] = len(present)
             row["temp_files"] = sum(TMP_PREFIX in rel for rel in present)
-            row["compactions"] = int(store.counters().get("compactions_committed", 0))
+            row["compactions"] = int(store.bookkeeping.counters().get("compactions_committed", 0))
         except Exception as exc:  # Redis frozen or failing over right now
             row["error"] = type(exc).__name__
         row["spark_local_mb"] = round(_du(self.data_dir / "spark") / 2**20, 1)
@@ -444,7 +446,7 @@ class Soak:
             client = Client(store, Storage.from_uri(c.storage_uri))
             tables = [f"soak{i}" for i in range(self.args.tables)]
             for t in tables:
-                store.create_table(t, split_points(self.args.tablets))
+                store.tables.create_table(t, split_points(self.args.tablets))
             ingests = {
                 t: ContinuousIngest(client, t, seed=self.args.seed + i, batch=500, flush_attempts=40)
                 for i, t in enumerate(tables)
@@ -506,8 +508,8 @@ class Soak:
         th.start()
         while time.monotonic() < drain_deadline and quiet < 6:
             try:
-                busy = sum(store.queues.stats(g).depth for g in self.cfg.groups) + store.dirty_count()
-                busy += store.running_count()
+                busy = sum(store.queues.stats(g).depth for g in self.cfg.groups) + store.bookkeeping.dirty_count()
+                busy += store.running.running_count()
             except Exception:
                 busy = 1
             quiet = quiet + 1 if busy == 0 else 0
@@ -516,19 +518,19 @@ class Soak:
         scaler_stop.set()
         th.join(timeout=30)
         killed = chaos.log.killed
-        alive_tablets = {t.id for t in store.iter_all_tablets()}
+        alive_tablets = {t.id for t in store.tables.iter_all_tablets()}
         rerun_missing = [
             e
             for e, t in killed
-            if store.running_tablet(e) is not None
-            or (t in alive_tablets and store.commits_on(t) <= chaos.log.commits_at_kill.get(t, 0))
+            if store.running.running_tablet(e) is not None
+            or (t in alive_tablets and store.bookkeeping.commits_on(t) <= chaos.log.commits_at_kill.get(t, 0))
         ]
-        applied = Counter(store.commit_log())
+        applied = Counter(store.bookkeeping.commit_log())
         acked = set(acknowledged_commits(self.data_dir / "logs"))
         lost = [e for e in acked if e not in applied]
         twice = [e for e, n in applied.items() if n > 1]
         Coordinator(store, client.storage, CoordinatorSettings()).collect_garbage(grace_s=0)
-        referenced = {f for t in store.iter_all_tablets() for f in t.files}
+        referenced = {f for t in store.tables.iter_all_tablets() for f in t.files}
         present = [rel for rel, _ in client.storage.list_files("tables")]
         garbage = [f for f in present if f not in referenced]
         missing = [f for f in referenced if not client.storage.exists(f)]
@@ -539,12 +541,12 @@ class Soak:
         self._sample(client)
         _n, fams = self.redis_keys()
         base_fams = self.base or Counter()
-        tablets = sum(1 for _t in store.iter_all_tablets())
+        tablets = sum(1 for _t in store.tables.iter_all_tablets())
         after = self.accounted(fams) + tablets
         baseline = self.accounted(base_fams) + tablets
         grown = growth_per_process(self.samples, self.warm)
         judged, over = judge_limits(self.samples)
-        compactions = int(store.counters().get("compactions_committed", 0))
+        compactions = int(store.bookkeeping.counters().get("compactions_committed", 0))
         verified = (
             drained
             and not self.errors

@@ -61,7 +61,7 @@ def run_mode(url: str, root: Path, wake: bool, args: argparse.Namespace) -> tupl
         coord = Coordinator(store, storage)
         for j in range(args.jobs):
             table = f"t{j}"
-            store.create_table(table, [])
+            store.tables.create_table(table, [])
             for k in range(4):
                 client.flush(table, entries(50, k, prefix="r", width=4, value=lambda r: b"v"))
             # the compactors back in their idle wait (they go there after an empty poll)

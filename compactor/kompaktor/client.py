@@ -49,8 +49,8 @@ class Client:
     def flush(self, table: str, entries: Iterable[Entry]) -> list[str]:
         """Write entries as one new sorted file per tablet they fall in (like a minor
         compaction) and register each with its tablet. Returns the new files."""
-        tid = self.store.table_id(table)
-        tablets = self.store.tablets(tid)
+        tid = self.store.tables.table_id(table)
+        tablets = self.store.tables.tablets(tid)
         ordered = sorted(entries, key=sort_key)
         per_tablet: dict[str, list[Entry]] = {}
         i = 0
@@ -72,7 +72,7 @@ class Client:
                     w.abort()
                     raise
                 written[info.path] = info
-            self.store.add_files(table, {p: i.meta for p, i in written.items()}, allow_offline=False)
+            self.store.files.add_files(table, {p: i.meta for p, i in written.items()}, allow_offline=False)
         except StoreUnavailable:
             # the outcome is unknown (a lost reply, a write not confirmed durable): the files may
             # be referenced now, so they stay; if not, the garbage collector removes them
@@ -88,8 +88,8 @@ class Client:
         ``I`` name, then register all of them in one mutation. Any refusal changes nothing.
         ``set_time``: every entry gets the import's time (:mod:`kompaktor.files.settime`), so
         none is refused for being older than a tablet's delete horizon."""
-        tid = self.store.table_id(table)
-        stamp = set_time_for(self.store.tablets(tid), now_ms()) if set_time else None
+        tid = self.store.tables.table_id(table)
+        stamp = set_time_for(self.store.tables.tablets(tid), now_ms()) if set_time else None
         if not sources:
             raise KompaktorError("no files to import")
         for src in sources:  # refused before anything is written: a file with no entries
@@ -111,7 +111,7 @@ class Client:
                     done[info.path] = info
             except OSError as exc:  # pyarrow's I/O errors included
                 raise StorageError(f"cannot write to storage {self.storage.uri}: {exc}") from exc
-            self.store.add_files(table, {p: i.meta for p, i in done.items()})
+            self.store.files.add_files(table, {p: i.meta for p, i in done.items()})
         except StoreUnavailable:
             if not done:
                 for w in staged:
@@ -143,9 +143,9 @@ class Client:
     def scan(self, table: str, start: bytes | None = None, end: bytes | None = None) -> Iterator[Entry]:
         """The merged view of rows in [start, end] (inclusive; None = unbounded), in key order.
         An unknown table raises here, not at the first ``next()``."""
-        info = self.store.table(table)
+        info = self.store.tables.table(table)
         settings = IteratorSettings(max_versions=max_versions(info.props))
-        tablets = self.store.tablets_in_range(info.id, start, end)
+        tablets = self.store.tables.tablets_in_range(info.id, start, end)
 
         def entries() -> Iterator[Entry]:
             for t in tablets:
@@ -156,12 +156,13 @@ class Client:
 
 class _ImportGuard:
     """Announces a bulk import in progress to the garbage collector
-    (:meth:`MetadataStore.register_import`): files tagged with :attr:`id` (the writers'
-    temporary names) and the final names of the staged files are left alone for as long as the
-    import runs, however long that is, refreshed by a thread of its own. At the end the record's
-    expiry becomes the end time: a collector pass that began before then (and so may have read
-    the tablets before the files were registered) still leaves them alone; a later pass reads
-    the registration. A failed import that removed its files drops the record."""
+    (:meth:`store.files.register_import <kompaktor.metadata.store.files.FileStore.register_import>`):
+    files tagged with :attr:`id` (the writers' temporary names) and the final names of the staged
+    files are left alone for as long as the import runs, however long that is, refreshed by a
+    thread of its own. At the end the record's expiry becomes the end time: a collector pass that
+    began before then (and so may have read the tablets before the files were registered) still
+    leaves them alone; a later pass reads the registration. A failed import that removed its
+    files drops the record."""
 
     def __init__(self, store: MetadataStore, table_id: str, staged: list[SortedFileWriter]) -> None:
         self.store, self.table_id, self.staged = store, table_id, staged
@@ -172,7 +173,7 @@ class _ImportGuard:
         self._thread.start()
 
     def refresh(self, ttl_s: float = IMPORT_TTL_S) -> None:
-        self.store.register_import(self.id, self.table_id, [w.rel_path for w in list(self.staged)], ttl_s)
+        self.store.files.register_import(self.id, self.table_id, [w.rel_path for w in list(self.staged)], ttl_s)
 
     def _run(self) -> None:
         while not self._stop.wait(IMPORT_TTL_S / 3):
@@ -194,7 +195,7 @@ class _ImportGuard:
         """The import failed and removed its files: drop the record."""
         self._stop.set()
         try:
-            self.store.forget_import(self.id)
+            self.store.files.forget_import(self.id)
         except KompaktorError:
             pass  # it expires on its own
 

@@ -95,21 +95,21 @@ class RedisBackend:
             raise BackendUnavailable(str(exc)) from exc
 
     def put_service(self, cfg: ServiceConfig) -> None:
-        self._call(self.store.put_service, cfg)
+        self._call(self.store.fleet.put_service, cfg)
 
     def delete_service(self, name: str) -> None:
-        self._call(self.store.delete_service, name)
+        self._call(self.store.fleet.delete_service, name)
 
     def put_group(self, cfg: GroupConfig) -> None:
-        self._call(self.store.put_group, cfg)
+        self._call(self.store.fleet.put_group, cfg)
 
     def delete_group(self, name: str) -> None:
-        self._call(self.store.delete_group, name)
+        self._call(self.store.fleet.delete_group, name)
 
     def compactors(self, group: str) -> dict[str, CompactorView]:
         now = time.time()
         out: dict[str, CompactorView] = {}
-        for info in self._call(self.store.compactors, group):
+        for info in self._call(self.store.fleet.compactors, group):
             if now - info.last_seen <= HEARTBEAT_STALE_SECONDS:
                 remaining = self._remaining_s(info.ecid, now) if info.ecid else None
                 out[info.id] = CompactorView(id=info.id, state=info.state, ecid=info.ecid, remaining_s=remaining)
@@ -118,18 +118,18 @@ class RedisBackend:
     def _remaining_s(self, ecid: str, now: float) -> float | None:
         """How long the job ``ecid`` still runs, by its compactor's estimate in the job's last
         heartbeat (``remaining_s`` as of ``updated``); None when it gave none."""
-        beat = self._call(self.store.heartbeat, ecid)
+        beat = self._call(self.store.running.heartbeat, ecid)
         try:
             return max(0.0, float(beat["remaining_s"]) - max(0.0, now - float(beat["updated"])))
         except (KeyError, ValueError):
             return None
 
     def request_drain(self, compactor_id: str) -> None:
-        self._call(self.store.request_drain, compactor_id)
+        self._call(self.store.fleet.request_drain, compactor_id)
 
     def groups(self) -> set[str]:
         """Names of the compactor groups the store knows."""
-        return set(self._call(self.store.groups))
+        return set(self._call(self.store.fleet.groups))
 
     def queue_figures(self, group: str) -> QueueFigures:
         s = self._call(self.queues.stats, group)

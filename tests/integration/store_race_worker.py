@@ -55,7 +55,7 @@ def add_files_cas(url: str, tablet_id: str, prefix: str, count: int, barrier, de
             while True:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{prefix}: gave up after {conflicts} conflicts")
-                t = store.tablet(tablet_id)
+                t = store.tables.tablet(tablet_id)
                 m = Mutation()
                 m.tablet(tablet_id).require("version", t.version).do(
                     "add_files", {f"{prefix}-{i}": {"size": 1, "entries": 1}}

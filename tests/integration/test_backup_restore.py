@@ -54,7 +54,7 @@ class Workload:
         self.client, self.rng = client, random.Random(seed)
         self.accepted: list[tuple[bytes, int, bool]] = []
         self.ts = 0
-        client.store.create_table("t", [b"010", b"025"])
+        client.store.tables.create_table("t", [b"010", b"025"])
 
     def write(self) -> None:
         self.ts += 1
@@ -64,7 +64,7 @@ class Workload:
         self.accepted.extend(ws)
 
     def reserve(self, full: bool):
-        ts = self.client.store.tablets(self.client.store.table_id("t"))
+        ts = self.client.store.tables.tablets(self.client.store.tables.table_id("t"))
         t = self.rng.choice([t for t in ts if t.files and not t.running] or [None])
         if t is None:
             return None
@@ -149,7 +149,7 @@ def test_restore_after_losing_every_redis_node(tmp_path: Path, seed: int, adopt:
             assert "adopted" in r.output or everything == acked
         # the compaction that was running is gone: its files can be compacted again
         if running is not None:
-            t = store.tablet(running.tablet)
+            t = store.tables.tablet(running.tablet)
             assert not t.running and set(running.inputs) <= set(t.files)
         # a second restore into the now non-empty Redis is refused in one line, nothing changed
         r = CliRunner().invoke(main, ["restore", taken[0][0].id, *args])
@@ -168,7 +168,7 @@ def test_restore_after_losing_every_redis_node(tmp_path: Path, seed: int, adopt:
 
 def test_backup_commands(tmp_path: Path, redis_url: str, client: Client) -> None:
     args = ["--redis", redis_url, "--storage", client.storage.uri]
-    client.store.create_table("x")
+    client.store.tables.create_table("x")
     client.flush("x", [Entry(b"a", b"f", b"q", b"", 1, False, b"v")])
     r = CliRunner().invoke(main, ["backup", "create", *args])
     assert r.exit_code == 0 and "1 tables, 1 tablets, 1 files referenced" in r.output, r.output
@@ -178,7 +178,7 @@ def test_backup_commands(tmp_path: Path, redis_url: str, client: Client) -> None
     r = CliRunner().invoke(main, ["backup", "verify", bid, "--storage", client.storage.uri])
     assert r.exit_code == 0 and "all 1 files present" in r.output
     # a referenced file gone: verify says so and fails
-    (f,) = client.store.tablets(client.store.table_id("x"))[0].files
+    (f,) = client.store.tables.tablets(client.store.tables.table_id("x"))[0].files
     client.storage.delete(f)
     r = CliRunner().invoke(main, ["backup", "verify", bid, "--storage", client.storage.uri])
     assert r.exit_code != 0 and "1 referenced files are missing" in r.output
@@ -192,16 +192,16 @@ def test_backup_commands(tmp_path: Path, redis_url: str, client: Client) -> None
 
 
 def test_no_garbage_collected_while_a_backup_is_taken(client: Client) -> None:
-    client.store.create_table("g")
+    client.store.tables.create_table("g")
     client.flush("g", [Entry(b"a", b"f", b"q", b"", 1, False, b"v")])
     client.storage.ensure_dir("tables/zz")
     orphan = "tables/zz/F0000000001-0123456789abcdef.parquet"
     out = client.storage.open_output(orphan)
     out.write(b"x")
     out.close()
-    client.store.begin_backup("B0000000000002-00000000", 60)
+    client.store.files.begin_backup("B0000000000002-00000000", 60)
     assert collect_garbage(client.store, client.storage, grace_s=0) == []
-    client.store.end_backup("B0000000000002-00000000")
+    client.store.files.end_backup("B0000000000002-00000000")
     assert collect_garbage(client.store, client.storage, grace_s=0) == [orphan]
 
 
@@ -209,7 +209,7 @@ def test_the_coordinator_takes_backups_on_its_schedule_and_keeps_the_newest(clie
     from kompaktor.coordinator import Coordinator
     from tests.support.coordinator import settings
 
-    client.store.create_table("s")
+    client.store.tables.create_table("s")
     client.flush("s", [Entry(b"a", b"f", b"q", b"", 1, False, b"v")])
     c = Coordinator(client.store, client.storage, settings(backup_interval_s=3600, backup_keep=2))
     assert c.tick()
@@ -230,7 +230,7 @@ def test_the_coordinator_takes_backups_on_its_schedule_and_keeps_the_newest(clie
 
 def test_a_new_install_bootstraps_from_the_latest_backup_once(tmp_path: Path, client: Client, redis_url: str) -> None:
     """What the chart's coordinator.backup.bootstrapFrom does at the coordinator's start."""
-    client.store.create_table("boot")
+    client.store.tables.create_table("boot")
     client.flush("boot", [Entry(b"a", b"f", b"q", b"", 1, False, b"v")])
     m = backup.create(client.store, client.storage)
     import redis
@@ -243,9 +243,9 @@ def test_a_new_install_bootstraps_from_the_latest_backup_once(tmp_path: Path, cl
     assert [(e.row, e.value) for e in c.scan("boot")] == [(b"a", b"v")]
     # a restart of the coordinator (or a second one) restores nothing again, whatever it holds
     assert backup.bootstrap(fresh, client.storage, "latest") is None
-    c.store.set_props("boot", {"table.custom.x": "1"})
+    c.store.tables.set_props("boot", {"table.custom.x": "1"})
     assert backup.bootstrap(fresh, client.storage, m.id) is None
-    assert fresh.table("boot").props == {"table.custom.x": "1"}
+    assert fresh.tables.table("boot").props == {"table.custom.x": "1"}
 
 
 def test_restore_latest_without_backups_says_so(tmp_path: Path, redis_url: str) -> None:

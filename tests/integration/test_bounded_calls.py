@@ -13,7 +13,7 @@ import redis
 
 from kompaktor.coordinator import Coordinator
 from kompaktor.files.storage import Storage
-from kompaktor.metadata.store import MetadataStore
+from kompaktor.metadata.store import MetadataStore, StoreCore
 
 pytestmark = pytest.mark.redis
 
@@ -23,10 +23,10 @@ CHUNK = 1_000
 def test_a_full_scan_reads_tablets_and_dirty_marks_in_bounded_calls(
     redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(MetadataStore, "scan_chunk", CHUNK)  # the same code, at a size a test can make
+    monkeypatch.setattr(StoreCore, "scan_chunk", CHUNK)  # the same code, at a size a test can make
     store = MetadataStore.from_url(redis_url)
-    tid = store.create_table("big", [b"%06d" % i for i in range(1, 2500)])
-    store.mark_dirty(store.tablet_ids(tid))
+    tid = store.tables.create_table("big", [b"%06d" % i for i in range(1, 2500)])
+    store.bookkeeping.mark_dirty(store.tables.tablet_ids(tid))
     raw = redis.Redis.from_url(redis_url)
     raw.config_set("slowlog-max-len", 100_000)
     raw.config_set("slowlog-log-slower-than", 0)  # every command
@@ -50,4 +50,4 @@ def test_a_full_scan_reads_tablets_and_dirty_marks_in_bounded_calls(
         if args[0].upper() == b"MGET":
             assert len(args) - 1 <= CHUNK, len(args)
     assert {0, CHUNK, 2 * CHUNK} <= set(ranges)  # the table's 2,500 tablets, three calls a time
-    assert len(store.tablet_ids(tid)) == 2500
+    assert len(store.tables.tablet_ids(tid)) == 2500

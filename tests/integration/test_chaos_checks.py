@@ -22,8 +22,8 @@ pytestmark = pytest.mark.redis
 
 
 def _tablet_with_files(store: MetadataStore, storage: Storage, n: int) -> tuple[str, list[str]]:
-    tid = store.create_table("t", [])
-    tablet = store.tablet_ids(tid)[0]
+    tid = store.tables.create_table("t", [])
+    tablet = store.tables.tablet_ids(tid)[0]
     files = [f"tables/{tid}/F{i:010x}.parquet" for i in range(n)]
     m = Mutation(table=tid)
     m.tablet(tablet).do("add_files", {f: FileMeta(100 + i, 1).to_json() for i, f in enumerate(files)})
@@ -52,8 +52,8 @@ def test_a_kill_after_the_commit_landed_is_not_a_merge_killed(store: MetadataSto
     # killed mid-merge: reserved, never committed, found dead, its tablet compacted again
     res = compactions.try_reserve(store, Job(tablet, "SYSTEM", 1, "g", {f: 100 for f in files[:2]}), "c1", "g")
     log.killed.append((res.ecid, tablet))
-    log.commits_at_kill[tablet] = store.commits_on(tablet)
-    store.log_dead(res.ecid, "g")
+    log.commits_at_kill[tablet] = store.bookkeeping.commits_on(tablet)
+    store.running.log_dead(res.ecid, "g")
     compactions.release(store, storage, res)
     first = _compact(store, storage, tablet, files[:2])
     # "killed" with its commit already sent: the commit was applied
@@ -71,7 +71,7 @@ def test_a_kill_after_the_commit_landed_is_not_a_merge_killed(store: MetadataSto
     assert summary["chaos: kills that came after the commit landed"] == 1
     assert summary["chaos: dead compactions detected (of the killed)"] == 1
     assert summary["chaos: killed jobs re-run"] == 1
-    assert first.ecid in store.commit_log() and late.ecid in store.commit_log()
+    assert first.ecid in store.bookkeeping.commit_log() and late.ecid in store.bookkeeping.commit_log()
 
 
 def test_a_merge_killed_and_never_found_dead_fails_the_verdict(store: MetadataStore, storage: Storage) -> None:
@@ -79,7 +79,7 @@ def test_a_merge_killed_and_never_found_dead_fails_the_verdict(store: MetadataSt
     log = ChaosLog(coordinator_restarts=1, redis_restarts=1)
     res = compactions.try_reserve(store, Job(tablet, "SYSTEM", 1, "g", {f: 100 for f in files}), "c1", "g")
     log.killed.append((res.ecid, tablet))
-    log.commits_at_kill[tablet] = store.commits_on(tablet)
+    log.commits_at_kill[tablet] = store.bookkeeping.commits_on(tablet)
     compactions.release(store, storage, res)  # gone, but never logged dead nor re-run
 
     summary, ok = check_chaos(log, store, storage)

@@ -71,7 +71,7 @@ def test_table_lifecycle(cli, redis_url: str, tmp_path: Path) -> None:
     splits_file.write_text("80\n\nff00\n61\n")
     assert "4 tablets" in cli("table", "create", "u", "--splits-file", str(splits_file)).output
     store = MetadataStore.from_url(redis_url)
-    assert [t.end for t in store.tablets(store.table_id("u"))] == [b"a", b"\x80", b"\xff\x00", None]
+    assert [t.end for t in store.tables.tablets(store.tables.table_id("u"))] == [b"a", b"\x80", b"\xff\x00", None]
 
     assert cli("table", "config", "t").output == ""
     out = cli("table", "config", "t", "table.iterator.versions=3", "table.custom.owner=me").output
@@ -79,11 +79,11 @@ def test_table_lifecycle(cli, redis_url: str, tmp_path: Path) -> None:
     assert cli("table", "config", "t", "table.custom.owner=").output.splitlines() == ["table.iterator.versions=3"]
 
     assert "OFFLINE" in cli("table", "offline", "t").output
-    assert store.table("t").state == "OFFLINE"
+    assert store.tables.table("t").state == "OFFLINE"
     assert "ONLINE" in cli("table", "online", "t").output
-    assert store.table("t").state == "ONLINE"
+    assert store.tables.table("t").state == "ONLINE"
     assert "deleted table t" in cli("table", "delete", "t").output
-    assert [t.name for t in store.tables()] == ["u"]
+    assert [t.name for t in store.tables.tables()] == ["u"]
 
 
 @pytest.mark.parametrize(
@@ -171,7 +171,7 @@ def test_environment_variables_select_redis_and_storage(redis_url: str, tmp_path
     src = parquet(tmp_path / "a.parquet", [E(b"a")])
     assert runner.invoke(main, ["import", "t", src], env=env).exit_code == 0
     assert list((tmp_path / "envfiles").rglob("I*.parquet"))
-    assert MetadataStore.from_url(redis_url).table("t").name == "t"
+    assert MetadataStore.from_url(redis_url).tables.table("t").name == "t"
 
 
 def test_redis_unreachable(tmp_path: Path) -> None:

@@ -57,13 +57,13 @@ def stored_files(client: Client) -> list[str]:
 
 # -- bulk import ---------------------------------------------------------------------------------
 def test_import_spanning_tablets_is_registered_with_each_and_scanned_once(client: Client, tmp_path: Path) -> None:
-    client.store.create_table("t", [b"d", b"m", b"\x80"])
+    client.store.tables.create_table("t", [b"d", b"m", b"\x80"])
     rows = [bytes([c]) for c in b"abcdefghijklmnopqrstuvwxyz"] + [b"\x7f", b"\x80", b"\x80\x00", b"\xff"]
     entries = sorted((E(r) for r in rows), key=sort_key)
     src = write_parquet(tmp_path / "in.parquet", entries)
     (path,) = client.import_files("t", [src])
     assert os.path.basename(path).startswith("I")
-    tablets = client.store.tablets(client.store.table_id("t"))
+    tablets = client.store.tables.tablets(client.store.tables.table_id("t"))
     assert [list(t.files) for t in tablets] == [[path]] * 4  # a..d, e..m, n..\x80, \x80\x00..
     assert list(client.scan("t")) == entries  # each row exactly once
     # the file's own rows, read through each tablet, partition it
@@ -73,14 +73,14 @@ def test_import_spanning_tablets_is_registered_with_each_and_scanned_once(client
 
 
 def test_import_only_registers_overlapping_tablets(client: Client, tmp_path: Path) -> None:
-    tid = client.store.create_table("t", [b"d", b"m"])
+    tid = client.store.tables.create_table("t", [b"d", b"m"])
     src = write_parquet(tmp_path / "in.parquet", [E(b"e"), E(b"m")])  # exactly the middle tablet
     (path,) = client.import_files("t", [src])
-    assert [list(t.files) for t in client.store.tablets(tid)] == [[], [path], []]
+    assert [list(t.files) for t in client.store.tables.tablets(tid)] == [[], [path], []]
 
 
 def test_import_several_files_in_one_step(client: Client, tmp_path: Path) -> None:
-    client.store.create_table("t", [b"m"])
+    client.store.tables.create_table("t", [b"m"])
     a = write_parquet(tmp_path / "a.parquet", [E(b"a"), E(b"z")])
     b = write_parquet(tmp_path / "b.parquet", [E(b"b", ts=2), E(b"n")])
     paths = client.import_files("t", [a, b])
@@ -105,8 +105,8 @@ def test_import_accepts_files_written_by_users_with_pyarrow(client: Client, tmp_
         }
     ).sort_by(ARROW_SORT_KEYS)
     pq.write_table(table, tmp_path / "user.parquet")
-    client.store.create_table("t")
-    client.store.set_props("t", {"table.iterator.versions": "5"})
+    client.store.tables.create_table("t")
+    client.store.tables.set_props("t", {"table.iterator.versions": "5"})
     client.import_files("t", [str(tmp_path / "user.parquet")])
     assert [(e.row, e.ts, e.value) for e in client.scan("t")] == [(b"a", 2, b"3"), (b"a", 1, b"2"), (b"b", 1, b"1")]
 
@@ -147,7 +147,7 @@ def _unsorted_across_batches(tmp_path: Path) -> str:
     ],
 )
 def test_refused_import_changes_nothing(client: Client, tmp_path: Path, make_bad, error, message: str) -> None:
-    client.store.create_table("t", [b"m"])
+    client.store.tables.create_table("t", [b"m"])
     client.import_files("t", [write_parquet(tmp_path / "first.parquet", [E(b"x")])])
     before_meta, before_files = metadata(client.store), stored_files(client)
     good = write_parquet(tmp_path / "good.parquet", [E(b"a"), E(b"z")])
@@ -161,7 +161,7 @@ def test_refused_import_changes_nothing(client: Client, tmp_path: Path, make_bad
 
 
 def test_import_refusals_without_files_or_table(client: Client, tmp_path: Path) -> None:
-    client.store.create_table("t")
+    client.store.tables.create_table("t")
     with pytest.raises(KompaktorError, match="no files to import"):
         client.import_files("t", [])
     with pytest.raises(UnknownTableError, match="unknown table 'nope'"):
@@ -171,7 +171,7 @@ def test_import_refusals_without_files_or_table(client: Client, tmp_path: Path) 
 
 # -- merged scans ----------------------------------------------------------------------------------
 def test_scan_versions_and_deletes_across_files(client: Client, tmp_path: Path) -> None:
-    client.store.create_table("t", [b"m"])
+    client.store.tables.create_table("t", [b"m"])
     client.flush("t", [E(b"a", 1), E(b"a", 2), E(b"b", 1), E(b"n", 1), E(b"z", 5)])
     client.import_files(
         "t",
@@ -183,7 +183,7 @@ def test_scan_versions_and_deletes_across_files(client: Client, tmp_path: Path) 
     )
     client.flush("t", [E(b"z", 2, deleted=True)])  # older than the z put: hides nothing visible
     assert list(client.scan("t")) == [E(b"a", 3), E(b"n", 4), E(b"z", 5, b"newer")]
-    client.store.set_props("t", {"table.iterator.versions": "3"})
+    client.store.tables.set_props("t", {"table.iterator.versions": "3"})
     assert list(client.scan("t")) == [
         E(b"a", 3),
         E(b"a", 2),
@@ -198,7 +198,7 @@ def test_scan_versions_and_deletes_across_files(client: Client, tmp_path: Path) 
 
 
 def test_scan_by_row_range(client: Client) -> None:
-    client.store.create_table("t", [b"c", b"f", b"\x80"])
+    client.store.tables.create_table("t", [b"c", b"f", b"\x80"])
     rows = [b"a", b"b", b"c", b"c\x00", b"d", b"f", b"g", b"\x7f", b"\x80", b"\x81", b"\xff"]
     client.flush("t", [E(r) for r in rows])
     scan = lambda s, e: [x.row for x in client.scan("t", s, e)]  # noqa: E731
@@ -228,7 +228,7 @@ def test_scan_equals_the_merge_of_everything_written(client: Client, splits, bat
     """Whatever the splits and flushes, a scan of [start, end] is the merged view of all flushed
     entries in that range (flushes in order, later ones newer)."""
     raw_redis(client.store).flushdb()
-    client.store.create_table("t", splits, props={"table.iterator.versions": str(versions)})
+    client.store.tables.create_table("t", splits, props={"table.iterator.versions": str(versions)})
     for b in batches:
         if b:
             client.flush("t", b)
@@ -248,16 +248,16 @@ def test_unknown_table(client: Client) -> None:
 
 
 def test_deleted_table_is_unknown(client: Client) -> None:
-    client.store.create_table("t")
+    client.store.tables.create_table("t")
     client.flush("t", [E(b"a")])
-    client.store.delete_table("t")
+    client.store.tables.delete_table("t")
     with pytest.raises(UnknownTableError):
         list(client.scan("t"))
 
 
 def test_flush_to_an_offline_table_is_refused_and_leaves_no_files(client: Client) -> None:
-    client.store.create_table("t", [b"m"])
-    client.store.set_state("t", "OFFLINE")
+    client.store.tables.create_table("t", [b"m"])
+    client.store.tables.set_state("t", "OFFLINE")
     with pytest.raises(KompaktorError, match="table state"):
         client.flush("t", [E(b"a"), E(b"z")])
     assert stored_files(client) == []
@@ -281,7 +281,7 @@ def test_invalid_redis_url_is_a_clear_error() -> None:
 
 
 def test_redis_going_away_and_coming_back(redis_server, client: Client, tmp_path: Path) -> None:
-    client.store.create_table("t", [b"m"])
+    client.store.tables.create_table("t", [b"m"])
     client.flush("t", [E(b"a"), E(b"z")])
     redis_server.stop()
     try:

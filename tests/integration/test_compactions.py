@@ -27,8 +27,8 @@ pytestmark = pytest.mark.redis
 
 def table_with_files(store: MetadataStore, n: int = 3, props: dict[str, str] | None = None) -> tuple[str, str]:
     """A table split at "m"; the second tablet holds ``n`` files F..0 to F..n-1. Returns (table id, tablet id)."""
-    tid = store.create_table("t", [b"m"], props)
-    tablet = store.tablet_ids(tid)[1]
+    tid = store.tables.create_table("t", [b"m"], props)
+    tablet = store.tables.tablet_ids(tid)[1]
     m = Mutation(table=tid)
     m.tablet(tablet).do(
         "add_files", {f"tables/{tid}/F{i:010x}.parquet": FileMeta(100 + i, 1).to_json() for i in range(n)}
@@ -48,7 +48,7 @@ def output_info(path: str) -> FileInfo:
 def resend_every_mutation(store: MetadataStore, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """Send every mutation twice with the same arguments — what redis-py does when a connection
     breaks after the script ran — and answer with the second reply. Returns the replies."""
-    real = store._eval_durable
+    real = store._core._eval_durable
     replies: list[Any] = []
 
     def twice(arg: str) -> Any:
@@ -56,21 +56,21 @@ def resend_every_mutation(store: MetadataStore, monkeypatch: pytest.MonkeyPatch)
         replies.append(real(arg))
         return replies[-1]
 
-    monkeypatch.setattr(store, "_eval_durable", twice)
+    monkeypatch.setattr(store._core, "_eval_durable", twice)
     return replies
 
 
 # -- reserve ---------------------------------------------------------------------------------------
 def test_reserve_names_the_output_decides_full_and_reports_range_and_props(store: MetadataStore) -> None:
     tid, tablet = table_with_files(store, 3, {"table.iterator.versions": "3"})
-    files = sorted(store.tablet(tablet).files)
+    files = sorted(store.tables.tablet(tablet).files)
     seq = int(raw_redis(store).hget(C.SEQ, "file") or 0)
     partial = compactions.try_reserve(store, job(tablet, files[:2]), "c1", "g")
     assert not partial.full and not partial.settings.full
     assert partial.output == f"tables/{tid}/C{seq + 1:010x}-{ecid_nonce(partial.ecid)}.parquet"
     assert (partial.prev, partial.end, partial.table) == (b"m", None, tid)
     assert partial.inputs == tuple(files[:2]) and partial.settings.max_versions == 3
-    t = store.tablet(tablet)
+    t = store.tables.tablet(tablet)
     assert t.running[partial.ecid].output == partial.output and t.running[partial.ecid].files == tuple(files[:2])
     assert raw_redis(store).hget(C.RUNNING, partial.ecid).decode() == tablet
     assert raw_redis(store).sismember(C.running_group_key("g"), partial.ecid)
@@ -79,15 +79,15 @@ def test_reserve_names_the_output_decides_full_and_reports_range_and_props(store
     full = compactions.try_reserve(store, job(tablet, list(reversed(files))), "c1", "g")
     assert full.full and full.settings.full and full.inputs == tuple(files)  # oldest first
     assert full.output == f"tables/{tid}/A{seq + 2:010x}-{ecid_nonce(full.ecid)}.parquet"
-    assert store.tablet(tablet).running[full.ecid].output == full.output
+    assert store.tables.tablet(tablet).running[full.ecid].output == full.output
 
 
 def test_full_is_decided_against_the_files_at_reservation(store: MetadataStore) -> None:
     """A job planned as full, after a new file arrived, is reserved as a partial compaction of
     its files (the new file stays); it is not discarded."""
     tid, tablet = table_with_files(store, 2)
-    planned = job(tablet, sorted(store.tablet(tablet).files))
-    store.add_files("t", {f"tables/{tid}/F{9:010x}.parquet": FileMeta(5, 1, 0, b"n", b"n")})
+    planned = job(tablet, sorted(store.tables.tablet(tablet).files))
+    store.files.add_files("t", {f"tables/{tid}/F{9:010x}.parquet": FileMeta(5, 1, 0, b"n", b"n")})
     res = compactions.try_reserve(store, planned, "c1", "g")
     assert not res.full and res.output.split("/")[-1].startswith("C")
 
@@ -99,16 +99,16 @@ def test_reserve_reports_the_range_of_the_tablet_when_it_reserved(store: Metadat
     m = Mutation()
     m.tablet(tablet).do("set_range", b"g".hex())  # as if the tablet before it had been split
     store.mutate(m)
-    res = compactions.try_reserve(store, job(tablet, sorted(store.tablet(tablet).files)), "c1", "g")
+    res = compactions.try_reserve(store, job(tablet, sorted(store.tables.tablet(tablet).files)), "c1", "g")
     assert res.prev == b"g"
 
 
 @pytest.mark.parametrize("cond", ["table state", "no operation in progress"])
 def test_a_refused_reservation_changes_nothing(store: MetadataStore, cond: str) -> None:
     tid, tablet = table_with_files(store, 2)
-    files = sorted(store.tablet(tablet).files)
+    files = sorted(store.tables.tablet(tablet).files)
     if cond == "table state":
-        store.set_state("t", "OFFLINE")
+        store.tables.set_state("t", "OFFLINE")
     else:
         m = Mutation(table=tid)
         m.tablet(tablet).do("set_op", "split")
@@ -124,70 +124,72 @@ def test_a_reservation_with_unusable_settings_leaves_no_ecid(store: MetadataStor
     tid, tablet = table_with_files(store, 2)
     store.mutate(Mutation(table=tid, table_ops=[["set_prop", "table.iterator.versions", "many"]]))
     with pytest.raises(KompaktorError, match="not an integer"):
-        compactions.try_reserve(store, job(tablet, sorted(store.tablet(tablet).files)), "c1", "g")
-    assert store.tablet(tablet).running == {} and not raw_redis(store).hlen(C.RUNNING)
+        compactions.try_reserve(store, job(tablet, sorted(store.tables.tablet(tablet).files)), "c1", "g")
+    assert store.tables.tablet(tablet).running == {} and not raw_redis(store).hlen(C.RUNNING)
 
 
 def test_a_resent_reservation_is_recognised(store: MetadataStore, monkeypatch: pytest.MonkeyPatch) -> None:
     _tid, tablet = table_with_files(store, 2)
-    files = sorted(store.tablet(tablet).files)
+    files = sorted(store.tables.tablet(tablet).files)
     seq = int(raw_redis(store).hget(C.SEQ, "file") or 0)
     replies = resend_every_mutation(store, monkeypatch)
     res = compactions.try_reserve(store, job(tablet, files), "c1", "g")
     assert replies[0] == replies[1]  # the resend answered with the first outcome
     assert int(raw_redis(store).hget(C.SEQ, "file")) == seq + 1  # one output name allocated
-    assert set(store.tablet(tablet).running) == {res.ecid}
+    assert set(store.tables.tablet(tablet).running) == {res.ecid}
 
 
 # -- commit ----------------------------------------------------------------------------------------
 def test_commit_drops_the_heartbeat_and_counts_in_the_same_mutation(store: MetadataStore) -> None:
     _tid, tablet = table_with_files(store, 3)
-    files = sorted(store.tablet(tablet).files)
+    files = sorted(store.tables.tablet(tablet).files)
     res = compactions.try_reserve(store, job(tablet, files, group="small"), "c1", "small")
     compactions.heartbeat(store, res, {"entries_read": 1})
     assert raw_redis(store).exists(C.heartbeat_key(res.ecid))
     compactions.commit(store, res, output_info(res.output))
-    t = store.tablet(tablet)
+    t = store.tables.tablet(tablet)
     assert set(t.files) == {res.output} and t.running == {}
     assert not raw_redis(store).exists(C.heartbeat_key(res.ecid))
     assert not raw_redis(store).hexists(C.RUNNING, res.ecid) and not raw_redis(store).sismember(
         C.running_group_key("small"), res.ecid
     )
-    counters = store.counters()
+    counters = store.bookkeeping.counters()
     assert counters["compactions_committed"] == 1 and counters["committed:small"] == 1
     assert raw_redis(store).hget(C.COMMITS_BY_TABLET, tablet) == b"1"
 
 
 def test_a_resent_commit_is_recognised_and_counts_once(store: MetadataStore, monkeypatch: pytest.MonkeyPatch) -> None:
     _tid, tablet = table_with_files(store, 3)
-    res = compactions.try_reserve(store, job(tablet, sorted(store.tablet(tablet).files)), "c1", "g")
+    res = compactions.try_reserve(store, job(tablet, sorted(store.tables.tablet(tablet).files)), "c1", "g")
     replies = resend_every_mutation(store, monkeypatch)
     compactions.commit(store, res, output_info(res.output))  # the resend must not be reported as rejected
     assert json.loads(replies[1])["ok"] and replies[0] == replies[1]
-    assert set(store.tablet(tablet).files) == {res.output}
-    assert store.counters()["compactions_committed"] == 1 and store.counters()["committed:g"] == 1
+    assert set(store.tables.tablet(tablet).files) == {res.output}
+    assert (
+        store.bookkeeping.counters()["compactions_committed"] == 1 and store.bookkeeping.counters()["committed:g"] == 1
+    )
     assert raw_redis(store).hget(C.COMMITS_BY_TABLET, tablet) == b"1"
 
 
 def test_the_commit_log_holds_each_commit_applied_once(store: MetadataStore, monkeypatch: pytest.MonkeyPatch) -> None:
     _tid, tablet = table_with_files(store, 3)
-    assert store.commit_log() == []
-    res = compactions.try_reserve(store, job(tablet, sorted(store.tablet(tablet).files)), "c1", "g")
+    assert store.bookkeeping.commit_log() == []
+    res = compactions.try_reserve(store, job(tablet, sorted(store.tables.tablet(tablet).files)), "c1", "g")
     resend_every_mutation(store, monkeypatch)
     compactions.commit(store, res, output_info(res.output))  # sent twice, applied once
-    assert store.commit_log() == [res.ecid]
+    assert store.bookkeeping.commit_log() == [res.ecid]
 
 
 def test_a_rejected_commit_counts_nothing_and_keeps_the_heartbeat(store: MetadataStore) -> None:
     _tid, tablet = table_with_files(store, 3)
-    res = compactions.try_reserve(store, job(tablet, sorted(store.tablet(tablet).files)), "c1", "g")
+    res = compactions.try_reserve(store, job(tablet, sorted(store.tables.tablet(tablet).files)), "c1", "g")
     compactions.heartbeat(store, res, {"entries_read": 1})
     compactions.remove_running(store, tablet, res.ecid)  # as dead-compaction detection does
     before = snapshot(raw_redis(store))
     with pytest.raises(ConditionFailed, match="compaction registered"):
         compactions.commit(store, res, output_info(res.output))
     assert snapshot(raw_redis(store)) == before
-    assert "compactions_committed" not in store.counters()
+    assert "compactions_committed" not in store.bookkeeping.counters()
 
 
 # -- the ops themselves ------------------------------------------------------------------------------
@@ -207,7 +209,7 @@ def test_malformed_new_ops_are_rejected_before_any_write(store: MetadataStore, o
     tid, tablet = table_with_files(store, 1)
     before = snapshot(raw_redis(store))
     m = Mutation(table=tid)
-    m.tablet(store.tablet_ids(tid)[0]).do("add_files", {"x": FileMeta(1, 1).to_json()})
+    m.tablet(store.tables.tablet_ids(tid)[0]).do("add_files", {"x": FileMeta(1, 1).to_json()})
     m.tablet(tablet).do(*op)
     with pytest.raises(ConditionFailed) as exc:
         store.mutate(m)
@@ -216,7 +218,7 @@ def test_malformed_new_ops_are_rejected_before_any_write(store: MetadataStore, o
 
 
 def test_table_reads_return_fields_of_the_table_after_the_ops(store: MetadataStore) -> None:
-    tid = store.create_table("t", props={"table.iterator.versions": "2"})
+    tid = store.tables.create_table("t", props={"table.iterator.versions": "2"})
     m = Mutation(table=tid, table_reads=["props", "state", "nope"]).require_table()
     m.table_ops = [["set_state", "OFFLINE"]]
     out = store.apply(m)
@@ -231,7 +233,7 @@ def test_selection_done_shrinks_the_selection_then_completes_it(store: MetadataS
     the inputs by the output in the selection, or, when no other selected file is left, clears it
     (and records a user compaction's tablet as done)."""
     tid, tablet = table_with_files(store, 4)
-    files = sorted(store.tablet(tablet).files)
+    files = sorted(store.tables.tablet(tablet).files)
     ucomp = "U1" if kind == "USER" else None
     m = Mutation(table=tid)
     m.tablet(tablet).do("set_selection", {"id": "S1", "kind": kind, "files": files[:3], "done": 0, "created": 0})
@@ -243,14 +245,14 @@ def test_selection_done_shrinks_the_selection_then_completes_it(store: MetadataS
         store.mutate(m)
 
     done(files[:2], "X")
-    sel = store.tablet(tablet).selection
+    sel = store.tables.tablet(tablet).selection
     assert sel is not None and (sel.files, sel.done) == ((files[2], "X"), 1)
     done([files[2]], None)  # an empty output leaves the selection
-    sel = store.tablet(tablet).selection
+    sel = store.tables.tablet(tablet).selection
     assert sel is not None and (sel.files, sel.done) == (("X",), 2)
     assert not raw_redis(store).exists(C.ucomp_done_key("U1"))
     done(["X"], "Y")
-    assert store.tablet(tablet).selection is None
+    assert store.tables.tablet(tablet).selection is None
     assert raw_redis(store).smembers(C.ucomp_done_key("U1")) == ({tablet.encode()} if ucomp else set())
 
 
@@ -279,9 +281,9 @@ def test_reserve_polls_and_reserves_in_one_script_call_as_try_reserve_would(stor
     """The folded reservation writes what :func:`try_reserve` writes (the running record, its
     files oldest first, the output's name) and reports the same; one script call in all."""
     tid, tablet = table_with_files(store, 3)
-    other_tid = store.create_table("u", [b"m"])
-    other = store.tablet_ids(other_tid)[1]
-    files = sorted(store.tablet(tablet).files, reverse=True)  # the job's order is not the inputs' order
+    other_tid = store.tables.create_table("u", [b"m"])
+    other = store.tables.tablet_ids(other_tid)[1]
+    files = sorted(store.tables.tablet(tablet).files, reverse=True)  # the job's order is not the inputs' order
     m = Mutation(table=other_tid)
     m.tablet(other).do("add_files", {f.replace(f"/{tid}/", f"/{other_tid}/"): FileMeta(1, 1).to_json() for f in files})
     store.mutate(m)
@@ -289,7 +291,7 @@ def test_reserve_polls_and_reserves_in_one_script_call_as_try_reserve_would(stor
     reset_stats(store)
     res = compactions.reserve(store, store.queues, "g", "c1")
     assert res is not None and function_calls(store) == 1
-    by_python = compactions.try_reserve(store, job(other, sorted(store.tablet(other).files)), "c1", "g")
+    by_python = compactions.try_reserve(store, job(other, sorted(store.tables.tablet(other).files)), "c1", "g")
     assert res.inputs == tuple(sorted(files)) and res.full and res.prev == b"m" and res.end is None
     assert (res.full, res.prev, res.end) == (by_python.full, by_python.prev, by_python.end)
     assert res.output.startswith(f"tables/{tid}/A") and res.output.endswith(f"-{ecid_nonce(res.ecid)}.parquet")
@@ -309,15 +311,15 @@ def test_a_template_decoded_once_keeps_nothing_of_an_earlier_reservation(store: 
     its own templates."""
     tids, tablets = [], []
     for name, n in (("t1", 3), ("t2", 2), ("t3", 4)):
-        tid = store.create_table(name, [b"m"])
-        tablet = store.tablet_ids(tid)[1]
+        tid = store.tables.create_table(name, [b"m"])
+        tablet = store.tables.tablet_ids(tid)[1]
         m = Mutation(table=tid)
         new = {f"tables/{tid}/F{i:010x}.parquet": FileMeta(1, 1).to_json() for i in range(n)}
         m.tablet(tablet).do("add_files", new)
         store.mutate(m)
         tids.append(tid)
         tablets.append(tablet)
-    files = [sorted(store.tablet(t).files) for t in tablets]
+    files = [sorted(store.tables.tablet(t).files) for t in tablets]
     m = Mutation(table=tids[1])  # the second tablet's first file is selected: a SELECTOR job
     sel = {"id": "S1", "kind": "SELECTOR", "files": files[1][:1], "done": 0, "created": 0}
     m.tablet(tablets[1]).do("set_selection", sel)
@@ -349,8 +351,8 @@ def test_a_template_decoded_once_keeps_nothing_of_an_earlier_reservation(store: 
 
 
 def test_the_folded_reserve_orders_files_as_file_order_key(store: MetadataStore) -> None:
-    tid = store.create_table("t")
-    tablet = store.tablet_ids(tid)[0]
+    tid = store.tables.create_table("t")
+    tablet = store.tables.tablet_ids(tid)[0]
     names = [f"tables/{tid}/{p}{s:010x}-n.parquet" for p, s in (("C", 9), ("A", 2), ("F", 30), ("F", 4), ("C", 11))]
     m = Mutation(table=tid)
     m.tablet(tablet).do("add_files", {n: FileMeta(1, 1).to_json() for n in names})
@@ -359,7 +361,7 @@ def test_the_folded_reserve_orders_files_as_file_order_key(store: MetadataStore)
     res = compactions.reserve(store, store.queues, "g", "c1")
     assert res is not None and not res.full
     want = sorted(names[:4], key=lambda n: n.rsplit("/", 1)[1][1:])
-    assert list(res.inputs) == want == list(store.tablet(tablet).running[res.ecid].files)
+    assert list(res.inputs) == want == list(store.tables.tablet(tablet).running[res.ecid].files)
 
 
 def test_the_folded_reserve_discards_stale_jobs_in_bounded_calls(store: MetadataStore) -> None:
@@ -367,7 +369,7 @@ def test_the_folded_reserve_discards_stale_jobs_in_bounded_calls(store: Metadata
     from kompaktor.metadata.store.base import RESERVE_MAX_STALE
 
     _tid, tablet = table_with_files(store, 3)
-    files = sorted(store.tablet(tablet).files)
+    files = sorted(store.tables.tablet(tablet).files)
     stale = RESERVE_MAX_STALE + 4
     # jobs of other tablets (queued first: a higher priority) whose files are gone
     for i in range(stale):
@@ -378,7 +380,7 @@ def test_the_folded_reserve_discards_stale_jobs_in_bounded_calls(store: Metadata
     res = compactions.reserve(store, store.queues, "g", "c1")
     assert res is not None and res.inputs == tuple(files)
     assert function_calls(store) == 2  # one call per RESERVE_MAX_STALE stale jobs, then the reservation
-    assert store.counters()["stale_jobs_discarded"] == stale
+    assert store.bookkeeping.counters()["stale_jobs_discarded"] == stale
     assert store.queues.stats("g").dequeued == stale + 1
     assert compactions.reserve(store, store.queues, "g", "c1") is None
 
@@ -387,14 +389,14 @@ def test_a_job_the_templates_do_not_express_comes_back_and_is_reserved_in_python
     """A SYSTEM job flagged overlaps-selection needs the stale-selection check: popped by the
     script, reserved by try_reserve. A USER job whose user compaction is gone is discarded."""
     _tid, tablet = table_with_files(store, 3)
-    files = sorted(store.tablet(tablet).files)
+    files = sorted(store.tables.tablet(tablet).files)
     user = Job(tablet, "USER", 9, "g", {f: 1 for f in files}, selection="UC-gone")
     over = Job(tablet, "SYSTEM", 1, "g", {f: 1 for f in files[:2]}, overlaps=True)
     store.queues.add(tablet, [user, over])
     res = compactions.reserve(store, store.queues, "g", "c1")
     assert res is not None and res.job == over and res.inputs == tuple(files[:2])
-    assert set(store.tablet(tablet).running) == {res.ecid}
-    assert store.counters()["stale_jobs_discarded"] == 1  # the USER job
+    assert set(store.tables.tablet(tablet).running) == {res.ecid}
+    assert store.bookkeeping.counters()["stale_jobs_discarded"] == 1  # the USER job
     assert store.queues.stats("g").dequeued == 2
 
 
@@ -404,9 +406,9 @@ def test_a_resent_folded_reserve_returns_the_recorded_outcome(
     """A call resent after a broken connection (redis-py resends the same arguments) answers with
     the first attempt's outcome: it neither pops a second job nor registers a second ECID."""
     _tid, tablet = table_with_files(store, 4)
-    files = sorted(store.tablet(tablet).files)
+    files = sorted(store.tables.tablet(tablet).files)
     store.queues.add(tablet, [job(tablet, files[:2]), job(tablet, files[2:])])
-    real, script = store.call, store._reserve
+    real, script = store._core.call, store._core._reserve
     replies: list[Any] = []
 
     def twice(fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -416,16 +418,16 @@ def test_a_resent_folded_reserve_returns_the_recorded_outcome(
         replies.append(real(fn, *args, **kwargs))
         return replies[-1]
 
-    monkeypatch.setattr(store, "call", twice)
+    monkeypatch.setattr(store._core, "call", twice)
     res = compactions.reserve(store, store.queues, "g", "c1")
     assert res is not None and replies[0] == replies[1]
-    assert set(store.tablet(tablet).running) == {res.ecid}
+    assert set(store.tables.tablet(tablet).running) == {res.ecid}
     assert store.queues.stats("g").dequeued == 1 and len(store.queues.jobs("g")) == 1
 
 
 def test_commit_is_refused_when_an_input_is_gone(store: MetadataStore) -> None:
     tid, tablet = table_with_files(store, 3)
-    files = sorted(store.tablet(tablet).files)
+    files = sorted(store.tables.tablet(tablet).files)
     res = compactions.try_reserve(store, job(tablet, files), "c1", "g")
     m = Mutation(table=tid)
     m.tablet(tablet).do("remove_files", [files[1]])

@@ -55,9 +55,9 @@ def system(users: RedisProcess, tmp_path: Path) -> Iterator[tuple[MetadataStore,
     storage = Storage.from_uri(str(tmp_path / "files"))
     admin = MetadataStore.from_url(users.role_url("admin"))
     client = Client(admin, storage)
-    admin.put_group(GroupConfig("default"))
+    admin.fleet.put_group(GroupConfig("default"))
     for name in ("t", "u"):
-        admin.create_table(name, [])
+        admin.tables.create_table(name, [])
         for k in range(4):
             client.flush(name, entries(30, k, value=lambda r, k=k: b"v%d" % k))
     coordinator = Coordinator(MetadataStore.from_url(users.role_url("coordinator")), storage)
@@ -77,8 +77,8 @@ def test_the_compactor_user_cannot_write_settings_tablets_tables_or_user_compact
     users: RedisProcess, system: tuple[MetadataStore, Client]
 ) -> None:
     admin, _client = system
-    tid = admin.table_id("t")
-    (tablet,) = admin.tablets(tid)
+    tid = admin.tables.table_id("t")
+    (tablet,) = admin.tables.tablets(tid)
     before = look(users)
     raw = redis.Redis.from_url(users.role_url("compactor"))
     evil = json.dumps({"name": "default", "engine": "spark", "spark_conf": {"spark.jars": "http://evil/x.jar"}})
@@ -107,8 +107,8 @@ def test_the_compactor_user_cannot_write_settings_tablets_tables_or_user_compact
     # ... and through Kompaktor's own code, on the compactor's store: one line, nothing written
     store = MetadataStore.from_url(users.role_url("compactor"))
     for attempt in (
-        lambda: store.put_group(GroupConfig("default", engine="spark", spark_conf={"spark.jars": "http://evil"})),
-        lambda: store.set_props("t", {"table.compaction.ratio": "1"}),
+        lambda: store.fleet.put_group(GroupConfig("default", engine="spark", spark_conf={"spark.jars": "http://evil"})),
+        lambda: store.tables.set_props("t", {"table.compaction.ratio": "1"}),
         lambda: user_compactions.start(store, "t"),
     ):
         with pytest.raises(StoreUnavailable, match="denied a command to this user"):
@@ -147,13 +147,13 @@ def test_only_the_holder_may_commit_release_or_heartbeat_a_compaction(
     # the holder commits its own, on the reservation the broker recorded: a reservation it
     # rewrote (another tablet, a partial compaction) changes neither the tablet nor the kind
     want = list(client.scan("t"))
-    other = next(t for t in admin.tablets(admin.table_id("u")))
+    other = next(t for t in admin.tables.tablets(admin.tables.table_id("u")))
     rewritten = dataclasses.replace(held, job=dataclasses.replace(held.job, tablet=other.id), full=False)
     settings = WorkerSettings("default", "a", engine="arrow", heartbeat_s=3600)
     outcome = Compactor(store_a, Storage.from_uri(str(tmp_path / "files")), settings, jobs=a)._execute(rewritten)
     assert outcome.status == "committed", outcome
-    assert admin.tablet(other.id) == other
-    assert list(admin.tablet(held.tablet).files) == [held.output]
+    assert admin.tables.tablet(other.id) == other
+    assert list(admin.tables.tablet(held.tablet).files) == [held.output]
     assert list(client.scan("t")) == want
 
 
@@ -171,9 +171,9 @@ def test_a_compactor_on_its_user_compacts_through_the_broker(
     assert worker.run_one() is None  # the queue is empty
     for name in ("t", "u"):
         assert list(client.scan(name)) == want[name]
-        (tablet,) = admin.tablets(admin.table_id(name))
+        (tablet,) = admin.tables.tablets(admin.tables.table_id(name))
         assert len(tablet.files) == 1 and not tablet.running
-    assert [(c.id, c.state) for c in admin.compactors("default")] == [("c", "busy")]  # its last word
+    assert [(c.id, c.state) for c in admin.fleet.compactors("default")] == [("c", "busy")]  # its last word
 
 
 def test_with_a_group_key_a_compactor_reserves_and_speaks_for_its_own_group_only(
@@ -181,8 +181,8 @@ def test_with_a_group_key_a_compactor_reserves_and_speaks_for_its_own_group_only
 ) -> None:
     storage = Storage.from_uri(str(tmp_path / "files"))
     admin = MetadataStore.from_url(users.role_url("admin"))
-    admin.put_group(GroupConfig("default"))
-    admin.create_table("t", [])
+    admin.fleet.put_group(GroupConfig("default"))
+    admin.tables.create_table("t", [])
     for k in range(4):
         Client(admin, storage).flush("t", entries(30, k, value=lambda r, k=k: b"v%d" % k))
     coordinator = Coordinator(MetadataStore.from_url(users.role_url("coordinator")), storage)

@@ -54,13 +54,13 @@ def coord(store: MetadataStore, storage: Storage) -> Coordinator:
 
 
 def only_tablet(store: MetadataStore, table: str = "t") -> str:
-    (tid,) = store.tablet_ids(store.table_id(table))
+    (tid,) = store.tables.tablet_ids(store.tables.table_id(table))
     return tid
 
 
 def fake_files(store: MetadataStore, tablet_id: str, sizes: dict[str, int]) -> None:
     """Register files (metadata only, chosen sizes) with one tablet."""
-    t = store.tablet(tablet_id)
+    t = store.tables.tablet(tablet_id)
     m = Mutation(table=t.table)
     m.tablet(tablet_id).do("add_files", {n: FileMeta(s, 1).to_json() for n, s in sizes.items()})
     store.mutate(m)
@@ -73,7 +73,7 @@ def write_files(client: Client, table: str, n: int, entries: int = 1, value_size
     """Write ``n`` real files of ``entries`` entries each (fresh rows, all files alike unless
     ``value_size`` asks for incompressible values) and register them with one bulk mutation;
     returns their paths in creation order."""
-    tid = client.store.table_id(table)
+    tid = client.store.tables.table_id(table)
     metas = {}
     for _ in range(n):
         rows = []
@@ -85,7 +85,7 @@ def write_files(client: Client, table: str, n: int, entries: int = 1, value_size
         w.write_entries(rows)
         info = w.commit()
         metas[info.path] = FileMeta(info.size, info.entries, info.deletes, info.first_row, info.last_row)
-    client.store.add_files(table, metas)
+    client.store.files.add_files(table, metas)
     return list(metas)
 
 
@@ -113,7 +113,7 @@ def reserve_all(c: Coordinator, group: str = "default") -> list[Reservation]:
 
 
 def set_service(store: MetadataStore, **kw) -> None:
-    store.put_service(ServiceConfig(**kw))
+    store.fleet.put_service(ServiceConfig(**kw))
 
 
 def scan_rows(client: Client, table: str = "t") -> list[bytes]:
@@ -139,7 +139,7 @@ def stop_renewing(c: Coordinator) -> None:
 
 # -- docs/planner.md §5 at the tablet level ------------------------------------------------------------
 def test_system_candidates_exclude_running_files(store: MetadataStore, coord: Coordinator) -> None:
-    store.create_table("t")
+    store.tables.create_table("t")
     tab = only_tablet(store)
     fake_files(store, tab, {f"A{i}": 10 for i in range(4)})
     coord.plan_dirty()
@@ -154,11 +154,11 @@ def test_system_candidates_exclude_running_files(store: MetadataStore, coord: Co
     # a queued job over running files is refused at reservation (docs/planner.md §6.4 rule 3)
     coord.queues.add(tab, [Job(tab, "SYSTEM", 0, "default", {"A0": 10, "B0": 10})])
     assert reserve(coord) is None
-    assert set(store.tablet(tab).running) == {res.ecid}
+    assert set(store.tables.tablet(tab).running) == {res.ecid}
 
 
 def test_system_candidates_exclude_selected_files(store: MetadataStore, coord: Coordinator) -> None:
-    tid = store.create_table("t")
+    tid = store.tables.create_table("t")
     tab = only_tablet(store)
     fake_files(store, tab, {**{f"S{i}": 10 for i in range(4)}, **{f"N{i}": 10 for i in range(4)}})
     m = Mutation(table=tid)
@@ -180,13 +180,13 @@ def test_system_candidates_exclude_selected_files(store: MetadataStore, coord: C
     # SYSTEM never reserves a selected file, whatever is queued
     coord.queues.add(tab, [Job(tab, "SYSTEM", 0, "default", {"S0": 10, "N0": 10})])
     assert reserve(coord) is None
-    assert store.tablet(tab).running == {}
+    assert store.tables.tablet(tab).running == {}
 
 
 def test_stale_selection_is_a_system_candidate_and_reserving_over_it_drops_it(
     store: MetadataStore, coord: Coordinator
 ) -> None:
-    tid = store.create_table("t", props={SELECTION_EXPIRY: "1000"})
+    tid = store.tables.create_table("t", props={SELECTION_EXPIRY: "1000"})
     tab = only_tablet(store)
     fake_files(store, tab, {**{f"S{i}": 10 for i in range(4)}, **{f"N{i}": 10 for i in range(4)}})
     m = Mutation(table=tid)
@@ -209,7 +209,7 @@ def test_stale_selection_is_a_system_candidate_and_reserving_over_it_drops_it(
     coord.queues.add(tab, sys_jobs)
     res = reserve(coord)
     assert res is not None and res.job.kind == "SYSTEM"
-    t = store.tablet(tab)
+    t = store.tables.tablet(tab)
     assert t.selection is None and set(t.running) == {res.ecid}
 
 
@@ -217,14 +217,14 @@ def test_dispatch_by_table_property(store: MetadataStore, coord: Coordinator) ->
     # services serve every table by default (tables=("*",)); these serve only tables that ask
     set_service(store, name="fast", tables=("none",), tiers=(Tier("small", 100, "g-small"), Tier("big", None, "g-big")))
     set_service(store, name="users", tables=("none",), tiers=(Tier("all", None, "g-user"),))
-    store.create_table(
+    store.tables.create_table(
         "t",
         props={
             "table.compaction.dispatcher.opts.service": "fast",
             "table.compaction.dispatcher.opts.service.user": "users",
         },
     )
-    store.create_table("plain")
+    store.tables.create_table("plain")
     tab, plain = only_tablet(store), only_tablet(store, "plain")
     fake_files(store, tab, {f"a{i}": 10 for i in range(4)})
     fake_files(store, plain, {f"p{i}": 10 for i in range(4)})
@@ -241,7 +241,7 @@ def test_dispatch_by_table_property(store: MetadataStore, coord: Coordinator) ->
     assert (uj.kind, uj.selection, uj.service) == ("USER", cid, "users")
     assert queued(coord, "g-small") == []
     # a table naming a service that does not exist gets no jobs
-    store.set_props("plain", {"table.compaction.dispatcher.opts.service": "missing"})
+    store.tables.set_props("plain", {"table.compaction.dispatcher.opts.service": "missing"})
     coord.queues.clear_all()
     coord.plan_dirty()
     assert queued(coord, "default") == []
@@ -250,8 +250,8 @@ def test_dispatch_by_table_property(store: MetadataStore, coord: Coordinator) ->
 def test_dispatch_by_table_pattern(store: MetadataStore, coord: Coordinator) -> None:
     set_service(store, name="logs", tables=("logs_*",), tiers=(Tier("t", None, "g-logs"),))
     set_service(store, name="users-only", tables=("metrics",), kinds=("USER",), tiers=(Tier("t", None, "g-u"),))
-    store.create_table("logs_2024")
-    store.create_table("metrics")
+    store.tables.create_table("logs_2024")
+    store.tables.create_table("metrics")
     logs, metrics = only_tablet(store, "logs_2024"), only_tablet(store, "metrics")
     fake_files(store, logs, {f"l{i}": 10 for i in range(4)})
     fake_files(store, metrics, {f"m{i}": 10 for i in range(4)})
@@ -260,7 +260,7 @@ def test_dispatch_by_table_pattern(store: MetadataStore, coord: Coordinator) -> 
     assert [j.tablet for j in queued(coord, "default")] == [metrics]  # no SYSTEM pattern matches
     assert queued(coord, "g-u") == []
     # a property wins over a pattern
-    store.set_props("logs_2024", {"table.compaction.dispatcher.opts.service": "default"})
+    store.tables.set_props("logs_2024", {"table.compaction.dispatcher.opts.service": "default"})
     coord.full_scan()
     assert sorted(j.tablet for j in queued(coord, "default")) == sorted([logs, metrics])
 
@@ -272,7 +272,7 @@ def test_seed000_scenario1_new_files_while_queued(
     """T1 has F1,F4,F5,F6; F4,F5,F6 is queued on EE2; F7 arrives: the queued job becomes
     F4..F7; F8 arrives: F4..F8. The old jobs are gone, never run."""
     set_service(store, name="default", tiers=(Tier("ee2", None, "EE2"),))
-    store.create_table("t", props={RATIO: "2"})
+    store.tables.create_table("t", props={RATIO: "2"})
     tab = only_tablet(store)
     (f1,) = write_files(client, "t", 1, entries=50, value_size=1000)  # big: never worth compacting with small ones
     f4_6 = write_files(client, "t", 3)
@@ -293,7 +293,7 @@ def test_seed000_scenario1_new_files_while_queued(
     assert reserve(coord, "EE2") is None
     before = scan_rows(client)
     out = run(store, storage, res)
-    assert set(store.tablet(tab).files) == {f1, out}
+    assert set(store.tables.tablet(tab).files) == {f1, out}
     assert scan_rows(client) == before
 
 
@@ -301,7 +301,7 @@ def test_seed000_scenario2_replanned_into_another_group(store: MetadataStore, co
     """T1 has F1..F4; F1,F2,F3 is queued on the small group IE1; F5..F9 arrive; a job of
     F1..F9 is queued on EE2. The IE1 job can no longer run and is gone after the sweep."""
     set_service(store, name="default", ratio=2.0, tiers=(Tier("ie1", 100, "IE1"), Tier("ee2", None, "EE2")))
-    store.create_table("t")
+    store.tables.create_table("t")
     tab = only_tablet(store)
     fake_files(store, tab, {"F1": 10, "F2": 10, "F3": 10, "F4": 50})
     coord.plan_dirty()
@@ -328,8 +328,8 @@ def test_seed000_scenario3_table_deleted(
 ) -> None:
     """A queued job of a deleted table fails cleanly: no reservation, nothing written; a job
     already running when the table goes fails to commit and leaves no output."""
-    store.create_table("t", [b"r5"], props={RATIO: "2"})
-    t1, t2 = store.tablet_ids(store.table_id("t"))
+    store.tables.create_table("t", [b"r5"], props={RATIO: "2"})
+    t1, t2 = store.tables.tablet_ids(store.tables.table_id("t"))
     _row[0] = 0
     write_files(client, "t", 3)  # rows r0000001.. all fall in the first tablet (<= r5)
     _row[0] = 6_000_000
@@ -340,7 +340,7 @@ def test_seed000_scenario3_table_deleted(
     result = ENGINE.merge(
         storage, MergeRequest(running.inputs, running.output, running.prev, running.end, running.settings, running.ecid)
     )
-    store.delete_table("t")
+    store.tables.delete_table("t")
     with pytest.raises(ConditionFailed):
         compactions.commit(store, running, result.info)
     compactions.release(store, storage, running)
@@ -358,7 +358,7 @@ def test_seed000_scenario4_coordinator_dies_job_queued_again(
     """The process holding the queue dies; T1's compaction is queued again from the metadata
     by whoever takes over (here: a new coordinator, after the queue keys were lost too)."""
     set_service(store, name="default", tiers=(Tier("ee2", None, "EE2"),))
-    store.create_table("t", props={RATIO: "2"})
+    store.tables.create_table("t", props={RATIO: "2"})
     files = write_files(client, "t", 3)
     first = Coordinator(store, storage, settings(lease_ms=300))
     assert first.tick()
@@ -373,7 +373,7 @@ def test_seed000_scenario4_coordinator_dies_job_queued_again(
     assert (j2.tablet, sorted(j2.files), j2.kind) == (j.tablet, sorted(files), "SYSTEM")
     res = reserve(second, "EE2")
     out = run(store, storage, res)
-    assert set(store.tablet(res.tablet).files) == {out}
+    assert set(store.tables.tablet(res.tablet).files) == {out}
 
 
 # -- seed 001 -----------------------------------------------------------------------------------------
@@ -381,12 +381,12 @@ def test_seed001_user_compaction_while_system_compactions_run(
     store: MetadataStore, storage: Storage, client: Client, coord: Coordinator
 ) -> None:
     set_service(store, name="default", max_open=30)
-    store.create_table("t")
+    store.tables.create_table("t")
     tab = only_tablet(store)
     r = raw_redis(store)
 
     def system_never_takes_selected() -> None:
-        t = store.tablet(tab)
+        t = store.tables.tablet(tab)
         sel = set(t.selection.files) if t.selection else set()
         for rc in t.running.values():
             if rc.kind == "SYSTEM":
@@ -399,26 +399,26 @@ def test_seed001_user_compaction_while_system_compactions_run(
     # 2. A system compaction job is running on 30 files F171...F200
     sys1 = compactions.try_reserve(
         store,
-        Job(tab, "SYSTEM", 0, "default", {p: store.tablet(tab).files[p].size for p in f[170:]}),
+        Job(tab, "SYSTEM", 0, "default", {p: store.tables.tablet(tab).files[p].size for p in f[170:]}),
         "c-sys1",
         "default",
     )
     # 3. A user compaction is initiated and must wait: it places a hold on the tablet
     cid = usercompaction.start(store, "t")
     usercompaction.advance(coord.store)
-    t = store.tablet(tab)
+    t = store.tables.tablet(tab)
     assert t.hold == cid and t.selection is None
     # 4. The system compaction of F171...F200 completes producing F201
     f201 = run(store, storage, sys1)
-    assert set(store.tablet(tab).files) == {*f[:170], f201}
+    assert set(store.tables.tablet(tab).files) == {*f[:170], f201}
     # 5. The planner asks for another system compaction; the hold prevents it from starting
     coord.plan_dirty()
     assert queued(coord) and all(j.kind == "SYSTEM" for j in queued(coord))
     assert reserve_all(coord) == []
-    assert store.tablet(tab).running == {}
+    assert store.tables.tablet(tab).running == {}
     # 6. The user compaction selects F1...F170, F201; they are no longer SYSTEM candidates
     usercompaction.advance(coord.store)
-    t = store.tablet(tab)
+    t = store.tables.tablet(tab)
     assert t.hold is None and t.selection.id == cid and t.selection.kind == "USER"
     assert set(t.selection.files) == {*f[:170], f201}
     # 7. Several disjoint USER jobs cover the selected files
@@ -440,7 +440,7 @@ def test_seed001_user_compaction_while_system_compactions_run(
     system_never_takes_selected()
     # 10. The user jobs complete; their outputs replace their inputs in the selection
     outs = [run(store, storage, res) for res in user_running]
-    t = store.tablet(tab)
+    t = store.tables.tablet(tab)
     assert set(t.selection.files) == set(outs) and t.selection.done == len(outs)
     assert usercompaction.get(store, cid).done == 0
     # 11. A user job is queued for the intermediate outputs
@@ -463,20 +463,20 @@ def test_seed001_user_compaction_while_system_compactions_run(
     (u_res,) = [res for res in both if res.job.kind == "USER"]
     (s_res,) = [res for res in both if res.job.kind == "SYSTEM"]
     f406 = run(store, storage, u_res)
-    t = store.tablet(tab)
+    t = store.tables.tablet(tab)
     assert t.selection is None and r.sismember(C.ucomp_done_key(cid), tab)
     usercompaction.advance(coord.store)
     uc = usercompaction.get(store, cid)
     assert (uc.state, uc.done, uc.total) == (usercompaction.SUCCEEDED, 1, 1)
     f_sys = run(store, storage, s_res)
-    assert set(store.tablet(tab).files) == {f406, f_sys}
+    assert set(store.tables.tablet(tab).files) == {f406, f_sys}
     # 15. No selected files: system compactions may take any file, the user output included
-    store.set_props("t", {RATIO: "1"})
+    store.tables.set_props("t", {RATIO: "1"})
     coord.plan_dirty()
     (j,) = queued(coord)
     assert (j.kind, set(j.files)) == ("SYSTEM", {f406, f_sys})
     last = run(store, storage, reserve(coord))
-    assert set(store.tablet(tab).files) == {last}
+    assert set(store.tables.tablet(tab).files) == {last}
     assert scan_rows(client) == sorted(rows + [e for e in scan_rows(client) if e not in set(rows)])
     assert len(scan_rows(client)) == 240
 
@@ -487,8 +487,8 @@ def test_user_compaction_cancel_removes_selection_holds_and_queued_jobs(
 ) -> None:
     # USER jobs run in their own group, so re-planning SYSTEM work does not replace them
     set_service(store, name="users", tables=("none",), tiers=(Tier("all", None, "g-user"),))
-    store.create_table("t", [b"r1", b"r2"], props={"table.compaction.dispatcher.opts.service.user": "users"})
-    t1, t2, t3 = store.tablet_ids(store.table_id("t"))
+    store.tables.create_table("t", [b"r1", b"r2"], props={"table.compaction.dispatcher.opts.service.user": "users"})
+    t1, t2, t3 = store.tables.tablet_ids(store.tables.table_id("t"))
     for base in (0, 1_000_000, 2_000_000):
         _row[0] = base
         write_files(client, "t", 4)
@@ -504,8 +504,8 @@ def test_user_compaction_cancel_removes_selection_holds_and_queued_jobs(
     coord.queues.clear_all()
     cid = usercompaction.start(store, "t")
     usercompaction.advance(coord.store)
-    assert store.tablet(t1).selection.id == cid and store.tablet(t2).selection.id == cid
-    assert store.tablet(t3).hold == cid and store.tablet(t3).selection is None
+    assert store.tables.tablet(t1).selection.id == cid and store.tables.tablet(t2).selection.id == cid
+    assert store.tables.tablet(t3).hold == cid and store.tables.tablet(t3).selection is None
     coord.plan_dirty()
     assert sorted(j.tablet for j in queued(coord, "g-user")) == [t1, t2]
     running = reserve(coord, "g-user")  # t1's USER job starts; t2's stays queued
@@ -517,17 +517,17 @@ def test_user_compaction_cancel_removes_selection_holds_and_queued_jobs(
     uc = usercompaction.get(store, cid)
     assert uc.state == usercompaction.CANCELLED
     for tab in (t1, t2, t3):
-        t = store.tablet(tab)
+        t = store.tables.tablet(tab)
         assert t.selection is None and t.hold is None
     assert queued(coord, "g-user") == []
     coord.plan_dirty()
     assert queued(coord, "g-user") == []
     # the running USER job cannot commit any more; releasing it leaves nothing behind
-    files_t1 = set(store.tablet(t1).files)
+    files_t1 = set(store.tables.tablet(t1).files)
     with pytest.raises(ConditionFailed):
         compactions.commit(store, running, result.info)
     compactions.release(store, storage, running)
-    assert not storage.exists(running.output) and set(store.tablet(t1).files) == files_t1
+    assert not storage.exists(running.output) and set(store.tables.tablet(t1).files) == files_t1
     # SYSTEM compactions take the files again, including where the hold was pending
     run(store, storage, sys_res)
     coord.plan_dirty()
@@ -539,8 +539,8 @@ def test_user_compaction_cancel_removes_selection_holds_and_queued_jobs(
 
 # -- restart, leadership, lost queues --------------------------------------------------------------------
 def test_coordinator_restart_rebuilds_queues(store: MetadataStore, storage: Storage) -> None:
-    store.create_table("t", [b"m"])
-    ids = store.tablet_ids(store.table_id("t"))
+    store.tables.create_table("t", [b"m"])
+    ids = store.tables.tablet_ids(store.tables.table_id("t"))
     for i, tab in enumerate(ids):
         fake_files(store, tab, {f"{i}-{k}": 10 for k in range(5)})
     a = Coordinator(store, storage, settings())
@@ -561,7 +561,7 @@ def test_coordinator_restart_rebuilds_queues(store: MetadataStore, storage: Stor
 
 def test_a_new_leader_rebuilds_partially_lost_queues(store: MetadataStore, storage: Storage) -> None:
     """A new leader always runs a full scan first, even if the generation key survived."""
-    store.create_table("t")
+    store.tables.create_table("t")
     tab = only_tablet(store)
     fake_files(store, tab, {f"f{k}": 10 for k in range(5)})
     a = Coordinator(store, storage, settings())
@@ -574,7 +574,7 @@ def test_a_new_leader_rebuilds_partially_lost_queues(store: MetadataStore, stora
 
 
 def test_second_coordinator_waits_then_takes_over(store: MetadataStore, storage: Storage) -> None:
-    store.create_table("t")
+    store.tables.create_table("t")
     tab = only_tablet(store)
     # the lease is short, but long enough that a loaded machine does not pass it between a's ticks
     a = Coordinator(store, storage, settings(lease_ms=1500))
@@ -601,8 +601,8 @@ def test_second_coordinator_waits_then_takes_over(store: MetadataStore, storage:
 
 
 def test_deleted_queue_keys_are_rebuilt(store: MetadataStore, storage: Storage, coord: Coordinator) -> None:
-    store.create_table("t", [b"m"])
-    ids = store.tablet_ids(store.table_id("t"))
+    store.tables.create_table("t", [b"m"])
+    ids = store.tables.tablet_ids(store.tables.table_id("t"))
     for i, tab in enumerate(ids):
         fake_files(store, tab, {f"{i}-{k}": 10 for k in range(5)})
     assert coord.tick()
@@ -616,7 +616,7 @@ def test_deleted_queue_keys_are_rebuilt(store: MetadataStore, storage: Storage, 
 
 # -- dead compactions, failures -------------------------------------------------------------------------
 def test_dead_compaction_recovery(store: MetadataStore, storage: Storage, client: Client, coord: Coordinator) -> None:
-    store.create_table("t")
+    store.tables.create_table("t")
     tab = only_tablet(store)
     files = write_files(client, "t", 4)
     coord.plan_dirty()
@@ -629,12 +629,12 @@ def test_dead_compaction_recovery(store: MetadataStore, storage: Storage, client
     assert coord.detect_dead() == []  # its heartbeat is fresh
     backdate_heartbeat(store, res.ecid, 60)
     assert coord.detect_dead() == [res.ecid]
-    t = store.tablet(tab)
+    t = store.tables.tablet(tab)
     assert t.running == {} and set(t.files) == set(files)
     assert not storage.exists(res.tmp_path()) and not storage.exists(res.output)
     assert not raw_redis(store).exists(C.heartbeat_key(res.ecid)) and not raw_redis(store).hexists(C.RUNNING, res.ecid)
     assert raw_redis(store).scard(C.running_group_key("default")) == 0
-    assert store.counters()["dead_compactions"] == 1
+    assert store.bookkeeping.counters()["dead_compactions"] == 1
     # the tablet is re-planned once its backoff passes, and the job runs to completion
     coord.plan_dirty()
     assert queued(coord) == []  # backing off: neither queued nor dirty, but still to be run
@@ -645,32 +645,32 @@ def test_dead_compaction_recovery(store: MetadataStore, storage: Storage, client
     (j,) = queued(coord)
     assert set(j.files) == set(files)
     out = run(store, storage, reserve(coord))
-    assert set(store.tablet(tab).files) == {out}
+    assert set(store.tables.tablet(tab).files) == {out}
     assert len(scan_rows(client)) == 4
 
 
 def test_dead_compaction_without_any_heartbeat(store: MetadataStore, coord: Coordinator) -> None:
-    store.create_table("t")
+    store.tables.create_table("t")
     tab = only_tablet(store)
     fake_files(store, tab, {f"f{k}": 10 for k in range(4)})
     coord.plan_dirty()
     res = reserve(coord)
     assert coord.detect_dead() == []  # just started
     # it started long ago and never sent a heartbeat
-    t = store.tablet(tab)
+    t = store.tables.tablet(tab)
     rc = t.running[res.ecid].to_json()
     rc["started"] -= 60_000
     m = Mutation()
     m.tablet(tab).do("remove_running", res.ecid).do("add_running", res.ecid, rc)
     store.mutate(m)
     assert coord.detect_dead() == [res.ecid]
-    assert store.tablet(tab).running == {}
+    assert store.tables.tablet(tab).running == {}
 
 
 def test_dead_letter_after_repeated_failures(store: MetadataStore, storage: Storage, client: Client) -> None:
     coord = Coordinator(store, storage, settings(max_attempts=3))
     assert coord.tick()
-    store.create_table("t")
+    store.tables.create_table("t")
     tab = only_tablet(store)
     files = write_files(client, "t", 4)
     for attempt in range(3):
@@ -703,22 +703,22 @@ def test_dead_letter_after_repeated_failures(store: MetadataStore, storage: Stor
 def test_gc_deletes_unreferenced_files_and_old_temp_outputs_only(
     store: MetadataStore, storage: Storage, client: Client, coord: Coordinator
 ) -> None:
-    store.create_table("t", props={RATIO: "2"})
-    store.create_table("gone")
+    store.tables.create_table("t", props={RATIO: "2"})
+    store.tables.create_table("gone")
     tab = only_tablet(store)
     inputs = write_files(client, "t", 3)
     coord.plan_dirty()
     out = run(store, storage, reserve(coord))  # the 3 inputs are now garbage
     keep = write_files(client, "t", 1)
     gone_files = write_files(client, "gone", 2)
-    store.delete_table("gone")
+    store.tables.delete_table("gone")
     # a running compaction: its temporary output must survive; a finished ECID's must not
     write_files(client, "t", 2)
     coord.plan_dirty()
     running = reserve(coord)
     assert running is not None
     run_tmp = running.tmp_path()
-    dead_tmp = f"tables/{store.table_id('t')}/_tmp_ECID-deadbeef_C0000000999.parquet"
+    dead_tmp = f"tables/{store.tables.table_id('t')}/_tmp_ECID-deadbeef_C0000000999.parquet"
     for p in (run_tmp, dead_tmp):
         with storage.fs.open_output_stream(storage.path(p)) as o:
             o.write(b"x")
@@ -726,11 +726,11 @@ def test_gc_deletes_unreferenced_files_and_old_temp_outputs_only(
     assert coord.collect_garbage(grace_s=3600) == []
     deleted = set(coord.collect_garbage(grace_s=0))
     assert deleted == {*inputs, *gone_files, dead_tmp}
-    referenced = set(store.tablet(tab).files)
+    referenced = set(store.tables.tablet(tab).files)
     assert {out, *keep} <= referenced
     remaining = {p for p, _ in storage.list_files("tables")}
     assert referenced | {run_tmp} == remaining
-    assert store.counters()["gc_deleted"] == len(deleted)
+    assert store.bookkeeping.counters()["gc_deleted"] == len(deleted)
     # the running compaction still completes
     run(store, storage, running)
     assert len(scan_rows(client)) == 3 + 1 + 2
@@ -743,7 +743,7 @@ def test_gc_on_a_read_only_storage_stops_its_pass_and_the_leader_goes_on(
 ) -> None:
     """A storage that refuses deletes (read-only, unreachable) stops the garbage collection pass —
     it used to end the coordinator process (seen in the soak) — and the next pass collects."""
-    store.create_table("t", props={RATIO: "2"})
+    store.tables.create_table("t", props={RATIO: "2"})
     inputs = write_files(client, "t", 3)
     coord.plan_dirty()
     run(store, storage, reserve(coord))  # the 3 inputs are now garbage
@@ -759,14 +759,14 @@ def test_gc_on_a_read_only_storage_stops_its_pass_and_the_leader_goes_on(
 
 # -- tables offline or deleted -----------------------------------------------------------------------
 def test_table_offline_removes_queued_jobs_and_refuses_reservation(store: MetadataStore, coord: Coordinator) -> None:
-    store.create_table("t", [b"m"])
-    ids = store.tablet_ids(store.table_id("t"))
+    store.tables.create_table("t", [b"m"])
+    ids = store.tables.tablet_ids(store.tables.table_id("t"))
     for i, tab in enumerate(ids):
         fake_files(store, tab, {f"{i}-{k}": 10 for k in range(5)})
     coord.plan_dirty()
     jobs = queued(coord)
     assert len(jobs) == 2
-    store.set_state("t", OFFLINE)
+    store.tables.set_state("t", OFFLINE)
     # a compactor polling before the coordinator notices: refused, nothing registered
     assert reserve(coord) is None
     assert raw_redis(store).hlen(C.RUNNING) == 0
@@ -777,21 +777,21 @@ def test_table_offline_removes_queued_jobs_and_refuses_reservation(store: Metada
     assert queued(coord) == []
     coord.full_scan()
     assert queued(coord) == []
-    store.set_state("t", ONLINE)
+    store.tables.set_state("t", ONLINE)
     coord.tick()
     assert sorted(j.tablet for j in queued(coord)) == ids
 
 
 def test_table_deleted_removes_queued_jobs_and_refuses_reservation(store: MetadataStore, coord: Coordinator) -> None:
-    store.create_table("t", [b"m"])
-    store.create_table("other")
-    ids = store.tablet_ids(store.table_id("t"))
+    store.tables.create_table("t", [b"m"])
+    store.tables.create_table("other")
+    ids = store.tables.tablet_ids(store.tables.table_id("t"))
     for i, tab in enumerate(ids):
         fake_files(store, tab, {f"{i}-{k}": 10 for k in range(5)})
     fake_files(store, only_tablet(store, "other"), {f"o{k}": 10 for k in range(5)})
     coord.plan_dirty()
     assert len(queued(coord)) == 3
-    store.delete_table("t")
+    store.tables.delete_table("t")
     coord.tick()  # an incremental pass
     assert [j.tablet for j in queued(coord)] == [only_tablet(store, "other")]
     # a job of the deleted table that is still queued somewhere is refused
@@ -805,8 +805,8 @@ def test_finished_user_compactions_are_forgotten_after_their_retention(store: Me
     """Found by the soak bench: every user compaction ever run stayed in Redis (two keys and an
     id), and every coordinator pass read them all. A finished one is kept for its retention
     (status, `kompaktor compact --status`), then forgotten; a running one never is."""
-    store.create_table("empty", [])
-    store.create_table("busy", [])
+    store.tables.create_table("empty", [])
+    store.tables.create_table("busy", [])
     fake_files(store, only_tablet(store, "busy"), {"t/F1.parquet": 10, "t/F2.parquet": 10})
     running = usercompaction.start(store, "busy")
     done = usercompaction.start(store, "empty")
@@ -815,7 +815,7 @@ def test_finished_user_compactions_are_forgotten_after_their_retention(store: Me
     usercompaction.advance(store, retention_s=3600)
     assert usercompaction.get(store, done).state == usercompaction.SUCCEEDED  # within retention: kept
     usercompaction.advance(store, retention_s=0)
-    assert store.list_user_compactions() == [running]  # running: never forgotten
+    assert store.ucomps.list_user_compactions() == [running]  # running: never forgotten
     assert usercompaction.get(store, running).state == usercompaction.RUNNING
     assert not store.call(raw_redis(store).exists, C.ucomp_key(done), C.ucomp_done_key(done))
     with pytest.raises(KompaktorError, match="unknown user compaction"):
@@ -825,22 +825,22 @@ def test_finished_user_compactions_are_forgotten_after_their_retention(store: Me
 def test_failures_of_jobs_that_cannot_come_back_are_forgotten(store: MetadataStore) -> None:
     """Found by the soak bench: a failed job's record stayed in kz:failures for good once the
     job ran again and committed (or its files went elsewhere), and every pass read them all."""
-    store.create_table("t", [])
+    store.tables.create_table("t", [])
     tablet = only_tablet(store)
     fake_files(store, tablet, {"t/F1.parquet": 10, "t/F2.parquet": 10})
     failures.record_failure(store, tablet, ["t/F1.parquet", "t/F2.parquet"], "default", "boom")  # can recur
     failures.record_failure(store, tablet, ["t/F1.parquet", "t/F0.parquet"], "default", "boom")  # F0 is gone
     failures.record_failure(store, "gone;~", ["t/F9.parquet"], "default", "boom")  # its tablet is gone
     assert failures.forget_settled(store) == 2
-    (left,) = store.failures().values()
+    (left,) = store.running.failures().values()
     assert left["files"] == ["t/F1.parquet", "t/F2.parquet"]
     # the job ran again and committed: its files are replaced, its failure goes with them
-    m = Mutation(table=store.tablet(tablet).table)
+    m = Mutation(table=store.tables.tablet(tablet).table)
     m.tablet(tablet).do("remove_files", ["t/F1.parquet", "t/F2.parquet"]).do(
         "add_files", {"t/A3.parquet": FileMeta(20, 1).to_json()}
     )
     store.mutate(m)
-    assert failures.forget_settled(store) == 1 and store.failures() == {}
+    assert failures.forget_settled(store) == 1 and store.running.failures() == {}
 
 
 # -- a big pass planned on more than one core ---------------------------------------------------------
@@ -851,27 +851,27 @@ def test_a_full_pass_shared_with_worker_processes_queues_exactly_what_one_thread
     whether the coordinator plans every tablet itself or hands shares to worker processes."""
     from kompaktor.coordinator import planpool
 
-    store.create_table("a", [b"%03d" % i for i in range(1, 60)])
-    store.create_table("off", [b"m"])
-    store.create_table("sel", [b"m"], props={"table.compaction.selector": "too-many-deletes"})
-    for i, tab in enumerate(store.tablet_ids(store.table_id("a"))):
+    store.tables.create_table("a", [b"%03d" % i for i in range(1, 60)])
+    store.tables.create_table("off", [b"m"])
+    store.tables.create_table("sel", [b"m"], props={"table.compaction.selector": "too-many-deletes"})
+    for i, tab in enumerate(store.tables.tablet_ids(store.tables.table_id("a"))):
         fake_files(store, tab, {f"a{i}-{k}": 10 * (1 + k % 3) for k in range(3 + i % 4)})
-    off = store.tablet_ids(store.table_id("off"))
+    off = store.tables.tablet_ids(store.tables.table_id("off"))
     for i, tab in enumerate(off):
         fake_files(store, tab, {f"off{i}-{k}": 10 for k in range(5)})
-    for i, tab in enumerate(store.tablet_ids(store.table_id("sel"))):
-        t = store.tablet(tab)
+    for i, tab in enumerate(store.tables.tablet_ids(store.tables.table_id("sel"))):
+        t = store.tables.tablet(tab)
         m = Mutation(table=t.table)
         m.tablet(tab).do("add_files", {f"sel{i}-{k}": FileMeta(10, 10, 9 if k == 0 else 0).to_json() for k in range(2)})
         store.mutate(m)
-    store.set_state("off", OFFLINE)
+    store.tables.set_state("off", OFFLINE)
 
     def one_pass(workers: int, url: str | None = None) -> tuple[list[tuple], dict[str, object], int]:
         for k in raw_redis(store).scan_iter("kz:queue*"):
             raw_redis(store).delete(k)
         for tab in off:  # queued before the table went offline: the pass removes them
             store.queues.add(tab, [Job(tab, "SYSTEM", 1, "default", {f"x-{tab}": 1})])
-        for tab in store.tablet_ids(store.table_id("sel")):
+        for tab in store.tables.tablet_ids(store.tables.table_id("sel")):
             raw_redis(store).set(
                 C.tablet_key(tab), json.dumps({**json.loads(raw_redis(store).get(C.tablet_key(tab))), "sel": None})
             )
@@ -884,7 +884,9 @@ def test_a_full_pass_shared_with_worker_processes_queues_exactly_what_one_thread
             assert (c._planpool._pool is not None) == (workers > 0 and url is None)  # a failed one is dropped
             assert c.stats["planned"] == 60 + 2  # the offline table's tablets are not planned
             jobs = sorted((j.tablet, j.kind, j.priority, j.group, sorted(j.files)) for j in queued(c))
-            sels = {t: store.tablet(t).selection.files for t in store.tablet_ids(store.table_id("sel"))}
+            sels = {
+                t: store.tables.tablet(t).selection.files for t in store.tables.tablet_ids(store.tables.table_id("sel"))
+            }
             return jobs, sels, queued_n
         finally:
             c.resign()
@@ -892,7 +894,7 @@ def test_a_full_pass_shared_with_worker_processes_queues_exactly_what_one_thread
     serial = one_pass(0)
     monkeypatch.setattr(planpool, "PARALLEL_MIN_TABLETS", 1)
     shared = one_pass(2)
-    assert serial[0] and all(not j[0].startswith(store.table_id("off") + ";") for j in serial[0])
+    assert serial[0] and all(not j[0].startswith(store.tables.table_id("off") + ";") for j in serial[0])
     assert all(serial[1].values()), "the selector chose the files with deletes"
     assert shared == serial
     # workers that cannot reach Redis (or die) cost time only: their shares are planned here

@@ -32,11 +32,11 @@ def test_a_dead_compaction_removed_without_a_durable_reply_is_handled_in_the_sam
         store = MetadataStore.from_url(primary.url)
         storage = Storage.from_uri(str(tmp_path / "files"))
         client = Client(store, storage)
-        store.create_table("t", [])
+        store.tables.create_table("t", [])
         for i in range(3):
             client.flush("t", [Entry(b"r%03d" % i, b"f", b"q", b"", 1, False, b"v")])
-        (tablet,) = store.tablet_ids(store.table_id("t"))
-        files = {f: 100 for f in store.tablet(tablet).files}
+        (tablet,) = store.tables.tablet_ids(store.tables.table_id("t"))
+        files = {f: 100 for f in store.tables.tablet(tablet).files}
         res = compactions.try_reserve(store, Job(tablet, "SYSTEM", 1, "default", files), "c1", "default")
         assert res is not None
         tmp = tmp_name(res.output, res.ecid)
@@ -49,11 +49,11 @@ def test_a_dead_compaction_removed_without_a_durable_reply_is_handled_in_the_sam
 
         assert detect_dead(unconfirmed, storage, dead_after_s=0, max_attempts=3) == [res.ecid]
 
-        t = store.tablet(tablet)
+        t = store.tables.tablet(tablet)
         assert res.ecid not in t.running and set(t.files) == set(files)  # inputs kept, job removed
-        assert res.ecid in store.dead_log()
+        assert res.ecid in store.running.dead_log()
         assert not storage.exists(tmp)
-        assert res.ecid not in store.running_index()
+        assert res.ecid not in store.running.running_index()
         assert detect_dead(unconfirmed, storage, dead_after_s=0, max_attempts=3) == []  # handled once
     finally:
         if store is not None:

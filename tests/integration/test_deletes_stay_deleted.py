@@ -126,7 +126,7 @@ class Deletes(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.table = f"d{next(self.names)}"
-        self.client.store.create_table(self.table, [b"c"])
+        self.client.store.tables.create_table(self.table, [b"c"])
         self.accepted: list[Stored] = []  # every entry the table acknowledged, with its stored time
         self.refused = 0
 
@@ -166,7 +166,11 @@ class Deletes(RuleBasedStateMachine):
 
     # -- compactions -----------------------------------------------------------------------------
     def _tablet(self, row: bytes):
-        return next(t for t in self.client.store.tablets(self.client.store.table_id(self.table)) if t.contains_row(row))
+        return next(
+            t
+            for t in self.client.store.tables.tablets(self.client.store.tables.table_id(self.table))
+            if t.contains_row(row)
+        )
 
     def _reserve(self, row: bytes, pick: list[bool] | None):
         t = self._tablet(row)
@@ -260,7 +264,7 @@ def test_deletes_stay_deleted_spark(
 
 # -- the user's path, step by step ------------------------------------------------------------------
 def _full_compaction(client: Client, table: str) -> None:
-    t = client.store.tablets(client.store.table_id(table))[0]
+    t = client.store.tables.tablets(client.store.tables.table_id(table))[0]
     res = compactions.try_reserve(
         client.store, Job(t.id, "SYSTEM", 1, "test", {f: m.size for f, m in t.files.items()}), "c", "test"
     )
@@ -274,7 +278,7 @@ def _full_compaction(client: Client, table: str) -> None:
 def _story(client: Client, tmp_path: Path, table: str) -> str:
     """Import a put and, later, its delete; compact fully (the marker is dropped); return a file
     with an older put of the same key, as a later batch of the same import job would bring it."""
-    client.store.create_table(table)
+    client.store.tables.create_table(table)
     client.import_files(table, [write_import_file(tmp_path / "1.parquet", [(b"k", b"x", 100, False)])])
     client.import_files(table, [write_import_file(tmp_path / "2.parquet", [(b"k", b"x", 200, True)])])
     _full_compaction(client, table)
@@ -284,7 +288,7 @@ def _story(client: Client, tmp_path: Path, table: str) -> str:
 
 def test_an_older_put_imported_after_a_full_compaction_is_refused(client: Client, tmp_path: Path, redis_url) -> None:
     old = _story(client, tmp_path, "users")
-    files = sorted(client.store.tablets(client.store.table_id("users"))[0].files)
+    files = sorted(client.store.tables.tablets(client.store.tables.table_id("users"))[0].files)
     from click.testing import CliRunner
 
     from kompaktor.cli import main
@@ -293,7 +297,9 @@ def test_an_older_put_imported_after_a_full_compaction_is_refused(client: Client
     assert r.exit_code != 0
     line = r.output.strip()
     assert "\n" not in line and "delete horizon 200" in line and "'users'" in line and "--set-time" in line
-    assert sorted(client.store.tablets(client.store.table_id("users"))[0].files) == files  # nothing changed
+    assert (
+        sorted(client.store.tables.tablets(client.store.tables.table_id("users"))[0].files) == files
+    )  # nothing changed
     assert scanned(client, "users") == []
     # the way out: --set-time gives the entries the import's time, after the horizon
     r = CliRunner().invoke(
@@ -307,7 +313,7 @@ def test_an_older_put_imported_after_a_full_compaction_is_refused(client: Client
 
 def test_accumulo_semantics_are_an_explicit_per_table_opt_in(client: Client, tmp_path: Path) -> None:
     old = _story(client, tmp_path, "acc")
-    client.store.set_props("acc", {"table.delete.semantics": "accumulo"})
+    client.store.tables.set_props("acc", {"table.delete.semantics": "accumulo"})
     client.import_files("acc", [old])
     # what Accumulo does, and what the user asked for: the older put shows again
     assert [(row, ts) for row, _, ts, _ in scanned(client, "acc")] == [(b"k", 150), (b"m", 150)]
@@ -328,9 +334,9 @@ def test_a_full_compaction_does_not_commit_over_a_file_it_would_hide(client: Cli
     """The race: the full compaction read the delete marker; an older put arrives before it
     commits. Committing would drop the marker and show the put: the commit is refused and its
     output removed; the re-planned compaction (over every file) hides it."""
-    client.store.create_table("race")
+    client.store.tables.create_table("race")
     client.import_files("race", [write_import_file(tmp_path / "1.parquet", [(b"k", b"x", 200, True)])])
-    t = client.store.tablets(client.store.table_id("race"))[0]
+    t = client.store.tables.tablets(client.store.tables.table_id("race"))[0]
     res = compactions.try_reserve(
         client.store, Job(t.id, "SYSTEM", 1, "test", {f: m.size for f, m in t.files.items()}), "c", "test"
     )

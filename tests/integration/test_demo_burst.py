@@ -105,7 +105,7 @@ def test_burst_scales_each_group_to_its_maximum_and_back(
         while not stop.wait(0.1):
             if armed.exists():
                 for g, gc in cfg.groups.items():
-                    if sum(c.state != "draining" for c in store.compactors(g)) >= gc.max_replicas:
+                    if sum(c.state != "draining" for c in store.fleet.compactors(g)) >= gc.max_replicas:
                         Path(f"{gate}.{g}").touch()
 
     opener = threading.Thread(target=open_gates, daemon=True)
@@ -163,8 +163,8 @@ def test_a_compactor_stopped_while_holding_a_compaction_counts_as_busy_terminate
     from kompaktor.model.job import Job
     from kompaktor.model.tablet import FileMeta
 
-    tid = store.create_table("t", [b"m"])
-    tablets = store.tablet_ids(tid)
+    tid = store.tables.create_table("t", [b"m"])
+    tablets = store.tables.tablet_ids(tid)
     for n, tablet in enumerate(tablets):
         m = Mutation(table=tid)
         m.tablet(tablet).do(
@@ -178,10 +178,10 @@ def test_a_compactor_stopped_while_holding_a_compaction_counts_as_busy_terminate
         """A process standing in for a compactor, registered as a compactor is."""
         res = None
         if tablet is not None:
-            files = {f: 100 for f in store.tablet(tablet).files}
+            files = {f: 100 for f in store.tables.tablet(tablet).files}
             res = compactions.try_reserve(store, Job(tablet, "SYSTEM", 1, "small", files), name, "small")
             assert res is not None
-        store.register_compactor("small", name, "busy" if res else "idle", res.ecid if res else None)
+        store.fleet.register_compactor("small", name, "busy" if res else "idle", res.ecid if res else None)
         p = Proc(name, spawn(["sleep", "300"]), group="small")
         cluster.compactors["small"].append(p)
         return p, res
@@ -195,7 +195,7 @@ def test_a_compactor_stopped_while_holding_a_compaction_counts_as_busy_terminate
         clean, _ = fake("clean-exit", None)
         fakes.append(clean)
         compactions.release(store, storage, released)  # what a draining compactor does with its job
-        store.unregister_compactor("small", clean.name)  # what every compactor does when it exits
+        store.fleet.unregister_compactor("small", clean.name)  # what every compactor does when it exits
         for p in fakes:
             p.popen.kill()
             p.popen.wait()

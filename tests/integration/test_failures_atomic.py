@@ -36,15 +36,15 @@ def hammer(redis_url: str, clients: int, each: int, max_attempts: int) -> list[b
 
 def test_concurrent_failures_all_count(store: MetadataStore, redis_url: str) -> None:
     hammer(redis_url, 8, 50, max_attempts=10_000)
-    rec = store.failure(fingerprint("1;~", ["a", "b"]))
+    rec = store.running.failure(fingerprint("1;~", ["a", "b"]))
     assert rec is not None and rec["count"] == 400 and rec["redirtied"] is False
 
 
 def test_dead_letter_threshold_crossed_once_per_threshold(store: MetadataStore, redis_url: str) -> None:
     results = hammer(redis_url, 8, 25, max_attempts=50)  # 200 failures = 4 times the threshold
-    assert sum(results) == 4 and store.counters()["dead_lettered"] == 4
-    assert store.failure(fingerprint("1;~", ["a", "b"])) is None
-    (dl,) = store.dead_letters().values()
+    assert sum(results) == 4 and store.bookkeeping.counters()["dead_lettered"] == 4
+    assert store.running.failure(fingerprint("1;~", ["a", "b"])) is None
+    (dl,) = store.running.dead_letters().values()
     assert dl["count"] == 50 and dl["group"] == "g"
     # due retries are marked dirty once, atomically
     failures.record_failure(store, "1;~", ["c"], "g", "x", base_backoff_s=0.0)

@@ -50,7 +50,7 @@ def put(storage: Storage, rel: str, data: bytes) -> None:
 
 
 def add_files(store: MetadataStore, tablet_ids: list[str], n: int, tag: str) -> None:
-    table = store.tablet(tablet_ids[0]).table
+    table = store.tables.tablet(tablet_ids[0]).table
     m = Mutation(table=table)
     for tab in tablet_ids:
         m.tablet(tab).do("add_files", {f"tables/{table}/{tag}-{tab}-{i}": FileMeta(10, 1).to_json() for i in range(n)})
@@ -61,8 +61,8 @@ def test_a_replaced_leader_changes_nothing(store: MetadataStore, storage: Storag
     """Every kind of coordinator write, made by a leader that another has replaced while its own
     clock still told it it led, is refused in Redis: queue rebuilds, requeues, dead-compaction
     handling, failure bookkeeping, user-compaction progress, splits, garbage collection."""
-    store.create_table("t", [b"g", b"p"])
-    tabs = store.tablet_ids(store.table_id("t"))
+    store.tables.create_table("t", [b"g", b"p"])
+    tabs = store.tables.tablet_ids(store.tables.table_id("t"))
     add_files(store, tabs, 5, "a")
     a = Coordinator(store, storage, settings())
     assert a.tick() and a.fence == 1
@@ -72,12 +72,12 @@ def test_a_replaced_leader_changes_nothing(store: MetadataStore, storage: Storag
     assert res is not None
     tmp_out = tmp_name(res.output, res.ecid)
     put(storage, tmp_out, b"partial")
-    store.put_heartbeat(res.ecid, {"updated": time.time() - 100})
+    store.running.put_heartbeat(res.ecid, {"updated": time.time() - 100})
     other = next(t for t in tabs if t != res.tablet)
     cid = usercompaction.start(store, "t", b"q")  # the last tablet only
     failures.record_failure(store, other, ["x"], "default", "boom", base_backoff_s=0.0)
     add_files(store, [other], 1, "b")
-    garbage = f"tables/{store.table_id('t')}/garbage.parquet"
+    garbage = f"tables/{store.tables.table_id('t')}/garbage.parquet"
     put(storage, garbage, b"x")
     os.utime(storage.path(garbage), (time.time() - 3600, time.time() - 3600))
 
@@ -104,7 +104,7 @@ def test_a_replaced_leader_changes_nothing(store: MetadataStore, storage: Storag
         ("requeue", lambda: a.queues.add(other, [job])),
         ("queue sweep", lambda: a.queues.remove_tablets([other])),
         ("new queue generation", a.queues.begin_full_scan),
-        ("marking tablets dirty", lambda: a.store.mark_dirty(tabs)),
+        ("marking tablets dirty", lambda: a.store.bookkeeping.mark_dirty(tabs)),
         ("garbage collection", lambda: a.collect_garbage(grace_s=0)),
     ]
     refused = []
@@ -119,8 +119,8 @@ def test_a_replaced_leader_changes_nothing(store: MetadataStore, storage: Storag
 
     # the new leader acts normally: the dead compaction goes, the user compaction advances
     assert b.tick()
-    assert store.tablet(res.tablet).running == {} and not storage.exists(tmp_out)
-    assert store.tablet(tabs[-1]).selection is not None and store.tablet(tabs[-1]).selection.id == cid
+    assert store.tables.tablet(res.tablet).running == {} and not storage.exists(tmp_out)
+    assert store.tables.tablet(tabs[-1]).selection is not None and store.tables.tablet(tabs[-1]).selection.id == cid
     # a, told by its own check, stops: it neither leads nor writes
     a.lease._valid_until = 0.0
     assert not a.tick() and a.fence is None
@@ -166,10 +166,10 @@ def test_sigstopped_coordinator_process_is_fenced(
     with SIGSTOP, its 2 s lease runs out, another coordinator takes over; when the first is
     resumed nothing it does changes the metadata or deletes a file, and it keeps running as a
     follower."""
-    store.create_table("t", [b"%05d" % i for i in range(1, 2000)])
-    tabs = store.tablet_ids(store.table_id("t"))
+    store.tables.create_table("t", [b"%05d" % i for i in range(1, 2000)])
+    tabs = store.tables.tablet_ids(store.tables.table_id("t"))
     add_files(store, tabs, 4, "f")
-    keep = f"tables/{store.table_id('t')}/not-yet-referenced.parquet"
+    keep = f"tables/{store.tables.table_id('t')}/not-yet-referenced.parquet"
     log = tmp_path / "a.log"
     a = _coordinator(redis_url, storage.uri, log)
     try:

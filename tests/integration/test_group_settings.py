@@ -135,7 +135,7 @@ def apply(backend: backends.RedisBackend, spec: dict[str, Any]) -> str:
 
 
 def registered(store: MetadataStore, cid: str) -> bool:
-    return any(c.id == cid for c in store.compactors(GROUP))
+    return any(c.id == cid for c in store.fleet.compactors(GROUP))
 
 
 def test_each_setting_of_a_compactor_group_reaches_the_running_compactor(redis_url: str, start) -> None:
@@ -242,7 +242,7 @@ def test_a_pod_made_by_the_operator_does_not_start_without_its_groups_configurat
     assert p.proc.wait(30) == 1, p.log
     (line,) = p.lines
     assert line.startswith(f"error: group {GROUP} has no configuration in Redis (kz:groups)"), line
-    assert not store.compactors(GROUP)
+    assert not store.fleet.compactors(GROUP)
 
     backend = backends.RedisBackend(redis_url)
     expected = apply(backend, {"spark": {"engine": "arrow"}, "drainGraceSeconds": 40})
@@ -268,11 +268,11 @@ def test_the_compactors_engine_resumes_from_its_groups_size(redis_url: str, tmp_
 
     backend = backends.RedisBackend(redis_url)
     apply(backend, {"spark": {"engine": "arrow"}, "resume": {"minInputSize": "64Mi"}})
-    cfg = backend.store.groups()[GROUP]
+    cfg = backend.store.fleet.groups()[GROUP]
     worker = Worker(backend.store, Storage.from_uri(str(tmp_path)), WorkerSettings.for_group(cfg, "in-process"))
     assert (worker.s.resume, worker.engine.resume_min_bytes) == (True, 64 << 20)
     apply(backend, {"spark": {"engine": "arrow"}, "resume": {"enabled": False}})
-    cfg = backend.store.groups()[GROUP]
+    cfg = backend.store.fleet.groups()[GROUP]
     off = Worker(backend.store, Storage.from_uri(str(tmp_path)), WorkerSettings.for_group(cfg, "in-process-2"))
     assert off.s.resume is False
 
@@ -340,6 +340,6 @@ def test_a_compactor_refuses_group_settings_written_outside_the_operator(
         assert line.startswith(f"error: group {GROUP}'s settings in Redis (kz:groups) "), line
         assert refusal in line and line.rstrip().endswith(("not starting", "outside the operator)")), line
         assert not any(SETTINGS_LINE.search(x.rstrip()) for x in p.lines)
-        assert "next" not in {c.id for c in backends.RedisBackend(users.url).store.compactors(GROUP)}
+        assert "next" not in {c.id for c in backends.RedisBackend(users.url).store.fleet.compactors(GROUP)}
     finally:
         p.stop()

@@ -50,12 +50,12 @@ def cli(redis_url: str, tmp_path: Path, *args: str) -> subprocess.CompletedProce
 def test_a_committed_job_leaves_its_record(store: MetadataStore, storage: Storage, client: Client) -> None:
     tid = make_table(client, splits=())
     plan(store, storage)
-    (tablet,) = store.tablets(tid)
+    (tablet,) = store.tables.tablets(tid)
     sizes = {f: m.size for f, m in tablet.files.items()}
     outcome = worker(store, storage).run_one()
     assert outcome is not None and outcome.status == "committed"
     (rec,) = records(store)
-    (after,) = store.tablets(tid)
+    (after,) = store.tables.tablets(tid)
     ((_output, meta),) = after.files.items()
     assert rec.ecid == outcome.ecid and rec.outcome == history.COMMITTED and not rec.failed
     assert (rec.group, rec.table, rec.tablet, rec.kind, rec.compactor, rec.engine) == (
@@ -106,7 +106,7 @@ def check_queued_and_deletes(store: MetadataStore, storage: Storage, client: Cli
     waited = time.time() - queued_from
     assert outcome is not None and outcome.status == "committed", outcome
     (rec,) = records(store)
-    (after,) = store.tablets(tid)
+    (after,) = store.tables.tablets(tid)
     ((_output, meta),) = after.files.items()
     assert rec.input_files == 4 and meta.deletes == 0  # all the tablet's files: a full compaction
     assert rec.deletes_dropped == DELETES_WRITTEN
@@ -153,7 +153,7 @@ def test_failures_then_the_dead_letter_are_recorded_with_their_reason(
     store: MetadataStore, storage: Storage, client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     tid = make_table(client, splits=())
-    (tablet,) = store.tablets(tid)
+    (tablet,) = store.tables.tablets(tid)
     bad = sorted(tablet.files)[1]
     with storage.fs.open_output_stream(storage.path(bad)) as f:
         f.write(b"PAR1 this is not parquet at all PAR1")
@@ -250,8 +250,8 @@ def test_compactors_and_the_coordinator_trim_to_the_groups_bounds(
 
     key = C.history_key(GROUP)
     spec = m.CompactorGroupSpec.model_validate({"spark": {"engine": "arrow"}, "history": {"maxRecords": 100}})
-    store.put_group(m.to_group_config(GROUP, spec))
-    settings = WorkerSettings.for_group(store.groups()[GROUP], "c-bounded", heartbeat_s=0.2)
+    store.fleet.put_group(m.to_group_config(GROUP, spec))
+    settings = WorkerSettings.for_group(store.fleet.groups()[GROUP], "c-bounded", heartbeat_s=0.2)
     assert settings.history_limits == history.HistoryLimits(100, 7 * 86_400.0)
 
     def fill(n: int, at: float) -> None:
@@ -269,7 +269,7 @@ def test_compactors_and_the_coordinator_trim_to_the_groups_bounds(
 
     # the age bound: an hour; records a day old go when the coordinator records a dead compaction
     spec = m.CompactorGroupSpec.model_validate({"history": {"maxAgeSeconds": 3600}})
-    store.put_group(m.to_group_config(GROUP, spec))
+    store.fleet.put_group(m.to_group_config(GROUP, spec))
     raw_redis(store).delete(key)
     fill(250, time.time() - 86_400)
     res = compactions.reserve(store, store.queues, GROUP, "c-gone")

@@ -42,7 +42,7 @@ def test_import_longer_than_the_grace_period_keeps_its_staged_files(
     """While a multi-file import is staging, its staged files are made older than the grace
     period and the collector runs: it deletes none of them, and the import completes with every
     row."""
-    client.store.create_table("t")
+    client.store.tables.create_table("t")
     srcs = [source(tmp_path / "s0.parquet", 0, 2_000, 2_000)]
     srcs += [source(tmp_path / f"s{k}.parquet", k * 200_000, 200_000, 2_000) for k in (1, 2)]  # slow to stage
     box: dict[str, object] = {}
@@ -63,14 +63,14 @@ def test_import_longer_than_the_grace_period_keeps_its_staged_files(
 
 
 def test_a_dead_imports_files_are_collected_after_its_record_expires(store: MetadataStore, storage: Storage) -> None:
-    tid = store.create_table("t")
+    tid = store.tables.create_table("t")
     final = f"tables/{tid}/I0000000001-0123456789abcdef.parquet"
     tmp = tmp_name(f"tables/{tid}/I0000000002-0123456789abcdef.parquet", "IMPdead")
     storage.ensure_dir(f"tables/{tid}")
     for rel in (final, tmp):
         Path(storage.path(rel)).write_bytes(b"x")
-    store.register_import("IMPdead", tid, [final], ttl_s=60)
+    store.files.register_import("IMPdead", tid, [final], ttl_s=60)
     assert collect_garbage(store, storage, 0) == []  # alive: protected whatever the files' age
-    store.register_import("IMPdead", tid, [final], ttl_s=-1)  # its last sign of life was a while ago
+    store.files.register_import("IMPdead", tid, [final], ttl_s=-1)  # its last sign of life was a while ago
     assert sorted(collect_garbage(store, storage, 0)) == sorted([final, tmp])
-    assert store.imports_since(0) == (set(), set())  # and the record itself is gone
+    assert store.files.imports_since(0) == (set(), set())  # and the record itself is gone

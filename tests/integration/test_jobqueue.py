@@ -73,8 +73,8 @@ def test_a_tables_quota_is_its_share_while_others_wait_and_all_of_it_while_none_
     while table A (quota 1, the default) and table B (quota 0.25) both wait at one priority and
     file count, B is served one job for every four of A's; with A gone, B gets every job; a quota
     set later applies to the jobs queued after it (the table's tablets are re-planned)."""
-    a = store.create_table("a", [])
-    b = store.create_table("b", [], {"table.compaction.quota": "0.25"})
+    a = store.tables.create_table("a", [])
+    b = store.tables.create_table("b", [], {"table.compaction.quota": "0.25"})
     q.add_many([(f"{a};{i:05x}", [job(f"{a};{i:05x}", 5, 2)]) for i in range(400)])
     q.add_many([(f"{b};{i:05x}", [job(f"{b};{i:05x}", 5, 2)]) for i in range(100)])
     first = [j.tablet.split(";")[0] for j in (q.poll("g") for _ in range(50))]
@@ -84,7 +84,7 @@ def test_a_tables_quota_is_its_share_while_others_wait_and_all_of_it_while_none_
     rest = [j.tablet.split(";")[0] for j in drain(q, "g")]
     assert rest == [b] * 90  # alone, B is not held back by its quota
     # A's quota lowered to B's: from the next jobs queued, the two are served in turn
-    store.set_props("a", {"table.compaction.quota": "0.25"})
+    store.tables.set_props("a", {"table.compaction.quota": "0.25"})
     q.add_many([(f"{a};{i:05x}", [job(f"{a};{i:05x}", 5, 2)]) for i in range(20)])
     q.add_many([(f"{b};{i:05x}", [job(f"{b};{i:05x}", 5, 2)]) for i in range(20)])
     served = [j.tablet.split(";")[0] for j in drain(q, "g")]
@@ -97,7 +97,7 @@ def test_the_quota_step_inside_redis_is_the_policys(q: JobQueues, store: Metadat
     from kompaktor.policy.tableprops import QUOTA, quota_step
 
     for n, quota in enumerate(["1", "0.5", "0.3", "0.26", "0.1", "0.0015", "0.001"]):
-        tid = store.create_table(f"s{n}", [], {QUOTA: quota})
+        tid = store.tables.create_table(f"s{n}", [], {QUOTA: quota})
         q.add(
             f"{tid};00000",
             [job(f"{tid};00000", 5, 1, group=f"s{n}"), job(f"{tid};00000", 5, 1, group=f"s{n}", tag="x")],
@@ -406,10 +406,10 @@ N_TABLETS = 12
 def racy_setup(store: MetadataStore, q: JobQueues) -> dict[str, list[str]]:
     """A table of N_TABLETS tablets with 6 files each, and for every tablet several overlapping
     jobs in two groups (and the same job twice): at most one of them may reserve per file."""
-    tid = store.create_table("race", [b"%02d" % i for i in range(1, N_TABLETS)])
+    tid = store.tables.create_table("race", [b"%02d" % i for i in range(1, N_TABLETS)])
     files: dict[str, list[str]] = {}
     m = Mutation(table=tid)
-    for t in store.tablets(tid):
+    for t in store.tables.tablets(tid):
         names = [f"tables/{tid}/F{t.id.split(';')[1]}_{i}.parquet" for i in range(6)]
         files[t.id] = names
         m.tablet(t.id).do("add_files", {n: FileMeta(10, 1).to_json() for n in names})
@@ -433,7 +433,7 @@ def check_reservations(
     per_file = Counter((tab, f) for _, tab, fs in got for f in fs)
     assert max(per_file.values()) == 1, "a file was reserved twice"
     for tab in files:
-        t = store.tablet(tab)
+        t = store.tables.tablet(tab)
         mine = {e: fs for e, tb, fs in got if tb == tab}
         assert {e: sorted(r.files) for e, r in t.running.items()} == {e: sorted(fs) for e, fs in mine.items()}
         assert mine, f"tablet {tab} got no reservation"

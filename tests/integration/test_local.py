@@ -101,14 +101,15 @@ def test_up_autoscales_and_status_reports(tmp_path: Path) -> None:
         store = cluster.store
         assert store is not None
         client = Client(store, Storage.from_uri(cluster.storage_uri))
-        store.create_table("t", split_points(2))
+        store.tables.create_table("t", split_points(2))
         ing = ContinuousIngest(client, "t", batch=500)
         for _ in range(12):
             ing.flush_once()
         # compactions bring the 12 files per tablet down
         poll(
             lambda: (
-                cluster.autoscale() is not None and max(len(t.files) for t in store.tablets(store.table_id("t"))) < 6
+                cluster.autoscale() is not None
+                and max(len(t.files) for t in store.tables.tablets(store.tables.table_id("t"))) < 6
             ),
             what="compactions to reduce files per tablet",
         )
@@ -116,7 +117,7 @@ def test_up_autoscales_and_status_reports(tmp_path: Path) -> None:
         for g in cfg.groups:
             cluster.add_compactor(g)
         poll(
-            lambda: all(len([c for c in store.compactors(g) if c.state == "idle"]) >= 2 for g in cfg.groups),
+            lambda: all(len([c for c in store.fleet.compactors(g) if c.state == "idle"]) >= 2 for g in cfg.groups),
             what="extra compactors to register idle",
         )
         drained = [p for g in cfg.groups for p in cluster.live(g)]
@@ -129,7 +130,7 @@ def test_up_autoscales_and_status_reports(tmp_path: Path) -> None:
         assert victims, "the autoscaler drained the extra compactors"
         for p in victims:
             assert p.popen.wait(timeout=60) == 0, "a drained compactor exits 0"
-        assert store.counters().get("dead_compactions", 0) == 0
+        assert store.bookkeeping.counters().get("dead_compactions", 0) == 0
         env = {**os.environ, "KOMPAKTOR_REDIS_URL": cluster.url, "KOMPAKTOR_STORAGE": cluster.storage_uri}
         out = subprocess.run(
             [sys.executable, "-m", "kompaktor", "status", "--json"],

@@ -249,10 +249,10 @@ def test_spark_task_bigger_than_task_memory_is_one_line_and_leaves_nothing(spark
 
 # -- the whole job: a compactor fails it in one line and leaves the tablet as it was -----------------
 def _flush_sources(client) -> str:
-    client.store.create_table("t", [], {"table.compaction.major.ratio": "1"})
+    client.store.tables.create_table("t", [], {"table.compaction.major.ratio": "1"})
     for src in sources():
         client.flush("t", src)
-    return client.store.table_id("t")
+    return client.store.tables.table_id("t")
 
 
 @pytest.mark.redis
@@ -262,7 +262,7 @@ def test_compactor_fails_the_job_in_one_line_and_leaves_the_tablet(store, storag
     from kompaktor.worker import Compactor, WorkerSettings
 
     tid = _flush_sources(client)
-    (tablet,) = store.tablets(tid)
+    (tablet,) = store.tables.tablets(tid)
     before = set(tablet.files)
     engine = ArrowMergeEngine(range_entries=2000)
     bad = sorted(before)[1]
@@ -278,6 +278,6 @@ def test_compactor_fails_the_job_in_one_line_and_leaves_the_tablet(store, storag
     assert outcome.status == "failed", outcome
     assert "\n" not in outcome.reason
     assert ("task memory" in outcome.reason) if case == "task_memory" else (bad in outcome.reason), outcome.reason
-    (after,) = store.tablets(tid)
+    (after,) = store.tables.tablets(tid)
     assert set(after.files) == before and after.running == {}
     assert sorted(p for p, _ in storage.list_files("")) == sorted(before)

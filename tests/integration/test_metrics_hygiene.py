@@ -41,7 +41,7 @@ def test_promtool_catches_a_bad_exposition() -> None:
 
 
 def test_coordinator_and_compactor_metrics_pass_promtool(tmp_path: Path, redis_url: str, client) -> None:
-    client.store.create_table("t", [])
+    client.store.tables.create_table("t", [])
     write_files(client, "t", 4)
     env = {
         **os.environ,

@@ -23,7 +23,7 @@ ENGINE = make_engine("arrow")
 
 def compact_all(client: Client, table: str) -> None:
     """A full compaction of every tablet with files, run to its commit in this process."""
-    for t in client.store.tablets(client.store.table_id(table)):
+    for t in client.store.tables.tablets(client.store.tables.table_id(table)):
         if not t.files or t.running or t.selection is not None or t.hold:
             continue
         job = Job(t.id, "SYSTEM", 1, "test", {f: m.size for f, m in t.files.items()})
@@ -55,8 +55,8 @@ def test_the_mix_keeps_its_reference_view(client: Client, tmp_path: Path) -> Non
 
 
 def test_the_check_sees_a_resurrection(client: Client, tmp_path: Path) -> None:
-    client.store.create_table("acc")  # a table that exists is used as it is
-    client.store.set_props("acc", {"table.delete.semantics": "accumulo"})
+    client.store.tables.create_table("acc")  # a table that exists is used as it is
+    client.store.tables.set_props("acc", {"table.delete.semantics": "accumulo"})
     mix = MixedWorkload(client, "acc", tmp_path, seed=5, keys=20)
     row = mix.pool[0]
     mix._write([(row, 100, False)], "flush")

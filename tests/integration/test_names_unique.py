@@ -47,7 +47,7 @@ def test_names_stay_unique_after_redis_loses_its_last_writes(server: RedisProces
     store = MetadataStore.from_url(server.url)
     storage = Storage.from_uri(str(tmp_path / "files"))
     client = Client(store, storage)
-    store.create_table("t")
+    store.tables.create_table("t")
     client.flush("t", [E(b"a")])
     saved = tmp_path / "aof-before"
     shutil.copytree(server.data_dir / "appendonlydir", saved)
@@ -55,8 +55,8 @@ def test_names_stay_unique_after_redis_loses_its_last_writes(server: RedisProces
 
     # writes that will be lost: a flush and a compaction's output name
     lost_flush = client.flush("t", [E(b"b")])
-    tablet = store.tablet_ids(store.table_id("t"))[0]
-    files = sorted(store.tablet(tablet).files)
+    tablet = store.tables.tablet_ids(store.tables.table_id("t"))[0]
+    files = sorted(store.tables.tablet(tablet).files)
     first = compactions.try_reserve(store, Job(tablet, "SYSTEM", 1, "g", {f: 1 for f in files}), "c1", "g")
     storage.ensure_dir(str(Path(first.output).parent))
     Path(storage.path(first.output)).write_bytes(b"the first compaction's output")
@@ -64,7 +64,7 @@ def test_names_stay_unique_after_redis_loses_its_last_writes(server: RedisProces
     rollback(server, saved)
     assert int(raw_redis(store).hget(C.SEQ, "file")) == seq_before  # the counter went back
     again = client.flush("t", [E(b"c")])
-    files = sorted(store.tablet(tablet).files)
+    files = sorted(store.tables.tablet(tablet).files)
     second = compactions.try_reserve(store, Job(tablet, "SYSTEM", 1, "g", {f: 1 for f in files}), "c2", "g")
     # the same sequence numbers were handed out again, the names are not the same
     assert [p.split("/")[-1][:11] for p in again] == [p.split("/")[-1][:11] for p in lost_flush]

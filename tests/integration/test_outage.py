@@ -42,7 +42,7 @@ def flush(client: Client, table: str, n: int, start: int) -> None:
 
 
 def tablet_files(store: MetadataStore) -> set[str]:
-    (t,) = store.tablets(store.table_id("t"))
+    (t,) = store.tables.tablets(store.tables.table_id("t"))
     return set(t.files)
 
 
@@ -59,7 +59,7 @@ def test_coordinator_and_compactor_ride_out_a_30s_outage(tmp_path: Path) -> None
     logs = {name: stack.enter_context((tmp_path / f"{name}.log").open("wb")) for name in ("coordinator", "compactor")}
     procs: list[subprocess.Popen] = []
     try:
-        store.create_table("t", props={"table.compaction.major.ratio": "2"})
+        store.tables.create_table("t", props={"table.compaction.major.ratio": "2"})
         flush(client, "t", 4, 0)
         rows_before = sorted(e.row for e in client.scan("t"))
         coord = spawn(
@@ -105,7 +105,7 @@ def test_coordinator_and_compactor_ride_out_a_30s_outage(tmp_path: Path) -> None
         procs.append(comp)
         alive = (coord, comp)
         poll(lambda: Path(f"{gate}.held").exists(), "a merge in flight", alive=alive)
-        (ecid,) = store.running_index()
+        (ecid,) = store.running.running_index()
 
         # the outage: Redis stops; the merge is let finish 5 s in, so the commit waits ~25 s
         server.stop()
@@ -119,16 +119,22 @@ def test_coordinator_and_compactor_ride_out_a_30s_outage(tmp_path: Path) -> None
         server.start()
         back = time.monotonic()
 
-        poll(lambda: store.counters().get("compactions_committed", 0) == 1, "the commit after the outage", alive=alive)
+        poll(
+            lambda: store.bookkeeping.counters().get("compactions_committed", 0) == 1,
+            "the commit after the outage",
+            alive=alive,
+        )
         committed_after = time.monotonic() - back
         (out,) = tablet_files(store)
-        assert ecid not in store.running_index()
+        assert ecid not in store.running.running_index()
         assert sorted(e.row for e in client.scan("t")) == rows_before
-        assert store.counters().get("dead_compactions", 0) == 0 and store.dead_log() == set()
+        assert store.bookkeeping.counters().get("dead_compactions", 0) == 0 and store.running.dead_log() == set()
         # both resume: new files are planned by the coordinator and compacted by the compactor
         flush(client, "t", 3, 100)
         poll(
-            lambda: store.counters().get("compactions_committed", 0) == 2, "a compaction after the outage", alive=alive
+            lambda: store.bookkeeping.counters().get("compactions_committed", 0) == 2,
+            "a compaction after the outage",
+            alive=alive,
         )
         assert out not in tablet_files(store) and len(tablet_files(store)) == 1
         print(
@@ -177,7 +183,7 @@ def test_a_coordinator_started_after_an_outage_does_not_declare_compactions_dead
     log = stack.enter_context((tmp_path / "coordinator.log").open("wb"))
     procs: list[subprocess.Popen] = []
     try:
-        store.create_table("t", props={"table.compaction.major.ratio": "2"})
+        store.tables.create_table("t", props={"table.compaction.major.ratio": "2"})
         flush(client, "t", 4, 0)
         first = spawn(coord_args, stdout=subprocess.DEVNULL, stderr=log, env=env)
         procs.append(first)
@@ -202,8 +208,8 @@ def test_a_coordinator_started_after_an_outage_does_not_declare_compactions_dead
         )
         procs.append(comp)
         poll(lambda: Path(f"{gate}.held").exists(), "a merge in flight", alive=(first, comp))
-        (ecid,) = store.running_index()
-        poll(lambda: store.coordinator_seen() is not None, "a completed pass")
+        (ecid,) = store.running.running_index()
+        poll(lambda: store.lease.coordinator_seen() is not None, "a completed pass")
         server.stop()
         first.send_signal(signal.SIGKILL)  # the leader dies during the outage
         first.wait(timeout=10)
@@ -216,13 +222,17 @@ def test_a_coordinator_started_after_an_outage_does_not_declare_compactions_dead
         second = spawn(coord_args, stdout=subprocess.DEVNULL, stderr=log, env=env)
         procs.append(second)
         poll(lambda: int(raw_redis(store).get(C.FENCE) or 0) == 2, "the new coordinator leads", alive=(second,))
-        seen = store.coordinator_seen()
-        poll(lambda: (store.coordinator_seen() or 0) > seen, "a pass of the new leader", alive=(second,))
-        assert ecid in store.running_index() and store.counters().get("dead_compactions", 0) == 0
+        seen = store.lease.coordinator_seen()
+        poll(lambda: (store.lease.coordinator_seen() or 0) > seen, "a pass of the new leader", alive=(second,))
+        assert ecid in store.running.running_index() and store.bookkeeping.counters().get("dead_compactions", 0) == 0
         comp.send_signal(signal.SIGCONT)
         gate.touch()
-        poll(lambda: store.counters().get("compactions_committed", 0) == 1, "the commit", alive=(second, comp))
-        assert store.counters().get("dead_compactions", 0) == 0
+        poll(
+            lambda: store.bookkeeping.counters().get("compactions_committed", 0) == 1,
+            "the commit",
+            alive=(second, comp),
+        )
+        assert store.bookkeeping.counters().get("dead_compactions", 0) == 0
     finally:
         for p in procs:
             if p.poll() is None:

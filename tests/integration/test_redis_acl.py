@@ -69,7 +69,7 @@ def test_the_compactor_user_is_refused_every_dangerous_command_and_nothing_chang
 ) -> None:
     admin = MetadataStore.from_url(users.role_url("admin"))
     client = Client(admin, Storage.from_uri(str(tmp_path / "files")))
-    admin.create_table("t", [])
+    admin.tables.create_table("t", [])
     client.flush("t", entries(10, 0, value=lambda r: b"v0"))
     raw = redis.Redis.from_url(users.url)  # the default user, to look
     before = snapshot(raw)
@@ -106,7 +106,7 @@ def test_each_role_on_its_own_user_compacts_and_the_broker_reloads_lost_scripts(
     storage = Storage.from_uri(str(tmp_path / "files"))
     admin = MetadataStore.from_url(users.role_url("admin"))
     client = Client(admin, storage)
-    admin.create_table("t", [])
+    admin.tables.create_table("t", [])
     for k in range(4):
         client.flush("t", entries(50, k, value=lambda r, k=k: b"v%d" % k))
     before = list(client.scan("t"))
@@ -122,7 +122,7 @@ def test_each_role_on_its_own_user_compacts_and_the_broker_reloads_lost_scripts(
         outcome = worker.run_one()
     assert outcome is not None and outcome.status == "committed", outcome
     assert list(client.scan("t")) == before
-    (tablet,) = admin.tablets(admin.table_id("t"))
+    (tablet,) = admin.tables.tablets(admin.tables.table_id("t"))
     assert len(tablet.files) == 1
     # the compactor, on its user, recorded the job in the history; admin reads it
     assert [r.ecid for r in history.read(admin, ["default"])] == [outcome.ecid]

@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from kompaktor.local.redis_server import RedisProcess
-from kompaktor.metadata.store import MetadataStore
+from kompaktor.metadata.store import LIBRARY, MetadataStore
 from kompaktor.model.job import Job
 from kompaktor.queues.jobqueue import JobQueues
 from kompaktor.redisfunctions import LuaLibrary, load_missing
@@ -37,10 +37,10 @@ def test_a_server_that_lost_the_libraries_gets_them_from_the_first_call_that_may
     their library missing, load it (the default user may) and are applied once."""
     store.load_scripts()
     raw_redis(store).function_flush()
-    tid = store.create_table("t", [])
-    assert store.table("t").id == tid
+    tid = store.tables.create_table("t", [])
+    assert store.tables.table("t").id == tid
     raw_redis(store).function_flush()
-    (tablet,) = store.tablet_ids(tid)
+    (tablet,) = store.tables.tablet_ids(tid)
     assert store.queues.add(tablet, [Job(tablet, "SYSTEM", 1, "g", {"f": 1})]) == 1
     raw_redis(store).function_flush()
     assert store.queues.poll("g") is not None
@@ -61,7 +61,7 @@ def test_the_libraries_survive_a_restart(tmp_path: Path, kill: bool) -> None:
         store = MetadataStore.from_url(server.url)
         libs = [dict(zip(lib[::2], lib[1::2], strict=True)) for lib in raw_redis(store).function_list()]
         held = {lib[b"library_name"].decode() for lib in libs}
-        assert {store.library().name, *(lib.name for lib in JobQueues.libraries())} <= held
+        assert {LIBRARY.name, *(lib.name for lib in JobQueues.libraries())} <= held
         assert store.load_scripts() == 0
         store.close()
     finally:

@@ -51,7 +51,7 @@ def test_single_node_acknowledges_what_it_fsynced_and_says_when_it_cannot(tmp_pa
     try:
         s = MetadataStore.from_url(always.url)
         assert s.durability.plan(raw_redis(s)).label.startswith("fsync: appendfsync always")
-        s.create_table("t")  # acknowledged: applied and fsynced
+        s.tables.create_table("t")  # acknowledged: applied and fsynced
         s.close()
         s = MetadataStore.from_url(everysec.url)
         plan = s.durability.plan(raw_redis(s))
@@ -78,7 +78,7 @@ def test_with_a_replica_a_write_is_acknowledged_once_the_replica_has_it(tmp_path
         s = MetadataStore.from_url(primary.url)
         RedisHA._wait_synced(None, replica, 30)  # type: ignore[arg-type]
         assert s.durability.plan(raw_redis(s)).commands[0][:2] == ("WAIT", 1)
-        s.create_table("t", [b"m"])
+        s.tables.create_table("t", [b"m"])
         rc = replica.client()
         assert rc.hget("kz:tables", "t") is not None  # on the replica when the call returned
         # the replica gone: no write is acknowledged any more, each says so in one line
@@ -86,7 +86,7 @@ def test_with_a_replica_a_write_is_acknowledged_once_the_replica_has_it(tmp_path
         s.durability.forget()
         strict = MetadataStore(connect(primary.url), primary.url, durability=Durability("replicas"))
         with pytest.raises(NotDurable, match=r"WAIT: 0 of 1 replica\(s\)\): it may or may not be kept"):
-            strict.create_table("u")
+            strict.tables.create_table("u")
         rc.close()
         s.close()
     finally:
@@ -110,10 +110,10 @@ def test_a_reservation_is_acknowledged_once_the_replica_has_it_and_an_empty_poll
     try:
         s = MetadataStore.from_url(primary.url)
         RedisHA._wait_synced(None, replica, 30)  # type: ignore[arg-type]
-        tid = s.create_table("t")
-        tablet = s.tablet_ids(tid)[0]
-        s.add_files("t", {f"tables/{tid}/F{i:010x}-n.parquet": FileMeta(1, 1) for i in range(2)})
-        files = sorted(s.tablet(tablet).files)
+        tid = s.tables.create_table("t")
+        tablet = s.tables.tablet_ids(tid)[0]
+        s.files.add_files("t", {f"tables/{tid}/F{i:010x}-n.parquet": FileMeta(1, 1) for i in range(2)})
+        files = sorted(s.tables.tablet(tablet).files)
         s.queues.add(tablet, [Job(tablet, "SYSTEM", 1, "g", {f: 1 for f in files})])
         res = compactions.reserve(s, s.queues, "g", "c1")
         assert res is not None
@@ -163,7 +163,7 @@ def test_failover_loses_no_acknowledged_write(ha: RedisHA, tmp_path: Path) -> No
     store = MetadataStore.from_url(ha.url)
     assert store.durability.mode == "replicas"
     client = Client(store, Storage.from_uri(str(tmp_path / "files")))
-    store.create_table("t", [b"m"])
+    store.tables.create_table("t", [b"m"])
     acked: list[bytes] = []
     unknown: list[bytes] = []
     stop = threading.Event()
@@ -218,7 +218,7 @@ def test_bad_redis_setups_are_one_line_and_change_nothing(ha: RedisHA, tmp_path:
     replica = next(s for s in ha.servers if s is not primary)
     pc, rc = primary.client(), replica.client()
     store = MetadataStore.from_url(ha.url)
-    store.create_table("t")
+    store.tables.create_table("t")
     store.close()
     before = snapshot(pc), snapshot(rc)
     storage = str(tmp_path / "files")

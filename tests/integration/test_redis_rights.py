@@ -159,7 +159,7 @@ def tables(users: RedisProcess, storage: Storage, names: tuple[str, ...]) -> Met
     admin = MetadataStore.from_url(users.role_url("admin"))
     client = Client(admin, storage)
     for name in names:
-        admin.create_table(name, [])
+        admin.tables.create_table(name, [])
         for k in range(4):
             client.flush(name, entries(40, k, value=lambda r, k=k: b"v%d" % k))
     return admin
@@ -211,7 +211,7 @@ def compactor_runs(users: RedisProcess, storage: Storage, rec: Recorder) -> None
     admin = tables(users, storage, ("t", "gone"))
     coordinator = Coordinator(MetadataStore.from_url(users.role_url("coordinator")), storage)
     assert coordinator.tick()
-    (tablet,) = admin.tablets(admin.table_id("gone"))
+    (tablet,) = admin.tables.tablets(admin.tables.table_id("gone"))
     storage.fs.delete_file(storage.path(sorted(tablet.files)[0]))  # a merge that fails
     worker = brokered_compactor(users, storage, "c-rights", idle_wake_poll_s=0.2)
     broker = UncountedBroker(MetadataStore.from_url(users.role_url("coordinator")), rec)

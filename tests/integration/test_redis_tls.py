@@ -195,7 +195,7 @@ def test_coordinator_compactor_and_operator_backend_over_rediss(tls_redis: TlsRe
         )
         # the compactor registered itself in Redis (a heartbeat over TLS) and says it is ready
         poll(
-            lambda: any(c.id == "tls-c1" for c in store.compactors("small")),
+            lambda: any(c.id == "tls-c1" for c in store.fleet.compactors("small")),
             "the compactor's heartbeat",
             ignore=Exception,
         )

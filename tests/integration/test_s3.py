@@ -340,9 +340,9 @@ def _table_with_an_orphan(client, storage: Storage, name: str, n: int) -> tuple[
     """A table of one tablet with ``n`` entries flushed, and beside its file a complete object
     nobody references (a writer that finished its upload and died before its commit, at a final
     name in the table's directory): (the tablet's files, the orphan)."""
-    client.store.create_table(name, [])
+    client.store.tables.create_table(name, [])
     client.flush(name, _entries(n))
-    (tablet,) = client.store.tablets(client.store.table_id(name))
+    (tablet,) = client.store.tables.tablets(client.store.tables.table_id(name))
     files = sorted(tablet.files)
     orphan = files[0].rsplit("/", 1)[0] + "/A-orphan.parquet"
     with SortedFileWriter(storage, orphan) as w:
@@ -382,7 +382,7 @@ def test_gc_passes_on_s3_are_bounded_and_resume_where_the_last_stopped(
     client = Client(store, storage)
     orphans, kept = {}, set()
     for name in ("ta", "tb", "tc"):
-        files, orphans[store.table_id(name)] = _table_with_an_orphan(client, storage, name, 50)
+        files, orphans[store.tables.table_id(name)] = _table_with_an_orphan(client, storage, name, 50)
         kept.update(files)
     cursor = GcCursor()
     passes = []
@@ -408,7 +408,7 @@ def test_split_and_merge_on_s3_keep_the_scan_exact(s3: S3Server, s3_env: dict[st
     storage = Storage.from_uri(f"s3://{BUCKET}/splits")
     store = MetadataStore.from_url(redis_url)
     client = Client(store, storage)
-    store.create_table("t", [])
+    store.tables.create_table("t", [])
     expected = []
     for k in range(3):
         batch = _entries(200, prefix=f"{k}-")
@@ -421,9 +421,9 @@ def test_split_and_merge_on_s3_keep_the_scan_exact(s3: S3Server, s3_env: dict[st
 
     assert scanned() == rows
     tablet_ops.split(store, "t", [b"1-", b"2-"])
-    assert len(store.tablets(store.table_id("t"))) == 3 and scanned() == rows
+    assert len(store.tables.tablets(store.tables.table_id("t"))) == 3 and scanned() == rows
     assert tablet_ops.merge(store, "t", None, None) is not None
-    assert len(store.tablets(store.table_id("t"))) == 1 and scanned() == rows
+    assert len(store.tables.tablets(store.tables.table_id("t"))) == 1 and scanned() == rows
 
 
 @pytest.mark.redis
@@ -446,14 +446,14 @@ def test_a_storage_outage_mid_merge_fails_the_job_cleanly_and_it_is_retried(
         storage = Storage.from_uri(f"s3://{BUCKET}/outage")
         store = MetadataStore.from_url(redis_url)
         client = Client(store, storage)
-        store.create_table("t", [])
+        store.tables.create_table("t", [])
         for k in range(4):  # ~2 MiB of incompressible values per file: the output is uploaded in parts
             client.flush(
                 "t",
                 [Entry(b"row%06d" % (i * 4 + k), b"cf", b"cq", b"", 1, False, os.urandom(128)) for i in range(15000)],
             )
         before = list(client.scan("t"))
-        (tablet,) = store.tablets(store.table_id("t"))
+        (tablet,) = store.tables.tablets(store.tables.table_id("t"))
         inputs = set(tablet.files)
         assert Coordinator(store, storage).full_scan() == 1
         worker = Compactor(store, storage, WorkerSettings("default", "c-outage", engine="arrow"))
@@ -462,7 +462,7 @@ def test_a_storage_outage_mid_merge_fails_the_job_cleanly_and_it_is_retried(
         outcome = worker.run_one()
         assert proxy.cut_event.is_set()
         assert outcome is not None and outcome.status == "failed" and outcome.storage_down, outcome
-        (tablet,) = store.tablets(store.table_id("t"))
+        (tablet,) = store.tables.tablets(store.tables.table_id("t"))
         assert set(tablet.files) == inputs and tablet.running == {}  # nothing committed, released
         assert raw_redis(store).hlen(C.FAILURES) == 0 and not failures.dead_letters(store)  # not the job's fault
 
@@ -470,7 +470,7 @@ def test_a_storage_outage_mid_merge_fails_the_job_cleanly_and_it_is_retried(
         assert Coordinator(store, storage).full_scan() == 1  # planned again at once
         outcome = worker.run_one()
         assert outcome is not None and outcome.status == "committed", outcome
-        (tablet,) = store.tablets(store.table_id("t"))
+        (tablet,) = store.tables.tablets(store.tables.table_id("t"))
         assert len(tablet.files) == 1 and not set(tablet.files) & inputs
         assert list(client.scan("t")) == before
         # the history: released without counting a failure (retried), then committed (issue 36 §1)

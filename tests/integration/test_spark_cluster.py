@@ -378,7 +378,7 @@ def test_a_compactor_with_a_dead_master_url_is_one_line_and_leaves_redis_and_the
     from kompaktor.coordinator import Coordinator
     from tests.support.snapshot import snapshot
 
-    store.create_table("t", [], {"table.compaction.major.ratio": "1"})
+    store.tables.create_table("t", [], {"table.compaction.major.ratio": "1"})
     for src in sources()[:2]:
         client.flush("t", src)
     assert Coordinator(store, storage).full_scan() == 1  # a job is queued for the group

@@ -28,9 +28,9 @@ KEYS = {"groups", "tables", "user_compactions", "dead_letters", "retries_pending
 
 def two_running_merges(store: MetadataStore, storage: Storage) -> tuple[compactions.Reservation, ...]:
     """Table t in two tablets of four files each, a compaction reserved on each."""
-    store.create_table("t", splits=[b"m"])
-    for i, tablet in enumerate(store.tablet_ids(store.table_id("t"))):
-        m = Mutation(table=store.table_id("t"))
+    store.tables.create_table("t", splits=[b"m"])
+    for i, tablet in enumerate(store.tables.tablet_ids(store.tables.table_id("t"))):
+        m = Mutation(table=store.tables.table_id("t"))
         m.tablet(tablet).do("add_files", {f"t{i}f{k}": FileMeta(1000 * (i + 1), 10).to_json() for k in range(4)})
         store.mutate(m)
     coord = Coordinator(store, storage, settings())

@@ -96,8 +96,8 @@ def test_the_page_shows_groups_running_work_tables_and_failures_first(
     assert c.tick()
     res = compactions.reserve(store, store.queues, "default", "c-busy")
     assert res is not None
-    store.register_compactor("default", "c-busy", "busy", res.ecid)
-    store.register_compactor("default", "c-idle", "idle")
+    store.fleet.register_compactor("default", "c-busy", "busy", res.ecid)
+    store.fleet.register_compactor("default", "c-idle", "idle")
     input_bytes = sum(res.job.files.values())
     compactions.heartbeat(store, res, {"bytes_read": input_bytes // 4, "parts_done": 1, "parts": 4})
     secret = "redis://:hunter2-SECRET@redis:6379/0"

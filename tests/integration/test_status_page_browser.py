@@ -164,11 +164,11 @@ def work_in_flight(cluster: LocalCluster, store: MetadataStore) -> compactions.R
     """Jobs queued on four tablets of 10 files each; one committed by a compactor process; one
     whose compactor went silent (the coordinator finds it dead: killed); one running now."""
     client = Client(store, Storage.from_uri(cluster.storage_uri))
-    store.create_table("events", [b"g", b"n", b"t"])
+    store.tables.create_table("events", [b"g", b"n", b"t"])
     for k in range(10):  # every file spans the four tablets; every third deletes a fifth of the rows
         deleted = (lambda r: r % 5 == 0) if k % 3 == 0 else None
         client.flush("events", [e for p in "cipw" for e in entries(30, k, prefix=p, deleted=deleted)])
-    store.create_table("quiet", [])
+    store.tables.create_table("quiet", [])
     client.flush("quiet", entries(20))
     poll(lambda: store.queues.stats(GROUP).queued >= 4, "the coordinator to queue the tablets' jobs")
     run_one_compactor(cluster)
@@ -199,7 +199,7 @@ def test_the_page_in_a_browser_shows_what_status_json_says(
 
     def alive() -> None:  # the running compactor is alive: it says so before every read, as a real
         # one's heartbeat does every few seconds (a look can take longer than ALIVE_S when busy)
-        store.register_compactor(GROUP, res.compactor, "busy", res.ecid)
+        store.fleet.register_compactor(GROUP, res.compactor, "busy", res.ecid)
 
     def look() -> tuple[dict[str, Any], str, dict[str, Any]]:
         alive()

@@ -23,33 +23,33 @@ pytestmark = pytest.mark.redis
 
 # -- tables ------------------------------------------------------------------------------------
 def test_create_table_with_splits(store: MetadataStore) -> None:
-    tid = store.create_table("t", [b"m", b"\x80", b"a", b"m"])  # unsorted, duplicate, >= 0x80
-    info = store.table("t")
+    tid = store.tables.create_table("t", [b"m", b"\x80", b"a", b"m"])  # unsorted, duplicate, >= 0x80
+    info = store.tables.table("t")
     assert (info.id, info.name, info.state, info.props) == (tid, "t", ONLINE, {})
-    tablets = store.tablets(tid)
+    tablets = store.tables.tablets(tid)
     assert [(t.prev, t.end) for t in tablets] == [(None, b"a"), (b"a", b"m"), (b"m", b"\x80"), (b"\x80", None)]
     assert [t.id for t in tablets] == [tablet_id(tid, t.end) for t in tablets]
     assert all(t.files == {} and t.running == {} and t.selection is None and t.hold is None for t in tablets)
-    assert store.tablets_in_range(tid, b"b", b"m") == tablets[1:2]
-    assert store.tablets_in_range(tid, b"m\x00", None) == tablets[2:]
-    assert store.tablets_in_range(tid, None, b"a") == tablets[:1]
-    assert [t.name for t in store.tables()] == ["t"]
+    assert store.tables.tablets_in_range(tid, b"b", b"m") == tablets[1:2]
+    assert store.tables.tablets_in_range(tid, b"m\x00", None) == tablets[2:]
+    assert store.tables.tablets_in_range(tid, None, b"a") == tablets[:1]
+    assert [t.name for t in store.tables.tables()] == ["t"]
     # a table without splits is one tablet
-    tid2 = store.create_table("u")
-    assert [(t.prev, t.end) for t in store.tablets(tid2)] == [(None, None)]
+    tid2 = store.tables.create_table("u")
+    assert [(t.prev, t.end) for t in store.tables.tablets(tid2)] == [(None, None)]
     assert tid2 != tid
 
 
 def test_create_table_refusals(store: MetadataStore) -> None:
-    store.create_table("t", props={"table.iterator.versions": "3"})
+    store.tables.create_table("t", props={"table.iterator.versions": "3"})
     before = snapshot(raw_redis(store))
     with pytest.raises(TableExistsError, match="'t' already exists"):
-        store.create_table("t", [b"x"])
+        store.tables.create_table("t", [b"x"])
     for bad in ("", "a b", "a/b", "a;b"):
         with pytest.raises(ValueError, match="invalid table name"):
-            store.create_table(bad)
+            store.tables.create_table(bad)
     with pytest.raises(ValueError, match="split rows must not be empty"):
-        store.create_table("v", [b"a", b""])
+        store.tables.create_table("v", [b"a", b""])
     after = snapshot(raw_redis(store))
     after.pop(C.SEQ.encode(), None)
     before.pop(C.SEQ.encode(), None)
@@ -58,47 +58,51 @@ def test_create_table_refusals(store: MetadataStore) -> None:
 
 def test_unknown_table(store: MetadataStore) -> None:
     for call in (
-        lambda: store.table("nope"),
-        lambda: store.set_props("nope", {"table.custom.a": "1"}),
-        lambda: store.set_state("nope", OFFLINE),
-        lambda: store.delete_table("nope"),
-        lambda: store.add_files("nope", {"f": FileMeta(1, 1)}),
+        lambda: store.tables.table("nope"),
+        lambda: store.tables.set_props("nope", {"table.custom.a": "1"}),
+        lambda: store.tables.set_state("nope", OFFLINE),
+        lambda: store.tables.delete_table("nope"),
+        lambda: store.files.add_files("nope", {"f": FileMeta(1, 1)}),
     ):
         with pytest.raises(UnknownTableError, match="unknown table 'nope'"):
             call()
 
 
 def test_props(store: MetadataStore) -> None:
-    tid = store.create_table("t", props={"table.iterator.versions": "2"})
-    store.pop_dirty()
-    store.set_props("t", {"table.custom.x": "é\x80", "table.file.max": "7"})
-    assert store.table("t").props == {"table.iterator.versions": "2", "table.custom.x": "é\x80", "table.file.max": "7"}
-    assert store.pop_dirty() == store.tablet_ids(tid)  # tablets are re-planned under new props
-    store.set_props("t", {"table.custom.x": None, "table.iterator.versions": None, "table.file.max": None})
-    assert store.table("t").props == {}
+    tid = store.tables.create_table("t", props={"table.iterator.versions": "2"})
+    store.bookkeeping.pop_dirty()
+    store.tables.set_props("t", {"table.custom.x": "é\x80", "table.file.max": "7"})
+    assert store.tables.table("t").props == {
+        "table.iterator.versions": "2",
+        "table.custom.x": "é\x80",
+        "table.file.max": "7",
+    }
+    assert store.bookkeeping.pop_dirty() == store.tables.tablet_ids(tid)  # tablets are re-planned under new props
+    store.tables.set_props("t", {"table.custom.x": None, "table.iterator.versions": None, "table.file.max": None})
+    assert store.tables.table("t").props == {}
 
 
 def test_offline_online_delete(store: MetadataStore) -> None:
-    tid = store.create_table("t", [b"m"])
-    store.add_files("t", {"f1": FileMeta(10, 2, 0, b"a", b"z")})
-    store.set_state("t", OFFLINE)
-    assert store.table("t").state == OFFLINE
-    store.set_state("t", ONLINE)
-    assert store.table("t").state == ONLINE
+    tid = store.tables.create_table("t", [b"m"])
+    store.files.add_files("t", {"f1": FileMeta(10, 2, 0, b"a", b"z")})
+    store.tables.set_state("t", OFFLINE)
+    assert store.tables.table("t").state == OFFLINE
+    store.tables.set_state("t", ONLINE)
+    assert store.tables.table("t").state == ONLINE
     with pytest.raises(ValueError):
-        store.set_state("t", DELETED)
-    ids = store.tablet_ids(tid)
+        store.tables.set_state("t", DELETED)
+    ids = store.tables.tablet_ids(tid)
     m = Mutation()
     m.tablet(ids[0]).require("exists").do("add_running", "E1", W.running_doc(["f1"]))
     store.mutate(m)
     assert raw_redis(store).hexists(C.RUNNING, "E1")
-    assert store.delete_table("t") == ["f1"]
-    assert store.table_info(tid).state == DELETED
-    assert store.tablet_ids(tid) == [] and all(store.tablet(i) is None for i in ids)
+    assert store.tables.delete_table("t") == ["f1"]
+    assert store.tables.table_info(tid).state == DELETED
+    assert store.tables.tablet_ids(tid) == [] and all(store.tables.tablet(i) is None for i in ids)
     assert not raw_redis(store).hexists(C.RUNNING, "E1")  # its running compactions can no longer commit
     assert not raw_redis(store).sismember(C.DIRTY, ids[0])
     with pytest.raises(UnknownTableError):
-        store.table("t")
+        store.tables.table("t")
     # a compaction of the deleted table fails cleanly
     m = Mutation(table=tid).require_table(ONLINE)
     m.tablet(ids[0]).require("ecid", "E1").do("remove_running", "E1")
@@ -106,20 +110,20 @@ def test_offline_online_delete(store: MetadataStore) -> None:
         store.mutate(m)
     assert exc.value.condition == "table state"
     # the name is free again, under a new id
-    assert store.create_table("t") != tid
+    assert store.tables.create_table("t") != tid
 
 
 def test_offline_table_refuses_online_only_mutations(store: MetadataStore) -> None:
-    store.create_table("t")
-    store.set_state("t", OFFLINE)
+    store.tables.create_table("t")
+    store.tables.set_state("t", OFFLINE)
     with pytest.raises(ConditionFailed, match="table state"):
-        store.add_files("t", {"f": FileMeta(1, 1, 0, b"a", b"a")}, allow_offline=False)
-    assert store.add_files("t", {"f": FileMeta(1, 1, 0, b"a", b"a")})  # bulk import may go to offline tables
+        store.files.add_files("t", {"f": FileMeta(1, 1, 0, b"a", b"a")}, allow_offline=False)
+    assert store.files.add_files("t", {"f": FileMeta(1, 1, 0, b"a", b"a")})  # bulk import may go to offline tables
 
 
 def test_add_files_registers_with_each_overlapping_tablet(store: MetadataStore) -> None:
-    tid = store.create_table("t", [b"c", b"f", b"j"])
-    touched = store.add_files(
+    tid = store.tables.create_table("t", [b"c", b"f", b"j"])
+    touched = store.files.add_files(
         "t",
         {
             "span": FileMeta(100, 10, 0, b"d", b"j"),  # (c,f] and (f,j]: j is the end row, inclusive
@@ -127,10 +131,10 @@ def test_add_files_registers_with_each_overlapping_tablet(store: MetadataStore) 
             "empty": FileMeta(1, 0),  # no entries: registered nowhere
         },
     )
-    files = {t.end: set(t.files) for t in store.tablets(tid)}
+    files = {t.end: set(t.files) for t in store.tables.tablets(tid)}
     assert files == {b"c": {"edge"}, b"f": {"span"}, b"j": {"span"}, None: set()}
     assert touched == [tablet_id(tid, b"c"), tablet_id(tid, b"f"), tablet_id(tid, b"j")]
-    assert store.tablet(tablet_id(tid, b"f")).files["span"] == FileMeta(100, 10, 0, b"d", b"j")
+    assert store.tables.tablet(tablet_id(tid, b"f")).files["span"] == FileMeta(100, 10, 0, b"d", b"j")
 
 
 # -- every condition, rejected by name, nothing half-applied -------------------------------------
@@ -138,8 +142,8 @@ def test_add_files_registers_with_each_overlapping_tablet(store: MetadataStore) 
 def busy(store: MetadataStore) -> tuple[MetadataStore, str, list[str]]:
     """Table with three tablets; the middle one has files f1..f3, f1 compacting as E1, a USER
     selection S1 of f2, a hold H1 and an operation in progress."""
-    tid = store.create_table("t", [b"g", b"p"])
-    ids = store.tablet_ids(tid)
+    tid = store.tables.create_table("t", [b"g", b"p"])
+    ids = store.tables.tablet_ids(tid)
     m = Mutation(table=tid)
     m.tablet(ids[0]).require("exists").do("add_files", {"a1": {"size": 1, "entries": 1}})
     m.tablet(ids[1]).require("exists").do("add_files", {f: {"size": 1, "entries": 1} for f in ("f1", "f2", "f3")}).do(
@@ -148,7 +152,7 @@ def busy(store: MetadataStore) -> tuple[MetadataStore, str, list[str]]:
         "set_hold", "H1"
     ).do("set_op", "split")
     store.mutate(m)
-    t = store.tablet(ids[1])
+    t = store.tables.tablet(ids[1])
     assert set(t.files) == {"f1", "f2", "f3"} and set(t.running) == {"E1"}
     assert t.selection.id == "S1" and t.selection.files == ("f2",) and (t.hold, t.op) == ("H1", "split")
     assert raw_redis(store).sismember(C.running_group_key("g"), "E1")
@@ -215,14 +219,14 @@ def test_each_condition_rejects_by_name_and_changes_nothing(busy, cond: list, na
 
 def test_the_same_mutation_with_passing_conditions_applies_everything(busy) -> None:
     store, tid, ids = busy
-    versions = [t.version for t in store.tablets(tid)]
+    versions = [t.version for t in store.tables.tablets(tid)]
     new = store.mutate(_mutation_touching_everything(tid, ids, ["version", versions[1]]))
     assert new == [v + 1 for v in versions]
-    t0, t1, t2 = store.tablets(tid)
+    t0, t1, t2 = store.tables.tablets(tid)
     assert set(t0.files) == {"a1", "new0"} and set(t0.running) == {"E9"}
     assert set(t1.files) == {"f2", "f3"} and t1.running == {} and t1.hold is None and t1.selection is None
     assert set(t2.files) == {"new2"}
-    info = store.table("t")
+    info = store.tables.table("t")
     assert info.state == OFFLINE and info.props == {"table.custom.x": "1"}
     assert raw_redis(store).hget(C.RUNNING, "E9").decode() == ids[0] and not raw_redis(store).hexists(C.RUNNING, "E1")
     assert raw_redis(store).smembers(C.running_group_key("g")) == {b"E9"}
@@ -302,7 +306,7 @@ def test_threads_race_for_the_same_files_exactly_one_wins(busy) -> None:
     assert results.count("won") == 1
     assert set(results) == {"won", "files not compacting"}
     winner = f"T{results.index('won')}"
-    t = store.tablet(ids[1])
+    t = store.tables.tablet(ids[1])
     assert set(t.running) == {"E1", winner}
     assert {ecid for ecid in raw_redis(store).hkeys(C.RUNNING)} == {b"E1", winner.encode()}
 
@@ -311,9 +315,9 @@ def test_threads_race_for_the_same_files_exactly_one_wins(busy) -> None:
 def test_processes_race_across_two_tablets_all_or_nothing(store: MetadataStore, contenders: int) -> None:
     """Spawned processes each try to claim two of three files on two tablets in one mutation;
     claims overlap, so exactly one wins per round, and no tablet ever holds a half claim."""
-    tid = store.create_table("t", [b"m"])
-    ids = store.tablet_ids(tid)
-    store.add_files("t", {f: FileMeta(1, 1, 0, b"a", b"z") for f in ("x", "y", "z")})
+    tid = store.tables.create_table("t", [b"m"])
+    ids = store.tables.tablet_ids(tid)
+    store.files.add_files("t", {f: FileMeta(1, 1, 0, b"a", b"z") for f in ("x", "y", "z")})
     ctx = multiprocessing.get_context("spawn")
     with ctx.Manager() as manager, ctx.Pool(contenders) as pool:
         for rnd in range(3):
@@ -326,7 +330,7 @@ def test_processes_race_across_two_tablets_all_or_nothing(store: MetadataStore, 
             results = [j.get(timeout=120) for j in jobs]
             assert results.count("won") == 1, results
             assert set(results) <= {"won", "files not compacting"}
-            a, b = store.tablets(tid)
+            a, b = store.tables.tablets(tid)
             assert a.running.keys() == b.running.keys() == {f"P{rnd}-{results.index('won')}"}
             # release for the next round
             m = Mutation()
@@ -339,9 +343,9 @@ def test_processes_race_across_two_tablets_all_or_nothing(store: MetadataStore, 
 def test_no_lost_updates_threads_and_processes(store: MetadataStore) -> None:
     """Read-version-then-compare-and-set from spawned processes and threads at once: every
     update lands exactly once, and the version counts them all."""
-    tid = store.create_table("t")
-    (tablet_id,) = store.tablet_ids(tid)
-    v0 = store.tablet(tablet_id).version
+    tid = store.tables.create_table("t")
+    (tablet_id,) = store.tables.tablet_ids(tid)
+    v0 = store.tables.tablet(tablet_id).version
     per_worker, n_threads = 15, 4
     ctx = multiprocessing.get_context("spawn")
     with ctx.Manager() as manager, ctx.Pool(N_PROCS) as pool:
@@ -358,7 +362,7 @@ def test_no_lost_updates_threads_and_processes(store: MetadataStore) -> None:
             conflicts = [j.result(timeout=120) for j in tjobs]
         conflicts += [j.get(timeout=120) for j in jobs]
     workers = [f"p{i}" for i in range(N_PROCS)] + [f"t{i}" for i in range(n_threads)]
-    t = store.tablet(tablet_id)
+    t = store.tables.tablet(tablet_id)
     assert set(t.files) == {f"{w}-{i}" for w in workers for i in range(per_worker)}
     assert t.version == v0 + len(workers) * per_worker
     assert sum(conflicts) > 0  # the race was real
@@ -368,7 +372,7 @@ def test_concurrent_create_table_of_one_name(store: MetadataStore) -> None:
     def create(_: int) -> str:
         s = MetadataStore.from_url(store.url)
         try:
-            return s.create_table("t", [b"a", b"b"])
+            return s.tables.create_table("t", [b"a", b"b"])
         except TableExistsError:
             return "exists"
         finally:
@@ -378,8 +382,8 @@ def test_concurrent_create_table_of_one_name(store: MetadataStore) -> None:
         results = list(pool.map(create, range(16)))
     winners = [r for r in results if r != "exists"]
     assert len(winners) == 1
-    tid = store.table_id("t")
-    assert winners == [tid] and len(store.tablet_ids(tid)) == 3
+    tid = store.tables.table_id("t")
+    assert winners == [tid] and len(store.tables.tablet_ids(tid)) == 3
     # the losers left no tables or tablets behind
     assert len([k for k in raw_redis(store).keys(C.PREFIX + "tablet:*")]) == 3
     assert len([k for k in raw_redis(store).keys(C.PREFIX + "table:*") if k.count(b":") == 2]) == 1
@@ -396,10 +400,10 @@ def test_a_resent_mutation_is_not_applied_twice(busy) -> None:
         "remove_files", ["f1"]
     ).do("add_files", {"A9": {"size": 1, "entries": 1}})
     raw = m.to_json("the-same-id")
-    first = store.call(store._mutate, args=[raw])
-    version = store.tablet(ids[1]).version
-    assert store.call(store._mutate, args=[raw]) == first  # the resend
-    t = store.tablet(ids[1])
+    first = store.call(store._core._mutate, args=[raw])
+    version = store.tables.tablet(ids[1]).version
+    assert store.call(store._core._mutate, args=[raw]) == first  # the resend
+    t = store.tables.tablet(ids[1])
     assert t.version == version and set(t.files) == {"A9", "f2", "f3"} and t.running == {}
     # a new call of the same mutation is a new attempt, and is rejected now
     with pytest.raises(ConditionFailed, match="compaction registered"):
@@ -409,46 +413,46 @@ def test_a_resent_mutation_is_not_applied_twice(busy) -> None:
 def test_numbers_round_trip_exactly_through_the_script(store: MetadataStore) -> None:
     """Redis's Lua cjson keeps 14 significant digits: sizes up to 10**14 - 1 bytes and millisecond
     timestamps are exact (nanosecond timestamps would not be)."""
-    tid = store.create_table("t")
-    (tablet_id,) = store.tablet_ids(tid)
-    store.add_files("t", {"f": FileMeta(10**14 - 1, 10**13 + 7, 3, b"a", b"b")})
+    tid = store.tables.create_table("t")
+    (tablet_id,) = store.tables.tablet_ids(tid)
+    store.files.add_files("t", {"f": FileMeta(10**14 - 1, 10**13 + 7, 3, b"a", b"b")})
     m = Mutation()
     started = 4_102_444_800_000  # 2100-01-01 in ms
     doc = {**W.running_doc(["f"]), "started": started}
     m.tablet(tablet_id).require("exists").do("add_running", "E1", doc)
     store.mutate(m)
-    t = store.tablet(tablet_id)
+    t = store.tables.tablet(tablet_id)
     assert t.files["f"] == FileMeta(10**14 - 1, 10**13 + 7, 3, b"a", b"b")
     assert t.running["E1"].started_ms == started and isinstance(t.files["f"].size, int)
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 10])
 def test_tablet_batches_are_get_tablets_in_batches(store: MetadataStore, size: int) -> None:
-    tid = store.create_table("t", [b"b", b"c", b"d", b"e"])
-    store.add_files("t", {"f": FileMeta(10, 2, 0, b"a", b"z")})
-    ids = [*store.tablet_ids(tid), f"{tid};missing"]
-    batches = list(store.tablet_batches(ids, size))
+    tid = store.tables.create_table("t", [b"b", b"c", b"d", b"e"])
+    store.files.add_files("t", {"f": FileMeta(10, 2, 0, b"a", b"z")})
+    ids = [*store.tables.tablet_ids(tid), f"{tid};missing"]
+    batches = list(store.tables.tablet_batches(ids, size))
     assert len(batches) == -(-len(ids) // size) and all(len(b) == size for b in batches[:-1])
-    assert [t for b in batches for t in b] == store.get_tablets(ids) == store.tablets(tid)
-    assert list(store.tablet_batches([], size)) == []
+    assert [t for b in batches for t in b] == store.tables.get_tablets(ids) == store.tables.tablets(tid)
+    assert list(store.tables.tablet_batches([], size)) == []
 
 
 def test_tablet_doc_batches_keep_one_read_in_flight(store: MetadataStore) -> None:
     """The next batch's MGET is sent before a batch is handed out: a caller that stops early, or
     writes between batches, leaves the connections in step; a connection lost with a read in
     flight is read again (the client's retries)."""
-    tid = store.create_table("t", [b"b", b"c", b"d", b"e"])
-    store.add_files("t", {"f": FileMeta(10, 2, 0, b"a", b"z")})
-    ids = store.tablet_ids(tid)
-    docs = store.tablet_docs(ids)
-    assert [d for b in store.tablet_doc_batches(ids, 2) for d in b] == docs
-    it = store.tablet_doc_batches(ids, 2)
+    tid = store.tables.create_table("t", [b"b", b"c", b"d", b"e"])
+    store.files.add_files("t", {"f": FileMeta(10, 2, 0, b"a", b"z")})
+    ids = store.tables.tablet_ids(tid)
+    docs = store.tables.tablet_docs(ids)
+    assert [d for b in store.tables.tablet_doc_batches(ids, 2) for d in b] == docs
+    it = store.tables.tablet_doc_batches(ids, 2)
     assert next(it) == docs[:2]
     it.close()  # the second batch's reply was never read: its connection is dropped, not reused
-    assert store.tablet_docs(ids) == docs and store.tablet(ids[0]) is not None
-    it = store.tablet_doc_batches(ids, 2)
+    assert store.tables.tablet_docs(ids) == docs and store.tables.tablet(ids[0]) is not None
+    it = store.tables.tablet_doc_batches(ids, 2)
     first = next(it)
     raw_redis(store).client_kill_filter(_type="normal", skipme=True)  # the MGET in flight is lost with its connection
     assert [*first, *(d for b in it for d in b)] == docs
     with pytest.raises(StoreUnavailable):  # no Redis: the store's error, after the client's retries
-        next(MetadataStore.from_url("redis://127.0.0.1:1/0").tablet_doc_batches(ids, 2))
+        next(MetadataStore.from_url("redis://127.0.0.1:1/0").tables.tablet_doc_batches(ids, 2))

@@ -50,7 +50,7 @@ def view(client: Client, table: str) -> list[Entry]:
 
 
 def tablets(store: MetadataStore, table: str) -> list[Tablet]:
-    return store.tablets(store.table_id(table))
+    return store.tables.tablets(store.tables.table_id(table))
 
 
 def assert_partition(store: MetadataStore, table: str) -> None:
@@ -63,8 +63,8 @@ def assert_partition(store: MetadataStore, table: str) -> None:
 
 
 def tablet_docs(store: MetadataStore, table: str) -> dict[bytes, bytes]:
-    tid = store.table_id(table)
-    keys = [C.tablet_key(i) for i in store.tablet_ids(tid)]
+    tid = store.tables.table_id(table)
+    keys = [C.tablet_key(i) for i in store.tables.tablet_ids(tid)]
     return {k.encode(): raw_redis(store).get(k) for k in keys} | {
         b"z": tuple(raw_redis(store).zrange(C.tablets_key(tid), 0, -1))
     }
@@ -125,7 +125,7 @@ _names = itertools.count()
 @given(first=ENTRIES, splits=st.lists(ROWS, max_size=3), ops=OPS)
 def test_merged_view_unchanged_across_splits_and_merges(client: Client, first, splits, ops) -> None:
     name = f"p{next(_names)}"
-    client.store.create_table(name, splits)
+    client.store.tables.create_table(name, splits)
     client.flush(name, first)
     store = client.store
     for op in ops:
@@ -148,7 +148,7 @@ def test_merged_view_unchanged_across_splits_and_merges(client: Client, first, s
             else:
                 event("merged" if merged else "nothing to merge")
                 if merged is not None:
-                    t = store.tablet(merged)
+                    t = store.tables.tablet(merged)
                     assert start is None or t.prev is None or t.prev < start
                     assert end is None or t.end is None or t.end >= end
         elif op[0] == "compact":
@@ -175,7 +175,7 @@ def test_merged_view_unchanged_across_splits_and_merges(client: Client, first, s
 
 
 def test_split_shares_files_and_divides_their_sizes(client: Client) -> None:
-    client.store.create_table("t")
+    client.store.tables.create_table("t")
     fill(client, "t", 2, range(100))
     (t,) = tablets(client.store, "t")
     before = view(client, "t")
@@ -211,7 +211,7 @@ def test_merge_refused_when_a_tablet_already_compacted_a_shared_file(client: Cli
     """A file still in tablet A but compacted away in B overlaps B's rows: merging would bring
     B's outdated rows back (e.g. deleted ones). Refused; after a compaction of A it works."""
     store = client.store
-    store.create_table("t")
+    store.tables.create_table("t")
     client.flush("t", [E(b"a"), E(b"m")])
     tabletops.split(store, "t", [b"g"])
     _, b = tablets(store, "t")
@@ -231,15 +231,15 @@ def test_merge_refused_when_a_tablet_already_compacted_a_shared_file(client: Cli
 # -- automatic splits ----------------------------------------------------------------------------
 def test_auto_split_past_threshold(client: Client, storage) -> None:
     store = client.store
-    store.create_table("t")
-    store.create_table("small")
+    store.tables.create_table("t")
+    store.tables.create_table("small")
     fill(client, "t", 1, range(2000))
     fill(client, "small", 1, range(10))
     before = view(client, "t")
     (t,) = tablets(store, "t")
     size = tabletops.tablet_size(t)
     assert tabletops.auto_split(store) == []  # default threshold 1G: nothing to do
-    store.set_props("t", {SPLIT_THRESHOLD: str(size // 5)})
+    store.tables.set_props("t", {SPLIT_THRESHOLD: str(size // 5)})
     coord = coordinator(store, storage)
     raw_redis(store).delete(C.SPLIT_CHECK)
     assert coord.tick()  # the coordinator's tick runs auto_split
@@ -252,15 +252,15 @@ def test_auto_split_past_threshold(client: Client, storage) -> None:
     sizes = [sum(1 for e in view(client, "t") if x.contains_row(e.row)) for x in ts]
     assert min(sizes) > 2000 / 16 / 2  # about even pieces, from metadata only
     # a bad threshold is logged and skipped, not fatal
-    store.set_props("small", {SPLIT_THRESHOLD: "1K"})
-    raw_redis(store).hset(C.table_key(store.table_id("small")), "props", json.dumps({SPLIT_THRESHOLD: "lots"}))
+    store.tables.set_props("small", {SPLIT_THRESHOLD: "1K"})
+    raw_redis(store).hset(C.table_key(store.tables.table_id("small")), "props", json.dumps({SPLIT_THRESHOLD: "lots"}))
     assert coord.tick()
     assert len(tablets(store, "small")) == 1
 
 
 def test_auto_split_waits_for_running_compactions_without_starving(client: Client, storage) -> None:
     store = client.store
-    store.create_table("t")
+    store.tables.create_table("t")
     fill(client, "t", 4, range(200))
     coord = coordinator(store, storage)
     coord.tick()
@@ -270,7 +270,7 @@ def test_auto_split_waits_for_running_compactions_without_starving(client: Clien
     assert res is not None
     (t,) = tablets(store, "t")
     smallest = min(m.size for m in t.files.values())  # still over after the compaction
-    store.set_props("t", {SPLIT_THRESHOLD: str(smallest // 2)})
+    store.tables.set_props("t", {SPLIT_THRESHOLD: str(smallest // 2)})
     assert tabletops.auto_split(store, queues, tablet_ids=[t.id]) == []
     (t,) = tablets(store, "t")
     assert t.op == tabletops.SPLIT_PENDING and t.running  # refused, marked: no new compactions
@@ -288,7 +288,7 @@ def test_auto_split_waits_for_running_compactions_without_starving(client: Clien
 # -- racing running compactions (seed 004) ---------------------------------------------------------
 def test_split_and_merge_refused_while_a_compaction_runs(client: Client, storage) -> None:
     store = client.store
-    store.create_table("t", [b"row00100"])
+    store.tables.create_table("t", [b"row00100"])
     fill(client, "t", 4, range(200))
     coord = coordinator(store, storage)
     coord.tick()
@@ -317,7 +317,7 @@ def test_compaction_committing_after_its_tablet_split_fails_and_removes_output(
     commits, the commit is rejected (tablet gone, or same id with another range) and the worker's
     release removes its output. The tablet keeping the old id is the right-hand one."""
     store = client.store
-    store.create_table("t", [b"row00100"])
+    store.tables.create_table("t", [b"row00100"])
     fill(client, "t", 4, range(200))
     coord = coordinator(store, storage, dead_after_s=0.0)
     coord.tick()
@@ -349,7 +349,7 @@ def test_reservation_or_commit_against_a_changed_range_is_rejected(client: Clien
     """The tablet keeping its id after a split or merge has another range: a reservation made
     from the old metadata must not commit (its output holds other rows than the tablet's)."""
     store = client.store
-    store.create_table("t")
+    store.tables.create_table("t")
     fill(client, "t", 2, range(50))
     (t,) = tablets(store, "t")
     job = Job(t.id, "SYSTEM", 1, "g", {f: m.size for f, m in t.files.items()})
@@ -369,7 +369,7 @@ def test_reservation_or_commit_against_a_changed_range_is_rejected(client: Clien
 # -- the coordinator re-plans the new tablets ---------------------------------------------------------
 def test_coordinator_replans_new_tablets_and_outputs_hold_only_their_rows(client: Client, storage) -> None:
     store = client.store
-    store.create_table("t")
+    store.tables.create_table("t")
     fill(client, "t", 5, range(300))
     coord = coordinator(store, storage)
     coord.tick()
@@ -385,7 +385,7 @@ def test_coordinator_replans_new_tablets_and_outputs_hold_only_their_rows(client
     assert {j.tablet for j in queues.jobs(group)} == set(new)
     done = 0
     while (res := compactions.reserve(store, queues, group, "c1")) is not None:
-        t = store.tablet(res.tablet)
+        t = store.tables.tablet(res.tablet)
         assert (res.prev, res.end) == (t.prev, t.end)
         result = run_reservation(client, res)
         compactions.commit(store, res, result.info)
@@ -404,7 +404,7 @@ def test_coordinator_replans_new_tablets_and_outputs_hold_only_their_rows(client
 
 # -- CLI -------------------------------------------------------------------------------------------------
 def test_cli_split_and_merge(client: Client, redis_url: str, tmp_path) -> None:
-    client.store.create_table("t")
+    client.store.tables.create_table("t")
     fill(client, "t", 1, range(20))
     before = view(client, "t")
     common = ["--redis", redis_url, "--storage", str(tmp_path / "files")]
@@ -426,6 +426,6 @@ def test_cli_split_and_merge(client: Client, redis_url: str, tmp_path) -> None:
     r = run(table_cli, ["merge", "t", *common])
     assert r.exit_code == 0 and "nothing to merge" in r.output
     assert view(client, "t") == before
-    client.store.set_state("t", "OFFLINE")
+    client.store.tables.set_state("t", "OFFLINE")
     r = run(table_cli, ["split", "t", "m", *common])
     assert r.exit_code == 1 and "OFFLINE" in r.output

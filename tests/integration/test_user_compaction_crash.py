@@ -33,15 +33,15 @@ pytestmark = pytest.mark.redis
 
 
 def add_files(store: MetadataStore, table: str, n: int) -> None:
-    tid = store.table_id(table)
+    tid = store.tables.table_id(table)
     m = Mutation(table=tid)
-    for tab in store.tablet_ids(tid):
+    for tab in store.tables.tablet_ids(tid):
         m.tablet(tab).do("add_files", {f"tables/{tid}/{tab}-{i}": FileMeta(10, 1).to_json() for i in range(n)})
     store.mutate(m)
 
 
 def holds(store: MetadataStore, table: str) -> dict[str, str | None]:
-    return {t.id: t.hold for t in store.tablets(store.table_id(table))}
+    return {t.id: t.hold for t in store.tables.tablets(store.tables.table_id(table))}
 
 
 def check_whole(store: MetadataStore) -> dict[str, str]:
@@ -50,7 +50,7 @@ def check_whole(store: MetadataStore) -> dict[str, str]:
     table name -> compaction id for the tables that have one."""
     registered = {uc.id: uc for uc in usercompaction.all_compactions(store)}
     found = {}
-    for info in store.tables():
+    for info in store.tables.tables():
         hs = holds(store, info.name)
         owners = set(hs.values()) - {None}
         assert len(owners) <= 1, f"{info.name}: holds of several compactions {owners}"
@@ -68,8 +68,8 @@ def check_whole(store: MetadataStore) -> dict[str, str]:
 def test_start_is_all_or_nothing(store: MetadataStore) -> None:
     """A start refused on its last tablet writes nothing at all: no record, no request binding,
     no hold on the tablets before it (the old order left holds no pass would ever visit)."""
-    store.create_table("t", [b"g", b"p"])
-    last = store.tablet_ids(store.table_id("t"))[-1]
+    store.tables.create_table("t", [b"g", b"p"])
+    last = store.tables.tablet_ids(store.tables.table_id("t"))[-1]
     m = Mutation()
     m.tablet(last).do("set_op", "SPLIT_PENDING")  # an operation in progress there
     store.mutate(m)
@@ -79,13 +79,13 @@ def test_start_is_all_or_nothing(store: MetadataStore) -> None:
     after = snapshot(raw_redis(store), C.PREFIX + "*")
     changed = {k for k in set(before) | set(after) if before.get(k) != after.get(k)}
     assert changed == {C.SEQ.encode()}  # a compaction number was taken, nothing else
-    assert store.request_claimed("uid-1") is None and usercompaction.all_compactions(store) == []
+    assert store.ucomps.request_claimed("uid-1") is None and usercompaction.all_compactions(store) == []
 
 
 def test_concurrent_replays_of_one_request_start_one_compaction(store: MetadataStore, redis_url: str) -> None:
     """Eight starts of the same request at once (an operator restarted mid-handler, twice): one
     compaction, every caller gets its id; none is refused or marked failed."""
-    store.create_table("t", [b"g", b"p"])
+    store.tables.create_table("t", [b"g", b"p"])
     got: list[str] = []
     errors: list[BaseException] = []
     gate = threading.Barrier(8)
@@ -114,7 +114,7 @@ def test_a_cancel_cut_short_is_finished_by_the_coordinator(store: MetadataStore,
     """The canceller dies after marking the compaction CANCELLED, before releasing anything: the
     coordinator's next pass releases the holds and selections, and SYSTEM compactions run there
     again."""
-    store.create_table("t", [b"m"])
+    store.tables.create_table("t", [b"m"])
     add_files(store, "t", 5)
     coord = Coordinator(store, storage, settings())
     assert coord.tick()
@@ -124,8 +124,8 @@ def test_a_cancel_cut_short_is_finished_by_the_coordinator(store: MetadataStore,
     assert set(holds(store, "t").values()) == {cid}
     assert coord.tick()
     assert set(holds(store, "t").values()) == {None}
-    assert all(t.selection is None for t in store.tablets(store.table_id("t")))
-    assert store.user_compaction_field(cid, "released") == "1"
+    assert all(t.selection is None for t in store.tables.tablets(store.tables.table_id("t")))
+    assert store.ucomps.user_compaction_field(cid, "released") == "1"
     coord.plan_dirty()
     assert {j.kind for j in store.queues.jobs("default")} == {"SYSTEM"}
     assert len(store.queues.jobs("default")) == 2
@@ -153,7 +153,7 @@ def test_starter_killed_at_a_random_point(
     existing ones; the coordinator then completes them all."""
     n = 150
     for i in range(n):
-        store.create_table(f"t{i}", [b"m"])
+        store.tables.create_table(f"t{i}", [b"m"])
     env = python_env()
     p = spawn([sys.executable, "-c", _STARTER, redis_url, str(n)], stdout=subprocess.PIPE, env=env)
     try:
@@ -168,7 +168,7 @@ def test_starter_killed_at_a_random_point(
     started = check_whole(store)
     print(f"killed after {kill_after}s: {len(started)} of {n} started")
     for name, cid in started.items():
-        assert store.request_claimed(f"req-{name[1:]}") == cid
+        assert store.ucomps.request_claimed(f"req-{name[1:]}") == cid
     replayed = {f"t{i}": usercompaction.start(store, f"t{i}", request_id=f"req-{i}") for i in range(n)}
     assert all(replayed[name] == cid for name, cid in started.items())
     assert check_whole(store) == replayed

@@ -68,10 +68,10 @@ ROWS = [b"a%03d" % i for i in range(40)] + [b"n%03d" % i for i in range(40)] + [
 def make_table(client: Client, name: str = "t", files: int = 4, splits: tuple[bytes, ...] = (b"m",)) -> str:
     """A table whose tablets each get ``files`` flushed files (versions, deletes, bytes >= 0x80);
     queued jobs are planned by a real coordinator."""
-    client.store.create_table(name, list(splits))
+    client.store.tables.create_table(name, list(splits))
     for k in range(files):
         client.flush(name, entries(k, ROWS, 1000 + k))
-    return client.store.table_id(name)
+    return client.store.tables.table_id(name)
 
 
 def plan(store: MetadataStore, storage: Storage) -> int:
@@ -83,7 +83,7 @@ def scan(client: Client, table: str = "t") -> list[Entry]:
 
 
 def tablet_files(store: MetadataStore, tid: str) -> dict[str, set[str]]:
-    return {t.id: set(t.files) for t in store.tablets(tid)}
+    return {t.id: set(t.files) for t in store.tables.tablets(tid)}
 
 
 def leftovers(storage: Storage, ecid: str) -> list[str]:
@@ -97,7 +97,7 @@ def assert_no_trace(store: MetadataStore, storage: Storage, res_or_ecid: Any, ou
     output = output or getattr(res_or_ecid, "output", None)
     assert raw_redis(store).hget(C.RUNNING, ecid) is None
     assert not raw_redis(store).exists(C.heartbeat_key(ecid))
-    for t in store.iter_all_tablets():
+    for t in store.tables.iter_all_tablets():
         assert ecid not in t.running
     assert leftovers(storage, ecid) == []
     if output is not None:
@@ -157,7 +157,7 @@ def http(port: int, path: str, method: str = "GET") -> tuple[int, str]:
 
 
 def compactor_state(store: MetadataStore, cid: str) -> str | None:
-    return next((c.state for c in store.compactors(GROUP) if c.id == cid), None)
+    return next((c.state for c in store.fleet.compactors(GROUP) if c.id == cid), None)
 
 
 # -- §1 the worker -------------------------------------------------------------------------------
@@ -173,10 +173,10 @@ def test_arrow_compactor_compacts_and_scan_is_unchanged(store, storage, client) 
     for t_id, files in after.items():
         assert len(files) == 1 and not files & files_before[t_id], (t_id, files)
     assert scan(client) == before
-    for t in store.tablets(tid):
+    for t in store.tables.tablets(tid):
         assert t.running == {}
     assert raw_redis(store).hlen(C.RUNNING) == 0
-    assert store.counters()["compactions_committed"] == 2
+    assert store.bookkeeping.counters()["compactions_committed"] == 2
     text = w.metrics.registry
     from prometheus_client import generate_latest
 
@@ -185,10 +185,10 @@ def test_arrow_compactor_compacts_and_scan_is_unchanged(store, storage, client) 
     assert metric(m, "kompaktor_compactions_failed_total") == 0
     assert metric(m, "kompaktor_entries_read_total") == 4 * len(ROWS)
     assert metric(m, "kompaktor_entries_written_total") == sum(
-        t.files[f].entries for t in store.tablets(tid) for f in t.files
+        t.files[f].entries for t in store.tables.tablets(tid) for f in t.files
     )
     assert metric(m, "kompaktor_compaction_duration_seconds_count") == 2
-    assert store.compactors(GROUP) == []  # unregistered when it stopped
+    assert store.fleet.compactors(GROUP) == []  # unregistered when it stopped
 
 
 @pytest.mark.spark
@@ -201,7 +201,7 @@ def test_spark_compactor_reuses_the_process_session(store, storage, client, spar
     assert w.engine.name == "spark" and w.engine.session is spark_session
     assert all(len(f) == 1 for f in tablet_files(store, tid).values())
     assert scan(client) == before
-    assert store.counters()["compactions_committed"] == 2
+    assert store.bookkeeping.counters()["compactions_committed"] == 2
 
 
 def test_heartbeat_carries_progress_and_state(store, storage, client) -> None:
@@ -214,7 +214,8 @@ def test_heartbeat_carries_progress_and_state(store, storage, client) -> None:
     poll(eng.held.is_set, "the merge to hold after its first part")
     ecid = poll(lambda: w.current and w.current.ecid, "a reservation")
     hb = poll(
-        lambda: (h := store.heartbeat(ecid)) and int(h.get("parts_done", 0)) >= 1 and h, "a heartbeat with progress"
+        lambda: (h := store.running.heartbeat(ecid)) and int(h.get("parts_done", 0)) >= 1 and h,
+        "a heartbeat with progress",
     )
     assert hb["compactor"] == "c1"
     assert int(hb["entries_read"]) > 0 and int(hb["entries_written"]) > 0
@@ -222,7 +223,7 @@ def test_heartbeat_carries_progress_and_state(store, storage, client) -> None:
     assert abs(float(hb["updated"]) - time.time()) < 10
     # the seconds the job still needs (what the operator's scale-down ranks busy compactors by)
     assert 0 <= float(hb["remaining_s"]) < 60
-    info = poll(lambda: [c for c in store.compactors(GROUP) if c.state == BUSY], "compactor registered busy")
+    info = poll(lambda: [c for c in store.fleet.compactors(GROUP) if c.state == BUSY], "compactor registered busy")
     assert info[0].ecid == ecid
     gate.set()
     outcome = run.join()
@@ -233,11 +234,11 @@ def test_heartbeat_carries_progress_and_state(store, storage, client) -> None:
 
 # -- §3 commit and failure -----------------------------------------------------------------------
 def _delete_table(store: MetadataStore, storage: Storage, res: Any) -> None:
-    store.delete_table("t")
+    store.tables.delete_table("t")
 
 
 def _take_offline(store: MetadataStore, storage: Storage, res: Any) -> None:
-    store.set_state("t", OFFLINE)
+    store.tables.set_state("t", OFFLINE)
 
 
 def _input_removed(store: MetadataStore, storage: Storage, res: Any) -> None:
@@ -293,7 +294,7 @@ def test_commit_rejected_when_things_changed_under_it(store, storage, client, ch
         assert len(after[t_id]) == len(before[t_id]) - 1 and after[t_id] < before[t_id]
     else:
         assert after == before
-    assert store.counters().get("compactions_committed", 0) == 0
+    assert store.bookkeeping.counters().get("compactions_committed", 0) == 0
     from prometheus_client import generate_latest
 
     assert metric(generate_latest(w.metrics.registry).decode(), "kompaktor_compactions_failed_total") == 1
@@ -306,7 +307,7 @@ def test_seed000_scenario3_table_deleted_while_queued(store, storage, client) ->
     plan(store, storage)
     queues = store.queues
     assert queues.stats(GROUP).queued == 1
-    store.delete_table("t")
+    store.tables.delete_table("t")
     eng = arrow_gated()
     w = Compactor(store, storage, settings(), engine=eng)
     assert w.run_one() is None
@@ -358,9 +359,9 @@ def test_idle_compactor_survives_a_metadata_store_outage(store, storage, client,
     make_table(client, splits=())
     plan(store, storage)
     poll(lambda: w.jobs_done == 1, "the next job to be done", timeout=30)
-    store.request_drain("survivor")
+    store.fleet.request_drain("survivor")
     assert run.join() == 0
-    assert store.counters()["compactions_committed"] == 1
+    assert store.bookkeeping.counters()["compactions_committed"] == 1
 
 
 def test_commit_whose_reply_was_lost_is_not_undone(store, storage, client, monkeypatch) -> None:
@@ -451,8 +452,8 @@ def test_bad_input_file_fails_the_job_and_leaves_the_tablet(store, storage, clie
 # -- §4 cancellation -----------------------------------------------------------------------------
 def _merge_tablet_away(store: MetadataStore, tablet_id: str) -> None:
     """Merge the tablet into its upper neighbour (what a tablet merge does to the metadata)."""
-    t = store.tablet(tablet_id)
-    upper = next(u for u in store.tablets(t.table) if u.prev == t.end)
+    t = store.tables.tablet(tablet_id)
+    upper = next(u for u in store.tables.tablets(t.table) if u.prev == t.end)
     m = Mutation(table=t.table)
     m.tablet(t.id).require("version", t.version).do("delete", end_token(t.end))
     m.tablet(upper.id).require("version", upper.version).do("set_range", None if t.prev is None else t.prev.hex()).do(
@@ -481,13 +482,13 @@ def test_compactor_stops_a_merge_that_is_no_longer_wanted(store, storage, client
         assert res.job.kind == "USER"
     started = time.monotonic()
     if why == "table-offline":
-        store.set_state("t", OFFLINE)
+        store.tables.set_state("t", OFFLINE)
         expected = "table is OFFLINE"
     elif why == "tablet-gone":
         _merge_tablet_away(store, res.tablet)
         expected = "tablet no longer exists"
     elif why == "table-deleted":
-        store.delete_table("t")
+        store.tables.delete_table("t")
         expected = "tablet no longer exists"
     else:
         usercompaction.cancel(store, cid)
@@ -502,7 +503,7 @@ def test_compactor_stops_a_merge_that_is_no_longer_wanted(store, storage, client
     assert raw_redis(store).hlen(C.FAILURES) == 0  # not a failure of the job
     if why in ("table-offline", "user-compaction-cancelled"):
         assert tablet_files(store, tid) == before
-        store.set_state("t", "ONLINE")
+        store.tables.set_state("t", "ONLINE")
         assert scan(client) == rows
     if why == "tablet-gone":
         assert scan(client) == rows
@@ -529,8 +530,8 @@ def test_drain_releases_a_job_that_cannot_finish_in_the_grace_period(store, stor
     assert tablet_files(store, tid) == before
     assert res.tablet in {m.decode() for m in raw_redis(store).smembers(C.DIRTY)}
     assert Coordinator(store, storage).tick() and store.queues.stats(GROUP).queued == 1
-    assert store.compactors(GROUP) == []
-    assert "dead_compactions" not in store.counters()
+    assert store.fleet.compactors(GROUP) == []
+    assert "dead_compactions" not in store.bookkeeping.counters()
 
 
 def test_drain_flag_in_redis_lets_the_job_finish_however_long(store, storage, client) -> None:
@@ -544,12 +545,12 @@ def test_drain_flag_in_redis_lets_the_job_finish_however_long(store, storage, cl
     w = Compactor(store, storage, settings("victim", drain_grace_s=0.0, default_throughput_bps=1.0), engine=eng)
     run = Running(w.run)
     poll(eng.held.is_set, "the merge to hold")
-    store.request_drain("victim")
+    store.fleet.request_drain("victim")
     poll(lambda: compactor_state(store, "victim") == DRAINING, "the heartbeat to say draining")
     assert not eng.cancelled.is_set()
     gate.set()
     assert run.join() == 0
-    assert not eng.cancelled.is_set() and store.counters()["compactions_committed"] == 1
+    assert not eng.cancelled.is_set() and store.bookkeeping.counters()["compactions_committed"] == 1
     (files,) = tablet_files(store, tid).values()
     assert len(files) == 1 and scan(client) == before
 
@@ -558,10 +559,10 @@ def test_drain_flag_in_redis_stops_an_idle_compactor(store, storage) -> None:
     w = Compactor(store, storage, settings("victim"))
     run = Running(w.run)
     poll(lambda: compactor_state(store, "victim") == IDLE, "the compactor to register idle")
-    store.request_drain("victim")
+    store.fleet.request_drain("victim")
     assert run.join(timeout=10) == 0
     assert compactor_state(store, "victim") is None
-    assert not store.drain_requested("victim")
+    assert not store.fleet.drain_requested("victim")
 
 
 def test_http_probes_drain_and_metrics(store, storage, client) -> None:
@@ -702,9 +703,9 @@ def test_drain_flag_stops_an_idle_compactor_process(store, spawn) -> None:
     p = spawn("idle-2")
     p.wait_ready()
     poll(lambda: compactor_state(store, "idle-2") == IDLE, "registered idle")
-    store.request_drain("idle-2")
+    store.fleet.request_drain("idle-2")
     assert p.wait_exit(10) == 0, p.log
-    assert compactor_state(store, "idle-2") is None and not store.drain_requested("idle-2")
+    assert compactor_state(store, "idle-2") is None and not store.fleet.drain_requested("idle-2")
 
 
 @pytest.mark.parametrize("how", ["sigterm", "http"])
@@ -728,7 +729,7 @@ def test_drain_while_busy_finishes_the_job_within_the_grace_period(store, storag
     (files,) = tablet_files(store, tid).values()
     assert len(files) == 1
     assert scan(client) == before
-    assert store.counters()["compactions_committed"] == 1
+    assert store.bookkeeping.counters()["compactions_committed"] == 1
     assert raw_redis(store).hlen(C.RUNNING) == 0
     assert compactor_state(store, p.cid) is None
 
@@ -749,12 +750,12 @@ def test_a_drained_compactor_pod_stays_drained_across_a_container_restart(store,
     first = spawn("pod-a", env=POD)
     first.wait_ready()
     poll(first.held.exists, "the first merge to hold")
-    store.request_drain("pod-a")  # the operator's scale-down
+    store.fleet.request_drain("pod-a")  # the operator's scale-down
     poll(lambda: compactor_state(store, "pod-a") == DRAINING, "the heartbeat to say draining")
     first.gate.touch()
     poll(lambda: STAYS in first.log or first.proc.poll() is not None, "the job to finish")
     assert first.proc.poll() is None, f"a drained compactor pod exited (the kubelet restarts it):\n{first.log}"
-    assert store.counters()["compactions_committed"] == 1 and store.queues.stats(GROUP).queued == 1
+    assert store.bookkeeping.counters()["compactions_committed"] == 1 and store.queues.stats(GROUP).queued == 1
     assert compactor_state(store, "pod-a") == DRAINING and http(first.port, "/readyz")[0] == 503
     # the container restarts
     first.proc.kill()
@@ -769,8 +770,8 @@ def test_a_drained_compactor_pod_stays_drained_across_a_container_restart(store,
     assert compactor_state(store, "pod-a") == DRAINING
     second.proc.send_signal(signal.SIGTERM)  # the pod is deleted at last
     assert second.wait_exit(10) == 0, second.log
-    assert store.queues.stats(GROUP).queued == 1 and store.counters()["compactions_committed"] == 1
-    assert store.drain_requested("pod-a")  # a third start would find the mark too
+    assert store.queues.stats(GROUP).queued == 1 and store.bookkeeping.counters()["compactions_committed"] == 1
+    assert store.fleet.drain_requested("pod-a")  # a third start would find the mark too
 
 
 def test_sigterm_while_busy_beyond_the_grace_period_releases_the_job_at_once(store, storage, client, spawn) -> None:
@@ -780,7 +781,7 @@ def test_sigterm_while_busy_beyond_the_grace_period_releases_the_job_at_once(sto
     p = spawn("busy-release", "--drain-grace", "0")
     p.wait_ready()
     poll(p.held.exists, "the merge to hold")
-    (t,) = store.tablets(tid)
+    (t,) = store.tables.tablets(tid)
     (ecid,) = t.running
     output = t.running[ecid].output
     started = time.monotonic()
@@ -792,7 +793,7 @@ def test_sigterm_while_busy_beyond_the_grace_period_releases_the_job_at_once(sto
     assert compactor_state(store, p.cid) is None
     # the job goes back in the queue
     assert Coordinator(store, storage).tick() and store.queues.stats(GROUP).queued == 1
-    assert "dead_compactions" not in store.counters()
+    assert "dead_compactions" not in store.bookkeeping.counters()
     assert "released" in p.log or "cancelled" in p.log
 
 

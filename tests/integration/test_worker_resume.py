@@ -68,8 +68,8 @@ def source(seed: int, n: int) -> list[Entry]:
 def make_table(store: MetadataStore, storage: Storage, files: int = 4, n: int = 3000) -> tuple[str, int]:
     """One tablet with ``files`` input files written in small row groups (so that a key range
     decodes only its share of an input). Returns the table id and the inputs' compressed bytes."""
-    store.create_table("t")
-    tid = store.table_id("t")
+    store.tables.create_table("t")
+    tid = store.tables.table_id("t")
     os.makedirs(storage.path(f"tables/{tid}"), exist_ok=True)
     metas, compressed = {}, 0
     for i in range(files):
@@ -84,7 +84,7 @@ def make_table(store: MetadataStore, storage: Storage, files: int = 4, n: int = 
         )
         deletes = sum(e.deleted for e in src)
         metas[rel] = FileMeta(storage.size(rel), len(src), deletes, src[0].row, src[-1].row)
-    store.add_files("t", metas)
+    store.files.add_files("t", metas)
     return tid, compressed
 
 
@@ -307,7 +307,7 @@ def test_chaos_sigkill_mid_merge_then_the_retry_reads_only_the_unfinished_share(
     client = Client(store, storage)
     tid, compressed = make_table(store, storage, files=4, n=5000)
     before = list(client.scan("t"))
-    total_entries = sum(t.files[f].entries for t in store.tablets(tid) for f in t.files)
+    total_entries = sum(t.files[f].entries for t in store.tables.tablets(tid) for f in t.files)
     plan(store, storage)
     held = tmp_path / "held"
     env = python_env(
@@ -362,5 +362,5 @@ def test_chaos_sigkill_mid_merge_then_the_retry_reads_only_the_unfinished_share(
     # nothing stray once the garbage collector has run (what the killed process was writing)
     coord.collect_garbage(0.0)
     assert temp_files(storage) == []
-    referenced = {f for t in store.tablets(tid) for f in t.files}
+    referenced = {f for t in store.tables.tablets(tid) for f in t.files}
     assert {rel for rel, _ in storage.list_files("tables")} == referenced

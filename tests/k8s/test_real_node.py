@@ -814,7 +814,7 @@ def test_a_lowered_cap_is_obeyed_under_steady_load(shipped: Shipped, tmp_path: P
             version += 1
 
     feeder = threading.Thread(target=feed, daemon=True)
-    committed_before = store.counters().get("compactions_committed", 0)
+    committed_before = store.bookkeeping.counters().get("compactions_committed", 0)
     feeder.start()
     watch = JobWatch(store, group)
     try:
@@ -822,7 +822,8 @@ def test_a_lowered_cap_is_obeyed_under_steady_load(shipped: Shipped, tmp_path: P
             try:
                 wait_until(
                     lambda: (
-                        sum(1 for c in store.compactors(group) if c.ecid) == 3 and store.queues.stats(group).queued > 0
+                        sum(1 for c in store.fleet.compactors(group) if c.ecid) == 3
+                        and store.queues.stats(group).queued > 0
                     ),
                     "3 busy compactor containers and jobs queued",
                     timeout=400,
@@ -859,7 +860,7 @@ def test_a_lowered_cap_is_obeyed_under_steady_load(shipped: Shipped, tmp_path: P
             lambda: (
                 (q := store.queues.stats(group)).queued == 0
                 and q.running == 0
-                and not any(t.running for t in store.tablets(store.table_id(STEADY)))
+                and not any(t.running for t in store.tables.tablets(store.tables.table_id(STEADY)))
             ),
             "the rest of the work done by the one compactor",
             timeout=600,
@@ -874,7 +875,7 @@ def test_a_lowered_cap_is_obeyed_under_steady_load(shipped: Shipped, tmp_path: P
     scanned = [(r["row"], r["value"]) for r in pq.read_table(out_file).to_pylist()]
     assert scanned == [(e.row, e.value) for e in entries(range(rows), version)]
     # every job seen running committed, once: an interrupted job would come back under a new ECID
-    committed = store.counters().get("compactions_committed", 0) - committed_before
+    committed = store.bookkeeping.counters().get("compactions_committed", 0) - committed_before
     assert committed == len(watch.jobs), (committed, len(watch.jobs))
     st = json.loads(s.kompaktor("status", "--json").stdout)
     assert st["groups"][group]["dead_compactions_recovered"] == 0 and not st["dead_letters"], st

@@ -404,9 +404,9 @@ def test_burst_scale_up_drain_and_scale_down(release: Release, tmp_path: Path) -
         "3 compactor processes",
         timeout=60,
     )
-    tablets = release.store.tablets(release.store.table_id("e2e"))
+    tablets = release.store.tables.tablets(release.store.tables.table_id("e2e"))
     wait_until(
-        lambda: all(len(t.files) == 1 for t in release.store.tablets(release.store.table_id("e2e"))),
+        lambda: all(len(t.files) == 1 for t in release.store.tables.tablets(release.store.tables.table_id("e2e"))),
         "every tablet compacted to one file",
         timeout=180,
     )
@@ -438,10 +438,10 @@ def test_burst_scale_up_drain_and_scale_down(release: Release, tmp_path: Path) -
         # pod's deletion (restartPolicy Always) is stopped by SIGTERM, never SIGKILLed
         assert runs[0].exit_code == 0 and not runs[0].sigkilled, runs
         assert all(r.stopped is not None and not r.sigkilled for r in runs), runs
-    counters = release.store.counters()
+    counters = release.store.bookkeeping.counters()
     assert counters.get("dead_compactions", 0) == 0
-    assert not release.store.failures()  # no busy compactor was terminated: nothing failed or was released
-    assert [c.id for c in release.store.compactors("e2e")] == sorted(kept)
+    assert not release.store.running.failures()  # no busy compactor was terminated: nothing failed or was released
+    assert [c.id for c in release.store.fleet.compactors("e2e")] == sorted(kept)
 
 
 @pytest.fixture
@@ -476,7 +476,7 @@ def test_a_lowered_cap_is_obeyed_under_steady_load(release: Release, paced: None
     rows = 4000
     release.kompaktor("table", "create", "load", "--splits", ",".join(f"row{r:05d}" for r in range(200, rows, 200)))
     client = Client(release.store, Storage.from_uri(str(release.storage_dir)))
-    committed_before = release.store.counters().get("compactions_committed", 0)
+    committed_before = release.store.bookkeeping.counters().get("compactions_committed", 0)
     version = 0
     feeding = threading.Event()
     feeding.set()
@@ -496,7 +496,7 @@ def test_a_lowered_cap_is_obeyed_under_steady_load(release: Release, paced: None
             wait_until(lambda: len(_live_pids(release, "load")) == 3, "3 compactor processes", timeout=120)
             wait_until(
                 lambda: (
-                    sum(1 for c in release.store.compactors("load") if c.ecid) == 3
+                    sum(1 for c in release.store.fleet.compactors("load") if c.ecid) == 3
                     and release.store.queues.stats("load").queued > 0
                 ),
                 "3 busy compactors and jobs queued",
@@ -521,7 +521,7 @@ def test_a_lowered_cap_is_obeyed_under_steady_load(release: Release, paced: None
                 (s := release.store.queues.stats("load")).queued == 0
                 and s.running == 0
                 and raw_redis(release.store).scard(C.DIRTY) == 0
-                and not any(t.running for t in release.store.tablets(release.store.table_id("load")))
+                and not any(t.running for t in release.store.tables.tablets(release.store.tables.table_id("load")))
             ),
             "the remaining work done by the one compactor",
             timeout=300,
@@ -534,8 +534,8 @@ def test_a_lowered_cap_is_obeyed_under_steady_load(release: Release, paced: None
     assert outcomes and all(status == "committed" for _, status in outcomes), outcomes  # 0 interrupted
     ecids = [ecid for ecid, _ in outcomes]
     assert len(ecids) == len(set(ecids)), "a job committed twice"
-    assert release.store.counters().get("compactions_committed", 0) - committed_before == len(ecids)
-    assert not release.store.failures() and release.store.counters().get("dead_compactions", 0) == 0
+    assert release.store.bookkeeping.counters().get("compactions_committed", 0) - committed_before == len(ecids)
+    assert not release.store.running.failures() and release.store.bookkeeping.counters().get("dead_compactions", 0) == 0
     kept = _live_pids(release, "load")
     for pod in set(before.values()) - set(kept.values()):
         runs = [r for r in release.agent.records if r.pod == pod]
@@ -573,7 +573,7 @@ def _pod_logs(release: Release, pod: str) -> str:
 def test_kubectl_delete_compaction_cancels_it(release: Release) -> None:
     # no compactor: a user compaction of e2e cannot finish while we look
     release.kubectl("scale", "compactorgroup", "e2e", "--replicas=0")
-    wait_until(lambda: not release.store.compactors("e2e"), "no e2e compactor", timeout=120)
+    wait_until(lambda: not release.store.fleet.compactors("e2e"), "no e2e compactor", timeout=120)
     body = {
         "apiVersion": api.GROUP_VERSION,
         "kind": "Compaction",

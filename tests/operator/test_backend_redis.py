@@ -30,25 +30,27 @@ def test_configs_heartbeats_drain_and_figures(redis_url: str) -> None:
     )
     backend.put_service(m.to_service_config("cs1", svc))
     backend.put_group(m.to_group_config("small", m.CompactorGroupSpec(max_replicas=3)))
-    assert backend.store.groups()["small"].max_replicas == 3
-    backend.store.register_compactor("small", "pod-a", "idle")
-    backend.store.register_compactor("small", "pod-b", "busy", "ECID-1")
+    assert backend.store.fleet.groups()["small"].max_replicas == 3
+    backend.store.fleet.register_compactor("small", "pod-a", "idle")
+    backend.store.fleet.register_compactor("small", "pod-b", "busy", "ECID-1")
     beats = backend.compactors("small")
     assert beats["pod-a"].state == "idle" and beats["pod-b"].working
     assert beats["pod-b"].remaining_s is None  # the job has not said how long it needs yet
     # the job's heartbeat says 30 s left, as of 10 s ago: 20 s now (what scale-down ranks by)
-    backend.store.put_heartbeat("ECID-1", {"compactor": "pod-b", "updated": time.time() - 10, "remaining_s": "30.0"})
+    backend.store.running.put_heartbeat(
+        "ECID-1", {"compactor": "pod-b", "updated": time.time() - 10, "remaining_s": "30.0"}
+    )
     assert 19 < (backend.compactors("small")["pod-b"].remaining_s or 0) <= 20
     backend.request_drain("pod-a")
-    assert backend.store.drain_requested("pod-a")
+    assert backend.store.fleet.drain_requested("pod-a")
     assert backend.queue_figures("small") == backends.QueueFigures(
         queued=0, running=0, rejected=0, dead_lettered=0, oldest_age_s=0.0
     )
     # two queued jobs, one of them reserved: the figures the HPA's metric adds up
-    backend.store.create_table("t", splits=[b"m"])
-    tablets = backend.store.tablets(backend.store.table_id("t"))
+    backend.store.tables.create_table("t", splits=[b"m"])
+    tablets = backend.store.tables.tablets(backend.store.tables.table_id("t"))
     files = {f"tables/x/F{i}.parquet": FileMeta(10, 1, 0, row, row) for i, row in enumerate((b"a", b"b", b"x"))}
-    backend.store.add_files("t", files)
+    backend.store.files.add_files("t", files)
     for t in tablets:
         backend.store.queues.add(t.id, [Job(t.id, "SYSTEM", 100, "small", {f: 10 for f in t.files})])
     assert compactions.reserve(backend.store, backend.store.queues, "small", "pod-b") is not None
@@ -56,12 +58,12 @@ def test_configs_heartbeats_drain_and_figures(redis_url: str) -> None:
     assert (figures.queued, figures.running, figures.rejected, figures.dead_lettered) == (1, 1, 0, 0)
     backend.delete_group("small")
     backend.delete_service("cs1")
-    assert "small" not in backend.store.groups()
+    assert "small" not in backend.store.fleet.groups()
 
 
 def test_user_compaction_starts_once_per_request(redis_url: str) -> None:
     backend = backends.RedisBackend(redis_url)
-    backend.store.create_table("ci", splits=[b"m"])
+    backend.store.tables.create_table("ci", splits=[b"m"])
     first = backend.start_compaction("uid-1", "ci", None, None, {"ageoff_ttl_ms": 1000})
     again = backend.start_compaction("uid-1", "ci", None, None, {"ageoff_ttl_ms": 1000})
     assert first == again

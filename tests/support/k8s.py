@@ -120,7 +120,7 @@ class JobWatch:
         while not self.stop.wait(0.1):
             now = time.monotonic()
             try:
-                for c in self.store.compactors(self.group):
+                for c in self.store.fleet.compactors(self.group):
                     if c.ecid:
                         self.jobs.setdefault(c.ecid, [now, now])[1] = now
                 if self.window:

@@ -81,9 +81,9 @@ class _Down:
 def test_both_adapters_raise_through_it() -> None:
     store = MetadataStore(_Down(), URL)  # type: ignore[arg-type]
     with pytest.raises(StoreUnavailable, match=r"Redis at redis://\*\*\*@127.0.0.1:6390/0 is unreachable"):
-        store.counters()
+        store.bookkeeping.counters()
     with pytest.raises(StoreUnavailable, match="Redis at the given URL is unreachable"):
-        MetadataStore(_Down()).table_id("t")  # type: ignore[arg-type]
+        MetadataStore(_Down()).tables.table_id("t")  # type: ignore[arg-type]
     queues = JobQueues(_Down())  # type: ignore[arg-type]
     with pytest.raises(StoreUnavailable, match="Redis at the queues' address is unreachable"):
         queues.max_size()

@@ -46,7 +46,7 @@ def history(
 
     since_t = None if since is None else hist.parse_since(since)  # a bad value: one line, before Redis
     store = open_client(redis_url, storage_uri).store
-    names = {t.id: t.name for t in store.tables()}
+    names = {t.id: t.name for t in store.tables.tables()}
     table_id = None
     if table_name is not None:
         ids = {n: i for i, n in names.items()}

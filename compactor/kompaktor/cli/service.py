@@ -26,9 +26,9 @@ def apply(path: IO[str], redis_url: str, storage_uri: str | None) -> None:
     cfg = load_config(path.read())
     store = open_client(redis_url, storage_uri).store
     for g in cfg.groups.values():
-        store.put_group(g)
+        store.fleet.put_group(g)
     for s in cfg.services.values():
-        store.put_service(s)
+        store.fleet.put_service(s)
     click.echo(f"applied {len(cfg.services)} services and {len(cfg.groups)} groups")
 
 
@@ -39,10 +39,10 @@ def apply(path: IO[str], redis_url: str, storage_uri: str | None) -> None:
 def list_services(redis_url: str, storage_uri: str | None) -> None:
     """Show the stored services and groups."""
     store = open_client(redis_url, storage_uri).store
-    for s in store.services().values():
+    for s in store.fleet.services().values():
         tiers = ", ".join(f"{t.name}<{t.max_size or '∞'}→{t.group}" for t in s.tiers)
         click.echo(f"service {s.name}: ratio {s.ratio}, maxOpen {s.max_open}, tables {list(s.tables)}; {tiers}")
-    for g in store.groups().values():
+    for g in store.fleet.groups().values():
         click.echo(
             f"group {g.name}: replicas {g.min_replicas}..{g.max_replicas}, "
             f"{g.jobs_per_replica} jobs/replica, engine {g.engine}"

@@ -42,7 +42,7 @@ def create(
             except ValueError:
                 raise ValueError(f"--splits-file line {n}: not hex: {line[:40]!r}") from None
     c = open_client(redis_url, storage_uri)
-    tid = c.store.create_table(name, rows)
+    tid = c.store.tables.create_table(name, rows)
     click.echo(f"created table {name} (id {tid}) with {len(set(rows)) + 1} tablets")
 
 
@@ -67,11 +67,11 @@ def config(name: str, settings: tuple[str, ...], redis_url: str, storage_uri: st
         from kompaktor.policy.tableprops import check_dispatch, dispatch_services, validate_props
 
         validate_props(props)
-        c.store.table_id(name)  # an unknown table is the first thing to hear about
+        c.store.tables.table_id(name)  # an unknown table is the first thing to hear about
         if dispatch_services(props):
-            check_dispatch(props, c.store.services())
-        c.store.set_props(name, props)
-    for k, v in sorted(c.store.table(name).props.items()):
+            check_dispatch(props, c.store.fleet.services())
+        c.store.tables.set_props(name, props)
+    for k, v in sorted(c.store.tables.table(name).props.items()):
         click.echo(f"{k}={v}")
 
 
@@ -81,7 +81,7 @@ def _state_command(state: str, help_text: str) -> Callable[[str, str, str | None
     @storage_option
     @friendly_errors
     def cmd(name: str, redis_url: str, storage_uri: str | None) -> None:
-        open_client(redis_url, storage_uri).store.set_state(name, state)
+        open_client(redis_url, storage_uri).store.tables.set_state(name, state)
         click.echo(f"table {name} is {state}")
 
     cmd.__doc__ = help_text
@@ -99,7 +99,7 @@ table.command("online")(_state_command("ONLINE", "Bring table NAME online."))
 @friendly_errors
 def delete(name: str, redis_url: str, storage_uri: str | None) -> None:
     """Delete table NAME; its files are garbage-collected."""
-    files = open_client(redis_url, storage_uri).store.delete_table(name)
+    files = open_client(redis_url, storage_uri).store.tables.delete_table(name)
     click.echo(f"deleted table {name} ({len(files)} files left for garbage collection)")
 
 
@@ -112,7 +112,8 @@ def list_tables(as_json: bool, redis_url: str, storage_uri: str | None) -> None:
     """List tables with their state and tablet count."""
     store = open_client(redis_url, storage_uri).store
     rows = [
-        {"name": t.name, "id": t.id, "state": t.state, "tablets": len(store.tablet_ids(t.id))} for t in store.tables()
+        {"name": t.name, "id": t.id, "state": t.state, "tablets": len(store.tables.tablet_ids(t.id))}
+        for t in store.tables.tables()
     ]
     if as_json:
         click.echo(json.dumps(rows))
@@ -148,7 +149,7 @@ def split(name: str, rows: tuple[str, ...], as_hex: bool, redis_url: str, storag
 
     store = open_client(redis_url, storage_uri).store
     changed = tabletops.split(store, name, _rows(rows, as_hex))
-    total = len(store.tablet_ids(store.table_id(name)))
+    total = len(store.tables.tablet_ids(store.tables.table_id(name)))
     click.echo(f"split table {name}: {len(changed)} tablets created or changed, {total} tablets")
 
 
@@ -169,7 +170,7 @@ def merge(name: str, start: str | None, end: str | None, as_hex: bool, redis_url
     hi = None if end is None else _rows([end], as_hex, "--end")[0]
     store = open_client(redis_url, storage_uri).store
     merged = tabletops.merge(store, name, lo, hi)
-    total = len(store.tablet_ids(store.table_id(name)))
+    total = len(store.tables.tablet_ids(store.tables.table_id(name)))
     if merged is None:
         click.echo(f"nothing to merge in table {name}: fewer than two tablets in the range ({total} tablets)")
     else:

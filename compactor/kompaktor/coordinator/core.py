@@ -105,7 +105,7 @@ class Coordinator:
         # If no leader completed a pass for longer than dead_after_s (all coordinators down, or
         # Redis away: this process may have started after an outage it never saw), heartbeats
         # could not be watched, nor perhaps sent: every compaction gets dead_after_s from now.
-        seen = self.store.coordinator_seen()
+        seen = self.store.lease.coordinator_seen()
         if seen is not None and time.time() - seen > self.settings.dead_after_s:
             self._store_back = max(self._store_back, time.time())
         return True
@@ -165,7 +165,7 @@ class Coordinator:
             self.take_backup()
         self.metrics.export(self.store)
         self.samples.take(self.store)
-        self.store.mark_coordinator_seen()
+        self.store.lease.mark_coordinator_seen()
         return True
 
     def run(self, stop: threading.Event) -> None:
@@ -192,8 +192,8 @@ class Coordinator:
 
     # -- planning ----------------------------------------------------------------------------------
     def _context(self) -> PlanContext:
-        tables = {t.id: t for t in self.store.tables()}
-        services = self.store.services()
+        tables = {t.id: t for t in self.store.tables.tables()}
+        services = self.store.fleet.services()
         active = {u.id for u in user_compactions.all_compactions(self.store) if u.state == user_compactions.RUNNING}
         return PlanContext(tables, services, now_ms(), active, failures.skip_set(self.store))
 
@@ -217,7 +217,7 @@ class Coordinator:
 
         def here(ids: Sequence[str]) -> None:
             nonlocal planned
-            n, gone = plan_share(self.store.tablet_doc_batches(list(ids), PLAN_BATCH), ctx, adder.send, select)
+            n, gone = plan_share(self.store.tables.tablet_doc_batches(list(ids), PLAN_BATCH), ctx, adder.send, select)
             planned += n
             remove.extend(gone)
 
@@ -260,7 +260,7 @@ class Coordinator:
         """Drop queued jobs of tables deleted since the last pass. A deleted table's tablets are
         gone from the metadata (and from the dirty set), so no pass would re-plan them; without
         this their jobs would wait for the next full-scan sweep."""
-        live = {t.id for t in self.store.tables()}
+        live = {t.id for t in self.store.tables.tables()}
         known, self._known_tables = self._known_tables, live
         gone = known - live if known is not None else set()
         if gone:
@@ -275,10 +275,10 @@ class Coordinator:
 
     def plan_dirty(self) -> int:
         self._forget_deleted_tables()
-        ids = self.store.pop_dirty()
+        ids = self.store.bookkeeping.pop_dirty()
         if not ids:
             return 0
-        docs = self.store.tablet_docs(ids)
+        docs = self.store.tables.tablet_docs(ids)
         gone = set(ids) - {t for t, _ in docs}
         if gone:
             self.queues.remove_tablets(gone)
@@ -286,15 +286,15 @@ class Coordinator:
 
     def full_scan(self) -> int:
         """Plan every tablet; then sweep queued jobs of tablets that no longer need them."""
-        self.store.clear_dirty()  # everything is planned now
-        self._known_tables = {t.id for t in self.store.tables()}  # the sweep drops the rest
+        self.store.bookkeeping.clear_dirty()  # everything is planned now
+        self._known_tables = {t.id for t in self.store.tables.tables()}  # the sweep drops the rest
         gen = self.queues.begin_full_scan()
-        ids = self.store.all_tablet_ids()
+        ids = self.store.tables.all_tablet_ids()
         shared: list[str] = []
         if self._planpool.usable(len(ids)):  # the coordinator plans the first share itself
             n = len(ids) // (self._planpool.workers + 1)
             ids, shared = ids[:n], ids[n:]
-        queued = self._plan(self.store.tablet_doc_batches(ids, PLAN_BATCH), gen, shared)
+        queued = self._plan(self.store.tables.tablet_doc_batches(ids, PLAN_BATCH), gen, shared)
         self.queues.end_full_scan(gen)
         self._last_full = time.monotonic()
         self.stats["full_scans"] += 1

@@ -34,7 +34,7 @@ def _removed(store: MetadataStore, tablet_id: str, ecid: str, rc: RunningCompact
     deadline = time.monotonic() + REREAD_S
     while True:
         try:
-            t = store.tablet(tablet_id)
+            t = store.tables.tablet(tablet_id)
             break
         except StoreUnavailable:
             if time.monotonic() > deadline:
@@ -77,7 +77,7 @@ def _group_limits(store: MetadataStore) -> dict[str, history.HistoryLimits]:
     """Each configured group's history bounds (its CompactorGroup's spec.history), the bounds its
     compactors trim with; none when they cannot be read (the record is never worth a failure)."""
     try:
-        return {g: history.HistoryLimits.of_group(cfg) for g, cfg in store.groups().items()}
+        return {g: history.HistoryLimits.of_group(cfg) for g, cfg in store.fleet.groups().items()}
     except Exception as exc:
         log.warning("history bounds of the groups not read: %s", exc)
         return {}
@@ -102,9 +102,9 @@ def detect_dead(
     limits: dict[str, history.HistoryLimits] | None = None  # read once a pass finds a dead one
     for ecid, (tablet_id, rc) in running_compactions(store).items():
         if rc is None:
-            store.forget_running(ecid)
+            store.running.forget_running(ecid)
             continue
-        hb = store.heartbeat(ecid)
+        hb = store.running.heartbeat(ecid)
         last = max(not_before, float(hb["updated"]) if "updated" in hb else rc.started_ms / 1000.0)
         if now - last <= dead_after_s:
             continue
@@ -117,12 +117,12 @@ def detect_dead(
         )
         if _removed(store, tablet_id, ecid, rc):
             delete_outputs(storage, rc.output, ecid)
-            store.drop_heartbeat(ecid)
-            store.log_dead(ecid, rc.group)
+            store.running.drop_heartbeat(ecid)
+            store.running.log_dead(ecid, rc.group)
             lettered = failures.record_failure(
                 store, tablet_id, rc.files, rc.group, "compactor died", max_attempts=max_attempts
             )
-            store.mark_dirty([tablet_id])
+            store.bookkeeping.mark_dirty([tablet_id])
             dead.append(ecid)
             if limits is None:
                 limits = _group_limits(store)

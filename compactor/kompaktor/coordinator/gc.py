@@ -12,8 +12,9 @@ and imports written since the newest backup are spared too (until the next backu
 ``kompaktor restore --adopt-newer`` finds every write acknowledged after it.
 
 The decision is fenced: before each batch of deletions the collector records it in Redis with
-the coordinator's fencing token (:meth:`MetadataStore.record_gc`), and a coordinator that has
-been replaced is refused there and deletes nothing more.
+the coordinator's fencing token (:meth:`store.files.record_gc
+<kompaktor.metadata.store.files.FileStore.record_gc>`), and a coordinator that has been replaced is
+refused there and deletes nothing more.
 
 On an object store the listing is the expensive part (one LIST request per 1,000 objects). A pass
 of the coordinator is therefore bounded: it lists table directories one after the other, from
@@ -78,7 +79,7 @@ def collect_garbage(
     prefixes = tuple({rel.rsplit("/", 1)[0] + "/" for rel, _ in listed})
     referenced: set[str] = set()
     if prefixes:
-        for t in store.iter_all_tablets():
+        for t in store.tables.iter_all_tablets():
             referenced.update(f for f in t.files if f.startswith(prefixes))
     for _tid, rc in running.values():
         if rc is not None:
@@ -103,7 +104,7 @@ def collect_garbage(
     if candidates:
         # a backup being taken may reference any of them: nothing this pass. Checked before the
         # backups' files are read, so a backup that ends in between is among them
-        if store.backup_running():
+        if store.files.backup_running():
             log.info("garbage collection waits: a backup is being taken")
             return deleted
         retained = backup.list_backups(storage)  # one LIST of backups/
@@ -118,13 +119,13 @@ def collect_garbage(
         check()
         # imports in progress when this pass began, or since (one that registered its files
         # after the references were read is seen here; its record outlives it for a while)
-        staged_tags, staged_files = store.imports_since(started)
+        staged_tags, staged_files = store.files.imports_since(started)
         batch = [
             rel for rel in candidates[i : i + GC_BATCH] if rel not in staged_files and tmp_tag(rel) not in staged_tags
         ]
         if not batch:
             continue
-        store.record_gc(len(batch))  # fenced: raises Fenced, nothing deleted, if replaced
+        store.files.record_gc(len(batch))  # fenced: raises Fenced, nothing deleted, if replaced
         try:
             for rel in batch:
                 if storage.delete(rel):
@@ -132,5 +133,5 @@ def collect_garbage(
         except OSError as exc:  # the storage cannot delete now (read-only, unreachable): next pass
             log.warning("garbage collection stopped for this pass: %s", " ".join(str(exc).split()))
             return deleted
-    store.forget_imports_before(started - grace_s)  # records of imports long gone (crashed)
+    store.files.forget_imports_before(started - grace_s)  # records of imports long gone (crashed)
     return deleted

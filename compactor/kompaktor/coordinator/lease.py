@@ -59,7 +59,7 @@ class Lease:
             log.warning("%s lost the coordinator lease (fencing token %d)", self.holder, self.fence)
             self.drop()
         started = time.monotonic()
-        fence = self.store.acquire_lease(self.holder, self.lease_ms)
+        fence = self.store.lease.acquire_lease(self.holder, self.lease_ms)
         if fence is None:
             return False
         with self._lock:
@@ -78,7 +78,7 @@ class Lease:
         while not stop.wait(every):
             started = time.monotonic()
             try:
-                ok = self.store.renew_lease(self.holder, self.lease_ms)
+                ok = self.store.lease.renew_lease(self.holder, self.lease_ms)
             except KompaktorError as exc:  # Redis unreachable: the lease runs out unless a retry works
                 log.warning("%s: lease renewal failed: %s", self.holder, exc)
                 continue
@@ -102,4 +102,4 @@ class Lease:
         fence = self.fence
         self.drop()
         if fence is not None:
-            self.store.release_lease(self.holder)  # compare and delete: never the next leader's lease
+            self.store.lease.release_lease(self.holder)  # compare and delete: never the next leader's lease

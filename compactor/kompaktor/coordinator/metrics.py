@@ -55,7 +55,7 @@ class QueueMetrics:
     def export(self, store: MetadataStore) -> None:
         """Set every gauge from the queues and counters in the store."""
         queues = store.queues
-        for g in sorted(set(queues.groups()) | set(store.groups())):
+        for g in sorted(set(queues.groups()) | set(store.fleet.groups())):
             s = queues.stats(g)
             self.depth.labels(g).set(s.depth)
             self.queued.labels(g).set(s.queued)
@@ -64,4 +64,4 @@ class QueueMetrics:
             self.bytes.labels(g).set(s.bytes)
             self.rejected.labels(g).set(s.rejected)
             self.dead_lettered.labels(g).set(s.dead_lettered)
-        self.dead.set(store.counters().get("dead_compactions", 0))
+        self.dead.set(store.bookkeeping.counters().get("dead_compactions", 0))

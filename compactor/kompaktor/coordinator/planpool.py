@@ -69,7 +69,7 @@ class ShareResult:
     planned: int = 0
 
 
-#: a tablet as a pass reads it: its id and stored document (``MetadataStore.tablet_doc_batches``)
+#: a tablet as a pass reads it: its id and stored document (``store.tables.tablet_doc_batches``)
 TabletDoc = tuple[str, bytes]
 
 
@@ -149,7 +149,7 @@ def _plan_in_worker(url: str, tablet_ids: Sequence[str], ctx: PlanContext, batch
         return False
 
     out.planned, out.remove = plan_share(
-        store.tablet_doc_batches(list(tablet_ids), batch),
+        store.tables.tablet_doc_batches(list(tablet_ids), batch),
         ctx,
         send=lambda plans: out.adds.extend(encode_adds(plans)),
         select=leave,

@@ -70,10 +70,10 @@ class Samples:
         now = time.time() if now is None else now
         if not self.due(now):
             return
-        configs = store.groups()
+        configs = store.fleet.groups()
         for g in sorted(set(configs) | set(store.queues.groups())):
             depth = store.queues.stats(g).depth
-            ready = sum(c.state != "draining" for c in store.compactors(g) if now - c.last_seen < 15.0)
+            ready = sum(c.state != "draining" for c in store.fleet.compactors(g) if now - c.last_seen < 15.0)
             self.add(g, Sample(now, depth, wanted_replicas(depth, configs.get(g) or GroupConfig(g)), ready))
 
     def of(self, group: str, now: float | None = None) -> list[Sample]:
@@ -135,13 +135,13 @@ def _progress(tablet: Tablet, ecid: str, hb: dict[str, str], now: float) -> dict
 
 def _running(store: MetadataStore, names: dict[str, str], now: float) -> list[dict[str, Any]]:
     index = running_compactions(store)
-    tablets = {t.id: t for t in store.get_tablets(sorted({tid for tid, _rc in index.values()}))}
+    tablets = {t.id: t for t in store.tables.get_tablets(sorted({tid for tid, _rc in index.values()}))}
     out = []
     for ecid, (tid, rc) in sorted(index.items()):
         t = tablets.get(tid)
         if rc is None or t is None or ecid not in t.running:
             continue
-        row = _progress(t, ecid, store.heartbeat(ecid), now)
+        row = _progress(t, ecid, store.running.heartbeat(ecid), now)
         out.append({"table": names.get(t.table, t.table), **row})
     return out
 
@@ -192,11 +192,11 @@ def _history(store: MetadataStore, groups: set[str], names: dict[str, str]) -> l
 def collect(store: MetadataStore, samples: Samples | None = None, now: float | None = None) -> dict[str, Any]:
     """Everything the page shows, as plain data (the page renders it; tests read it)."""
     now = time.time() if now is None else now
-    services = store.services()
+    services = store.fleet.services()
     # the tables' health from the tablets `kompaktor status` reads anyway: one pass over them
     status = gather(store, lambda t, tablets: table_health(tablets, file_limit(t, services)))
     names = {t["id"]: name for name, t in status["tables"].items()}
-    groups = _groups(status, store.groups())
+    groups = _groups(status, store.fleet.groups())
     samples = samples or Samples()
     return {
         "now": now,

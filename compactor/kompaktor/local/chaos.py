@@ -124,7 +124,7 @@ class Chaos:
         out = []
         for g in sorted(self.cluster.config.groups):
             procs = {p.name: p for p in self.cluster.compactors[g] if p.alive and not p.draining}
-            for c in store.compactors(g):
+            for c in store.fleet.compactors(g):
                 if c.state == "busy" and c.ecid and c.id in procs:
                     out.append((g, c.id, c.ecid))
         return out
@@ -136,7 +136,7 @@ class Chaos:
             # what kills them); chaos spreads its kills so that every killed job must be re-run.
             store = self.cluster.store
             assert store is not None
-            busy = [b for b in busy if self._kills_on(store.running_tablet(b[2])) < MAX_KILLS_PER_TABLET]
+            busy = [b for b in busy if self._kills_on(store.running.running_tablet(b[2])) < MAX_KILLS_PER_TABLET]
         if not busy:
             return False
         g, name, ecid = self.rng.choice(busy)
@@ -148,7 +148,7 @@ class Chaos:
             # compaction that committed just before is not one killed mid-merge.
             proc.popen.send_signal(signal.SIGSTOP)
             _wait_stopped(proc.popen.pid)
-        tablet = store.running_tablet(ecid)
+        tablet = store.running.running_tablet(ecid)
         if tablet is None:
             if sig == signal.SIGKILL:
                 proc.popen.send_signal(signal.SIGCONT)
@@ -156,7 +156,7 @@ class Chaos:
         tablet_id = tablet
         if sig == signal.SIGKILL:
             self.log.killed.append((ecid, tablet_id))
-            self.log.commits_at_kill[tablet_id] = store.commits_on(tablet_id)
+            self.log.commits_at_kill[tablet_id] = store.bookkeeping.commits_on(tablet_id)
         else:
             proc.draining = True
             self.log.termed.append(ecid)

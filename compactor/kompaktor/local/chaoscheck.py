@@ -43,11 +43,11 @@ class _Kills:
 
 
 def _kills(log: ChaosLog, store: MetadataStore) -> _Kills:
-    dead = store.dead_log()
+    dead = store.running.dead_log()
     # A commit already on its way to Redis when the compactor was frozen is applied all the same
     # (commands from different connections have no order): such a kill came after the commit
     # landed, it killed no merge, and it is reported apart rather than counted as one.
-    applied = store.commit_log()
+    applied = store.bookkeeping.commit_log()
     committed = set(applied)
     mid_merge = [(e, t) for e, t in log.killed if e not in committed]
     return _Kills(
@@ -55,7 +55,7 @@ def _kills(log: ChaosLog, store: MetadataStore) -> _Kills:
         after_commit=[e for e, _t in log.killed if e in committed],
         mid_merge=mid_merge,
         detected=sum(1 for e, _t in mid_merge if e in dead),
-        rerun=sum(1 for _e, t in mid_merge if store.commits_on(t) > log.commits_at_kill.get(t, 0)),
+        rerun=sum(1 for _e, t in mid_merge if store.bookkeeping.commits_on(t) > log.commits_at_kill.get(t, 0)),
         term_dead=sum(1 for e in log.termed if e in dead),
     )
 
@@ -64,7 +64,7 @@ def _files_after_gc(store: MetadataStore, storage: Storage) -> tuple[list[str], 
     """After a garbage collection: the files in storage no tablet references (or temporary ones),
     and the files a tablet references that are not in storage."""
     Coordinator(store, storage, CoordinatorSettings()).collect_garbage(grace_s=0)
-    referenced = {f for t in store.iter_all_tablets() for f in t.files}
+    referenced = {f for t in store.tables.iter_all_tablets() for f in t.files}
     stray = [rel for rel, _m in storage.list_files("tables") if rel not in referenced]
     missing = [f for f in referenced if not storage.exists(f)]
     return stray, missing
@@ -110,7 +110,7 @@ def _handled_across_failovers(log: ChaosLog, store: MetadataStore, kills: _Kills
     gone_and_rerun = sum(
         1
         for e, t in kills.mid_merge
-        if store.running_tablet(e) is None and store.commits_on(t) > log.commits_at_kill.get(t, 0)
+        if store.running.running_tablet(e) is None and store.bookkeeping.commits_on(t) > log.commits_at_kill.get(t, 0)
     )
     return max(kills.detected, gone_and_rerun)
 
@@ -130,7 +130,7 @@ def check_chaos(
     With an HA Redis (failovers): every commit a compactor was told succeeded is in the commit log
     exactly once (none lost, none applied twice), and every file a tablet references exists."""
     kills = _kills(log, store)
-    running_left = store.running_count()
+    running_left = store.running.running_count()
     stray, missing = _files_after_gc(store, storage)
     ha_summary, ha_ok = _failovers(log, kills, logs, acked_writes, missing) if ha else ({}, True)
     detected = _handled_across_failovers(log, store, kills) if ha else kills.detected

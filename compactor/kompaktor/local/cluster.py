@@ -172,9 +172,9 @@ class LocalCluster:
         self.store.load_scripts()  # before the compactors' first FCALL (they may not load code)
         self.queues = self.store.queues
         for group in self.config.groups.values():
-            self.store.put_group(group)
+            self.store.fleet.put_group(group)
         for s in self.config.services.values():
-            self.store.put_service(s)
+            self.store.fleet.put_service(s)
         self.start_coordinator()
         for g, cfg in self.config.groups.items():
             for _ in range(cfg.min_replicas):
@@ -226,12 +226,12 @@ class LocalCluster:
         compaction leaves its registration naming that ECID, still running or found dead."""
         assert self.store is not None
         kill_group(p.popen.pid)  # whatever it left in its process group (a Spark JVM)
-        reg = next((c for c in self.store.compactors(p.group) if c.id == p.name), None)
+        reg = next((c for c in self.store.fleet.compactors(p.group) if c.id == p.name), None)
         held = None
         if (
             reg is not None
             and reg.ecid
-            and (self.store.running_tablet(reg.ecid) is not None or reg.ecid in self.store.dead_log())
+            and (self.store.running.running_tablet(reg.ecid) is not None or reg.ecid in self.store.running.dead_log())
         ):
             held = reg.ecid
         p.returncode = p.popen.returncode
@@ -259,14 +259,14 @@ class LocalCluster:
                     self.add_compactor(g)
                 self.scale_events.append((time.time(), g, "up", want))
             elif len(live) > want:
-                idle = {c.id for c in self.store.compactors(g) if c.state == "idle"}
+                idle = {c.id for c in self.store.fleet.compactors(g) if c.state == "idle"}
                 victims = [p for p in live if p.name in idle][: len(live) - want]
                 for p in victims:
                     p.draining = p.scaled_down = True
                     p.popen.send_signal(signal.SIGTERM)
                 if victims:
                     self.scale_events.append((time.time(), g, "down", want))
-            registered = {c.id for c in self.store.compactors(g) if c.state != "draining"}
+            registered = {c.id for c in self.store.fleet.compactors(g) if c.state != "draining"}
             self.timeline.append(
                 GroupSample(
                     time.monotonic(),

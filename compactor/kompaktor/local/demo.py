@@ -273,7 +273,7 @@ class _DemoRun:
         assert store is not None
         self.store = store
         self.client = Client(store, Storage.from_uri(self.cluster.storage_uri))
-        store.create_table(self.opts.table, split_points(self.opts.tablets))
+        store.tables.create_table(self.opts.table, split_points(self.opts.tablets))
         self.ingester = ContinuousIngest(self.client, self.opts.table, batch=self.opts.batch)
         self.mix = (
             MixedWorkload(self.client, f"{self.opts.table}-mix", self.data_dir / "mix", seed=self.opts.chaos_seed)
@@ -412,7 +412,7 @@ class _DemoRun:
             busy = sum(g["depth"] for g in status["groups"].values()) + status.get("retries_pending", 0)
             busy += sum(u["state"] == user_compactions.RUNNING for u in status.get("user_compactions", []))
             try:
-                dirty = store.dirty_count()
+                dirty = store.bookkeeping.dirty_count()
             except StoreUnavailable:  # a failover (chaos): look again
                 time.sleep(0.5)
                 continue

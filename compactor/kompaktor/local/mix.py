@@ -82,8 +82,8 @@ class MixedWorkload:
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
         self.pool = sorted({format(self.rng.getrandbits(64), "016x").encode() for _ in range(self.keys)})
-        if self.table not in {t.name for t in self.client.store.tables()}:
-            self.client.store.create_table(self.table, [b"4", b"8", b"c"])
+        if self.table not in {t.name for t in self.client.store.tables.tables()}:
+            self.client.store.tables.create_table(self.table, [b"4", b"8", b"c"])
         self.splits = 0
         self.ucomp: str | None = None
         self.workdir.mkdir(parents=True, exist_ok=True)

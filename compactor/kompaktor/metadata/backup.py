@@ -7,7 +7,7 @@ files it references, and last a manifest with both files' SHA-256. A backup with
 (one that died half-way) is never listed, and is deleted by the next ``backup delete`` of it.
 
 The copy is read in chunks (no call holds Redis longer than one ``MGET`` of
-:data:`~kompaktor.metadata.store.tables.SCAN_CHUNK` tablets), so taking one never stalls commits.
+:data:`~kompaktor.metadata.store.SCAN_CHUNK` tablets), so taking one never stalls commits.
 Each table's tablets are read until they form an exact partition of the row space (a split or
 merge between two chunks is read again); each tablet is then a state it really had at some
 moment of the backup, which holds everything acknowledged before the backup began.
@@ -117,7 +117,7 @@ def partition_gap(tablets: list[Tablet]) -> str | None:
 
 def _read_tablets(store: MetadataStore, tid: str) -> dict[str, str]:
     for _ in range(_PARTITION_ATTEMPTS):
-        docs = store.tablet_docs(store.tablet_ids(tid))
+        docs = store.tables.tablet_docs(store.tables.tablet_ids(tid))
         tablets = [Tablet.from_json(t, json.loads(raw)) for t, raw in docs]
         if partition_gap(tablets) is None:
             return {t: raw.decode() for t, raw in docs}
@@ -130,7 +130,7 @@ def snapshot(store: MetadataStore, bid: str) -> dict[str, Any]:
     names = _text(store.call(r.hgetall, C.TABLES))
     tables = {}
     for tid in sorted(names.values()):
-        store.begin_backup(bid, MARK_TTL_S)  # refreshed: a big table takes a while
+        store.files.begin_backup(bid, MARK_TTL_S)  # refreshed: a big table takes a while
         tables[tid] = {"hash": _text(store.call(r.hgetall, C.table_key(tid))), "tablets": _read_tablets(store, tid)}
     ucomps = {}
     for cid in sorted(text(m) for m in store.call(r.smembers, C.UCOMPS)):
@@ -180,7 +180,7 @@ def create(store: MetadataStore, storage: Storage) -> Manifest:
     started = time.monotonic()
     now = int(time.time() * 1000)
     bid = f"B{now:013d}-{uuid.uuid4().hex[:8]}"
-    store.begin_backup(bid, MARK_TTL_S)
+    store.files.begin_backup(bid, MARK_TTL_S)
     try:
         data = snapshot(store, bid)
         files = sorted(referenced(data))
@@ -205,7 +205,7 @@ def create(store: MetadataStore, storage: Storage) -> Manifest:
         _put(storage, manifest_path(bid), json.dumps(asdict(m), indent=1).encode())
         return m
     finally:
-        store.end_backup(bid)
+        store.files.end_backup(bid)
 
 
 def list_backups(storage: Storage) -> list[Manifest]:
@@ -409,7 +409,7 @@ def adopt(store: MetadataStore, storage: Storage, names: dict[str, str], out: Re
             with storage.open_input(rel) as f:
                 put_min, del_max = ts_bounds(pq.read_table(f, columns=["ts", "deleted"]))
             meta = dataclasses.replace(info, put_min=put_min, del_max=del_max).meta
-            store.add_files(table, {rel: meta})
+            store.files.add_files(table, {rel: meta})
             out.adopted.append(rel)
         except (DeleteHorizonError, KompaktorError, OSError) as exc:
             out.not_adopted[rel] = " ".join(str(exc).split())

@@ -134,7 +134,7 @@ def new_ecid() -> str:
 
 def user_iterators(store: MetadataStore, cid: str) -> dict[str, Any] | None:
     """A user compaction's iterator options, or None when it no longer exists / was cancelled."""
-    rec = store.user_compaction(cid)
+    rec = store.ucomps.user_compaction(cid)
     if rec is None or rec[0].get("state") != "RUNNING":
         return None
     its: dict[str, Any] = json.loads(rec[0].get("iterators", "{}"))
@@ -160,7 +160,7 @@ def _take_stale_selection(store: MetadataStore, job: Job, files: list[str], now:
     """A SYSTEM job planned over a stale selection's files (docs/planner.md §5): it may take them, and
     clear the selection, only if the selection is still stale; else it is stale itself."""
     table_id = job.tablet.split(";", 1)[0]
-    tablet, props = store.tablet_and_props(job.tablet, table_id)
+    tablet, props = store.tables.tablet_and_props(job.tablet, table_id)
     if tablet is None:
         raise ConditionFailed("tablet exists", job.tablet)
     if props is None:
@@ -331,11 +331,11 @@ def reserve(store: MetadataStore, queues: JobQueues, group: str, compactor: str)
         try:
             return try_reserve(store, job, compactor, group, out.get("queued"))
         except ConditionFailed:
-            store.incr("stale_jobs_discarded")
+            store.bookkeeping.incr("stale_jobs_discarded")
 
 
 def heartbeat(store: MetadataStore, res: Reservation, progress: dict[str, Any]) -> None:
-    store.put_heartbeat(res.ecid, {"compactor": res.compactor, "updated": time.time(), **progress})
+    store.running.put_heartbeat(res.ecid, {"compactor": res.compactor, "updated": time.time(), **progress})
 
 
 def commit(store: MetadataStore, res: Reservation, info: FileInfo | FileMeta) -> None:
@@ -374,8 +374,8 @@ def release_metadata(store: MetadataStore, res: Reservation) -> bool:
     """The metadata half of :func:`release`: the ECID and its heartbeat gone, the tablet to plan
     again. Returns whether the ECID was still registered."""
     removed = remove_running(store, res.tablet, res.ecid)
-    store.drop_heartbeat(res.ecid)
-    store.mark_dirty([res.tablet])
+    store.running.drop_heartbeat(res.ecid)
+    store.bookkeeping.mark_dirty([res.tablet])
     return removed
 
 
@@ -386,7 +386,7 @@ def remove_running(store: MetadataStore, tablet_id: str, ecid: str) -> bool:
         store.mutate(m)
         return True
     except ConditionFailed:
-        store.forget_running(ecid)  # index entry of a tablet that is gone
+        store.running.forget_running(ecid)  # index entry of a tablet that is gone
         return False
 
 
@@ -402,8 +402,8 @@ def delete_outputs(storage: Storage, output: str, ecid: str) -> None:
 
 def running_compactions(store: MetadataStore) -> dict[str, tuple[str, RunningCompaction | None]]:
     """ECID -> (tablet id, its record or None when the index is stale)."""
-    idx = store.running_index()
-    tablets = {t.id: t for t in store.get_tablets(sorted(set(idx.values())))}
+    idx = store.running.running_index()
+    tablets = {t.id: t for t in store.tables.get_tablets(sorted(set(idx.values())))}
     out: dict[str, tuple[str, RunningCompaction | None]] = {}
     for ecid, tid in idx.items():
         t: Tablet | None = tablets.get(tid)

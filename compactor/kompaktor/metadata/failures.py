@@ -27,7 +27,7 @@ def record_failure(
     """Count one failure, atomically (one script: concurrent failures of the same job each
     count); returns True when the job was dead-lettered."""
     rec: dict[str, Any] = {"tablet": tablet, "group": group, "files": sorted(files), "last_error": error[:500]}
-    _count, dead = store.count_failure(
+    _count, dead = store.running.count_failure(
         fingerprint(tablet, files), rec, time.time(), base_backoff_s, MAX_BACKOFF_S, max_attempts
     )
     return dead
@@ -36,14 +36,14 @@ def record_failure(
 def skip_set(store: MetadataStore, now: float | None = None) -> set[str]:
     """Fingerprints not to queue now: dead-lettered, or still backing off."""
     now = time.time() if now is None else now
-    skip = set(store.dead_letters())
-    skip.update(fp for fp, rec in store.failures().items() if rec["retry_at"] > now)
+    skip = set(store.running.dead_letters())
+    skip.update(fp for fp, rec in store.running.failures().items() if rec["retry_at"] > now)
     return skip
 
 
 def redirty_due(store: MetadataStore, now: float | None = None) -> list[str]:
     """Tablets whose backoff has passed: mark them for planning once (one atomic step)."""
-    return store.redirty_failed(time.time() if now is None else now)
+    return store.running.redirty_failed(time.time() if now is None else now)
 
 
 def forget_settled(store: MetadataStore) -> int:
@@ -52,21 +52,21 @@ def forget_settled(store: MetadataStore) -> int:
     by another job, split off or merged). Without this every job that ever failed once stayed in
     ``kz:failures`` for good, and every planning pass read them all (found by the soak bench).
     Returns how many were forgotten."""
-    recs = store.failures()
+    recs = store.running.failures()
     if not recs:
         return 0
-    tablets = {t.id: t for t in store.get_tablets(sorted({r["tablet"] for r in recs.values()}))}
+    tablets = {t.id: t for t in store.tables.get_tablets(sorted({r["tablet"] for r in recs.values()}))}
     stale = [
         fp for fp, r in recs.items() if (t := tablets.get(r["tablet"])) is None or not set(r["files"]) <= set(t.files)
     ]
-    store.forget_failures(stale)
+    store.running.forget_failures(stale)
     return len(stale)
 
 
 def pending_retries(store: MetadataStore) -> int:
     """Failed jobs waiting out their backoff: not queued and not dirty, yet still to be run."""
-    return sum(1 for rec in store.failures().values() if not rec.get("redirtied"))
+    return sum(1 for rec in store.running.failures().values() if not rec.get("redirtied"))
 
 
 def dead_letters(store: MetadataStore) -> list[dict[str, Any]]:
-    return [rec for _fp, rec in sorted(store.dead_letters().items())]
+    return [rec for _fp, rec in sorted(store.running.dead_letters().items())]

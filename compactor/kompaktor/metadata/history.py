@@ -192,7 +192,7 @@ def last_failures(store: MetadataStore, groups: Iterable[str], per_group: int = 
 
 def known_groups(store: MetadataStore) -> set[str]:
     """The groups whose history there may be: configured, or with a queue."""
-    return set(store.groups()) | set(store.queues.groups())
+    return set(store.fleet.groups()) | set(store.queues.groups())
 
 
 def parse_since(text: str, now: float | None = None) -> float:

@@ -76,19 +76,19 @@ class DirectJobs:
         return failures.record_failure(self.store, res.tablet, res.inputs, res.job.group, reason)
 
     def drop_heartbeat(self, res: Reservation) -> None:
-        self.store.drop_heartbeat(res.ecid)
+        self.store.running.drop_heartbeat(res.ecid)
 
     def count_written(self, n: int) -> None:
-        self.store.incr("bytes_written", n)
+        self.store.bookkeeping.incr("bytes_written", n)
 
     def register(self, group: str, compactor: str, state: str, ecid: str | None) -> None:
-        self.store.register_compactor(group, compactor, state, ecid)
+        self.store.fleet.register_compactor(group, compactor, state, ecid)
 
     def unregister(self, group: str, compactor: str, keep_drain_mark: bool) -> None:
-        self.store.unregister_compactor(group, compactor, keep_drain_mark=keep_drain_mark)
+        self.store.fleet.unregister_compactor(group, compactor, keep_drain_mark=keep_drain_mark)
 
     def mark_drained(self, group: str, compactor: str) -> None:
-        self.store.request_drain(compactor)
+        self.store.fleet.request_drain(compactor)
 
     def resume_log(self, res: Reservation, fingerprint: str) -> resume_records.RedisResumeLog:
         return resume_records.RedisResumeLog(

@@ -244,8 +244,8 @@ def prune(store: MetadataStore) -> tuple[set[str], list[str]]:
     idx = records(store)
     if not idx:
         return set(), []
-    tablets = {t.id: t for t in store.get_tablets(sorted(set(idx.values())))}
-    dead = set(store.dead_letters())
+    tablets = {t.id: t for t in store.tables.get_tablets(sorted(set(idx.values())))}
+    dead = set(store.running.dead_letters())
     live: set[str] = set()
     stale: list[str] = []
     for fp, tid in idx.items():

@@ -62,12 +62,12 @@ def gather(
     """The status. ``table_extra``: more figures per table, from the tablets this pass reads anyway
     (the coordinator's status page; `kompaktor status` has none)."""
     queues = store.queues
-    counters = store.counters()
+    counters = store.bookkeeping.counters()
     groups: dict[str, Any] = {}
     now = time.time()
-    for g in sorted(set(queues.groups()) | set(store.groups())):
+    for g in sorted(set(queues.groups()) | set(store.fleet.groups())):
         s = queues.stats(g)
-        comps = store.compactors(g)
+        comps = store.fleet.compactors(g)
         alive = [c for c in comps if now - c.last_seen < ALIVE_S]
         groups[g] = {
             "queued": s.queued,
@@ -85,11 +85,11 @@ def gather(
         }
     tables: dict[str, Any] = {}
     resumable: list[dict[str, Any]] = []
-    for t in store.tables():
-        tablets = store.tablets(t.id)
+    for t in store.tables.tables():
+        tablets = store.tables.tablets(t.id)
         for tb in tablets:
             for ecid, rc in tb.running.items():
-                if (merge := resumable_merge(t.name, tb, ecid, rc, store.heartbeat(ecid))) is not None:
+                if (merge := resumable_merge(t.name, tb, ecid, rc, store.running.heartbeat(ecid))) is not None:
                     resumable.append(merge)
         counts = [len(tb.files) for tb in tablets]
         hist: dict[str, int] = {}
@@ -125,7 +125,7 @@ def gather(
         out["resumable_merges"] = sorted(resumable, key=lambda r: r["ecid"])
     last = history.last_failures(store, groups)
     if last:  # likewise
-        names = {t.id: t.name for t in store.tables()}
+        names = {t.id: t.name for t in store.tables.tables()}
         out["last_failures"] = {
             g: [{**r.to_json(), "table": names.get(r.table, r.table)} for r in recs] for g, recs in last.items()
         }

@@ -128,7 +128,7 @@ def _add_split(m: Mutation, t: Tablet, rows: list[bytes]) -> list[str]:
 
 
 def _online(store: MetadataStore, table_name: str) -> TableInfo:
-    info = store.table(table_name)
+    info = store.tables.table(table_name)
     if info.state != ONLINE:
         raise TabletOpRefused(f"table {table_name!r} is {info.state}; split and merge need it ONLINE")
     return info
@@ -136,7 +136,7 @@ def _online(store: MetadataStore, table_name: str) -> TableInfo:
 
 def _after(store: MetadataStore, queues: JobQueues | None, old: Iterable[str], new: Iterable[str]) -> None:
     (queues or store.queues).remove_tablets(old)
-    store.mark_dirty(new)  # the mutation did too; explicit for readers
+    store.bookkeeping.mark_dirty(new)  # the mutation did too; explicit for readers
 
 
 def split(
@@ -150,7 +150,7 @@ def split(
         raise ValueError("split rows must be non-empty byte strings")
     for attempt in range(_ATTEMPTS):
         info = _online(store, table_name)
-        tablets = store.tablets(info.id)
+        tablets = store.tables.tablets(info.id)
         ends = cast("list[bytes]", [t.end for t in tablets[:-1]])  # the last tablet's end is None (+inf)
         per: dict[str, tuple[Tablet, list[bytes]]] = {}
         for row in want:
@@ -198,7 +198,7 @@ def merge(
         raise ValueError(f"merge range start {show_row(start)} is after its end {show_row(end)}")
     for attempt in range(_ATTEMPTS):
         info = _online(store, table_name)
-        group = store.tablets_in_range(info.id, start, end)
+        group = store.tables.tablets_in_range(info.id, start, end)
         if len(group) < 2:
             return None
         for t in group:
@@ -274,10 +274,14 @@ def auto_split(
     split-pending and split on a later pass. Returns the ids of the tablets created or changed."""
     queues = queues or store.queues
     if tablet_ids is None:
-        ids = store.all_tablet_ids() if store.claim_split_check(FULL_CHECK_S) else store.dirty_ids()
+        ids = (
+            store.tables.all_tablet_ids()
+            if store.bookkeeping.claim_split_check(FULL_CHECK_S)
+            else store.bookkeeping.dirty_ids()
+        )
     else:
         ids = sorted(set(tablet_ids))
-    tables = {t.id: t for t in store.tables()}
+    tables = {t.id: t for t in store.tables.tables()}
     thresholds: dict[str, int | None] = {}
     for tid, info in tables.items():
         try:
@@ -286,7 +290,7 @@ def auto_split(
             log.warning("table %s: bad %s, not splitting: %s", info.name, SPLIT_THRESHOLD, exc)
             thresholds[tid] = None
     out: list[str] = []
-    work = store.get_tablets(ids)
+    work = store.tables.get_tablets(ids)
     splits = 0
     while work and splits < MAX_AUTO_SPLITS:
         t = work.pop()
@@ -312,5 +316,5 @@ def auto_split(
         _after(store, queues, [t.id], new)
         log.info("auto-split %s (%d bytes > %d) at %s", t.id, tablet_size(t), limit, show_row(row))
         out.extend(new)
-        work.extend(store.get_tablets(new))
+        work.extend(store.tables.get_tablets(new))
     return out

@@ -96,13 +96,13 @@ def start(
     check_row_range(start_row, end_row, "row range to compact")
     its = validate_iterators(iterators or {})
     if request_id is not None:
-        known = store.request_claimed(request_id)
+        known = store.ucomps.request_claimed(request_id)
         if known is not None:
             return known
-    info = store.table(table)
+    info = store.tables.table(table)
     if info.state != ONLINE:
         raise KompaktorError(f"table {table!r} is {info.state}; user compactions need it ONLINE")
-    tablets = store.tablets_in_range(info.id, start_row, end_row)
+    tablets = store.tables.tablets_in_range(info.id, start_row, end_row)
     cid = f"UC-{store.next_seq('ucomp'):06d}"  # a number taken by a start that then fails stays unused
     record = {
         "table": info.id,
@@ -130,7 +130,7 @@ def start(
 
 
 def get(store: MetadataStore, cid: str) -> UserCompaction:
-    rec = store.user_compaction(cid)
+    rec = store.ucomps.user_compaction(cid)
     if rec is None:
         raise KompaktorError(f"unknown user compaction {cid!r}")
     h, done = rec
@@ -149,11 +149,11 @@ def get(store: MetadataStore, cid: str) -> UserCompaction:
 
 
 def all_compactions(store: MetadataStore) -> list[UserCompaction]:
-    return [get(store, c) for c in store.list_user_compactions()]
+    return [get(store, c) for c in store.ucomps.list_user_compactions()]
 
 
 def set_state(store: MetadataStore, cid: str, state: str, message: str = "") -> None:
-    store.put_user_compaction(cid, {"state": state, "message": message, "ended": now_ms()})
+    store.ucomps.put_user_compaction(cid, {"state": state, "message": message, "ended": now_ms()})
 
 
 def cancel(store: MetadataStore, cid: str, message: str = "cancelled") -> None:
@@ -171,7 +171,7 @@ def _release(store: MetadataStore, uc: UserCompaction) -> None:
     """Remove a cancelled compaction's holds and selections and its queued jobs; then mark it
     released (``released`` field)."""
     for tid in uc.tablets:
-        t = store.tablet(tid)
+        t = store.tables.tablet(tid)
         if t is None:
             continue
         m = Mutation()
@@ -189,8 +189,8 @@ def _release(store: MetadataStore, uc: UserCompaction) -> None:
     # Queued USER jobs go too (reservation would discard them anyway). Other queued jobs of these
     # tablets go with them; the tablets are marked dirty so the next pass re-plans those.
     store.queues.remove_tablets(uc.tablets)
-    store.mark_dirty(uc.tablets)
-    store.put_user_compaction(uc.id, {"released": "1"})
+    store.bookkeeping.mark_dirty(uc.tablets)
+    store.ucomps.put_user_compaction(uc.id, {"released": "1"})
 
 
 def wait(store: MetadataStore, cid: str, timeout: float, poll: float = 0.2) -> UserCompaction:
@@ -227,27 +227,27 @@ def advance(store: MetadataStore, *, retention_s: float = RETENTION_S) -> None:
     tablet without files is done at once); mark the compaction SUCCEEDED when every tablet is.
     Finished ones are forgotten ``retention_s`` after they ended."""
     now = now_ms()
-    for cid in store.list_user_compactions():
+    for cid in store.ucomps.list_user_compactions():
         try:
             uc = get(store, cid)
         except KompaktorError:  # forgotten half-way (its id left): finish forgetting it
-            store.forget_user_compaction(cid)
+            store.ucomps.forget_user_compaction(cid)
             continue
         if uc.state != RUNNING:
-            if uc.state == CANCELLED and store.user_compaction_field(uc.id, "released") is None:
+            if uc.state == CANCELLED and store.ucomps.user_compaction_field(uc.id, "released") is None:
                 _release(store, uc)  # a cancel that stopped half-way (crash): finish it
                 continue
             if uc.ended_ms is not None and now - uc.ended_ms >= retention_s * 1000:
-                store.forget_user_compaction(uc.id)
+                store.ucomps.forget_user_compaction(uc.id)
             continue
         try:
-            state = store.table_info(uc.table).state
+            state = store.tables.table_info(uc.table).state
         except UnknownTableError:
             state = DELETED
         if state != ONLINE:
             cancel(store, uc.id, f"table is {state}")
             continue
-        for t in store.get_tablets(list(uc.tablets)):
+        for t in store.tables.get_tablets(list(uc.tablets)):
             if t.hold != uc.id or t.running:
                 continue
             if not t.files:

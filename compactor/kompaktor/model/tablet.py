@@ -272,7 +272,8 @@ class Tablet:
 
 
 def decode_tablets(docs: Iterable[tuple[str, bytes]]) -> list[Tablet]:
-    """Tablets from their stored documents (:meth:`MetadataStore.tablet_docs`)."""
+    """Tablets from their stored documents (:meth:`TableStore.tablet_docs
+    <kompaktor.metadata.store.tables.TableStore.tablet_docs>`)."""
     decode, loads = Tablet.from_json, orjson.loads
     with gc_paused():
         return [decode(t, loads(raw)) for t, raw in docs]

@@ -76,7 +76,7 @@ def parse_spark_conf(pairs: tuple[str, ...]) -> dict[str, str]:
 def group_config(store: MetadataStore, group: str, digest: str | None) -> tuple[GroupConfig, str]:
     """The group's configuration in Redis and where it came from; in a pod the operator made
     (``digest``), only settings it admitted. A group nobody configured runs on the defaults."""
-    cfg = store.groups().get(group)
+    cfg = store.fleet.groups().get(group)
     if digest:
         refuse_unadmitted(group, cfg, digest)
     if cfg is None:

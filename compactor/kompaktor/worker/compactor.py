@@ -269,7 +269,7 @@ class Compactor:
 
     def _drain_flag(self) -> bool:
         """Whether Redis holds a drain request (or mark) for this compactor; drains if so."""
-        if self.store.drain_requested(self.s.compactor_id):
+        if self.store.fleet.drain_requested(self.s.compactor_id):
             self.request_drain("drain flag in Redis", finish=True)
         return self.drain.is_set()
 
@@ -411,13 +411,13 @@ class Compactor:
     # -- one job -------------------------------------------------------------------------------------
     def _still_wanted(self, res: Reservation) -> str | None:
         """Why the job is no longer wanted, or None."""
-        t = self.store.tablet(res.tablet)
+        t = self.store.tables.tablet(res.tablet)
         if t is None:
             return "tablet no longer exists (split, merged or table deleted)"
         if res.ecid not in t.running:
             return "compaction no longer registered"
         try:
-            state = self.store.table_info(res.table).state
+            state = self.store.tables.table_info(res.table).state
         except KompaktorError:
             return "table deleted"
         if state != ONLINE:
@@ -649,7 +649,7 @@ class Compactor:
                 pause = min(2.0, pause * 2)
 
     def _landed(self, res: Reservation, info: FileInfo) -> bool:
-        t = self.store.tablet(res.tablet)
+        t = self.store.tables.tablet(res.tablet)
         if t is None or res.ecid in t.running:
             return False
         if info.entries > 0:

@@ -1,29 +1,28 @@
-"""The store's base: the Redis connection and what every part of the store writes through.
+"""The store's core: the Redis connection and what every part of the store writes through.
 
 Owns the client, the durability of acknowledged writes (:mod:`kompaktor.connection`), the mapping
-of Redis errors (:meth:`StoreBase.call`, through :class:`~kompaktor.connection.redis_errors`), the
-scripts (each part names its own in ``SCRIPTS``; :meth:`StoreBase.load_scripts` loads them all),
-fencing (:meth:`StoreBase.fenced`), plain writes (``_write``, fenced inside Redis) and the
-conditional mutation of tables and tablets (:meth:`StoreBase.apply`: ``lua/mutate.lua``; what a
-mutation says is :mod:`~kompaktor.metadata.store.mutation`). The parts of the store
-(:mod:`kompaktor.metadata.store`) build on it; nothing here knows tables, files or compactions.
+of Redis errors (:meth:`StoreCore.call`, through :class:`~kompaktor.connection.redis_errors`), the
+function library (each part names its scripts in ``SCRIPTS``; :func:`library` puts them in one,
+:meth:`StoreCore.load_scripts` loads it), fencing (:meth:`StoreCore.fenced`), plain writes
+(:meth:`StoreCore.write`, fenced inside Redis) and the conditional mutation of tables and tablets
+(:meth:`StoreCore.apply`: ``lua/mutate.lua``; what a mutation says is
+:mod:`~kompaktor.metadata.store.mutation`). The parts of the store (:mod:`kompaktor.metadata.store`)
+each hold the one core of their store; nothing here knows tables, files or compactions.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import uuid
 from collections.abc import Callable, Mapping
 from importlib import resources
-from typing import Any, ClassVar, ParamSpec, Self, TypeVar
+from typing import Any, ClassVar, ParamSpec, TypeVar
 
 import redis
 
 from kompaktor import keyspace as C
 from kompaktor.connection import (
     Durability,
-    connect,
     durable_pipeline,
     explain,
     is_sentinel_url,
@@ -59,7 +58,7 @@ _LUA_DIR = resources.files("kompaktor.metadata").joinpath("lua")
 PREAMBLE = queue_preamble(*(_LUA_DIR.joinpath(f).read_text() for f in ("mutate.lua", "reserve.lua")))
 #: the conditional mutation: ARGV[1] = the spec as JSON (:meth:`Mutation.to_json`)
 _MUTATE = "return (mutate(cjson.decode(ARGV[1])))"
-#: poll and reserve in one call (:meth:`StoreBase.reserve_next`)
+#: poll and reserve in one call (:meth:`StoreCore.reserve_next`)
 _RESERVE = "return reserve_next(ARGV)"
 #: the most stale jobs one reserving call discards before it answers (the client calls again):
 #: Redis runs one script at a time, so a long run of stale jobs is cut into short calls
@@ -71,93 +70,78 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-class StoreBase:
-    """The connection, the scripts and the write paths every part of the metadata store uses."""
+class StoreCore:
+    """The connection, the function library and the write paths every part of the metadata store
+    uses. One per store (a fenced store has its own, on the same connection)."""
 
-    #: the Lua this class runs: attribute name -> a function's body (a script's text, run after the
-    #: library's :data:`PREAMBLE`). Each part declares its own; the store's library holds those of
-    #: every class it is made of (:meth:`library`; :meth:`load_scripts` loads it)
+    #: the core's own Lua: attribute name -> a function's body (a script's text, run after the
+    #: library's :data:`PREAMBLE`). Each part declares its own ``SCRIPTS`` too; the store's library
+    #: holds them all (:func:`library`)
     SCRIPTS: ClassVar[dict[str, str]] = {"_mutate": _MUTATE, "_reserve": _RESERVE, "_fenced_write": _FENCED_WRITE}
-    # the SCRIPTS, bound to the connection as attributes in __init__
-    _mutate: LuaFunction
-    _reserve: LuaFunction
-    _fenced_write: LuaFunction
-    #: :data:`SCAN_CHUNK`, per class (a test makes it small)
+    #: :data:`SCAN_CHUNK`, read by the parts through their core (a test makes it small)
     scan_chunk: ClassVar[int] = SCAN_CHUNK
 
     def __init__(
         self,
         client: redis.Redis,
-        url: str = "",
+        url: str,
+        library: LuaLibrary,
         *,
         fence: Callable[[], int | None] | None = None,
         durability: Durability | None = None,
     ) -> None:
-        self._r = client
+        #: the connection: the parts', and the protocols' of :mod:`kompaktor.metadata`, nobody else's
+        self.client = client
         self.url = url
         #: how an acknowledged write is made durable (issue 15 §1, :mod:`kompaktor.connection`)
         self.durability = durability or Durability(sentinel=is_sentinel_url(url))
-        #: the fencing token every write of this view carries (:meth:`fenced`), or None
-        self._fence = fence
+        #: the fencing token every write through this core carries (:meth:`fenced`), or None
+        self.fence = fence
         #: what Redis failures mean, raised in their place (:meth:`call`)
         self._errors = redis_errors(url or "the given URL", url=url)
-        self._library = self.library()
-        for name in self._library.functions:
-            setattr(self, name, self._library.bind(client, name))
-        self._queues: JobQueues | None = None
+        #: the store's function library: the core's and every part's ``SCRIPTS`` (:func:`library`)
+        self.library = library
+        self._mutate = self.function("_mutate")
+        self._reserve = self.function("_reserve")
+        self._fenced_write = self.function("_fenced_write")
 
-    @classmethod
-    def library(cls) -> LuaLibrary:
-        """The Redis function library of this store: :data:`PREAMBLE`, then the ``SCRIPTS`` of
-        every class it is made of, each a function (:mod:`kompaktor.redisfunctions`)."""
-        return _library_of(cls)  # type: ignore[arg-type]  # a class is hashable; typeshed's cache says not
+    def function(self, name: str) -> LuaFunction:
+        """The library's function ``name`` (a key of some ``SCRIPTS``), bound to the connection."""
+        return self.library.bind(self.client, name)
 
     def load_scripts(self) -> int:
         """Load the store's and the queues' function libraries where Redis does not hold them (a new
         server, ``FUNCTION FLUSH``): compactors call functions and may not load them (their Redis
         user has ``FCALL`` only, :mod:`kompaktor.metadata.acl`). One round trip when nothing is
         missing; returns how many libraries were loaded. The coordinator calls it on every pass."""
-        return int(self.call(load_missing, self._r, [self._library, *JobQueues.libraries()]))
+        return int(self.call(load_missing, self.client, [self.library, *JobQueues.libraries()]))
 
-    def fenced(self, token: Callable[[], int | None]) -> Self:
-        """A view of this store, on the same connection, whose every write (mutations, queue
-        scripts, sets, counters) carries the fencing token ``token()`` and is refused atomically,
-        inside Redis, with :class:`Fenced` once a newer token exists. The coordinator's store.
-        While ``token()`` is None (a coordinator that never led) the writes are not fenced."""
-        return type(self)(self._r, self.url, fence=token)
+    def fenced(self, token: Callable[[], int | None]) -> StoreCore:
+        """A core on the same connection whose every write (mutations, scripts, sets, counters)
+        carries the fencing token ``token()`` and is refused atomically, inside Redis, with
+        :class:`Fenced` once a newer token exists. While ``token()`` is None (a coordinator that
+        never led) the writes are not fenced."""
+        return StoreCore(self.client, self.url, self.library, fence=token)
 
-    @property
-    def queues(self) -> JobQueues:
-        """The job queues, on this store's connection (fenced like this store)."""
-        if self._queues is None:
-            self._queues = JobQueues(self._r, fence=self._fence)
-        return self._queues
-
-    def _write(self, *commands: tuple[Any, ...]) -> list[Any]:
-        """Run write commands atomically (MULTI/EXEC); through a fenced view, only while its
+    def write(self, *commands: tuple[Any, ...]) -> list[Any]:
+        """Run write commands atomically (MULTI/EXEC); through a fenced core, only while its
         fencing token is the newest. Returns their replies."""
-        token = None if self._fence is None else self._fence()
+        token = None if self.fence is None else self.fence()
         if token is None:
-            p = self._r.pipeline(transaction=True)
+            p = self.client.pipeline(transaction=True)
             for cmd in commands:
                 p.execute_command(*cmd)
             return list(self.call(p.execute))
         cmds = json.dumps([[str(a) for a in cmd] for cmd in commands])
         return list(self.call(self._fenced_write, args=[token, cmds]))
 
-    def _token(self) -> str:
-        token = None if self._fence is None else self._fence()
+    def token(self) -> str:
+        """The fencing token as a script's argument: ``""`` when writes are not fenced."""
+        token = None if self.fence is None else self.fence()
         return "" if token is None else str(token)
 
     def close(self) -> None:
-        self._r.close()
-
-    @classmethod
-    def from_url(cls, url: str | None = None) -> Self:
-        import os
-
-        url = url or os.environ.get("KOMPAKTOR_REDIS_URL") or DEFAULT_REDIS_URL
-        return cls(connect(url), url)
+        self.client.close()
 
     # -- plumbing -------------------------------------------------------------------------
     def call(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
@@ -172,7 +156,7 @@ class StoreBase:
         """Return once every write made so far (by anyone) is durable as :attr:`durability` asks
         (one barrier write and the wait); for writes outside :meth:`apply` that a caller
         acknowledges. Raises :class:`~kompaktor.connection.NotDurable` if not confirmed."""
-        self.call(durable_pipeline, self._r, self.durability, lambda pipe: None)
+        self.call(durable_pipeline, self.client, self.durability, lambda pipe: None)
 
     def _eval_durable(self, arg: str) -> Any:
         """mutate.lua on ``arg``, answered only once the write is durable (issue 15 §1): the barrier
@@ -182,28 +166,28 @@ class StoreBase:
             pipe.fcall(self._mutate.name, 0, arg)
 
         try:
-            return self.call(durable_pipeline, self._r, self.durability, run)[0]
+            return self.call(durable_pipeline, self.client, self.durability, run)[0]
         except redis.ResponseError as exc:
             if not missing_function(exc):
                 raise
-        self.call(self._library.load, self._r)  # a server without the library (a new one, FUNCTION FLUSH)
-        return self.call(durable_pipeline, self._r, self.durability, run)[0]
+        self.call(self.library.load, self.client)  # a server without the library (a new one, FUNCTION FLUSH)
+        return self.call(durable_pipeline, self.client, self.durability, run)[0]
 
     def ping(self) -> None:
         """The store answers, is a primary and runs functions (Redis >= 7.0): a replica given as the
         primary, or an older Redis, is refused in one line here, before anything reads stale data
         from it or tries to write to it."""
-        self.call(self._r.ping)
-        if self.call(self._r.info, "replication").get("role") != "master":
+        self.call(self.client.ping)
+        if self.call(self.client.info, "replication").get("role") != "master":
             raise StoreUnavailable(explain(self.url, redis.ReadOnlyError("READONLY")) or "not a primary")
-        server = self.call(self._r.info, "server")
+        server = self.call(self.client.info, "server")
         if server_version(server) < MIN_REDIS:
             raise StoreUnavailable(
                 f"Redis at {redact_url(self.url or 'the given URL')} is version "
                 f"{server.get('redis_version') or 'unknown'}: Kompaktor "
                 f"needs Redis >= {'.'.join(map(str, MIN_REDIS))} (its code runs as Redis functions)"
             )
-        self.call(self.durability.plan, self._r)  # a durability the server cannot give: refused now
+        self.call(self.durability.plan, self.client)  # a durability the server cannot give: refused now
 
     def mutate(self, m: Mutation) -> list[int]:
         """Apply a conditional mutation atomically; raise :class:`ConditionFailed` if any condition
@@ -216,7 +200,7 @@ class StoreBase:
         per tablet id)."""
         # One id per call: redis-py resends the same arguments when it retries after a broken
         # connection, and the script then answers with the first attempt's outcome.
-        fence = None if self._fence is None else self._fence()
+        fence = None if self.fence is None else self.fence()
         res: dict[str, Any] = json.loads(self._eval_durable(m.to_json(uuid.uuid4().hex, fence)))
         if not res["ok"] and res["cond"] == "fenced":
             raise Fenced(res.get("detail") or "stale fencing token")
@@ -245,7 +229,7 @@ class StoreBase:
         store's durability waits for a replica or an fsync); a poll that reserved nothing waits for
         nothing, as a queue poll never did (an idle compactor's poll stays one quick call while a
         replica is down)."""
-        args: list[Any] = [self._token(), group, uuid.uuid4().hex, max_stale, ecid, now]
+        args: list[Any] = [self.token(), group, uuid.uuid4().hex, max_stale, ecid, now]
         for key, spec in templates.items():
             args += (key, spec)
         out = json.loads(self.call(self._reserve, args=args))
@@ -256,10 +240,17 @@ class StoreBase:
         return out
 
     def next_seq(self, name: str) -> int:
-        return int(self.call(self._r.hincrby, C.SEQ, name, 1))
+        return int(self.call(self.client.hincrby, C.SEQ, name, 1))
 
 
-@functools.cache
-def _library_of(cls: type[StoreBase]) -> LuaLibrary:
-    bodies = {name: body for c in reversed(cls.__mro__) for name, body in vars(c).get("SCRIPTS", {}).items()}
+def library(*parts: type) -> LuaLibrary:
+    """The function library of a store made of ``parts``: :data:`PREAMBLE`, then the core's
+    ``SCRIPTS`` and every part's, each a function (:mod:`kompaktor.redisfunctions`). A name given
+    twice is refused."""
+    bodies: dict[str, str] = {}
+    for c in (StoreCore, *parts):
+        scripts: dict[str, str] = vars(c).get("SCRIPTS", {})
+        if twice := bodies.keys() & scripts.keys():
+            raise ValueError(f"scripts named twice: {sorted(twice)}")
+        bodies.update(scripts)
     return LuaLibrary("metadata", PREAMBLE, bodies)

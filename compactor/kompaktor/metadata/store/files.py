@@ -11,23 +11,32 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from kompaktor import keyspace as C
 from kompaktor.connection import text
 from kompaktor.metadata.store.mutation import Mutation
-from kompaktor.metadata.store.tables import TableStore
 from kompaktor.model.errors import ConditionFailed
 from kompaktor.model.keys import span_overlaps
 from kompaktor.model.tablet import OFFLINE, ONLINE, FileMeta, ts_token
 from kompaktor.policy.deletes import DeleteHorizonError, oldest_put, refusal
 from kompaktor.policy.tableprops import keeps_deletes
 
+if TYPE_CHECKING:
+    from kompaktor.metadata.store.base import StoreCore
+    from kompaktor.metadata.store.tables import TableStore
+
 #: reads of the tablets when a full compaction raised a delete horizon between read and write
 _HORIZON_ATTEMPTS = 3
 
 
-class FileStore(TableStore):
+class FileStore:
     """New files of tablets, imports in progress, garbage-collection counts."""
+
+    def __init__(self, core: StoreCore, tables: TableStore) -> None:
+        self._core = core
+        self._r = core.client
+        self._tables = tables
 
     def add_files(self, table_name: str, files: dict[str, FileMeta], *, allow_offline: bool = True) -> list[str]:
         """Register files with every tablet their row span overlaps, in one mutation (Accumulo's
@@ -36,11 +45,11 @@ class FileStore(TableStore):
         holds a put that a delete marker dropped by a full compaction of a tablet may have hidden,
         unless the table keeps Accumulo's semantics (:mod:`kompaktor.policy.deletes`)."""
         for attempt in range(_HORIZON_ATTEMPTS):
-            info = self.table(table_name)
+            info = self._tables.table(table_name)
             guard = keeps_deletes(info.props)
             m = Mutation(table=info.id).require_table(ONLINE, *([OFFLINE] if allow_offline else []))
             touched = []
-            for t in self.tablets(info.id):
+            for t in self._tables.tablets(info.id):
                 mine = {
                     p: fm
                     for p, fm in files.items()
@@ -58,7 +67,7 @@ class FileStore(TableStore):
             if not touched:
                 return touched
             try:
-                self.mutate(m)
+                self._core.mutate(m)
                 return touched
             except ConditionFailed as exc:
                 # a full compaction raised a horizon since the read: read again, then refuse by name
@@ -70,37 +79,37 @@ class FileStore(TableStore):
     def begin_backup(self, backup_id: str, ttl_s: float) -> None:
         """Announce (or refresh) a backup being taken: the collector deletes nothing until it
         ends or ``ttl_s`` passes."""
-        self.call(self._r.hset, C.BACKUPS_RUNNING, backup_id, str(time.time() + ttl_s))
+        self._core.call(self._r.hset, C.BACKUPS_RUNNING, backup_id, str(time.time() + ttl_s))
 
     def end_backup(self, backup_id: str) -> None:
-        self.call(self._r.hdel, C.BACKUPS_RUNNING, backup_id)
+        self._core.call(self._r.hdel, C.BACKUPS_RUNNING, backup_id)
 
     def backup_running(self) -> bool:
         """Whether a backup is being taken now (one that died stops counting at its expiry)."""
         now = time.time()
-        return any(float(v) > now for v in self.call(self._r.hvals, C.BACKUPS_RUNNING))
+        return any(float(v) > now for v in self._core.call(self._r.hvals, C.BACKUPS_RUNNING))
 
     # -- garbage collection, imports in progress ------------------------------------------------------
     def record_gc(self, n: int) -> None:
         """Record that the collector deletes ``n`` files (fenced: a replaced coordinator is
         refused here, before it deletes anything)."""
-        self._write(("HINCRBY", C.COUNTERS, "gc_deleted", n))
+        self._core.write(("HINCRBY", C.COUNTERS, "gc_deleted", n))
 
     def register_import(self, import_id: str, table_id: str, files: Iterable[str], ttl_s: float) -> None:
         """Announce (or refresh) a bulk import in progress: its temporary files (tagged
         ``import_id``) and ``files`` are not garbage until ``ttl_s`` seconds from now."""
         doc = {"table": table_id, "files": sorted(files), "expires": time.time() + ttl_s}
-        self.call(self._r.hset, C.IMPORTS, import_id, json.dumps(doc))
+        self._core.call(self._r.hset, C.IMPORTS, import_id, json.dumps(doc))
 
     def forget_import(self, import_id: str) -> None:
         """Drop the record of an import that failed and removed its files."""
-        self.call(self._r.hdel, C.IMPORTS, import_id)
+        self._core.call(self._r.hdel, C.IMPORTS, import_id)
 
     def imports_since(self, since: float) -> tuple[set[str], set[str]]:
         """The ids and files of the bulk imports in progress at ``since`` or later."""
         ids: set[str] = set()
         files: set[str] = set()
-        for iid, raw in self.call(self._r.hgetall, C.IMPORTS).items():
+        for iid, raw in self._core.call(self._r.hgetall, C.IMPORTS).items():
             doc = json.loads(raw)
             if float(doc["expires"]) >= since:
                 ids.add(text(iid))
@@ -111,8 +120,8 @@ class FileStore(TableStore):
         """Drop the records of imports that ended (or died) before ``before``."""
         old = [
             iid
-            for iid, raw in self.call(self._r.hgetall, C.IMPORTS).items()
+            for iid, raw in self._core.call(self._r.hgetall, C.IMPORTS).items()
             if float(json.loads(raw)["expires"]) < before
         ]
         if old:
-            self._write(("HDEL", C.IMPORTS, *[text(i) for i in old]))
+            self._core.write(("HDEL", C.IMPORTS, *[text(i) for i in old]))

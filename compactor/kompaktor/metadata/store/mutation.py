@@ -1,7 +1,7 @@
 """What a conditional mutation says: :class:`Mutation` (a table's conditions and operations) and
 :class:`TabletChange` (one tablet's), as the one Lua script of the metadata (``lua/mutate.lua``)
-reads them. Builders only: nothing here talks to Redis; :meth:`StoreBase.apply
-<kompaktor.metadata.store.base.StoreBase.apply>` runs one, atomically.
+reads them. Builders only: nothing here talks to Redis; :meth:`StoreCore.apply
+<kompaktor.metadata.store.base.StoreCore.apply>` runs one, atomically.
 """
 
 from __future__ import annotations

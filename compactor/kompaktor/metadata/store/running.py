@@ -11,51 +11,57 @@ from __future__ import annotations
 
 import json
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from kompaktor import keyspace as C
 from kompaktor.connection import text
-from kompaktor.metadata.store.base import StoreBase
-from kompaktor.redisfunctions import LuaFunction
+
+if TYPE_CHECKING:
+    from kompaktor.metadata.store.base import StoreCore
 
 DEADLOG_LENGTH = 10_000  # ECIDs of the last dead compactions kept
 _FAILURES = resources.files("kompaktor.metadata").joinpath("lua/failures.lua").read_text()
 
 
-class RunningStore(StoreBase):
+class RunningStore:
     """``kz:running``, ``kz:hb:<ecid>``, ``kz:deadlog``, ``kz:failures``, ``kz:deadletter``."""
 
-    SCRIPTS = {"_failures": _FAILURES}
-    _failures: LuaFunction
+    #: this part's Lua, in the store's function library (:func:`~kompaktor.metadata.store.base.library`)
+    SCRIPTS: ClassVar[dict[str, str]] = {"_failures": _FAILURES}
+
+    def __init__(self, core: StoreCore) -> None:
+        self._core = core
+        self._r = core.client
+        self._failures = core.function("_failures")
 
     # -- heartbeats of running compactions -------------------------------------------------
     def put_heartbeat(self, ecid: str, fields: dict[str, Any]) -> None:
-        self.call(self._r.hset, C.heartbeat_key(ecid), mapping={k: str(v) for k, v in fields.items()})
+        self._core.call(self._r.hset, C.heartbeat_key(ecid), mapping={k: str(v) for k, v in fields.items()})
 
     def heartbeat(self, ecid: str) -> dict[str, str]:
-        return {text(k): text(v) for k, v in self.call(self._r.hgetall, C.heartbeat_key(ecid)).items()}
+        return {text(k): text(v) for k, v in self._core.call(self._r.hgetall, C.heartbeat_key(ecid)).items()}
 
     def drop_heartbeat(self, ecid: str) -> None:
-        self._write(("DEL", C.heartbeat_key(ecid)))
+        self._core.write(("DEL", C.heartbeat_key(ecid)))
 
     # -- the index of running compactions (ECID -> tablet, maintained by mutate.lua) ----------
     def running_index(self) -> dict[str, str]:
-        return {text(k): text(v) for k, v in self.call(self._r.hgetall, C.RUNNING).items()}
+        return {text(k): text(v) for k, v in self._core.call(self._r.hgetall, C.RUNNING).items()}
 
     def running_tablet(self, ecid: str) -> str | None:
-        raw = self.call(self._r.hget, C.RUNNING, ecid)
+        raw = self._core.call(self._r.hget, C.RUNNING, ecid)
         return None if raw is None else text(raw)
 
     def running_count(self) -> int:
-        return int(self.call(self._r.hlen, C.RUNNING))
+        return int(self._core.call(self._r.hlen, C.RUNNING))
 
     def forget_running(self, ecid: str) -> None:
         """Drop an index entry whose tablet no longer holds the compaction."""
-        self._write(("HDEL", C.RUNNING, ecid))
+        self._core.write(("HDEL", C.RUNNING, ecid))
 
     def log_dead(self, ecid: str, group: str) -> None:
         """Count a dead compaction and remember its ECID (the last DEADLOG_LENGTH are kept)."""
-        self._write(
+        self._core.write(
             ("HINCRBY", C.COUNTERS, "dead_compactions", 1),
             ("HINCRBY", C.COUNTERS, f"dead_compactions:{group}", 1),
             ("RPUSH", C.DEADLOG, ecid),
@@ -63,15 +69,15 @@ class RunningStore(StoreBase):
         )
 
     def dead_log(self) -> set[str]:
-        return {text(e) for e in self.call(self._r.lrange, C.DEADLOG, 0, -1)}
+        return {text(e) for e in self._core.call(self._r.lrange, C.DEADLOG, 0, -1)}
 
     # -- failed jobs ----------------------------------------------------------------------------
     def failure(self, fp: str) -> dict[str, Any] | None:
-        raw = self.call(self._r.hget, C.FAILURES, fp)
+        raw = self._core.call(self._r.hget, C.FAILURES, fp)
         return None if raw is None else json.loads(raw)
 
     def put_failure(self, fp: str, rec: dict[str, Any]) -> None:
-        self._write(("HSET", C.FAILURES, fp, json.dumps(rec)))
+        self._core.write(("HSET", C.FAILURES, fp, json.dumps(rec)))
 
     def count_failure(
         self, fp: str, rec: dict[str, Any], now: float, base_backoff_s: float, max_backoff_s: float, max_attempts: int
@@ -79,10 +85,10 @@ class RunningStore(StoreBase):
         """Count one failure of job ``fp`` in one atomic step (``lua/failures.lua``): its count
         goes up, it backs off, and at ``max_attempts`` it moves to the dead letters. Returns the
         count and whether it was dead-lettered."""
-        count, dead = self.call(
+        count, dead = self._core.call(
             self._failures,
             args=[
-                self._token(),
+                self._core.token(),
                 "record",
                 fp,
                 json.dumps(rec),
@@ -96,22 +102,22 @@ class RunningStore(StoreBase):
 
     def redirty_failed(self, now: float) -> list[str]:
         """Mark dirty, once, the tablets whose failed job's backoff has passed (atomically)."""
-        return [t.decode() for t in self.call(self._failures, args=[self._token(), "redirty", repr(now)])]
+        return [t.decode() for t in self._core.call(self._failures, args=[self._core.token(), "redirty", repr(now)])]
 
     def failures(self) -> dict[str, dict[str, Any]]:
-        return {text(k): json.loads(v) for k, v in self.call(self._r.hgetall, C.FAILURES).items()}
+        return {text(k): json.loads(v) for k, v in self._core.call(self._r.hgetall, C.FAILURES).items()}
 
     def forget_failures(self, fps: list[str]) -> None:
         if fps:
-            self._write(("HDEL", C.FAILURES, *fps))
+            self._core.write(("HDEL", C.FAILURES, *fps))
 
     def dead_letter(self, fp: str, rec: dict[str, Any]) -> None:
         """Move a job from the failures to the dead letters (counted), atomically."""
-        self._write(
+        self._core.write(
             ("HSET", C.DEADLETTER, fp, json.dumps(rec)),
             ("HDEL", C.FAILURES, fp),
             ("HINCRBY", C.COUNTERS, "dead_lettered", 1),
         )
 
     def dead_letters(self) -> dict[str, dict[str, Any]]:
-        return {text(k): json.loads(v) for k, v in self.call(self._r.hgetall, C.DEADLETTER).items()}
+        return {text(k): json.loads(v) for k, v in self._core.call(self._r.hgetall, C.DEADLETTER).items()}

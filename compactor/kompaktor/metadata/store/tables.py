@@ -1,8 +1,8 @@
 """Tables and their tablets in the metadata store: create, name, configure, take offline, delete
 a table; read its tablets (by id, in row order, by row range, in bounded chunks and batches).
 
-Every change is one conditional mutation (:meth:`StoreBase.mutate
-<kompaktor.metadata.store.base.StoreBase.mutate>`). Splitting and merging tablets is
+Every change is one conditional mutation (:meth:`StoreCore.mutate
+<kompaktor.metadata.store.base.StoreCore.mutate>`). Splitting and merging tablets is
 :mod:`kompaktor.metadata.tablet_ops`; registering files with tablets is
 :mod:`~kompaktor.metadata.store.files`.
 """
@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import orjson
 import redis
 
 from kompaktor import keyspace as C
 from kompaktor.connection import SentCommand, pack_command, text
-from kompaktor.metadata.store.base import StoreBase
 from kompaktor.metadata.store.mutation import Mutation
 from kompaktor.model.errors import ConditionFailed, TableExistsError, UnknownTableError
 from kompaktor.model.keys import encode_row, span_overlaps
@@ -34,10 +33,17 @@ from kompaktor.model.tablet import (
     tablet_id,
 )
 
+if TYPE_CHECKING:
+    from kompaktor.metadata.store.base import StoreCore
 
-class TableStore(StoreBase):
+
+class TableStore:
     """Tables (``kz:tables``, ``kz:table:<tid>``) and tablets (``kz:table:<tid>:tablets``,
     ``kz:tablet:<id>``)."""
+
+    def __init__(self, core: StoreCore) -> None:
+        self._core = core
+        self._r = core.client
 
     # -- tables ---------------------------------------------------------------------------
     def create_table(self, name: str, splits: Iterable[bytes] = (), props: dict[str, str] | None = None) -> str:
@@ -45,9 +51,9 @@ class TableStore(StoreBase):
         rows = sorted(set(splits))
         if any(not r for r in rows):
             raise ValueError("split rows must not be empty")
-        if self.call(self._r.hexists, C.TABLES, name):
+        if self._core.call(self._r.hexists, C.TABLES, name):
             raise TableExistsError(f"table {name!r} already exists")
-        tid = format(self.next_seq("table"), "x")
+        tid = format(self._core.next_seq("table"), "x")
         m = Mutation(table=tid, table_conds=[["absent", name]], table_ops=[["create", name, json.dumps(props or {})]])
         prev: bytes | None = None
         for end in [*rows, None]:
@@ -61,19 +67,19 @@ class TableStore(StoreBase):
             m.tablet(tablet_id(tid, end)).require("absent").do("create", doc, end_token(end))
             prev = end
         try:
-            self.mutate(m)
+            self._core.mutate(m)
         except ConditionFailed as exc:
             raise TableExistsError(f"table {name!r} already exists") from exc
         return tid
 
     def table_id(self, name: str) -> str:
-        tid = self.call(self._r.hget, C.TABLES, name)
+        tid = self._core.call(self._r.hget, C.TABLES, name)
         if tid is None:
             raise UnknownTableError(f"unknown table {name!r}")
         return text(tid)
 
     def table_info(self, tid: str) -> TableInfo:
-        h = self.call(self._r.hgetall, C.table_key(tid))
+        h = self._core.call(self._r.hgetall, C.table_key(tid))
         if not h:
             raise UnknownTableError(f"unknown table id {tid!r}")
         return TableInfo(tid, text(h[b"name"]), text(h[b"state"]), json.loads(h[b"props"]))
@@ -83,7 +89,7 @@ class TableStore(StoreBase):
 
     def tables(self) -> list[TableInfo]:
         out = []
-        for _name, tid in sorted(self.call(self._r.hgetall, C.TABLES).items()):
+        for _name, tid in sorted(self._core.call(self._r.hgetall, C.TABLES).items()):
             out.append(self.table_info(text(tid)))
         return out
 
@@ -91,13 +97,13 @@ class TableStore(StoreBase):
         tid = self.table_id(name)
         m = Mutation(table=tid).require_table(ONLINE, OFFLINE)
         m.table_ops = [["set_prop", k, v] for k, v in props.items()]
-        self.mutate(m)
+        self._core.mutate(m)
 
     def set_state(self, name: str, state: str) -> None:
         if state not in (ONLINE, OFFLINE):
             raise ValueError(f"state must be ONLINE or OFFLINE, got {state!r}")
         tid = self.table_id(name)
-        self.mutate(Mutation(table=tid, table_ops=[["set_state", state]]).require_table(ONLINE, OFFLINE))
+        self._core.mutate(Mutation(table=tid, table_ops=[["set_state", state]]).require_table(ONLINE, OFFLINE))
 
     def delete_table(self, name: str) -> list[str]:
         """Mark the table DELETED, forget its name and remove its tablets (their files become
@@ -110,25 +116,25 @@ class TableStore(StoreBase):
         for t in tablets:
             files.update(t.files)
             m.tablet(t.id).require("version", t.version).do("delete", end_token(t.end))
-        self.mutate(m)
+        self._core.mutate(m)
         return sorted(files)
 
     # -- tablets --------------------------------------------------------------------------
     def tablet_ids(self, tid: str, chunk: int | None = None) -> list[str]:
         """The table's tablet ids in row order, read ``chunk`` (:data:`SCAN_CHUNK`) at a time: one
         table may have a million tablets, and one ZRANGE over all would hold Redis that long."""
-        chunk = chunk or self.scan_chunk
+        chunk = chunk or self._core.scan_chunk
         out: list[str] = []
         start = 0
         while True:
-            part = cast("list[bytes]", self.call(self._r.zrange, C.tablets_key(tid), start, start + chunk - 1))
+            part = cast("list[bytes]", self._core.call(self._r.zrange, C.tablets_key(tid), start, start + chunk - 1))
             out.extend(f"{tid};{text(e)}" for e in part)
             if len(part) < chunk:
                 return out
             start += chunk
 
     def tablet(self, tablet_id: str) -> Tablet | None:
-        raw = self.call(self._r.get, C.tablet_key(tablet_id))
+        raw = self._core.call(self._r.get, C.tablet_key(tablet_id))
         return None if raw is None else Tablet.from_json(tablet_id, orjson.loads(raw))
 
     def get_tablets(self, tablet_ids: list[str], chunk: int = 1000) -> list[Tablet]:
@@ -148,12 +154,12 @@ class TableStore(StoreBase):
         parts = [tablet_ids[i : i + size] for i in range(0, len(tablet_ids), size)]
         if not parts:
             return
-        ahead = _Mget(self, parts[0])
+        ahead = _Mget(self._core, parts[0])
         try:
             for k in range(len(parts)):
                 docs = ahead.result()
                 if k + 1 < len(parts):
-                    ahead = _Mget(self, parts[k + 1])
+                    ahead = _Mget(self._core, parts[k + 1])
                 yield docs
         finally:
             ahead.abandon()
@@ -164,7 +170,7 @@ class TableStore(StoreBase):
         out: list[tuple[str, bytes]] = []
         for i in range(0, len(tablet_ids), chunk):
             part = tablet_ids[i : i + chunk]
-            raws = cast("list[bytes | None]", self.call(self._r.mget, [C.tablet_key(t) for t in part]))
+            raws = cast("list[bytes | None]", self._core.call(self._r.mget, [C.tablet_key(t) for t in part]))
             out.extend((t, raw) for t, raw in zip(part, raws, strict=True) if raw)
         return out
 
@@ -190,7 +196,7 @@ class TableStore(StoreBase):
         p = self._r.pipeline(transaction=False)
         p.get(C.tablet_key(tablet_id))
         p.hget(C.table_key(table_id), "props")
-        raw_tablet, raw_props = self.call(p.execute)
+        raw_tablet, raw_props = self._core.call(p.execute)
         tablet = None if raw_tablet is None else Tablet.from_json(tablet_id, orjson.loads(raw_tablet))
         return tablet, (None if raw_props is None else json.loads(raw_props))
 
@@ -200,11 +206,11 @@ class _Mget:
     A connection error while sending or reading makes :meth:`result` run it again as an ordinary
     call (with the client's retries and the store's error mapping)."""
 
-    def __init__(self, store: TableStore, ids: list[str]) -> None:
-        self._store, self._ids = store, ids
+    def __init__(self, core: StoreCore, ids: list[str]) -> None:
+        self._core, self._ids = core, ids
         self._keys = [C.tablet_key(t) for t in ids]
         self._sent: SentCommand | None = None
-        pool = store._r.connection_pool
+        pool = core.client.connection_pool
         try:
             conn = pool.get_connection()
         except (redis.ConnectionError, redis.TimeoutError):
@@ -215,7 +221,7 @@ class _Mget:
         sent, self._sent = self._sent, None
         raws: list[bytes | None] | None = sent.read() if sent is not None else None
         if raws is None:  # read again: with the client's retries, errors mapped
-            raws = cast("list[bytes | None]", self._store.call(self._store._r.mget, self._keys))
+            raws = cast("list[bytes | None]", self._core.call(self._core.client.mget, self._keys))
         return [(t, raw) for t, raw in zip(self._ids, raws, strict=True) if raw]
 
     def abandon(self) -> None:
