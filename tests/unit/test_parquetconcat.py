@@ -146,3 +146,61 @@ def test_an_encoded_range_is_the_file_a_sorted_writer_writes(storage: Storage, n
     assert Path(storage.path("p/enc.parquet")).read_bytes() == Path(storage.path("p/ref.parquet")).read_bytes()
     assert dataclasses.replace(ref, path="p/enc.parquet") == info
     assert sorted(p for p, _ in storage.list_files("p")) == ["p/enc.parquet", "p/ref.parquet"]
+
+
+@pytest.mark.parametrize(
+    "extras", [{}, {"write_page_index": True, "write_statistics": True}, {"use_dictionary": False}]
+)
+def test_copied_row_groups_read_back_beside_encoded_ranges(storage: Storage, extras: dict) -> None:
+    """Issue 37 §2: row groups copied from another file (page indexes and bloom filters left
+    behind), between and before encoded ranges, read back as the entries, with their statistics
+    and the footer's kompaktor metadata; their column chunks are the source's bytes."""
+    from kompaktor.model.keys import sort_key
+
+    src = [E(i, i % 9 == 0) for i in range(100, 160)]
+    storage.ensure_dir("p")
+    pq.write_table(
+        entries_to_table(src), storage.path("p/src.parquet"), row_group_size=20, compression="snappy", **extras
+    )
+    s = pc.SpliceWriter(storage, "out/A.parquet", tmp_tag="ECID-1")
+    with storage.open_input("p/src.parquet") as f:
+        md = pc.read_footer(f, f.size(), "p/src.parquet")
+        for g in range(3):
+            span = pc.copyable_row_group(md, g)
+            assert span is not None
+            data = f.read_at(span[1] - span[0], span[0])
+            group = src[20 * g : 20 * g + 20]
+            dels = sum(e.deleted for e in group)
+            s.append_row_groups(
+                data, [pc.relocated_row_group(md, g, span[0])], 20, dels, sort_key(group[0]), sort_key(group[-1])
+            )
+            if g == 1:
+                with pytest.raises(UnsortedError):
+                    s.append(*encode_table(entries_to_table([E(i) for i in range(0, 5)])))
+    s.append(*encode_table(entries_to_table([E(i) for i in range(200, 230)])))
+    info = s.commit()
+    want = [*src, *(E(i) for i in range(200, 230))]
+    assert read_table(storage, "out/A.parquet").equals(entries_to_table(want))
+    assert info == read_info(storage, "out/A.parquet")
+    assert (info.entries, info.deletes) == (90, sum(e.deleted for e in want))
+    got, orig = (
+        pq.ParquetFile(storage.path("out/A.parquet")).metadata,
+        pq.ParquetFile(storage.path("p/src.parquet")).metadata,
+    )
+    assert got.num_row_groups == 4
+    for g in range(3):
+        a, b = got.row_group(g).column(0), orig.row_group(g).column(0)
+        assert (a.compression, a.statistics, a.total_compressed_size) == (
+            "SNAPPY",
+            b.statistics,
+            b.total_compressed_size,
+        )
+        assert not a.has_offset_index and not a.has_column_index
+
+
+def test_a_file_of_another_schema_has_no_copyable_row_group(storage: Storage) -> None:
+    t = entries_to_table([E(i) for i in range(10)])
+    storage.ensure_dir("p")
+    pq.write_table(t.cast(t.schema.set(0, t.schema.field(0).with_nullable(True))), storage.path("p/x.parquet"))
+    with storage.open_input("p/x.parquet") as f:
+        assert pc.copyable_row_group(pc.read_footer(f, f.size(), "p/x.parquet"), 0) is None

@@ -18,7 +18,7 @@ from __future__ import annotations
 import posixpath
 from typing import Any
 
-from kompaktor.files.sortedfile import _decode_key, _metadata
+from kompaktor.files.sortedfile import SCHEMA, _decode_key, _metadata, encode_table
 from kompaktor.files.storage import Storage
 from kompaktor.model.errors import BadFileError, UnsortedError
 from kompaktor.model.keys import SortKey
@@ -246,6 +246,84 @@ def shift_row_group(rg: Struct, by: int, ordinal: int) -> Struct:
     return rg
 
 
+def read_footer(f: Any, size: int, name: str) -> Struct:
+    """The decoded footer (``FileMetaData``) of the Parquet file open as ``f`` (``size`` bytes);
+    :class:`BadFileError` naming ``name`` when there is none or it cannot be read."""
+    if size < 12:
+        raise BadFileError(f"{name}: not a Parquet file ({size} bytes)")
+    tail = f.read_at(8, size - 8)
+    flen = int.from_bytes(tail[:4], "little")
+    if tail[4:] != MAGIC or flen > size - 12:
+        raise BadFileError(f"{name}: not a Parquet file (no footer)")
+    try:
+        return decode(f.read_at(flen, size - 8 - flen))
+    except (ValueError, IndexError) as exc:
+        raise BadFileError(f"{name}: unreadable Parquet footer: {exc}") from exc
+
+
+def _empty_file_footer() -> Struct:
+    data = encode_table(SCHEMA.empty_table()).data.to_pybytes()
+    flen = int.from_bytes(data[-8:-4], "little")
+    return decode(data[-8 - flen : -8])
+
+
+#: the footer of an empty sorted file as ``encode_table`` writes it: the schema every copied row
+#: group must have been written with, and the footer template of an output that starts with one
+_EMPTY_FOOTER = _empty_file_footer()
+_SORTED_SCHEMA = encode([required(_EMPTY_FOOTER, 2)])
+
+# ColumnChunk: 1 file_path, 4-7 page index offsets and lengths, 8-9 encryption;
+# ColumnMetaData: 7 total_compressed_size, 14-15 bloom filter offset and length
+_CHUNK_ELSEWHERE = (1, 8, 9)
+_CHUNK_INDEX = (4, 5, 6, 7)
+_META_BLOOM = (14, 15)
+
+
+def copyable_row_group(md: Struct, g: int) -> tuple[int, int] | None:
+    """Where row group ``g`` of a file whose footer is ``md`` lies, ``(start, end)`` in bytes,
+    when its column chunks can be copied into a sorted file as they are: the file has the sorted
+    file schema, the chunks lie one after the other in this file, unencrypted. None otherwise."""
+    if encode([required(md, 2)]) != _SORTED_SCHEMA:
+        return None
+    rgs = field(md, 4)
+    cols = field(rgs[2][1][g], 1) if rgs and 0 <= g < len(rgs[2][1]) else None
+    start = end = None
+    for chunk in cols[2][1] if cols else []:
+        meta = field(chunk, 3)
+        if meta is None or any(field(chunk, f) is not None for f in _CHUNK_ELSEWHERE):
+            return None
+        dict_at, data_at = field(meta[2], 11), required(meta[2], 9)
+        at = dict_at[2] if dict_at is not None and dict_at[2] else data_at[2]
+        if end is not None and at != end:
+            return None
+        start = at if start is None else start
+        end = at + required(meta[2], 7)[2]
+    return None if start is None or end is None else (start, end)
+
+
+def relocated_row_group(md: Struct, g: int, start: int) -> Struct:
+    """Row group ``g`` of the footer ``md`` with its offsets made relative to ``start`` (where its
+    first column chunk begins, :func:`copyable_row_group`), for :meth:`SpliceWriter.append_row_groups`.
+    The page indexes and bloom filters are left out (they are not copied); the deprecated
+    offsets (the row group's, the chunks' ``file_offset``) are made what pyarrow writes."""
+    rg = [list(f) for f in required(md, 4)[2][1][g]]
+    if field(rg, 5) is not None:
+        set_field(rg, 5, T_I64, 0)
+    cols = field(rg, 1)
+    assert cols is not None
+    chunks = []
+    for chunk in cols[2][1]:
+        chunk = [list(f) for f in chunk if f[0] not in _CHUNK_INDEX]
+        if field(chunk, 2) is not None:  # deprecated; pyarrow writes 0
+            set_field(chunk, 2, T_I64, 0)
+        meta = required(chunk, 3)
+        meta[2] = [list(f) for f in meta[2] if f[0] not in _META_BLOOM]
+        _shift(meta[2], _META_OFFSETS, -start)
+        chunks.append(chunk)
+    cols[2] = [cols[2][0], chunks]
+    return rg
+
+
 def key_values(md: Struct) -> dict[bytes, bytes]:
     f = field(md, 5)
     out: dict[bytes, bytes] = {}
@@ -410,14 +488,40 @@ class SpliceWriter(_OutputWriter):
         if bytes(view[:4]) != MAGIC or bytes(view[size - 4 :]) != MAGIC or flen > size - 12:
             raise ValueError("not an encoded Parquet file")
         md = decode(bytes(view[size - 8 - flen : size - 8]))
+        self._check_schema(md)
+        rgs = field(md, 4)
+        self._place(rgs[2][1] if rgs else [])
+        self._sink.write(view[len(MAGIC) : size - 8 - flen])
+        self._pos += size - 8 - flen - len(MAGIC)
+        self._count(entries, deletes, first, last)
+
+    def append_row_groups(
+        self, data: Any, row_groups: list[Struct], entries: int, deletes: int, first: SortKey, last: SortKey
+    ) -> None:
+        """Append row groups copied from an input (issue 37 §2): ``data``, their column chunks'
+        bytes, and their footer entries with offsets relative to where ``data`` begins
+        (:func:`relocated_row_group`); ``entries`` entries (``deletes`` markers), ``first`` to ``last``."""
+        if self.last is not None and first < self.last:
+            raise UnsortedError(f"{self.rel_path}: copied row groups start before the end of the previous range")
+        if self._template is None:
+            self._template, self._schema = [list(f) for f in _EMPTY_FOOTER], _SORTED_SCHEMA
+        self._place(row_groups, self._pos)
+        self._sink.write(data)
+        self._pos += len(memoryview(data))
+        self._count(entries, deletes, first, last)
+
+    def _check_schema(self, md: Struct) -> None:
         schema = encode([required(md, 2)])
         if self._template is None:
             self._template, self._schema = md, schema
         elif schema != self._schema:
             raise ValueError("the schema differs from the first range's")
-        shift = self._pos - len(MAGIC)
-        rgs = field(md, 4)
-        for rg in rgs[2][1] if rgs else []:
+
+    def _place(self, row_groups: list[Struct], shift: int | None = None) -> None:
+        """Row groups whose data is written next, their offsets (those set) moved by ``shift``
+        (default: where an encoded file's data, after its magic, lands)."""
+        shift = self._pos - len(MAGIC) if shift is None else shift
+        for rg in row_groups:
             _shift(rg, (5,), shift)
             cols = field(rg, 1)
             for chunk in cols[2][1] if cols else []:
@@ -430,8 +534,8 @@ class SpliceWriter(_OutputWriter):
             if field(rg, 7) is not None:
                 set_field(rg, 7, T_I16, len(self._row_groups))
             self._row_groups.append(rg)
-        self._sink.write(view[len(MAGIC) : size - 8 - flen])
-        self._pos += size - 8 - flen - len(MAGIC)
+
+    def _count(self, entries: int, deletes: int, first: SortKey | None, last: SortKey | None) -> None:
         self.entries += entries
         self.deletes += deletes
         if self.first is None:
