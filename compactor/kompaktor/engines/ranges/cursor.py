@@ -85,7 +85,9 @@ class InputCursor:
             if stats is not None and not span_overlaps(stats[0], stats[1], prev, end):
                 continue
             self._groups.append((g, *stats) if stats is not None else (g, None, None))
-        self._batches = self._stream()
+        self._next_group = 0  # index into _groups of the next row group to open
+        self._open: Iterator[pa.Table] | None = None  # the batches of the row group being read
+        self._ended = False  # a row after the tablet seen: nothing later is read
         self._pending: pa.Table | None = None
         self._last_row: bytes | None = None
         self.entries_read = 0
@@ -99,37 +101,64 @@ class InputCursor:
             f.close()
             self._file = None
 
-    def _stream(self) -> Iterator[pa.Table]:
-        """The input's rows in (prev, end], batch by batch, checked."""
-        mask = None
-        for g, lo, hi in self._groups:
+    def _next_batch(self, hi: Bound) -> pa.Table | None:
+        """The input's next batch of rows in (prev, end], checked; None at the end, or when the
+        next row group starts after ``hi`` (by its statistics: it is not opened yet)."""
+        while True:
+            if self._open is not None:
+                t = next(self._open, None)
+                if t is not None:
+                    return t
+                self._open = None
+            if self._ended or self._next_group >= len(self._groups):
+                return None
+            g, lo, hi_g = self._groups[self._next_group]
             if self.end is not None and lo is not None and lo > self.end:
-                return  # rows never decrease: nothing later is inside the tablet
-            rg = self._pf.metadata.row_group(g)
-            self.bytes_read += sum(rg.column(c).total_compressed_size for c in range(rg.num_columns))
-            offset = 0
-            with reading(self.path, row_group=g):
-                batches = self._pf.iter_batches(batch_size=self.batch_rows, row_groups=[g], columns=COLUMNS)
-                for batch in batches:
-                    t = conform(pa.Table.from_batches([batch]), self.path)
-                    n = t.num_rows
-                    if not n:
-                        continue
-                    last = self._check(t, g, offset, lo, hi)
-                    offset += n
-                    if self.prev is not None and last <= self.prev:
-                        continue  # the whole batch is before the tablet
-                    if self.end is not None and _first_row(t) > self.end:
-                        return
-                    if (self.prev is not None and _first_row(t) <= self.prev) or (
-                        self.end is not None and last > self.end
-                    ):
-                        if mask is None:
-                            mask = range_filter(self.prev, self.end)
-                        if mask is not None:  # always: a bound is set
-                            t = t.filter(mask)
-                    if t.num_rows:
-                        yield t
+                return None  # rows never decrease: nothing later is inside the tablet
+            if hi is not None and lo is not None and lo > hi:
+                return None
+            self._next_group += 1
+            self._open = self._group_batches(g, lo, hi_g)
+
+    def _group_batches(self, g: int, lo: bytes | None, hi: bytes | None) -> Iterator[pa.Table]:
+        """Row group ``g``'s rows in (prev, end], batch by batch, checked."""
+        rg = self._pf.metadata.row_group(g)
+        self.bytes_read += sum(rg.column(c).total_compressed_size for c in range(rg.num_columns))
+        offset = 0
+        mask = None
+        with reading(self.path, row_group=g):
+            batches = self._pf.iter_batches(batch_size=self.batch_rows, row_groups=[g], columns=COLUMNS)
+            for batch in batches:
+                t = conform(pa.Table.from_batches([batch]), self.path)
+                n = t.num_rows
+                if not n:
+                    continue
+                last = self._check(t, g, offset, lo, hi)
+                offset += n
+                if self.prev is not None and last <= self.prev:
+                    continue  # the whole batch is before the tablet
+                if self.end is not None and _first_row(t) > self.end:
+                    self._ended = True
+                    return
+                if (self.prev is not None and _first_row(t) <= self.prev) or (self.end is not None and last > self.end):
+                    if mask is None:
+                        mask = range_filter(self.prev, self.end)
+                    if mask is not None:  # always: a bound is set
+                        t = t.filter(mask)
+                if t.num_rows:
+                    yield t
+
+    def skip(self, groups: tuple[int, ...], last_row: bytes) -> None:
+        """Pass over row groups ``groups`` (the next ones of the file, none of them opened yet)
+        without reading them: the merge copies them as they are (issue 37 §2), after checking
+        that their rows lie within their statistics, the last of them at most ``last_row``."""
+        nxt = self._next_group
+        if self._pending is not None or self._open is not None or self._ended:
+            raise RuntimeError(f"{self.path}: row groups {groups} skipped while one is being read")
+        if tuple(g for g, _lo, _hi in self._groups[nxt : nxt + len(groups)]) != groups:
+            raise RuntimeError(f"{self.path}: row groups {groups} are not the next ones to read")
+        self._next_group += len(groups)
+        self._last_row = last_row
 
     def _check(self, t: pa.Table, g: int, offset: int, lo: bytes | None, hi: bytes | None) -> bytes:
         """Refuse ``t`` if its rows decrease or lie outside its row group's statistics; its last row."""
@@ -161,7 +190,7 @@ class InputCursor:
         held = 0
         while True:
             if self._pending is None:
-                self._pending = next(self._batches, None)
+                self._pending = self._next_batch(hi)
                 if self._pending is None:
                     break
             t = self._pending
