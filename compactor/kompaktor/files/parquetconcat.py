@@ -277,6 +277,8 @@ _SORTED_SCHEMA = encode([required(_EMPTY_FOOTER, 2)])
 _CHUNK_ELSEWHERE = (1, 8, 9)
 _CHUNK_INDEX = (4, 5, 6, 7)
 _META_BLOOM = (14, 15)
+# Statistics: 1 max, 2 min (deprecated: signed byte order for binary columns in old writers)
+_STATS_DEPRECATED = (1, 2)
 
 
 def copyable_row_group(md: Struct, g: int) -> tuple[int, int] | None:
@@ -304,8 +306,10 @@ def copyable_row_group(md: Struct, g: int) -> tuple[int, int] | None:
 def relocated_row_group(md: Struct, g: int, start: int) -> Struct:
     """Row group ``g`` of the footer ``md`` with its offsets made relative to ``start`` (where its
     first column chunk begins, :func:`copyable_row_group`), for :meth:`SpliceWriter.append_row_groups`.
-    The page indexes and bloom filters are left out (they are not copied); the deprecated
-    offsets (the row group's, the chunks' ``file_offset``) are made what pyarrow writes."""
+    The page indexes and bloom filters are left out (they are not copied), and so are the
+    deprecated statistics (``min``/``max``, which readers trust or not by the writer named in the
+    footer: the output's); the deprecated offsets (the row group's, the chunks' ``file_offset``)
+    are made what pyarrow writes."""
     rg = [list(f) for f in required(md, 4)[2][1][g]]
     if field(rg, 5) is not None:
         set_field(rg, 5, T_I64, 0)
@@ -318,6 +322,9 @@ def relocated_row_group(md: Struct, g: int, start: int) -> Struct:
             set_field(chunk, 2, T_I64, 0)
         meta = required(chunk, 3)
         meta[2] = [list(f) for f in meta[2] if f[0] not in _META_BLOOM]
+        stats = field(meta[2], 12)
+        if stats is not None:  # the deprecated min/max: a reader trusts them by the writer's name, ours
+            stats[2] = [f for f in stats[2] if f[0] not in _STATS_DEPRECATED]
         _shift(meta[2], _META_OFFSETS, -start)
         chunks.append(chunk)
     cols[2] = [cols[2][0], chunks]
