@@ -32,10 +32,15 @@ from kompaktor.engines.ranges import (
     RANGE_BYTES,
     TASK_MEMORY,
     Bound,
+    Copied,
+    CopyRun,
     InputCursor,
     InputMeta,
+    Piece,
+    copy_run,
     open_merge,
     plan,
+    plan_copies,
     progress_dict,
 )
 from kompaktor.engines.resume import ResumeRun
@@ -79,8 +84,12 @@ class ArrowMergeEngine:
         task_memory: int = TASK_MEMORY,
         resume_min_bytes: int | None = None,
         workers: int | None = None,
+        copy_through: bool = True,
     ) -> None:
         self.range_entries = range_entries
+        #: row groups the merge would output unchanged are copied, not decoded (issue 37 §2;
+        #: :mod:`kompaktor.engines.ranges.copies`); not in a resumable merge
+        self.copy_through = copy_through
         #: a merge given a resume log is resumable from this many input bytes (``None``: never;
         #: the compactor gives its group's, :mod:`.resume`)
         self.resume_min_bytes = resume_min_bytes
@@ -103,35 +112,47 @@ class ArrowMergeEngine:
             return self._merge_resumable(storage, req, progress, cancel, started, metas, bytes_in)
         ranges = plan(storage, metas, req.prev, req.end, self.range_entries)
         budget = self.task_memory // (2 * MERGE_FACTOR)
+        copies: dict[int, CopyRun] = {}
+        if self.copy_through:
+            ranges, copies = plan_copies(
+                storage, metas, req.prev, req.end, req.settings, ranges, min(budget, RANGE_BYTES)
+            )
         report = progress or (lambda d: None)
         read = written = deletes = 0
         report(progress_dict(0, 0, 0, 0, 0, len(ranges), started))
         cursors: list[InputCursor] = []
 
-        def take(i: int) -> list[pa.Table]:  # in range order, one thread at a time
+        def take(i: int) -> list[pa.Table] | CopyRun:  # in range order, one thread at a time
+            run = copies.get(i)
+            if run is not None:
+                _skip(cursors, run, ranges[i][1])
+                return run
             tables: list[pa.Table] = []
             for c in cursors:
                 tables.append(c.take(ranges[i][1], budget - sum(t.nbytes for t in tables)))
             return tables
 
-        def merge_encode(i: int, tables: list[pa.Table]) -> tuple[EncodedRange, int, int]:
-            n = sum(t.num_rows for t in tables)
-            d = sum(count_deletes(t) for t in tables)
-            out = merge_tables_once(tables, req.settings)
-            tables.clear()  # the inputs go as soon as the range is merged
-            return encode_table(out), n, d
+        def merge_encode(i: int, got: list[pa.Table] | CopyRun) -> list[Piece]:
+            if isinstance(got, CopyRun):
+                return copy_run(storage, got, req.settings)
+            n = sum(t.num_rows for t in got)
+            d = sum(count_deletes(t) for t in got)
+            out = merge_tables_once(got, req.settings)
+            got.clear()  # the inputs go as soon as the range is merged
+            return [Piece(encode_table(out), n, d)]
 
         w = SpliceWriter(storage, req.output, tmp_tag=req.tmp_tag)
         results = run_ordered(len(ranges), take, merge_encode, self.workers, "arrowmerge")
         try:
             cursors.extend(InputCursor(storage, p, req.prev, req.end) for p in req.inputs)
-            for i, (enc, n, d) in enumerate(results):
+            for i, pieces in enumerate(results):
                 if cancel is not None and cancel.is_set():
                     raise MergeCancelled(f"merge into {req.output} cancelled after {i} of {len(ranges)} parts")
-                w.append(enc.data, enc.entries, enc.deletes, enc.first, enc.last)
-                del enc
-                read += n
-                deletes += d
+                for p in pieces:
+                    _append(w, p.out)
+                    read += p.entries_read
+                    deletes += p.deletes_read
+                del pieces
                 written = w.entries
                 report(
                     progress_dict(
@@ -211,6 +232,23 @@ class ArrowMergeEngine:
             reader.close()
         report(run.progress(info.entries, info.size))
         return run.result(info, info.entries, bytes_in)
+
+
+def _skip(cursors: list[InputCursor], run: CopyRun, hi: Bound) -> None:
+    """Move the cursors past a copy range: its input's past the run's row groups, unread; the
+    others' hold no row there (their statistics say so, and they check their rows against them)."""
+    for j, c in enumerate(cursors):
+        if j == run.input:
+            c.skip(run.groups, run.last_row)
+        elif c.take(hi).num_rows:
+            raise RuntimeError(f"{c.path}: rows inside row groups {run.groups} of {run.path}, which no other input has")
+
+
+def _append(w: SpliceWriter, out: Copied | EncodedRange) -> None:
+    if isinstance(out, Copied):
+        w.append_row_groups(out.data, out.row_groups, out.entries, out.deletes, out.first, out.last)
+    else:
+        w.append(out.data, out.entries, out.deletes, out.first, out.last)
 
 
 def _stop_if_cancelled(cancel: threading.Event | None, message: str) -> None:

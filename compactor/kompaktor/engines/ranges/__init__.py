@@ -29,11 +29,13 @@ One module per job, this package re-exporting their public names:
 - :mod:`.sampling`: segments of the row groups too big to cut at (:func:`refine_inputs`);
 - :mod:`.planning`: the cut into ranges (:func:`plan_ranges`, :func:`plan`);
 - :mod:`.cursor`: reading and merging a range (:class:`InputCursor`, :func:`merge_range`);
+- :mod:`.copies`: the row groups copied through unchanged (:func:`plan_copies`, :func:`copy_run`);
 - :mod:`.progress`: opening a merge and its progress report (:func:`open_merge`, :func:`progress_dict`).
 """
 
 from __future__ import annotations
 
+from kompaktor.engines.ranges.copies import Copied, CopyRun, Piece, copy_run, plan_copies
 from kompaktor.engines.ranges.cursor import (
     BATCH_ROWS,
     MERGE_FACTOR,
@@ -52,8 +54,11 @@ from kompaktor.engines.ranges.sampling import SAMPLE_SHARE, SEGMENT_ROWS_MAX, SE
 
 __all__ = [
     "BATCH_ROWS",
+    "Copied",
+    "CopyRun",
     "MERGE_FACTOR",
     "OBJECT_STORE_READ_OPTIONS",
+    "Piece",
     "RANGE_BYTES",
     "READ_OPTIONS",
     "SAMPLE_SHARE",
@@ -64,11 +69,13 @@ __all__ = [
     "InputCursor",
     "InputMeta",
     "TaskMemoryExceeded",
+    "copy_run",
     "estimate_entries",
     "inspect_inputs",
     "merge_range",
     "open_merge",
     "plan",
+    "plan_copies",
     "plan_ranges",
     "progress_dict",
     "read_range",
