@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from kompaktor.engines.api import MergeRequest, MergeResult
 from kompaktor.engines.arrow import ArrowMergeEngine
+from kompaktor.engines.ranges import inspect_inputs, plan, plan_copies
 from kompaktor.files.sortedfile import check_sorted, entries_to_table, read_info, table_to_entries
 from kompaktor.files.storage import Storage
 from kompaktor.metadata import progress as records
@@ -234,6 +235,17 @@ def test_a_row_group_out_of_key_order_within_a_row_is_not_copied(storage: Storag
     assert pq.read_table(storage.path(res.info.path)).equals(pq.read_table(storage.path(before.info.path)))
 
 
+def test_an_empty_input_leaves_the_others_copied(storage: Storage) -> None:
+    """An empty input (pyarrow writes it one row group without statistics) holds no row to
+    overlap: the other inputs are still copied."""
+    srcs = [run(30, 0), [], run(30, 100)]
+    paths = [write(storage, f"F{i}", s, 10) for i, s in enumerate(srcs)]
+    assert pq.ParquetFile(storage.path(paths[1])).metadata.num_row_groups == 1
+    res = merge(storage, paths, FULL)
+    check(storage, srcs, paths, res, FULL, (None, None))
+    assert codecs(storage, res.info.path) == ["SNAPPY"] * 6
+
+
 def test_a_resumable_merge_does_not_copy(storage: Storage, store: MetadataStore) -> None:
     """A resumable merge writes every range as a part (its resume log's unit): it merges as
     before, copies nothing, and writes the same entries."""
@@ -253,15 +265,23 @@ def test_a_resumable_merge_does_not_copy(storage: Storage, store: MetadataStore)
 # versions, every setting, tablet ranges; held to the reference merge
 
 KEYS_FEW = st.lists(column_keys, min_size=1, max_size=6)
+#: rows of their own mostly: long stretches no other source shares a row with
+KEYS_MANY = st.lists(
+    st.tuples(
+        st.sampled_from([b"%02d" % k for k in range(40)]), st.sampled_from([b"", b"f"]), st.just(b"q"), st.just(b"")
+    ),
+    min_size=1,
+    max_size=40,
+)
 
 
 @st.composite
 def mixed_sources(draw) -> list[list[Entry]]:
-    """One sorted run of entries (versions and markers common) cut into pieces; each piece goes
+    """One sorted run of entries (versions and markers common, or none of either) cut into pieces; each piece goes
     to one of a few sources, so a source holds stretches that other sources' rows fall between
     (row groups of overlapping files that no other file overlaps) or a whole stretch (a file
     that overlaps none); sometimes one more source overlaps at random."""
-    keys = draw(KEYS_FEW)
+    keys = draw(st.one_of(KEYS_FEW, KEYS_MANY))
     pooled = st.builds(
         lambda k, ts, d, val: Entry(*k, ts, d, b"" if d else val),
         st.sampled_from(keys),
@@ -269,20 +289,26 @@ def mixed_sources(draw) -> list[list[Entry]]:
         st.sampled_from([False, False, False, True]),
         st.binary(max_size=2),
     )
-    entry_run = sorted(draw(st.lists(st.one_of(pooled, entries), max_size=60)), key=sort_key)
+    plain = draw(st.booleans())  # plain puts, one version each: what a compaction copies
+    entry_run = sorted(draw(st.lists(pooled if plain else st.one_of(pooled, entries), max_size=60)), key=sort_key)
+    if plain:
+        entry_run = [e for e in entry_run if not e.deleted]
+        entry_run = [next(g) for _k, g in itertools.groupby(entry_run, key=lambda e: e[:4])]
     cuts = sorted(draw(st.lists(st.integers(0, len(entry_run)), max_size=8)))
     pieces = [entry_run[a:b] for a, b in itertools.pairwise([0, *cuts, len(entry_run)])]
     n = draw(st.integers(1, 4))
     srcs: list[list[Entry]] = [[] for _ in range(n)]
     for piece in pieces:
         srcs[draw(st.integers(0, n - 1))].extend(piece)
-    if draw(st.booleans()):
-        srcs.append(sorted(draw(st.lists(pooled, max_size=6)), key=sort_key))
+    if draw(st.integers(0, 2)) == 0:
+        srcs.append(sorted(draw(st.lists(pooled, max_size=4)), key=sort_key))
     return draw(st.permutations(srcs))
 
 
 simple_settings = st.builds(IteratorSettings, max_versions=st.integers(1, 3), full=st.booleans())
-any_settings = st.one_of(simple_settings, iterator_settings(ROWS, REGEXES, max_ttl=6, max_now=8, none_regex_weight=2))
+any_settings = st.one_of(
+    simple_settings, simple_settings, iterator_settings(ROWS, REGEXES, max_ttl=6, max_now=8, none_regex_weight=2)
+)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -301,3 +327,43 @@ def test_copy_through_conforms(tmp_path_factory, srcs, cfg, tablet, rg_sizes, ra
     copied = codecs(storage, res.info.path).count("SNAPPY")
     event(f"row groups copied: {'none' if not copied else 'some'}")
     assert sorted(p for p, _ in storage.list_files("out")) == [res.info.path]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    srcs=mixed_sources(),
+    cfg=simple_settings,
+    tablet=st.one_of(st.just((None, None)), tablet_ranges),
+    rg_sizes=st.lists(st.sampled_from([1, 2, 3, 7, 1000]), min_size=5, max_size=5),
+    range_entries=st.sampled_from([1, 4, 10_000]),
+    max_bytes=st.sampled_from([1, 1000, 10**9]),
+)
+def test_a_copy_range_holds_exactly_its_row_groups(
+    tmp_path_factory, srcs, cfg, tablet, rg_sizes, range_entries, max_bytes
+) -> None:
+    """The plan with copy ranges still tiles the tablet's range, and the rows of every input in a
+    copy range are exactly those of the run's row groups (runs of at most ``max_bytes``
+    uncompressed: a row group bigger than that is merged)."""
+    storage = Storage.from_uri(str(tmp_path_factory.mktemp("plan")))
+    paths = [write(storage, f"F{i}", s, rg_sizes[i]) for i, s in enumerate(srcs)]
+    prev, end = tablet
+    metas = inspect_inputs(storage, paths)
+    ranges = plan(storage, metas, prev, end, range_entries)
+    new, copies = plan_copies(storage, metas, prev, end, cfg, ranges, max_bytes)
+    longest = max((len(r.groups) for r in copies.values()), default=0)
+    event(f"copy ranges: {'none' if not longest else 'one row group each' if longest == 1 else 'longer runs'}")
+    assert new[0][0] == prev and new[-1][1] == end
+    assert all(a[1] == b[0] and (a[1] is not None) for a, b in itertools.pairwise(new))
+    assert all(lo is None or hi is None or lo < hi for lo, hi in new)
+    for k, run in copies.items():
+        lo, hi = new[k]
+        md = pq.ParquetFile(storage.path(run.path)).metadata
+        assert sum(md.row_group(g).total_byte_size for g in run.groups) <= max_bytes
+        for i, path in enumerate(paths):
+            got = [e.row for e in srcs[i] if row_in_range(e.row, lo, hi)]
+            if i != run.input:
+                assert got == []
+                continue
+            pf = pq.ParquetFile(storage.path(path))
+            want = [r for g in run.groups for r in pf.read_row_group(g, columns=["row"]).column(0).to_pylist()]
+            assert got == want

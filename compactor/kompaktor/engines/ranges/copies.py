@@ -161,7 +161,7 @@ def plan_copies(
     """``ranges`` (the plan of (prev, end]) cut again so that every run of consecutive row groups
     that may be copied (of one input, at most ``max_bytes`` uncompressed) is a range of its own;
     the new ranges and, by range index, the run each copy range holds. Only the footers are read."""
-    if not all(m.has_stats for m in metas):
+    if not all(m.has_stats or not m.entries for m in metas):  # rows somewhere no statistics say
         return ranges, {}
     runs = _runs(storage, metas, prev, end, settings, max_bytes)
     if not runs:
