@@ -171,13 +171,30 @@ def pyarrow_sort(storage: Storage, inputs: list[str], out: str) -> int:
     from kompaktor.files.arrowstack import MERGE_SORT_KEYS, SOURCE, apply_stack_table
 
     tables = [pq.read_table(storage.path(p)) for p in inputs]
-    table = pa.concat_tables(
-        t.append_column(SOURCE, pa.array(np.full(t.num_rows, i, dtype=np.int32))) for i, t in enumerate(tables)
+    table = _large_if_needed(
+        pa.concat_tables(
+            t.append_column(SOURCE, pa.array(np.full(t.num_rows, i, dtype=np.int32))) for i, t in enumerate(tables)
+        )
     ).combine_chunks()
     table = table.take(pc.sort_indices(table, sort_keys=MERGE_SORT_KEYS))
     merged = apply_stack_table(table).drop_columns([SOURCE])
     pq.write_table(merged, storage.path(out), compression="zstd", row_group_size=128 * 1024)
     return merged.num_rows
+
+
+def _large_if_needed(table: pa.Table) -> pa.Table:
+    """``table`` with its binary columns of 2 GiB or more as ``large_binary``: one array of them
+    (combined to be sorted and taken) needs 64-bit offsets (``row200`` at 16M entries)."""
+    big = [
+        i
+        for i, f in enumerate(table.schema)
+        if pa.types.is_binary(f.type) and table.column(i).nbytes >= (1 << 31) - (1 << 26)
+    ]
+    for i in big:
+        table = table.set_column(
+            i, table.schema.field(i).with_type(pa.large_binary()), table.column(i).cast(pa.large_binary())
+        )
+    return table
 
 
 def same_entries(storage: Storage, a: str, b: str) -> bool:
