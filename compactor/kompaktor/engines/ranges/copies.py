@@ -33,7 +33,15 @@ import pyarrow.parquet as pq
 
 from kompaktor.engines.ranges.inputs import Bound, InputMeta, reading
 from kompaktor.files.arrowstack import first_row_decrease, first_unsorted, keep_mask, merge_tables_once
-from kompaktor.files.parquetconcat import Struct, copyable_row_group, read_footer, relocated_row_group
+from kompaktor.files.parquetconcat import (
+    Struct,
+    as_file,
+    copyable_row_group,
+    decode_footer,
+    read_footer_bytes,
+    relocated_row_group,
+    row_group_file,
+)
 from kompaktor.files.sortedfile import EncodedRange, conform, count_deletes, encode_table
 from kompaktor.files.storage import Storage
 from kompaktor.model.errors import BadFileError, UnsortedError
@@ -53,6 +61,7 @@ class CopyRun:
     groups: tuple[int, ...]  # row-group indexes in the file, consecutive
     claims: tuple[tuple[bytes, bytes], ...]  # each row group's (min row, max row) statistics
     entries: int
+    footer: bytes  # the file's footer as read when planning (not read again to copy)
 
     @property
     def last_row(self) -> bytes:
@@ -127,20 +136,23 @@ def _runs(
 ) -> list[tuple[Bound, CopyRun]]:
     """The runs of row groups that may be copied, in key order, each with the cut below it."""
     runs: list[tuple[Bound, CopyRun, int]] = []  # (cut below, run, uncompressed bytes)
-    footers: dict[int, pq.FileMetaData] = {}
+    footers: dict[int, tuple[bytes, pq.FileMetaData]] = {}  # by input: raw and parsed
     for below, i, g, lo, hi, n, nb in _isolated(metas, prev, end):
         if nb > max_bytes:
             continue
         if i not in footers:
             with reading(metas[i].path), storage.open_input(metas[i].path) as f:
-                footers[i] = pq.ParquetFile(f).metadata
-        if _hopeless(footers[i], g, lo, hi, settings):
+                raw = read_footer_bytes(f, f.size(), metas[i].path)
+                footers[i] = (raw, pq.read_metadata(pa.BufferReader(as_file(raw))))
+        raw, md = footers[i]
+        if _hopeless(md, g, lo, hi, settings):
             continue
         if runs and _follows(runs[-1][1], i, g, below) and runs[-1][2] + nb <= max_bytes:
             cut, r, nbytes = runs[-1]
-            runs[-1] = (cut, CopyRun(i, r.path, (*r.groups, g), (*r.claims, (lo, hi)), r.entries + n), nbytes + nb)
+            run = CopyRun(i, r.path, (*r.groups, g), (*r.claims, (lo, hi)), r.entries + n, raw)
+            runs[-1] = (cut, run, nbytes + nb)
         else:
-            runs.append((below, CopyRun(i, metas[i].path, (g,), ((lo, hi),), n), nb))
+            runs.append((below, CopyRun(i, metas[i].path, (g,), ((lo, hi),), n, raw), nb))
     return [(cut, run) for cut, run, _nb in runs]
 
 
@@ -221,39 +233,50 @@ class Piece(NamedTuple):
 
 def copy_run(storage: Storage, run: CopyRun, settings: IteratorSettings) -> list[Piece]:
     """The run's row groups in order, each one :class:`Copied` when the stack keeps it unchanged,
-    else merged alone (nothing else has rows there) and encoded."""
-    out: list[Piece] = []
+    else merged alone (nothing else has rows there) and encoded. Each row group's bytes are read
+    once (one request on an object store), for the check and the copy alike."""
+    md = decode_footer(run.footer, run.path)
     with reading(run.path), storage.open_input(run.path) as f:
-        md = read_footer(f, f.size(), run.path)
-        pf = pq.ParquetFile(f)
-        for g, claim in zip(run.groups, run.claims, strict=True):
-            with reading(run.path, row_group=g):
-                got = _copy_group(f, pf, md, run.path, g, claim, settings)
-                if got is None:
-                    t = conform(pf.read_row_group(g), run.path)
-                    _claimed(run.path, g, t, claim)
-                    n, d = t.num_rows, count_deletes(t)
-                    out.append(Piece(encode_table(merge_tables_once([t], settings)), n, d))
-                else:
-                    out.append(Piece(got, got.entries, got.deletes))
-    return out
+        return [_piece(f, md, run, g, claim, settings) for g, claim in zip(run.groups, run.claims, strict=True)]
 
 
-def _copy_group(
-    f: Any, pf: pq.ParquetFile, md: Struct, path: str, g: int, claim: tuple[bytes, bytes], settings: IteratorSettings
+def _piece(f: Any, md: Struct, run: CopyRun, g: int, claim: tuple[bytes, bytes], settings: IteratorSettings) -> Piece:
+    with reading(run.path, row_group=g):
+        span = copyable_row_group(md, g)
+        if span is None:  # not a sorted file's layout: read as any row group, merged alone
+            pf = pq.ParquetFile(f, metadata=pq.read_metadata(pa.BufferReader(as_file(run.footer))))
+            return _merged_alone(run.path, g, conform(pf.read_row_group(g), run.path), claim, settings)
+        start, end = span
+        data = f.read_at(end - start, start)
+        one = pq.ParquetFile(pa.BufferReader(row_group_file(md, g, data, start)))
+        got = _copied(one, md, run.path, g, claim, settings, data, start)
+        if got is not None:
+            return Piece(got, got.entries, got.deletes)
+        return _merged_alone(run.path, g, conform(one.read_row_group(0), run.path), claim, settings)
+
+
+def _merged_alone(path: str, g: int, t: pa.Table, claim: tuple[bytes, bytes], settings: IteratorSettings) -> Piece:
+    _claimed(path, g, t, claim)
+    return Piece(encode_table(merge_tables_once([t], settings)), t.num_rows, count_deletes(t))
+
+
+def _copied(
+    one: pq.ParquetFile,
+    md: Struct,
+    path: str,
+    g: int,
+    claim: tuple[bytes, bytes],
+    settings: IteratorSettings,
+    data: bytes,
+    start: int,
 ) -> Copied | None:
-    """Row group ``g`` copied, or None when the merge would change it or it cannot be copied."""
-    span = copyable_row_group(md, g)
-    if span is None:
-        return None
-    keys = pf.read_row_group(g, columns=KEY_COLUMNS)
+    """Row group ``g`` (``one``: it alone, decoded from ``data``) copied, or None when the merge
+    would change it."""
+    keys = one.read_row_group(0, columns=KEY_COLUMNS)
     if not keys.num_rows:
         return None
     _claimed(path, g, keys, claim)
     if first_unsorted(keys) is not None or not keep_mask(keys, settings).all():
         return None
-    start, end = span
-    data = f.read_at(end - start, start)
-    rg = relocated_row_group(md, g, start)
     n = keys.num_rows
-    return Copied(data, [rg], n, count_deletes(keys), _key(keys, 0), _key(keys, n - 1))
+    return Copied(data, [relocated_row_group(md, g, start)], n, count_deletes(keys), _key(keys, 0), _key(keys, n - 1))
