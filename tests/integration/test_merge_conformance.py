@@ -248,6 +248,17 @@ def test_merge_of_long_rows_and_rows_out_of_order_within(srcs, cfg, seed):
     whole = pa.concat_tables(parts).combine_chunks()
     expected = whole.take(pc.sort_indices(whole, sort_keys=MERGE_SORT_KEYS)).drop_columns(["value"])
     assert whole.take(pa.array(merge_indices(parts))).drop_columns(["value"]).equals(expected)
+    # the whole merge too, and the inputs' halves apart (their rows do not overlap: no merge needed)
+    whole_merge = merge_tables_once([entries_to_table(s) for s in shuffled], cfg)
+    in_order = [sorted(s, key=sort_key) for s in shuffled]  # stable: identical keys as shuffled
+    assert list(table_to_entries(whole_merge)) == list(merged_view(in_order, cfg))
+    for s in shuffled:
+        rows = sorted({e.row for e in s})
+        low = [e for e in s if e.row <= rows[len(rows) // 2]] if rows else []
+        high = [e for e in s if e not in low]
+        apart = merge_tables_once([entries_to_table(low), entries_to_table(high)], cfg)
+        expected_apart = merged_view([sorted(low, key=sort_key), sorted(high, key=sort_key)], cfg)
+        assert list(table_to_entries(apart)) == list(expected_apart)
 
 
 @settings(max_examples=100, **common)

@@ -294,8 +294,11 @@ def merge_order(tables_oldest_first: Sequence[pa.Table]) -> pa.Table:
         return SCHEMA.empty_table().append_column(SOURCE, pa.array([], pa.int32()))
     order = disjoint_order(parts) if len(parts) > 1 else None
     if len(parts) == 1 or order is not None:
-        # a single sorted input, or inputs that do not overlap: already in merged order
-        return pa.concat_tables([parts[i] for i in order] if order else parts)
+        # a single input, or inputs that do not overlap: already in merged order, unless an input
+        # is out of order within a row (the cursors check only that rows never decrease)
+        table = pa.concat_tables([parts[i] for i in order] if order else parts)
+        if first_unsorted(table) is None:
+            return table
     return _take(pa.concat_tables(parts), merge_indices(parts))
 
 
@@ -344,9 +347,10 @@ def merge_tables_once(tables_oldest_first: Sequence[pa.Table], settings: Iterato
     order = disjoint_order(tables_oldest_first)
     if order is not None:  # already in merged order once concatenated: the stack alone
         table = pa.concat_tables([tables_oldest_first[i].select(COLUMNS) for i in order] or [SCHEMA.empty_table()])
-        keep = keep_mask(table, settings)
-        # every entry kept (no versions, no markers): one copy of the range, not two
-        return (table if keep.all() else table.filter(pa.array(keep))).combine_chunks()
+        if first_unsorted(table) is None:  # an input out of order within a row is merged below
+            keep = keep_mask(table, settings)
+            # every entry kept (no versions, no markers): one copy of the range, not two
+            return (table if keep.all() else table.filter(pa.array(keep))).combine_chunks()
     table = pa.concat_tables(t.select(COLUMNS) for t in tables_oldest_first)
     return table.take(pa.array(merge_keep(tables_oldest_first, table, settings))).combine_chunks()
 
