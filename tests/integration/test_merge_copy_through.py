@@ -305,6 +305,12 @@ def mixed_sources(draw) -> list[list[Entry]]:
     return draw(st.permutations(srcs))
 
 
+#: where the merge runs and how its inputs and ranges are cut (both property tests draw them)
+LAYOUTS = {
+    "tablet": st.one_of(st.just((None, None)), tablet_ranges),
+    "rg_sizes": st.lists(st.sampled_from([1, 2, 3, 7, 1000]), min_size=5, max_size=5),
+    "range_entries": st.sampled_from([1, 4, 10_000]),
+}
 simple_settings = st.builds(IteratorSettings, max_versions=st.integers(1, 3), full=st.booleans())
 any_settings = st.one_of(
     simple_settings, simple_settings, iterator_settings(ROWS, REGEXES, max_ttl=6, max_now=8, none_regex_weight=2)
@@ -315,9 +321,7 @@ any_settings = st.one_of(
 @given(
     srcs=mixed_sources(),
     cfg=any_settings,
-    tablet=st.one_of(st.just((None, None)), tablet_ranges),
-    rg_sizes=st.lists(st.sampled_from([1, 2, 3, 7, 1000]), min_size=5, max_size=5),
-    range_entries=st.sampled_from([1, 4, 10_000]),
+    **LAYOUTS,
 )
 def test_copy_through_conforms(tmp_path_factory, srcs, cfg, tablet, rg_sizes, range_entries) -> None:
     storage = Storage.from_uri(str(tmp_path_factory.mktemp("copy")))
@@ -333,9 +337,7 @@ def test_copy_through_conforms(tmp_path_factory, srcs, cfg, tablet, rg_sizes, ra
 @given(
     srcs=mixed_sources(),
     cfg=simple_settings,
-    tablet=st.one_of(st.just((None, None)), tablet_ranges),
-    rg_sizes=st.lists(st.sampled_from([1, 2, 3, 7, 1000]), min_size=5, max_size=5),
-    range_entries=st.sampled_from([1, 4, 10_000]),
+    **LAYOUTS,
     max_bytes=st.sampled_from([1, 1000, 10**9]),
 )
 def test_a_copy_range_holds_exactly_its_row_groups(
