@@ -21,6 +21,16 @@ SEGMENT_ROWS_MAX = 64 * 1024
 SEGMENT_ROWS_MIN = 1024
 
 
+def segment_rows(seg_rows: int, entries: int, nbytes: int, limit_bytes: int) -> int:
+    """Rows per sampled segment of a row group of ``entries`` holding ``nbytes``: ``seg_rows``,
+    fewer where its entries are big, so that a segment holds at most half of ``limit_bytes``
+    (a file of 4 KiB values may be one row group of 62,500 rows and 256 MB: fewer rows than a
+    segment by count, yet a whole range by size). Never fewer than :data:`SEGMENT_ROWS_MIN`."""
+    per_entry = nbytes / max(1, entries)
+    by_bytes = int(limit_bytes / 2 / per_entry) if per_entry > 0 else seg_rows
+    return max(SEGMENT_ROWS_MIN, min(seg_rows, by_bytes))
+
+
 def _sample_group(
     pf: pq.ParquetFile, path: str, g: int, claimed: tuple[bytes, bytes] | None, nbytes: int, seg_rows: int
 ) -> list[tuple[bytes, bytes, int, int]]:
@@ -67,14 +77,16 @@ def refine_inputs(
     for m in metas:
         if not m.has_stats:  # some row group has no row statistics: sample them all
             if m.entries > limit or m.data_bytes > limit_bytes:
-                out.append(_sample_file(storage, m, seg_rows))
+                out.append(_sample_file(storage, m, seg_rows, limit_bytes))
             else:
                 out.append(m)
             continue
         big = {
             i
             for i, (lo, hi, n, nb) in enumerate(m.groups)
-            if (n > limit or nb > limit_bytes) and n > seg_rows and span_overlaps(lo, hi, prev, end)
+            if (n > limit or nb > limit_bytes)
+            and n > segment_rows(seg_rows, n, nb, limit_bytes)
+            and span_overlaps(lo, hi, prev, end)
         }
         if not big:
             out.append(m)
@@ -87,14 +99,15 @@ def refine_inputs(
             for i, grp in enumerate(m.groups):
                 segs = [grp]
                 if i in big:
-                    segs = _sample_group(pf, m.path, index[i], (grp[0], grp[1]), grp[3], seg_rows)
+                    rows = segment_rows(seg_rows, grp[2], grp[3], limit_bytes)
+                    segs = _sample_group(pf, m.path, index[i], (grp[0], grp[1]), grp[3], rows)
                 groups.extend(segs)
                 new_index.extend([index[i]] * len(segs))
         out.append(InputMeta(m.path, m.size, m.entries, tuple(groups), m.has_stats, m.data_bytes, tuple(new_index)))
     return out
 
 
-def _sample_file(storage: Storage, m: InputMeta, seg_rows: int) -> InputMeta:
+def _sample_file(storage: Storage, m: InputMeta, seg_rows: int, limit_bytes: int) -> InputMeta:
     """Segments of every row group of a file whose footer lacks row statistics (somewhere)."""
     groups: list[tuple[bytes, bytes, int, int]] = []
     index: list[int] = []
@@ -103,7 +116,9 @@ def _sample_file(storage: Storage, m: InputMeta, seg_rows: int) -> InputMeta:
         md = pf.metadata
         row_col = row_column(md)
         for g in range(md.num_row_groups):
-            segs = _sample_group(pf, m.path, g, row_stats(md, row_col, g), md.row_group(g).total_byte_size, seg_rows)
+            rg = md.row_group(g)
+            rows = segment_rows(seg_rows, rg.num_rows, rg.total_byte_size, limit_bytes)
+            segs = _sample_group(pf, m.path, g, row_stats(md, row_col, g), rg.total_byte_size, rows)
             groups.extend(segs)
             index.extend([g] * len(segs))
     return InputMeta(m.path, m.size, m.entries, tuple(groups), True, m.data_bytes, tuple(index))
