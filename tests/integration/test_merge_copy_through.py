@@ -10,6 +10,7 @@ is held to the reference merge (``merged_view``), and its footer to what it hold
 from __future__ import annotations
 
 import itertools
+import random
 from pathlib import Path
 
 import pyarrow as pa
@@ -53,7 +54,7 @@ def merge(
     engine: ArrowMergeEngine | None = None,
 ) -> MergeResult:
     req = MergeRequest(inputs=tuple(paths), output=out, prev=tablet[0], end=tablet[1], settings=cfg, tmp_tag="ecid1")
-    return (engine or ArrowMergeEngine(range_entries=4)).merge(storage, req)
+    return (engine or ArrowMergeEngine(range_entries=4, copy_min_bytes=0)).merge(storage, req)
 
 
 def codecs(storage: Storage, path: str) -> list[str]:
@@ -119,6 +120,29 @@ def test_inputs_that_do_not_overlap_are_copied_as_they_are(storage: Storage) -> 
     again = merge(storage, paths, FULL, "out/B.parquet", engine=ArrowMergeEngine(range_entries=4, copy_through=False))
     assert set(codecs(storage, again.info.path)) == {"ZSTD"}
     assert pq.read_table(storage.path(again.info.path)).equals(pq.read_table(storage.path(res.info.path)))
+
+
+def test_row_groups_smaller_than_the_copy_minimum_are_merged(storage: Storage) -> None:
+    """By default row groups under COPY_MIN_BYTES are merged: the output of many small disjoint
+    files (flushes) is not made of their many tiny row groups. Bigger ones are still copied."""
+    small = [run(50, 100), run(30, 0), run(40, 200)]
+    paths = [write(storage, f"S{i}", s, 20) for i, s in enumerate(small)]
+    res = ArrowMergeEngine(range_entries=4).merge(
+        storage, MergeRequest(tuple(paths), "out/S.parquet", None, None, FULL, "ecid1")
+    )
+    check(storage, small, paths, res, FULL, (None, None))
+    assert set(codecs(storage, res.info.path)) == {"ZSTD"}  # merged and encoded, not copied
+    rnd = random.Random(5)  # values that neither a dictionary nor compression makes small
+    big = [
+        [Entry(b"r%05d" % i, b"f", b"q", b"", 1, False, rnd.randbytes(4096)) for i in range(k, k + 400)]
+        for k in (0, 1000)
+    ]
+    paths = [write(storage, f"B{i}", s, 400) for i, s in enumerate(big)]  # ~1.6 MB per row group
+    res = ArrowMergeEngine(range_entries=4).merge(
+        storage, MergeRequest(tuple(paths), "out/B.parquet", None, None, FULL, "ecid2")
+    )
+    check(storage, big, paths, res, FULL, (None, None))
+    assert codecs(storage, res.info.path) == ["SNAPPY", "SNAPPY"]
 
 
 def test_only_the_row_groups_no_other_input_overlaps_are_copied(storage: Storage) -> None:
@@ -326,7 +350,9 @@ any_settings = st.one_of(
 def test_copy_through_conforms(tmp_path_factory, srcs, cfg, tablet, rg_sizes, range_entries) -> None:
     storage = Storage.from_uri(str(tmp_path_factory.mktemp("copy")))
     paths = [write(storage, f"F{i}", s, rg_sizes[i]) for i, s in enumerate(srcs)]
-    res = merge(storage, paths, cfg, tablet=tablet, engine=ArrowMergeEngine(range_entries=range_entries))
+    res = merge(
+        storage, paths, cfg, tablet=tablet, engine=ArrowMergeEngine(range_entries=range_entries, copy_min_bytes=0)
+    )
     check(storage, srcs, paths, res, cfg, tablet)
     copied = codecs(storage, res.info.path).count("SNAPPY")
     event(f"row groups copied: {'none' if not copied else 'some'}")

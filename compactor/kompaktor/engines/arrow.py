@@ -28,6 +28,7 @@ import pyarrow as pa
 from kompaktor.engines.api import MergeCancelled, MergeRequest, MergeResult, ProgressFn
 from kompaktor.engines.pipeline import run_ordered
 from kompaktor.engines.ranges import (
+    COPY_MIN_BYTES,
     MERGE_FACTOR,
     RANGE_BYTES,
     TASK_MEMORY,
@@ -85,11 +86,14 @@ class ArrowMergeEngine:
         resume_min_bytes: int | None = None,
         workers: int | None = None,
         copy_through: bool = True,
+        copy_min_bytes: int = COPY_MIN_BYTES,
     ) -> None:
         self.range_entries = range_entries
         #: row groups the merge would output unchanged are copied, not decoded (issue 37 §2;
         #: :mod:`kompaktor.engines.ranges.copies`); not in a resumable merge
         self.copy_through = copy_through
+        #: the smallest row group copied (uncompressed bytes; smaller ones are merged)
+        self.copy_min_bytes = copy_min_bytes
         #: a merge given a resume log is resumable from this many input bytes (``None``: never;
         #: the compactor gives its group's, :mod:`.resume`)
         self.resume_min_bytes = resume_min_bytes
@@ -115,7 +119,7 @@ class ArrowMergeEngine:
         copies: dict[int, CopyRun] = {}
         if self.copy_through:
             ranges, copies = plan_copies(
-                storage, metas, req.prev, req.end, req.settings, ranges, min(budget, RANGE_BYTES)
+                storage, metas, req.prev, req.end, req.settings, ranges, min(budget, RANGE_BYTES), self.copy_min_bytes
             )
         report = progress or (lambda d: None)
         read = written = deletes = 0

@@ -35,7 +35,7 @@ One module per job, this package re-exporting their public names:
 
 from __future__ import annotations
 
-from kompaktor.engines.ranges.copies import Copied, CopyRun, Piece, copy_run, plan_copies
+from kompaktor.engines.ranges.copies import COPY_MIN_BYTES, Copied, CopyRun, Piece, copy_run, plan_copies
 from kompaktor.engines.ranges.cursor import (
     BATCH_ROWS,
     MERGE_FACTOR,
@@ -55,6 +55,7 @@ from kompaktor.engines.ranges.sampling import SAMPLE_SHARE, SEGMENT_ROWS_MAX, SE
 __all__ = [
     "BATCH_ROWS",
     "Copied",
+    "COPY_MIN_BYTES",
     "CopyRun",
     "MERGE_FACTOR",
     "OBJECT_STORE_READ_OPTIONS",

@@ -48,6 +48,11 @@ from kompaktor.model.errors import BadFileError, UnsortedError
 from kompaktor.model.iterators import IteratorSettings
 from kompaktor.model.keys import Entry, SortKey, sort_key
 
+#: the smallest row group the engine copies (uncompressed bytes): a smaller one is merged, so that
+#: outputs of small files (flushes, imports of a few entries) are not made of many tiny row groups
+#: (each with its own footer entry and statistics, compressed apart); copying it saves little
+COPY_MIN_BYTES = 1 << 20
+
 #: the columns decoded to decide whether a row group is copied (all but the value)
 KEY_COLUMNS = ["row", "cf", "cq", "vis", "ts", "deleted"]
 
@@ -132,13 +137,19 @@ def _isolated(metas: list[InputMeta], prev: Bound, end: Bound) -> list[tuple[Bou
 
 
 def _runs(
-    storage: Storage, metas: list[InputMeta], prev: Bound, end: Bound, settings: IteratorSettings, max_bytes: int
+    storage: Storage,
+    metas: list[InputMeta],
+    prev: Bound,
+    end: Bound,
+    settings: IteratorSettings,
+    max_bytes: int,
+    min_bytes: int,
 ) -> list[tuple[Bound, CopyRun]]:
     """The runs of row groups that may be copied, in key order, each with the cut below it."""
     runs: list[tuple[Bound, CopyRun, int]] = []  # (cut below, run, uncompressed bytes)
     footers: dict[int, tuple[bytes, pq.FileMetaData]] = {}  # by input: raw and parsed
     for below, i, g, lo, hi, n, nb in _isolated(metas, prev, end):
-        if nb > max_bytes:
+        if nb > max_bytes or nb < min_bytes:
             continue
         if i not in footers:
             with reading(metas[i].path), storage.open_input(metas[i].path) as f:
@@ -169,13 +180,15 @@ def plan_copies(
     settings: IteratorSettings,
     ranges: list[tuple[Bound, Bound]],
     max_bytes: int,
+    min_bytes: int = 0,
 ) -> tuple[list[tuple[Bound, Bound]], dict[int, CopyRun]]:
     """``ranges`` (the plan of (prev, end]) cut again so that every run of consecutive row groups
-    that may be copied (of one input, at most ``max_bytes`` uncompressed) is a range of its own;
+    that may be copied (of one input, at most ``max_bytes`` uncompressed; row groups of at least
+    ``min_bytes``, :data:`COPY_MIN_BYTES` in the engine) is a range of its own;
     the new ranges and, by range index, the run each copy range holds. Only the footers are read."""
     if not all(m.has_stats or not m.entries for m in metas):  # rows somewhere no statistics say
         return ranges, {}
-    runs = _runs(storage, metas, prev, end, settings, max_bytes)
+    runs = _runs(storage, metas, prev, end, settings, max_bytes, min_bytes)
     if not runs:
         return ranges, {}
     spans = [(below, run.last_row) for below, run in runs]  # in key order, not overlapping
