@@ -163,6 +163,17 @@ def disjoint_order(tables: Sequence[pa.Table]) -> list[int] | None:
     return [i for _first, _last, i in spans]
 
 
+def merged_already(tables: Sequence[pa.Table]) -> list[int] | None:
+    """:func:`disjoint_order` when each table is also in key order within its rows, so that their
+    concatenation in that order *is* their merged order; else None (they are merged). The cursors
+    check only that an input's rows never decrease: an input out of order within a row is merged
+    even where it is alone in a range."""
+    order = disjoint_order(tables)
+    if order is None or any(first_unsorted(tables[i]) is not None for i in order):
+        return None
+    return order
+
+
 def _common_prefix(a: bytes, b: bytes) -> int:
     n = min(len(a), len(b))
     return next((i for i in range(n) if a[i] != b[i]), n)
@@ -288,17 +299,13 @@ def _with_source(tables_oldest_first: Sequence[pa.Table]) -> list[pa.Table]:
 
 def merge_order(tables_oldest_first: Sequence[pa.Table]) -> pa.Table:
     """Concatenate sorted tables with a source column, in merged order (:func:`merge_indices`;
-    a plain concatenation in key order when their key ranges do not overlap, :func:`disjoint_order`)."""
+    a plain concatenation in key order when their key ranges do not overlap, :func:`merged_already`)."""
     parts = _with_source(tables_oldest_first)
     if not parts:
         return SCHEMA.empty_table().append_column(SOURCE, pa.array([], pa.int32()))
-    order = disjoint_order(parts) if len(parts) > 1 else None
-    if len(parts) == 1 or order is not None:
-        # a single input, or inputs that do not overlap: already in merged order, unless an input
-        # is out of order within a row (the cursors check only that rows never decrease)
-        table = pa.concat_tables([parts[i] for i in order] if order else parts)
-        if first_unsorted(table) is None:
-            return table
+    order = merged_already(parts)
+    if order is not None:  # a single input, or inputs that do not overlap
+        return pa.concat_tables([parts[i] for i in order] if order else parts)
     return _take(pa.concat_tables(parts), merge_indices(parts))
 
 
@@ -344,13 +351,12 @@ def merge_tables_once(tables_oldest_first: Sequence[pa.Table], settings: Iterato
     sorted copy of the whole range, no filter pass over it)."""
     if len(tables_oldest_first) < 2 or sum(t.nbytes for t in tables_oldest_first) >= COMBINE_LIMIT:
         return merge_tables(tables_oldest_first, settings)
-    order = disjoint_order(tables_oldest_first)
+    order = merged_already(tables_oldest_first)
     if order is not None:  # already in merged order once concatenated: the stack alone
         table = pa.concat_tables([tables_oldest_first[i].select(COLUMNS) for i in order] or [SCHEMA.empty_table()])
-        if first_unsorted(table) is None:  # an input out of order within a row is merged below
-            keep = keep_mask(table, settings)
-            # every entry kept (no versions, no markers): one copy of the range, not two
-            return (table if keep.all() else table.filter(pa.array(keep))).combine_chunks()
+        keep = keep_mask(table, settings)
+        # every entry kept (no versions, no markers): one copy of the range, not two
+        return (table if keep.all() else table.filter(pa.array(keep))).combine_chunks()
     table = pa.concat_tables(t.select(COLUMNS) for t in tables_oldest_first)
     return table.take(pa.array(merge_keep(tables_oldest_first, table, settings))).combine_chunks()
 
