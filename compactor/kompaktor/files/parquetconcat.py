@@ -446,19 +446,8 @@ class ConcatWriter(_OutputWriter):
         read: a resumable merge records the part's checksum without reading it twice."""
         with self.storage.open_input(part) as f:
             size = f.size()
-            if size < 12:
-                raise BadFileError(f"{part}: not a Parquet file ({size} bytes)")
-            f.seek(size - 8)
-            tail = f.read(8)
-            flen = int.from_bytes(tail[:4], "little")
-            if tail[4:] != MAGIC or flen > size - 12:
-                raise BadFileError(f"{part}: not a Parquet file (no footer)")
-            f.seek(size - 8 - flen)
-            footer = f.read(flen)
-            try:
-                md = decode(footer)
-            except (ValueError, IndexError) as exc:
-                raise BadFileError(f"{part}: unreadable Parquet footer: {exc}") from exc
+            footer = read_footer_bytes(f, size, part)
+            md, flen = decode_footer(footer, part), len(footer)
             schema = encode([required(md, 2)])
             if self._template is None:
                 self._template, self._schema = md, schema
@@ -491,7 +480,7 @@ class ConcatWriter(_OutputWriter):
                     left -= len(chunk)
                 if digest is not None:
                     digest.update(footer)
-                    digest.update(tail)
+                    digest.update(flen.to_bytes(4, "little") + MAGIC)
             if entries:
                 self._pos += size - 8 - flen - len(MAGIC)
                 self.entries += entries
