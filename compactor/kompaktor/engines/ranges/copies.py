@@ -65,8 +65,9 @@ class CopyRun:
     path: str
     groups: tuple[int, ...]  # row-group indexes in the file, consecutive
     claims: tuple[tuple[bytes, bytes], ...]  # each row group's (min row, max row) statistics
+    spans: tuple[tuple[int, int], ...]  # where each row group's chunks lie (copyable_row_group)
     entries: int
-    footer: bytes  # the file's footer as read when planning (not read again to copy)
+    footer: Struct  # the file's footer, read and decoded when planning (not read again to copy)
 
     @property
     def last_row(self) -> bytes:
@@ -147,23 +148,24 @@ def _runs(
 ) -> list[tuple[Bound, CopyRun]]:
     """The runs of row groups that may be copied, in key order, each with the cut below it."""
     runs: list[tuple[Bound, CopyRun, int]] = []  # (cut below, run, uncompressed bytes)
-    footers: dict[int, tuple[bytes, pq.FileMetaData]] = {}  # by input: raw and parsed
+    footers: dict[int, tuple[Struct, pq.FileMetaData]] = {}  # by input: decoded, and as pyarrow reads it
     for below, i, g, lo, hi, n, nb in _isolated(metas, prev, end):
         if nb > max_bytes or nb < min_bytes:
             continue
         if i not in footers:
             with reading(metas[i].path), storage.open_input(metas[i].path) as f:
                 raw = read_footer_bytes(f, f.size(), metas[i].path)
-                footers[i] = (raw, pq.read_metadata(pa.BufferReader(as_file(raw))))
-        raw, md = footers[i]
-        if _hopeless(md, g, lo, hi, settings):
+                footers[i] = (decode_footer(raw, metas[i].path), pq.read_metadata(pa.BufferReader(as_file(raw))))
+        footer, md = footers[i]
+        span = copyable_row_group(footer, g)
+        if span is None or _hopeless(md, g, lo, hi, settings):
             continue
         if runs and _follows(runs[-1][1], i, g, below) and runs[-1][2] + nb <= max_bytes:
             cut, r, nbytes = runs[-1]
-            run = CopyRun(i, r.path, (*r.groups, g), (*r.claims, (lo, hi)), r.entries + n, raw)
-            runs[-1] = (cut, run, nbytes + nb)
+            groups, claims, spans = (*r.groups, g), (*r.claims, (lo, hi)), (*r.spans, span)
+            runs[-1] = (cut, CopyRun(i, r.path, groups, claims, spans, r.entries + n, footer), nbytes + nb)
         else:
-            runs.append((below, CopyRun(i, metas[i].path, (g,), ((lo, hi),), n, raw), nb))
+            runs.append((below, CopyRun(i, metas[i].path, (g,), ((lo, hi),), (span,), n, footer), nb))
     return [(cut, run) for cut, run, _nb in runs]
 
 
@@ -248,21 +250,21 @@ def copy_run(storage: Storage, run: CopyRun, settings: IteratorSettings) -> list
     """The run's row groups in order, each one :class:`Copied` when the stack keeps it unchanged,
     else merged alone (nothing else has rows there) and encoded. Each row group's bytes are read
     once (one request on an object store), for the check and the copy alike."""
-    md = decode_footer(run.footer, run.path)
     with reading(run.path), storage.open_input(run.path) as f:
-        return [_piece(f, md, run, g, claim, settings) for g, claim in zip(run.groups, run.claims, strict=True)]
+        return [
+            _piece(f, run, g, claim, span, settings)
+            for g, claim, span in zip(run.groups, run.claims, run.spans, strict=True)
+        ]
 
 
-def _piece(f: Any, md: Struct, run: CopyRun, g: int, claim: tuple[bytes, bytes], settings: IteratorSettings) -> Piece:
+def _piece(
+    f: Any, run: CopyRun, g: int, claim: tuple[bytes, bytes], span: tuple[int, int], settings: IteratorSettings
+) -> Piece:
     with reading(run.path, row_group=g):
-        span = copyable_row_group(md, g)
-        if span is None:  # not a sorted file's layout: read as any row group, merged alone
-            pf = pq.ParquetFile(f, metadata=pq.read_metadata(pa.BufferReader(as_file(run.footer))))
-            return _merged_alone(run.path, g, conform(pf.read_row_group(g), run.path), claim, settings)
         start, end = span
         data = f.read_at(end - start, start)
-        one = pq.ParquetFile(pa.BufferReader(row_group_file(md, g, data, start)))
-        got = _copied(one, md, run.path, g, claim, settings, data, start)
+        one = pq.ParquetFile(pa.BufferReader(row_group_file(run.footer, g, data, start)))
+        got = _copied(one, run.footer, run.path, g, claim, settings, data, start)
         if got is not None:
             return Piece(got, got.entries, got.deletes)
         return _merged_alone(run.path, g, conform(one.read_row_group(0), run.path), claim, settings)
