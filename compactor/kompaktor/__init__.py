@@ -1,3 +1,3 @@
 """Kompaktor: external compactions for sorted key/value tables."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"

@@ -13,7 +13,7 @@ from kompaktor.resources.models import CompactorGroupSpec
 from kompaktor.resources.operator_config import OperatorConfig
 from kompaktor_operator import manifests
 
-DEFAULT_IMAGE = "ghcr.io/kompaktor/kompaktor-compactor:0.2.0"
+DEFAULT_IMAGE = "ghcr.io/kompaktor/kompaktor-compactor:0.3.0"
 CONFIG = OperatorConfig(
     compactor_image=DEFAULT_IMAGE,
     redis_secret="kompaktor-redis",
@@ -45,7 +45,7 @@ def test_the_defaults_are_allowed() -> None:
     [
         ({"image": "evil.example/miner:latest"}, admission.IMAGE_NOT_ALLOWED, "evil.example/miner:latest"),
         # a tag of the default repository is another image
-        ({"image": "ghcr.io/kompaktor/kompaktor-compactor:0.2.0-evil"}, admission.IMAGE_NOT_ALLOWED, "0.2.0-evil"),
+        ({"image": "ghcr.io/kompaktor/kompaktor-compactor:0.3.0-evil"}, admission.IMAGE_NOT_ALLOWED, "0.3.0-evil"),
         ({"serviceAccountName": "default"}, admission.SERVICE_ACCOUNT_NOT_ALLOWED, "'default'"),
         ({"serviceAccountName": "kompaktor-operator"}, admission.SERVICE_ACCOUNT_NOT_ALLOWED, "kompaktor-operator"),
         ({"redis": {"secretName": "payroll-db"}}, admission.SECRET_NOT_ALLOWED, "spec.redis.secretName 'payroll-db'"),

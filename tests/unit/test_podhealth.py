@@ -9,7 +9,7 @@ from typing import Any
 
 from kompaktor_operator import podhealth
 
-IMAGE = "ghcr.io/kompaktor/kompaktor-compactor:0.2.0"
+IMAGE = "ghcr.io/kompaktor/kompaktor-compactor:0.3.0"
 
 
 def _pod(
