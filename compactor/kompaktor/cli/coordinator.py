@@ -128,7 +128,7 @@ def coordinator(
         restored = backup.bootstrap(store, storage, bootstrap_from)
         click.echo(
             f"bootstrap: restored backup {restored.manifest.id} ({restored.tablets} tablets; "
-            f"{len(restored.unreferenced)} files written after it not brought back)"
+            f"{len(restored.not_adopted)} files in storage not brought back)"
             if restored
             else "bootstrap: Redis already holds metadata (or was restored before): nothing restored",
             err=True,

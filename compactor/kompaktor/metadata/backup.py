@@ -36,11 +36,15 @@ import pyarrow.parquet as pq
 from kompaktor import __version__
 from kompaktor import keyspace as C
 from kompaktor.connection import text
+from kompaktor.files.sortedfile import read_info, ts_bounds
 from kompaktor.files.storage import Storage
 from kompaktor.metadata.store import MetadataStore
+from kompaktor.metadata.superseded import adds_to_view
 from kompaktor.model.errors import KompaktorError
 from kompaktor.model.names import TABLES_DIR, file_order_key, tmp_tag
 from kompaktor.model.tablet import Tablet
+from kompaktor.policy.deletes import DeleteHorizonError
+from kompaktor.policy.tableprops import keeps_deletes, max_versions
 
 BACKUPS_DIR = "backups"
 FORMAT = 1
@@ -322,13 +326,17 @@ class Restored:
     tables: int
     tablets: int
     files: int
-    #: data files in storage that the restored metadata does not reference: what was written after
-    #: the backup (flushes, imports, compaction outputs) — acknowledged writes a restore loses
+    #: data files in storage that the restored metadata does not reference: inputs of compactions
+    #: committed before the backup (not yet collected), and what was written after it
     unreferenced: list[str]
-    #: with ``adopt_newer``: flushes and imports written after the backup, registered again
+    #: with ``adopt_newer``: flushes and imports the restored view lacked, registered again
     adopted: list[str] = field(default_factory=list)
-    #: with ``adopt_newer``: files left out, each with the reason
+    #: what it could not bring back, each with the reason in one line: files whose content the
+    #: restored view lacks (with ``adopt_newer``: those it could not register again)
     not_adopted: dict[str, str] = field(default_factory=dict)
+    #: unreferenced files whose every entry is present in, or hidden by, the restored view
+    #: (:mod:`kompaktor.metadata.superseded`): nothing of them is lost
+    superseded: list[str] = field(default_factory=list)
 
 
 def _metadata_keys(store: MetadataStore) -> list[str]:
@@ -382,37 +390,63 @@ def restore(store: MetadataStore, storage: Storage, bid: str, *, adopt_newer: bo
     unreferenced = sorted(rel for rel in stored if rel not in wanted and tmp_tag(rel) is None)
     tablets = sum(len(t["tablets"]) for t in data["tables"].values())
     out = Restored(m, len(data["tables"]), tablets, len(files), unreferenced)
-    if adopt_newer:
-        adopt(store, storage, {tid: name for name, tid in data["names"].items()}, out)
+    settle(store, storage, {tid: name for name, tid in data["names"].items()}, out, adopt=adopt_newer)
     return out
 
 
-def adopt(store: MetadataStore, storage: Storage, names: dict[str, str], out: Restored) -> None:
-    """Register again the flushes and imports written after the backup, oldest first, with every
-    tablet they overlap — as the flush or import did (the delete horizon checked as it was then).
-    Compaction outputs written after the backup are left out: their inputs are the backup's files,
-    which are all still there (the collector spared them), so nothing of them is lost unless an
-    input written after the backup was collected since."""
-    from kompaktor.files.sortedfile import read_info, ts_bounds  # the footer, then the timestamps
-    from kompaktor.policy.deletes import DeleteHorizonError
-
-    for rel in sorted(out.unreferenced, key=file_order_key):
+def settle(store: MetadataStore, storage: Storage, names: dict[str, str], out: Restored, *, adopt: bool) -> None:
+    """Sort the unreferenced files into superseded, adopted and not brought back, by content
+    (:mod:`kompaktor.metadata.superseded`; their names and times tell nothing, docs/backup.md
+    "What a restore reports"). Flushes and imports first, oldest first: one the view lacks is
+    registered again with ``adopt`` (:func:`adopt_file`). Then compaction outputs, against the
+    view that results: they are never registered (a full compaction's output lacks the delete
+    markers it dropped, which its inputs still carry), so one whose content the view lacks is
+    reported — an input of it written after the backup is gone, or was not adopted."""
+    writes = sorted((r for r in out.unreferenced if is_write(r)), key=file_order_key)
+    outputs = sorted((r for r in out.unreferenced if not is_write(r)), key=file_order_key)
+    for rel in writes + outputs:
         table = names.get(rel.split("/")[1])
-        if not is_write(rel):
-            out.not_adopted[rel] = "a compaction's output (its inputs are restored)"
-            continue
         if table is None:
             out.not_adopted[rel] = "its table was created after the backup"
             continue
         try:
-            info = read_info(storage, rel)
-            with storage.open_input(rel) as f:
-                put_min, del_max = ts_bounds(pq.read_table(f, columns=["ts", "deleted"]))
-            meta = dataclasses.replace(info, put_min=put_min, del_max=del_max).meta
-            store.files.add_files(table, {rel: meta})
-            out.adopted.append(rel)
-        except (DeleteHorizonError, KompaktorError, OSError) as exc:
+            if not _adds(store, storage, table, rel):
+                out.superseded.append(rel)
+            elif not is_write(rel):
+                out.not_adopted[rel] = "a compaction's output holding entries the restored view lacks"
+            elif not adopt:
+                out.not_adopted[rel] = "written after the backup (--adopt-newer registers it again)"
+            else:
+                adopt_file(store, storage, table, rel)
+                out.adopted.append(rel)
+        except DeleteHorizonError:
+            out.not_adopted[rel] = "refused: it holds a put at or before a tablet's delete horizon"
+        except (KompaktorError, OSError) as exc:
             out.not_adopted[rel] = " ".join(str(exc).split())
+
+
+def _adds(store: MetadataStore, storage: Storage, table: str, rel: str) -> bool:
+    """Whether file ``rel`` of ``table`` holds an entry the view of its tablets lacks."""
+    info = read_info(storage, rel)
+    if info.entries == 0:
+        return False
+    t = store.tables.table(table)
+    return adds_to_view(
+        storage,
+        rel,
+        store.tables.tablets_in_range(t.id, info.first_row, info.last_row),
+        max_versions=max_versions(t.props),
+        keeps_deletes=keeps_deletes(t.props),
+    )
+
+
+def adopt_file(store: MetadataStore, storage: Storage, table: str, rel: str) -> None:
+    """Register a flush or import again with every tablet it overlaps, as the flush or import did
+    (the delete horizon checked as it was then)."""
+    info = read_info(storage, rel)
+    with storage.open_input(rel) as f:
+        put_min, del_max = ts_bounds(pq.read_table(f, columns=["ts", "deleted"]))
+    store.files.add_files(table, {rel: dataclasses.replace(info, put_min=put_min, del_max=del_max).meta})
 
 
 def bootstrap(store: MetadataStore, storage: Storage, bid: str) -> Restored | None:
