@@ -120,8 +120,9 @@ class StoreCore:
         """A core on the same connection whose every write (mutations, scripts, sets, counters)
         carries the fencing token ``token()`` and is refused atomically, inside Redis, with
         :class:`Fenced` once a newer token exists. While ``token()`` is None (a coordinator that
-        never led) the writes are not fenced."""
-        return StoreCore(self.client, self.url, self.library, fence=token)
+        never led) the writes are not fenced. The durability is this core's (the same object: a
+        coordinator given one keeps it on every write it makes as leader)."""
+        return StoreCore(self.client, self.url, self.library, fence=token, durability=self.durability)
 
     def write(self, *commands: tuple[Any, ...]) -> list[Any]:
         """Run write commands atomically (MULTI/EXEC); through a fenced core, only while its
