@@ -1,4 +1,5 @@
-"""What a CompactorGroup may use (issue 16 §2): the operator, not the group's author, decides.
+"""What a CompactorGroup may use (docs/kubernetes.md "Security settings"): the operator, not the
+group's author, decides.
 
 Anyone allowed to create a CompactorGroup must not be able to run an arbitrary image, or a pod
 with another ServiceAccount or Secret of the namespace, through the operator's rights. A group

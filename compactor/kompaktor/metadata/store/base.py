@@ -93,7 +93,8 @@ class StoreCore:
         #: the connection: the parts', and the protocols' of :mod:`kompaktor.metadata`, nobody else's
         self.client = client
         self.url = url
-        #: how an acknowledged write is made durable (issue 15 §1, :mod:`kompaktor.connection`)
+        #: how an acknowledged write is made durable (docs/architecture.md "Durability: what an
+        #: acknowledgment means", :mod:`kompaktor.connection`)
         self.durability = durability or Durability(sentinel=is_sentinel_url(url))
         #: the fencing token every write through this core carries (:meth:`fenced`), or None
         self.fence = fence
@@ -160,8 +161,9 @@ class StoreCore:
         self.call(durable_pipeline, self.client, self.durability, lambda pipe: None)
 
     def _eval_durable(self, arg: str) -> Any:
-        """mutate.lua on ``arg``, answered only once the write is durable (issue 15 §1): the barrier
-        and WAIT / WAITAOF the store's durability asks for follow in the same round trip."""
+        """mutate.lua on ``arg``, answered only once the write is durable (docs/architecture.md
+        "Durability: what an acknowledgment means"): the barrier and WAIT / WAITAOF the store's
+        durability asks for follow in the same round trip."""
 
         def run(pipe: redis.client.Pipeline) -> None:
             pipe.fcall(self._mutate.name, 0, arg)
