@@ -12,7 +12,7 @@ import pytest
 
 from kompaktor.files.sortedfile import SortedFileWriter
 from kompaktor.files.storage import Storage
-from kompaktor.metadata.superseded import adds_to_view
+from kompaktor.metadata.superseded import adding
 from kompaktor.model.keys import Entry
 from kompaktor.model.tablet import Tablet
 
@@ -48,10 +48,13 @@ def _adds(
     horizon: int | None = None,
     keeps: bool = True,
 ) -> bool:
-    files = {_file(storage, "A", view): None} if view else {}
     rel = _file(storage, "F", candidate)
-    t = Tablet("1;", "1", None, None, dict.fromkeys(files), {}, None, None, None, 1, horizon)  # type: ignore[arg-type]
-    return adds_to_view(storage, rel, [t], max_versions=versions, keeps_deletes=keeps)
+    return adding(storage, _tablet(storage, view, horizon), [rel], max_versions=versions, keeps_deletes=keeps) == {rel}
+
+
+def _tablet(storage: Storage, view: list[Entry], horizon: int | None = None) -> Tablet:
+    files = [_file(storage, "A", view)] if view else []
+    return Tablet("1;", "1", None, None, dict.fromkeys(files), {}, None, None, None, 1, horizon)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -88,3 +91,12 @@ def test_a_file_is_superseded_only_when_every_entry_is(storage: Storage) -> None
     view = [put(b"a", 5), delete(b"c", 9)]
     assert _adds(storage, view, [put(b"a", 5), put(b"c", 3)]) is False
     assert _adds(storage, view, [put(b"a", 5), put(b"c", 3), put(b"d", 1)]) is True
+
+
+def test_many_files_in_one_pass(storage: Storage) -> None:
+    """What a restore does: every unreferenced file overlapping a tablet checked in one pass."""
+    t = _tablet(storage, [put(b"a", 5), put(b"b", 7), delete(b"c", 9)])
+    old = _file(storage, "F", [put(b"a", 5), put(b"b", 6), put(b"c", 2)])
+    new = _file(storage, "F", [put(b"b", 8)])
+    lost = _file(storage, "F", [put(b"a", 5), put(b"d", 1)])
+    assert adding(storage, t, [old, new, lost], max_versions=1, keeps_deletes=True) == {new, lost}

@@ -40,7 +40,7 @@ from kompaktor.connection import text
 from kompaktor.files.sortedfile import read_info, ts_bounds
 from kompaktor.files.storage import Storage
 from kompaktor.metadata.store import MetadataStore
-from kompaktor.metadata.superseded import adds_to_view
+from kompaktor.metadata.superseded import adding
 from kompaktor.model.errors import KompaktorError
 from kompaktor.model.keys import span_overlaps
 from kompaktor.model.names import TABLES_DIR, file_order_key, tmp_tag
@@ -406,52 +406,76 @@ def settle(store: MetadataStore, storage: Storage, names: dict[str, str], out: R
     reported — an input of it written after the backup is gone, or was not adopted."""
     writes = sorted((r for r in out.unreferenced if is_write(r)), key=file_order_key)
     outputs = sorted((r for r in out.unreferenced if not is_write(r)), key=file_order_key)
-    view = RestoredView(store)
-    for rel in writes + outputs:
-        table = names.get(rel.split("/")[1])
-        if table is None:
-            out.not_adopted[rel] = "its table was created after the backup"
-            continue
-        try:
-            if not view.adds(storage, table, rel):
-                out.superseded.append(rel)
-            elif not is_write(rel):
-                out.not_adopted[rel] = "a compaction's output holding entries the restored view lacks"
-            elif not adopt:
-                out.not_adopted[rel] = "written after the backup (--adopt-newer registers it again)"
+    view = RestoredView(store, storage)
+    for batch in (writes, outputs):
+        by_table: dict[str, list[str]] = {}
+        for rel in batch:
+            table = names.get(rel.split("/")[1])
+            if table is None:
+                out.not_adopted[rel] = "its table was created after the backup"
             else:
-                view.refresh(table, adopt_file(store, storage, table, rel))
-                out.adopted.append(rel)
+                by_table.setdefault(table, []).append(rel)
+        adds = view.adding(by_table, out.not_adopted)
+        for table, rels in by_table.items():
+            for rel in rels:
+                if rel not in out.not_adopted:
+                    _place(store, storage, view, out, table, rel, adds=rel in adds, adopt=adopt)
+
+
+def _place(
+    store: MetadataStore,
+    storage: Storage,
+    view: RestoredView,
+    out: Restored,
+    table: str,
+    rel: str,
+    *,
+    adds: bool,
+    adopt: bool,
+) -> None:
+    """Superseded, adopted or not brought back (with the reason, in one line)."""
+    if not adds:
+        out.superseded.append(rel)
+    elif not is_write(rel):
+        out.not_adopted[rel] = "a compaction's output holding entries the restored view lacks"
+    elif not adopt:
+        out.not_adopted[rel] = "written after the backup (--adopt-newer registers it again)"
+    else:
+        try:
+            view.refresh(table, adopt_file(store, storage, table, rel))
+            out.adopted.append(rel)
         except DeleteHorizonError:
             out.not_adopted[rel] = "refused: it holds a put at or before a tablet's delete horizon"
         except (KompaktorError, OSError) as exc:
             out.not_adopted[rel] = " ".join(str(exc).split())
 
 
+#: unreferenced files checked against a tablet in one pass over its files, at most (each pass holds
+#: a batch of entries of every one of them)
+CHECK_BATCH = 64
+
+
 class RestoredView:
     """The restored tablets of each table, read once and kept up to date as files are adopted:
-    what :func:`settle` checks each unreferenced file against (a table's tablets are read once, not
-    once per file, and a file's tablets found by bisection: a restore may hold a million)."""
+    what :func:`settle` checks the unreferenced files against — a table's tablets read once, a
+    file's tablets found by bisection (a restore may hold a million), and each tablet's files read
+    once per :data:`CHECK_BATCH` files overlapping it, not once per file."""
 
-    def __init__(self, store: MetadataStore) -> None:
-        self.store = store
+    def __init__(self, store: MetadataStore, storage: Storage) -> None:
+        self.store, self.storage = store, storage
         self._tables: dict[str, tuple[TableInfo, list[Tablet]]] = {}
 
     def _table(self, name: str) -> tuple[TableInfo, list[Tablet]]:
         if name not in self._tables:
             info = self.store.tables.table(name)
-            tablets = sorted(self.store.tables.tablets(info.id), key=lambda t: (t.end is None, t.end or b""))
+            tablets = sorted(self.store.tables.tablets(info.id), key=_end_order)
             self._tables[name] = (info, tablets)
         return self._tables[name]
 
     def overlapping(self, name: str, first: bytes | None, last: bytes | None) -> list[Tablet]:
         """The tablets of table ``name`` that rows in [first, last] fall in."""
         tablets = self._table(name)[1]
-        lo = (
-            0
-            if first is None
-            else bisect.bisect_left(tablets, (False, first), key=lambda t: (t.end is None, t.end or b""))
-        )
+        lo = 0 if first is None else bisect.bisect_left(tablets, (False, first), key=_end_order)
         out = []
         for t in tablets[lo:]:
             if not span_overlaps(first, last, t.prev, t.end):
@@ -465,19 +489,41 @@ class RestoredView:
         fresh = {t.id: t for t in self.store.tables.get_tablets(tablet_ids)}
         self._tables[name] = (info, [fresh.get(t.id, t) for t in tablets])
 
-    def adds(self, storage: Storage, name: str, rel: str) -> bool:
-        """Whether file ``rel`` of table ``name`` holds an entry the view of its tablets lacks."""
-        info = read_info(storage, rel)
-        if info.entries == 0:
-            return False
-        props = self._table(name)[0].props
-        return adds_to_view(
-            storage,
-            rel,
-            self.overlapping(name, info.first_row, info.last_row),
-            max_versions=max_versions(props),
-            keeps_deletes=keeps_deletes(props),
-        )
+    def adding(self, by_table: dict[str, list[str]], errors: dict[str, str]) -> set[str]:
+        """The files (per table) holding an entry the view of their tablets lacks; a file that
+        cannot be read goes into ``errors`` with the reason."""
+        found: set[str] = set()
+        for name, rels in by_table.items():
+            per_tablet: dict[str, tuple[Tablet, list[str]]] = {}
+            for rel in rels:
+                try:
+                    info = read_info(self.storage, rel)
+                except (KompaktorError, OSError) as exc:
+                    errors[rel] = " ".join(str(exc).split())
+                    continue
+                for t in self.overlapping(name, info.first_row, info.last_row) if info.entries else []:
+                    per_tablet.setdefault(t.id, (t, []))[1].append(rel)
+            props = self._table(name)[0].props
+            for t, cands in per_tablet.values():
+                for i in range(0, len(cands), CHECK_BATCH):
+                    found |= self._adding(t, cands[i : i + CHECK_BATCH], props, errors)
+        return found
+
+    def _adding(self, t: Tablet, cands: list[str], props: dict[str, str], errors: dict[str, str]) -> set[str]:
+        try:
+            return adding(self.storage, t, cands, max_versions=max_versions(props), keeps_deletes=keeps_deletes(props))
+        except (KompaktorError, OSError) as exc:
+            if len(cands) == 1:
+                errors[cands[0]] = " ".join(str(exc).split())
+                return set()
+        out: set[str] = set()  # a file unreadable past its footer: one at a time, to name it
+        for rel in cands:
+            out |= self._adding(t, [rel], props, errors)
+        return out
+
+
+def _end_order(t: Tablet) -> tuple[bool, bytes]:
+    return t.end is None, t.end or b""
 
 
 def adopt_file(store: MetadataStore, storage: Storage, table: str, rel: str) -> list[str]:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 
 from kompaktor.files.sortedfile import iter_entries
 from kompaktor.files.storage import Storage
@@ -34,27 +34,25 @@ from kompaktor.model.keys import Entry, SortKey, sort_key
 from kompaktor.model.names import file_order_key
 from kompaktor.model.tablet import Tablet
 
-_CANDIDATE, _VIEW = 0, 1
+_VIEW = -1  # the tag of the view's entries; a candidate's is its index
 
 
-def adds_to_view(
-    storage: Storage, rel: str, tablets: Iterable[Tablet], *, max_versions: int, keeps_deletes: bool
-) -> bool:
-    """Whether some entry of file ``rel`` is neither present in nor hidden by the view of
-    ``tablets`` (those its rows overlap, as the store holds them now)."""
-    return any(_adds_to_tablet(storage, rel, t, max_versions, t.horizon if keeps_deletes else None) for t in tablets)
-
-
-def _adds_to_tablet(storage: Storage, rel: str, t: Tablet, max_versions: int, horizon: int | None) -> bool:
-    sources = [_tagged(iter_entries(storage, rel, t.prev, t.end), _CANDIDATE)]
+def adding(storage: Storage, t: Tablet, candidates: list[str], *, max_versions: int, keeps_deletes: bool) -> set[str]:
+    """Those of ``candidates`` that hold an entry the view of tablet ``t`` lacks, in one pass over
+    the tablet's files and theirs (a restore checks many files against the same tablets)."""
+    horizon = t.horizon if keeps_deletes else None
+    sources = [_tagged(iter_entries(storage, rel, t.prev, t.end), i) for i, rel in enumerate(candidates)]
     sources += [
-        _tagged(iter_entries(storage, p, t.prev, t.end), _VIEW) for p in sorted(t.files, key=file_order_key) if p != rel
+        _tagged(iter_entries(storage, p, t.prev, t.end), _VIEW)
+        for p in sorted(t.files, key=file_order_key)
+        if p not in candidates
     ]
-    merged = heapq.merge(*sources, key=lambda x: x[0])
-    for _ck, group in itertools.groupby(merged, key=lambda x: x[0][:4]):
-        if _key_adds([(tag, e) for _k, tag, e in group], max_versions, horizon):
-            return True
-    return False
+    found: set[int] = set()
+    for _ck, group in itertools.groupby(heapq.merge(*sources, key=lambda x: x[0]), key=lambda x: x[0][:4]):
+        found |= _adders([(tag, e) for _k, tag, e in group], max_versions, horizon)
+        if len(found) == len(candidates):
+            break
+    return {candidates[i] for i in found}
 
 
 def _tagged(entries: Iterator[Entry], tag: int) -> Iterator[tuple[SortKey, int, Entry]]:
@@ -62,17 +60,17 @@ def _tagged(entries: Iterator[Entry], tag: int) -> Iterator[tuple[SortKey, int, 
         yield sort_key(e), tag, e
 
 
-def _key_adds(group: list[tuple[int, Entry]], max_versions: int, horizon: int | None) -> bool:
-    """The rules of the module's docstring, for the entries of one column key."""
+def _adders(group: list[tuple[int, Entry]], max_versions: int, horizon: int | None) -> set[int]:
+    """The rules of the module's docstring, for the entries of one column key: the tags of the
+    candidates with an entry the view lacks."""
     puts = {e.ts for tag, e in group if tag == _VIEW and not e.deleted}
     marker = max((e.ts for tag, e in group if tag == _VIEW and e.deleted), default=None)
+    out = set()
     for tag, e in group:
-        if tag != _CANDIDATE or (horizon is not None and e.ts <= horizon):
+        if tag == _VIEW or tag in out or (horizon is not None and e.ts <= horizon):
             continue
         if marker is not None and e.ts <= marker:
             continue  # hidden by a marker of the view (or one at least as new)
-        if e.deleted:
-            return True
-        if e.ts not in puts and sum(1 for ts in puts if ts > e.ts) < max_versions:
-            return True
-    return False
+        if e.deleted or (e.ts not in puts and sum(1 for ts in puts if ts > e.ts) < max_versions):
+            out.add(tag)
+    return out
