@@ -399,8 +399,9 @@ def restore(store: MetadataStore, storage: Storage, bid: str, *, adopt_newer: bo
 def settle(store: MetadataStore, storage: Storage, names: dict[str, str], out: Restored, *, adopt: bool) -> None:
     """Sort the unreferenced files into superseded, adopted and not brought back, by content
     (:mod:`kompaktor.metadata.superseded`; their names and times tell nothing, docs/backup.md
-    "What a restore reports"). Flushes and imports first, oldest first: one the view lacks is
-    registered again with ``adopt`` (:func:`adopt_file`). Then compaction outputs, against the
+    "What a restore reports"). Flushes and imports first, each checked against the backup's view:
+    those it lacks are registered again with ``adopt``, oldest first (:func:`adopt_file`). Then
+    compaction outputs, against the
     view that results: they are never registered (a full compaction's output lacks the delete
     markers it dropped, which its inputs still carry), so one whose content the view lacks is
     reported — an input of it written after the backup is gone, or was not adopted."""
