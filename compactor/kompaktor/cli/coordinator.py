@@ -133,6 +133,10 @@ def coordinator(
             else "bootstrap: Redis already holds metadata (or was restored before): nothing restored",
             err=True,
         )
+    from kompaktor.metadata.format import check_installation, open_checked
+
+    open_checked(store, "coordinator")  # newer than this release: one line, before leading
+    check_installation(store, storage)  # another installation's storage: one line, nothing written
     coord = Coordinator(
         store,
         storage,

@@ -39,6 +39,7 @@ from kompaktor import keyspace as C
 from kompaktor.connection import text
 from kompaktor.files.sortedfile import read_info, ts_bounds
 from kompaktor.files.storage import Storage
+from kompaktor.metadata import format as metaformat
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.metadata.superseded import adding
 from kompaktor.model.errors import KompaktorError
@@ -387,7 +388,9 @@ def restore(store: MetadataStore, storage: Storage, bid: str, *, adopt_newer: bo
         raise BackupError(
             f"refused: backup {bid} references {len(missing)} files that are not in storage (first: {missing[0]})"
         )
+    claim = metaformat.check_restore(store, storage)  # another installation's Redis: refused, nothing written
     _write_back(store, data, _max_name_numbers(stored), bid)
+    metaformat.record_installation(store, storage, claim)  # the restored Redis is this storage's
     wanted = set(files)
     unreferenced = sorted(rel for rel in stored if rel not in wanted and tmp_tag(rel) is None)
     tablets = sum(len(t["tablets"]) for t in data["tables"].values())

@@ -21,6 +21,7 @@ from typing import TypedDict
 
 from kompaktor import keyspace as C
 from kompaktor.files.storage import Storage
+from kompaktor.metadata import format as metaformat
 from kompaktor.metadata.brokered import BrokeredJobs
 from kompaktor.metadata.history import HistoryLimits
 from kompaktor.metadata.store import MetadataStore
@@ -149,6 +150,7 @@ def build_compactor(opts: CompactorOptions) -> tuple[Compactor, Callable[[], str
     conf = parse_spark_conf(opts.spark_conf)
     store = MetadataStore.from_url(opts.redis_url)
     store.ping()
+    metaformat.open_checked(store, "compactor")  # a store newer than this compactor: one line
     cfg, source = group_config(store, opts.group, opts.settings_digest)
     settings = worker_settings(cfg, source, opts, conf)
     drain_token = token_source(os.environ.get(TOKEN_ENV), opts.drain_token_file)
