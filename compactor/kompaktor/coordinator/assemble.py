@@ -52,7 +52,7 @@ def open_store(opts: CoordinatorOptions, say: Callable[[str], None]) -> tuple[Me
         restored = backup.bootstrap(store, storage, opts.bootstrap_from)
         say(
             f"bootstrap: restored backup {restored.manifest.id} ({restored.tablets} tablets; "
-            f"{len(restored.unreferenced)} files written after it not brought back)"
+            f"{len(restored.not_adopted)} files in storage not brought back)"
             if restored
             else "bootstrap: Redis already holds metadata (or was restored before): nothing restored"
         )

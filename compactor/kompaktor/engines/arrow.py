@@ -10,7 +10,7 @@ memory; the encoded ranges are spliced into the output in order
 (:class:`~kompaktor.files.parquetconcat.SpliceWriter`) — the same bytes as writing the merged
 ranges one after the other with one ``SortedFileWriter``. At most ``workers`` ranges are in flight.
 
-From ``resume_min_bytes`` of input, a merge given a resume log is resumable (issue 23 §2,
+From ``resume_min_bytes`` of input, a merge given a resume log is resumable (docs/architecture.md "Long merges resume",
 :mod:`kompaktor.engines.resume`): each range is written as a part, checksummed and recorded, the
 ranges an earlier attempt recorded are reused, and the parts are appended into the output at the
 end without decoding.
@@ -92,7 +92,8 @@ class ArrowMergeEngine:
         copy_min_bytes: int = COPY_MIN_BYTES,
     ) -> None:
         self.range_entries = range_entries
-        #: row groups the merge would output unchanged are copied, not decoded (issue 37 §2;
+        #: row groups the merge would output unchanged are copied, not decoded
+        #: (docs/architecture.md "Copying row groups through";
         #: :mod:`kompaktor.engines.ranges.copies`); not in a resumable merge
         self.copy_through = copy_through
         #: the smallest row group copied (uncompressed bytes; smaller ones are merged)

@@ -179,9 +179,10 @@ def run_compactor(opts: CompactorOptions) -> int:
 
 def refuse_unadmitted(group: str, cfg: GroupConfig | None, digest: str) -> None:
     """In a pod the operator made (it gave the digest of the settings it admitted), refuse in one
-    line to run settings from Redis other than those (issue 34 §2): none stored, settings the pod's
-    allow-lists (``KOMPAKTOR_ALLOWED_SPARK_*`` in its spec) refuse, or another digest — Redis
-    lost the group, someone else wrote ``kz:groups``, or the pod is an old one of a rollout."""
+    line to run settings from Redis other than those (docs/kubernetes.md "How a group's settings
+    reach its compactors"): none stored, settings the pod's allow-lists
+    (``KOMPAKTOR_ALLOWED_SPARK_*`` in its spec) refuse, or another digest — Redis lost the group,
+    someone else wrote ``kz:groups``, or the pod is an old one of a rollout."""
     if cfg is None:
         # the operator stored the group before the pod, so Redis lost it (or this is another
         # Redis); the defaults would silently differ from the CompactorGroup
