@@ -112,6 +112,8 @@ def _env_from(spec: CompactorGroupSpec, config: OperatorConfig) -> list[dict[str
 
 
 def build_pod_template(group: str, spec: CompactorGroupSpec, config: OperatorConfig) -> Manifest:
+    """The compactor pods' template: its metadata, the one compactor container, and the pod's
+    spec around it (identity, security, scheduling)."""
     labels = {**spec.pod_labels, **naming.labels(group)}
     annotations = {
         **spec.pod_annotations,
@@ -120,6 +122,35 @@ def build_pod_template(group: str, spec: CompactorGroupSpec, config: OperatorCon
         "prometheus.io/path": "/metrics",
         naming.SETTINGS_ANNOTATION: settings_digest(group, spec),
     }
+    container, volumes = _compactor_container(group, spec, config)
+    return {
+        "metadata": {"labels": labels, "annotations": annotations},
+        "spec": _pod_spec(spec, config, container, volumes),
+    }
+
+
+#: how the kubelet probes a compactor: alive (its loop turns) and ready (it takes jobs)
+_PROBES = {
+    "livenessProbe": {
+        "httpGet": {"path": "/healthz", "port": naming.HTTP_PORT_NAME},
+        "initialDelaySeconds": 10,
+        "periodSeconds": 10,
+        "timeoutSeconds": 5,
+        "failureThreshold": 6,
+    },
+    "readinessProbe": {
+        "httpGet": {"path": "/readyz", "port": naming.HTTP_PORT_NAME},
+        "periodSeconds": 5,
+        "timeoutSeconds": 3,
+        "failureThreshold": 3,
+    },
+}
+
+
+def _compactor_container(
+    group: str, spec: CompactorGroupSpec, config: OperatorConfig
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The compactor container, and the volumes it mounts."""
     http = naming.HTTP_PORT_NAME
     container: dict[str, Any] = {
         "name": naming.CONTAINER,
@@ -132,19 +163,7 @@ def build_pod_template(group: str, spec: CompactorGroupSpec, config: OperatorCon
         # a container that exits with an error leaves its log's tail as its termination message:
         # the CompactorGroup's PodsHealthy condition quotes it (podhealth)
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "livenessProbe": {
-            "httpGet": {"path": "/healthz", "port": http},
-            "initialDelaySeconds": 10,
-            "periodSeconds": 10,
-            "timeoutSeconds": 5,
-            "failureThreshold": 6,
-        },
-        "readinessProbe": {
-            "httpGet": {"path": "/readyz", "port": http},
-            "periodSeconds": 5,
-            "timeoutSeconds": 3,
-            "failureThreshold": 3,
-        },
+        **copy.deepcopy(_PROBES),
         # Ask the compactor to drain before SIGTERM: it takes no new job and finishes (or
         # releases) the one it holds within drainGraceSeconds. Drain is a POST, which an httpGet
         # hook cannot send: the hook runs `kompaktor drain` against the pod's own loopback.
@@ -176,6 +195,14 @@ def build_pod_template(group: str, spec: CompactorGroupSpec, config: OperatorCon
             for k, v in (("requests", spec.resources.requests), ("limits", spec.resources.limits))
             if v
         }
+    return container, volumes
+
+
+def _pod_spec(
+    spec: CompactorGroupSpec, config: OperatorConfig, container: dict[str, Any], volumes: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The pod's spec around its container: its identity (no API token), its security context,
+    its grace period (the drain's plus a margin) and where it may be scheduled."""
     pod_spec: dict[str, Any] = {
         # The compactor needs no Kubernetes API: its own ServiceAccount, and no token in the pod
         # whatever the account says (admission decides which accounts a group may name).
@@ -200,7 +227,7 @@ def build_pod_template(group: str, spec: CompactorGroupSpec, config: OperatorCon
         pod_spec["affinity"] = copy.deepcopy(spec.affinity)
     if spec.priority_class_name:
         pod_spec["priorityClassName"] = spec.priority_class_name
-    return {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod_spec}
+    return pod_spec
 
 
 def build_compactor_deployment(group: str, spec: CompactorGroupSpec, config: OperatorConfig) -> Manifest:
