@@ -270,11 +270,11 @@ def test_the_compactors_engine_resumes_from_its_groups_size(redis_url: str, tmp_
     apply(backend, {"spark": {"engine": "arrow"}, "resume": {"minInputSize": "64Mi"}})
     cfg = backend.store.fleet.groups()[GROUP]
     worker = Worker(backend.store, Storage.from_uri(str(tmp_path)), WorkerSettings.for_group(cfg, "in-process"))
-    assert (worker.s.resume, worker.engine.resume_min_bytes) == (True, 64 << 20)
+    assert (worker.settings.resume, worker.engine.resume_min_bytes) == (True, 64 << 20)
     apply(backend, {"spark": {"engine": "arrow"}, "resume": {"enabled": False}})
     cfg = backend.store.fleet.groups()[GROUP]
     off = Worker(backend.store, Storage.from_uri(str(tmp_path)), WorkerSettings.for_group(cfg, "in-process-2"))
-    assert off.s.resume is False
+    assert off.settings.resume is False
 
 
 # -- issue 34 §2: a compactor checks what it is told to run ---------------------------------------

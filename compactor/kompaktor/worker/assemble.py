@@ -166,7 +166,7 @@ def run_compactor(opts: CompactorOptions) -> int:
     worker.install_signal_handlers()
     if opts.http_port >= 0:
         port = worker.serve_http(opts.http_port, opts.http_host, drain_token)
-        log.info("compactor %s serving HTTP on :%d", worker.s.compactor_id, port)
+        log.info("compactor %s serving HTTP on :%d", worker.settings.compactor_id, port)
     try:
         return worker.run()
     finally:

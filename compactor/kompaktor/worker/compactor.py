@@ -190,7 +190,7 @@ class Compactor:
         #: the writes about its jobs: made with the store's rights, or asked of the coordinator
         self.jobs: Jobs = DirectJobs(store) if jobs is None else jobs
         self.storage = storage
-        self.s = settings
+        self.settings = settings
         self.queues = store.queues
         self.metrics = CompactorMetrics.create()
         m = self.metrics
@@ -230,11 +230,11 @@ class Compactor:
             from kompaktor.engines import make_engine
 
             self._engine = make_engine(
-                self.s.engine,
-                spark_master=self.s.spark_master,
-                spark_conf=self.s.spark_conf,
-                driver_memory=self.s.driver_memory,
-                resume_min_bytes=self.s.resume_min_bytes,
+                self.settings.engine,
+                spark_master=self.settings.spark_master,
+                spark_conf=self.settings.spark_conf,
+                driver_memory=self.settings.driver_memory,
+                resume_min_bytes=self.settings.resume_min_bytes,
             )
         return self._engine
 
@@ -243,11 +243,11 @@ class Compactor:
         """Take no new job. ``finish``: finish the current one however long it takes (the
         operator's scale-down); else within the grace period (the pod is being deleted)."""
         if not self.drain.is_set():
-            log.info("compactor %s draining (%s)", self.s.compactor_id, why)
+            log.info("compactor %s draining (%s)", self.settings.compactor_id, why)
             self.drain.set()
             self._wake.set()
         if not finish and self.drain_deadline is None:
-            self.drain_deadline = time.monotonic() + self.s.drain_grace_s
+            self.drain_deadline = time.monotonic() + self.settings.drain_grace_s
 
     def install_signal_handlers(self) -> None:
         def on_term(signum: int, _frame: Any) -> None:
@@ -261,15 +261,17 @@ class Compactor:
         self.state = state
         ecid = self.current.ecid if self.current else None
         try:
-            self.jobs.register(self.s.group, self.s.compactor_id, state, ecid)
-            if state == DRAINING and self.s.stay_drained:
-                self.jobs.mark_drained(self.s.group, self.s.compactor_id)  # the mark outlives this process
+            self.jobs.register(self.settings.group, self.settings.compactor_id, state, ecid)
+            if state == DRAINING and self.settings.stay_drained:
+                self.jobs.mark_drained(
+                    self.settings.group, self.settings.compactor_id
+                )  # the mark outlives this process
         except StoreUnavailable as exc:
             log.warning("cannot publish state: %s", exc)
 
     def _drain_flag(self) -> bool:
         """Whether Redis holds a drain request (or mark) for this compactor; drains if so."""
-        if self.store.fleet.drain_requested(self.s.compactor_id):
+        if self.store.fleet.drain_requested(self.settings.compactor_id):
             self.request_drain("drain flag in Redis", finish=True)
         return self.drain.is_set()
 
@@ -278,7 +280,7 @@ class Compactor:
         one line that says what to do, not an outage retried forever."""
         if isinstance(self.jobs, DirectJobs) and isinstance(exc, NotPermitted):
             raise KompaktorError(
-                f"compactor {self.s.compactor_id}: its Redis user may not write Kompaktor's metadata "
+                f"compactor {self.settings.compactor_id}: its Redis user may not write Kompaktor's metadata "
                 f"({exc}); run it with --broker, so that the coordinator makes its writes"
             ) from None
 
@@ -286,8 +288,8 @@ class Compactor:
         """Drained, in a pod: stay up and take no job until SIGTERM, still saying ``draining``
         (the operator then removes the pod). Exiting instead would let the kubelet restart the
         container before the pod is deleted."""
-        log.info("compactor %s drained: it takes no job until its pod is deleted", self.s.compactor_id)
-        while not self.leave.wait(self.s.idle_wake_poll_s):
+        log.info("compactor %s drained: it takes no job until its pod is deleted", self.settings.compactor_id)
+        while not self.leave.wait(self.settings.idle_wake_poll_s):
             self._publish(DRAINING)
 
     # -- main loop -----------------------------------------------------------------------------------
@@ -298,7 +300,7 @@ class Compactor:
         self._wake.clear()
         if self.drain.is_set():
             return
-        if not self.s.wake:
+        if not self.settings.wake:
             self.drain.wait(wait)
             return
 
@@ -306,7 +308,7 @@ class Compactor:
             deadline = time.monotonic() + wait
             while not self._wake.is_set() and (left := deadline - time.monotonic()) > 0:
                 try:  # one BLPOP waits at most WAKE_WAIT_MAX_S: the loop covers the rest
-                    if self.queues.wait_for_work(self.s.group, left):
+                    if self.queues.wait_for_work(self.settings.group, left):
                         self._wake.set()
                 except StoreUnavailable:
                     return  # the main loop sees the outage on its next call
@@ -321,12 +323,12 @@ class Compactor:
         _ = self.engine
         # said once the engine runs (an engine that cannot start is the one line of the error)
         log.log(
-            logging.WARNING if self.s.source.startswith(DEFAULTS_SOURCE) else logging.INFO,
+            logging.WARNING if self.settings.source.startswith(DEFAULTS_SOURCE) else logging.INFO,
             "compactor %s of group %s: %s (from %s)",
-            self.s.compactor_id,
-            self.s.group,
-            self.s.describe(),
-            self.s.source,
+            self.settings.compactor_id,
+            self.settings.group,
+            self.settings.describe(),
+            self.settings.source,
         )
         try:
             self._drain_flag()  # a restarted container of a draining pod: drained from the start
@@ -334,7 +336,7 @@ class Compactor:
             log.warning("metadata store unavailable: %s", exc)
         self._publish(DRAINING if self.drain.is_set() else IDLE)
         self.ready = True
-        idle = self.s.idle_min_s
+        idle = self.settings.idle_min_s
         try:
             while not self.drain.is_set():
                 try:
@@ -347,7 +349,11 @@ class Compactor:
                     outcome = None
                 if outcome is None or outcome.storage_down:
                     self._publish(IDLE)
-                    cap = max(self.s.idle_max_s, self.s.idle_wake_poll_s) if self.s.wake else self.s.idle_max_s
+                    cap = (
+                        max(self.settings.idle_max_s, self.settings.idle_wake_poll_s)
+                        if self.settings.wake
+                        else self.settings.idle_max_s
+                    )
                     wait = min(cap, idle) * random.uniform(0.9, 1.1)
                     if outcome is None:
                         self._idle_wait(wait)
@@ -355,24 +361,24 @@ class Compactor:
                         self.drain.wait(wait)
                     idle = min(cap, idle * 2)
                     continue
-                idle = self.s.idle_min_s
-                if self.s.max_jobs is not None and self.jobs_done >= self.s.max_jobs:
+                idle = self.settings.idle_min_s
+                if self.settings.max_jobs is not None and self.jobs_done >= self.settings.max_jobs:
                     break
-            if self.drain.is_set() and self.s.stay_drained:
+            if self.drain.is_set() and self.settings.stay_drained:
                 self._publish(DRAINING)
                 self._stay_drained()
         finally:
             self.ready = False
-            keep = self.drain.is_set() and self.s.stay_drained
+            keep = self.drain.is_set() and self.settings.stay_drained
             try:
-                self.jobs.unregister(self.s.group, self.s.compactor_id, keep)
+                self.jobs.unregister(self.settings.group, self.settings.compactor_id, keep)
             except StoreUnavailable:
                 pass
         return 0
 
     def run_one(self) -> JobOutcome | None:
         """Reserve and run one job; None when the queue was empty."""
-        res = self.jobs.reserve(self.s.group, self.s.compactor_id)
+        res = self.jobs.reserve(self.settings.group, self.settings.compactor_id)
         if res is None:
             return None
         reserved = time.time()
@@ -393,20 +399,20 @@ class Compactor:
         rec = history.Record(
             ecid=res.ecid,
             outcome=outcome.recorded or history.FAILED,
-            group=self.s.group,
+            group=self.settings.group,
             table=res.table,
             tablet=res.tablet,
             kind=res.job.kind,
-            compactor=self.s.compactor_id,
+            compactor=self.settings.compactor_id,
             finished=time.time(),
             reason=outcome.reason,
-            engine=getattr(self.engine, "name", self.s.engine),
+            engine=getattr(self.engine, "name", self.settings.engine),
             input_files=len(res.inputs),
             input_bytes=sum(res.job.files.values()),
             queued_s=_queued_s(res, reserved),
             **outcome.figures,
         )
-        history.append(self.store, rec, self.s.history_limits)
+        history.append(self.store, rec, self.settings.history_limits)
 
     # -- one job -------------------------------------------------------------------------------------
     def _still_wanted(self, res: Reservation) -> str | None:
@@ -441,7 +447,7 @@ class Compactor:
         # below the engine's threshold a merge is not resumable: no record is read or written
         # (small merges make no Redis request more than before); an engine given none never is
         threshold = getattr(self.engine, "resume_min_bytes", 0)
-        if not (self.s.resume and threshold is not None and job.input_bytes >= threshold):
+        if not (self.settings.resume and threshold is not None and job.input_bytes >= threshold):
             return job
         job.rlog = rlog = self.jobs.resume_log(res, res.fingerprint)
         try:
@@ -468,11 +474,11 @@ class Compactor:
                 job.error = exc
 
         started = time.monotonic()
-        self.metrics.running.labels(self.s.group).set(1)
+        self.metrics.running.labels(self.settings.group).set(1)
         th = threading.Thread(target=work, name=f"merge-{res.ecid}", daemon=True)
         th.start()
         self._watch(job, th)
-        self.metrics.running.labels(self.s.group).set(0)
+        self.metrics.running.labels(self.settings.group).set(0)
         job.elapsed = time.monotonic() - started
 
     def _watch(self, job: _Job, th: threading.Thread) -> None:
@@ -481,12 +487,12 @@ class Compactor:
         that cannot finish within a drain's grace period is cancelled."""
         next_check = 0.0
         while th.is_alive():
-            th.join(timeout=min(0.25, self.s.heartbeat_s))
+            th.join(timeout=min(0.25, self.settings.heartbeat_s))
             if not th.is_alive():
                 break
             now = time.monotonic()
             if now >= next_check:
-                next_check = now + self.s.heartbeat_s
+                next_check = now + self.settings.heartbeat_s
                 why = self._heartbeat(job)
                 if why:
                     job.stop(why)
@@ -512,7 +518,7 @@ class Compactor:
 
     def _merge_figures(self, job: _Job) -> dict[str, Any]:
         """The resume counters, and the history record's figures as far as the merge knows them."""
-        g, progress = self.s.group, job.progress
+        g, progress = self.settings.group, job.progress
         self.metrics.resume_parts_reused.labels(g).inc(int(progress.get("parts_reused", 0)))
         self.metrics.resume_bytes_reused.labels(g).inc(int(progress.get("bytes_reused", 0)))
         self.metrics.resume_parts_rejected.labels(g).inc(int(progress.get("parts_rejected", 0)))
@@ -525,7 +531,7 @@ class Compactor:
     def _unfinished(self, job: _Job, figures: dict[str, Any]) -> JobOutcome | None:
         """A merge that did not finish: cancelled, or failed (the storage down, or the job
         itself); its job released. None when the merge finished."""
-        res, g, err = job.res, self.s.group, job.error
+        res, g, err = job.res, self.settings.group, job.error
         if job.cancel.is_set() and (err is not None or job.result is None or job.reason is not None):
             self.jobs.release(self.storage, res)
             why = job.reason or "cancelled"
@@ -571,12 +577,12 @@ class Compactor:
         except ConditionFailed as exc:
             self.jobs.release(self.storage, res)
             self._discard_progress(job)  # the job changed under it: its parts are of no use
-            self.metrics.failed.labels(self.s.group).inc()
+            self.metrics.failed.labels(self.settings.group).inc()
             return JobOutcome("failed", f"commit {exc}", res.ecid, recorded=history.RETRIED, figures=figures)
         except StoreUnavailable as exc:
             # Whether the commit landed is unknown, so the output stays; if it did not land,
             # dead-compaction detection removes the ECID and the output once the store is back.
-            self.metrics.failed.labels(self.s.group).inc()
+            self.metrics.failed.labels(self.settings.group).inc()
             log.error("%s: cannot commit, metadata store unreachable (gave up): %s", res.ecid, exc)
             reason = f"commit: metadata store unreachable: {exc}"
             return JobOutcome("failed", reason, res.ecid, recorded=history.FAILED, figures=figures)
@@ -588,7 +594,7 @@ class Compactor:
 
     def _count_committed(self, job: _Job, result: MergeResult) -> None:
         """A committed job's metrics and counters, and the throughput its merge measured."""
-        g, m, elapsed, input_bytes = self.s.group, self.metrics, job.elapsed, job.input_bytes
+        g, m, elapsed, input_bytes = self.settings.group, self.metrics, job.elapsed, job.input_bytes
         m.completed.labels(g).inc()
         m.entries_read.labels(g).inc(result.entries_read)
         m.entries_written.labels(g).inc(result.entries_written)
@@ -623,7 +629,9 @@ class Compactor:
         the drain deadline has passed. A retry that is
         rejected because an earlier attempt landed (its reply was lost) is a success: failing it
         would delete an output the tablet now references."""
-        deadline = float("inf") if self.s.commit_retry_s is None else time.monotonic() + self.s.commit_retry_s
+        deadline = (
+            float("inf") if self.settings.commit_retry_s is None else time.monotonic() + self.settings.commit_retry_s
+        )
         attempted = False
         pause = 0.5
         warned = 0.0
