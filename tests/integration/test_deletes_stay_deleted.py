@@ -29,6 +29,7 @@ from kompaktor.engines import make_engine
 from kompaktor.engines.api import MergeRequest
 from kompaktor.metadata import compactions
 from kompaktor.metadata import tablet_ops as tabletops
+from kompaktor.metadata.store import files as files_module
 from kompaktor.model.errors import ConditionFailed
 from kompaktor.model.job import Job
 from kompaktor.model.keys import Entry
@@ -351,3 +352,43 @@ def test_a_full_compaction_does_not_commit_over_a_file_it_would_hide(client: Cli
     assert scanned(client, "race") == []
     _full_compaction(client, "race")
     assert scanned(client, "race") == []
+
+
+def test_redis_refuses_a_put_below_a_horizon_raised_after_the_python_check(
+    client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The interleaving the Python check cannot see (docs/verification.md, "Guards"): a full
+    compaction that drops a delete marker commits after ``add_files`` read the tablet (no horizon
+    yet) and before its mutation runs. Only ``above_horizon`` inside Redis stands between the
+    older put and a deleted entry come back; the retry then refuses it by name. Deterministic:
+    the compaction commits from inside the Python check, not by timing."""
+    client.store.tables.create_table("late")
+    client.import_files("late", [write_import_file(tmp_path / "1.parquet", [(b"k", b"x", 200, True)])])
+    t = client.store.tables.tablets(client.store.tables.table_id("late"))[0]
+    res = compactions.try_reserve(
+        client.store, Job(t.id, "SYSTEM", 1, "test", {f: m.size for f, m in t.files.items()}), "c", "test"
+    )
+    assert res.full
+    result = make_engine("arrow").merge(
+        client.storage, MergeRequest(res.inputs, res.output, res.prev, res.end, res.settings, res.ecid)
+    )
+    checks: list[str | None] = []
+    real_refusal = files_module.refusal
+
+    def check_then_compaction_commits(table, tablet, files):  # type: ignore[no-untyped-def]
+        why = real_refusal(table, tablet, files)
+        if not checks:  # the Python check passed on a stale read: now the compaction commits
+            assert why is None and tablet.horizon is None
+            compactions.commit(client.store, res, result.info)
+        checks.append(why)
+        return why
+
+    monkeypatch.setattr(files_module, "refusal", check_then_compaction_commits)
+    old = write_import_file(tmp_path / "2.parquet", [(b"k", b"x", 150, False)])
+    with pytest.raises(DeleteHorizonError, match="delete horizon 200"):
+        client.import_files("late", [old])
+    # two checks: the stale one Redis overruled ('delete horizon'), then the re-read that names it
+    assert len(checks) == 2 and checks[0] is None and checks[1] is not None
+    tablet = client.store.tables.tablets(client.store.tables.table_id("late"))[0]
+    assert tablet.horizon == 200 and tablet.files == {}, "the refused import changed the tablet"
+    assert scanned(client, "late") == []
