@@ -35,6 +35,8 @@ RIGHTS = "tests/integration/test_compactor_rights.py"
 FENCING = "tests/integration/test_fencing.py"
 WORKER = "tests/integration/test_worker.py"
 BACKUP = "tests/integration/test_backup_restore.py"
+#: the deletes-stay-deleted state machine (its Arrow run)
+MODEL = f"{DSD}::test_deletes_stay_deleted_arrow"
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,27 @@ MUTANTS = (
         "if f then return fail('deletes hide a new file', t.id, f) end",
         "",
         (f"{DSD}::test_a_full_compaction_does_not_commit_over_a_file_it_would_hide",),
+    ),
+    Mutant(
+        "horizon_raised_by_full_compactions",
+        "metadata/lua/mutate.lua",
+        "if full then doc.dh = tmax(doc.dh, dm) end",
+        "",
+        (MODEL,),
+    ),
+    Mutant(  # refusing too much: a partial compaction drops no marker, yet raises the horizon
+        "horizon_only_from_full_compactions",
+        "metadata/lua/mutate.lua",
+        "if full then doc.dh = tmax(doc.dh, dm) end",
+        "doc.dh = tmax(doc.dh, dm)",
+        (MODEL,),
+    ),
+    Mutant(  # the model once passed with every commit refused and the conflict swallowed
+        "commits_can_succeed",
+        "metadata/compactions.py",
+        'tc.require("range", encode_row(res.prev))',
+        'tc.require("range", encode_row(res.prev)).require("no_running")',
+        (MODEL,),
     ),
     Mutant(
         "fencing_mutate",
@@ -184,7 +207,7 @@ def _baseline(chosen: list[Mutant], work: Path) -> bool:
     ok = _run_tests(_copy(work / "base", None), tests, work / "base.log")
     shutil.rmtree(work / "base")
     if not ok:
-        print(f"the tests fail WITHOUT any mutation: see {work / 'base.log'}")
+        print(f"the tests fail WITHOUT any mutation: see {work / 'base.log'}", flush=True)
     return ok
 
 
@@ -194,12 +217,12 @@ def _judge(m: Mutant, work: Path) -> bool:
     killed = not _run_tests(_copy(work / m.name, m), m.tests, work / f"{m.name}.log")
     shutil.rmtree(work / m.name)
     by = ", ".join(t.split("::")[-1] for t in m.tests)
-    print(f"  {m.name:28s} {'killed' if killed else 'SURVIVED':8s} {time.monotonic() - t0:5.1f}s  by {by}")
+    print(f"  {m.name:28s} {'killed' if killed else 'SURVIVED':8s} {time.monotonic() - t0:5.1f}s  by {by}", flush=True)
     if killed:  # how: the test that failed and pytest's first line of why
         lines = (work / f"{m.name}.log").read_text().splitlines()
         test = next((ln for ln in lines if ln.startswith(("FAILED", "ERROR"))), "?")
         why = next((ln for ln in lines if ln.startswith("E ")), "E ?")
-        print(f"      {test.split('::')[-1]}: {why[1:].strip()[:120]}")
+        print(f"      {test.split('::')[-1]}: {why[1:].strip()[:120]}", flush=True)
     return killed
 
 
@@ -214,17 +237,17 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [known[n] for n in args.names] or list(MUTANTS)
     if args.list:
         for m in chosen:
-            print(f"{m.name}: {PKG}/{m.path}: {m.original!r}\n    " + "\n    ".join(m.tests))
+            print(f"{m.name}: {PKG}/{m.path}: {m.original!r}\n    " + "\n    ".join(m.tests), flush=True)
         return 0
     work = Path(tempfile.mkdtemp(prefix="kompaktor-mutation-"))
-    print(f"{len(chosen)} mutants (logs in {work})")
+    print(f"{len(chosen)} mutants (logs in {work})", flush=True)
     if not _baseline(chosen, work):
         return 2
     survived = [m.name for m in chosen if not _judge(m, work)]
     if survived:
-        print(f"not killed: {', '.join(survived)}")
+        print(f"not killed: {', '.join(survived)}", flush=True)
         return 1
-    print(f"all {len(chosen)} mutants killed")
+    print(f"all {len(chosen)} mutants killed", flush=True)
     shutil.rmtree(work)
     return 0
 
