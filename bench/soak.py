@@ -572,7 +572,10 @@ class Soak:
             f"checks: drained={drained} entries scanned={sum(v.entries for v in checks.values())} "
             f"undefined={sum(v.undefined for v in checks.values())} "
             f"resurrected={sum(v.resurrected for v in checks.values())} "
-            f"lost_ephemeral={sum(v.lost_ephemeral for v in checks.values())} acknowledged commits={len(acked)} "
+            f"lost_ephemeral={sum(v.lost_ephemeral for v in checks.values())} "
+            f"changed={sum(v.changed for v in checks.values())} "
+            f"shown-twice={sum(v.duplicated for v in checks.values())} "
+            f"findings={[f for v in checks.values() for f in v.findings][:3]} acknowledged commits={len(acked)} "
             f"lost={len(lost)} twice={len(twice)} killed-not-rerun={len(rerun_missing)} "
             f"missing files={len(missing)} errors={self.errors[:3]}"
         )
