@@ -202,12 +202,15 @@ def _run_tests(tree: Path, tests: tuple[str, ...], log: Path) -> bool:
 
 
 def _baseline(chosen: list[Mutant], work: Path) -> bool:
-    """Whether every chosen mutant's tests pass on the unmutated copy (else a kill means nothing)."""
-    tests = tuple(dict.fromkeys(t for m in chosen for t in m.tests))
-    ok = _run_tests(_copy(work / "base", None), tests, work / "base.log")
-    shutil.rmtree(work / "base")
-    if not ok:
-        print(f"the tests fail WITHOUT any mutation: see {work / 'base.log'}", flush=True)
+    """Whether each chosen mutant's tests pass on the unmutated copy, run as the mutant's will be
+    (the same tests in one session: else a kill means nothing)."""
+    ok = True
+    for n, tests in enumerate(dict.fromkeys(m.tests for m in chosen)):
+        log = work / f"base-{n}.log"
+        if not _run_tests(_copy(work / "base", None), tests, log):
+            print(f"the tests fail WITHOUT any mutation: {' '.join(tests)} (see {log})", flush=True)
+            ok = False
+        shutil.rmtree(work / "base")
     return ok
 
 
