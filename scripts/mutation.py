@@ -35,6 +35,8 @@ RIGHTS = "tests/integration/test_compactor_rights.py"
 FENCING = "tests/integration/test_fencing.py"
 WORKER = "tests/integration/test_worker.py"
 BACKUP = "tests/integration/test_backup_restore.py"
+STORE = "tests/integration/test_store.py"
+EACH = "test_each_condition_rejects_by_name_and_changes_nothing"
 #: the deletes-stay-deleted state machine (its Arrow run)
 MODEL = f"{DSD}::test_deletes_stay_deleted_arrow"
 
@@ -159,6 +161,13 @@ MUTANTS = (
         "pass",
         (f"{WORKER}::test_a_drained_compactor_pod_stays_drained_across_a_container_restart[http]",),
     ),
+    Mutant(  # a mutation resent after a broken connection must not be applied twice
+        "mutation_applied_once",
+        "metadata/lua/mutate.lua",
+        "local prev = redis.call('GET', done_key)\n    if prev then return prev end",
+        "",
+        (f"{STORE}::test_a_resent_mutation_is_not_applied_twice",),
+    ),
     Mutant(
         "drain_mark_kept_on_exit",
         "worker/compactor.py",
@@ -172,6 +181,32 @@ MUTANTS = (
 #: what a copy of the tree leaves out (the virtualenv is linked, not copied)
 _SKIP = shutil.ignore_patterns(
     ".git", ".venv", "__pycache__", "*.egg-info", ".mypy_cache", ".ruff_cache", ".pytest_cache", "out"
+)
+
+
+def _condition(name: str, message: str, tests: tuple[str, ...]) -> Mutant:
+    """A condition of ``lua/mutate.lua`` that no longer refuses: its ``fail`` is called, not
+    returned, so the mutation goes on as if the condition held."""
+    return Mutant(name, "metadata/lua/mutate.lua", f"return fail('{message}'", f"local _ = fail('{message}'", tests)
+
+
+#: every tablet and table condition of mutate.lua with a message of its own, and the test that
+#: makes each one refuse
+CONDITIONS = tuple(
+    _condition(f"condition_{cond}", message, (f"{STORE}::{test}",))
+    for cond, message, test in (
+        ("files_free", "files not compacting", EACH),
+        ("files_exactly", "files unchanged", EACH),
+        ("no_running", "no running compactions", EACH),
+        ("no_op", "no operation in progress", EACH),
+        ("no_hold", "no user compaction pending", EACH),
+        ("hold_is", "user compaction pending", EACH),
+        ("no_selection", "no selection", EACH),
+        ("files_in_selection", "files selected", EACH),
+        ("files_not_selected", "files not selected", EACH),
+        ("version", "tablet unchanged", EACH),
+        ("state_in", "table state", "test_table_conditions_reject_by_name"),
+    )
 )
 
 
@@ -195,7 +230,12 @@ def _copy(dest: Path, mutant: Mutant | None) -> Path:
 
 def _run_tests(tree: Path, tests: tuple[str, ...], log: Path) -> bool:
     """Whether ``tests`` pass in the copy ``tree`` (output in ``log``)."""
-    env = {**os.environ, "PYTHONPATH": f"{tree / 'compactor'}{os.pathsep}{tree / 'operator'}"}
+    # no shrinking of a failing property-based run: a kill needs the failure, not its smallest case
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{tree / 'compactor'}{os.pathsep}{tree / 'operator'}",
+        "KOMPAKTOR_NO_SHRINK": "1",
+    }
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests]
     with log.open("w") as out:
         return subprocess.run(cmd, cwd=tree, env=env, stdout=out, stderr=subprocess.STDOUT).returncode == 0
@@ -234,10 +274,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("names", nargs="*", help="mutants to run (default: all)")
     ap.add_argument("--list", action="store_true", help="list the mutants and their tests")
     args = ap.parse_args(argv)
-    known = {m.name: m for m in MUTANTS}
+    known = {m.name: m for m in (*MUTANTS, *CONDITIONS)}
     if unknown := [n for n in args.names if n not in known]:
         ap.error(f"no mutant named {', '.join(unknown)} (known: {', '.join(known)})")
-    chosen = [known[n] for n in args.names] or list(MUTANTS)
+    chosen = [known[n] for n in args.names] or list(known.values())
     if args.list:
         for m in chosen:
             print(f"{m.name}: {PKG}/{m.path}: {m.original!r}\n    " + "\n    ".join(m.tests), flush=True)

@@ -16,6 +16,7 @@ Hypothesis prints the shortest failing sequence.
 from __future__ import annotations
 
 import itertools
+import os
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from pathlib import Path
@@ -23,7 +24,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
@@ -290,6 +291,8 @@ def _run(
             max_examples=examples,
             stateful_step_count=14,
             deadline=None,
+            # make mutation only needs to see it fail: no shrinking (minutes on a failing run)
+            phases=[p for p in Phase if p != Phase.shrink or not os.environ.get("KOMPAKTOR_NO_SHRINK")],
             suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
         ),
     )
