@@ -16,7 +16,7 @@ ifndef SEED
 SEED := $(shell date +%s)
 endif
 
-.PHONY: help install test test-unit test-operator test-k8s control-plane promtool demo lint bench bench-merge crds images test-images clean
+.PHONY: help install test test-unit test-operator test-k8s control-plane promtool demo lint bench bench-merge crds images test-images clean mutation
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -53,6 +53,9 @@ test-unit: $(STAMP) ## the fast loop: the pure tiers (tests/unit), no external p
 
 test-operator: $(STAMP) ## only the operator: kopf handlers against the kmock Kubernetes emulator
 	$(PY) -m pytest -q tests/operator
+
+mutation: $(STAMP) ## kill every guard: remove one condition at a time (Lua and Python) and run the tests that must fail (docs/verification.md; not part of make test)
+	$(PY) scripts/mutation.py $(MUTANTS)
 
 demo: $(STAMP) ## run the main job locally: embedded Redis, coordinator, autoscaled compactors, continuous ingest, verification
 	$(VENV)/bin/kompaktor demo

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from kompaktor import keyspace as C
 from kompaktor.files.storage import Storage
 from kompaktor.local.chaos import ChaosLog
 from kompaktor.local.chaoscheck import check_chaos
@@ -17,6 +18,7 @@ from kompaktor.metadata import compactions
 from kompaktor.metadata.store import MetadataStore, Mutation
 from kompaktor.model.job import Job
 from kompaktor.model.tablet import FileInfo, FileMeta
+from tests.support.rawredis import raw_redis
 
 pytestmark = pytest.mark.redis
 
@@ -88,3 +90,33 @@ def test_a_merge_killed_and_never_found_dead_fails_the_verdict(store: MetadataSt
     assert summary["chaos: compactors SIGKILLed mid-merge"] == 1
     assert summary["chaos: dead compactions detected (of the killed)"] == 0
     assert "chaos: kills that came after the commit landed" not in summary
+
+
+def _clean_run(store: MetadataStore, storage: Storage) -> tuple[ChaosLog, compactions.Reservation]:
+    """A verdict that holds: one compaction committed, its inputs collected, no kill."""
+    tablet, files = _tablet_with_files(store, storage, 2)
+    log = ChaosLog(coordinator_restarts=1, redis_restarts=1)
+    res = _compact(store, storage, tablet, files)
+    for f in files:
+        storage.delete(f)
+    summary, ok = check_chaos(log, store, storage)
+    assert ok and summary["chaos: commits applied twice"] == 0, summary
+    return log, res
+
+
+def test_a_commit_applied_twice_fails_the_verdict(store: MetadataStore, storage: Storage) -> None:
+    """Planted: the commit log shows one ECID twice, as a commit applied twice leaves it (also
+    without an HA Redis: docs/verification.md)."""
+    log, res = _clean_run(store, storage)
+    raw_redis(store).rpush(C.COMMITLOG, res.ecid)
+    summary, ok = check_chaos(log, store, storage)
+    assert not ok and summary["chaos: commits applied twice"] == 1
+    assert f"{res.ecid} applied twice" in summary["chaos: found"]
+
+
+def test_a_referenced_file_deleted_fails_the_verdict(store: MetadataStore, storage: Storage) -> None:
+    log, res = _clean_run(store, storage)
+    storage.delete(res.output)
+    summary, ok = check_chaos(log, store, storage)
+    assert not ok and summary["chaos: referenced files missing"] == 1
+    assert f"{res.output} referenced but missing" in summary["chaos: found"]

@@ -6,20 +6,25 @@ partial and full compactions (Arrow engine; Spark in its own run), a full compac
 file, splits and merges. After every step the table's scan must equal an independent reference of
 the visible view, computed here from every write the system accepted — never with Kompaktor's
 iterators. A refused write must change nothing and must have a reason: it holds a put no newer
-than some delete marker the table accepted. Hypothesis prints the shortest failing sequence.
+than a delete marker that a full compaction committed since may have dropped (the check is on
+bounds, not keys: docs/file-format.md, "Deletes stay deleted"). A conflict the model does not
+expect fails the run, and the run must show progress: compactions committed (full and partial),
+writes refused, a full compaction refused for a file that arrived (docs/verification.md).
+Hypothesis prints the shortest failing sequence.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections import defaultdict
+import os
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
@@ -29,6 +34,7 @@ from kompaktor.engines import make_engine
 from kompaktor.engines.api import MergeRequest
 from kompaktor.metadata import compactions
 from kompaktor.metadata import tablet_ops as tabletops
+from kompaktor.metadata.store import files as files_module
 from kompaktor.model.errors import ConditionFailed
 from kompaktor.model.job import Job
 from kompaktor.model.keys import Entry
@@ -121,6 +127,8 @@ class Deletes(RuleBasedStateMachine):
     engines: dict[str, object]
     tmp: Path
     clock: list[int]
+    #: what happened over the whole run (every example): the run's progress, asserted by _run
+    seen: Counter[str]
     names = itertools.count()
 
     def __init__(self) -> None:
@@ -129,16 +137,25 @@ class Deletes(RuleBasedStateMachine):
         self.client.store.tables.create_table(self.table, [b"c"])
         self.accepted: list[Stored] = []  # every entry the table acknowledged, with its stored time
         self.refused = 0
+        #: the newest delete marker accepted before a full compaction committed: the most a
+        #: horizon can be (a full compaction drops only markers it holds)
+        self.droppable: int | None = None
 
     # -- writes --------------------------------------------------------------------------------
     def _refusal_is_justified(self, batch: list[Write], exc: DeleteHorizonError) -> None:
-        assert "delete horizon" in str(exc) and "--set-time" in str(exc) and "\n" not in str(exc)
-        newest_delete = max((ts for _, _, ts, d, _ in self.accepted if d), default=None)
-        oldest_put = min((ts for _, _, ts, d in batch if not d), default=None)
-        assert newest_delete is not None and oldest_put is not None and oldest_put <= newest_delete, (
-            "refused a write no accepted delete marker could hide"
+        """A refusal names a horizon no newer than a marker a committed full compaction may have
+        dropped, and a put of the batch at or before it."""
+        msg = str(exc)
+        assert "delete horizon" in msg and "--set-time" in msg and "\n" not in msg
+        horizon = int(msg.split("delete horizon ", 1)[1].split(" ", 1)[0])
+        assert self.droppable is not None and horizon <= self.droppable, (
+            f"refused at horizon {horizon}, but no full compaction dropped a delete marker that new "
+            f"(newest droppable: {self.droppable})"
         )
+        oldest_put = min((ts for _, _, ts, d in batch if not d), default=None)
+        assert oldest_put is not None and oldest_put <= horizon, f"refused a batch whose puts are newer than {horizon}"
         self.refused += 1
+        self.seen["writes refused"] += 1
 
     @rule(batch=BATCH)
     def flush(self, batch: list[Write]) -> None:
@@ -182,14 +199,29 @@ class Deletes(RuleBasedStateMachine):
         job = Job(t.id, "SYSTEM", 1, "test", {f: t.files[f].size for f in files})
         return compactions.try_reserve(self.client.store, job, "model-test", "test")
 
-    def _finish(self, res, engine: str) -> None:
+    def _finish(self, res, engine: str, arrived: list[Stored] | None = None) -> None:
+        """Merge and commit ``res``. The one conflict expected: a full compaction refused because
+        a file that arrived since it reserved (``arrived``: its entries) holds a put its inputs'
+        delete markers may hide; any other conflict fails the run."""
+        deletes_before = max((ts for _, _, ts, d, _ in self.accepted if d), default=None)
         result = self.engines[engine].merge(  # type: ignore[attr-defined]
             self.client.storage, MergeRequest(res.inputs, res.output, res.prev, res.end, res.settings, res.ecid)
         )
         try:
             compactions.commit(self.client.store, res, result.info)
-        except ConditionFailed:
+        except ConditionFailed as exc:
+            oldest = min((ts for _, _, ts, d, _ in arrived or [] if not d), default=None)
+            assert exc.condition == "deletes hide a new file" and res.full, f"unexpected conflict: {exc}"
+            assert oldest is not None and deletes_before is not None and oldest <= deletes_before, (
+                f"a full compaction was refused for a file no marker of it could hide: {exc}"
+            )
             compactions.release(self.client.store, self.client.storage, res)
+            assert not self.client.storage.exists(res.output)
+            self.seen["full compactions refused (a file arrived)"] += 1
+            return
+        self.seen["full compactions committed" if res.full else "partial compactions committed"] += 1
+        if res.full:
+            self.droppable = max((ts for _, _, ts, d, _ in self.accepted if d), default=self.droppable)
 
     @rule(row=st.sampled_from(ROWS), pick=st.one_of(st.none(), st.lists(st.booleans(), min_size=1, max_size=3)))
     def compact(self, row: bytes, pick: list[bool] | None) -> None:
@@ -198,47 +230,60 @@ class Deletes(RuleBasedStateMachine):
         if res is not None:
             self._finish(res, self.engine)
 
+    @rule(row=st.sampled_from(ROWS), leave=st.integers(0, 7))
+    def compact_all_but_one(self, row: bytes, leave: int) -> None:
+        """A partial compaction for certain: every file of the tablet but one (of two or more)."""
+        files = sorted(self._tablet(row).files)
+        if len(files) > 1:
+            del files[leave % len(files)]
+            self.compact(row, [f in files for f in sorted(self._tablet(row).files)])
+
     @rule(row=st.sampled_from(ROWS), batch=BATCH, via_import=st.booleans())
     def compact_while_a_file_arrives(self, row: bytes, batch: list[Write], via_import: bool) -> None:
         """The race: a full compaction reserved, then a flush or import lands in its tablet before
         it commits (its delete markers were read without the new file)."""
         res = self._reserve(row, None)
+        before = len(self.accepted)
         if via_import:
             self.bulk_import(batch, False)
         else:
             self.flush(batch)
         if res is not None:
-            self._finish(res, self.engine)
+            self._finish(res, self.engine, self.accepted[before:])
 
     # -- tablets -----------------------------------------------------------------------------------
     @rule(row=st.sampled_from(ROWS[1:]))
     def split(self, row: bytes) -> None:
-        try:
-            tabletops.split(self.client.store, self.table, [row])
-        except tabletops.TabletOpRefused:
-            pass
+        """Nothing runs between the model's steps: a split is never refused."""
+        tabletops.split(self.client.store, self.table, [row])
 
     @rule(start=st.sampled_from([None, *ROWS]))
     def merge(self, start: bytes | None) -> None:
+        """Refused only as unsafe (nothing runs between the model's steps)."""
         try:
             tabletops.merge(self.client.store, self.table, start, None)
-        except tabletops.TabletOpRefused:
-            pass
+        except tabletops.TabletOpRefused as exc:
+            assert "safely" in str(exc), f"unexpected refusal: {exc}"
 
     @invariant()
     def scan_matches_the_reference(self) -> None:
         assert scanned(self.client, self.table) == reference_view(self.accepted)
 
 
-def _run(client: Client, tmp_path: Path, monkeypatch, engine: str, engines: dict, examples: int) -> None:
+def _run(
+    client: Client, tmp_path: Path, monkeypatch, engine: str, engines: dict, examples: int, progress: tuple[str, ...]
+) -> None:
+    """Run the model; the run must have seen each of ``progress`` at least once (a run in which
+    every commit failed, or nothing was refused, proves nothing)."""
     # the import's time: a clock the test owns (after every timestamp the writes use), so the
     # reference knows the time --set-time gave each entry
     clock = [1_000_000]
     monkeypatch.setattr(client_module, "now_ms", lambda: clock[0])
+    seen: Counter[str] = Counter()
     machine = type(
         "DeletesRun",
         (Deletes,),
-        {"client": client, "engines": engines, "engine": engine, "tmp": tmp_path, "clock": clock},
+        {"client": client, "engines": engines, "engine": engine, "tmp": tmp_path, "clock": clock, "seen": seen},
     )
     run_state_machine_as_test(
         machine,
@@ -246,20 +291,33 @@ def _run(client: Client, tmp_path: Path, monkeypatch, engine: str, engines: dict
             max_examples=examples,
             stateful_step_count=14,
             deadline=None,
+            # make mutation only needs to see it fail: no shrinking (minutes on a failing run)
+            phases=[p for p in Phase if p != Phase.shrink or not os.environ.get("KOMPAKTOR_NO_SHRINK")],
             suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
         ),
     )
+    missing = [what for what in progress if not seen[what]]
+    assert not missing, f"the run never saw: {', '.join(missing)} (it saw {dict(seen)})"
+
+
+#: what the long run must show (the Spark run, 8 examples, at least commits)
+PROGRESS = (
+    "full compactions committed",
+    "partial compactions committed",
+    "writes refused",
+    "full compactions refused (a file arrived)",
+)
 
 
 def test_deletes_stay_deleted_arrow(client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _run(client, tmp_path, monkeypatch, "arrow", {"arrow": make_engine("arrow")}, examples=60)
+    _run(client, tmp_path, monkeypatch, "arrow", {"arrow": make_engine("arrow")}, examples=60, progress=PROGRESS)
 
 
 @pytest.mark.spark
 def test_deletes_stay_deleted_spark(
     client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spark_engine
 ) -> None:
-    _run(client, tmp_path, monkeypatch, "spark", {"spark": spark_engine}, examples=8)
+    _run(client, tmp_path, monkeypatch, "spark", {"spark": spark_engine}, examples=8, progress=PROGRESS[:1])
 
 
 # -- the user's path, step by step ------------------------------------------------------------------
@@ -351,3 +409,43 @@ def test_a_full_compaction_does_not_commit_over_a_file_it_would_hide(client: Cli
     assert scanned(client, "race") == []
     _full_compaction(client, "race")
     assert scanned(client, "race") == []
+
+
+def test_redis_refuses_a_put_below_a_horizon_raised_after_the_python_check(
+    client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The interleaving the Python check cannot see (docs/verification.md, "Guards"): a full
+    compaction that drops a delete marker commits after ``add_files`` read the tablet (no horizon
+    yet) and before its mutation runs. Only ``above_horizon`` inside Redis stands between the
+    older put and a deleted entry come back; the retry then refuses it by name. Deterministic:
+    the compaction commits from inside the Python check, not by timing."""
+    client.store.tables.create_table("late")
+    client.import_files("late", [write_import_file(tmp_path / "1.parquet", [(b"k", b"x", 200, True)])])
+    t = client.store.tables.tablets(client.store.tables.table_id("late"))[0]
+    res = compactions.try_reserve(
+        client.store, Job(t.id, "SYSTEM", 1, "test", {f: m.size for f, m in t.files.items()}), "c", "test"
+    )
+    assert res.full
+    result = make_engine("arrow").merge(
+        client.storage, MergeRequest(res.inputs, res.output, res.prev, res.end, res.settings, res.ecid)
+    )
+    checks: list[str | None] = []
+    real_refusal = files_module.refusal
+
+    def check_then_compaction_commits(table, tablet, files):  # type: ignore[no-untyped-def]
+        why = real_refusal(table, tablet, files)
+        if not checks:  # the Python check passed on a stale read: now the compaction commits
+            assert why is None and tablet.horizon is None
+            compactions.commit(client.store, res, result.info)
+        checks.append(why)
+        return why
+
+    monkeypatch.setattr(files_module, "refusal", check_then_compaction_commits)
+    old = write_import_file(tmp_path / "2.parquet", [(b"k", b"x", 150, False)])
+    with pytest.raises(DeleteHorizonError, match="delete horizon 200"):
+        client.import_files("late", [old])
+    # two checks: the stale one Redis overruled ('delete horizon'), then the re-read that names it
+    assert len(checks) == 2 and checks[0] is None and checks[1] is not None
+    tablet = client.store.tables.tablets(client.store.tables.table_id("late"))[0]
+    assert tablet.horizon == 200 and tablet.files == {}, "the refused import changed the tablet"
+    assert scanned(client, "late") == []

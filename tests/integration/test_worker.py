@@ -740,17 +740,23 @@ POD = {"KOMPAKTOR_STAY_DRAINED": "1"}
 STAYS = "takes no job until its pod is deleted"
 
 
-def test_a_drained_compactor_pod_stays_drained_across_a_container_restart(store, storage, client, spawn) -> None:
-    """Issue 33 §3: the operator drains a busy compactor pod with more work queued; it finishes its
+@pytest.mark.parametrize("how", ["redis", "http"])
+def test_a_drained_compactor_pod_stays_drained_across_a_container_restart(store, storage, client, spawn, how) -> None:
+    """The operator drains a busy compactor pod with more work queued; it finishes its
     job and stays up without taking another. The kubelet restarts its container (killed here, as a
     failed probe or an OOM kill would) before the pod is deleted: the new process, same pod name,
-    takes no job either — it says ``draining`` until SIGTERM, then exits 0."""
+    takes no job either — it says ``draining`` until SIGTERM, then exits 0. The drain comes as the
+    operator's flag in Redis, or as the preStop hook's POST /drain: then only the drain mark the
+    compactor leaves in Redis tells the restarted container (docs/verification.md, "Guards")."""
     make_table(client)  # two tablets: two jobs
     plan(store, storage)
     first = spawn("pod-a", env=POD)
-    first.wait_ready()
+    port = first.wait_ready()
     poll(first.held.exists, "the first merge to hold")
-    store.fleet.request_drain("pod-a")  # the operator's scale-down
+    if how == "redis":
+        store.fleet.request_drain("pod-a")  # the operator's scale-down
+    else:
+        assert http(port, "/drain", "POST") == (200, "draining\n")  # the pod's preStop hook
     poll(lambda: compactor_state(store, "pod-a") == DRAINING, "the heartbeat to say draining")
     first.gate.touch()
     poll(lambda: STAYS in first.log or first.proc.poll() is not None, "the job to finish")

@@ -2,9 +2,12 @@
 
 Every entry's row is a random 16-hex-digit number; its value names the row written just before
 it in the same chain (the first of a chain names nothing). Entries are flushed as many small
-sorted files per tablet while compactions run. Verification scans the table and checks that
-every referenced row exists (an UNDEFINED reference means lost data) and that the number of
-entries equals what was written.
+sorted files per tablet while compactions run. Verification first checks that every file the
+tablets reference exists, then scans the table: every referenced row exists (an UNDEFINED
+reference means lost data), the linked rows are exactly those acknowledged, each shown once, with
+the timestamp, visibility and value it was acknowledged with (a value changed into another
+existing row, or emptied into a chain's head, fails), and the ephemeral rows are live or deleted as
+written (docs/verification.md).
 """
 
 from __future__ import annotations
@@ -38,12 +41,25 @@ class IngestStats:
     imported_files: int = 0
     started: float = field(default_factory=time.monotonic)
     rows: set[bytes] = field(default_factory=set)
+    #: per acknowledged linked row, a fingerprint of its newest write (:func:`fingerprint`)
+    written: dict[bytes, int] = field(default_factory=dict)
     ephemeral_live: set[bytes] = field(default_factory=set)  # written, not deleted: must be visible
     ephemeral_deleted: set[bytes] = field(default_factory=set)  # deleted: must stay invisible
 
     @property
     def rate(self) -> float:
         return self.entries / max(1e-9, time.monotonic() - self.started)
+
+    def acknowledged(self, entries: list[Entry]) -> None:
+        """Record linked entries the table acknowledged: each row's newest write is what a scan
+        must show."""
+        for e in entries:
+            self.written[e.row] = fingerprint(e)
+
+
+def fingerprint(e: Entry) -> int:
+    """What verification compares of a linked entry: its timestamp, visibility and value."""
+    return hash((e.ts, e.vis, e.value))
 
 
 @dataclass
@@ -90,6 +106,7 @@ class ContinuousIngest:
         doomed = self.pending.pop(0) if len(self.pending) > 3 else []
         entries += [Entry(r, EPHEMERAL_CF, CQ, b"", ts, True, b"") for r in doomed]
         files = self._flush_retrying(entries, self.flush_attempts)
+        self.stats.acknowledged(entries[:links])
         self.stats.ephemeral_live.update(fresh)
         self.stats.ephemeral_live.difference_update(doomed)
         self.stats.ephemeral_deleted.update(doomed)
@@ -146,6 +163,7 @@ class ContinuousIngest:
         finally:
             for name in sources:
                 Path(name).unlink(missing_ok=True)
+        self.stats.acknowledged([e for part in parts for e in part])
         self.stats.entries += len(rows)
         self.stats.imported_files += len(imported)
         return imported
@@ -174,6 +192,10 @@ class ContinuousIngest:
         return self.stats
 
 
+#: the findings a verification names (the counts cover them all)
+FINDINGS_SHOWN = 10
+
+
 @dataclass
 class Verification:
     entries: int  # linked entries scanned
@@ -184,15 +206,42 @@ class Verification:
     lost_ephemeral: int  # live ephemeral rows missing
     resurrected: int  # deleted ephemeral rows visible again
     ok: bool
+    changed: int = 0  # linked rows shown with another timestamp, visibility or value
+    duplicated: int = 0  # linked rows shown more than once (an older version beside the newest)
+    missing_files: int = 0  # files the tablets reference that storage does not hold
+    #: what was found, one line each (the first :data:`FINDINGS_SHOWN`)
+    findings: list[str] = field(default_factory=list)
+
+
+def _show(e: Entry) -> str:
+    return f"ts {e.ts} vis {e.vis!r} value {e.value[:20]!r}"
+
+
+def missing_files(client: Client, table: str) -> list[str]:
+    """The files the table's tablets reference that storage does not hold, one line each."""
+    tid = client.store.tables.table_id(table)
+    return [
+        f"file {f} of tablet {t.id} is referenced but missing"
+        for t in client.store.tables.tablets(tid)
+        for f in sorted(t.files)
+        if not client.storage.exists(f)
+    ]
 
 
 def verify(client: Client, table: str, stats: IngestStats) -> Verification:
-    """Scan everything: every referenced row exists, the linked rows are exactly those written,
-    live ephemeral rows are all there and no deleted one came back."""
+    """Check every referenced file, then scan everything: every referenced row exists, the linked
+    rows are exactly those acknowledged, each once and as acknowledged (timestamp, visibility,
+    value), live ephemeral rows are all there and no deleted one came back."""
+    gone = missing_files(client, table)
+    if gone:  # the scan would fail on them: what they held is lost
+        return Verification(
+            0, len(stats.written), 0, 0, 0, 0, 0, False, missing_files=len(gone), findings=gone[:FINDINGS_SHOWN]
+        )
     seen: set[bytes] = set()
     refs: set[bytes] = set()
     eph: set[bytes] = set()
-    n = 0
+    findings: list[str] = []
+    n = changed = duplicated = 0
     for e in client.scan(table):
         if e.cf == EPHEMERAL_CF:
             eph.add(e.row)
@@ -200,14 +249,33 @@ def verify(client: Client, table: str, stats: IngestStats) -> Verification:
         if e.cf != CF:
             continue  # another workload's (kompaktor.local.mix), verified on its own
         n += 1
+        if e.row in seen:
+            duplicated += 1
+            findings.append(f"row {e.row.decode(errors='replace')} shown twice ({_show(e)})")
         seen.add(e.row)
+        want = stats.written.get(e.row)
+        if want is not None and want != fingerprint(e):
+            changed += 1
+            findings.append(f"row {e.row.decode(errors='replace')} shown with {_show(e)}: not as acknowledged")
         if e.value:
             refs.add(e.value)
-    written = stats.rows
+    written = stats.written.keys()
+    findings += [
+        f"row {r.decode(errors='replace')} acknowledged, not found" for r in sorted(written - seen)[:FINDINGS_SHOWN]
+    ]
+    findings += [
+        f"row {r.decode(errors='replace')} found, never acknowledged" for r in sorted(seen - written)[:FINDINGS_SHOWN]
+    ]
+    findings += [
+        f"row {r.decode(errors='replace')} referenced, not found" for r in sorted(refs - seen)[:FINDINGS_SHOWN]
+    ]
     undefined = len(refs - seen)
     unexpected = len(seen - written)
     lost_eph = len(stats.ephemeral_live - eph)
     resurrected = len(eph & stats.ephemeral_deleted)
+    findings += [
+        f"deleted row {r.decode(errors='replace')} visible again" for r in sorted(eph & stats.ephemeral_deleted)
+    ]
     ok = (
         undefined == 0
         and unexpected == 0
@@ -216,5 +284,20 @@ def verify(client: Client, table: str, stats: IngestStats) -> Verification:
         and lost_eph == 0
         and resurrected == 0
         and eph == stats.ephemeral_live
+        and changed == 0
+        and duplicated == 0
     )
-    return Verification(n, len(written), len(refs), undefined, unexpected, lost_eph, resurrected, ok)
+    return Verification(
+        n,
+        len(written),
+        len(refs),
+        undefined,
+        unexpected,
+        lost_eph,
+        resurrected,
+        ok,
+        changed,
+        duplicated,
+        0,
+        findings[:FINDINGS_SHOWN],
+    )

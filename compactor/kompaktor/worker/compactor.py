@@ -262,10 +262,8 @@ class Compactor:
         ecid = self.current.ecid if self.current else None
         try:
             self.jobs.register(self.settings.group, self.settings.compactor_id, state, ecid)
-            if state == DRAINING and self.settings.stay_drained:
-                self.jobs.mark_drained(
-                    self.settings.group, self.settings.compactor_id
-                )  # the mark outlives this process
+            if state == DRAINING and self.settings.stay_drained:  # the mark outlives this process
+                self.jobs.mark_drained(self.settings.group, self.settings.compactor_id)
         except StoreUnavailable as exc:
             log.warning("cannot publish state: %s", exc)
 
