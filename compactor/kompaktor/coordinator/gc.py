@@ -34,6 +34,7 @@ from kompaktor.metadata import backup, progress
 from kompaktor.metadata.compactions import running_compactions
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.names import TABLES_DIR, resume_fingerprint_prefix, resume_tag, tmp_tag
+from kompaktor.model.tablet import RunningCompaction
 
 log = logging.getLogger("kompaktor.coordinator")
 
@@ -66,6 +67,25 @@ def collect_garbage(
     running = running_compactions(store)
     live, _pruned = progress.prune(store)
     resumable = {resume_fingerprint_prefix(resume_tag(fp)) for fp in live}
+    listed = _list_files(storage, cursor, max_objects)
+    referenced = _referenced(store, listed, running)
+    candidates = _unreferenced(listed, referenced, running, resumable, grace_s)
+    if candidates:
+        # a backup being taken may reference any of them: nothing this pass. Checked before the
+        # backups' files are read, so a backup that ends in between is among them
+        if store.files.backup_running():
+            log.info("garbage collection waits: a backup is being taken")
+            return []
+        candidates = _not_backed_up(storage, candidates, dict(listed))
+    deleted, finished = _delete(store, storage, candidates, started, check)
+    if finished:
+        store.files.forget_imports_before(started - grace_s)  # records of imports long gone (crashed)
+    return deleted
+
+
+def _list_files(storage: Storage, cursor: GcCursor | None, max_objects: int) -> list[tuple[str, float]]:
+    """The files under the table directories with when each was written: all of them, or from
+    the cursor on (wrapping around) until ``max_objects`` were listed, the cursor moved."""
     dirs = storage.list_dirs(TABLES_DIR)
     if cursor is not None:  # resume after the last directory handled, wrapping around
         dirs = [d for d in dirs if d > cursor.last] + [d for d in dirs if d <= cursor.last]
@@ -76,6 +96,13 @@ def collect_garbage(
             cursor.last = d
             if len(listed) >= max_objects:
                 break
+    return listed
+
+
+def _referenced(
+    store: MetadataStore, listed: list[tuple[str, float]], running: dict[str, tuple[str, RunningCompaction | None]]
+) -> set[str]:
+    """The listed directories' files a tablet references, and every running compaction's output."""
     prefixes = tuple({rel.rsplit("/", 1)[0] + "/" for rel, _ in listed})
     referenced: set[str] = set()
     if prefixes:
@@ -84,8 +111,19 @@ def collect_garbage(
     for _tid, rc in running.values():
         if rc is not None:
             referenced.add(rc.output)
+    return referenced
+
+
+def _unreferenced(
+    listed: list[tuple[str, float]],
+    referenced: set[str],
+    running: dict[str, tuple[str, RunningCompaction | None]],
+    resumable: set[str | None],
+    grace_s: float,
+) -> list[str]:
+    """The files past their grace period that nothing needs: no tablet references them, and a
+    temporary file is neither a running compaction's nor a part of a job that can still resume."""
     now = time.time()
-    written = dict(listed)  # file -> when it was written (mtime)
     candidates = []
     for rel, mtime in listed:
         if now - mtime < grace_s:
@@ -100,21 +138,29 @@ def collect_garbage(
         elif rel in referenced:
             continue
         candidates.append(rel)
+    return candidates
+
+
+def _not_backed_up(storage: Storage, candidates: list[str], written: dict[str, float]) -> list[str]:
+    """The candidates no retained backup references, less the writes made since the newest
+    backup (a restore with --adopt-newer brings them back)."""
+    retained = backup.list_backups(storage)  # one LIST of backups/
+    spared = backup.referenced_by_backups(storage, retained)
+    since = backup.newer_than_backups(retained)
+    return [
+        rel
+        for rel in candidates
+        if rel not in spared and not (since is not None and written[rel] >= since and backup.is_write(rel))
+    ]
+
+
+def _delete(
+    store: MetadataStore, storage: Storage, candidates: list[str], started: float, check: Callable[[], None]
+) -> tuple[list[str], bool]:
+    """Delete the candidates in fenced batches, sparing the files of imports in progress; what
+    was deleted, and whether the pass finished (the storage may stop it: the rest waits for the
+    next)."""
     deleted: list[str] = []
-    if candidates:
-        # a backup being taken may reference any of them: nothing this pass. Checked before the
-        # backups' files are read, so a backup that ends in between is among them
-        if store.files.backup_running():
-            log.info("garbage collection waits: a backup is being taken")
-            return deleted
-        retained = backup.list_backups(storage)  # one LIST of backups/
-        spared = backup.referenced_by_backups(storage, retained)
-        since = backup.newer_than_backups(retained)
-        candidates = [
-            rel
-            for rel in candidates
-            if rel not in spared and not (since is not None and written[rel] >= since and backup.is_write(rel))
-        ]
     for i in range(0, len(candidates), GC_BATCH):
         check()
         # imports in progress when this pass began, or since (one that registered its files
@@ -132,6 +178,5 @@ def collect_garbage(
                     deleted.append(rel)
         except OSError as exc:  # the storage cannot delete now (read-only, unreachable): next pass
             log.warning("garbage collection stopped for this pass: %s", " ".join(str(exc).split()))
-            return deleted
-    store.files.forget_imports_before(started - grace_s)  # records of imports long gone (crashed)
-    return deleted
+            return deleted, False
+    return deleted, True
