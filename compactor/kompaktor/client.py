@@ -274,13 +274,14 @@ class ReadLease:
         self._thread = threading.Thread(target=run, name=f"read-{self.id}", daemon=True)
         self._thread.start()
 
-    def close(self) -> None:
-        """End the pin now (a collector pass that began before still spares the files)."""
+    def close(self, tail_s: float = 0.0) -> None:
+        """End the pin ``tail_s`` from now (a collector pass that began before still spares the
+        files)."""
         if self._stop.is_set():
             return
         self._stop.set()
         try:
-            self.refresh(ttl_s=0.0)
+            self.refresh(ttl_s=tail_s)
         except KompaktorError:
             pass
 
