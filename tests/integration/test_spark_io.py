@@ -190,3 +190,49 @@ def do_test(client: Client, storage: Storage, arm: Path, entries: list[Entry], r
     run()
     assert table_files(client, "k") == files and list(client.scan("k")) == entries
     assert leftovers(storage) == [] and {rel for rel, _ in storage.list_files("tables")} == files
+
+
+def test_a_stream_imports_each_micro_batch_once(
+    spark, client: Client, redis_url: str, storage: Storage, tmp_path: Path
+) -> None:
+    """A file stream into a table: each micro-batch one import. A batch replayed because the
+    query died after the sink's commit and before Spark's checkpoint (its commit log entry
+    removed here) imports nothing again."""
+    import pyarrow.parquet as pq
+
+    from kompaktor.files.sortedfile import entries_to_table
+
+    client.store.tables.create_table("s", SPLITS)
+    src = tmp_path / "in"
+    src.mkdir()
+    entries = [Entry(b"%c%03d" % (c, i), b"f", b"q", b"", 3, False, b"v") for c in b"anz" for i in range(20)]
+    pq.write_table(entries_to_table(entries[:30]), src / "a.parquet")
+    pq.write_table(entries_to_table(entries[30:]), src / "b.parquet")
+    checkpoint = tmp_path / "checkpoint"
+
+    def run() -> None:
+        stream = spark.readStream.schema(dataframe(spark, entries[:1]).schema).option("maxFilesPerTrigger", 1)
+        query = (
+            stream.parquet(str(src))
+            .writeStream.format("kompaktor")
+            .option("table", "s")
+            .option("stream_id", "s-1")
+            .options(**opts(redis_url, storage))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(300)
+        assert query.exception() is None
+
+    run()
+    assert list(client.scan("s")) == sorted(entries, key=sort_key)
+    files = table_files(client, "s")
+    assert len(files) >= 2  # a file per micro-batch at least
+    tid = client.store.tables.table_id("s")
+    assert client.store.files.write_imported(tid, "s-1:0") and client.store.files.write_imported(tid, "s-1:1")
+    for entry in ("1", ".1.crc"):  # died before Spark recorded batch 1 as done
+        (checkpoint / "commits" / entry).unlink(missing_ok=True)
+    run()
+    assert table_files(client, "s") == files and list(client.scan("s")) == sorted(entries, key=sort_key)
+    assert leftovers(storage) == []
