@@ -8,12 +8,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import kompaktor.spark as kspark
 from kompaktor.client import Client
+from kompaktor.files.sortedfile import table_to_entries
 from kompaktor.files.storage import Storage
 from kompaktor.model.keys import Entry, sort_key
 from kompaktor.model.names import TMP_PREFIX
@@ -236,3 +238,26 @@ def test_a_stream_imports_each_micro_batch_once(
     run()
     assert table_files(client, "s") == files and list(client.scan("s")) == sorted(entries, key=sort_key)
     assert leftovers(storage) == []
+
+
+def test_partitions_stay_pinned_through_compactions_until_their_tasks_read(
+    client: Client, store, storage: Storage, redis_url: str
+) -> None:
+    """The source's plan pins each tablet's files (the driver's side), every one of them is
+    compacted away and the collector runs (grace 0) before the tasks read: each partition still
+    reads its tablet as planned. The reader's two halves are called here as Spark calls them."""
+    from kompaktor.coordinator.gc import collect_garbage
+    from kompaktor.spark.source import KompaktorDataSource
+    from tests.integration.test_read_arrow import compact_everything
+    from tests.integration.test_worker import make_table
+
+    tid = make_table(client)
+    want = list(client.scan("t"))
+    before = table_files(client, "t")
+    reader = KompaktorDataSource({"table": "t", **opts(redis_url, storage)}).reader(None)  # type: ignore[arg-type]
+    partitions = reader.partitions()
+    assert len(partitions) == len(store.tables.tablets(tid))
+    assert compact_everything(store, storage) == 2 and not before & table_files(client, "t")
+    assert collect_garbage(store, storage, grace_s=0.0) == []
+    batches = [b for p in partitions for b in reader.read(p)]
+    assert [e for b in batches for e in table_to_entries(pa.Table.from_batches([b]))] == want
