@@ -84,7 +84,8 @@ def spark_rows(client: Client, redis_url: str, work: Path) -> list[dict]:
     spark = session.get_session("local[2]", {"spark.sql.shuffle.partitions": "4", "spark.local.dir": str(work)})
     conn = {"redis": redis_url, "storage": client.storage.uri}
     tid = client.store.tables.table_id("bench")
-    paths = [client.storage.path(f) for t in client.store.tables.tablets(tid) for f in t.files]
+    # a file spanning several tablets is listed by each of them: read it once
+    paths = sorted({client.storage.path(f) for t in client.store.tables.tablets(tid) for f in t.files})
     raw = spark.read.parquet(*paths)
     n_raw = raw.count()
     n_view = kspark.read(spark, "bench", **conn).count()
