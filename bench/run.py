@@ -28,6 +28,7 @@ def main() -> None:
         scaleup,
         smalljob_bench,
         soak,
+        spark_io,
         wakeup_bench,
     )
 
@@ -38,6 +39,11 @@ def main() -> None:
         ("planner", planning_bench.main, ["--tablets", "5000"] if quick else []),
         ("queues", queue_bench.main, ["--jobs", "2000"] if quick else []),
         ("merge engines, every input layout", merge_bench.main, ["--entries", "200000"] if quick else []),
+        (
+            "Spark and Arrow reading and writing tables",
+            spark_io.main,
+            ["--entries", "200000"] if quick else ["--entries", "16000000"] if large else [],
+        ),
         *(
             [("planner at a big instance's scale", planning_bench.main, ["--tablets", "1000000", "--files", "10"])]
             if large and not quick

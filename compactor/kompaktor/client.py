@@ -10,24 +10,30 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from kompaktor.files.arrowstack import merge_tables_once
 from kompaktor.files.settime import TimeSetter
-from kompaktor.files.sortedfile import SortedFileWriter, iter_entries, read_info
+from kompaktor.files.sortedfile import SCHEMA, SortedFileWriter, iter_entries, read_info, read_table, table_to_entries
 from kompaktor.files.storage import Storage
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.errors import BadFileError, KompaktorError, StorageError, StoreUnavailable
-from kompaktor.model.iterators import IteratorSettings, merged_view
+from kompaktor.model.iterators import IteratorSettings
 from kompaktor.model.keys import Entry, sort_key
 from kompaktor.model.names import TABLES_DIR, data_file
 from kompaktor.model.tablet import FileInfo, Tablet, now_ms
 from kompaktor.policy.deletes import set_time_for
-from kompaktor.policy.tableprops import max_versions
+from kompaktor.policy.tableprops import max_versions as table_max_versions
 
 #: a bulk import in progress keeps its staged files from the garbage collector for this long after
 #: its last sign of life (refreshed every third of it while the import runs)
 IMPORT_TTL_S = 120.0
+#: a read's pin on its files lasts this long after its last sign of life (refreshed every third)
+READ_TTL_S = 120.0
+#: re-reads of the tablets while pinning a read's files (each one after compactions replaced some)
+_PIN_ATTEMPTS = 10
 
 
 def file_order_key(path: str) -> str:
@@ -141,17 +147,143 @@ class Client:
         return srcs
 
     def scan(self, table: str, start: bytes | None = None, end: bytes | None = None) -> Iterator[Entry]:
-        """The merged view of rows in [start, end] (inclusive; None = unbounded), in key order.
-        An unknown table raises here, not at the first ``next()``."""
-        info = self.store.tables.table(table)
-        settings = IteratorSettings(max_versions=max_versions(info.props))
-        tablets = self.store.tables.tablets_in_range(info.id, start, end)
+        """The merged view of rows in [start, end] (inclusive; None = unbounded), in key order:
+        :meth:`read_arrow`'s batches as entries. An unknown table raises here, not at the first
+        ``next()``."""
+        reader = self.read_arrow(table, start, end)
 
         def entries() -> Iterator[Entry]:
-            for t in tablets:
-                yield from merged_view(self.tablet_sources(t, start, end), settings)
+            for batch in reader:
+                yield from table_to_entries(pa.Table.from_batches([batch]))
 
         return entries()
+
+    def read_arrow(
+        self,
+        table: str,
+        start: bytes | None = None,
+        end: bytes | None = None,
+        *,
+        max_versions: int | None = None,
+        batch_rows: int = 65536,
+    ) -> pa.RecordBatchReader:
+        """The merged view of rows in [start, end] (inclusive; None = unbounded) as Arrow batches
+        in key order and the file schema, for Polars, DuckDB or pyarrow to read directly.
+        ``max_versions`` overrides the table's ``table.iterator.versions``.
+
+        The read's files are pinned (:func:`pin_read`) before the first batch: compactions may
+        replace them meanwhile, but the garbage collector spares them until the read ends, so a
+        long read sees the table as it was when it began. Each tablet is merged with the
+        vectorized iterator stack (:mod:`kompaktor.files.arrowstack`), one tablet in memory at a
+        time. An unknown table raises here, not at the first batch; a range with ``start``
+        after ``end`` is empty."""
+        info = self.store.tables.table(table)
+        settings = IteratorSettings(max_versions=max_versions or table_max_versions(info.props))
+        lease = ReadLease(self.store, info.id)
+        parts = lease.pin(start, end)
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            try:
+                for part in parts:
+                    yield from read_part(self.storage, part, settings, batch_rows)
+            finally:
+                lease.close()
+
+        return pa.RecordBatchReader.from_batches(SCHEMA, batches())
+
+
+@dataclass(frozen=True)
+class ReadPart:
+    """One tablet's share of a read: rows in (prev, end], at or after ``start``, from ``files``
+    (oldest first), pinned when the read began. Picklable: a Spark task reads one."""
+
+    tablet_id: str
+    prev: bytes | None
+    end: bytes | None
+    start: bytes | None
+    files: tuple[str, ...]
+
+
+def plan_read(tablets: Iterable[Tablet], start: bytes | None, end: bytes | None) -> list[ReadPart]:
+    """The parts of a read of [start, end] over ``tablets`` (those overlapping it, in row order)."""
+    parts = []
+    for t in tablets:
+        hi = t.end if end is None or (t.end is not None and t.end <= end) else end
+        lo_start = start if start is not None and (t.prev is None or t.prev < start) else None
+        files = tuple(sorted(t.files, key=file_order_key))
+        parts.append(ReadPart(t.id, t.prev, hi, lo_start, files))
+    return parts
+
+
+def read_part(
+    storage: Storage, part: ReadPart, settings: IteratorSettings, batch_rows: int = 65536
+) -> Iterator[pa.RecordBatch]:
+    """The merged view of one part, in batches of at most ``batch_rows`` entries."""
+    tables = [read_table(storage, p, part.prev, part.end) for p in part.files]
+    if part.start is not None:
+        tables = [t.filter(pc.field("row") >= pa.scalar(part.start, pa.binary())) for t in tables]
+    merged = merge_tables_once([t for t in tables if t.num_rows], settings)
+    yield from merged.to_batches(max_chunksize=batch_rows)
+
+
+class ReadLease:
+    """A read's pin on its files: while it lasts, the garbage collector deletes none of them,
+    whatever compactions replace them meanwhile. It is a record among the bulk imports in
+    progress (``kz:imports``, :meth:`register_import
+    <kompaktor.metadata.store.files.FileStore.register_import>`), which the collector already
+    spares, refreshed by a thread of its own while the read runs; a reader that dies stops
+    refreshing it and it ends ``ttl_s`` later (docs/spark.md, "Reading")."""
+
+    def __init__(self, store: MetadataStore, table_id: str, lease_id: str | None = None) -> None:
+        self.store, self.table_id = store, table_id
+        self.id = lease_id or f"READ{uuid.uuid4().hex[:16]}"
+        self.files: set[str] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def pin(self, start: bytes | None, end: bytes | None, ttl_s: float = READ_TTL_S) -> list[ReadPart]:
+        """Pin the files of the tablets overlapping [start, end] and return the read's parts.
+        The files are recorded first, then the tablets read again: a file still referenced then
+        is one no collector pass has taken as garbage before the record existed (references only
+        ever disappear), and every later pass sees the record."""
+        parts = plan_read(self.store.tables.tablets_in_range(self.table_id, start, end), start, end)
+        for _ in range(_PIN_ATTEMPTS):
+            self.files.update(f for p in parts for f in p.files)
+            self.refresh(ttl_s)
+            again = plan_read(self.store.tables.tablets_in_range(self.table_id, start, end), start, end)
+            if all(f in self.files for p in again for f in p.files):
+                self.keep_alive(ttl_s)
+                return again
+            parts = again
+        self.close()
+        raise KompaktorError(f"cannot pin the files of table {self.table_id}: compactions keep replacing them")
+
+    def refresh(self, ttl_s: float = READ_TTL_S) -> None:
+        self.store.files.register_import(self.id, self.table_id, sorted(self.files), ttl_s)
+
+    def keep_alive(self, ttl_s: float = READ_TTL_S) -> None:
+        """Refresh the pin every third of ``ttl_s`` until :meth:`close`."""
+
+        def run() -> None:
+            while not self._stop.wait(ttl_s / 3):
+                try:
+                    self.refresh(ttl_s)
+                except KompaktorError:  # Redis unreachable: the collector cannot run either
+                    pass
+
+        self._thread = threading.Thread(target=run, name=f"read-{self.id}", daemon=True)
+        self._thread.start()
+
+    def close(self, tail_s: float = 0.0) -> None:
+        """End the pin ``tail_s`` from now (a collector pass that began before still spares the
+        files)."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        try:
+            self.refresh(ttl_s=tail_s)
+        except KompaktorError:
+            pass
 
 
 class _ImportGuard:
@@ -252,4 +384,4 @@ def _read_foreign(src: str) -> Iterator[pa.RecordBatch]:
             raise BadFileError(f"{src}: not a readable Parquet file: {exc}") from exc
 
 
-__all__ = ["Client", "file_order_key", "read_info"]
+__all__ = ["Client", "ReadLease", "ReadPart", "file_order_key", "plan_read", "read_info", "read_part"]

@@ -146,6 +146,10 @@ def request_key(request_id: str) -> str:
     return f"{PREFIX}operator:compaction:{request_id}"  # string: user compaction id of a Compaction uid
 
 
+def writes_key(table_id: str) -> str:
+    return f"{PREFIX}writes:{table_id}"  # hash: write id -> ms: the writes a table imported (once each)
+
+
 _LUA_CONSTANTS = {
     "tables": TABLES,
     "seq": SEQ,
@@ -180,6 +184,7 @@ _LUA_FUNCTIONS = {
     "queue_ages": queue_ages_key,
     "ucomp": ucomp_key,
     "request": request_key,
+    "writes": writes_key,
     "wake": wake_key,
     "queue_vt": queue_vt_key,
 }

@@ -382,3 +382,22 @@ def test_restore_latest_without_backups_says_so(tmp_path: Path, redis_url: str) 
     storage = Storage.from_uri(str(tmp_path / "empty"))
     r = CliRunner().invoke(main, ["restore", "latest", "--redis", redis_url, "--storage", storage.uri])
     assert r.exit_code != 0 and "no backups in" in r.output
+
+
+def test_a_restore_keeps_the_writes_imported(tmp_path: Path, client: Client, redis_url: str) -> None:
+    """A Spark job's write id survives losing Redis: the job retried after a restore imports
+    nothing again (docs/spark.md, "Writing")."""
+    from kompaktor.model.tablet import FileMeta
+
+    tid = client.store.tables.create_table("w")
+    client.flush("w", [Entry(b"a", b"f", b"q", b"", 1, False, b"v")])
+    client.store.files.add_files("w", {}, write_id="job-7")
+    backup.create(client.store, client.storage)
+    import redis
+
+    redis.Redis.from_url(redis_url).flushall()
+    fresh = MetadataStore.from_url(redis_url)
+    assert backup.bootstrap(fresh, client.storage, "latest") is not None
+    assert fresh.files.write_imported(tid, "job-7") and not fresh.files.write_imported(tid, "job-8")
+    with pytest.raises(ConditionFailed, match="write new"):
+        fresh.files.add_files("w", {"tables/x/I1.parquet": FileMeta(1, 1, 0, b"a", b"a")}, write_id="job-7")

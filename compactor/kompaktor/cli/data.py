@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from kompaktor.cli.common import friendly_errors, open_client, parse_row, redis_option, storage_option
 from kompaktor.model.errors import KompaktorError
 from kompaktor.model.keys import check_row_range
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 def _check_output(output: str) -> None:
@@ -59,30 +64,36 @@ def scan(
     if output:
         _check_output(output)
     c = open_client(redis_url, storage_uri)
-    entries = c.scan(name, parse_row(start), parse_row(end))
     if output:
-        import itertools
-        import os
-
-        from kompaktor.files.sortedfile import SortedFileWriter
-        from kompaktor.files.storage import Storage
-
-        local = Storage.from_uri(os.path.dirname(os.path.abspath(output)))
-        try:
-            w = SortedFileWriter(local, os.path.basename(output))
-            try:
-                while chunk := list(itertools.islice(entries, 65536)):
-                    w.write_entries(chunk)
-                info = w.commit()
-            except BaseException:
-                try:
-                    w.abort()
-                except OSError:
-                    pass  # the error that made us abort is the one to report
-                raise
-        except OSError as exc:
-            raise KompaktorError(f"-o {output}: cannot write: {getattr(exc, 'strerror', None) or exc}") from exc
-        click.echo(f"wrote {info.entries} entries to {output}")
+        _write_scan(c.read_arrow(name, parse_row(start), parse_row(end)), output)
         return
+    entries = c.scan(name, parse_row(start), parse_row(end))
     for e in entries:
         click.echo(f"{_show(e.row)} {_show(e.cf)}:{_show(e.cq)} [{_show(e.vis)}] {e.ts}\t{_show(e.value)}")
+
+
+def _write_scan(reader: pa.RecordBatchReader, output: str) -> None:
+    """``scan -o``: the merged view's Arrow batches into one sorted file (already in key order)."""
+    import os
+
+    import pyarrow as pa
+
+    from kompaktor.files.sortedfile import SortedFileWriter
+    from kompaktor.files.storage import Storage
+
+    local = Storage.from_uri(os.path.dirname(os.path.abspath(output)))
+    try:
+        w = SortedFileWriter(local, os.path.basename(output))
+        try:
+            for batch in reader:
+                w.write_table(pa.Table.from_batches([batch]), checked=True)
+            info = w.commit()
+        except BaseException:
+            try:
+                w.abort()
+            except OSError:
+                pass  # the error that made us abort is the one to report
+            raise
+    except OSError as exc:
+        raise KompaktorError(f"-o {output}: cannot write: {getattr(exc, 'strerror', None) or exc}") from exc
+    click.echo(f"wrote {info.entries} entries to {output}")

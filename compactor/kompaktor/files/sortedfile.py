@@ -195,6 +195,13 @@ class SortedFileWriter:
     def commit(self, extra_metadata: dict[bytes, bytes] | None = None) -> FileInfo:
         """Close the file and move it to its final name; return what the metadata records.
         ``extra_metadata`` is added to the footer's key/value metadata."""
+        info = self.finish(extra_metadata)
+        self.storage.publish(self.tmp_rel, self.rel_path)
+        return info
+
+    def finish(self, extra_metadata: dict[bytes, bytes] | None = None) -> FileInfo:
+        """Close the file under its staging name (:attr:`tmp_rel`) without publishing it: a Spark
+        task's file, which only the driver's commit publishes (docs/spark.md, "Writing")."""
         self._writer.add_key_value_metadata(
             # pyarrow-stubs: dict[str, str], but pyarrow takes bytes keys and values as well
             {**(extra_metadata or {}), **_metadata(self.entries, self.deletes, self.first, self.last)}  # type: ignore[dict-item]
@@ -206,7 +213,6 @@ class SortedFileWriter:
         size = int(self._sink.tell())
         self._sink.close()
         self._closed = True
-        self.storage.publish(self.tmp_rel, self.rel_path)
         return FileInfo(
             self.rel_path, size, self.entries, self.deletes, self.first, self.last, self.put_min, self.del_max
         )

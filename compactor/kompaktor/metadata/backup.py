@@ -138,7 +138,12 @@ def snapshot(store: MetadataStore, bid: str) -> dict[str, Any]:
     tables = {}
     for tid in sorted(names.values()):
         store.files.begin_backup(bid, MARK_TTL_S)  # refreshed: a big table takes a while
-        tables[tid] = {"hash": _text(store.call(r.hgetall, C.table_key(tid))), "tablets": _read_tablets(store, tid)}
+        tables[tid] = {
+            "hash": _text(store.call(r.hgetall, C.table_key(tid))),
+            "tablets": _read_tablets(store, tid),
+            # the writes imported (a Spark job's, a micro-batch's): a replay after a restore imports once
+            "writes": _text(store.call(r.hgetall, C.writes_key(tid))),
+        }
     ucomps = {}
     for cid in sorted(text(m) for m in store.call(r.smembers, C.UCOMPS)):
         ucomps[cid] = {
@@ -560,6 +565,8 @@ def _write_back(store: MetadataStore, data: dict[str, Any], tops: tuple[int, int
             p.set(C.tablet_key(tablet), json.dumps(doc, separators=(",", ":")))
             p.zadd(C.tablets_key(tid), {tablet.split(";", 1)[1]: 0})
             p.sadd(C.DIRTY, tablet)
+        if t.get("writes"):  # backups taken before writes were recorded have none
+            p.hset(C.writes_key(tid), mapping=t["writes"])
     for cid, u in data["ucomps"].items():
         if u["hash"]:
             p.hset(C.ucomp_key(cid), mapping=u["hash"])

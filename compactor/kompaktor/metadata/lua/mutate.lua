@@ -116,7 +116,8 @@ local TABLET_OPS = {create = true, delete = true, add_files = true, remove_files
   remove_running = true, remove_inputs = true, set_selection = true, clear_selection = true,
   selection_replace = true, ucomp_done = true, set_hold = true, clear_hold = true, set_op = true, clear_op = true, set_range = true,
   drop_heartbeat = true, count_commit = true, selection_done = true, raise_horizon = true, compacted = true}
-local TABLE_OPS = {create = true, set_state = true, set_prop = true, unname = true, ucomp_register = true}
+local TABLE_OPS = {create = true, set_state = true, set_prop = true, unname = true, ucomp_register = true,
+  write_done = true}
 
 local function touch_all_tablets(tid)
   local ends = redis.call('ZRANGE', K.tablets(tid), 0, -1)
@@ -175,6 +176,9 @@ local function mutate(spec)
         -- no user compaction was started for outside request c[2] yet (ucomp_register binds it)
         local cid = redis.call('GET', K.request(c[2]))
         if cid then return fail('request free', '', cid) end
+      elseif name == 'write_new' then
+        -- no write with id c[2] was imported into the table yet (write_done records it)
+        if redis.call('HEXISTS', K.writes(spec.table), c[2]) == 1 then return fail('write new', '', c[2]) end
       elseif name == 'state_in' then
         local okst = false
         for _, want in ipairs(c[2]) do if state == want then okst = true end end
@@ -186,6 +190,9 @@ local function mutate(spec)
     local exists = #(spec.table_ops or {}) > 0 and redis.call('EXISTS', tk) == 1
     for _, op in ipairs(spec.table_ops or {}) do
       if not TABLE_OPS[op[1]] then return fail('unknown operation', '', tostring(op[1])) end
+      if op[1] == 'write_done' and type(op[2]) ~= 'string' then
+        return fail('bad operation', '', 'write_done needs a write id')
+      end
       if op[1] == 'ucomp_register' and (type(op[2]) ~= 'string' or type(op[3]) ~= 'table') then
         return fail('bad operation', '', 'ucomp_register needs an id and a record')
       end
@@ -339,6 +346,9 @@ local function mutate(spec)
       touch_all_tablets(spec.table)
     elseif name == 'unname' then
       redis.call('HDEL', K.tables, op[2])
+    elseif name == 'write_done' then
+      -- a client's write op[2] (a Spark job, a stream's micro-batch) imported: never again
+      redis.call('HSET', K.writes(spec.table), op[2], tostring(spec.now))
     elseif name == 'ucomp_register' then
       -- a user compaction op[2] with record op[3] (field -> string), registered together with its
       -- holds (this mutation's set_hold ops); op[4] = outside request id bound to it (or null) for

@@ -38,9 +38,13 @@ class FileStore:
         self._r = core.client
         self._tables = tables
 
-    def add_files(self, table_name: str, files: dict[str, FileMeta], *, allow_offline: bool = True) -> list[str]:
+    def add_files(
+        self, table_name: str, files: dict[str, FileMeta], *, allow_offline: bool = True, write_id: str | None = None
+    ) -> list[str]:
         """Register files with every tablet their row span overlaps, in one mutation (Accumulo's
-        bulk import v2). Returns the tablet ids that received files. Raises
+        bulk import v2). Returns the tablet ids that received files. With a ``write_id`` the same
+        mutation records it, and refuses (``ConditionFailed`` "write new", nothing registered) a
+        write already imported: a retried Spark job or a replayed micro-batch imports once. Raises
         :class:`~kompaktor.policy.deletes.DeleteHorizonError` (nothing registered) when a file
         holds a put that a delete marker dropped by a full compaction of a tablet may have hidden,
         unless the table keeps Accumulo's semantics (:mod:`kompaktor.policy.deletes`)."""
@@ -48,6 +52,9 @@ class FileStore:
             info = self._tables.table(table_name)
             guard = keeps_deletes(info.props)
             m = Mutation(table=info.id).require_table(ONLINE, *([OFFLINE] if allow_offline else []))
+            if write_id is not None:
+                m.table_conds.append(["write_new", write_id])
+                m.table_ops.append(["write_done", write_id])
             touched = []
             for t in self._tables.tablets(info.id):
                 mine = {
@@ -64,7 +71,7 @@ class FileStore:
                     tc.require("above_horizon", ts_token(oldest_put(mine.values())))
                 tc.do("add_files", {p: fm.to_json() for p, fm in mine.items()})
                 touched.append(t.id)
-            if not touched:
+            if not touched and write_id is None:
                 return touched
             try:
                 self._core.mutate(m)
@@ -74,6 +81,10 @@ class FileStore:
                 if exc.condition != "delete horizon" or attempt + 1 == _HORIZON_ATTEMPTS:
                     raise
         raise AssertionError("unreachable")
+
+    def write_imported(self, table_id: str, write_id: str) -> bool:
+        """Whether the write ``write_id`` was imported into the table (:meth:`add_files`)."""
+        return bool(self._core.call(self._r.hexists, C.writes_key(table_id), write_id))
 
     # -- backups in progress (kompaktor.metadata.backup) ------------------------------------------
     def begin_backup(self, backup_id: str, ttl_s: float) -> None:
@@ -104,6 +115,15 @@ class FileStore:
     def forget_import(self, import_id: str) -> None:
         """Drop the record of an import that failed and removed its files."""
         self._core.call(self._r.hdel, C.IMPORTS, import_id)
+
+    def import_records(self, prefix: str) -> dict[str, list[str]]:
+        """The files of each import in progress whose id starts with ``prefix`` (a Spark write's
+        tasks, :mod:`kompaktor.spark.staged`)."""
+        out = {}
+        for iid, raw in self._core.call(self._r.hgetall, C.IMPORTS).items():
+            if text(iid).startswith(prefix):
+                out[text(iid)] = list(json.loads(raw)["files"])
+        return out
 
     def imports_since(self, since: float) -> tuple[set[str], set[str]]:
         """The ids and files of the bulk imports in progress at ``since`` or later."""

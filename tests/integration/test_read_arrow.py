@@ -1,0 +1,111 @@
+"""``Client.read_arrow`` (docs/spark.md, "Reading"): the merged view as Arrow batches, held to a
+reference view written here from the merge rules (not the product's merge) on random keys with
+versions and deletes, and a read's files pinned against compactions and the garbage collector,
+on a real redis-server with the real compactor (Arrow engine)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kompaktor.client import Client
+from kompaktor.coordinator.gc import collect_garbage
+from kompaktor.files.sortedfile import SCHEMA, table_to_entries
+from kompaktor.files.storage import Storage
+from kompaktor.metadata.store import MetadataStore
+from kompaktor.model.keys import Entry
+from kompaktor.worker import Compactor, WorkerSettings
+from tests.integration.test_worker import make_table, plan
+
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(300)]
+
+
+def reference(flushes: list[list[Entry]], start: bytes | None, end: bytes | None, versions: int) -> list[Entry]:
+    """The merged view by its rules: per column key, newest timestamp first, a marker before a put
+    of its timestamp, a newer flush before an older one; a marker hides what follows it; the
+    first ``versions`` puts remain."""
+    ranked = [(e, -k) for k, f in enumerate(flushes) for e in f]
+    ranked = [(e, r) for e, r in ranked if (start is None or e.row >= start) and (end is None or e.row <= end)]
+    out: list[Entry] = []
+    by_column = itertools.groupby(
+        sorted(ranked, key=lambda t: (t[0].column_key, -t[0].ts, not t[0].deleted, t[1])), key=lambda t: t[0].column_key
+    )
+    for _ck, group in by_column:
+        kept = 0
+        for e, _r in group:
+            if e.deleted:
+                break
+            if kept < versions:
+                out.append(e)
+                kept += 1
+    return out
+
+
+def entries_of(reader: pa.RecordBatchReader) -> list[Entry]:
+    assert reader.schema == SCHEMA
+    return [e for b in reader for e in table_to_entries(pa.Table.from_batches([b]))]
+
+
+key = st.tuples(
+    st.sampled_from([b"a", b"b", b"m", b"m\x00", b"\x80", b"\xff"]),
+    st.sampled_from([b"f", b"g"]),
+    st.sampled_from([b"q", b"r"]),
+    st.sampled_from([b"", b"x"]),
+    st.integers(1, 4),
+    st.booleans(),
+)
+flush_st = st.lists(key, max_size=25, unique=True).map(
+    lambda ks: [Entry(r, f, q, v, ts, d, b"" if d else b"%s@%d" % (r, ts)) for r, f, q, v, ts, d in ks]
+)
+row = st.none() | st.sampled_from([b"a", b"b", b"c", b"m", b"\x80", b"\xff"])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(flushes=st.lists(flush_st, min_size=1, max_size=4), start=row, end=row, versions=st.integers(1, 3))
+def test_read_arrow_is_the_reference_view(
+    client: Client, flushes: list[list[Entry]], start: bytes | None, end: bytes | None, versions: int
+) -> None:
+    name = f"t{client.store.next_seq('test')}"
+    client.store.tables.create_table(name, [b"b", b"m"])
+    for f in flushes:
+        if f:
+            client.flush(name, f)
+    want = reference(flushes, start, end, versions)
+    assert entries_of(client.read_arrow(name, start, end, max_versions=versions)) == want
+    if versions == 1:  # the table's own setting (one version) and the scan built on it
+        assert list(client.scan(name, start, end)) == want
+
+
+def compact_everything(store: MetadataStore, storage: Storage) -> int:
+    plan(store, storage)
+    worker = Compactor(store, storage, WorkerSettings("default", "c-read", engine="arrow", heartbeat_s=0.2))
+    done = 0
+    while (outcome := worker.run_one()) is not None:
+        assert outcome.status == "committed"
+        done += 1
+    return done
+
+
+def test_a_compaction_and_the_collector_during_a_read_take_nothing_from_it(
+    client: Client, store: MetadataStore, storage: Storage
+) -> None:
+    """A read pins its files: compactions replace every one of them while it runs and the
+    collector (grace 0) deletes none of them; the read returns the view as it began. Once the
+    read ends, the next pass deletes them."""
+    tid = make_table(client)
+    want = list(client.scan("t"))
+    before = {f for t in store.tables.tablets(tid) for f in t.files}
+    reader = client.read_arrow("t", batch_rows=7)
+    first = reader.read_next_batch()  # the read runs
+    assert compact_everything(store, storage) == 2
+    after = {f for t in store.tables.tablets(tid) for f in t.files}
+    assert not before & after  # every file the read uses was replaced
+    assert collect_garbage(store, storage, grace_s=0.0) == []
+    got = list(table_to_entries(pa.Table.from_batches([first]))) + entries_of(reader)
+    assert got == want
+    assert sorted(collect_garbage(store, storage, grace_s=0.0)) == sorted(before)
+    assert list(client.scan("t")) == want
