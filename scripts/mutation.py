@@ -126,7 +126,7 @@ MUTANTS = (
     Mutant(
         "broker_recorded_reservation",
         "coordinator/broker.py",
-        'out.records.append((C.reservation_key(res.ecid), json.dumps({"res": doc, "cap": cap_digest})))',
+        'out.records.append((keyspace.reservation_key(res.ecid), json.dumps({"res": doc, "cap": cap_digest})))',
         "pass",
         (
             f"{RIGHTS}::test_only_the_holder_may_commit_release_or_heartbeat_a_compaction",

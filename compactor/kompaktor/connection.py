@@ -51,7 +51,7 @@ from redis.connection import Connection
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
-from kompaktor import keyspace as C
+from kompaktor import keyspace
 from kompaktor.model.errors import Fenced, NotPermitted, StoreUnavailable
 from kompaktor.model.redact import redact_text, redact_url
 
@@ -66,7 +66,7 @@ T = TypeVar("T")
 log = logging.getLogger("kompaktor.connection")
 
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
-BARRIER = C.PREFIX + "durable"  # string: written before each WAIT (see the module's docstring)
+BARRIER = keyspace.PREFIX + "durable"  # string: written before each WAIT (see the module's docstring)
 DEFAULT_WAIT_MS = 2000  # below the client's socket timeout (5 s): a short WAIT is an error, not a hang
 DURABILITY_ENV = "KOMPAKTOR_DURABILITY"
 WAIT_ENV = "KOMPAKTOR_DURABILITY_TIMEOUT_MS"

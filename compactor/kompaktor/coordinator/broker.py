@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kompaktor import keyspace as C
+from kompaktor import keyspace
 from kompaktor.metadata import broker_messages as m
 from kompaktor.metadata import compactions
 from kompaktor.metadata import progress as resume_records
@@ -180,7 +180,7 @@ class Broker:
             res = self.held(req)
             value = self.held_ops[type(req)](res, req)
             if req.ends:  # the compaction ended: its record goes soon
-                out.done.append(C.reservation_key(res.ecid))
+                out.done.append(keyspace.reservation_key(res.ecid))
                 with self._lock:
                     self._known.pop(res.ecid, None)
             return value
@@ -225,7 +225,7 @@ class Broker:
             return None
         cap = secrets.token_urlsafe(24)
         doc, cap_digest = res.to_json(), digest(cap)
-        out.records.append((C.reservation_key(res.ecid), json.dumps({"res": doc, "cap": cap_digest})))
+        out.records.append((keyspace.reservation_key(res.ecid), json.dumps({"res": doc, "cap": cap_digest})))
         self._remember(res.ecid, cap_digest, doc)
         return {"res": doc, "cap": cap}
 

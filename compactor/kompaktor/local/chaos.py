@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from kompaktor import keyspace as C
+from kompaktor import keyspace
 from kompaktor.local.cluster import LocalCluster
 from kompaktor.metadata.failures import MAX_ATTEMPTS
 
@@ -203,9 +203,9 @@ class Chaos:
             return False
         pc = primary.client()
         try:
-            if moment == "commit" and not pc.hlen(C.RUNNING):
+            if moment == "commit" and not pc.hlen(keyspace.RUNNING):
                 return False  # no compaction running: no commit can come; do not freeze the replica
-            committed = int(pc.hget(C.COUNTERS, "compactions_committed") or 0)
+            committed = int(pc.hget(keyspace.COUNTERS, "compactions_committed") or 0)
             for r in replicas:
                 r.proc.send_signal(signal.SIGSTOP)  # type: ignore[union-attr]
             self._froze = True
@@ -215,7 +215,7 @@ class Chaos:
                 deadline = time.monotonic() + window_s
                 while time.monotonic() < deadline:
                     pending = int(pc.info("clients").get("blocked_clients", 0))
-                    commits = int(pc.hget(C.COUNTERS, "compactions_committed") or 0) - committed
+                    commits = int(pc.hget(keyspace.COUNTERS, "compactions_committed") or 0) - committed
                     hit = commits > 0 if moment == "commit" else pending > 0
                     if hit:
                         primary.stop(kill=True)

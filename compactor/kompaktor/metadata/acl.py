@@ -33,7 +33,7 @@ import hashlib
 import secrets
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from kompaktor import keyspace as C
+from kompaktor import keyspace
 
 ROLES = ("compactor", "coordinator", "operator", "admin")
 
@@ -89,14 +89,14 @@ SHARED_READS, SHARED_WRITES = _READS, _WRITES
 #: the compactor's only writes, each an ACL selector (these commands on these keys only): its
 #: requests to the broker (pushed: it may not read the list), the answers (popped), wake-ups
 _ASK = (
-    f"(~{C.BROKER} +lpush)",
-    f"(~{C.reply_key('*')} +blpop)",
-    f"(~{C.wake_key('*')} +blpop)",
+    f"(~{keyspace.BROKER} +lpush)",
+    f"(~{keyspace.reply_key('*')} +blpop)",
+    f"(~{keyspace.wake_key('*')} +blpop)",
 )
 #: the compaction history (:mod:`kompaktor.metadata.history`): an ACL selector, so that these
 #: commands reach the history's streams (``kz:history:*``) and no other key. The compactor only
 #: appends (XADD, then XTRIM by age); the other roles read it as well
-_HISTORY_KEYS = f"~{C.history_key('*')}"
+_HISTORY_KEYS = f"~{keyspace.history_key('*')}"
 _HISTORY_WRITE = f"({_HISTORY_KEYS} +xadd +xtrim)"
 _HISTORY_READ_WRITE = f"({_HISTORY_KEYS} +xadd +xtrim +xrevrange)"
 #: the history's appends (the compactor's jobs; the coordinator's for compactions found dead)
@@ -116,7 +116,10 @@ RIGHTS: dict[str, tuple[str, ...]] = {
     "admin": _BASE + _FCALL + _READS + _WRITES + _LEADER + (_HISTORY_READ_WRITE,),
 }
 #: the keys a role's commands outside selectors reach: the compactor's only to read
-KEYS: dict[str, str] = {"compactor": f"%R~{C.PREFIX}*", "coordinator": f"~{C.PREFIX}* ~{C.BROKER_PREFIX}*"}
+KEYS: dict[str, str] = {
+    "compactor": f"%R~{keyspace.PREFIX}*",
+    "coordinator": f"~{keyspace.PREFIX}* ~{keyspace.BROKER_PREFIX}*",
+}
 
 
 def new_passwords() -> dict[str, str]:
@@ -128,7 +131,7 @@ def rights(role: str) -> str:
     """What ``role`` may touch, as ACL rules: only Kompaktor's keys, no channels, its commands."""
     if role not in RIGHTS:
         raise ValueError(f"unknown Redis role {role!r}: one of {', '.join(ROLES)}")
-    return " ".join((KEYS.get(role, f"~{C.PREFIX}*"), "resetchannels", "-@all", *RIGHTS[role]))
+    return " ".join((KEYS.get(role, f"~{keyspace.PREFIX}*"), "resetchannels", "-@all", *RIGHTS[role]))
 
 
 def rule(role: str, password: str) -> str:

@@ -34,8 +34,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from kompaktor import __version__
-from kompaktor import keyspace as C
+from kompaktor import __version__, keyspace
 from kompaktor.connection import text
 from kompaktor.files.sortedfile import read_info, ts_bounds
 from kompaktor.files.storage import Storage
@@ -134,30 +133,30 @@ def _read_tablets(store: MetadataStore, tid: str) -> dict[str, str]:
 def snapshot(store: MetadataStore, bid: str) -> dict[str, Any]:
     """Every piece of Kompaktor's metadata, read in chunks; the backup's content."""
     r = store._r
-    names = _text(store.call(r.hgetall, C.TABLES))
+    names = _text(store.call(r.hgetall, keyspace.TABLES))
     tables = {}
     for tid in sorted(names.values()):
         store.files.begin_backup(bid, MARK_TTL_S)  # refreshed: a big table takes a while
         tables[tid] = {
-            "hash": _text(store.call(r.hgetall, C.table_key(tid))),
+            "hash": _text(store.call(r.hgetall, keyspace.table_key(tid))),
             "tablets": _read_tablets(store, tid),
             # the writes imported (a Spark job's, a micro-batch's): a replay after a restore imports once
-            "writes": _text(store.call(r.hgetall, C.writes_key(tid))),
+            "writes": _text(store.call(r.hgetall, keyspace.writes_key(tid))),
         }
     ucomps = {}
-    for cid in sorted(text(m) for m in store.call(r.smembers, C.UCOMPS)):
+    for cid in sorted(text(m) for m in store.call(r.smembers, keyspace.UCOMPS)):
         ucomps[cid] = {
-            "hash": _text(store.call(r.hgetall, C.ucomp_key(cid))),
-            "done": sorted(text(m) for m in store.call(r.smembers, C.ucomp_done_key(cid))),
+            "hash": _text(store.call(r.hgetall, keyspace.ucomp_key(cid))),
+            "done": sorted(text(m) for m in store.call(r.smembers, keyspace.ucomp_done_key(cid))),
         }
     return {
         "format": FORMAT,
         "names": names,
         "tables": tables,
         "ucomps": ucomps,
-        "services": _text(store.call(r.hgetall, C.SERVICES)),
-        "groups": _text(store.call(r.hgetall, C.GROUPS)),
-        "seq": _text(store.call(r.hgetall, C.SEQ)),
+        "services": _text(store.call(r.hgetall, keyspace.SERVICES)),
+        "groups": _text(store.call(r.hgetall, keyspace.GROUPS)),
+        "seq": _text(store.call(r.hgetall, keyspace.SEQ)),
     }
 
 
@@ -350,7 +349,7 @@ class Restored:
 def _metadata_keys(store: MetadataStore) -> list[str]:
     """Whether this Redis holds tables (a restore writes them all in one transaction, so there is
     no half-restored state; a coordinator's lease, groups or queues do not count)."""
-    return [C.TABLES] if store.call(store._r.exists, C.TABLES) else []
+    return [keyspace.TABLES] if store.call(store._r.exists, keyspace.TABLES) else []
 
 
 def data_files(storage: Storage) -> set[str]:
@@ -547,37 +546,37 @@ def adopt_file(store: MetadataStore, storage: Storage, table: str, rel: str) -> 
 def bootstrap(store: MetadataStore, storage: Storage, bid: str) -> Restored | None:
     """Restore ``bid`` (or ``latest``) when this Redis holds no tables and was never restored —
     what a new install does when told to start from a backup; None when there was nothing to do."""
-    if _metadata_keys(store) or bool(store.call(store._r.exists, C.RESTORED)):
+    if _metadata_keys(store) or bool(store.call(store._r.exists, keyspace.RESTORED)):
         return None
     return restore(store, storage, bid)
 
 
 def _write_back(store: MetadataStore, data: dict[str, Any], tops: tuple[int, int], bid: str) -> None:
     p = store._r.pipeline(transaction=True)
-    p.set(C.RESTORED, bid)  # what bootstrap() checks: this Redis was restored once
+    p.set(keyspace.RESTORED, bid)  # what bootstrap() checks: this Redis was restored once
     if data["names"]:
-        p.hset(C.TABLES, mapping=data["names"])
+        p.hset(keyspace.TABLES, mapping=data["names"])
     for tid, t in data["tables"].items():
-        p.hset(C.table_key(tid), mapping=t["hash"])
+        p.hset(keyspace.table_key(tid), mapping=t["hash"])
         for tablet, raw in t["tablets"].items():
             doc = json.loads(raw)
             doc["running"] = {}  # compactions running then are dead now: outputs are garbage
-            p.set(C.tablet_key(tablet), json.dumps(doc, separators=(",", ":")))
-            p.zadd(C.tablets_key(tid), {tablet.split(";", 1)[1]: 0})
-            p.sadd(C.DIRTY, tablet)
+            p.set(keyspace.tablet_key(tablet), json.dumps(doc, separators=(",", ":")))
+            p.zadd(keyspace.tablets_key(tid), {tablet.split(";", 1)[1]: 0})
+            p.sadd(keyspace.DIRTY, tablet)
         if t.get("writes"):  # backups taken before writes were recorded have none
-            p.hset(C.writes_key(tid), mapping=t["writes"])
+            p.hset(keyspace.writes_key(tid), mapping=t["writes"])
     for cid, u in data["ucomps"].items():
         if u["hash"]:
-            p.hset(C.ucomp_key(cid), mapping=u["hash"])
-        p.sadd(C.UCOMPS, cid)
+            p.hset(keyspace.ucomp_key(cid), mapping=u["hash"])
+        p.sadd(keyspace.UCOMPS, cid)
         if u["done"]:
-            p.sadd(C.ucomp_done_key(cid), *u["done"])
-    for key, values in ((C.SERVICES, data["services"]), (C.GROUPS, data["groups"])):
+            p.sadd(keyspace.ucomp_done_key(cid), *u["done"])
+    for key, values in ((keyspace.SERVICES, data["services"]), (keyspace.GROUPS, data["groups"])):
         if values:
             p.hset(key, mapping=values)
     seq = dict(data["seq"])
     seq["table"] = str(max(int(seq.get("table", 0)), tops[0]))
     seq["file"] = str(max(int(seq.get("file", 0)), tops[1]))
-    p.hset(C.SEQ, mapping=seq)
+    p.hset(keyspace.SEQ, mapping=seq)
     store.call(p.execute)

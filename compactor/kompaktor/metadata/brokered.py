@@ -19,7 +19,7 @@ import json
 import time
 from typing import Any, cast
 
-from kompaktor import keyspace as C
+from kompaktor import keyspace
 from kompaktor.files.storage import Storage
 from kompaktor.metadata import broker_messages as m
 from kompaktor.metadata import progress as resume_records
@@ -96,14 +96,14 @@ class BrokeredJobs:
     def send(self, req: m.Request, wait: float) -> m.Envelope:
         """Push one request; where its answer comes, and until when it is of use."""
         env = m.Envelope.new(wait, time.time())
-        self.store.call(self.store._r.lpush, C.BROKER, m.encode(req, env))
+        self.store.call(self.store._r.lpush, keyspace.BROKER, m.encode(req, env))
         return env
 
     def answer(self, op: str, env: m.Envelope, wait: float) -> Any:
         """The answer to a request sent (its value, or its error raised)."""
         while (left := env.exp - time.time()) > 0:
             step = max(0.01, min(left, _WAIT_STEP_S))
-            got = self.store.call(self.store._r.blpop, [C.reply_key(env.reply)], timeout=step)
+            got = self.store.call(self.store._r.blpop, [keyspace.reply_key(env.reply)], timeout=step)
             if got is not None:
                 return decode_reply(got[1])
         raise StoreUnavailable(f"no answer from the coordinator to {op} within {wait:g} s (is it running?)")
@@ -174,7 +174,7 @@ def take_requests(store: MetadataStore, wait_s: float, count: int) -> list[bytes
     """Wait up to ``wait_s`` for requests; up to ``count`` of those waiting, oldest first."""
     got = cast(
         "list[Any] | None",  # [key, [request, ...]]
-        store.call(store._r.blmpop, wait_s, 1, C.BROKER, direction="RIGHT", count=count),
+        store.call(store._r.blmpop, wait_s, 1, keyspace.BROKER, direction="RIGHT", count=count),
     )
     return [] if got is None else list(got[1])
 
@@ -194,12 +194,12 @@ def send_answers(
             p.set(key, doc, ex=record_ttl_s)
         for key in done:
             p.expire(key, done_ttl_s)
-        p.rpush(C.reply_key(reply), text)
-        p.expire(C.reply_key(reply), reply_ttl_s)
+        p.rpush(keyspace.reply_key(reply), text)
+        p.expire(keyspace.reply_key(reply), reply_ttl_s)
     store.call(p.execute)
 
 
 def reservation_record(store: MetadataStore, ecid: str) -> dict[str, Any] | None:
     """The broker's record of a reservation (the reservation, the digest of its holder's secret)."""
-    raw = store.call(store._r.get, C.reservation_key(ecid))
+    raw = store.call(store._r.get, keyspace.reservation_key(ecid))
     return None if raw is None else dict(json.loads(raw))

@@ -27,8 +27,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from kompaktor import __version__
-from kompaktor import keyspace as C
+from kompaktor import __version__, keyspace
 from kompaktor.connection import text
 from kompaktor.files.storage import Storage
 from kompaktor.metadata.store import MetadataStore
@@ -81,11 +80,11 @@ class Step:
 
 def read_format(store: MetadataStore) -> StoreFormat:
     """The store's format record (one HGETALL and one EXISTS; every role may read both)."""
-    raw = {text(k): text(v) for k, v in store.call(store._r.hgetall, C.FORMAT).items()}
-    has_tables = bool(store.call(store._r.exists, C.TABLES))
+    raw = {text(k): text(v) for k, v in store.call(store._r.hgetall, keyspace.FORMAT).items()}
+    has_tables = bool(store.call(store._r.exists, keyspace.TABLES))
     version = raw.get("version")
     if version is not None and not version.isdigit():
-        raise FormatError(f"metadata format record {C.FORMAT}: version {version!r} is not a number")
+        raise FormatError(f"metadata format record {keyspace.FORMAT}: version {version!r} is not a number")
     steps = frozenset(k.removeprefix("step:") for k in raw if k.startswith("step:"))
     return StoreFormat(None if version is None else int(version), raw.get("installation"), steps, has_tables)
 
@@ -131,17 +130,17 @@ def migrate(
     fmt = open_checked(store, "coordinator")
     current = fmt.effective
     if current is None:
-        store._core.write(("HSET", C.FORMAT, "version", str(FORMAT_VERSION)))
+        store._core.write(("HSET", keyspace.FORMAT, "version", str(FORMAT_VERSION)))
         return []
     ran: list[str] = []
     for step in steps:
         if step.version <= current or step.name in fmt.steps:
             continue
         step.run(store)
-        store._core.write(("HSET", C.FORMAT, f"step:{step.name}", str(clock())))
+        store._core.write(("HSET", keyspace.FORMAT, f"step:{step.name}", str(clock())))
         ran.append(step.name)
     if current < FORMAT_VERSION:
-        store._core.write(("HSET", C.FORMAT, "version", str(FORMAT_VERSION), "migrated", str(clock())))
+        store._core.write(("HSET", keyspace.FORMAT, "version", str(FORMAT_VERSION), "migrated", str(clock())))
     return ran
 
 
@@ -234,6 +233,6 @@ def check_restore(store: MetadataStore, storage: Storage) -> Claim:
 def record_installation(store: MetadataStore, storage: Storage, claim: Claim) -> None:
     """Write the installation's id where :func:`decide_installation` found it missing."""
     if claim.write_redis:
-        store._core.write(("HSET", C.FORMAT, "installation", claim.installation))
+        store._core.write(("HSET", keyspace.FORMAT, "installation", claim.installation))
     if claim.write_storage:
         _write_storage_installation(storage, claim.installation)

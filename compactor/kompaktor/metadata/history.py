@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, fields
 from typing import Any, cast
 
-from kompaktor import keyspace as C
+from kompaktor import keyspace
 from kompaktor.connection import text
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.redact import redact_text
@@ -123,7 +123,7 @@ def append(store: MetadataStore, rec: Record, limits: HistoryLimits = HistoryLim
     """Add ``rec`` to its group's history and trim it, in one round trip. Never raises: a history
     that cannot be written (Redis away, an ACL without the history's rights) is logged and the
     job goes on; returns whether the record was written."""
-    key = C.history_key(rec.group)
+    key = keyspace.history_key(rec.group)
     doc = json.dumps({**rec.to_json(), "reason": clean_reason(rec.reason)}, separators=(",", ":"))
     min_id = max(0, int((time.time() - limits.max_age_s) * 1000))
     try:
@@ -168,7 +168,7 @@ def _read_group(
     while len(out) < limit:
         chunk = cast(
             "list[tuple[bytes, dict[bytes, bytes]]]",
-            store.call(store._r.xrevrange, C.history_key(group), hi, lo, READ_CHUNK),
+            store.call(store._r.xrevrange, keyspace.history_key(group), hi, lo, READ_CHUNK),
         )
         for _id, entry in chunk:
             rec = Record.from_json(json.loads(entry[b"r"]))

@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from typing import Any, cast
 
-from kompaktor import keyspace as C
+from kompaktor import keyspace
 from kompaktor.connection import text
 from kompaktor.files.storage import Storage
 from kompaktor.metadata.store import MetadataStore
@@ -79,7 +79,7 @@ class RedisResumeLog:
         self.inputs = tuple(inputs)
         self.prev, self.end = prev, end
         self.selection = selection  # a USER or SELECTOR job's selection: cancelled, the job is gone
-        self.key = C.progress_key(fingerprint)
+        self.key = keyspace.progress_key(fingerprint)
         #: parts recorded by this attempt (and reused ones), index -> record
         self.recorded: dict[int, PartRecord] = {}
 
@@ -122,7 +122,7 @@ class RedisResumeLog:
         p.delete(self.key)
         p.hset(self.key, "job", json.dumps(job))
         p.expire(self.key, PROGRESS_TTL_S)
-        p.hset(C.PROGRESS, self.fingerprint, self.tablet)
+        p.hset(keyspace.PROGRESS, self.fingerprint, self.tablet)
         self.store.call(p.execute)
 
     def record(self, part: PartRecord) -> None:
@@ -144,7 +144,7 @@ class RedisResumeLog:
 
 def part_paths(store: MetadataStore, fingerprint: str) -> list[str]:
     """The part files a record lists."""
-    raw = cast("dict[bytes, bytes]", store.call(store._r.hgetall, C.progress_key(fingerprint)))
+    raw = cast("dict[bytes, bytes]", store.call(store._r.hgetall, keyspace.progress_key(fingerprint)))
     out = []
     for k, v in raw.items():
         if k.startswith(b"p:"):
@@ -158,8 +158,8 @@ def part_paths(store: MetadataStore, fingerprint: str) -> list[str]:
 def forget(store: MetadataStore, fingerprint: str) -> None:
     """Delete a job's progress record and its index entry (not its parts)."""
     p = store._r.pipeline(transaction=True)
-    p.delete(C.progress_key(fingerprint))
-    p.hdel(C.PROGRESS, fingerprint)
+    p.delete(keyspace.progress_key(fingerprint))
+    p.hdel(keyspace.PROGRESS, fingerprint)
     store.call(p.execute)
 
 
@@ -216,7 +216,7 @@ def finish(
 
 def records(store: MetadataStore) -> dict[str, str]:
     """Fingerprint -> tablet id of every indexed record."""
-    return {text(k): text(v) for k, v in store.call(store._r.hgetall, C.PROGRESS).items()}
+    return {text(k): text(v) for k, v in store.call(store._r.hgetall, keyspace.PROGRESS).items()}
 
 
 def _gone(job: dict[str, Any], t: Tablet | None, dead: set[str]) -> bool:
@@ -249,7 +249,7 @@ def prune(store: MetadataStore) -> tuple[set[str], list[str]]:
     live: set[str] = set()
     stale: list[str] = []
     for fp, tid in idx.items():
-        raw = store.call(store._r.hget, C.progress_key(fp), "job")
+        raw = store.call(store._r.hget, keyspace.progress_key(fp), "job")
         try:
             job = json.loads(raw) if raw is not None else None
         except ValueError:

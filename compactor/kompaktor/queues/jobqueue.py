@@ -20,7 +20,7 @@ from typing import Any, cast
 import orjson
 import redis
 
-from kompaktor import keyspace as C
+from kompaktor import keyspace
 from kompaktor.connection import SentCommand, pack_command, redis_errors, text
 from kompaktor.model.job import PRIORITY_MAX, Job
 from kompaktor.policy.tableprops import QUOTA, QUOTA_STEP_MAX
@@ -56,7 +56,7 @@ def queue_preamble(*sources: str) -> str:
     ``ARGV``), then ``sources``. The queues' library, and the metadata's (its reserving function
     polls and reserves in one call, ``metadata/lua/reserve.lua``)."""
     return (
-        C.lua_prelude(
+        keyspace.lua_prelude(
             PRIORITY_MAX=PRIORITY_MAX,
             WAKE_MAX=WAKE_MAX,
             WAKE_TTL_MS=WAKE_TTL_MS,
@@ -212,12 +212,12 @@ class JobQueues:
     # -- bound --------------------------------------------------------------------------------
     @mapped
     def max_size(self) -> int:
-        raw = self._r.get(C.QUEUE_MAX)
+        raw = self._r.get(keyspace.QUEUE_MAX)
         return DEFAULT_MAX if raw is None else int(raw)
 
     @mapped
     def max_bytes(self) -> int:
-        raw = self._r.get(C.QUEUE_MAX_BYTES)
+        raw = self._r.get(keyspace.QUEUE_MAX_BYTES)
         return DEFAULT_MAX_BYTES if raw is None else int(raw)
 
     @mapped
@@ -225,7 +225,7 @@ class JobQueues:
         """Set every queue's bound in input bytes (0: none); it applies to the next insertions."""
         if new_max < 0 or new_max > MAX_ENTRY_BYTES:
             raise ValueError(f"queue byte bound must be in [0, {MAX_ENTRY_BYTES}], got {new_max}")
-        self._call(args=[self._token(), "SET", C.QUEUE_MAX_BYTES, new_max])
+        self._call(args=[self._token(), "SET", keyspace.QUEUE_MAX_BYTES, new_max])
 
     @mapped
     def resize(self, new_max: int) -> int:
@@ -238,15 +238,15 @@ class JobQueues:
     @mapped
     def has_generation(self) -> bool:
         """False when the queue keys are gone (never built, lost, or cleared): they must be rebuilt."""
-        return bool(self._r.exists(C.QUEUE_GENERATION))
+        return bool(self._r.exists(keyspace.QUEUE_GENERATION))
 
     @mapped
     def generation(self) -> int:
-        return int(self._r.get(C.QUEUE_GENERATION) or 0)
+        return int(self._r.get(keyspace.QUEUE_GENERATION) or 0)
 
     @mapped
     def begin_full_scan(self) -> int:
-        return int(self._call(args=[self._token(), "INCR", C.QUEUE_GENERATION]))
+        return int(self._call(args=[self._token(), "INCR", keyspace.QUEUE_GENERATION]))
 
     @mapped
     def end_full_scan(self, gen: int) -> int:
@@ -284,7 +284,7 @@ class JobQueues:
         """Block until a job is queued for ``group`` (a wake-up token, taken) or ``timeout_s``
         passes (at most :data:`WAKE_WAIT_MAX_S`); True when woken. One BLPOP: an idle compactor
         costs Redis no more than a poll."""
-        return self._r.blpop([C.wake_key(group)], timeout=min(max(0.01, timeout_s), WAKE_WAIT_MAX_S)) is not None
+        return self._r.blpop([keyspace.wake_key(group)], timeout=min(max(0.01, timeout_s), WAKE_WAIT_MAX_S)) is not None
 
     @mapped
     def poll(self, group: str) -> Job | None:
@@ -303,37 +303,37 @@ class JobQueues:
         bound stays (:meth:`resize`), and so does the entry sequence (it only grows); the
         generation goes, so the queues count as lost (:meth:`has_generation`) and the
         coordinator rebuilds them."""
-        keep = {C.QUEUE_MAX.encode(), C.QUEUE_MAX_BYTES.encode(), C.QUEUE_SEQ.encode()}
-        keys = [k for k in self._r.scan_iter(match=C.PREFIX + "queue:*") if k not in keep]
+        keep = {keyspace.QUEUE_MAX.encode(), keyspace.QUEUE_MAX_BYTES.encode(), keyspace.QUEUE_SEQ.encode()}
+        keys = [k for k in self._r.scan_iter(match=keyspace.PREFIX + "queue:*") if k not in keep]
         if keys:
             self._r.delete(*keys)
 
     # -- inspection ------------------------------------------------------------------------------
     @mapped
     def groups(self) -> list[str]:
-        return sorted(text(g) for g in self._r.smembers(C.QUEUE_GROUPS))
+        return sorted(text(g) for g in self._r.smembers(keyspace.QUEUE_GROUPS))
 
     @mapped
     def jobs(self, group: str, limit: int = 100) -> list[Job]:
-        members = cast("list[bytes]", self._r.zrange(C.queue_key(group), 0, limit - 1))
+        members = cast("list[bytes]", self._r.zrange(keyspace.queue_key(group), 0, limit - 1))
         if not members:
             return []
-        raws = self._r.hmget(C.queue_jobs_key(group), members)
+        raws = self._r.hmget(keyspace.queue_jobs_key(group), members)
         return [Job.from_json(json.loads(r)) for r in raws if r]
 
     @mapped
     def queued_tablets(self, group: str) -> set[str]:
-        return {text(t) for t in self._r.hkeys(C.queue_index_key(group))}
+        return {text(t) for t in self._r.hkeys(keyspace.queue_index_key(group))}
 
     @mapped
     def stats(self, group: str) -> QueueStats:
         p = self._r.pipeline(transaction=False)
-        p.zcard(C.queue_key(group))
-        p.scard(C.running_group_key(group))
-        p.hgetall(C.queue_stats_key(group))
-        p.zrange(C.queue_ages_key(group), 0, 0, withscores=True)
-        p.zrange(C.queue_key(group), -1, -1)
-        p.hvals(C.DEADLETTER)
+        p.zcard(keyspace.queue_key(group))
+        p.scard(keyspace.running_group_key(group))
+        p.hgetall(keyspace.queue_stats_key(group))
+        p.zrange(keyspace.queue_ages_key(group), 0, 0, withscores=True)
+        p.zrange(keyspace.queue_key(group), -1, -1)
+        p.hvals(keyspace.DEADLETTER)
         queued, running, st, oldest, last, dead = p.execute()
         age = 0.0
         if oldest:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypedDict
 
-from kompaktor import keyspace as C
+from kompaktor import keyspace
 from kompaktor.files.storage import Storage
 from kompaktor.metadata import format as metaformat
 from kompaktor.metadata.brokered import BrokeredJobs
@@ -187,18 +187,18 @@ def refuse_unadmitted(group: str, cfg: GroupConfig | None, digest: str) -> None:
         # the operator stored the group before the pod, so Redis lost it (or this is another
         # Redis); the defaults would silently differ from the CompactorGroup
         raise KompaktorError(
-            f"group {group} has no configuration in Redis ({C.GROUPS}): the operator stores it when it "
+            f"group {group} has no configuration in Redis ({keyspace.GROUPS}): the operator stores it when it "
             f"reconciles the CompactorGroup (edit or re-apply it, or restart the operator)"
         )
     refusal = check_spark(cfg.spark_conf, cfg.spark_master, OperatorConfig.from_env())
     if refusal is not None:
         raise KompaktorError(
-            f"group {group}'s settings in Redis ({C.GROUPS}) are not allowed in this pod ({refusal.rule}): "
+            f"group {group}'s settings in Redis ({keyspace.GROUPS}) are not allowed in this pod ({refusal.rule}): "
             f"{refusal.message}; not starting"
         )
     if cfg.settings_digest() != digest:
         raise KompaktorError(
-            f"group {group}'s settings in Redis ({C.GROUPS}) have digest {cfg.settings_digest()}, not this "
+            f"group {group}'s settings in Redis ({keyspace.GROUPS}) have digest {cfg.settings_digest()}, not this "
             f"pod's {digest}: not starting with settings the operator did not admit for this pod (a rollout "
-            f"of the CompactorGroup replaces it; otherwise {C.GROUPS} was written outside the operator)"
+            f"of the CompactorGroup replaces it; otherwise {keyspace.GROUPS} was written outside the operator)"
         )

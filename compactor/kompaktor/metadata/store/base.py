@@ -20,7 +20,7 @@ from typing import Any, ClassVar, ParamSpec, TypeVar
 
 import redis
 
-from kompaktor import keyspace as C
+from kompaktor import keyspace
 from kompaktor.connection import (
     Durability,
     durable_pipeline,
@@ -243,7 +243,7 @@ class StoreCore:
         return out
 
     def next_seq(self, name: str) -> int:
-        return int(self.call(self.client.hincrby, C.SEQ, name, 1))
+        return int(self.call(self.client.hincrby, keyspace.SEQ, name, 1))
 
 
 def library(*parts: type) -> LuaLibrary:

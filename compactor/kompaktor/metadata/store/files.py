@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from kompaktor import keyspace as C
+from kompaktor import keyspace
 from kompaktor.connection import text
 from kompaktor.metadata.store.mutation import Mutation
 from kompaktor.model.errors import ConditionFailed
@@ -84,43 +84,43 @@ class FileStore:
 
     def write_imported(self, table_id: str, write_id: str) -> bool:
         """Whether the write ``write_id`` was imported into the table (:meth:`add_files`)."""
-        return bool(self._core.call(self._r.hexists, C.writes_key(table_id), write_id))
+        return bool(self._core.call(self._r.hexists, keyspace.writes_key(table_id), write_id))
 
     # -- backups in progress (kompaktor.metadata.backup) ------------------------------------------
     def begin_backup(self, backup_id: str, ttl_s: float) -> None:
         """Announce (or refresh) a backup being taken: the collector deletes nothing until it
         ends or ``ttl_s`` passes."""
-        self._core.call(self._r.hset, C.BACKUPS_RUNNING, backup_id, str(time.time() + ttl_s))
+        self._core.call(self._r.hset, keyspace.BACKUPS_RUNNING, backup_id, str(time.time() + ttl_s))
 
     def end_backup(self, backup_id: str) -> None:
-        self._core.call(self._r.hdel, C.BACKUPS_RUNNING, backup_id)
+        self._core.call(self._r.hdel, keyspace.BACKUPS_RUNNING, backup_id)
 
     def backup_running(self) -> bool:
         """Whether a backup is being taken now (one that died stops counting at its expiry)."""
         now = time.time()
-        return any(float(v) > now for v in self._core.call(self._r.hvals, C.BACKUPS_RUNNING))
+        return any(float(v) > now for v in self._core.call(self._r.hvals, keyspace.BACKUPS_RUNNING))
 
     # -- garbage collection, imports in progress ------------------------------------------------------
     def record_gc(self, n: int) -> None:
         """Record that the collector deletes ``n`` files (fenced: a replaced coordinator is
         refused here, before it deletes anything)."""
-        self._core.write(("HINCRBY", C.COUNTERS, "gc_deleted", n))
+        self._core.write(("HINCRBY", keyspace.COUNTERS, "gc_deleted", n))
 
     def register_import(self, import_id: str, table_id: str, files: Iterable[str], ttl_s: float) -> None:
         """Announce (or refresh) a bulk import in progress: its temporary files (tagged
         ``import_id``) and ``files`` are not garbage until ``ttl_s`` seconds from now."""
         doc = {"table": table_id, "files": sorted(files), "expires": time.time() + ttl_s}
-        self._core.call(self._r.hset, C.IMPORTS, import_id, json.dumps(doc))
+        self._core.call(self._r.hset, keyspace.IMPORTS, import_id, json.dumps(doc))
 
     def forget_import(self, import_id: str) -> None:
         """Drop the record of an import that failed and removed its files."""
-        self._core.call(self._r.hdel, C.IMPORTS, import_id)
+        self._core.call(self._r.hdel, keyspace.IMPORTS, import_id)
 
     def import_records(self, prefix: str) -> dict[str, list[str]]:
         """The files of each import in progress whose id starts with ``prefix`` (a Spark write's
         tasks, :mod:`kompaktor.spark.staged`)."""
         out = {}
-        for iid, raw in self._core.call(self._r.hgetall, C.IMPORTS).items():
+        for iid, raw in self._core.call(self._r.hgetall, keyspace.IMPORTS).items():
             if text(iid).startswith(prefix):
                 out[text(iid)] = list(json.loads(raw)["files"])
         return out
@@ -129,7 +129,7 @@ class FileStore:
         """The ids and files of the bulk imports in progress at ``since`` or later."""
         ids: set[str] = set()
         files: set[str] = set()
-        for iid, raw in self._core.call(self._r.hgetall, C.IMPORTS).items():
+        for iid, raw in self._core.call(self._r.hgetall, keyspace.IMPORTS).items():
             doc = json.loads(raw)
             if float(doc["expires"]) >= since:
                 ids.add(text(iid))
@@ -140,8 +140,8 @@ class FileStore:
         """Drop the records of imports that ended (or died) before ``before``."""
         old = [
             iid
-            for iid, raw in self._core.call(self._r.hgetall, C.IMPORTS).items()
+            for iid, raw in self._core.call(self._r.hgetall, keyspace.IMPORTS).items()
             if float(json.loads(raw)["expires"]) < before
         ]
         if old:
-            self._core.write(("HDEL", C.IMPORTS, *[text(i) for i in old]))
+            self._core.write(("HDEL", keyspace.IMPORTS, *[text(i) for i in old]))

@@ -11,7 +11,7 @@ import json
 import time
 from typing import TYPE_CHECKING
 
-from kompaktor import keyspace as C
+from kompaktor import keyspace
 from kompaktor.connection import text
 from kompaktor.model.tablet import CompactorInfo
 
@@ -34,46 +34,48 @@ class FleetStore:
     # -- services, groups, compactors (written by the operator or `kompaktor up`) ------------
     def put_service(self, cfg: ServiceConfig) -> None:
         """Store a compaction service; every tablet is re-planned against the new settings."""
-        self._core.call(self._r.hset, C.SERVICES, cfg.name, cfg.to_json())
+        self._core.call(self._r.hset, keyspace.SERVICES, cfg.name, cfg.to_json())
         self._bookkeeping.mark_dirty(self._tables.all_tablet_ids())
 
     def delete_service(self, name: str) -> None:
-        self._core.call(self._r.hdel, C.SERVICES, name)
+        self._core.call(self._r.hdel, keyspace.SERVICES, name)
         self._bookkeeping.mark_dirty(self._tables.all_tablet_ids())
 
     def services(self) -> dict[str, ServiceConfig]:
         from kompaktor.policy.services import DEFAULT, ServiceConfig
 
         out: dict[str, ServiceConfig] = {DEFAULT.name: DEFAULT}
-        for name, raw in self._core.call(self._r.hgetall, C.SERVICES).items():
+        for name, raw in self._core.call(self._r.hgetall, keyspace.SERVICES).items():
             out[text(name)] = ServiceConfig.from_json(raw)
         return out
 
     def put_group(self, cfg: GroupConfig) -> None:
-        self._core.call(self._r.hset, C.GROUPS, cfg.name, cfg.to_json())
+        self._core.call(self._r.hset, keyspace.GROUPS, cfg.name, cfg.to_json())
 
     def delete_group(self, name: str) -> None:
-        self._core.call(self._r.hdel, C.GROUPS, name)
+        self._core.call(self._r.hdel, keyspace.GROUPS, name)
 
     def groups(self) -> dict[str, GroupConfig]:
         from kompaktor.policy.services import GroupConfig
 
-        return {text(n): GroupConfig.from_json(raw) for n, raw in self._core.call(self._r.hgetall, C.GROUPS).items()}
+        return {
+            text(n): GroupConfig.from_json(raw) for n, raw in self._core.call(self._r.hgetall, keyspace.GROUPS).items()
+        }
 
     def register_compactor(self, group: str, compactor_id: str, state: str, ecid: str | None = None) -> None:
         doc = json.dumps({"state": state, "ecid": ecid, "last_seen": time.time()})
-        self._core.call(self._r.hset, C.compactors_key(group), compactor_id, doc)
+        self._core.call(self._r.hset, keyspace.compactors_key(group), compactor_id, doc)
 
     def unregister_compactor(self, group: str, compactor_id: str, keep_drain_mark: bool = False) -> None:
         """Forget a compactor that ends; its drain request too, unless ``keep_drain_mark`` (a
         drained compactor pod: a restarted container must find it, until it expires)."""
-        self._core.call(self._r.hdel, C.compactors_key(group), compactor_id)
+        self._core.call(self._r.hdel, keyspace.compactors_key(group), compactor_id)
         if not keep_drain_mark:
-            self._core.call(self._r.delete, C.drain_key(compactor_id))
+            self._core.call(self._r.delete, keyspace.drain_key(compactor_id))
 
     def compactors(self, group: str) -> list[CompactorInfo]:
         out = []
-        for cid, raw in sorted(self._core.call(self._r.hgetall, C.compactors_key(group)).items()):
+        for cid, raw in sorted(self._core.call(self._r.hgetall, keyspace.compactors_key(group)).items()):
             d = json.loads(raw)
             out.append(CompactorInfo(text(cid), group, d["state"], d.get("ecid"), float(d["last_seen"])))
         return out
@@ -81,7 +83,7 @@ class FleetStore:
     def request_drain(self, compactor_id: str) -> None:
         """Ask compactor ``compactor_id`` to drain: it takes no new job (an hour; a drained
         compactor pod renews it while it lives)."""
-        self._core.call(self._r.set, C.drain_key(compactor_id), "1", ex=3600)
+        self._core.call(self._r.set, keyspace.drain_key(compactor_id), "1", ex=3600)
 
     def drain_requested(self, compactor_id: str) -> bool:
-        return bool(self._core.call(self._r.exists, C.drain_key(compactor_id)))
+        return bool(self._core.call(self._r.exists, keyspace.drain_key(compactor_id)))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, ClassVar
 
-from kompaktor import keyspace as C
+from kompaktor import keyspace
 
 if TYPE_CHECKING:
     from kompaktor.metadata.store.base import StoreCore
@@ -53,11 +53,11 @@ class LeaseStore:
 
     def coordinator_seen(self) -> float | None:
         """When a leading coordinator last completed a pass (epoch seconds), or None."""
-        raw = self._core.call(self._r.get, C.COORDINATOR_SEEN)
+        raw = self._core.call(self._r.get, keyspace.COORDINATOR_SEEN)
         return None if raw is None else float(raw)
 
     def mark_coordinator_seen(self) -> None:
-        self._core.write(("SET", C.COORDINATOR_SEEN, repr(time.time())))
+        self._core.write(("SET", keyspace.COORDINATOR_SEEN, repr(time.time())))
 
     def acquire_lease(self, holder: str, lease_ms: int) -> int | None:
         """Take the coordinator lease if nobody holds it; returns the new fencing token, or None."""
@@ -66,9 +66,9 @@ class LeaseStore:
 
     def renew_lease(self, holder: str, lease_ms: int) -> bool:
         """Extend the lease if ``holder`` still holds it."""
-        return bool(int(self._core.call(self._lease_renew, keys=[C.LEASE], args=[holder, lease_ms])))
+        return bool(int(self._core.call(self._lease_renew, keys=[keyspace.LEASE], args=[holder, lease_ms])))
 
     def release_lease(self, holder: str) -> None:
         """Give the lease up if ``holder`` holds it (compare and delete in one step: never the next
         leader's lease)."""
-        self._core.call(self._lease_release, keys=[C.LEASE], args=[holder])
+        self._core.call(self._lease_release, keys=[keyspace.LEASE], args=[holder])

@@ -13,7 +13,7 @@ import json
 from importlib import resources
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from kompaktor import keyspace as C
+from kompaktor import keyspace
 from kompaktor.connection import text
 
 if TYPE_CHECKING:
@@ -36,48 +36,48 @@ class RunningStore:
 
     # -- heartbeats of running compactions -------------------------------------------------
     def put_heartbeat(self, ecid: str, fields: dict[str, Any]) -> None:
-        self._core.call(self._r.hset, C.heartbeat_key(ecid), mapping={k: str(v) for k, v in fields.items()})
+        self._core.call(self._r.hset, keyspace.heartbeat_key(ecid), mapping={k: str(v) for k, v in fields.items()})
 
     def heartbeat(self, ecid: str) -> dict[str, str]:
-        return {text(k): text(v) for k, v in self._core.call(self._r.hgetall, C.heartbeat_key(ecid)).items()}
+        return {text(k): text(v) for k, v in self._core.call(self._r.hgetall, keyspace.heartbeat_key(ecid)).items()}
 
     def drop_heartbeat(self, ecid: str) -> None:
-        self._core.write(("DEL", C.heartbeat_key(ecid)))
+        self._core.write(("DEL", keyspace.heartbeat_key(ecid)))
 
     # -- the index of running compactions (ECID -> tablet, maintained by mutate.lua) ----------
     def running_index(self) -> dict[str, str]:
-        return {text(k): text(v) for k, v in self._core.call(self._r.hgetall, C.RUNNING).items()}
+        return {text(k): text(v) for k, v in self._core.call(self._r.hgetall, keyspace.RUNNING).items()}
 
     def running_tablet(self, ecid: str) -> str | None:
-        raw = self._core.call(self._r.hget, C.RUNNING, ecid)
+        raw = self._core.call(self._r.hget, keyspace.RUNNING, ecid)
         return None if raw is None else text(raw)
 
     def running_count(self) -> int:
-        return int(self._core.call(self._r.hlen, C.RUNNING))
+        return int(self._core.call(self._r.hlen, keyspace.RUNNING))
 
     def forget_running(self, ecid: str) -> None:
         """Drop an index entry whose tablet no longer holds the compaction."""
-        self._core.write(("HDEL", C.RUNNING, ecid))
+        self._core.write(("HDEL", keyspace.RUNNING, ecid))
 
     def log_dead(self, ecid: str, group: str) -> None:
         """Count a dead compaction and remember its ECID (the last DEADLOG_LENGTH are kept)."""
         self._core.write(
-            ("HINCRBY", C.COUNTERS, "dead_compactions", 1),
-            ("HINCRBY", C.COUNTERS, f"dead_compactions:{group}", 1),
-            ("RPUSH", C.DEADLOG, ecid),
-            ("LTRIM", C.DEADLOG, -DEADLOG_LENGTH, -1),
+            ("HINCRBY", keyspace.COUNTERS, "dead_compactions", 1),
+            ("HINCRBY", keyspace.COUNTERS, f"dead_compactions:{group}", 1),
+            ("RPUSH", keyspace.DEADLOG, ecid),
+            ("LTRIM", keyspace.DEADLOG, -DEADLOG_LENGTH, -1),
         )
 
     def dead_log(self) -> set[str]:
-        return {text(e) for e in self._core.call(self._r.lrange, C.DEADLOG, 0, -1)}
+        return {text(e) for e in self._core.call(self._r.lrange, keyspace.DEADLOG, 0, -1)}
 
     # -- failed jobs ----------------------------------------------------------------------------
     def failure(self, fp: str) -> dict[str, Any] | None:
-        raw = self._core.call(self._r.hget, C.FAILURES, fp)
+        raw = self._core.call(self._r.hget, keyspace.FAILURES, fp)
         return None if raw is None else json.loads(raw)
 
     def put_failure(self, fp: str, rec: dict[str, Any]) -> None:
-        self._core.write(("HSET", C.FAILURES, fp, json.dumps(rec)))
+        self._core.write(("HSET", keyspace.FAILURES, fp, json.dumps(rec)))
 
     def count_failure(
         self, fp: str, rec: dict[str, Any], now: float, base_backoff_s: float, max_backoff_s: float, max_attempts: int
@@ -105,19 +105,19 @@ class RunningStore:
         return [t.decode() for t in self._core.call(self._failures, args=[self._core.token(), "redirty", repr(now)])]
 
     def failures(self) -> dict[str, dict[str, Any]]:
-        return {text(k): json.loads(v) for k, v in self._core.call(self._r.hgetall, C.FAILURES).items()}
+        return {text(k): json.loads(v) for k, v in self._core.call(self._r.hgetall, keyspace.FAILURES).items()}
 
     def forget_failures(self, fps: list[str]) -> None:
         if fps:
-            self._core.write(("HDEL", C.FAILURES, *fps))
+            self._core.write(("HDEL", keyspace.FAILURES, *fps))
 
     def dead_letter(self, fp: str, rec: dict[str, Any]) -> None:
         """Move a job from the failures to the dead letters (counted), atomically."""
         self._core.write(
-            ("HSET", C.DEADLETTER, fp, json.dumps(rec)),
-            ("HDEL", C.FAILURES, fp),
-            ("HINCRBY", C.COUNTERS, "dead_lettered", 1),
+            ("HSET", keyspace.DEADLETTER, fp, json.dumps(rec)),
+            ("HDEL", keyspace.FAILURES, fp),
+            ("HINCRBY", keyspace.COUNTERS, "dead_lettered", 1),
         )
 
     def dead_letters(self) -> dict[str, dict[str, Any]]:
-        return {text(k): json.loads(v) for k, v in self._core.call(self._r.hgetall, C.DEADLETTER).items()}
+        return {text(k): json.loads(v) for k, v in self._core.call(self._r.hgetall, keyspace.DEADLETTER).items()}

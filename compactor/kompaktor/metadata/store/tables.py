@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 import orjson
 import redis
 
-from kompaktor import keyspace as C
+from kompaktor import keyspace
 from kompaktor.connection import SentCommand, pack_command, text
 from kompaktor.metadata.store.mutation import Mutation
 from kompaktor.model.errors import ConditionFailed, TableExistsError, UnknownTableError
@@ -51,7 +51,7 @@ class TableStore:
         rows = sorted(set(splits))
         if any(not r for r in rows):
             raise ValueError("split rows must not be empty")
-        if self._core.call(self._r.hexists, C.TABLES, name):
+        if self._core.call(self._r.hexists, keyspace.TABLES, name):
             raise TableExistsError(f"table {name!r} already exists")
         tid = format(self._core.next_seq("table"), "x")
         m = Mutation(table=tid, table_conds=[["absent", name]], table_ops=[["create", name, json.dumps(props or {})]])
@@ -73,13 +73,13 @@ class TableStore:
         return tid
 
     def table_id(self, name: str) -> str:
-        tid = self._core.call(self._r.hget, C.TABLES, name)
+        tid = self._core.call(self._r.hget, keyspace.TABLES, name)
         if tid is None:
             raise UnknownTableError(f"unknown table {name!r}")
         return text(tid)
 
     def table_info(self, tid: str) -> TableInfo:
-        h = self._core.call(self._r.hgetall, C.table_key(tid))
+        h = self._core.call(self._r.hgetall, keyspace.table_key(tid))
         if not h:
             raise UnknownTableError(f"unknown table id {tid!r}")
         return TableInfo(tid, text(h[b"name"]), text(h[b"state"]), json.loads(h[b"props"]))
@@ -89,7 +89,7 @@ class TableStore:
 
     def tables(self) -> list[TableInfo]:
         out = []
-        for _name, tid in sorted(self._core.call(self._r.hgetall, C.TABLES).items()):
+        for _name, tid in sorted(self._core.call(self._r.hgetall, keyspace.TABLES).items()):
             out.append(self.table_info(text(tid)))
         return out
 
@@ -127,14 +127,16 @@ class TableStore:
         out: list[str] = []
         start = 0
         while True:
-            part = cast("list[bytes]", self._core.call(self._r.zrange, C.tablets_key(tid), start, start + chunk - 1))
+            part = cast(
+                "list[bytes]", self._core.call(self._r.zrange, keyspace.tablets_key(tid), start, start + chunk - 1)
+            )
             out.extend(f"{tid};{text(e)}" for e in part)
             if len(part) < chunk:
                 return out
             start += chunk
 
     def tablet(self, tablet_id: str) -> Tablet | None:
-        raw = self._core.call(self._r.get, C.tablet_key(tablet_id))
+        raw = self._core.call(self._r.get, keyspace.tablet_key(tablet_id))
         return None if raw is None else Tablet.from_json(tablet_id, orjson.loads(raw))
 
     def get_tablets(self, tablet_ids: list[str], chunk: int = 1000) -> list[Tablet]:
@@ -170,7 +172,7 @@ class TableStore:
         out: list[tuple[str, bytes]] = []
         for i in range(0, len(tablet_ids), chunk):
             part = tablet_ids[i : i + chunk]
-            raws = cast("list[bytes | None]", self._core.call(self._r.mget, [C.tablet_key(t) for t in part]))
+            raws = cast("list[bytes | None]", self._core.call(self._r.mget, [keyspace.tablet_key(t) for t in part]))
             out.extend((t, raw) for t, raw in zip(part, raws, strict=True) if raw)
         return out
 
@@ -194,8 +196,8 @@ class TableStore:
     def tablet_and_props(self, tablet_id: str, table_id: str) -> tuple[Tablet | None, dict[str, str] | None]:
         """A tablet and its table's properties, in one round trip."""
         p = self._r.pipeline(transaction=False)
-        p.get(C.tablet_key(tablet_id))
-        p.hget(C.table_key(table_id), "props")
+        p.get(keyspace.tablet_key(tablet_id))
+        p.hget(keyspace.table_key(table_id), "props")
         raw_tablet, raw_props = self._core.call(p.execute)
         tablet = None if raw_tablet is None else Tablet.from_json(tablet_id, orjson.loads(raw_tablet))
         return tablet, (None if raw_props is None else json.loads(raw_props))
@@ -208,7 +210,7 @@ class _Mget:
 
     def __init__(self, core: StoreCore, ids: list[str]) -> None:
         self._core, self._ids = core, ids
-        self._keys = [C.tablet_key(t) for t in ids]
+        self._keys = [keyspace.tablet_key(t) for t in ids]
         self._sent: SentCommand | None = None
         pool = core.client.connection_pool
         try:
