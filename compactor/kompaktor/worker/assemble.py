@@ -127,10 +127,13 @@ def worker_settings(cfg: GroupConfig, source: str, opts: CompactorOptions, conf:
     settings = WorkerSettings.for_group(cfg, compactor_id, max_jobs=opts.max_jobs)
     limits = history_limits(settings.history_limits, opts.history_records, opts.history_age)
     overrides = settings_overrides(opts, {**settings.spark_conf, **conf} if conf else None, limits)
+    unconfigured = source == DEFAULTS_SOURCE
     if overrides:
         flags = sorted(_FLAGS.get(k, "--" + k.removesuffix("_s").replace("_", "-")) for k in overrides)
         source += ", overridden by " + " ".join(flags)
-    return dataclasses.replace(settings, source=source, stay_drained=opts.stay_drained, **overrides)
+    return dataclasses.replace(
+        settings, source=source, unconfigured=unconfigured, stay_drained=opts.stay_drained, **overrides
+    )
 
 
 #: the options an override names, where its name is not the setting's

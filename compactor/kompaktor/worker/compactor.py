@@ -87,6 +87,8 @@ class WorkerSettings:
     resume_min_bytes: int = DEFAULT_RESUME_MIN_BYTES
     #: where the group's settings above came from, said in the compactor's start-up line
     source: str = "the caller"
+    #: the group has no configuration in Redis: its settings are the defaults (said at WARNING)
+    unconfigured: bool = False
     #: how much of the group's compaction history to keep (each finished job adds a record and
     #: trims the group's stream to these bounds; the CompactorGroup's spec.history)
     history_limits: history.HistoryLimits = field(default_factory=history.HistoryLimits)
@@ -321,7 +323,7 @@ class Compactor:
         _ = self.engine
         # said once the engine runs (an engine that cannot start is the one line of the error)
         log.log(
-            logging.WARNING if self.settings.source.startswith(DEFAULTS_SOURCE) else logging.INFO,
+            logging.WARNING if self.settings.unconfigured else logging.INFO,
             "compactor %s of group %s: %s (from %s)",
             self.settings.compactor_id,
             self.settings.group,
