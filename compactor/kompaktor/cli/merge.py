@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import uuid
+from collections.abc import Iterator
 
 import click
 
@@ -59,20 +61,10 @@ def merge(
     from kompaktor.engines import make_engine
     from kompaktor.engines.api import MergeRequest
     from kompaktor.files.storage import Storage
-    from kompaktor.model.errors import BadFileError
     from kompaktor.model.iterators import IteratorSettings
 
-    paths = [os.path.abspath(p) for p in inputs]
-    out = os.path.abspath(output)
-    for p in paths:
-        if not os.path.isfile(p):
-            raise BadFileError(f"{p}: input file not found")
-    if out in paths:
-        raise click.UsageError("the output must not be one of the inputs")
-    if os.path.exists(out) and not overwrite:
-        raise click.UsageError(f"{out} exists (use --overwrite to replace it)")
+    paths, out = _checked_paths(inputs, output, overwrite)
     root = os.path.commonpath([os.path.dirname(p) for p in [*paths, out]])
-    storage = Storage.from_uri(root)
     rel = [os.path.relpath(p, root) for p in paths]
     settings = IteratorSettings(
         max_versions=max_versions,
@@ -95,15 +87,8 @@ def merge(
     if os.path.exists(out):
         os.remove(out)
     t1 = time.perf_counter()
-    try:
-        res = eng.merge(storage, req)
-    except BadFileError as exc:
-        msg = str(exc)
-        for r, a in zip(rel, paths, strict=True):
-            if msg.startswith(f"{r}:"):
-                msg = a + msg[len(r) :]
-                break
-        raise BadFileError(msg) from exc
+    with _named_as_given(rel, paths):
+        res = eng.merge(Storage.from_uri(root), req)
     secs = max(time.perf_counter() - t1, 1e-9)
     click.echo(
         f"merged {len(paths)} files ({res.entries_read:,} entries, {_mb(res.bytes_read)}) into {output} "
@@ -114,3 +99,36 @@ def merge(
         f"{res.bytes_read / 1e6 / secs:.1f} MB/s read"
         + (f"; engine start-up {startup:.2f}s" if engine == "spark" else "")
     )
+
+
+def _checked_paths(inputs: tuple[str, ...], output: str, overwrite: bool) -> tuple[list[str], str]:
+    """The inputs and the output as absolute paths: every input a file, the output none of them
+    and absent unless ``overwrite``."""
+    from kompaktor.model.errors import BadFileError
+
+    paths = [os.path.abspath(p) for p in inputs]
+    out = os.path.abspath(output)
+    for p in paths:
+        if not os.path.isfile(p):
+            raise BadFileError(f"{p}: input file not found")
+    if out in paths:
+        raise click.UsageError("the output must not be one of the inputs")
+    if os.path.exists(out) and not overwrite:
+        raise click.UsageError(f"{out} exists (use --overwrite to replace it)")
+    return paths, out
+
+
+@contextlib.contextmanager
+def _named_as_given(rel: list[str], paths: list[str]) -> Iterator[None]:
+    """A bad input file named as the user gave it, not relative to the merge's storage root."""
+    from kompaktor.model.errors import BadFileError
+
+    try:
+        yield
+    except BadFileError as exc:
+        msg = str(exc)
+        for r, a in zip(rel, paths, strict=True):
+            if msg.startswith(f"{r}:"):
+                msg = a + msg[len(r) :]
+                break
+        raise BadFileError(msg) from exc
