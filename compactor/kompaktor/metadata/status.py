@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Required, TypedDict
 
 from kompaktor.metadata import failures, history
 from kompaktor.metadata import user_compactions as usercompaction
@@ -22,6 +22,7 @@ from kompaktor.model.tablet import RunningCompaction, TableInfo, Tablet
 
 if TYPE_CHECKING:
     from rich.console import Group
+    from rich.table import Table
 
 ALIVE_S = 15.0
 
@@ -56,64 +57,67 @@ def resumable_merge(
     }
 
 
+class GroupFigures(TypedDict):
+    """One compactor group in the status (``kompaktor status --json``'s ``groups``)."""
+
+    queued: int
+    running: int
+    depth: int
+    compactors: int
+    busy: int
+    draining: int
+    oldest_queued_age_s: float
+    queued_bytes: int
+    rejected: int
+    dead_compactions_recovered: int
+    compactions_committed: int
+    dead_lettered: int
+
+
+class FilesPerTablet(TypedDict):
+    min: int
+    median: float
+    max: int
+    histogram: dict[str, int]
+
+
+class TableFigures(TypedDict, total=False):
+    """One table in the status (``tables``); the status page adds its health figures."""
+
+    id: Required[str]
+    state: Required[str]
+    tablets: Required[int]
+    files: Required[int]
+    files_per_tablet: Required[FilesPerTablet]
+    running_compactions: Required[int]
+    entries: Required[int]
+    delete_horizon: Required[int | None]
+    # the status page's health figures (coordinator/statuspage.py ``table_health``)
+    file_limit: int
+    over_limit: int
+    deletes: int
+    deletes_ratio: float
+    score: float
+
+
 def gather(
     store: MetadataStore, table_extra: Callable[[TableInfo, list[Tablet]], dict[str, Any]] | None = None
 ) -> dict[str, Any]:
     """The status. ``table_extra``: more figures per table, from the tablets this pass reads anyway
     (the coordinator's status page; `kompaktor status` has none)."""
-    queues = store.queues
     counters = store.bookkeeping.counters()
-    groups: dict[str, Any] = {}
-    now = time.time()
-    for g in sorted(set(queues.groups()) | set(store.fleet.groups())):
-        s = queues.stats(g)
-        comps = store.fleet.compactors(g)
-        alive = [c for c in comps if now - c.last_seen < ALIVE_S]
-        groups[g] = {
-            "queued": s.queued,
-            "running": s.running,
-            "depth": s.depth,
-            "compactors": len(alive),
-            "busy": sum(c.state == "busy" for c in alive),
-            "draining": sum(c.state == "draining" for c in alive),
-            "oldest_queued_age_s": round(s.oldest_age_s, 3),
-            "queued_bytes": s.bytes,
-            "rejected": s.rejected,
-            "dead_compactions_recovered": counters.get(f"dead_compactions:{g}", 0),
-            "compactions_committed": counters.get(f"committed:{g}", 0),
-            "dead_lettered": s.dead_lettered,
-        }
-    tables: dict[str, Any] = {}
+    groups = {
+        g: group_figures(store, g, counters) for g in sorted(set(store.queues.groups()) | set(store.fleet.groups()))
+    }
+    tables: dict[str, TableFigures] = {}
     resumable: list[dict[str, Any]] = []
     for t in store.tables.tables():
         tablets = store.tables.tablets(t.id)
-        for tb in tablets:
-            for ecid, rc in tb.running.items():
-                if (merge := resumable_merge(t.name, tb, ecid, rc, store.running.heartbeat(ecid))) is not None:
-                    resumable.append(merge)
-        counts = [len(tb.files) for tb in tablets]
-        hist: dict[str, int] = {}
-        for c in counts:
-            hist[str(c)] = hist.get(str(c), 0) + 1
-        tables[t.name] = {
-            "id": t.id,
-            "state": t.state,
-            "tablets": len(tablets),
-            "files": sum(counts),
-            "files_per_tablet": {
-                "min": min(counts, default=0),
-                "median": statistics.median(counts) if counts else 0,
-                "max": max(counts, default=0),
-                "histogram": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))),
-            },
-            "running_compactions": sum(len(tb.running) for tb in tablets),
-            "entries": sum(m.entries for tb in tablets for m in tb.files.values()),
-            # the newest delete horizon of its tablets (docs/file-format.md, "Deletes stay deleted")
-            "delete_horizon": max((tb.horizon for tb in tablets if tb.horizon is not None), default=None),
-        }
+        resumable += resumable_merges(store, t.name, tablets)
+        tables[t.name] = table_figures(t, tablets)
         if table_extra is not None:
-            tables[t.name].update(table_extra(t, tablets))
-    out = {
+            tables[t.name].update(table_extra(t, tablets))  # type: ignore[typeddict-item]
+    out: dict[str, Any] = {
         "groups": groups,
         "tables": tables,
         "user_compactions": [u.to_json() for u in usercompaction.all_compactions(store)],
@@ -130,6 +134,61 @@ def gather(
             g: [{**r.to_json(), "table": names.get(r.table, r.table)} for r in recs] for g, recs in last.items()
         }
     return out
+
+
+def group_figures(store: MetadataStore, g: str, counters: dict[str, int]) -> GroupFigures:
+    """A group's queue and its compactors (those seen within :data:`ALIVE_S`)."""
+    s = store.queues.stats(g)
+    now = time.time()
+    alive = [c for c in store.fleet.compactors(g) if now - c.last_seen < ALIVE_S]
+    return {
+        "queued": s.queued,
+        "running": s.running,
+        "depth": s.depth,
+        "compactors": len(alive),
+        "busy": sum(c.state == "busy" for c in alive),
+        "draining": sum(c.state == "draining" for c in alive),
+        "oldest_queued_age_s": round(s.oldest_age_s, 3),
+        "queued_bytes": s.bytes,
+        "rejected": s.rejected,
+        "dead_compactions_recovered": counters.get(f"dead_compactions:{g}", 0),
+        "compactions_committed": counters.get(f"committed:{g}", 0),
+        "dead_lettered": s.dead_lettered,
+    }
+
+
+def resumable_merges(store: MetadataStore, table: str, tablets: list[Tablet]) -> list[dict[str, Any]]:
+    """The table's running merges that are resumable, with their resume figures."""
+    out = []
+    for tb in tablets:
+        for ecid, rc in tb.running.items():
+            if (merge := resumable_merge(table, tb, ecid, rc, store.running.heartbeat(ecid))) is not None:
+                out.append(merge)
+    return out
+
+
+def table_figures(t: TableInfo, tablets: list[Tablet]) -> TableFigures:
+    """A table's tablets, files (and their spread over the tablets), entries and delete horizon."""
+    counts = [len(tb.files) for tb in tablets]
+    hist: dict[str, int] = {}
+    for c in counts:
+        hist[str(c)] = hist.get(str(c), 0) + 1
+    return {
+        "id": t.id,
+        "state": t.state,
+        "tablets": len(tablets),
+        "files": sum(counts),
+        "files_per_tablet": {
+            "min": min(counts, default=0),
+            "median": statistics.median(counts) if counts else 0,
+            "max": max(counts, default=0),
+            "histogram": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))),
+        },
+        "running_compactions": sum(len(tb.running) for tb in tablets),
+        "entries": sum(m.entries for tb in tablets for m in tb.files.values()),
+        # the newest delete horizon of its tablets (docs/file-format.md, "Deletes stay deleted")
+        "delete_horizon": max((tb.horizon for tb in tablets if tb.horizon is not None), default=None),
+    }
 
 
 def failure_line(r: dict[str, Any]) -> str:
@@ -162,23 +221,42 @@ def human_bytes(n: int) -> str:
 def render(status: dict[str, Any]) -> Group:
     """A rich renderable of the status (one screen)."""
     from rich.console import Group
-    from rich.table import Table
     from rich.text import Text
 
+    parts: list[Any] = [_groups_table(status["groups"]), _tables_table(status["tables"])]
+    if status.get("retries_pending"):
+        parts.append(f"failed jobs waiting out their backoff before a retry: {status['retries_pending']}")
+    if status["user_compactions"]:
+        parts.append(_user_compactions_table(status["user_compactions"]))
+    # last, and only while one runs: every line above is what it always was
+    for r in status.get("resumable_merges", ()):
+        parts.append(Text(resumable_line(r)))
+    for g, recs in status.get("last_failures", {}).items():
+        parts.append(Text(f"last failures of group {g} (kompaktor history --failed --group {g}):"))
+        parts.extend(Text("  " + failure_line(r)) for r in recs)
+    return Group(*parts)
+
+
+_GROUP_COLUMNS = (
+    "group",
+    "queued",
+    "running",
+    "compactors",
+    "busy",
+    "oldest queued",
+    "committed",
+    "dead recovered",
+    "dead-lettered",
+)
+
+
+def _groups_table(groups: dict[str, GroupFigures]) -> Table:
+    from rich.table import Table
+
     gt = Table(title="compactor groups", expand=False)
-    for col in (
-        "group",
-        "queued",
-        "running",
-        "compactors",
-        "busy",
-        "oldest queued",
-        "committed",
-        "dead recovered",
-        "dead-lettered",
-    ):
+    for col in _GROUP_COLUMNS:
         gt.add_column(col, justify="right" if col != "group" else "left")
-    for name, g in status["groups"].items():
+    for name, g in groups.items():
         gt.add_row(
             name,
             str(g["queued"]),
@@ -190,10 +268,16 @@ def render(status: dict[str, Any]) -> Group:
             str(g["dead_compactions_recovered"]),
             str(g["dead_lettered"]),
         )
+    return gt
+
+
+def _tables_table(tables: dict[str, TableFigures]) -> Table:
+    from rich.table import Table
+
     tt = Table(title="tables", expand=False)
     for col in ("table", "state", "tablets", "files", "files/tablet min·median·max", "running"):
         tt.add_column(col)
-    for name, t in status["tables"].items():
+    for name, t in tables.items():
         f = t["files_per_tablet"]
         tt.add_row(
             name,
@@ -203,20 +287,15 @@ def render(status: dict[str, Any]) -> Group:
             f"{f['min']}·{f['median']}·{f['max']}",
             str(t["running_compactions"]),
         )
-    parts: list[Any] = [gt, tt]
-    if status.get("retries_pending"):
-        parts.append(f"failed jobs waiting out their backoff before a retry: {status['retries_pending']}")
-    if status["user_compactions"]:
-        ut = Table(title="user compactions")
-        for col in ("id", "table", "state", "tablets done", "message"):
-            ut.add_column(col)
-        for u in status["user_compactions"]:
-            ut.add_row(u["id"], u["table"], u["state"], f"{u['tablets_done']}/{u['tablets_total']}", u["message"])
-        parts.append(ut)
-    # last, and only while one runs: every line above is what it always was
-    for r in status.get("resumable_merges", ()):
-        parts.append(Text(resumable_line(r)))
-    for g, recs in status.get("last_failures", {}).items():
-        parts.append(Text(f"last failures of group {g} (kompaktor history --failed --group {g}):"))
-        parts.extend(Text("  " + failure_line(r)) for r in recs)
-    return Group(*parts)
+    return tt
+
+
+def _user_compactions_table(ucomps: list[dict[str, Any]]) -> Table:
+    from rich.table import Table
+
+    ut = Table(title="user compactions")
+    for col in ("id", "table", "state", "tablets done", "message"):
+        ut.add_column(col)
+    for u in ucomps:
+        ut.add_row(u["id"], u["table"], u["state"], f"{u['tablets_done']}/{u['tablets_total']}", u["message"])
+    return ut
