@@ -210,6 +210,36 @@ def choose_split_row(t: Tablet) -> bytes | None:
     and sizes only (no scan): each file's size is spread evenly over its row span within the
     tablet, and the row where half the total lies is interpolated. None when the tablet cannot be
     split (no files, or all its data in one row)."""
+    spans = _spans_in(t)
+    if not spans:
+        return None
+    gmin, gmax = min(s[0] for s in spans), max(s[1] for s in spans)
+    if gmin >= gmax:
+        return None
+    # the files' own first/last rows too: a clipped span's ends alone may show too few digits
+    line = RowLine(
+        [r for lo, hi, _ in spans for r in (lo, hi)]
+        + [r for fm in t.files.values() for r in (fm.first_row, fm.last_row) if r is not None]
+    )
+    spread = _Spread([(line.pos(lo), line.pos(hi), size) for lo, hi, size in spans])
+
+    def ok(row: bytes) -> bool:
+        inside = (t.prev is None or row > t.prev) and (t.end is None or row < t.end)
+        return bool(row) and inside and gmin <= row < gmax
+
+    row = line.row(spread.half_way(line.pos(gmin), line.pos(gmax)))
+    if ok(row):
+        return row
+    # fall back to the files' own first/last rows, the one dividing the size most evenly
+    cands = sorted({r for lo, hi, _ in spans for r in (lo, hi) if ok(r)})
+    if not cands:
+        return None
+    return min(cands, key=lambda r: abs(spread.below(line.pos(r)) - spread.total / 2))
+
+
+def _spans_in(t: Tablet) -> list[tuple[bytes, bytes, int]]:
+    """Each file's row span clipped to the tablet, with its size (files without rows or bytes,
+    or outside the tablet, left out)."""
     spans: list[tuple[bytes, bytes, int]] = []
     for fm in t.files.values():
         if (
@@ -222,52 +252,35 @@ def choose_split_row(t: Tablet) -> bytes | None:
         lo = fm.first_row if t.prev is None or fm.first_row > t.prev else t.prev
         hi = fm.last_row if t.end is None or fm.last_row <= t.end else t.end
         spans.append((lo, hi, fm.size))
-    if not spans:
-        return None
-    gmin, gmax = min(s[0] for s in spans), max(s[1] for s in spans)
-    if gmin >= gmax:
-        return None
-    # the files' own first/last rows too: a clipped span's ends alone may show too few digits
-    line = RowLine(
-        [r for lo, hi, _ in spans for r in (lo, hi)]
-        + [r for fm in t.files.values() for r in (fm.first_row, fm.last_row) if r is not None]
-    )
-    placed = [(line.pos(lo), line.pos(hi), size) for lo, hi, size in spans]
-    total = sum(s for _, _, s in placed)
+    return spans
 
-    def below(x: int) -> float:  # size at or before position x
+
+class _Spread:
+    """Sizes spread evenly over their spans of positions on a :class:`RowLine`."""
+
+    def __init__(self, placed: list[tuple[int, int, int]]) -> None:
+        self.placed = placed
+        self.total = sum(s for _, _, s in placed)
+
+    def below(self, x: int) -> float:
+        """The size at or before position ``x``."""
         acc = 0.0
-        for a, b, s in placed:
+        for a, b, s in self.placed:
             if x >= b:
                 acc += s
             elif x >= a and b > a:
                 acc += s * (x - a) / (b - a)
         return acc
 
-    def ok(row: bytes) -> bool:
-        return (
-            bool(row)
-            and (t.prev is None or row > t.prev)
-            and row >= gmin
-            and row < gmax
-            and (t.end is None or row < t.end)
-        )
-
-    lo_p, hi_p = line.pos(gmin), line.pos(gmax)
-    while lo_p < hi_p:  # smallest position with half the size at or before it
-        mid = (lo_p + hi_p) // 2
-        if below(mid) >= total / 2:
-            hi_p = mid
-        else:
-            lo_p = mid + 1
-    row = line.row(lo_p)
-    if ok(row):
-        return row
-    # fall back to the files' own first/last rows, the one dividing the size most evenly
-    cands = sorted({r for lo, hi, _ in spans for r in (lo, hi) if ok(r)})
-    if not cands:
-        return None
-    return min(cands, key=lambda r: abs(below(line.pos(r)) - total / 2))
+    def half_way(self, lo_p: int, hi_p: int) -> int:
+        """The smallest position in [lo_p, hi_p] with half the size at or before it."""
+        while lo_p < hi_p:
+            mid = (lo_p + hi_p) // 2
+            if self.below(mid) >= self.total / 2:
+                hi_p = mid
+            else:
+                lo_p = mid + 1
+        return lo_p
 
 
 def split_threshold(info: TableInfo) -> int:
