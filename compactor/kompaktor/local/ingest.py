@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -237,67 +237,66 @@ def verify(client: Client, table: str, stats: IngestStats) -> Verification:
         return Verification(
             0, len(stats.written), 0, 0, 0, 0, 0, False, missing_files=len(gone), findings=gone[:FINDINGS_SHOWN]
         )
-    seen: set[bytes] = set()
-    refs: set[bytes] = set()
-    eph: set[bytes] = set()
-    findings: list[str] = []
-    n = changed = duplicated = 0
+    s = _scan(client, table, stats)
+    written = stats.written.keys()
+    undefined, unexpected = s.refs - s.seen, s.seen - written
+    resurrected = s.eph & stats.ephemeral_deleted
+    s.findings += _named("acknowledged, not found", written - s.seen)
+    s.findings += _named("found, never acknowledged", unexpected)
+    s.findings += _named("referenced, not found", undefined)
+    s.findings += [f"deleted row {r.decode(errors='replace')} visible again" for r in sorted(resurrected)]
+    lost_eph = len(stats.ephemeral_live - s.eph)
+    ok = (
+        not undefined
+        and not unexpected
+        and s.n == len(written)
+        and s.seen == written
+        and lost_eph == 0
+        and not resurrected
+        and s.eph == stats.ephemeral_live
+        and s.changed == 0
+        and s.duplicated == 0
+    )
+    counts = (s.n, len(written), len(s.refs), len(undefined), len(unexpected), lost_eph, len(resurrected))
+    return Verification(*counts, ok, s.changed, s.duplicated, 0, s.findings[:FINDINGS_SHOWN])
+
+
+@dataclass
+class _Scanned:
+    """What a scan of the ingest's rows showed: linked rows seen, the rows their values reference,
+    ephemeral rows seen, and each linked row not as acknowledged or shown twice."""
+
+    seen: set[bytes] = field(default_factory=set)
+    refs: set[bytes] = field(default_factory=set)
+    eph: set[bytes] = field(default_factory=set)
+    findings: list[str] = field(default_factory=list)
+    n: int = 0
+    changed: int = 0
+    duplicated: int = 0
+
+
+def _scan(client: Client, table: str, stats: IngestStats) -> _Scanned:
+    s = _Scanned()
     for e in client.scan(table):
         if e.cf == EPHEMERAL_CF:
-            eph.add(e.row)
+            s.eph.add(e.row)
             continue
         if e.cf != CF:
             continue  # another workload's (kompaktor.local.mix), verified on its own
-        n += 1
-        if e.row in seen:
-            duplicated += 1
-            findings.append(f"row {e.row.decode(errors='replace')} shown twice ({_show(e)})")
-        seen.add(e.row)
+        s.n += 1
+        if e.row in s.seen:
+            s.duplicated += 1
+            s.findings.append(f"row {e.row.decode(errors='replace')} shown twice ({_show(e)})")
+        s.seen.add(e.row)
         want = stats.written.get(e.row)
         if want is not None and want != fingerprint(e):
-            changed += 1
-            findings.append(f"row {e.row.decode(errors='replace')} shown with {_show(e)}: not as acknowledged")
+            s.changed += 1
+            s.findings.append(f"row {e.row.decode(errors='replace')} shown with {_show(e)}: not as acknowledged")
         if e.value:
-            refs.add(e.value)
-    written = stats.written.keys()
-    findings += [
-        f"row {r.decode(errors='replace')} acknowledged, not found" for r in sorted(written - seen)[:FINDINGS_SHOWN]
-    ]
-    findings += [
-        f"row {r.decode(errors='replace')} found, never acknowledged" for r in sorted(seen - written)[:FINDINGS_SHOWN]
-    ]
-    findings += [
-        f"row {r.decode(errors='replace')} referenced, not found" for r in sorted(refs - seen)[:FINDINGS_SHOWN]
-    ]
-    undefined = len(refs - seen)
-    unexpected = len(seen - written)
-    lost_eph = len(stats.ephemeral_live - eph)
-    resurrected = len(eph & stats.ephemeral_deleted)
-    findings += [
-        f"deleted row {r.decode(errors='replace')} visible again" for r in sorted(eph & stats.ephemeral_deleted)
-    ]
-    ok = (
-        undefined == 0
-        and unexpected == 0
-        and n == len(written)
-        and seen == written
-        and lost_eph == 0
-        and resurrected == 0
-        and eph == stats.ephemeral_live
-        and changed == 0
-        and duplicated == 0
-    )
-    return Verification(
-        n,
-        len(written),
-        len(refs),
-        undefined,
-        unexpected,
-        lost_eph,
-        resurrected,
-        ok,
-        changed,
-        duplicated,
-        0,
-        findings[:FINDINGS_SHOWN],
-    )
+            s.refs.add(e.value)
+    return s
+
+
+def _named(what: str, rows: Iterable[bytes]) -> list[str]:
+    """The first rows of ``rows`` (at most :data:`FINDINGS_SHOWN`), each on its line."""
+    return [f"row {r.decode(errors='replace')} {what}" for r in sorted(rows)[:FINDINGS_SHOWN]]
