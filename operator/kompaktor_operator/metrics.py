@@ -39,6 +39,7 @@ class OperatorMetrics:
 
     @classmethod
     def create(cls) -> OperatorMetrics:
+        # long as a list is: one declaration per metric, in the order of the fields above
         r = CollectorRegistry()
         g = "group"
         m = cls(

@@ -186,7 +186,7 @@ def up(
     "(default: a free port, printed at start; -1: none).",
 )
 @friendly_errors
-def demo(
+def demo(  # long: a click command's parameters, one per option; the body parses and runs
     entries: int,
     tablets: int,
     compactors: int | None,
@@ -211,12 +211,7 @@ def demo(
     from kompaktor.local.demo import DemoOptions, print_summary, run_demo
     from kompaktor.local.procs import Interrupted
 
-    if entries < 1 or tablets < 1 or duration <= 0 or batch < 1:
-        raise ValueError("--entries, --tablets, --batch must be >= 1 and --duration > 0")
-    if burst_entries < 0 or burst_files < 1:
-        raise ValueError("--burst-entries must be >= 0 and --burst-files >= 1")
-    if compactors is not None and compactors < 1:
-        raise ValueError("--compactors must be >= 1")
+    _check_demo_sizes(entries, tablets, duration, batch, burst_entries, burst_files, compactors)
     _check_storage(storage)
     t0 = time.monotonic()
     opts = DemoOptions(
@@ -255,6 +250,24 @@ def demo(
     if res.data_kept and not data_dir:
         click.echo(f"verification failed: data and process logs kept in {res.data_kept}", err=True)
     sys.exit(0 if res.verified else 1)
+
+
+def _check_demo_sizes(
+    entries: int,
+    tablets: int,
+    duration: float,
+    batch: int,
+    burst_entries: int,
+    burst_files: int,
+    compactors: int | None,
+) -> None:
+    """The demo's sizes, each refused in one line when it cannot be run."""
+    if entries < 1 or tablets < 1 or duration <= 0 or batch < 1:
+        raise ValueError("--entries, --tablets, --batch must be >= 1 and --duration > 0")
+    if burst_entries < 0 or burst_files < 1:
+        raise ValueError("--burst-entries must be >= 0 and --burst-files >= 1")
+    if compactors is not None and compactors < 1:
+        raise ValueError("--compactors must be >= 1")
 
 
 def _port_free(port: int) -> bool:

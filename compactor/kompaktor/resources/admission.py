@@ -171,21 +171,43 @@ def allowed_secrets(config: OperatorConfig) -> set[str]:
 
 def check_group(spec: CompactorGroupSpec, config: OperatorConfig) -> Refusal | None:
     """The first rule ``spec`` breaks, or None when the operator may build its pods."""
+    return (
+        check_image(spec, config)
+        or check_service_account(spec, config)
+        or check_secrets(spec, config)
+        or check_spark(spec.spark.conf, spec.spark.master, config)
+        or check_storage(spec, config)
+        or check_scheduling(spec, config)
+        or check_resources(spec, config)
+        or check_max_replicas(spec, config)
+        or check_pod_keys(spec)
+    )
+
+
+def check_image(spec: CompactorGroupSpec, config: OperatorConfig) -> Refusal | None:
     image = spec.image or config.compactor_image
-    if not image_allowed(image, config):
-        return Refusal(
-            IMAGE_NOT_ALLOWED,
-            f"image {image!r} is not allowed: the operator runs only {config.compactor_image!r}"
-            f"{_and(config.allowed_images)} (chart value compactor.allowedImages)",
-        )
+    if image_allowed(image, config):
+        return None
+    return Refusal(
+        IMAGE_NOT_ALLOWED,
+        f"image {image!r} is not allowed: the operator runs only {config.compactor_image!r}"
+        f"{_and(config.allowed_images)} (chart value compactor.allowedImages)",
+    )
+
+
+def check_service_account(spec: CompactorGroupSpec, config: OperatorConfig) -> Refusal | None:
     account = spec.service_account_name
-    if account and account != config.compactor_service_account and account not in config.allowed_service_accounts:
-        return Refusal(
-            SERVICE_ACCOUNT_NOT_ALLOWED,
-            f"serviceAccountName {account!r} is not allowed: compactors run as "
-            f"{config.compactor_service_account!r}{_and(config.allowed_service_accounts)} "
-            f"(chart value compactor.allowedServiceAccounts)",
-        )
+    if not account or account == config.compactor_service_account or account in config.allowed_service_accounts:
+        return None
+    return Refusal(
+        SERVICE_ACCOUNT_NOT_ALLOWED,
+        f"serviceAccountName {account!r} is not allowed: compactors run as "
+        f"{config.compactor_service_account!r}{_and(config.allowed_service_accounts)} "
+        f"(chart value compactor.allowedServiceAccounts)",
+    )
+
+
+def check_secrets(spec: CompactorGroupSpec, config: OperatorConfig) -> Refusal | None:
     allowed = allowed_secrets(config)
     named = [
         ("spec.redis.secretName", spec.redis.secret_name if spec.redis else None),
@@ -199,28 +221,34 @@ def check_group(spec: CompactorGroupSpec, config: OperatorConfig) -> Refusal | N
                 f"{', '.join(repr(s) for s in sorted(allowed)) or '(none)'} "
                 f"(chart value compactor.allowedSecrets)",
             )
-    refusal = check_spark(spec.spark.conf, spec.spark.master, config)
-    if refusal is not None:
-        return refusal
+    return None
+
+
+def check_storage(spec: CompactorGroupSpec, config: OperatorConfig) -> Refusal | None:
     uri = spec.storage.uri if spec.storage else None
-    if uri and not storage_allowed(uri, config):
-        why = storage_problem(uri)
-        allowed_uris = ([config.storage_uri] if config.storage_uri else []) + [f"{p}…" for p in config.allowed_storage]
-        return Refusal(
-            STORAGE_NOT_ALLOWED,
-            f"spec.storage.uri {uri!r} is not allowed: a group may use "
-            f"{', '.join(repr(a) for a in allowed_uris) or 'only the default storage'} "
-            f"(chart value compactor.allowedStorage)" + (f"; it {why}" if why else ""),
-        )
-    refusal = check_scheduling(spec, config) or check_resources(spec, config)
-    if refusal is not None:
-        return refusal
-    if spec.max_replicas > config.max_replicas_limit:
-        return Refusal(
-            MAX_REPLICAS_NOT_ALLOWED,
-            f"spec.maxReplicas {spec.max_replicas} is more than {config.max_replicas_limit} "
-            f"(chart value compactor.maxReplicasLimit)",
-        )
+    if not uri or storage_allowed(uri, config):
+        return None
+    why = storage_problem(uri)
+    allowed_uris = ([config.storage_uri] if config.storage_uri else []) + [f"{p}…" for p in config.allowed_storage]
+    return Refusal(
+        STORAGE_NOT_ALLOWED,
+        f"spec.storage.uri {uri!r} is not allowed: a group may use "
+        f"{', '.join(repr(a) for a in allowed_uris) or 'only the default storage'} "
+        f"(chart value compactor.allowedStorage)" + (f"; it {why}" if why else ""),
+    )
+
+
+def check_max_replicas(spec: CompactorGroupSpec, config: OperatorConfig) -> Refusal | None:
+    if spec.max_replicas <= config.max_replicas_limit:
+        return None
+    return Refusal(
+        MAX_REPLICAS_NOT_ALLOWED,
+        f"spec.maxReplicas {spec.max_replicas} is more than {config.max_replicas_limit} "
+        f"(chart value compactor.maxReplicasLimit)",
+    )
+
+
+def check_pod_keys(spec: CompactorGroupSpec) -> Refusal | None:
     for field, keys in (("spec.podLabels", spec.pod_labels), ("spec.podAnnotations", spec.pod_annotations)):
         for key in sorted(keys):
             if reserved_key(key):
