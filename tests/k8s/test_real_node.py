@@ -187,12 +187,12 @@ def _compactor_pod(s: Shipped) -> dict[str, Any]:
     draining another)."""
     found: list[dict[str, Any]] = []
 
-    def ready() -> bool:
+    def any_ready() -> bool:
         pods = s.pods(naming.selector("small"))
         found[:] = [p for p in pods if ready(p) and not p["metadata"].get("deletionTimestamp")]
         return bool(found)
 
-    wait_until(ready, "a Ready compactor pod of the small group", timeout=240, every=1)
+    wait_until(any_ready, "a Ready compactor pod of the small group", timeout=240, every=1)
     return found[0]
 
 
