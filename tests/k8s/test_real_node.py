@@ -775,6 +775,52 @@ def test_a_lowered_cap_is_obeyed_under_steady_load(shipped: Shipped, tmp_path: P
     store.close()
 
 
+# -- a step down by one on a server without pod-deletion-cost --------------------------------------------
+def _replica_set_pods(s: Shipped, deployment: str) -> tuple[set[str], set[str]]:
+    """The pods the group's ReplicaSets created and deleted, from their events."""
+    created: set[str] = set()
+    deleted: set[str] = set()
+    for e in json.loads(s.kubectl("get", "events", "-o", "json").stdout)["items"]:
+        obj = e.get("involvedObject") or {}
+        if obj.get("kind") != "ReplicaSet" or not obj.get("name", "").startswith(f"{deployment}-"):
+            continue
+        pod = (e.get("message") or "").rsplit(" ", 1)[-1]
+        {"SuccessfulCreate": created, "SuccessfulDelete": deleted}.get(e.get("reason"), set()).add(pod)
+    return created, deleted
+
+
+def test_a_step_down_by_one_stops_one_pod_and_starts_none(shipped: Shipped) -> None:
+    """Kubernetes 1.20 ignores pod-deletion-cost: the HPA lowering a group 2 -> 1 with the queue
+    empty must stop exactly the drained pod and start none (the ReplicaSet removes NotReady pods
+    first, so the operator lowers the replicas only once its victim is NotReady)."""
+    s, group = shipped, "step"
+    dep = naming.deployment_name(group)
+    body = _group(group, minReplicas=2, maxReplicas=2, behavior={"scaleDownStabilizationSeconds": 5})
+    s.kubectl("apply", "-f", "-", input=json.dumps(body))
+    try:
+
+        def at(n: int) -> bool:
+            pods = s.pods(naming.selector(group))
+            d = s.get("deployment", dep) or {}
+            return len(pods) == n and all(map(ready, pods)) and d.get("spec", {}).get("replicas") == n
+
+        try:
+            wait_until(lambda: at(2), "the step group at 2 Ready pods", timeout=180, every=1)
+            before = {p["metadata"]["name"] for p in s.pods(naming.selector(group))}
+            created_before, deleted_before = _replica_set_pods(s, dep)
+            s.kubectl("patch", "compactorgroup", group, "--type=merge", "-p", '{"spec": {"minReplicas": 1}}')
+            wait_until(lambda: at(1), "the step group at 1 pod", timeout=180, every=1)
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}\n{diagnose(s)}") from None
+        created, deleted = _replica_set_pods(s, dep)
+        started, stopped = created - created_before, deleted - deleted_before
+        after = {p["metadata"]["name"] for p in s.pods(naming.selector(group))}
+        assert not started, f"pods started by a step down: {started}"
+        assert len(stopped) == 1 and stopped <= before and after == before - stopped, (before, stopped, after)
+    finally:
+        s.kubectl("delete", "compactorgroup", group, "--wait=true", check=False)
+
+
 # -- 5. backup, and a new install from it (issue 35 §4) -------------------------------------------------
 def _back_up(s: Shipped) -> str:
     """A backup of what the tests wrote, taken as the people running it would; returns the scan."""
