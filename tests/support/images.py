@@ -54,10 +54,18 @@ def release_images(rel: Release, work: Path) -> dict[str, Path]:
     made again with mmdebstrap."""
     cache = _cache().with_name(f"{_cache().name}-{rel.version}")
     cache.mkdir(parents=True, exist_ok=True)
-    for base in _cache().glob("debian-base-*.tar"):
-        if not (cache / base.name).exists():
-            os.link(base, cache / base.name)
+    _share_bases(_cache(), cache)
     tree = checkout(rel, work)
     env = {**os.environ, "KOMPAKTOR_IMAGE_CACHE": str(cache), "PYTHON": sys.executable}
     images = _build(tree / "scripts" / "build-images.sh", tree, env)
+    _share_bases(cache, _cache())
     return {ref: path for ref, path in images.items() if rel.version in ref}
+
+
+def _share_bases(src: Path, dest: Path) -> None:
+    """Hard-link ``src``'s Debian base tarballs into ``dest`` (named by the hash of their inputs:
+    the same name is the same base), whichever cache made one first."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for base in src.glob("debian-base-*.tar"):
+        if not (dest / base.name).exists():
+            os.link(base, dest / base.name)
