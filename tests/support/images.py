@@ -48,11 +48,11 @@ def release_images(rel: Release, work: Path) -> dict[str, Path]:
     carry its version and code.
 
     They are cached by their inputs as this checkout's are, in a cache of their own
-    (``<cache>-<version>``): the script keeps one archive per image name in its cache and
+    (``images-<version>`` beside it): the script keeps one archive per image name in its cache and
     removes the others, so sharing this checkout's would rebuild both every run. The Debian base
     is the same for both (same suite, mirror and packages): its tarball is linked in rather than
     made again with mmdebstrap."""
-    cache = _cache().with_name(f"{_cache().name}-{rel.version}")
+    cache = _cache().with_name(f"images-{rel.version}")
     cache.mkdir(parents=True, exist_ok=True)
     _share_bases(_cache(), cache)
     tree = checkout(rel, work)
