@@ -1,5 +1,5 @@
-"""Connections to Redis (issue 15 §1, §2): one primary by URL, or whichever primary Sentinel names,
-and the durability of an acknowledged write.
+"""Connections to Redis (docs/architecture.md "Durability: what an acknowledgment means", "Redis HA
+and failover"): one primary by URL, or whichever primary Sentinel names, and the durability of an acknowledged write.
 
 URLs
   ``redis://[:PASSWORD@]host:port/DB`` and ``rediss://…`` (TLS): one server, which must be a

@@ -25,6 +25,7 @@ COMMITLOG = PREFIX + "commitlog"  # list of the ECIDs of the last 100,000 commit
 FAILURES = PREFIX + "failures"  # hash: job fingerprint -> JSON {count, last_error, retry_at}
 BACKUPS_RUNNING = PREFIX + "backups:running"  # hash: backup id -> expiry (epoch s): backups being taken
 RESTORED = PREFIX + "restored"  # string: the backup this Redis was restored from
+FORMAT = PREFIX + "format"  # hash: version, installation, step:<name> (metadata/format.py)
 IMPORTS = PREFIX + "imports"  # hash: import id -> JSON {table, files, expires}: bulk imports in progress
 LEASE = PREFIX + "coordinator:lease"  # string: holder id (with TTL)
 FENCE = PREFIX + "coordinator:fence"  # integer fencing token, incremented per takeover

@@ -59,7 +59,8 @@ def _env(group: str, spec: CompactorGroupSpec, config: OperatorConfig) -> list[d
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         # the digest of the settings this pod was made for: its compactor refuses to start with
-        # none stored or others (issue 34 §2; a rollout replaces a pod made for older ones)
+        # none stored or others (docs/kubernetes.md "How a group's settings reach its compactors";
+        # a rollout replaces a pod made for older ones)
         {
             "name": SETTINGS_DIGEST_ENV,
             "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{naming.SETTINGS_ANNOTATION}']"}},
@@ -81,7 +82,8 @@ def _env(group: str, spec: CompactorGroupSpec, config: OperatorConfig) -> list[d
     if storage_uri:
         env.append({"name": "KOMPAKTOR_STORAGE", "value": storage_uri})
     if config.group_key is not None:
-        # proves to the coordinator's broker that the pod's requests are its group's (issue 34 §1)
+        # proves to the coordinator's broker that the pod's requests are its group's
+        # (docs/kubernetes.md "A compactor holds no power beyond its own job")
         env.append(
             {"name": grouptoken.TOKEN_ENV, "value": grouptoken.group_token(config.group_key.get_secret_value(), group)}
         )

@@ -8,12 +8,14 @@ Redis that holds metadata, and compactions running at the backup are gone after 
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
+import redis
 from click.testing import CliRunner
 
 from kompaktor.cli import main
@@ -29,6 +31,7 @@ from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.errors import ConditionFailed
 from kompaktor.model.job import Job
 from kompaktor.model.keys import Entry
+from kompaktor.model.names import tmp_tag
 
 pytestmark = pytest.mark.redis
 ENGINE = make_engine("arrow")
@@ -53,6 +56,7 @@ class Workload:
     def __init__(self, client: Client, seed: int) -> None:
         self.client, self.rng = client, random.Random(seed)
         self.accepted: list[tuple[bytes, int, bool]] = []
+        self.flushed: list[str] = []  # every file a flush wrote, in order
         self.ts = 0
         client.store.tables.create_table("t", [b"010", b"025"])
 
@@ -60,7 +64,7 @@ class Workload:
         self.ts += 1
         rows = self.rng.sample(ROWS, 6)
         ws = [(r, self.ts, self.rng.random() < 0.3) for r in rows]
-        self.client.flush("t", [Entry(r, b"f", b"q", b"", ts, d, b"" if d else r) for r, ts, d in ws])
+        self.flushed += self.client.flush("t", [Entry(r, b"f", b"q", b"", ts, d, b"" if d else r) for r, ts, d in ws])
         self.accepted.extend(ws)
 
     def reserve(self, full: bool):
@@ -86,6 +90,12 @@ class Workload:
             compactions.commit(self.client.store, res, out.info)
         except ConditionFailed:
             compactions.release(self.client.store, self.client.storage, res)
+
+    def step_without_splits(self) -> None:
+        if self.rng.random() < 0.5:
+            self.write()
+        else:
+            self.compact()
 
     def step(self) -> None:
         r = self.rng.random()
@@ -166,6 +176,98 @@ def test_restore_after_losing_every_redis_node(tmp_path: Path, seed: int, adopt:
         empty.stop()
 
 
+def test_adopt_newer_lists_nothing_when_nothing_is_lost(tmp_path: Path) -> None:
+    """Before the backup, flushes compacted (fully too: delete horizons raised) and not yet
+    collected (the collector spares recent flushes); after it, more flushes and compactions. The
+    restore with --adopt-newer must list nothing: it adopts exactly the flushes written after the
+    backup and counts the other unreferenced files (compaction inputs from before it, compaction
+    outputs from after it) as superseded (docs/backup.md "What a restore reports")."""
+    storage = Storage.from_uri(str(tmp_path / "data"))
+    server = RedisProcess(tmp_path / "redis-a")
+    server.start()
+    try:
+        store = MetadataStore.from_url(server.url)
+        w = Workload(Client(store, storage), 7)
+        for i in range(60):
+            w.step_without_splits()
+            if i == 20:
+                backup.create(store, storage)  # from now on the collector spares recent flushes
+        collect_garbage(store, storage, grace_s=0)
+        last = backup.create(store, storage)
+        before = len(w.flushed)
+        for _ in range(30):
+            w.step_without_splits()
+        store.close()
+    finally:
+        server.stop(kill=True)
+    shutil.rmtree(tmp_path / "redis-a")
+    # the reference: what the backup references, what storage holds, which flushes came after it
+    stored = {f for f in backup.data_files(storage) if tmp_tag(f) is None}
+    unreferenced = stored - set(backup.files_of(storage, last))
+    after = set(w.flushed[before:])
+    assert after <= unreferenced
+    assert (unreferenced - after) & set(w.flushed[:before])  # flushes compacted before the backup
+    empty = RedisProcess(tmp_path / "redis-b")
+    empty.start()
+    try:
+        args = ["restore", "latest", "--adopt-newer", "--redis", empty.url, "--storage", storage.uri]
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 0, r.output
+        assert "not brought back" not in r.output and "refused" not in r.output, r.output
+        assert f"adopted {len(after)} flushes" in r.output, r.output
+        assert f"{len(unreferenced - after)} more files in storage hold nothing" in r.output, r.output
+        assert len(r.output.splitlines()) == 3, r.output
+        store = MetadataStore.from_url(empty.url)
+        assert [(e.row, e.ts) for e in Client(store, storage).scan("t")] == reference(w.accepted)
+        store.close()
+    finally:
+        empty.stop()
+
+
+def test_a_restore_lists_what_it_cannot_bring_back_one_line_each(tmp_path: Path, redis_url: str) -> None:
+    """Two files whose content no restore of the first backup can bring back: the output of a
+    compaction whose input, a flush written after that backup, was collected once a second
+    backup referenced the output; and a flush into a table created after the backup."""
+    import os
+
+    storage = Storage.from_uri(str(tmp_path / "data"))
+    store = MetadataStore.from_url(redis_url)
+    c = Client(store, storage)
+    store.tables.create_table("t")
+    c.flush("t", [Entry(b"a", b"f", b"q", b"", 1, False, b"v")])
+    first = backup.create(store, storage)
+    (gone,) = c.flush("t", [Entry(b"b", b"f", b"q", b"", 2, False, b"v")])
+    (tablet,) = store.tables.tablets(store.tables.table_id("t"))
+    res = compactions.try_reserve(
+        store, Job(tablet.id, "SYSTEM", 1, "test", {f: m.size for f, m in tablet.files.items()}), "bk", "test"
+    )
+    out = ENGINE.merge(storage, MergeRequest(res.inputs, res.output, res.prev, res.end, res.settings, res.ecid))
+    compactions.commit(store, res, out.info)
+    store.tables.create_table("late")
+    (late,) = c.flush("late", [Entry(b"a", b"f", b"q", b"", 1, False, b"v")])
+    backup.create(store, storage)
+    old = os.stat(storage.root + "/" + gone).st_mtime - backup.WRITE_SLACK_S - 60  # as if that long ago
+    os.utime(storage.root + "/" + gone, (old, old))
+    assert gone in collect_garbage(store, storage, grace_s=0)  # no backup references it any more
+    redis.Redis.from_url(redis_url).flushall()  # every Redis node lost
+
+    r = CliRunner().invoke(main, ["restore", first.id, "--adopt-newer", "--redis", redis_url, "--storage", storage.uri])
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    at = lines.index("not brought back: 2 files:")
+    assert sorted(lines[at + 1 :]) == sorted(
+        [
+            f"  {res.output}: a compaction's output holding entries the restored view lacks",
+            f"  {late}: its table was created after the backup",
+        ]
+    ), r.output
+    redis.Redis.from_url(redis_url).flushall()
+    r = CliRunner().invoke(main, ["restore", first.id, "--json", "--redis", redis_url, "--storage", storage.uri])
+    got = json.loads(r.output)
+    assert set(got["not_adopted"]) == {res.output, late} and got["adopted"] == []
+    assert got["counts"] == {"unreferenced": 2, "adopted": 0, "superseded": 0, "not_brought_back": 2}
+
+
 def test_backup_commands(tmp_path: Path, redis_url: str, client: Client) -> None:
     args = ["--redis", redis_url, "--storage", client.storage.uri]
     client.store.tables.create_table("x")
@@ -233,8 +335,6 @@ def test_a_new_install_bootstraps_from_the_latest_backup_once(tmp_path: Path, cl
     client.store.tables.create_table("boot")
     client.flush("boot", [Entry(b"a", b"f", b"q", b"", 1, False, b"v")])
     m = backup.create(client.store, client.storage)
-    import redis
-
     redis.Redis.from_url(redis_url).flushall()  # the Redis PersistentVolumeClaim deleted
     fresh = MetadataStore.from_url(redis_url)
     got = backup.bootstrap(fresh, client.storage, "latest")

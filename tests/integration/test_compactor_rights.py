@@ -23,15 +23,16 @@ from kompaktor.coordinator.broker import Broker
 from kompaktor.files.storage import Storage
 from kompaktor.local.redis_server import RedisProcess
 from kompaktor.metadata import acl, user_compactions
+from kompaktor.metadata import broker_messages as m
 from kompaktor.metadata.brokered import BrokeredJobs, Refused
 from kompaktor.metadata.compactions import Reservation
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model import grouptoken
 from kompaktor.model.errors import StoreUnavailable
-from kompaktor.model.tablet import FileInfo
+from kompaktor.model.tablet import FileInfo, FileMeta
 from kompaktor.policy.services import GroupConfig
 from kompaktor.worker import Compactor, WorkerSettings
-from tests.support.broker import brokered, running_broker
+from tests.support.broker import ask_raw, brokered, running_broker, send_raw
 from tests.support.entries import entries
 from tests.support.procs import python_env
 from tests.support.snapshot import snapshot
@@ -142,15 +143,23 @@ def test_only_the_holder_may_commit_release_or_heartbeat_a_compaction(
                 act()
     for op in ("set_group", "mutate", "start_user_compaction"):  # no such request
         with pytest.raises(Refused, match="unknown request"):
-            b.ask(op, name="default")
+            ask_raw(b, op, name="default")
     assert look(users) == before
     # the holder commits its own, on the reservation the broker recorded: a reservation it
     # rewrote (another tablet, a partial compaction) changes neither the tablet nor the kind
     want = list(client.scan("t"))
     other = next(t for t in admin.tables.tablets(admin.tables.table_id("u")))
     rewritten = dataclasses.replace(held, job=dataclasses.replace(held.job, tablet=other.id), full=False)
+
+    class Rewriting(BrokeredJobs):
+        """A compactor that merges its job, then commits naming a reservation it rewrote."""
+
+        def commit(self, res: Reservation, meta: FileMeta) -> None:
+            super().commit(rewritten, meta)
+
     settings = WorkerSettings("default", "a", engine="arrow", heartbeat_s=3600)
-    outcome = Compactor(store_a, Storage.from_uri(str(tmp_path / "files")), settings, jobs=a)._execute(rewritten)
+    liar = Rewriting(store_a, timeout_s=10.0)
+    outcome = Compactor(store_a, Storage.from_uri(str(tmp_path / "files")), settings, jobs=liar)._execute(held)
     assert outcome.status == "committed", outcome
     assert admin.tables.tablet(other.id) == other
     assert list(admin.tables.tablet(held.tablet).files) == [held.output]
@@ -221,11 +230,11 @@ def test_the_broker_drops_requests_nobody_waits_for_and_refuses_bad_ones(
         jobs.register("default", "c", "root", None)
     # a request past its deadline is not served: nothing reserved for it, no answer
     before = look(users)
-    reply, _ = jobs.send("reserve", -1.0, group="default", compactor="late")
+    reply = send_raw(jobs, "reserve", -1.0, group="default", compactor="late").reply
     raw = redis.Redis.from_url(users.url)
     raw.lpush(C.BROKER, b"not json")
     poll(lambda: raw.llen(C.BROKER) == 0, what="the broker took both requests")
-    assert jobs.ask("register", group="default", compactor="c", state="idle", ecid=None) is None  # it still serves
+    assert jobs.ask(m.Register("default", "c", "idle", None)) is None  # it still serves
     after = look(users)
     after.pop(C.compactors_key("default").encode())
     assert after == before

@@ -94,6 +94,20 @@ def test_with_a_replica_a_write_is_acknowledged_once_the_replica_has_it(tmp_path
         primary.stop()
 
 
+def test_a_fenced_store_waits_as_its_explicit_durability_asks(tmp_path: Path) -> None:
+    """A coordinator given ``durability=replicas`` fences its store: the leader's writes must still
+    wait for a replica, and with none they are not acknowledged."""
+    primary = RedisProcess(tmp_path / "p").start()
+    try:
+        strict = MetadataStore(connect(primary.url), primary.url, durability=Durability("replicas"))
+        leader = strict.fenced(lambda: 1)
+        with pytest.raises(NotDurable, match=r"WAIT: 0 of 1 replica\(s\)"):
+            leader.tables.create_table("u")
+        strict.close()
+    finally:
+        primary.stop()
+
+
 def test_a_reservation_is_acknowledged_once_the_replica_has_it_and_an_empty_poll_waits_for_nothing(
     tmp_path: Path,
 ) -> None:

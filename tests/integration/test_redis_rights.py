@@ -32,6 +32,7 @@ from kompaktor.coordinator.broker import Answer, Broker
 from kompaktor.files.storage import Storage
 from kompaktor.local.redis_server import RedisProcess
 from kompaktor.metadata import acl
+from kompaktor.metadata import broker_messages as m
 from kompaktor.metadata.brokered import BrokeredJobs
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.worker import Compactor, WorkerSettings
@@ -195,11 +196,11 @@ class InlineJobs(BrokeredJobs):
         super().__init__(store)
         self.broker, self.rec = broker, rec
 
-    def ask(self, op: str, timeout_s: float | None = None, **args: Any) -> Any:
-        reply, deadline = self.send(op, 10.0, **args)
+    def ask(self, req: m.Request, timeout_s: float | None = None) -> Any:
+        env = self.send(req, 10.0)
         with self.rec.included():
             assert self.broker.serve_one(1.0)
-        return self.answer(op, reply, deadline, 10.0)
+        return self.answer(req.op, env, 10.0)
 
 
 def brokered_compactor(users: RedisProcess, storage: Storage, name: str, **kw: Any) -> Compactor:

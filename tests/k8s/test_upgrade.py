@@ -28,13 +28,15 @@ import kubernetes
 import pytest
 import yaml
 
-from kompaktor import __version__
+from kompaktor import __version__, keyspace
+from kompaktor.metadata.format import FORMAT_VERSION
 from kompaktor.resources import api
 from kompaktor_operator import naming
 from tests.k8s.controlplane import ControlPlane, wait_until
 from tests.k8s.node import GATEWAY, RealNode
 from tests.k8s.shipped import BIN, BUCKET, RELEASE, Shipped, admin_url, diagnose, readme_values, ready, redis_volume
 from tests.k8s.upgrade_ingest import SPLITS, Ingest, Reference, Verdict, row
+from tests.support.rawredis import raw_redis
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "kompaktor"
@@ -387,6 +389,7 @@ def test_helm_upgrade_from_the_previous_release_then_the_same_release_again(up: 
     assert all(v.clean for v in ingest.verdicts), [v for v in ingest.verdicts if not v.clean]
     assert len(log) == len(set(log)), "a compaction committed twice"
     assert restored.clean, restored
+    assert raw_redis(u.store).hget(keyspace.FORMAT, "version") == str(FORMAT_VERSION).encode()
     _new_crs_reconcile(u)
     assert not any(_pods(u).values()), "a container restarted (crash loop)"
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from kompaktor.resources import admission
+from kompaktor.resources import admission, patterns
 from kompaktor.resources.models import CompactorGroupSpec
 from kompaktor.resources.operator_config import OperatorConfig
 from kompaktor_operator import manifests
@@ -371,11 +371,11 @@ def test_storage_prefixes_match_whole_path_segments() -> None:
     ],
 )
 def test_a_wildcard_widens_by_one_segment(entry: str, allowed: list[str], refused: list[str]) -> None:
-    segment = admission.IMAGE_SEGMENT if entry.startswith("registry") else admission.SEGMENT
+    segment = patterns.IMAGE_SEGMENT if entry.startswith("registry") else patterns.SEGMENT
     for value in allowed:
-        assert admission.listed(value, [entry], segment), value
+        assert patterns.listed(value, [entry], segment), value
     for value in refused:
-        assert not admission.listed(value, [entry], segment), value
+        assert not patterns.listed(value, [entry], segment), value
 
 
 @pytest.mark.parametrize(
@@ -394,8 +394,8 @@ def test_an_allow_list_entry_that_cannot_be_matched_on_boundaries_is_a_configura
     with pytest.raises(ValueError, match="allow"):
         OperatorConfig.model_validate({**CONFIG.model_dump(), field: (entry,)})
     # and were it ever to reach admission, it matches nothing
-    assert not admission.listed("spark://trusted.evil.example", ["spark://trusted*"])
-    assert not admission.listed("spark://trusted", ["spark://trusted*"])
+    assert not patterns.listed("spark://trusted.evil.example", ["spark://trusted*"])
+    assert not patterns.listed("spark://trusted", ["spark://trusted*"])
 
 
 def test_the_chart_refuses_wildcards_off_boundaries() -> None:

@@ -200,6 +200,15 @@ def test_a_fenced_store_is_fenced_in_every_part_on_the_same_connection() -> None
     assert view._core.token() == "7" and store._core.token() == ""
 
 
+def test_a_fenced_store_keeps_an_explicit_durability() -> None:
+    from kompaktor.connection import Durability
+
+    strict = Durability("replicas:2")
+    store = MetadataStore(_Client(), "redis://127.0.0.1:6390/0", durability=strict)  # type: ignore[arg-type]
+    view = store.fenced(lambda: 7)
+    assert view.durability is strict and view._core.durability is strict
+
+
 class _Server:
     """A primary of a given Redis version; nothing else is asked of it."""
 

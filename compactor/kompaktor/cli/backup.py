@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
+from typing import TYPE_CHECKING
 
 import click
 
 from kompaktor.cli.common import friendly_errors, open_client, redis_option, storage_option
+
+if TYPE_CHECKING:
+    from kompaktor.metadata.backup import Restored
 
 
 @click.group()
@@ -109,28 +113,36 @@ def restore(backup_id: str, adopt_newer: bool, as_json: bool, redis_url: str, st
     c = open_client(redis_url, storage_uri)
     r = b.restore(c.store, c.storage, backup_id, adopt_newer=adopt_newer)
     if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "backup": r.manifest.id,
-                    "tables": r.tables,
-                    "tablets": r.tablets,
-                    "files": r.files,
-                    "unreferenced": r.unreferenced,
-                    "adopted": r.adopted,
-                    "not_adopted": r.not_adopted,
-                }
-            )
-        )
+        click.echo(json.dumps(_outcome(r)))
         return
     click.echo(f"restored backup {r.manifest.id}: {r.tables} tables, {r.tablets} tablets, {r.files} files")
     if r.adopted:
-        click.echo(f"adopted {len(r.adopted)} flushes and imports written after the backup")
-    lost = r.not_adopted if adopt_newer else {f: "written after the backup" for f in r.unreferenced}
-    if lost:
+        click.echo(f"adopted {len(r.adopted)} flushes and imports the restored view lacked (written after the backup)")
+    if r.superseded:
         click.echo(
-            f"not brought back: {len(lost)} files in storage written after the backup "
-            "(flushes, imports or compaction outputs acknowledged after it):"
+            f"{len(r.superseded)} more files in storage hold nothing the restored view lacks "
+            "(inputs of compactions and their outputs); the garbage collector removes them"
         )
-        for f, why in lost.items():
+    if r.not_adopted:
+        click.echo(f"not brought back: {len(r.not_adopted)} files:")
+        for f, why in r.not_adopted.items():
             click.echo(f"  {f}: {why}")
+
+
+def _outcome(r: Restored) -> dict[str, object]:
+    """``restore --json``: the lists, and how many files each holds."""
+    return {
+        "backup": r.manifest.id,
+        "tables": r.tables,
+        "tablets": r.tablets,
+        "files": r.files,
+        "unreferenced": r.unreferenced,
+        "adopted": r.adopted,
+        "not_adopted": r.not_adopted,
+        "counts": {
+            "unreferenced": len(r.unreferenced),
+            "adopted": len(r.adopted),
+            "superseded": len(r.superseded),
+            "not_brought_back": len(r.not_adopted),
+        },
+    }

@@ -152,10 +152,12 @@ def setup_logging() -> None:
 def open_client(redis_url: str, storage_uri: str | None) -> Client:
     from kompaktor.client import Client
     from kompaktor.files.storage import Storage
+    from kompaktor.metadata.format import open_checked
     from kompaktor.metadata.store import MetadataStore
 
     store = MetadataStore.from_url(redis_url)
     store.ping()
+    open_checked(store, "kompaktor command")
     return Client(store, Storage.from_uri(storage_uri))
 
 

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import threading
-
 import click
 
 from kompaktor.cli.common import friendly_errors, history_options, redis_option, setup_logging, storage_option
@@ -109,60 +105,22 @@ def coordinator(
 ) -> None:
     """Plan tablets into group queues, run user compactions, detect dead compactions, collect
     garbage. Several may run; one leads (Redis lease), the others wait."""
-    import logging
-
-    from kompaktor.coordinator import Coordinator, CoordinatorSettings
-    from kompaktor.coordinator.http import STATUS_PATH, serve
-    from kompaktor.files.storage import Storage
+    from kompaktor.coordinator.assemble import CoordinatorOptions, run_coordinator
+    from kompaktor.coordinator.core import CoordinatorSettings
     from kompaktor.metadata.history import HistoryLimits
-    from kompaktor.metadata.store import MetadataStore
 
     setup_logging()
-    store = MetadataStore.from_url(redis_url)
-    store.ping()
-    storage = Storage.from_uri(storage_uri)
-    storage.check_writable()  # read-only or wrong credentials: one line, now
-    if bootstrap_from:
-        from kompaktor.metadata import backup
-
-        restored = backup.bootstrap(store, storage, bootstrap_from)
-        click.echo(
-            f"bootstrap: restored backup {restored.manifest.id} ({restored.tablets} tablets; "
-            f"{len(restored.unreferenced)} files written after it not brought back)"
-            if restored
-            else "bootstrap: Redis already holds metadata (or was restored before): nothing restored",
-            err=True,
-        )
-    coord = Coordinator(
-        store,
-        storage,
-        CoordinatorSettings(
-            full_scan_s=full_scan_interval,
-            dead_after_s=dead_after,
-            gc_grace_s=gc_grace,
-            gc_interval_s=gc_interval,
-            lease_ms=int(lease_s * 1000),
-            backup_interval_s=backup_interval,
-            backup_keep=backup_keep,
-            backup_max_age_s=backup_max_age,
-            history_limits=HistoryLimits(history_records, history_age),
-            **({} if plan_workers is None else {"plan_workers": plan_workers}),
-        ),
+    settings = CoordinatorSettings(
+        full_scan_s=full_scan_interval,
+        dead_after_s=dead_after,
+        gc_grace_s=gc_grace,
+        gc_interval_s=gc_interval,
+        lease_ms=int(lease_s * 1000),
+        backup_interval_s=backup_interval,
+        backup_keep=backup_keep,
+        backup_max_age_s=backup_max_age,
+        history_limits=HistoryLimits(history_records, history_age),
+        **({} if plan_workers is None else {"plan_workers": plan_workers}),
     )
-    if metrics_port >= 0:
-        server = serve(coord, metrics_port, metrics_host)
-        logging.getLogger("kompaktor.coordinator").info(
-            "coordinator %s serving /metrics and %s on %s:%d",
-            coord.holder,
-            STATUS_PATH,
-            metrics_host,
-            server.server_address[1],
-        )
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    from kompaktor.coordinator.broker import Broker
-    from kompaktor.model.grouptoken import KEY_ENV
-
-    Broker(store, os.environ.get(KEY_ENV)).start(stop)  # compactors' writes, made for them (leader or not)
-    coord.run(stop)
+    opts = CoordinatorOptions(redis_url, storage_uri, settings, metrics_port, metrics_host, bootstrap_from)
+    run_coordinator(opts, lambda line: click.echo(line, err=True))

@@ -72,7 +72,7 @@ def up(
     from kompaktor.local.procs import Interrupted, interruptible
 
     cfg = load_config(config_path.read() if config_path else DEMO_CONFIG)
-    _check_storage(storage)
+    _check_storage(storage, empty=False)  # its own data is checked once Redis is up (the installation)
     if status_port is None:
         status_port = UP_STATUS_PORT if _port_free(UP_STATUS_PORT) else 0
     elif status_port > 0 and not _port_free(status_port):
@@ -88,9 +88,11 @@ def up(
     # Ctrl-C, SIGTERM and a hang-up (the terminal closed) stop everything the same way: drain the
     # compactors, stop the coordinator and Redis; a second signal kills them at once
     with interruptible(on_second=cluster.kill) as received:
+        started = False
         try:
             try:
                 cluster.start()
+                started = True
                 from kompaktor.model.redact import redact_url
 
                 click.echo(
@@ -104,8 +106,9 @@ def up(
                     time.sleep(1.0)
                     cluster.autoscale()
             finally:
-                with contextlib.suppress(OSError):
-                    click.echo("stopping: draining compactors…")
+                if started:  # a refusal at start is its one line alone
+                    with contextlib.suppress(OSError):
+                        click.echo("stopping: draining compactors…")
                 try:
                     cluster.stop()
                 except BaseException:
@@ -267,9 +270,10 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def _check_storage(uri: str | None) -> None:
-    """A storage URI the filesystem layer cannot open, or one that already holds tables, is one
-    line before anything starts (a demo verifies every file under ``tables/``)."""
+def _check_storage(uri: str | None, *, empty: bool = True) -> None:
+    """A storage URI the filesystem layer cannot open is one line before anything starts; so is
+    one that already holds tables, with ``empty`` (a demo verifies every file under ``tables/``;
+    ``up`` restarts on its own data, and refuses another installation's once Redis is up)."""
     if uri is None:
         return
     from kompaktor.files.storage import Storage
@@ -281,7 +285,7 @@ def _check_storage(uri: str | None) -> None:
         present = storage.list_files(TABLES_DIR)
     except (OSError, ValueError) as exc:
         raise StorageError(f"storage {uri}: {' '.join(str(exc).split())}") from None
-    if present:
+    if present and empty:
         raise StorageError(
             f"storage {uri}: already holds {len(present)} file(s) under {TABLES_DIR}/; give an empty prefix"
         )

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kompaktor import keyspace as C
+from kompaktor.metadata import broker_messages as m
 from kompaktor.metadata import compactions
 from kompaktor.metadata import progress as resume_records
 from kompaktor.metadata.brokered import Refused, encode_reply, reservation_record, send_answers, take_requests
@@ -45,8 +46,6 @@ from kompaktor.metadata.jobs import DirectJobs
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.errors import ConditionFailed, StoreUnavailable
 from kompaktor.model.grouptoken import holds
-from kompaktor.model.resume import PartRecord, decode_cuts
-from kompaktor.model.tablet import FileMeta
 from kompaktor.resources.models import check_group_name
 
 log = logging.getLogger("kompaktor.broker")
@@ -62,9 +61,6 @@ REPLY_TTL_S = 60
 BATCH = 32
 #: reservation records a broker keeps in memory
 KNOWN_MAX = 10_000
-#: the compactor states a compactor may say it is in
-STATES = ("idle", "busy", "draining")
-_ID_MAX = 253
 
 
 @dataclass
@@ -83,12 +79,6 @@ def digest(cap: str) -> str:
     return hashlib.sha256(cap.encode()).hexdigest()
 
 
-def _name(value: Any, what: str) -> str:
-    if not isinstance(value, str) or not 0 < len(value) <= _ID_MAX or not value.isprintable():
-        raise Refused(f"bad {what}: {value!r:.80}")
-    return value
-
-
 class Broker:
     """Serves compactors' requests from ``kzb:requests`` (:meth:`handle` one, :meth:`serve` forever)."""
 
@@ -101,22 +91,22 @@ class Broker:
         #: reservation records read or made, oldest first (:meth:`_remember`)
         self._known: dict[str, tuple[str, Reservation]] = {}
         self._lock = threading.Lock()
-        self.ops: dict[str, Callable[[dict[str, Any]], Any]] = {
-            "register": self._register,
-            "unregister": self._unregister,
-            "mark_drained": self._mark_drained,
-            "count_written": self._count_written,
+        self.ops: dict[type[m.Request], Callable[[Any], Any]] = {
+            m.Register: self._register,
+            m.Unregister: self._unregister,
+            m.MarkDrained: self._mark_drained,
+            m.CountWritten: self._count_written,
         }
-        self.held_ops: dict[str, Callable[[Reservation, dict[str, Any]], Any]] = {
-            "heartbeat": self._heartbeat,
-            "commit": self._commit,
-            "release": self._release,
-            "failure": self._failure,
-            "drop_heartbeat": lambda res, _req: self.jobs.drop_heartbeat(res),
-            "progress_start": self._progress_start,
-            "progress_part": self._progress_part,
-            "progress_drop": self._progress_drop,
-            "progress_forget": self._progress_forget,
+        self.held_ops: dict[type[m.Held], Callable[[Reservation, Any], Any]] = {
+            m.Heartbeat: lambda res, req: self.jobs.heartbeat(res, req.progress),
+            m.Commit: lambda res, req: self.jobs.commit(res, req.meta),
+            m.Release: lambda res, _req: compactions.release_metadata(self.store, res),
+            m.Failure: lambda res, req: self.jobs.record_failure(res, req.reason),
+            m.DropHeartbeat: lambda res, _req: self.jobs.drop_heartbeat(res),
+            m.ProgressStart: self._progress_start,
+            m.ProgressPart: self._progress_part,
+            m.ProgressDrop: self._progress_drop,
+            m.ProgressForget: self._progress_forget,
         }
 
     # -- the loop ------------------------------------------------------------------------------------
@@ -153,20 +143,19 @@ class Broker:
 
     def respond(self, raw: bytes | str) -> Answer | None:
         """The answer to one request, or None when nobody can be told."""
-        try:
-            req = json.loads(raw)
-            reply = req["reply"]
-            if not isinstance(reply, str) or len(reply) != 32 or float(req["exp"]) < time.time():
-                return None
-        except (ValueError, KeyError, TypeError):
+        got = m.envelope(raw)
+        if got is None:
             log.warning("broker: malformed request dropped")
             return None
-        out = Answer(reply)
+        env, doc = got
+        if env.exp < time.time():
+            return None
+        out = Answer(env.reply)
         try:
-            out.text = encode_reply(self.answer(req, out))
+            out.text = encode_reply(self.answer(m.decode(doc), out))
         except Exception as exc:  # told to the asker, whatever it is
             if not isinstance(exc, (Refused, StoreUnavailable, ConditionFailed)):
-                log.warning("broker: %s failed: %s", req.get("op"), exc)
+                log.warning("broker: %s failed: %s", doc.get("op"), exc)
             out.text, out.records = encode_reply(error=exc), []
         return out
 
@@ -183,36 +172,31 @@ class Broker:
         except StoreUnavailable as exc:  # the askers time out and retry
             log.warning("broker: cannot answer: %s", exc)
 
-    def answer(self, req: dict[str, Any], out: Answer) -> Any:
-        op = req.get("op")
-        if op == "reserve":
+    def answer(self, req: m.Request, out: Answer) -> Any:
+        """Make the write ``req`` asks for, if its sender may; the value to answer."""
+        if isinstance(req, m.Reserve):
             return self._reserve(req, out)
-        if op in self.ops:
-            return self.ops[op](req)
-        if op in self.held_ops:
+        if isinstance(req, m.Held):
             res = self.held(req)
-            value = self.held_ops[op](res, req)
-            if op in ("commit", "release"):  # the compaction ended: its record goes soon
+            value = self.held_ops[type(req)](res, req)
+            if req.ends:  # the compaction ended: its record goes soon
                 out.done.append(C.reservation_key(res.ecid))
                 with self._lock:
                     self._known.pop(res.ecid, None)
             return value
-        raise Refused(f"unknown request {op!r:.40}")
+        return self.ops[type(req)](req)
 
-    def held(self, req: dict[str, Any]) -> Reservation:
+    def held(self, req: m.Held) -> Reservation:
         """The reservation a request names, if it carries the secret of its holder."""
-        ecid, cap = req.get("ecid"), req.get("cap")
-        if not isinstance(ecid, str) or not isinstance(cap, str) or not cap:
-            raise Refused("a request about a compaction needs its ECID and its holder's secret")
-        known = self._known.get(ecid)
+        known = self._known.get(req.ecid)
         if known is None:
-            doc = reservation_record(self.store, ecid)
+            doc = reservation_record(self.store, req.ecid)
             if doc is None:
-                raise Refused(f"{ecid:.40}: no reservation of the broker's by that ECID")
-            known = self._remember(ecid, doc["cap"], doc["res"])
-        if not secrets.compare_digest(known[0], digest(cap)):
-            raise Refused(f"{ecid}: not the holder of this compaction")
-        return dataclasses.replace(known[1], cap=cap)
+                raise Refused(f"{req.ecid:.40}: no reservation of the broker's by that ECID")
+            known = self._remember(req.ecid, doc["cap"], doc["res"])
+        if not secrets.compare_digest(known[0], digest(req.cap)):
+            raise Refused(f"{req.ecid}: not the holder of this compaction")
+        return dataclasses.replace(known[1], cap=req.cap)
 
     def _remember(self, ecid: str, cap_digest: str, res: dict[str, Any]) -> tuple[str, Reservation]:
         """A reservation record, kept here too (records never change): a holder's next requests
@@ -225,20 +209,18 @@ class Broker:
         return known
 
     # -- requests without a reservation -------------------------------------------------------------
-    def _group(self, req: dict[str, Any]) -> str:
-        """The group a request is about, if it comes from one of its compactors."""
-        group = _name(req.get("group"), "group")
+    def _group(self, group: str, token: str | None) -> str:
+        """``group``, if the request comes from one of its compactors."""
         try:
             check_group_name(group)
         except ValueError as exc:
             raise Refused(f"bad group name: {exc}") from None
-        if self.group_key is not None and not holds(self.group_key, group, req.get("token")):
+        if self.group_key is not None and not holds(self.group_key, group, token):
             raise Refused(f"not a compactor of group {group}: its group token does not match")
         return group
 
-    def _reserve(self, req: dict[str, Any], out: Answer) -> Any:
-        group = self._group(req)
-        res = self.jobs.reserve(group, _name(req.get("compactor"), "compactor id"))
+    def _reserve(self, req: m.Reserve, out: Answer) -> Any:
+        res = self.jobs.reserve(self._group(req.group, req.token), req.compactor)
         if res is None:
             return None
         cap = secrets.token_urlsafe(24)
@@ -247,64 +229,33 @@ class Broker:
         self._remember(res.ecid, cap_digest, doc)
         return {"res": doc, "cap": cap}
 
-    def _register(self, req: dict[str, Any]) -> None:
-        state = req.get("state")
-        if state not in STATES:
-            raise Refused(f"bad compactor state {state!r:.40}")
-        ecid = req.get("ecid")
-        self.jobs.register(
-            self._group(req),
-            _name(req.get("compactor"), "compactor id"),
-            str(state),
-            None if ecid is None else _name(ecid, "ECID"),
-        )
+    def _register(self, req: m.Register) -> None:
+        self.jobs.register(self._group(req.group, req.token), req.compactor, req.state, req.ecid)
 
-    def _unregister(self, req: dict[str, Any]) -> None:
-        group, compactor = self._group(req), _name(req.get("compactor"), "compactor id")
-        self.jobs.unregister(group, compactor, bool(req.get("keep")))
+    def _unregister(self, req: m.Unregister) -> None:
+        self.jobs.unregister(self._group(req.group, req.token), req.compactor, req.keep)
 
-    def _mark_drained(self, req: dict[str, Any]) -> None:
-        self.jobs.mark_drained(self._group(req), _name(req.get("compactor"), "compactor id"))
+    def _mark_drained(self, req: m.MarkDrained) -> None:
+        self.jobs.mark_drained(self._group(req.group, req.token), req.compactor)
 
-    def _count_written(self, req: dict[str, Any]) -> None:
-        n = req.get("n")
-        if not isinstance(n, int) or n < 0:
-            raise Refused(f"bad byte count {n!r:.40}")
-        self.jobs.count_written(n)
+    def _count_written(self, req: m.CountWritten) -> None:
+        self.jobs.count_written(req.n)
 
-    # -- requests of a reservation's holder ----------------------------------------------------------
-    def _heartbeat(self, res: Reservation, req: dict[str, Any]) -> None:
-        progress = req.get("progress")
-        if not isinstance(progress, dict) or len(progress) > 32:
-            raise Refused("bad progress")
-        fields = {str(k)[:64]: str(v)[:256] for k, v in progress.items() if k not in ("compactor", "updated")}
-        self.jobs.heartbeat(res, fields)
-
-    def _commit(self, res: Reservation, req: dict[str, Any]) -> None:
-        """The output is the reservation's; the compactor describes what it wrote there."""
-        self.jobs.commit(res, FileMeta.from_json(req["meta"]))
-
-    def _release(self, res: Reservation, _req: dict[str, Any]) -> bool:
-        return compactions.release_metadata(self.store, res)
-
-    def _failure(self, res: Reservation, req: dict[str, Any]) -> bool:
-        return self.jobs.record_failure(res, str(req.get("reason", ""))[:500])
-
-    def _fingerprint(self, res: Reservation, req: dict[str, Any]) -> str:
+    # -- a merge's progress record, of a reservation's holder ----------------------------------------
+    def _fingerprint(self, res: Reservation, req: m.Progress) -> str:
         fp = res.fingerprint
-        if req.get("fp") != fp:
+        if req.fp != fp:
             raise Refused(f"{res.ecid}: not the progress record of this compaction")
         return fp
 
-    def _progress_start(self, res: Reservation, req: dict[str, Any]) -> None:
-        log_ = self.jobs.resume_log(res, self._fingerprint(res, req))
-        log_.start(decode_cuts(req["cuts"]), int(req["now_ms"]))
+    def _progress_start(self, res: Reservation, req: m.ProgressStart) -> None:
+        self.jobs.resume_log(res, self._fingerprint(res, req)).start(req.cuts, req.now_ms)
 
-    def _progress_part(self, res: Reservation, req: dict[str, Any]) -> None:
-        self.jobs.resume_log(res, self._fingerprint(res, req)).record(PartRecord.from_json(req["part"]))
+    def _progress_part(self, res: Reservation, req: m.ProgressPart) -> None:
+        self.jobs.resume_log(res, self._fingerprint(res, req)).record(req.part)
 
-    def _progress_drop(self, res: Reservation, req: dict[str, Any]) -> None:
-        self.jobs.resume_log(res, self._fingerprint(res, req)).drop(int(req["index"]))
+    def _progress_drop(self, res: Reservation, req: m.ProgressDrop) -> None:
+        self.jobs.resume_log(res, self._fingerprint(res, req)).drop(req.index)
 
-    def _progress_forget(self, res: Reservation, req: dict[str, Any]) -> None:
+    def _progress_forget(self, res: Reservation, req: m.ProgressForget) -> None:
         resume_records.forget(self.store, self._fingerprint(res, req))

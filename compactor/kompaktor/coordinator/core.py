@@ -33,6 +33,7 @@ from kompaktor.coordinator.planpool import PlanContext, PlanPool, TabletDoc, def
 from kompaktor.coordinator.statuspage import Samples
 from kompaktor.files.storage import Storage
 from kompaktor.metadata import backup, failures, history, tablet_ops, user_compactions
+from kompaktor.metadata import format as metaformat
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.errors import Fenced, KompaktorError, StoreUnavailable
 from kompaktor.model.tablet import Tablet, gc_paused, now_ms
@@ -80,6 +81,7 @@ class Coordinator:
         self._store_back = 0.0
         self._store_lost = False
         self._last_full = float("-inf")  # never: the first pass as leader is a full scan
+        self._format_current = False  # the metadata's format checked and migrated as leader
         self._last_gc = time.monotonic()
         self._gc_cursor = GcCursor()  # where the next bounded garbage-collection pass resumes
         self._last_backup_ms: int | None = None  # the newest backup's time, once read
@@ -102,6 +104,7 @@ class Coordinator:
         if not self.lease.acquire_or_renew():
             return False
         self._last_full = float("-inf")  # a new leader rebuilds the queues (whatever the uptime)
+        self._format_current = False  # a new leader checks the format (another may have led a newer release)
         # If no leader completed a pass for longer than dead_after_s (all coordinators down, or
         # Redis away: this process may have started after an outage it never saw), heartbeats
         # could not be watched, nor perhaps sent: every compaction gets dead_after_s from now.
@@ -135,6 +138,8 @@ class Coordinator:
             return False
         if self.store.load_scripts():  # after a restart or failover: compactors cannot load them
             log.info("loaded the metadata scripts into Redis")
+        if not self._format_current:
+            self.upgrade_format()
         if self._store_lost:
             self._store_lost = False
             self._store_back = time.time()
@@ -167,6 +172,16 @@ class Coordinator:
         self.samples.take(self.store)
         self.store.lease.mark_coordinator_seen()
         return True
+
+    def upgrade_format(self) -> None:
+        """As a new leader, before anything else: migrate the metadata to this code's format
+        (refused in one line when it is newer) and record the installation in Redis and storage
+        where missing (refused when they belong to two installations): docs/upgrading.md."""
+        ran = metaformat.migrate(self.store)
+        if ran:
+            log.info("migrated the metadata to format %d: %s", metaformat.FORMAT_VERSION, ", ".join(ran))
+        metaformat.claim_installation(self.store, self.storage)
+        self._format_current = True
 
     def run(self, stop: threading.Event) -> None:
         """Tick until ``stop`` is set, through Redis outages of any length (retried every

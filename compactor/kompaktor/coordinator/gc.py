@@ -1,7 +1,7 @@
 """Garbage collection of data files: what no tablet references and no running compaction will
 write, once older than a grace period; and temporary outputs of compactions no longer running.
 Files of bulk imports still in progress are left alone whatever their age, and so are the
-parts of a resumable merge whose progress record is live (issue 23 §2,
+parts of a resumable merge whose progress record is live (docs/architecture.md "Long merges resume",
 :mod:`kompaktor.metadata.progress`): its job can still run and reuse them. Once the record is
 pruned (the job changed: tablet split or gone, inputs compacted away, cancelled) or expired, its
 parts are temporary files like any other, removed after the grace period.

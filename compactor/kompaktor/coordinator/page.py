@@ -1,4 +1,5 @@
-"""The status page as HTML (issue 36 §2): pure, from :func:`kompaktor.coordinator.statuspage.collect`'s data.
+"""The status page as HTML (docs/ui.md "The status page"): pure, from
+:func:`kompaktor.coordinator.statuspage.collect`'s data.
 
 Plain HTML with inline CSS and inline SVG charts: no script, no build step, nothing fetched from
 elsewhere; the page reloads itself every :data:`REFRESH_S` seconds (a ``<meta>`` refresh). Every

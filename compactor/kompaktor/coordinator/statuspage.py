@@ -1,4 +1,4 @@
-"""What the coordinator's status page shows (issue 36 §2), gathered from the store: :func:`collect`.
+"""What the coordinator's status page shows (docs/ui.md "The status page"), gathered from the store: :func:`collect`.
 
 The page itself is :mod:`.page` (HTML, no I/O); the HTTP server is :mod:`.http`. The figures per
 group and table are those of ``kompaktor status --json`` (:func:`kompaktor.metadata.status.gather`),

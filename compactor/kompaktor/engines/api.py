@@ -36,8 +36,8 @@ class MergeRequest:
     end: bytes | None
     settings: IteratorSettings
     tmp_tag: str  # put into the temporary file names (the ECID), so dead-compaction cleanup finds them
-    #: where a resumable merge records its finished parts (issue 23 §2; :mod:`.resume`); None:
-    #: not resumable. The engine decides whether the merge is big enough to pay for it.
+    #: where a resumable merge records its finished parts (docs/architecture.md "Long merges
+    #: resume"; :mod:`.resume`); None: not resumable. The engine decides whether the merge is big enough to pay for it.
     resume: ResumeLog | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:

@@ -10,7 +10,7 @@ memory; the encoded ranges are spliced into the output in order
 (:class:`~kompaktor.files.parquetconcat.SpliceWriter`) — the same bytes as writing the merged
 ranges one after the other with one ``SortedFileWriter``. At most ``workers`` ranges are in flight.
 
-From ``resume_min_bytes`` of input, a merge given a resume log is resumable (issue 23 §2,
+From ``resume_min_bytes`` of input, a merge given a resume log is resumable (docs/architecture.md "Long merges resume",
 :mod:`kompaktor.engines.resume`): each range is written as a part, checksummed and recorded, the
 ranges an earlier attempt recorded are reused, and the parts are appended into the output at the
 end without decoding.
@@ -21,11 +21,13 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from functools import partial
 
 import pyarrow as pa
 
-from kompaktor.engines.api import MergeCancelled, MergeRequest, MergeResult, ProgressFn
+from kompaktor.engines.api import MergeCancelled, MergeProgress, MergeRequest, MergeResult, ProgressFn
 from kompaktor.engines.pipeline import run_ordered
 from kompaktor.engines.ranges import (
     COPY_MIN_BYTES,
@@ -56,6 +58,7 @@ from kompaktor.files.sortedfile import (
     write_encoded,
 )
 from kompaktor.files.storage import Storage
+from kompaktor.model.iterators import IteratorSettings
 from kompaktor.model.resume import PartRecord
 from kompaktor.model.tablet import FileInfo
 
@@ -89,7 +92,8 @@ class ArrowMergeEngine:
         copy_min_bytes: int = COPY_MIN_BYTES,
     ) -> None:
         self.range_entries = range_entries
-        #: row groups the merge would output unchanged are copied, not decoded (issue 37 §2;
+        #: row groups the merge would output unchanged are copied, not decoded
+        #: (docs/architecture.md "Copying row groups through";
         #: :mod:`kompaktor.engines.ranges.copies`); not in a resumable merge
         self.copy_through = copy_through
         #: the smallest row group copied (uncompressed bytes; smaller ones are merged)
@@ -114,6 +118,36 @@ class ArrowMergeEngine:
         started, metas, bytes_in = open_merge(storage, req, cancel)
         if req.resume is not None and self.resume_min_bytes is not None and bytes_in >= self.resume_min_bytes:
             return self._merge_resumable(storage, req, progress, cancel, started, metas, bytes_in)
+        work = self._plan_ranges(storage, req, metas)
+        report = progress or (lambda d: None)
+        report(progress_dict(0, 0, 0, 0, 0, len(work.ranges), started))
+        w = SpliceWriter(storage, req.output, tmp_tag=req.tmp_tag)
+        results = run_ordered(len(work.ranges), work.take, work.merge_encode, self.workers, "arrowmerge")
+        try:
+            work.open_cursors(req)
+            read, deletes = _splice(
+                w, results, work, cancel, lambda i, n: report(_progress(w, i, n, work, bytes_in, started))
+            )
+            info = _finish(storage, req, w, cancel)
+        except BaseException:
+            w.abort()
+            raise
+        finally:
+            results.close()
+            work.close()
+        n = len(work.ranges)
+        report(progress_dict(read, w.entries, bytes_in, info.size, n, n, started))
+        return MergeResult(
+            info=info,
+            entries_read=read,
+            entries_written=w.entries,
+            bytes_read=bytes_in,
+            bytes_written=info.size,
+            deletes_read=deletes,
+        )
+
+    def _plan_ranges(self, storage: Storage, req: MergeRequest, metas: list[InputMeta]) -> _RangeWork:
+        """The key ranges of the merge and, with the copy-through, the runs of row groups copied."""
         ranges = plan(storage, metas, req.prev, req.end, self.range_entries)
         budget = self.task_memory // (2 * MERGE_FACTOR)
         copies: dict[int, CopyRun] = {}
@@ -121,77 +155,7 @@ class ArrowMergeEngine:
             ranges, copies = plan_copies(
                 storage, metas, req.prev, req.end, req.settings, ranges, min(budget, RANGE_BYTES), self.copy_min_bytes
             )
-        report = progress or (lambda d: None)
-        read = written = deletes = 0
-        report(progress_dict(0, 0, 0, 0, 0, len(ranges), started))
-        cursors: list[InputCursor] = []
-
-        def take(i: int) -> list[pa.Table] | CopyRun:  # in range order, one thread at a time
-            run = copies.get(i)
-            if run is not None:
-                _skip(cursors, run, ranges[i][1])
-                return run
-            tables: list[pa.Table] = []
-            for c in cursors:
-                tables.append(c.take(ranges[i][1], budget - sum(t.nbytes for t in tables)))
-            return tables
-
-        def merge_encode(i: int, got: list[pa.Table] | CopyRun) -> list[Piece]:
-            if isinstance(got, CopyRun):
-                return copy_run(storage, got, req.settings)
-            n = sum(t.num_rows for t in got)
-            d = sum(count_deletes(t) for t in got)
-            out = merge_tables_once(got, req.settings)
-            got.clear()  # the inputs go as soon as the range is merged
-            return [Piece(encode_table(out), n, d)]
-
-        w = SpliceWriter(storage, req.output, tmp_tag=req.tmp_tag)
-        results = run_ordered(len(ranges), take, merge_encode, self.workers, "arrowmerge")
-        try:
-            cursors.extend(InputCursor(storage, p, req.prev, req.end) for p in req.inputs)
-            for i, pieces in enumerate(results):
-                if cancel is not None and cancel.is_set():
-                    raise MergeCancelled(f"merge into {req.output} cancelled after {i} of {len(ranges)} parts")
-                for p in pieces:
-                    _append(w, p.out)
-                    read += p.entries_read
-                    deletes += p.deletes_read
-                del pieces
-                written = w.entries
-                report(
-                    progress_dict(
-                        read,
-                        written,
-                        round(bytes_in * (i + 1) / len(ranges)),
-                        w.position(),
-                        i + 1,
-                        len(ranges),
-                        started,
-                    )
-                )
-            if cancel is not None and cancel.is_set():
-                raise MergeCancelled(f"merge into {req.output} cancelled before commit")
-            if w.entries:
-                info = w.commit()
-            else:  # nothing to splice: the empty file SortedFileWriter writes
-                w.abort()
-                info = SortedFileWriter(storage, req.output, tmp_tag=req.tmp_tag).commit()
-        except BaseException:
-            w.abort()
-            raise
-        finally:
-            results.close()
-            for c in cursors:
-                c.close()
-        report(progress_dict(read, written, bytes_in, info.size, len(ranges), len(ranges), started))
-        return MergeResult(
-            info=info,
-            entries_read=read,
-            entries_written=written,
-            bytes_read=bytes_in,
-            bytes_written=info.size,
-            deletes_read=deletes,
-        )
+        return _RangeWork(storage, req.settings, ranges, copies, budget)
 
     def _merge_resumable(
         self,
@@ -343,3 +307,79 @@ def _concat_parts(storage: Storage, req: MergeRequest, run: ResumeRun, cancel: t
     except BaseException:
         w.abort()
         raise
+
+
+@dataclass
+class _RangeWork:
+    """One merge's ranges, read from the inputs' cursors in range order (:meth:`take`, one thread
+    at a time) and merged and encoded on the workers (:meth:`merge_encode`), or copied."""
+
+    storage: Storage
+    settings: IteratorSettings
+    ranges: list[tuple[Bound, Bound]]
+    copies: dict[int, CopyRun]
+    budget: int
+    cursors: list[InputCursor] = field(default_factory=list)
+
+    def open_cursors(self, req: MergeRequest) -> None:
+        self.cursors.extend(InputCursor(self.storage, p, req.prev, req.end) for p in req.inputs)
+
+    def close(self) -> None:
+        for c in self.cursors:
+            c.close()
+
+    def take(self, i: int) -> list[pa.Table] | CopyRun:
+        run = self.copies.get(i)
+        if run is not None:
+            _skip(self.cursors, run, self.ranges[i][1])
+            return run
+        tables: list[pa.Table] = []
+        for c in self.cursors:
+            tables.append(c.take(self.ranges[i][1], self.budget - sum(t.nbytes for t in tables)))
+        return tables
+
+    def merge_encode(self, i: int, got: list[pa.Table] | CopyRun) -> list[Piece]:
+        if isinstance(got, CopyRun):
+            return copy_run(self.storage, got, self.settings)
+        n = sum(t.num_rows for t in got)
+        d = sum(count_deletes(t) for t in got)
+        out = merge_tables_once(got, self.settings)
+        got.clear()  # the inputs go as soon as the range is merged
+        return [Piece(encode_table(out), n, d)]
+
+
+def _splice(
+    w: SpliceWriter,
+    results: Iterator[list[Piece]],
+    work: _RangeWork,
+    cancel: threading.Event | None,
+    report: Callable[[int, int], None],
+) -> tuple[int, int]:
+    """Append each range's pieces in order, reporting (ranges done, entries read) after each;
+    (entries read, delete markers read)."""
+    read = deletes = 0
+    for i, pieces in enumerate(results):
+        if cancel is not None and cancel.is_set():
+            raise MergeCancelled(f"merge into {w.rel_path} cancelled after {i} of {len(work.ranges)} parts")
+        for p in pieces:
+            _append(w, p.out)
+            read += p.entries_read
+            deletes += p.deletes_read
+        del pieces
+        report(i + 1, read)
+    return read, deletes
+
+
+def _progress(w: SpliceWriter, done: int, read: int, work: _RangeWork, bytes_in: int, started: float) -> MergeProgress:
+    n = len(work.ranges)
+    return progress_dict(read, w.entries, round(bytes_in * done / n), w.position(), done, n, started)
+
+
+def _finish(storage: Storage, req: MergeRequest, w: SpliceWriter, cancel: threading.Event | None) -> FileInfo:
+    """The output committed: the spliced file, or the empty one when nothing was spliced."""
+    if cancel is not None and cancel.is_set():
+        raise MergeCancelled(f"merge into {req.output} cancelled before commit")
+    if w.entries:
+        return w.commit()
+    w.abort()
+    return SortedFileWriter(storage, req.output, tmp_tag=req.tmp_tag).commit()

@@ -1,4 +1,5 @@
-"""Key ranges run on several threads, read in order, finished in order (issue 23 §1).
+"""Key ranges run on several threads, read in order, finished in order (docs/architecture.md "How
+fast the Arrow engine merges").
 
 The inputs of a merge are read forward by one set of cursors (:class:`~kompaktor.engines.ranges.InputCursor`),
 so ranges must be *read* one after the other; what follows — merging, applying the iterator

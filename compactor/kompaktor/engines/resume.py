@@ -1,4 +1,5 @@
-"""The engines' side of resumable merges (issue 23 §2; the record: :mod:`kompaktor.model.resume`).
+"""The engines' side of resumable merges (docs/architecture.md "Long merges resume"; the record:
+:mod:`kompaktor.model.resume`).
 
 A resumable merge writes every key range as one part file named by the job's fingerprint
 (:func:`kompaktor.model.names.resume_part_name`), records the finished part in its

@@ -22,7 +22,7 @@ Shape:
    are copied and one footer lists every part's row groups; temporary name, then rename). The
    driver never holds entries; ``collect`` returns only each task's small summary.
 
-From ``resume_min_bytes`` of input a merge given a resume log is resumable (issue 23 §2,
+From ``resume_min_bytes`` of input a merge given a resume log is resumable (docs/architecture.md "Long merges resume",
 :mod:`kompaktor.engines.resume`): the parts are named by the job, recorded as the driver appends
 them (with the SHA-256 of the bytes it copied), kept until the commit, and a retry runs tasks only
 for the ranges whose parts are missing or fail verification.

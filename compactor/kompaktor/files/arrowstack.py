@@ -153,8 +153,9 @@ def _column_key(table: pa.Table, i: int) -> tuple[bytes, ...]:
 def disjoint_order(tables: Sequence[pa.Table]) -> list[int] | None:
     """The indexes of the non-empty sorted ``tables`` in key order when their column-key ranges
     do not overlap (each one's last column key sorts before the next one's first), else None.
-    Their concatenation in that order is then their merged order: no sort, no merge (issue 37:
-    inputs whose key ranges do not overlap, and the ranges where only one input has entries).
+    Their concatenation in that order is then their merged order: no sort, no merge (inputs whose
+    key ranges do not overlap, and the ranges where only one input has entries: docs/architecture.md
+    "Key shapes, and merging without a sort").
     Python compares bytes as unsigned bytes, as Arrow orders binary columns."""
     spans = [(_column_key(t, 0), _column_key(t, t.num_rows - 1), i) for i, t in enumerate(tables) if t.num_rows]
     spans.sort()
@@ -205,7 +206,7 @@ def _row_prefixes(rows: pa.Array[Any], skip: int) -> tuple[NDArray[np.uint64], N
 def merge_indices(tables_oldest_first: Sequence[pa.Table]) -> np.ndarray:
     """Indexes into the concatenation of ``tables_oldest_first`` in merged order
     (:data:`MERGE_SORT_KEYS`), made from the inputs' order instead of a comparison sort of the
-    whole range (issue 37 §2; :func:`_merged`)."""
+    whole range (docs/architecture.md "Merging sorted inputs"; :func:`_merged`)."""
     return _merged(tables_oldest_first)[0]
 
 

@@ -1,4 +1,4 @@
-"""One sorted file from sorted Parquet parts, without decoding them (issue 17 §2).
+"""One sorted file from sorted Parquet parts, without decoding them (docs/architecture.md "Long merges resume").
 
 The Spark engine's tasks each write one ordered part as a Parquet file (encoded and compressed
 on the executors, in parallel). The driver then builds the single output file by copying each
@@ -532,9 +532,10 @@ class SpliceWriter(_OutputWriter):
     def append_row_groups(
         self, data: Any, row_groups: list[Struct], entries: int, deletes: int, first: SortKey, last: SortKey
     ) -> None:
-        """Append row groups copied from an input (issue 37 §2): ``data``, their column chunks'
-        bytes, and their footer entries with offsets relative to where ``data`` begins
-        (:func:`relocated_row_group`); ``entries`` entries (``deletes`` markers), ``first`` to ``last``."""
+        """Append row groups copied from an input (docs/architecture.md "Copying row groups
+        through"): ``data``, their column chunks' bytes, and their footer entries with offsets
+        relative to where ``data`` begins (:func:`relocated_row_group`); ``entries`` entries
+        (``deletes`` markers), ``first`` to ``last``."""
         if self.last is not None and first < self.last:
             raise UnsortedError(f"{self.rel_path}: copied row groups start before the end of the previous range")
         if self._template is None:

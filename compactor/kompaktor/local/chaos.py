@@ -1,8 +1,8 @@
-"""Faults on a schedule for `kompaktor demo --chaos` (issue 8): SIGKILL busy compactors
+"""Faults on a schedule for `kompaktor demo --chaos` (README.md, "The `kompaktor` command"): SIGKILL busy compactors
 mid-merge, SIGTERM busy compactors (a scale-down), restart the coordinator, restart Redis once —
-or, with the local HA Redis (issue 15 §3), SIGKILL the Redis primary twice, once mid-ingest and
-once mid-commit, and let Sentinel promote the replica. The schedule is drawn from a fixed seed;
-what happened is recorded for the final checks.
+or, with the local HA Redis (docs/architecture.md "Redis HA and failover"), SIGKILL the Redis
+primary twice, once mid-ingest and once mid-commit, and let Sentinel promote the replica. The
+schedule is drawn from a fixed seed; what happened is recorded for the final checks.
 
 A failover step first freezes the replica (SIGSTOP), so that what the primary applies from then
 on is not replicated and every acknowledgment waits (WAIT); it then waits, briefly, for the

@@ -29,10 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kompaktor.files.storage import Storage
 from kompaktor.local.config import LocalConfig
 from kompaktor.local.procs import kill_group, spawn, stop_popen
 from kompaktor.local.redis_server import RedisHA, RedisProcess
 from kompaktor.metadata import acl
+from kompaktor.metadata import format as metaformat
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model import grouptoken
 from kompaktor.model.errors import StoreUnavailable
@@ -170,6 +172,7 @@ class LocalCluster:
             self.role_urls = {role: self.redis.role_url(role) for role in acl.ROLES}
         self.store = MetadataStore.from_url(self.role_urls.get("admin", self.url))
         self.store.load_scripts()  # before the compactors' first FCALL (they may not load code)
+        self.claim()
         self.queues = self.store.queues
         for group in self.config.groups.values():
             self.store.fleet.put_group(group)
@@ -180,6 +183,15 @@ class LocalCluster:
             for _ in range(cfg.min_replicas):
                 self.add_compactor(g)
         return self
+
+    def claim(self) -> None:
+        """Before any process starts: the metadata's format readable by this release, and the
+        Redis and the storage of one installation, recorded in both on a first start (a restart
+        on its own data, or after a restore, passes; another installation's storage is refused in
+        one line: docs/upgrading.md). The coordinator migrates an older format as it leads."""
+        assert self.store is not None
+        metaformat.open_checked(self.store, "kompaktor up")
+        metaformat.claim_installation(self.store, Storage.from_uri(self.storage_uri))
 
     @property
     def status_url(self) -> str | None:

@@ -1,7 +1,8 @@
 """An embedded ``redis-server`` for local mode and tests: own port, own data directory, AOF on
-with ``appendfsync always`` (a single node acknowledges only what it fsynced, issue 15 §1); and a
-local HA Redis (:class:`RedisHA`): a primary, a replica and three ``redis-sentinel`` processes
-that promote the replica when the primary dies (issue 15 §2)."""
+with ``appendfsync always`` (a single node acknowledges only what it fsynced: docs/architecture.md
+"Durability: what an acknowledgment means"); and a local HA Redis (:class:`RedisHA`): a primary, a
+replica and three ``redis-sentinel`` processes that promote the replica when the primary dies
+(docs/architecture.md "Redis HA and failover")."""
 
 from __future__ import annotations
 

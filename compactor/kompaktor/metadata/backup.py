@@ -19,6 +19,7 @@ references (:func:`referenced_by_backups`), so every retained backup restores co
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import gzip
 import hashlib
@@ -36,11 +37,17 @@ import pyarrow.parquet as pq
 from kompaktor import __version__
 from kompaktor import keyspace as C
 from kompaktor.connection import text
+from kompaktor.files.sortedfile import read_info, ts_bounds
 from kompaktor.files.storage import Storage
+from kompaktor.metadata import format as metaformat
 from kompaktor.metadata.store import MetadataStore
+from kompaktor.metadata.superseded import adding
 from kompaktor.model.errors import KompaktorError
+from kompaktor.model.keys import span_overlaps
 from kompaktor.model.names import TABLES_DIR, file_order_key, tmp_tag
-from kompaktor.model.tablet import Tablet
+from kompaktor.model.tablet import TableInfo, Tablet
+from kompaktor.policy.deletes import DeleteHorizonError
+from kompaktor.policy.tableprops import keeps_deletes, max_versions
 
 BACKUPS_DIR = "backups"
 FORMAT = 1
@@ -322,13 +329,17 @@ class Restored:
     tables: int
     tablets: int
     files: int
-    #: data files in storage that the restored metadata does not reference: what was written after
-    #: the backup (flushes, imports, compaction outputs) — acknowledged writes a restore loses
+    #: data files in storage that the restored metadata does not reference: inputs of compactions
+    #: committed before the backup (not yet collected), and what was written after it
     unreferenced: list[str]
-    #: with ``adopt_newer``: flushes and imports written after the backup, registered again
+    #: with ``adopt_newer``: flushes and imports the restored view lacked, registered again
     adopted: list[str] = field(default_factory=list)
-    #: with ``adopt_newer``: files left out, each with the reason
+    #: what it could not bring back, each with the reason in one line: files whose content the
+    #: restored view lacks (with ``adopt_newer``: those it could not register again)
     not_adopted: dict[str, str] = field(default_factory=dict)
+    #: unreferenced files whose every entry is present in, or hidden by, the restored view
+    #: (:mod:`kompaktor.metadata.superseded`): nothing of them is lost
+    superseded: list[str] = field(default_factory=list)
 
 
 def _metadata_keys(store: MetadataStore) -> list[str]:
@@ -377,42 +388,155 @@ def restore(store: MetadataStore, storage: Storage, bid: str, *, adopt_newer: bo
         raise BackupError(
             f"refused: backup {bid} references {len(missing)} files that are not in storage (first: {missing[0]})"
         )
+    claim = metaformat.check_restore(store, storage)  # another installation's Redis: refused, nothing written
     _write_back(store, data, _max_name_numbers(stored), bid)
+    metaformat.record_installation(store, storage, claim)  # the restored Redis is this storage's
     wanted = set(files)
     unreferenced = sorted(rel for rel in stored if rel not in wanted and tmp_tag(rel) is None)
     tablets = sum(len(t["tablets"]) for t in data["tables"].values())
     out = Restored(m, len(data["tables"]), tablets, len(files), unreferenced)
-    if adopt_newer:
-        adopt(store, storage, {tid: name for name, tid in data["names"].items()}, out)
+    settle(store, storage, {tid: name for name, tid in data["names"].items()}, out, adopt=adopt_newer)
     return out
 
 
-def adopt(store: MetadataStore, storage: Storage, names: dict[str, str], out: Restored) -> None:
-    """Register again the flushes and imports written after the backup, oldest first, with every
-    tablet they overlap — as the flush or import did (the delete horizon checked as it was then).
-    Compaction outputs written after the backup are left out: their inputs are the backup's files,
-    which are all still there (the collector spared them), so nothing of them is lost unless an
-    input written after the backup was collected since."""
-    from kompaktor.files.sortedfile import read_info, ts_bounds  # the footer, then the timestamps
-    from kompaktor.policy.deletes import DeleteHorizonError
+def settle(store: MetadataStore, storage: Storage, names: dict[str, str], out: Restored, *, adopt: bool) -> None:
+    """Sort the unreferenced files into superseded, adopted and not brought back, by content
+    (:mod:`kompaktor.metadata.superseded`; their names and times tell nothing, docs/backup.md
+    "What a restore reports"). Flushes and imports first, each checked against the backup's view:
+    those it lacks are registered again with ``adopt``, oldest first (:func:`adopt_file`). Then
+    compaction outputs, against the
+    view that results: they are never registered (a full compaction's output lacks the delete
+    markers it dropped, which its inputs still carry), so one whose content the view lacks is
+    reported — an input of it written after the backup is gone, or was not adopted."""
+    writes = sorted((r for r in out.unreferenced if is_write(r)), key=file_order_key)
+    outputs = sorted((r for r in out.unreferenced if not is_write(r)), key=file_order_key)
+    view = RestoredView(store, storage)
+    for batch in (writes, outputs):
+        by_table: dict[str, list[str]] = {}
+        for rel in batch:
+            table = names.get(rel.split("/")[1])
+            if table is None:
+                out.not_adopted[rel] = "its table was created after the backup"
+            else:
+                by_table.setdefault(table, []).append(rel)
+        adds = view.adding(by_table, out.not_adopted)
+        for table, rels in by_table.items():
+            for rel in rels:
+                if rel not in out.not_adopted:
+                    _place(store, storage, view, out, table, rel, adds=rel in adds, adopt=adopt)
 
-    for rel in sorted(out.unreferenced, key=file_order_key):
-        table = names.get(rel.split("/")[1])
-        if not is_write(rel):
-            out.not_adopted[rel] = "a compaction's output (its inputs are restored)"
-            continue
-        if table is None:
-            out.not_adopted[rel] = "its table was created after the backup"
-            continue
+
+def _place(
+    store: MetadataStore,
+    storage: Storage,
+    view: RestoredView,
+    out: Restored,
+    table: str,
+    rel: str,
+    *,
+    adds: bool,
+    adopt: bool,
+) -> None:
+    """Superseded, adopted or not brought back (with the reason, in one line)."""
+    if not adds:
+        out.superseded.append(rel)
+    elif not is_write(rel):
+        out.not_adopted[rel] = "a compaction's output holding entries the restored view lacks"
+    elif not adopt:
+        out.not_adopted[rel] = "written after the backup (--adopt-newer registers it again)"
+    else:
         try:
-            info = read_info(storage, rel)
-            with storage.open_input(rel) as f:
-                put_min, del_max = ts_bounds(pq.read_table(f, columns=["ts", "deleted"]))
-            meta = dataclasses.replace(info, put_min=put_min, del_max=del_max).meta
-            store.files.add_files(table, {rel: meta})
+            view.refresh(table, adopt_file(store, storage, table, rel))
             out.adopted.append(rel)
-        except (DeleteHorizonError, KompaktorError, OSError) as exc:
+        except DeleteHorizonError:
+            out.not_adopted[rel] = "refused: it holds a put at or before a tablet's delete horizon"
+        except (KompaktorError, OSError) as exc:
             out.not_adopted[rel] = " ".join(str(exc).split())
+
+
+#: unreferenced files checked against a tablet in one pass over its files, at most (each pass holds
+#: a batch of entries of every one of them)
+CHECK_BATCH = 64
+
+
+class RestoredView:
+    """The restored tablets of each table, read once and kept up to date as files are adopted:
+    what :func:`settle` checks the unreferenced files against — a table's tablets read once, a
+    file's tablets found by bisection (a restore may hold a million), and each tablet's files read
+    once per :data:`CHECK_BATCH` files overlapping it, not once per file."""
+
+    def __init__(self, store: MetadataStore, storage: Storage) -> None:
+        self.store, self.storage = store, storage
+        self._tables: dict[str, tuple[TableInfo, list[Tablet]]] = {}
+
+    def _table(self, name: str) -> tuple[TableInfo, list[Tablet]]:
+        if name not in self._tables:
+            info = self.store.tables.table(name)
+            tablets = sorted(self.store.tables.tablets(info.id), key=_end_order)
+            self._tables[name] = (info, tablets)
+        return self._tables[name]
+
+    def overlapping(self, name: str, first: bytes | None, last: bytes | None) -> list[Tablet]:
+        """The tablets of table ``name`` that rows in [first, last] fall in."""
+        tablets = self._table(name)[1]
+        lo = 0 if first is None else bisect.bisect_left(tablets, (False, first), key=_end_order)
+        out = []
+        for t in tablets[lo:]:
+            if not span_overlaps(first, last, t.prev, t.end):
+                break
+            out.append(t)
+        return out
+
+    def refresh(self, name: str, tablet_ids: list[str]) -> None:
+        """Read again the tablets ``tablet_ids`` of table ``name`` (files were added to them)."""
+        info, tablets = self._table(name)
+        fresh = {t.id: t for t in self.store.tables.get_tablets(tablet_ids)}
+        self._tables[name] = (info, [fresh.get(t.id, t) for t in tablets])
+
+    def adding(self, by_table: dict[str, list[str]], errors: dict[str, str]) -> set[str]:
+        """The files (per table) holding an entry the view of their tablets lacks; a file that
+        cannot be read goes into ``errors`` with the reason."""
+        found: set[str] = set()
+        for name, rels in by_table.items():
+            per_tablet: dict[str, tuple[Tablet, list[str]]] = {}
+            for rel in rels:
+                try:
+                    info = read_info(self.storage, rel)
+                except (KompaktorError, OSError) as exc:
+                    errors[rel] = " ".join(str(exc).split())
+                    continue
+                for t in self.overlapping(name, info.first_row, info.last_row) if info.entries else []:
+                    per_tablet.setdefault(t.id, (t, []))[1].append(rel)
+            props = self._table(name)[0].props
+            for t, cands in per_tablet.values():
+                for i in range(0, len(cands), CHECK_BATCH):
+                    found |= self._adding(t, cands[i : i + CHECK_BATCH], props, errors)
+        return found
+
+    def _adding(self, t: Tablet, cands: list[str], props: dict[str, str], errors: dict[str, str]) -> set[str]:
+        try:
+            return adding(self.storage, t, cands, max_versions=max_versions(props), keeps_deletes=keeps_deletes(props))
+        except (KompaktorError, OSError) as exc:
+            if len(cands) == 1:
+                errors[cands[0]] = " ".join(str(exc).split())
+                return set()
+        out: set[str] = set()  # a file unreadable past its footer: one at a time, to name it
+        for rel in cands:
+            out |= self._adding(t, [rel], props, errors)
+        return out
+
+
+def _end_order(t: Tablet) -> tuple[bool, bytes]:
+    return t.end is None, t.end or b""
+
+
+def adopt_file(store: MetadataStore, storage: Storage, table: str, rel: str) -> list[str]:
+    """Register a flush or import again with every tablet it overlaps, as the flush or import did
+    (the delete horizon checked as it was then); the ids of those tablets."""
+    info = read_info(storage, rel)
+    with storage.open_input(rel) as f:
+        put_min, del_max = ts_bounds(pq.read_table(f, columns=["ts", "deleted"]))
+    return store.files.add_files(table, {rel: dataclasses.replace(info, put_min=put_min, del_max=del_max).meta})
 
 
 def bootstrap(store: MetadataStore, storage: Storage, bid: str) -> Restored | None:

@@ -16,13 +16,25 @@ out the way it always was (the tablet lists the output).
 from __future__ import annotations
 
 import json
-import secrets
 import time
 from typing import Any, cast
 
 from kompaktor import keyspace as C
 from kompaktor.files.storage import Storage
+from kompaktor.metadata import broker_messages as m
 from kompaktor.metadata import progress as resume_records
+from kompaktor.metadata.broker_messages import Refused
+
+__all__ = [
+    "BrokeredJobs",
+    "BrokeredResumeLog",
+    "Refused",
+    "decode_reply",
+    "encode_reply",
+    "reservation_record",
+    "send_answers",
+    "take_requests",
+]
 from kompaktor.metadata.compactions import Reservation, delete_outputs
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.errors import ConditionFailed, KompaktorError, StoreUnavailable
@@ -31,10 +43,6 @@ from kompaktor.model.tablet import FileMeta
 
 #: one BLPOP waits at most this long (below the client's socket timeout); a request loops
 _WAIT_STEP_S = 4.0
-
-
-class Refused(KompaktorError):
-    """The broker refused a request (not the holder of the reservation, an unknown operation)."""
 
 
 def encode_reply(value: Any = None, error: BaseException | None = None) -> str:
@@ -80,83 +88,59 @@ class BrokeredJobs:
         self.timeout_s = timeout_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
 
-    def ask(self, op: str, timeout_s: float | None = None, **args: Any) -> Any:
+    def ask(self, req: m.Request, timeout_s: float | None = None) -> Any:
         """Send one request and wait for its answer (at most ``timeout_s``)."""
         wait = self.timeout_s if timeout_s is None else timeout_s
-        reply, deadline = self.send(op, wait, **args)
-        return self.answer(op, reply, deadline, wait)
+        return self.answer(req.op, self.send(req, wait), wait)
 
-    def send(self, op: str, wait: float, **args: Any) -> tuple[str, float]:
-        """Push one request; (where its answer comes, until when it is of use)."""
-        reply = secrets.token_hex(16)
-        deadline = time.time() + wait
-        req = json.dumps({"op": op, "reply": reply, "exp": deadline, **args}, separators=(",", ":"))
-        self.store.call(self.store._r.lpush, C.BROKER, req)
-        return reply, deadline
+    def send(self, req: m.Request, wait: float) -> m.Envelope:
+        """Push one request; where its answer comes, and until when it is of use."""
+        env = m.Envelope.new(wait, time.time())
+        self.store.call(self.store._r.lpush, C.BROKER, m.encode(req, env))
+        return env
 
-    def answer(self, op: str, reply: str, deadline: float, wait: float) -> Any:
+    def answer(self, op: str, env: m.Envelope, wait: float) -> Any:
         """The answer to a request sent (its value, or its error raised)."""
-        while (left := deadline - time.time()) > 0:
+        while (left := env.exp - time.time()) > 0:
             step = max(0.01, min(left, _WAIT_STEP_S))
-            got = self.store.call(self.store._r.blpop, [C.reply_key(reply)], timeout=step)
+            got = self.store.call(self.store._r.blpop, [C.reply_key(env.reply)], timeout=step)
             if got is not None:
                 return decode_reply(got[1])
         raise StoreUnavailable(f"no answer from the coordinator to {op} within {wait:g} s (is it running?)")
 
-    def _held(self, op: str, res: Reservation, timeout_s: float | None = None, **args: Any) -> Any:
-        return self.ask(op, timeout_s, ecid=res.ecid, cap=res.cap, **args)
-
     def reserve(self, group: str, compactor: str) -> Reservation | None:
-        got = self._mine("reserve", group, compactor=compactor)
+        got = self.ask(m.Reserve(group, compactor, self.group_token), self.heartbeat_timeout_s)
         return None if got is None else Reservation.from_json(got["res"], got["cap"])
 
     def heartbeat(self, res: Reservation, progress: dict[str, Any]) -> None:
-        self._held("heartbeat", res, self.heartbeat_timeout_s, progress={k: str(v) for k, v in progress.items()})
+        beat = m.Heartbeat(res.ecid, res.cap, {k: str(v) for k, v in progress.items()})
+        self.ask(beat, self.heartbeat_timeout_s)
 
     def commit(self, res: Reservation, meta: FileMeta) -> None:
-        self._held("commit", res, meta=meta.to_json())
+        self.ask(m.Commit(res.ecid, res.cap, meta))
 
     def release(self, storage: Storage, res: Reservation) -> bool:
-        removed = bool(self._held("release", res))
+        removed = bool(self.ask(m.Release(res.ecid, res.cap)))
         delete_outputs(storage, res.output, res.ecid)
         return removed
 
     def record_failure(self, res: Reservation, reason: str) -> bool:
-        return bool(self._held("failure", res, reason=reason[:500]))
+        return bool(self.ask(m.Failure(res.ecid, res.cap, reason[: m.REASON_MAX])))
 
     def drop_heartbeat(self, res: Reservation) -> None:
-        self._held("drop_heartbeat", res)
+        self.ask(m.DropHeartbeat(res.ecid, res.cap))
 
     def count_written(self, n: int) -> None:
-        self.ask("count_written", n=int(n))
+        self.ask(m.CountWritten(int(n)))
 
     def register(self, group: str, compactor: str, state: str, ecid: str | None) -> None:
-        self.ask(
-            "register",
-            self.heartbeat_timeout_s,
-            group=group,
-            compactor=compactor,
-            state=state,
-            ecid=ecid,
-            token=self.group_token,
-        )
+        self.ask(m.Register(group, compactor, state, ecid, self.group_token), self.heartbeat_timeout_s)
 
     def unregister(self, group: str, compactor: str, keep_drain_mark: bool) -> None:
-        self.ask(
-            "unregister",
-            self.heartbeat_timeout_s,
-            group=group,
-            compactor=compactor,
-            keep=keep_drain_mark,
-            token=self.group_token,
-        )
+        self.ask(m.Unregister(group, compactor, keep_drain_mark, self.group_token), self.heartbeat_timeout_s)
 
     def mark_drained(self, group: str, compactor: str) -> None:
-        self._mine("mark_drained", group, compactor=compactor)
-
-    def _mine(self, op: str, group: str, **args: Any) -> Any:
-        """A request about this compactor's group (with the group's token)."""
-        return self.ask(op, self.heartbeat_timeout_s, group=group, token=self.group_token, **args)
+        self.ask(m.MarkDrained(group, compactor, self.group_token), self.heartbeat_timeout_s)
 
     def resume_log(self, res: Reservation, fingerprint: str) -> resume_records.RedisResumeLog:
         return BrokeredResumeLog(self, res, fingerprint)
@@ -171,20 +155,18 @@ class BrokeredResumeLog(resume_records.RedisResumeLog):
         self.res = res
 
     def start(self, cuts: tuple[tuple[Bound, Bound], ...], now_ms: int) -> None:
-        from kompaktor.model.resume import encode_cuts
-
-        self.jobs._held("progress_start", self.res, fp=self.fingerprint, cuts=encode_cuts(cuts), now_ms=now_ms)
+        self.jobs.ask(m.ProgressStart(self.res.ecid, self.res.cap, self.fingerprint, cuts, now_ms))
 
     def record(self, part: PartRecord) -> None:
-        self.jobs._held("progress_part", self.res, fp=self.fingerprint, part=part.to_json())
+        self.jobs.ask(m.ProgressPart(self.res.ecid, self.res.cap, self.fingerprint, part))
         self.recorded[part.index] = part
 
     def drop(self, index: int) -> None:
-        self.jobs._held("progress_drop", self.res, fp=self.fingerprint, index=int(index))
+        self.jobs.ask(m.ProgressDrop(self.res.ecid, self.res.cap, self.fingerprint, int(index)))
         self.recorded.pop(index, None)
 
     def forget_record(self, fingerprint: str) -> None:
-        self.jobs._held("progress_forget", self.res, fp=fingerprint)
+        self.jobs.ask(m.ProgressForget(self.res.ecid, self.res.cap, fingerprint))
 
 
 # -- the broker's side (kompaktor.coordinator.broker): its Redis commands -------------------------

@@ -1,4 +1,4 @@
-"""The compaction history (issue 36 §1): a record of every finished job, kept per group.
+"""The compaction history (docs/ui.md "The compaction history"): a record of every finished job, kept per group.
 
 Every job a compactor reserved ends in one record — committed, failed (counted against the job,
 retried after a backoff), dead-lettered (failed too often), cancelled (drained, table offline,

@@ -1,5 +1,5 @@
-"""Progress records of resumable merges (issue 23 §2), in Redis, apart from the reserve/commit
-scripts (plain hash commands; nothing here touches a tablet).
+"""Progress records of resumable merges (docs/architecture.md "Long merges resume"), in Redis,
+apart from the reserve/commit scripts (plain hash commands; nothing here touches a tablet).
 
 One record per job fingerprint (:func:`kompaktor.model.resume.job_fingerprint`):
 ``kz:progress:<fp>`` holds ``job`` (tablet, inputs, range cuts, the first attempt's clock) and

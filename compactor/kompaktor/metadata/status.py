@@ -1,6 +1,6 @@
 """What `kompaktor status` shows, gathered from the metadata store and the queues.
 
-A running merge that is resumable (issue 23 §2) reports what it took over from an earlier
+A running merge that is resumable (docs/architecture.md "Long merges resume") reports what it took over from an earlier
 attempt in its heartbeat (``engines.ranges.progress_dict``); those merges are listed under
 ``resumable_merges`` (and a "resumable merges" table), which is left out entirely while none
 runs, so the rest of the output is what it always was. So are ``last_failures`` (each group's

@@ -1,7 +1,8 @@
 """A compactor group's token: what proves a compactor's request to the coordinator's broker comes
-from a compactor of that group (issue 34 §1). Derived from a key only the operator and the
-coordinator hold, so neither stores a token: the operator puts a group's token in its pods' spec
-(``KOMPAKTOR_GROUP_TOKEN``), the broker derives it again to check a request. Pure."""
+from a compactor of that group (docs/kubernetes.md "A compactor holds no power beyond its own
+job"). Derived from a key only the operator and the coordinator hold, so neither stores a token:
+the operator puts a group's token in its pods' spec (``KOMPAKTOR_GROUP_TOKEN``), the broker
+derives it again to check a request. Pure."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""The one redaction rule for connection URLs (issue 16): whatever names a credential — the
-userinfo of a URL (``redis://:PASSWORD@host``, ``rediss://user:PASSWORD@host``) or a secret query
-parameter (``?password=…``) — is replaced by ``***`` before it reaches an error message, a log
-line, a status field or a metric label. Pure: no I/O.
+"""The one redaction rule for connection URLs (docs/kubernetes.md "Security settings"): whatever
+names a credential — the userinfo of a URL (``redis://:PASSWORD@host``,
+``rediss://user:PASSWORD@host``) or a secret query parameter (``?password=…``) — is replaced by
+``***`` before it reaches an error message, a log line, a status field or a metric label. Pure: no I/O.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Resumable merges (issue 23 §2): what identifies a job across attempts, and what a merge
+"""Resumable merges (docs/architecture.md "Long merges resume"): what identifies a job across attempts, and what a merge
 records of its finished key ranges. Pure: the Redis side is :mod:`kompaktor.metadata.progress`,
 the engines' side :mod:`kompaktor.engines.resume`.
 

@@ -374,79 +374,96 @@ def plan(
     """
     if kind.__class__ is not Kind:
         kind = Kind(kind)
+    cands = _sorted_candidates(all_files, candidates)
+    if not cands:
+        return []
+    limit = settings._system_limit if kind is Kind.SYSTEM else None
+    work, created, same_kind_running = _with_running(cands, kind, all_files, running)
+    jobs = _multi_job_loop(work, created, settings.ratio, settings.max_open, limit)
+    if kind is not Kind.SYSTEM:
+        jobs = _user_fallbacks(jobs, cands, settings, same_kind_running)
+    elif not jobs and not running and len(all_files) == len(cands):
+        jobs = _lower_ratio_fallback(cands, settings, limit)
+    return _planned(kind, settings, len(all_files), jobs)
+
+
+def _sorted_candidates(all_files: Mapping[str, int], candidates: Iterable[str]) -> list[_Item]:
+    """The candidates as (size, 0, name), smallest first; unknown or repeated ones refused."""
     try:
         cands: list[_Item] = [(all_files[name], 0, name) for name in candidates]
     except KeyError as exc:
         raise ValueError(f"candidate {exc.args[0]!r} is not one of the tablet's files") from None
-    if not cands:
-        return []
-    n_cands = len(cands)
-    if len({item[2] for item in cands}) != n_cands:
+    if len({item[2] for item in cands}) != len(cands):
         raise ValueError("candidates must not repeat a file")
     cands.sort()
+    return cands
 
-    ratio = settings.ratio
-    max_open = settings.max_open
-    limit = settings._system_limit if kind is Kind.SYSTEM else None
 
-    # §4 step 2: candidates plus one projected file per running job of the plan's kind.
+def _with_running(
+    cands: list[_Item], kind: Kind, all_files: Mapping[str, int], running: Sequence[Running]
+) -> tuple[list[_Item], int, bool]:
+    """§4 step 2: the candidates plus one projected file per running job of the plan's kind;
+    how many were projected, and whether any job of this kind runs."""
     work = cands.copy()
     created = 0
-    same_kind_running = False
     for compaction in running:
         if compaction.kind == kind:
-            same_kind_running = True
             try:
                 size = sum(all_files[name] for name in compaction.files)
             except KeyError as exc:
                 raise ValueError(f"running file {exc.args[0]!r} is not one of the tablet's files") from None
             insort(work, (size, 1, created))
             created += 1
+    return work, created, created > 0
 
-    # §4 step 3: the multi-job loop. Every projected file in `work` is in P.
+
+def _multi_job_loop(
+    work: list[_Item], created: int, ratio: float, max_open: int, limit: int | None
+) -> list[list[_Item]]:
+    """§4 step 3: find a set, replace it by its projected output, repeat. Every projected file in
+    ``work`` is in P; a set containing one (it waits on a running or earlier job) is not a job."""
     jobs: list[list[_Item]] = []
-    while True:
-        found = _find(work, ratio, max_open, limit)
-        if found is None:
-            break
+    while (found := _find(work, ratio, max_open, limit)) is not None:
         a, b = found
         chosen = work[a:b]
         del work[a:b]
-        total = 0
-        waits = False
-        for item in chosen:
-            total += item[0]
-            if item[1]:
-                waits = True
-        if not waits:
+        if not any(item[1] for item in chosen):
             jobs.append(chosen)
-        insort(work, (total, 1, created))
+        insort(work, (sum(item[0] for item in chosen), 1, created))
         created += 1
         if b - a < max_open and jobs:
             break
+    return jobs
 
-    if kind is not Kind.SYSTEM:
-        # §4.2 look-ahead, only when |candidates| <= maxOpen (decision 2).
-        if len(jobs) == 1 and len(jobs[0]) < n_cands <= max_open:
-            job = jobs[0]
-            in_job = {item[2] for item in job}
-            after = [item for item in cands if item[2] not in in_job]
-            insort(after, (sum(item[0] for item in job), 1, 0))
-            if _find(after, ratio, max_open, None) is None:
-                jobs[0] = cands
-        # §4.3 forced sets when the ratio is never met and no job of this kind runs.
-        if not jobs and not same_kind_running:
-            jobs = _forced_sets(cands, max_open)
-    elif not jobs and not running and len(all_files) == n_cands:
-        max_files = settings.resolved_max_files
-        if n_cands > max_files:
-            lower = _lower_ratio_set(cands, limit, max_open, settings.lowest_ratio, max_files)
-            if lower is not None:
-                jobs = [lower]
 
-    if not jobs:
+def _user_fallbacks(
+    jobs: list[list[_Item]], cands: list[_Item], settings: PlannerSettings, same_kind_running: bool
+) -> list[list[_Item]]:
+    """USER and SELECTOR plans: §4.2's look-ahead (only when |candidates| <= maxOpen, decision 2),
+    and §4.3's forced sets when the ratio is never met and no job of this kind runs."""
+    max_open = settings.max_open
+    if len(jobs) == 1 and len(jobs[0]) < len(cands) <= max_open:
+        in_job = {item[2] for item in jobs[0]}
+        after = [item for item in cands if item[2] not in in_job]
+        insort(after, (sum(item[0] for item in jobs[0]), 1, 0))
+        if _find(after, settings.ratio, max_open, None) is None:
+            jobs = [cands]
+    if not jobs and not same_kind_running:
+        jobs = _forced_sets(cands, max_open)
+    return jobs
+
+
+def _lower_ratio_fallback(cands: list[_Item], settings: PlannerSettings, limit: int | None) -> list[list[_Item]]:
+    """SYSTEM plans of an idle tablet over its file limit: a set at a lowered ratio, if any."""
+    max_files = settings.resolved_max_files
+    if len(cands) <= max_files:
         return []
-    total_files = len(all_files)
+    lower = _lower_ratio_set(cands, limit, settings.max_open, settings.lowest_ratio, max_files)
+    return [] if lower is None else [lower]
+
+
+def _planned(kind: Kind, settings: PlannerSettings, total_files: int, jobs: list[list[_Item]]) -> list[PlannedJob]:
+    """The jobs with their group (by size) and priority."""
     max_files = settings.resolved_max_files
     by_size = settings._by_size
     return [

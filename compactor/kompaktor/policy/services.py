@@ -92,8 +92,8 @@ DEFAULT_JOBS_PER_REPLICA = 1
 DEFAULT_SPARK_MASTER = "local[*]"
 DEFAULT_ENGINE = "spark"
 DEFAULT_DRAIN_GRACE_S = 300
-#: merges record their finished key ranges so that a retry of the same job resumes (issue 23 §2;
-#: CompactorGroup ``spec.resume.enabled``)
+#: merges record their finished key ranges so that a retry of the same job resumes
+#: (docs/kubernetes.md "Resuming long merges"; CompactorGroup ``spec.resume.enabled``)
 DEFAULT_RESUME = True
 #: input bytes from which a merge given a resume log is resumable (``spec.resume.minInputSize``,
 #: 1Gi; a compactor gives its group's to its engine as ``resume_min_bytes``). The resumable path
@@ -105,8 +105,8 @@ DEFAULT_RESUME = True
 #: twice on disk until the commit. Below 1 GiB a merge is about 13 s of work here: restarting it
 #: costs less than making every such merge pay (docs/architecture.md, "Long merges resume").
 DEFAULT_RESUME_MIN_BYTES = 1 << 30
-#: how much of a group's compaction history Redis keeps (``spec.history``; issue 36 §1): about
-#: this many records, none older than about this many seconds (7 days)
+#: how much of a group's compaction history Redis keeps (``spec.history``; docs/kubernetes.md "How
+#: much compaction history a group keeps"): about this many records, none older than about this many seconds (7 days)
 DEFAULT_HISTORY_RECORDS = 10_000
 DEFAULT_HISTORY_AGE_S = 7 * 86_400
 #: the most a CompactorGroup may ask to keep (a record is about 0.5 KB of Redis memory)
@@ -145,7 +145,7 @@ class GroupConfig:
     driver_memory: str | None = None
     drain_grace_seconds: int = DEFAULT_DRAIN_GRACE_S
     engine: str = DEFAULT_ENGINE  # "spark", or "arrow" for groups that only hold small jobs
-    resume: bool = DEFAULT_RESUME  # merges record their finished key ranges (issue 23 §2)
+    resume: bool = DEFAULT_RESUME  # merges record their finished key ranges (docs/kubernetes.md "Resuming long merges")
     resume_min_bytes: int = DEFAULT_RESUME_MIN_BYTES  # ... from this many input bytes
     history_records: int = DEFAULT_HISTORY_RECORDS  # the group's history keeps about this many
     history_age_seconds: int = DEFAULT_HISTORY_AGE_S  # ... none older than this

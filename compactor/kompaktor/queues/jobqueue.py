@@ -28,7 +28,7 @@ from kompaktor.redisfunctions import LuaFunction, LuaLibrary, missing_function
 
 DEFAULT_MAX = 10_000
 #: the default bound of a group's queue in bytes of input (1 TiB): whichever of the two bounds is
-#: hit first applies (issue 27 §2); ``JobQueues.set_max_bytes`` changes it, 0 removes it
+#: hit first applies (docs/planner.md "6. Job queues"); ``JobQueues.set_max_bytes`` changes it, 0 removes it
 DEFAULT_MAX_BYTES = 1 << 40
 #: an entry records its job's input bytes in 15 digits
 MAX_ENTRY_BYTES = 10**15 - 1

@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from kompaktor import __version__
+from kompaktor.resources.patterns import storage_problem, wildcard_problem
 
 #: the chart's default ``compactor.maxResources``
 DEFAULT_MAX_RESOURCES: dict[str, int | str] = {"cpu": "64", "memory": "256Gi", "ephemeral-storage": "1Ti"}
@@ -72,8 +73,6 @@ class OperatorConfig(BaseModel):
     @field_validator("allowed_images", "allowed_spark_conf", "allowed_spark_masters")
     @classmethod
     def _wildcards_on_boundaries(cls, entries: tuple[str, ...]) -> tuple[str, ...]:
-        from kompaktor.resources.admission import wildcard_problem  # it reads this module
-
         for entry in entries:
             if problem := wildcard_problem(entry):
                 raise ValueError(problem)
@@ -99,8 +98,6 @@ class OperatorConfig(BaseModel):
     @field_validator("allowed_storage")
     @classmethod
     def _storage_prefixes_in_normal_form(cls, entries: tuple[str, ...]) -> tuple[str, ...]:
-        from kompaktor.resources.admission import storage_problem
-
         for entry in entries:
             if problem := storage_problem(entry):
                 raise ValueError(f"allowed storage prefix {entry!r} {problem}")

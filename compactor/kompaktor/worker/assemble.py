@@ -21,6 +21,7 @@ from typing import TypedDict
 
 from kompaktor import keyspace as C
 from kompaktor.files.storage import Storage
+from kompaktor.metadata import format as metaformat
 from kompaktor.metadata.brokered import BrokeredJobs
 from kompaktor.metadata.history import HistoryLimits
 from kompaktor.metadata.store import MetadataStore
@@ -149,6 +150,7 @@ def build_compactor(opts: CompactorOptions) -> tuple[Compactor, Callable[[], str
     conf = parse_spark_conf(opts.spark_conf)
     store = MetadataStore.from_url(opts.redis_url)
     store.ping()
+    metaformat.open_checked(store, "compactor")  # a store newer than this compactor: one line
     cfg, source = group_config(store, opts.group, opts.settings_digest)
     settings = worker_settings(cfg, source, opts, conf)
     drain_token = token_source(os.environ.get(TOKEN_ENV), opts.drain_token_file)
@@ -177,9 +179,10 @@ def run_compactor(opts: CompactorOptions) -> int:
 
 def refuse_unadmitted(group: str, cfg: GroupConfig | None, digest: str) -> None:
     """In a pod the operator made (it gave the digest of the settings it admitted), refuse in one
-    line to run settings from Redis other than those (issue 34 §2): none stored, settings the pod's
-    allow-lists (``KOMPAKTOR_ALLOWED_SPARK_*`` in its spec) refuse, or another digest — Redis
-    lost the group, someone else wrote ``kz:groups``, or the pod is an old one of a rollout."""
+    line to run settings from Redis other than those (docs/kubernetes.md "How a group's settings
+    reach its compactors"): none stored, settings the pod's allow-lists
+    (``KOMPAKTOR_ALLOWED_SPARK_*`` in its spec) refuse, or another digest — Redis lost the group,
+    someone else wrote ``kz:groups``, or the pod is an old one of a rollout."""
     if cfg is None:
         # the operator stored the group before the pod, so Redis lost it (or this is another
         # Redis); the defaults would silently differ from the CompactorGroup

@@ -79,8 +79,8 @@ class WorkerSettings:
     #: how long to keep retrying a finished merge's commit while the store is unreachable; None:
     #: for as long as it takes (a Redis outage of any length), or until a drain's deadline
     commit_retry_s: float | None = None
-    #: merges record their finished key ranges so that a retry of the same job resumes (issue 23
-    #: §2; the group's spec.resume.enabled)
+    #: merges record their finished key ranges so that a retry of the same job resumes (docs/kubernetes.md
+    #: "Resuming long merges"; the group's spec.resume.enabled)
     resume: bool = DEFAULT_RESUME
     #: from this many input bytes (spec.resume.minInputSize): the engine the compactor builds
     #: takes it (an engine passed in keeps its own ``resume_min_bytes``)

@@ -1,5 +1,6 @@
-"""Copy-through (issue 37 §2): the row groups of an input that the merge would output exactly as
-they are, copied into the output as column-chunk bytes, without decoding their values.
+"""Copy-through (docs/architecture.md "Copying row groups through"): the row groups of an input
+that the merge would output exactly as they are, copied into the output as column-chunk bytes,
+without decoding their values.
 
 A row group is copied only when both hold:
 

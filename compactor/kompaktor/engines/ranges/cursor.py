@@ -150,8 +150,9 @@ class InputCursor:
 
     def skip(self, groups: tuple[int, ...], last_row: bytes) -> None:
         """Pass over row groups ``groups`` (the next ones of the file, none of them opened yet)
-        without reading them: the merge copies them as they are (issue 37 §2), after checking
-        that their rows lie within their statistics, the last of them at most ``last_row``."""
+        without reading them: the merge copies them as they are (docs/architecture.md "Copying row
+        groups through"), after checking that their rows lie within their statistics, the last of
+        them at most ``last_row``."""
         nxt = self._next_group
         if self._pending is not None or self._open is not None or self._ended:
             raise RuntimeError(f"{self.path}: row groups {groups} skipped while one is being read")

@@ -133,7 +133,8 @@ class MetadataStore:
 
     @property
     def durability(self) -> Durability:
-        """How an acknowledged write is made durable (issue 15 §1, :mod:`kompaktor.connection`)."""
+        """How an acknowledged write is made durable (docs/architecture.md "Durability: what an
+        acknowledgment means", :mod:`kompaktor.connection`)."""
         return self._core.durability
 
     def fenced(self, token: Callable[[], int | None]) -> MetadataStore:

@@ -93,7 +93,8 @@ class StoreCore:
         #: the connection: the parts', and the protocols' of :mod:`kompaktor.metadata`, nobody else's
         self.client = client
         self.url = url
-        #: how an acknowledged write is made durable (issue 15 §1, :mod:`kompaktor.connection`)
+        #: how an acknowledged write is made durable (docs/architecture.md "Durability: what an
+        #: acknowledgment means", :mod:`kompaktor.connection`)
         self.durability = durability or Durability(sentinel=is_sentinel_url(url))
         #: the fencing token every write through this core carries (:meth:`fenced`), or None
         self.fence = fence
@@ -120,8 +121,9 @@ class StoreCore:
         """A core on the same connection whose every write (mutations, scripts, sets, counters)
         carries the fencing token ``token()`` and is refused atomically, inside Redis, with
         :class:`Fenced` once a newer token exists. While ``token()`` is None (a coordinator that
-        never led) the writes are not fenced."""
-        return StoreCore(self.client, self.url, self.library, fence=token)
+        never led) the writes are not fenced. The durability is this core's (the same object: a
+        coordinator given one keeps it on every write it makes as leader)."""
+        return StoreCore(self.client, self.url, self.library, fence=token, durability=self.durability)
 
     def write(self, *commands: tuple[Any, ...]) -> list[Any]:
         """Run write commands atomically (MULTI/EXEC); through a fenced core, only while its
@@ -159,8 +161,9 @@ class StoreCore:
         self.call(durable_pipeline, self.client, self.durability, lambda pipe: None)
 
     def _eval_durable(self, arg: str) -> Any:
-        """mutate.lua on ``arg``, answered only once the write is durable (issue 15 §1): the barrier
-        and WAIT / WAITAOF the store's durability asks for follow in the same round trip."""
+        """mutate.lua on ``arg``, answered only once the write is durable (docs/architecture.md
+        "Durability: what an acknowledgment means"): the barrier and WAIT / WAITAOF the store's
+        durability asks for follow in the same round trip."""
 
         def run(pipe: redis.client.Pipeline) -> None:
             pipe.fcall(self._mutate.name, 0, arg)
