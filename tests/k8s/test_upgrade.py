@@ -275,6 +275,14 @@ def _pods(u: Upgrade) -> dict[str, int]:
     }
 
 
+def _all_on(u: Upgrade, version: str) -> bool:
+    """Every pod of the namespace runs ``version``'s images and is Ready, none terminating (the
+    compactor groups' rollouts finished)."""
+    pods = _pods_of(u.s)
+    tags = {c["image"].rsplit(":", 1)[1] for p in pods for c in p["spec"]["containers"]}
+    return tags == {version} and all(map(ready, pods)) and not any(p["metadata"].get("deletionTimestamp") for p in pods)
+
+
 def _work_done(u: Upgrade) -> bool:
     out = u.s.kompaktor("status", "--json", check=False)
     if out.returncode != 0:
@@ -364,6 +372,7 @@ def test_helm_upgrade_from_the_previous_release_then_the_same_release_again(up: 
         backup, before, first_later = _backup_by_the_previous_release(u, ingest)
         took1, gap1 = _first_upgrade(u)
         assert ingest.verify().clean, ingest.verdicts[-1]
+        wait_until(lambda: _all_on(u, __version__), "every pod on this checkout's images, Ready", 240, 1)
         pods = _pods(u)
         took2 = _helm_upgrade(u, reuse_values=True)
         assert _pods(u) == pods, "the same release again replaced or restarted a pod"
