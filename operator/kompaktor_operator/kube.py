@@ -17,6 +17,7 @@ import base64
 import contextlib
 import json
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 from typing import Any
@@ -110,6 +111,7 @@ class Client:
     info: kopf.ConnectionInfo
     _api: k8s.ApiClient | None = None
     _groups: dict[str, list[str]] | None = field(default=None, repr=False)
+    _deletion_cost: bool | None = field(default=None, repr=False)
     #: temporary files holding credentials given as data (the SSL library reads paths), removed by close
     _tmpfiles: list[str] = field(default_factory=list, repr=False)
 
@@ -153,6 +155,21 @@ class Client:
             )
         except ApiException as exc:
             raise _error(exc) from None
+
+    async def honours_deletion_cost(self) -> bool:
+        """Whether the server's ReplicaSet controller removes pods by pod-deletion-cost: on by
+        default from Kubernetes 1.22 (alpha and off in 1.21, absent before; read once from
+        /version). When the version cannot be read, as if it did (the scaler's default)."""
+        if self._deletion_cost is None:
+            try:
+                v = await self.request("GET", "/version")
+                minor = re.match(r"\d+", str(v["minor"]))
+                if minor is None:
+                    return True
+                self._deletion_cost = (int(v["major"]), int(minor[0])) >= (1, 22)
+            except (KubeError, KeyError, TypeError, ValueError):
+                return True
+        return self._deletion_cost
 
     async def api_versions(self, group: str) -> list[str]:
         """The versions of an API group the server serves (discovery, cached), [] when absent."""

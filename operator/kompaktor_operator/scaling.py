@@ -13,7 +13,10 @@ The sequence for a scale-down by k, over successive reconciles:
    carries the estimate) — and ask them to drain;
 2. once a victim is drained (state ``draining`` and no ECID) or has no heartbeat, give it the
    lowest pod-deletion-cost, and on the next pass lower the replicas by the number of such
-   victims: the ReplicaSet removes the lowest-cost pods first.
+   victims: the ReplicaSet removes the lowest-cost pods first. A server that ignores the cost
+   (Kubernetes before 1.22, where the annotation is off by default) ranks NotReady pods first
+   instead: there a victim counts only once its pod is seen NotReady (a drained compactor's
+   readiness probe fails), or the ReplicaSet may remove another pod than the drained one.
 A drained pod that is not a victim (the target went back up, or it was drained by hand) is
 deleted, so the Deployment replaces it with a fresh compactor: a drained compactor takes no job
 until its pod is gone.
@@ -101,8 +104,11 @@ def decide_scale(
     desired: int,
     pods: Iterable[PodView],
     compactors: Mapping[str, CompactorView],
+    *,
+    deletion_cost: bool = True,
 ) -> ScaleDecision:
-    """The next step towards ``desired`` replicas from the Deployment's ``current``.
+    """The next step towards ``desired`` replicas from the Deployment's ``current``;
+    ``deletion_cost``: whether the server's ReplicaSet controller honours pod-deletion-cost.
 
     A pod gets the victim pod-deletion-cost one pass *before* the replicas drop, so that the
     ReplicaSet controller's cache has seen it when it chooses which pods to remove; only pods
@@ -129,8 +135,10 @@ def decide_scale(
         if beat is None and not pod.marked:
             drain.append(pod.name)  # a starting compactor must not take a job either
         if beat is None or beat.drained:
-            if pod.lowest_cost:
+            if pod.lowest_cost and (deletion_cost or not pod.ready):
                 removable.append(pod.name)
+            elif pod.lowest_cost:
+                waiting.append(pod.name)  # until its readiness probe turns it NotReady
             else:
                 lowest.append(pod.name)
                 waiting.append(pod.name)

@@ -533,3 +533,36 @@ def test_an_interrupted_arrow_merge_resumes_on_s3(s3: S3Server, s3_env: dict[str
     assert sha(got.info.path) == sha(ref.info.path)
     records.finish(store, storage, fp, got.parts)
     assert temp() == [] and records.records(store) == {}
+
+
+def test_a_held_upload_reaches_the_store_only_once_released(
+    s3: S3Server, s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The upgrade test's hold (tests/support/tcpproxy.py): a file's upload waits in the proxy, the
+    object absent meanwhile, and lands whole once released."""
+    import threading
+
+    from tests.support.tcpproxy import TcpProxy
+
+    proxy = TcpProxy((s3.host, s3.port)).start()
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        storage = Storage.from_uri(f"s3://{BUCKET}/held")
+        proxy.hold_when(b"PUT ")
+        done = threading.Event()
+
+        def write() -> None:
+            with SortedFileWriter(storage, "x.parquet") as w:
+                w.write_entries(_entries(100))
+                w.commit()
+            done.set()
+
+        writer = threading.Thread(target=write, daemon=True)
+        writer.start()
+        assert proxy.held.wait(60), "no PUT reached the proxy"
+        assert not done.is_set() and not storage.exists("x.parquet")
+        proxy.release()
+        writer.join(60)
+        assert done.is_set() and storage.exists("x.parquet")
+    finally:
+        proxy.stop()

@@ -12,16 +12,12 @@ the kubelet runs the preStop drain; `kubectl delete` and `helm uninstall` leave 
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import shutil
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,130 +30,23 @@ from kompaktor.resources import api
 from kompaktor_operator import naming
 from tests.k8s.controlplane import ControlPlane, wait_until
 from tests.k8s.node import GATEWAY, NODE_NAME, RealNode, running_containers
+from tests.k8s.shipped import (
+    BUCKET,
+    NS,
+    RELEASE,
+    Shipped,
+    admin_url,
+    diagnose,
+    readme_values,
+    ready,
+    redis_volume,
+    wait_ready,
+)
 from tests.support.entries import entries
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "kompaktor"
-NS = "kompaktor"
-RELEASE = "kompaktor"
-BIN = Path(sys.executable).parent
-BUCKET = "kompaktor-data"
 TABLE = "ci_burst"  # served by the examples' CompactionService cs1 (tables ci, ci_*) → group small
-
-
-@dataclass
-class Shipped:
-    cp: ControlPlane
-    node: RealNode
-    env: dict[str, str]  # the `kompaktor` CLI's environment on the host: Redis through its Service, S3
-    s3: Any
-    replicas_seen: list[int] = field(default_factory=list)
-
-    def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
-        return self.cp.kubectl("-n", NS, *args, check=check, input=input)
-
-    def get(self, kind: str, name: str) -> dict[str, Any] | None:
-        out = self.kubectl("get", kind, name, "-o", "json", check=False)
-        return json.loads(out.stdout) if out.returncode == 0 else None
-
-    def pods(self, selector: str) -> list[dict[str, Any]]:
-        return json.loads(self.kubectl("get", "pods", "-l", selector, "-o", "json").stdout)["items"]
-
-    def condition(self, kind: str, name: str, ctype: str) -> dict[str, Any] | None:
-        obj = self.get(kind, name) or {}
-        return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == ctype), None)
-
-    def kompaktor(self, *args: str, check: bool = True, timeout: float = 180) -> subprocess.CompletedProcess:
-        out = subprocess.run(
-            [str(BIN / "kompaktor"), *args], env=self.env, capture_output=True, text=True, timeout=timeout
-        )
-        if check and out.returncode != 0:
-            raise AssertionError(f"kompaktor {' '.join(args)} ({out.returncode}): {out.stderr}")
-        return out
-
-
-def _ready(pod: dict[str, Any]) -> bool:
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod.get("status", {}).get("conditions", []))
-
-
-def _diagnose(s: Shipped) -> str:
-    out = s.cp.kubectl("get", "pods", "-A", "-o", "wide", check=False).stdout
-    events = s.cp.kubectl("get", "events", "-A", "--sort-by=.lastTimestamp", check=False).stdout[-4000:]
-    logs = []
-    for pod in s.pods(f"app.kubernetes.io/instance={RELEASE}"):
-        component = pod["metadata"]["labels"].get("app.kubernetes.io/component")
-        if _ready(pod) and component != "operator":  # the operator pod's (operator, coordinator) always
-            continue
-        name = pod["metadata"]["name"]
-        for c in pod["spec"]["containers"]:
-            for prev in ("--previous", None):
-                got = s.cp.kubectl(
-                    "logs", "-n", NS, name, "-c", c["name"], "--tail", "30", *([prev] if prev else []), check=False
-                )
-                logs.append(f"--- logs {name}/{c['name']} {prev or ''} ---\n{got.stdout[-2500:]}{got.stderr[-300:]}")
-    status = subprocess.run([str(BIN / "kompaktor"), "status"], env=s.env, capture_output=True, text=True, timeout=60)
-    hpa = s.kubectl("get", "hpa", "-o", "wide", check=False).stdout
-    logs.append(f"--- kompaktor status ---\n{status.stdout[-3000:]}{status.stderr[-500:]}\n--- hpa ---\n{hpa}")
-    dns = s.node.dns
-    dns_state = "running" if dns and dns.proc and dns.proc.popen.poll() is None else "NOT RUNNING"
-    logs.append(f"--- cluster DNS (dnsmasq): {dns_state} ---")
-    return f"{out}\n--- events ---\n{events}\n" + "\n".join(logs) + f"\n--- kubelet ---\n{s.node.log('kubelet', 3000)}"
-
-
-def _redis_volume(core: Any, data: Path) -> None:
-    """The bundled Redis' volume: this node has no provisioner, so a local volume an admin made."""
-    core.create_persistent_volume(
-        {
-            "metadata": {"name": "kompaktor-redis-data"},
-            "spec": {
-                "capacity": {"storage": "8Gi"},
-                "accessModes": ["ReadWriteOnce"],
-                "persistentVolumeReclaimPolicy": "Retain",
-                "hostPath": {"path": str(data), "type": "Directory"},
-            },
-        }
-    )
-
-
-def _values() -> dict[str, Any]:
-    """The README's values, and what these tests need besides."""
-    return {
-        "storage": {"uri": f"s3://{BUCKET}/tables", "existingSecret": "s3-credentials"},
-        # a Spark cluster the admin allowed, which is down (the crash-loop case below)
-        # ... and examples/'s large group's toleration (issue 34 §3)
-        "compactor": {
-            "allowedSparkMasters": ["spark://nowhere.invalid:7077"],
-            "allowedTolerations": [
-                {"key": "dedicated", "operator": "Equal", "value": "compaction", "effect": "NoSchedule"}
-            ],
-        },
-    }
-
-
-def _wait_ready(s: Shipped) -> None:
-    try:
-        wait_until(
-            lambda: (p := s.pods("app.kubernetes.io/component=operator")) and all(map(_ready, p)),
-            "the operator pod (operator + coordinator) Ready",
-            timeout=240,
-            every=1,
-        )
-        wait_until(
-            lambda: (p := s.pods("app.kubernetes.io/component=redis")) and all(map(_ready, p)),
-            "the bundled Redis pod Ready",
-            timeout=120,
-            every=1,
-        )
-    except TimeoutError as exc:
-        raise AssertionError(f"{exc}\n{_diagnose(s)}") from None
-
-
-def _admin_url(core: Any) -> str:
-    """The host reaches Redis through its Service (kube-proxy), as a client in the cluster would,
-    with the CLI of the people running it: the admin user (docs/kubernetes.md)."""
-    svc = core.read_namespaced_service(f"{RELEASE}-redis", NS)
-    password = base64.b64decode(core.read_namespaced_secret(f"{RELEASE}-redis-admin", NS).data["password"]).decode()
-    return f"redis://admin:{password}@{svc.spec.cluster_ip}:6379/0"
 
 
 @pytest.fixture(scope="module")
@@ -182,22 +71,22 @@ def shipped(real_cluster: tuple[ControlPlane, RealNode], tmp_path_factory: pytes
         # the bundled Redis' volume: this node has no provisioner, so a local volume an admin made
         data = tmp_path_factory.mktemp("redis-data")
         os.chown(data, 999, 999)
-        _redis_volume(core, data)
+        redis_volume(core, data)
         # `helm install` with the README's values
         with helm.Config(kubeconfig_path=str(cp.kubeconfig), namespace=NS) as cfg:
-            cfg.install(str(CHART), RELEASE, _values(), namespace=NS, timeout=120)
+            cfg.install(str(CHART), RELEASE, readme_values(), namespace=NS, timeout=120)
         s = Shipped(cp, node, {}, s3)
-        _wait_ready(s)
+        wait_ready(s)
         s.env = {
             **os.environ,
             **storage_env,
-            "KOMPAKTOR_REDIS_URL": _admin_url(core),
+            "KOMPAKTOR_REDIS_URL": admin_url(core),
             "KOMPAKTOR_STORAGE": f"s3://{BUCKET}/tables",
         }
         yield s
         scanned = _back_up(s)
         _delete_and_uninstall_leave_no_container_running(s)
-        _lose_the_redis_volume(core, data)
+        _lose_theredis_volume(core, data)
         _install_from_the_backup_and_scan(s, core, scanned)
     finally:
         s3.stop()
@@ -284,13 +173,13 @@ def small(shipped: Shipped) -> None:
     )
     try:
         wait_until(
-            lambda: (p := s.pods(naming.selector("small"))) and len(p) == 2 and all(map(_ready, p)),
+            lambda: (p := s.pods(naming.selector("small"))) and len(p) == 2 and all(map(ready, p)),
             "the small group's 2 compactor pods Ready",
             timeout=240,
             every=1,
         )
     except TimeoutError as exc:
-        raise AssertionError(f"{exc}\n{_diagnose(s)}") from None
+        raise AssertionError(f"{exc}\n{diagnose(s)}") from None
 
 
 def _compactor_pod(s: Shipped) -> dict[str, Any]:
@@ -298,12 +187,12 @@ def _compactor_pod(s: Shipped) -> dict[str, Any]:
     draining another)."""
     found: list[dict[str, Any]] = []
 
-    def ready() -> bool:
+    def any_ready() -> bool:
         pods = s.pods(naming.selector("small"))
-        found[:] = [p for p in pods if _ready(p) and not p["metadata"].get("deletionTimestamp")]
+        found[:] = [p for p in pods if ready(p) and not p["metadata"].get("deletionTimestamp")]
         return bool(found)
 
-    wait_until(ready, "a Ready compactor pod of the small group", timeout=240, every=1)
+    wait_until(any_ready, "a Ready compactor pod of the small group", timeout=240, every=1)
     return found[0]
 
 
@@ -324,7 +213,7 @@ def test_burst_hpa_compactor_containers_scan_and_drain(shipped: Shipped, tmp_pat
         try:
             wait_until(lambda: max(s.replicas_seen, default=0) == 3, "the HPA raising small to 3", timeout=180)
         except TimeoutError as exc:
-            raise AssertionError(f"{exc}: seen {sorted(set(s.replicas_seen))}\n{_diagnose(s)}") from None
+            raise AssertionError(f"{exc}: seen {sorted(set(s.replicas_seen))}\n{diagnose(s)}") from None
 
         def compacted() -> bool:
             out = s.kompaktor("status", "--json", check=False)
@@ -344,7 +233,7 @@ def test_burst_hpa_compactor_containers_scan_and_drain(shipped: Shipped, tmp_pat
                 compacted, "every tablet compacted to one file by the compactor containers", timeout=600, every=2
             )
         except TimeoutError as exc:
-            raise AssertionError(f"{exc}\n{_diagnose(s)}") from None
+            raise AssertionError(f"{exc}\n{diagnose(s)}") from None
         out_file = tmp_path / "scan.parquet"
         s.kompaktor("scan", TABLE, "-o", str(out_file))
         import pyarrow.parquet as pq
@@ -364,7 +253,7 @@ def test_burst_hpa_compactor_containers_scan_and_drain(shipped: Shipped, tmp_pat
                 every=2,
             )
         except TimeoutError as exc:
-            raise AssertionError(f"{exc}\n{_diagnose(s)}") from None
+            raise AssertionError(f"{exc}\n{diagnose(s)}") from None
     finally:
         stop.set()
         watcher.join(5)
@@ -513,7 +402,7 @@ def test_the_status_page_through_the_charts_service_shows_what_status_json_says(
     try:
         wait_until(compacted, f"{PAGE_TABLE}'s two tablets compacted by the compactor containers", 300, every=2)
     except TimeoutError as exc:
-        raise AssertionError(f"{exc}\n{_diagnose(s)}") from None
+        raise AssertionError(f"{exc}\n{diagnose(s)}") from None
 
     def look() -> tuple[dict[str, Any], str, dict[str, Any]]:
         before = status()
@@ -642,7 +531,7 @@ def test_a_group_whose_pods_cannot_run_says_why_and_clears_when_fixed(shipped: S
                 every=2,
             )
         except TimeoutError as exc:
-            raise AssertionError(f"{exc}\n{reasons()}\n{_diagnose(s)}") from None
+            raise AssertionError(f"{exc}\n{reasons()}\n{diagnose(s)}") from None
         msg = {n: s.condition("compactorgroup", n, "PodsHealthy")["message"] for n in BROKEN}
         assert "kompaktor-compactor" in msg["t-pull"], msg["t-pull"]
         assert "last exit: Error (exit code" in msg["t-crash"] and "nowhere.invalid" in msg["t-crash"], msg["t-crash"]
@@ -671,10 +560,10 @@ def test_a_group_whose_pods_cannot_run_says_why_and_clears_when_fixed(shipped: S
                 every=2,
             )
         except TimeoutError as exc:
-            raise AssertionError(f"{exc}\n{reasons()}\n{_diagnose(s)}") from None
+            raise AssertionError(f"{exc}\n{reasons()}\n{diagnose(s)}") from None
         for n in BROKEN:
             pods = s.pods(naming.selector(n))
-            assert pods and all(_ready(p) for p in pods if not p["metadata"].get("deletionTimestamp")), n
+            assert pods and all(ready(p) for p in pods if not p["metadata"].get("deletionTimestamp")), n
         # nothing else in the namespace changed: no other pod restarted or replaced, no other
         # Deployment rolled
         assert _untouched(s) == before
@@ -726,7 +615,7 @@ def test_a_group_at_zero_wakes_at_its_first_job_and_parks_again(shipped: Shipped
                 timeout=60,
             )
         except TimeoutError as exc:
-            raise AssertionError(f"{exc}\n{_diagnose(s)}") from None
+            raise AssertionError(f"{exc}\n{diagnose(s)}") from None
         assert not s.pods(naming.selector(group))
         hpa = s.get("hpa", naming.hpa_name(group))
         assert hpa is not None and hpa["spec"]["minReplicas"] == 1, hpa  # a stock HPA: its floor is 1
@@ -743,7 +632,7 @@ def test_a_group_at_zero_wakes_at_its_first_job_and_parks_again(shipped: Shipped
         try:
             wait_until(lambda: committed() >= 1, "the first job committed by a woken compactor", timeout=300, every=1)
         except TimeoutError as exc:
-            raise AssertionError(f"{exc}\n{_diagnose(s)}") from None
+            raise AssertionError(f"{exc}\n{diagnose(s)}") from None
         first_commit_s = time.monotonic() - queued_at
         print(f"0 -> 1: first job to first commit in {first_commit_s:.1f} s (group at 0 replicas, stock HPA)")
         # no work for the scale-down window: parked again, the last compactor drained, not killed
@@ -756,7 +645,7 @@ def test_a_group_at_zero_wakes_at_its_first_job_and_parks_again(shipped: Shipped
             )
             wait_until(lambda: not s.pods(naming.selector(group)), "the zero group's pods gone", timeout=180, every=1)
         except TimeoutError as exc:
-            raise AssertionError(f"{exc}\n{_diagnose(s)}") from None
+            raise AssertionError(f"{exc}\n{diagnose(s)}") from None
         st = json.loads(s.kompaktor("status", "--json").stdout)
         assert st["groups"][group]["dead_compactions_recovered"] == 0, st["groups"][group]
         assert st["tables"][table]["files_per_tablet"]["max"] == 1, st["tables"][table]
@@ -830,7 +719,7 @@ def test_a_lowered_cap_is_obeyed_under_steady_load(shipped: Shipped, tmp_path: P
                     every=1,
                 )
             except TimeoutError as exc:
-                raise AssertionError(f"{exc}\n{_diagnose(s)}") from None
+                raise AssertionError(f"{exc}\n{diagnose(s)}") from None
             before = {p["metadata"]["name"] for p in s.pods(naming.selector(group))}
             restarts: dict[str, int] = {}
 
@@ -886,6 +775,52 @@ def test_a_lowered_cap_is_obeyed_under_steady_load(shipped: Shipped, tmp_path: P
     store.close()
 
 
+# -- a step down by one on a server without pod-deletion-cost --------------------------------------------
+def _replica_set_pods(s: Shipped, deployment: str) -> tuple[set[str], set[str]]:
+    """The pods the group's ReplicaSets created and deleted, from their events."""
+    created: set[str] = set()
+    deleted: set[str] = set()
+    for e in json.loads(s.kubectl("get", "events", "-o", "json").stdout)["items"]:
+        obj = e.get("involvedObject") or {}
+        if obj.get("kind") != "ReplicaSet" or not obj.get("name", "").startswith(f"{deployment}-"):
+            continue
+        pod = (e.get("message") or "").rsplit(" ", 1)[-1]
+        {"SuccessfulCreate": created, "SuccessfulDelete": deleted}.get(e.get("reason"), set()).add(pod)
+    return created, deleted
+
+
+def test_a_step_down_by_one_stops_one_pod_and_starts_none(shipped: Shipped) -> None:
+    """Kubernetes 1.20 ignores pod-deletion-cost: the HPA lowering a group 2 -> 1 with the queue
+    empty must stop exactly the drained pod and start none (the ReplicaSet removes NotReady pods
+    first, so the operator lowers the replicas only once its victim is NotReady)."""
+    s, group = shipped, "step"
+    dep = naming.deployment_name(group)
+    body = _group(group, minReplicas=2, maxReplicas=2, behavior={"scaleDownStabilizationSeconds": 5})
+    s.kubectl("apply", "-f", "-", input=json.dumps(body))
+    try:
+
+        def at(n: int) -> bool:
+            pods = s.pods(naming.selector(group))
+            d = s.get("deployment", dep) or {}
+            return len(pods) == n and all(map(ready, pods)) and d.get("spec", {}).get("replicas") == n
+
+        try:
+            wait_until(lambda: at(2), "the step group at 2 Ready pods", timeout=180, every=1)
+            before = {p["metadata"]["name"] for p in s.pods(naming.selector(group))}
+            created_before, deleted_before = _replica_set_pods(s, dep)
+            s.kubectl("patch", "compactorgroup", group, "--type=merge", "-p", '{"spec": {"minReplicas": 1}}')
+            wait_until(lambda: at(1), "the step group at 1 pod", timeout=180, every=1)
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}\n{diagnose(s)}") from None
+        created, deleted = _replica_set_pods(s, dep)
+        started, stopped = created - created_before, deleted - deleted_before
+        after = {p["metadata"]["name"] for p in s.pods(naming.selector(group))}
+        assert not started, f"pods started by a step down: {started}"
+        assert len(stopped) == 1 and stopped <= before and after == before - stopped, (before, stopped, after)
+    finally:
+        s.kubectl("delete", "compactorgroup", group, "--wait=true", check=False)
+
+
 # -- 5. backup, and a new install from it (issue 35 §4) -------------------------------------------------
 def _back_up(s: Shipped) -> str:
     """A backup of what the tests wrote, taken as the people running it would; returns the scan."""
@@ -894,7 +829,7 @@ def _back_up(s: Shipped) -> str:
     return s.kompaktor("scan", TABLE, timeout=300).stdout
 
 
-def _lose_the_redis_volume(core: Any, data: Path) -> None:
+def _lose_theredis_volume(core: Any, data: Path) -> None:
     """The Redis PersistentVolumeClaim deleted, its data gone (AOF and RDB): every Redis node lost."""
     core.delete_namespaced_persistent_volume_claim("data-kompaktor-redis-0", NS)
     core.delete_persistent_volume("kompaktor-redis-data")
@@ -909,7 +844,7 @@ def _lose_the_redis_volume(core: Any, data: Path) -> None:
             shutil.rmtree(f)
         else:
             f.unlink()
-    _redis_volume(core, data)
+    redis_volume(core, data)
 
 
 def _install_from_the_backup_and_scan(s: Shipped, core: Any, before: str) -> None:
@@ -918,13 +853,13 @@ def _install_from_the_backup_and_scan(s: Shipped, core: Any, before: str) -> Non
         cfg.install(
             str(CHART),
             RELEASE,
-            {**_values(), "coordinator": {"backup": {"bootstrapFrom": "latest"}}},
+            {**readme_values(), "coordinator": {"backup": {"bootstrapFrom": "latest"}}},
             namespace=NS,
             timeout=120,
         )
     try:
-        _wait_ready(s)
-        s.env["KOMPAKTOR_REDIS_URL"] = _admin_url(core)
+        wait_ready(s)
+        s.env["KOMPAKTOR_REDIS_URL"] = admin_url(core)
         wait_until(
             lambda: s.kompaktor("scan", TABLE, check=False).returncode == 0, "the table restored", timeout=120, every=2
         )

@@ -6,7 +6,9 @@ refused, as when a store's endpoint goes away; :meth:`TcpProxy.restore` listens 
 port. :meth:`TcpProxy.cut_when` arms a trigger: the first request whose bytes contain a marker
 (for S3, ``partNumber=`` — a writer uploading a part of its output) cuts the proxy before that
 request reaches the server, so a test can place the outage in the middle of a merge without
-racing it.
+racing it. :meth:`TcpProxy.hold_when` arms a pause instead: the first request containing its
+marker waits in the proxy (``held`` is set) until :meth:`TcpProxy.release`, so a test can keep a
+merge's upload in flight across whatever it does meanwhile (an upgrade).
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ class TcpProxy:
         self.port = 0
         self.cut_event = threading.Event()
         self._marker: bytes | None = None
+        self._hold: bytes | None = None
+        self.held = threading.Event()
+        self._released = threading.Event()
         self._lock = threading.Lock()
         self._listener: socket.socket | None = None
         self._conns: set[socket.socket] = set()
@@ -77,6 +82,10 @@ class TcpProxy:
                     self._marker = None
                     self.cut()
                     return
+                if watch and self._hold is not None and self._hold in data:
+                    self._hold = None
+                    self.held.set()
+                    self._released.wait()
                 dst.sendall(data)
         except OSError:
             pass
@@ -94,6 +103,17 @@ class TcpProxy:
     def cut_when(self, marker: bytes) -> None:
         """Cut the proxy at the first client request containing ``marker`` (it is not forwarded)."""
         self._marker = marker
+
+    def hold_when(self, marker: bytes) -> None:
+        """Hold the first client request containing ``marker`` until :meth:`release` (once)."""
+        self.held.clear()
+        self._released.clear()
+        self._hold = marker
+
+    def release(self) -> None:
+        """Let a held request through (and disarm a hold not yet met)."""
+        self._hold = None
+        self._released.set()
 
     def cut(self) -> None:
         """Every connection closed, new ones refused, until :meth:`restore`."""
@@ -117,4 +137,5 @@ class TcpProxy:
 
     def stop(self) -> None:
         self._marker = None
+        self.release()
         self.cut()

@@ -167,3 +167,17 @@ def test_a_group_parks_only_at_the_hpas_floor_after_a_quiet_window() -> None:
     assert parked_replicas(1, work=0, idle_s=300, window_s=300) == 0
     assert parked_replicas(1, work=1, idle_s=9999, window_s=300) is None  # a job queued or running
     assert parked_replicas(3, work=0, idle_s=9999, window_s=300) is None  # the HPA lowers it to 1 first
+
+
+def test_without_pod_deletion_cost_a_drained_victim_goes_only_once_not_ready() -> None:
+    """Kubernetes 1.20 ignores pod-deletion-cost and removes NotReady pods first: lowering the
+    replicas while the drained victim still looks Ready lets the ReplicaSet take another pod
+    (and the Deployment then starts a third). The replicas drop only once the victim is NotReady."""
+    comps = dict([beat("a"), beat("b", "draining")])
+    victim = {"marked": True, "lowest_cost": True}
+    d = decide_scale(2, 1, pods("a", "b", b=victim), comps, deletion_cost=False)
+    assert d.replicas == 2 and d.waiting == ("b",) and d.victims == ("b",)
+    d = decide_scale(2, 1, pods("a", "b", b={**victim, "ready": False}), comps, deletion_cost=False)
+    assert d.replicas == 1 and d.waiting == ()
+    # where the cost is honoured, the cost alone is enough (one pass sooner)
+    assert decide_scale(2, 1, pods("a", "b", b=victim), comps).replicas == 1

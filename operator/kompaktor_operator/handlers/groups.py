@@ -216,7 +216,8 @@ async def _scale_group(
     raw_pods = await kube_call(rt, rt.kube.list_pods(namespace, naming.selector_labels(name)))
     pods = [_pod_view(p) for p in raw_pods]
     compactors = await backend_call(rt, lambda b: b.compactors(name))
-    decision = decide_scale(current, desired, pods, compactors)
+    honoured = await rt.kube.honours_deletion_cost()
+    decision = decide_scale(current, desired, pods, compactors, deletion_cost=honoured)
     await _apply_scale(rt, namespace, name, current, decision, logger)
     if not meta.get("deletionTimestamp"):  # a deleted group's series go with it (delete_group)
         rt.metrics.replicas.labels(name).set(decision.replicas)
