@@ -34,17 +34,44 @@ from kompaktor_operator.scaling import PodView, ScaleDecision, decide_scale, par
 async def reconcile_group(
     name: str,
     namespace: str,
-    spec: Any,
-    status: Any,
-    meta: Any,
-    body: Any,
+    spec: kopf.Spec,
+    status: kopf.Status,
+    meta: kopf.Meta,
+    body: kopf.Body,
     patch: kopf.Patch,
     memo: kopf.Memo,
     **_: Any,
 ) -> None:
+    """A group into Redis (its settings), its Deployment, Service and autoscaler; Ready says how."""
     rt = runtime.of(memo)
     generation = meta.get("generation")
-    group = parse(m.CompactorGroupSpec, spec, patch, status, generation)
+    group = parse(m.CompactorGroupSpec, spec, patch, dict(status), generation)
+    _admit(name, group, rt, patch, dict(status), generation)
+    await backend_call(rt, lambda b: b.put_group(m.to_group_config(name, group)))
+    if group.replicas is None:
+        # The scale subresource reads spec.replicas: without it the HPA controller fails with
+        # "the spec replicas field .spec.replicas does not exist" (seen on a real 1.20 apiserver).
+        patch.spec["replicas"] = group.desired_replicas()
+    hpa_version, keda, missing = await _autoscaler_apis(rt, group)
+    children = manifests.build_children(
+        name, group, rt.config, hpa_version or manifests.HPA_API_VERSIONS[0], namespace=namespace
+    )
+    if missing:
+        children = [c for c in children if c["kind"] in ("NetworkPolicy", "Deployment", "Service")]
+    for child in children:
+        await _apply_child(rt, child, group, namespace, body)
+    offered = {hpa_version} | ({naming.KEDA_API_VERSION} if keda else set())
+    for api_version, kind, autoscaler in manifests.AUTOSCALER_KINDS:
+        if api_version in offered and autoscaler != group.autoscaler:
+            await kube_call(rt, rt.kube.delete(api_version, kind, namespace, naming.hpa_name(name)))
+    _report(name, group, patch, dict(status), generation, missing)
+
+
+def _admit(
+    name: str, group: m.CompactorGroupSpec, rt: Runtime, patch: kopf.Patch, status: dict[str, Any], generation: Any
+) -> None:
+    """Refuse, before anything is stored or applied, a bad name or a spec admission forbids: no
+    Deployment runs what the author named (one an earlier, allowed spec made is left as it was)."""
     try:
         m.check_group_name(name)
     except ValueError as exc:
@@ -52,21 +79,18 @@ async def reconcile_group(
         message = f"name {exc}"
         mark(patch, status, conditions.READY, False, "InvalidName", message, generation)
         raise kopf.PermanentError(message) from None
-    cfg = rt.config
-    refusal = admission.check_group(group, cfg)
+    refusal = admission.check_group(group, rt.config)
     if refusal is not None:
-        # Refused before anything is stored or applied: no Deployment runs what the author named
-        # (one that an earlier, allowed spec made is left as it was).
         refused()
         mark(patch, status, conditions.READY, False, refusal.rule, f"refused: {refusal.message}", generation)
         patch.status["observedGeneration"] = generation
         raise kopf.PermanentError(f"refused ({refusal.rule}): {refusal.message}")
-    await backend_call(rt, lambda b: b.put_group(m.to_group_config(name, group)))
-    if group.replicas is None:
-        # The scale subresource reads spec.replicas: without it the HPA controller fails with
-        # "the spec replicas field .spec.replicas does not exist" (seen on a real 1.20 apiserver).
-        patch.spec["replicas"] = group.desired_replicas()
-    # Optional APIs are looked up, never assumed: a missing one is a condition, not a crash loop.
+
+
+async def _autoscaler_apis(rt: Runtime, group: m.CompactorGroupSpec) -> tuple[str | None, bool, str | None]:
+    """The HPA API version the server offers, whether KEDA's is there, and why the group's
+    autoscaler cannot be made (None: it can). Optional APIs are looked up, never assumed: a
+    missing one is a condition, not a crash loop."""
     hpa_version = await kube_call(rt, rt.kube.hpa_api_version())
     keda = naming.KEDA_VERSION in await kube_call(rt, rt.kube.api_versions(naming.KEDA_GROUP))
     missing = None
@@ -74,51 +98,47 @@ async def reconcile_group(
         missing = "the server offers neither autoscaling/v2 nor autoscaling/v2beta2"
     elif group.autoscaler == m.Autoscaler.KEDA.value and not keda:
         missing = f"KEDA is not installed (no {naming.KEDA_API_VERSION} API): install KEDA or use autoscaler: hpa"
-    children = manifests.build_children(
-        name, group, cfg, hpa_version or manifests.HPA_API_VERSIONS[0], namespace=namespace
-    )
-    if missing:
-        children = [c for c in children if c["kind"] in ("NetworkPolicy", "Deployment", "Service")]
-    for child in children:
-        kopf.adopt(child, owner=body)
-        created_with = None
-        if child["kind"] == "Deployment":
-            # Only at creation: afterwards the scaler alone changes the replicas.
-            existing = await kube_call(rt, rt.kube.get("apps/v1", "Deployment", namespace, child["metadata"]["name"]))
-            if existing is None:
-                created_with = child["spec"]["replicas"] = group.desired_replicas()
-        await kube_call(rt, rt.kube.apply(child, namespace))
-        if created_with is not None:
-            # ... and the scaler owns them from then on: the next apply, which renders none,
-            # must not remove them (server-side apply removes what its manager stops sending)
-            await kube_call(rt, rt.kube.claim_replicas(namespace, child["metadata"]["name"], created_with))
-    offered = {hpa_version} | ({naming.KEDA_API_VERSION} if keda else set())
-    for api_version, kind, autoscaler in manifests.AUTOSCALER_KINDS:
-        if api_version in offered and autoscaler != group.autoscaler:
-            await kube_call(rt, rt.kube.delete(api_version, kind, namespace, naming.hpa_name(name)))
+    return hpa_version, keda, missing
+
+
+async def _apply_child(
+    rt: Runtime, child: dict[str, Any], group: m.CompactorGroupSpec, namespace: str, body: kopf.Body
+) -> None:
+    """Apply one child, owned by the group. A Deployment gets its replicas only when it is
+    created: afterwards the scaler alone changes them."""
+    kopf.adopt(child, owner=body)
+    created_with = None
+    if child["kind"] == "Deployment":
+        existing = await kube_call(rt, rt.kube.get("apps/v1", "Deployment", namespace, child["metadata"]["name"]))
+        if existing is None:
+            created_with = child["spec"]["replicas"] = group.desired_replicas()
+    await kube_call(rt, rt.kube.apply(child, namespace))
+    if created_with is not None:
+        # ... and the scaler owns them from then on: the next apply, which renders none,
+        # must not remove them (server-side apply removes what its manager stops sending)
+        await kube_call(rt, rt.kube.claim_replicas(namespace, child["metadata"]["name"], created_with))
+
+
+def _report(
+    name: str,
+    group: m.CompactorGroupSpec,
+    patch: kopf.Patch,
+    status: dict[str, Any],
+    generation: Any,
+    missing: str | None,
+) -> None:
+    """The group's status: its selector and desired replicas, and Ready (False while its
+    autoscaler's API is missing)."""
     patch.status["selector"] = naming.selector(name)
     patch.status["desiredReplicas"] = group.desired_replicas()
     patch.status["observedGeneration"] = generation
+    deployment = naming.deployment_name(name)
     if missing:
-        mark(
-            patch,
-            status,
-            conditions.READY,
-            False,
-            "AutoscalerUnavailable",
-            f"Deployment {naming.deployment_name(name)} and Service applied, no autoscaler: {missing}",
-            generation,
-        )
+        message = f"Deployment {deployment} and Service applied, no autoscaler: {missing}"
+        mark(patch, status, conditions.READY, False, "AutoscalerUnavailable", message, generation)
         return
-    mark(
-        patch,
-        status,
-        conditions.READY,
-        True,
-        "Reconciled",
-        f"Deployment {naming.deployment_name(name)}, Service and {group.autoscaler} autoscaler applied",
-        generation,
-    )
+    message = f"Deployment {deployment}, Service and {group.autoscaler} autoscaler applied"
+    mark(patch, status, conditions.READY, True, "Reconciled", message, generation)
 
 
 async def delete_group(name: str, namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
