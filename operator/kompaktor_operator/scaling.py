@@ -25,7 +25,7 @@ until its pod is gone.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 State = Literal["idle", "busy", "draining"]
@@ -125,28 +125,8 @@ def decide_scale(
     excess = current - desired
     ranked = sorted(live, key=lambda p: (0 if p.marked else 1, _rank(p, compactors.get(p.name))))
     victims = ranked[:excess]  # earlier victims first: no churn
+    steps = _victim_steps(victims, compactors, deletion_cost)
     names = {p.name for p in victims}
-    removable: list[str] = []
-    drain: list[str] = []
-    lowest: list[str] = []
-    waiting: list[str] = []
-    for pod in victims:
-        beat = compactors.get(pod.name)
-        if beat is None and not pod.marked:
-            drain.append(pod.name)  # a starting compactor must not take a job either
-        if beat is None or beat.drained:
-            if pod.lowest_cost and (deletion_cost or not pod.ready):
-                removable.append(pod.name)
-            elif pod.lowest_cost:
-                waiting.append(pod.name)  # until its readiness probe turns it NotReady
-            else:
-                lowest.append(pod.name)
-                waiting.append(pod.name)
-        else:
-            if not pod.marked or beat.state != "draining":
-                drain.append(pod.name)
-            waiting.append(pod.name)
-    mark = tuple(p.name for p in victims if not p.marked)
     # A pod that is no longer a victim: replace it when drained, else lift its mark.
     delete = _replaceable(live, names, compactors)
     unmark = tuple(p.name for p in live if (p.marked or p.lowest_cost) and p.name not in names and p.name not in delete)
@@ -154,25 +134,59 @@ def decide_scale(
     if exposed:
         # A working pod still carries the victim cost (it started a job after being marked):
         # lift that mark first; removing a replica now could take that pod.
-        removable = []
+        steps.removable = []
         unmark = tuple(sorted({*unmark, *exposed}))
-    if removable:
-        reason = f"removing {len(removable)} drained compactor(s)"
+    if steps.removable:
+        reason = f"removing {len(steps.removable)} drained compactor(s)"
     elif victims:
         reason = f"draining {len(victims)} compactor(s) before scaling down"
     else:
         reason = "no pod to drain yet"
     return ScaleDecision(
-        replicas=current - len(removable),
-        drain=tuple(drain),
-        mark=mark,
-        lowest_cost=tuple(lowest),
+        replicas=current - len(steps.removable),
+        drain=tuple(steps.drain),
+        mark=tuple(p.name for p in victims if not p.marked),
+        lowest_cost=tuple(steps.lowest),
         unmark=unmark,
         delete=delete,
-        waiting=tuple(waiting),
+        waiting=tuple(steps.waiting),
         victims=tuple(p.name for p in victims),
         reason=reason,
     )
+
+
+@dataclass
+class _VictimSteps:
+    """What each victim needs next: removal, a drain request, the victim cost, or a wait."""
+
+    removable: list[str] = field(default_factory=list)
+    drain: list[str] = field(default_factory=list)
+    lowest: list[str] = field(default_factory=list)
+    waiting: list[str] = field(default_factory=list)
+
+
+def _victim_steps(victims: list[PodView], compactors: Mapping[str, CompactorView], deletion_cost: bool) -> _VictimSteps:
+    """A drained victim (or one that never reported) with the victim cost is removable — on a
+    server without pod-deletion-cost only once its readiness probe turned it NotReady; without
+    the cost it gets it first. A victim still working is asked to drain, and waited for."""
+    out = _VictimSteps()
+    for pod in victims:
+        beat = compactors.get(pod.name)
+        if beat is None and not pod.marked:
+            out.drain.append(pod.name)  # a starting compactor must not take a job either
+        if beat is None or beat.drained:
+            if pod.lowest_cost and (deletion_cost or not pod.ready):
+                out.removable.append(pod.name)
+            elif pod.lowest_cost:
+                out.waiting.append(pod.name)  # until its readiness probe turns it NotReady
+            else:
+                out.lowest.append(pod.name)
+                out.waiting.append(pod.name)
+        else:
+            if not pod.marked or beat.state != "draining":
+                out.drain.append(pod.name)
+            out.waiting.append(pod.name)
+    return out
 
 
 def parked_replicas(spec_replicas: int | None, work: int, idle_s: float, window_s: float) -> int | None:
