@@ -11,6 +11,8 @@ from kompaktor.model.errors import KompaktorError
 from kompaktor.model.keys import check_row_range
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import pyarrow as pa
 
 
@@ -65,15 +67,17 @@ def scan(
         _check_output(output)
     c = open_client(redis_url, storage_uri)
     if output:
-        _write_scan(c.read_arrow(name, parse_row(start), parse_row(end)), output)
+        _write_scan(lambda: c.read_arrow(name, parse_row(start), parse_row(end)), output)
         return
     entries = c.scan(name, parse_row(start), parse_row(end))
     for e in entries:
         click.echo(f"{_show(e.row)} {_show(e.cf)}:{_show(e.cq)} [{_show(e.vis)}] {e.ts}\t{_show(e.value)}")
 
 
-def _write_scan(reader: pa.RecordBatchReader, output: str) -> None:
-    """``scan -o``: the merged view's Arrow batches into one sorted file (already in key order)."""
+def _write_scan(open_reader: Callable[[], pa.RecordBatchReader], output: str) -> None:
+    """``scan -o``: the merged view's Arrow batches into one sorted file (already in key order).
+    The output is opened before the read pins anything: an output that cannot be written is one
+    line with nothing changed in Redis."""
     import os
 
     import pyarrow as pa
@@ -85,7 +89,7 @@ def _write_scan(reader: pa.RecordBatchReader, output: str) -> None:
     try:
         w = SortedFileWriter(local, os.path.basename(output))
         try:
-            for batch in reader:
+            for batch in open_reader():
                 w.write_table(pa.Table.from_batches([batch]), checked=True)
             info = w.commit()
         except BaseException:
