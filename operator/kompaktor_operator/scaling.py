@@ -175,7 +175,9 @@ def _victim_steps(victims: list[PodView], compactors: Mapping[str, CompactorView
         if beat is None and not pod.marked:
             out.drain.append(pod.name)  # a starting compactor must not take a job either
         if beat is None or beat.drained:
-            if pod.lowest_cost and (deletion_cost or not pod.ready):
+            # Before 1.22 a drained compactor's pod is removable once its readiness probe failed;
+            # a pod that never reported has no compactor whose probe would: it goes at once.
+            if pod.lowest_cost and (deletion_cost or not pod.ready or beat is None):
                 out.removable.append(pod.name)
             elif pod.lowest_cost:
                 out.waiting.append(pod.name)  # until its readiness probe turns it NotReady

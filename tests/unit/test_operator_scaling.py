@@ -181,3 +181,13 @@ def test_without_pod_deletion_cost_a_drained_victim_goes_only_once_not_ready() -
     assert d.replicas == 1 and d.waiting == ()
     # where the cost is honoured, the cost alone is enough (one pass sooner)
     assert decide_scale(2, 1, pods("a", "b", b=victim), comps).replicas == 1
+
+
+def test_without_pod_deletion_cost_a_victim_that_never_reported_goes_at_once() -> None:
+    """A pod whose compactor never sent a heartbeat (it runs none, or never started) has no
+    drained compactor whose readiness probe would fail: waiting for NotReady would wait forever
+    (the HPA test's group of pods without compactors never scaled down)."""
+    comps = dict([beat("a")])
+    victim = {"marked": True, "lowest_cost": True}
+    d = decide_scale(2, 1, pods("a", "b", b=victim), comps, deletion_cost=False)
+    assert d.replicas == 1 and d.victims == ("b",) and d.waiting == ()
