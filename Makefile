@@ -34,7 +34,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP) ## virtualenv in .venv with the package and dev extras; redis-server, redis-sentinel, chromium (the status page's browser test) and Java 17 via apt-get when missing
 
 test: $(STAMP) control-plane promtool test-images lint ## the gates (make lint), then the whole suite (unit, Redis, Spark, operator, chart, images, real Kubernetes on a real node)
-	$(PY) -m pytest -q
+	bash scripts/test-tiers.sh $(PY)
 
 control-plane: ## build kube-apiserver, -controller-manager, -scheduler, kubelet, kube-proxy 1.20 from Debian's source once (cached in ~/.cache/kompaktor); install containerd, runc, CNI, dnsmasq
 	@if [ "$$KOMPAKTOR_SKIP_K8S" != 1 ]; then bash tests/k8s/build-control-plane.sh >/dev/null; fi
