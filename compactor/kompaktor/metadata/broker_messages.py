@@ -83,7 +83,7 @@ class Reserve(Request):
 
     @classmethod
     def parse(cls, d: dict[str, Any]) -> Reserve:
-        return cls(name(d.get("group"), "group"), name(d.get("compactor"), "compactor id"), _token(d))
+        return cls(*_compactor(d), _token(d))
 
 
 @dataclass(frozen=True)
@@ -100,8 +100,7 @@ class Register(Request):
         state = d.get("state")
         if state not in STATES:
             raise Refused(f"bad compactor state {state!r:.40}")
-        group, compactor = name(d.get("group"), "group"), name(d.get("compactor"), "compactor id")
-        return cls(group, compactor, str(state), _optional(d.get("ecid"), "ECID"), _token(d))
+        return cls(*_compactor(d), str(state), _optional(d.get("ecid"), "ECID"), _token(d))
 
 
 @dataclass(frozen=True)
@@ -114,8 +113,7 @@ class Unregister(Request):
 
     @classmethod
     def parse(cls, d: dict[str, Any]) -> Unregister:
-        group, compactor = name(d.get("group"), "group"), name(d.get("compactor"), "compactor id")
-        return cls(group, compactor, bool(d.get("keep")), _token(d))
+        return cls(*_compactor(d), bool(d.get("keep")), _token(d))
 
 
 @dataclass(frozen=True)
@@ -127,7 +125,7 @@ class MarkDrained(Request):
 
     @classmethod
     def parse(cls, d: dict[str, Any]) -> MarkDrained:
-        return cls(name(d.get("group"), "group"), name(d.get("compactor"), "compactor id"), _token(d))
+        return cls(*_compactor(d), _token(d))
 
 
 @dataclass(frozen=True)
@@ -141,6 +139,11 @@ class CountWritten(Request):
         if not isinstance(n, int) or isinstance(n, bool) or n < 0:
             raise Refused(f"bad byte count {n!r:.40}")
         return cls(n)
+
+
+def _compactor(d: dict[str, Any]) -> tuple[str, str]:
+    """The group and the compactor id a request about a compactor names."""
+    return name(d.get("group"), "group"), name(d.get("compactor"), "compactor id")
 
 
 def _token(d: dict[str, Any]) -> str | None:
