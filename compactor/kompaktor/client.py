@@ -8,6 +8,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -182,14 +183,17 @@ class Client:
         lease = ReadLease(self.store, info.id)
         parts = lease.pin(start, end)
 
-        def batches() -> Iterator[pa.RecordBatch]:
+        def batches() -> Iterator[pa.RecordBatch | None]:
             try:
+                yield None  # started below: a generator closes (and ends the pin) only once started
                 for part in parts:
                     yield from read_part(self.storage, part, settings, batch_rows)
             finally:
                 lease.close()
 
-        return pa.RecordBatchReader.from_batches(SCHEMA, batches())
+        started = batches()
+        next(started)  # a reader dropped unread closes it now, ending the pin and its thread
+        return pa.RecordBatchReader.from_batches(SCHEMA, cast(Iterator[pa.RecordBatch], started))
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ on a real redis-server with the real compactor (Arrow engine)."""
 from __future__ import annotations
 
 import itertools
+import threading
 
 import pyarrow as pa
 import pytest
@@ -109,3 +110,22 @@ def test_a_compaction_and_the_collector_during_a_read_take_nothing_from_it(
     assert got == want
     assert sorted(collect_garbage(store, storage, grace_s=0.0)) == sorted(before)
     assert list(client.scan("t")) == want
+
+
+@pytest.mark.parametrize("read", [0, 1], ids=["dropped-unread", "dropped-after-one-batch"])
+def test_a_reader_dropped_before_its_end_releases_its_files(
+    client: Client, store: MetadataStore, storage: Storage, read: int
+) -> None:
+    """A notebook that opens a read and drops it — unread, or after a batch — must not pin the
+    table's files for the rest of the process's life: once the reader is gone, the compaction's
+    replaced files go at the collector's next pass, and the pin's refreshing thread has ended."""
+    tid = make_table(client)
+    before = {f for t in store.tables.tablets(tid) for f in t.files}
+    reader = client.read_arrow("t", batch_rows=7)
+    for _ in range(read):
+        reader.read_next_batch()
+    assert compact_everything(store, storage) == 2
+    assert collect_garbage(store, storage, grace_s=0.0) == []  # pinned while the reader lives
+    del reader
+    assert sorted(collect_garbage(store, storage, grace_s=0.0)) == sorted(before)
+    assert not [t for t in threading.enumerate() if t.name.startswith("read-READ")]
