@@ -17,8 +17,11 @@ import kompaktor.spark as kspark
 from kompaktor.client import Client
 from kompaktor.files.sortedfile import table_to_entries
 from kompaktor.files.storage import Storage
+from kompaktor.model.errors import KompaktorError
 from kompaktor.model.keys import Entry, sort_key
 from kompaktor.model.names import TMP_PREFIX
+from kompaktor.spark import staged
+from kompaktor.spark.staged import REQUIRED
 from tests.integration.test_read_arrow import flush_st, reference
 
 pytestmark = [pytest.mark.redis, pytest.mark.spark, pytest.mark.timeout(600)]
@@ -261,3 +264,27 @@ def test_partitions_stay_pinned_through_compactions_until_their_tasks_read(
     assert collect_garbage(store, storage, grace_s=0.0) == []
     batches = [b for p in partitions for b in reader.read(p)]
     assert [e for b in batches for e in table_to_entries(pa.Table.from_batches([b]))] == want
+
+
+@pytest.mark.parametrize("ending", ["commit", "abort"])
+def test_a_task_that_finishes_after_its_job_ended_leaves_nothing(
+    client: Client, redis_url: str, storage: Storage, ending: str
+) -> None:
+    """A straggler — a task Spark was still cancelling when the job failed, or a speculative
+    copy that lost — finishes its files after the driver's commit or abort has swept the job:
+    it sees the job ended and removes them; nothing is left and nothing of it becomes visible."""
+    client.store.tables.create_table("s", SPLITS)
+    job = staged.begin_write(staged.Endpoint(redis_url, storage.uri), "s", None)
+
+    def batch(rows: list[bytes]) -> pa.RecordBatch:
+        cols = {c: [b"f"] * len(rows) for c in ("cf", "cq")} | {"vis": [b""] * len(rows), "value": rows}
+        return pa.RecordBatch.from_pydict({"row": rows, **cols}, pa.schema([(c, pa.binary()) for c in REQUIRED]))
+
+    in_time = staged.write_task(job, [batch([b"a", b"c"])])
+    end = staged.commit_write if ending == "commit" else staged.abort_write
+    end(job, [in_time])
+    with pytest.raises(KompaktorError, match="ended"):
+        staged.write_task(job, [batch([b"d", b"z"])])
+    assert leftovers(storage) == []
+    assert [e.row for e in client.scan("s")] == ([b"a", b"c"] if ending == "commit" else [])
+    assert {rel for rel, _ in storage.list_files("tables")} == table_files(client, "s")

@@ -160,12 +160,22 @@ def write_task(job: WriteJob, batches: Iterable[pa.RecordBatch]) -> TaskFiles:
             w.write_table(run, checked=True)
             info = w.finish()
             done.append(StagedFile(w.tmp_rel, w.rel_path, info.meta))
+        if job_ended(client.store, job):  # checked after the last file exists (see _sweep)
+            raise KompaktorError(f"write {job.tag} ended (committed or aborted) while this task ran")
     except BaseException:
         for w in writers:
             _quietly(w.abort)
         _quietly(client.store.files.forget_import, record)
         raise
     return TaskFiles(record, tuple(done))
+
+
+def job_ended(store: MetadataStore, job: WriteJob) -> bool:
+    """Whether the driver ended the job (its record gone, or brought forward from the expiry
+    :func:`begin_write` gave it: both times are the driver's clock, so no clock is compared
+    with another's). A stream's micro-batch commit keeps it alive: that pushes it further out."""
+    expires = store.files.import_expiry(job.tag)
+    return expires is None or expires < job.now_ms / 1000 + job.ttl_s - 1.0
 
 
 def commit_write(job: WriteJob, tasks: list[TaskFiles], *, end: bool = True) -> bool:
@@ -219,6 +229,9 @@ def _sweep(job: WriteJob, tasks: list[TaskFiles], *, end: bool) -> None:
     store, storage = client.store, client.storage
     reported = {f.path for t in tasks for f in t.files} | {f.staged for t in tasks for f in t.files}
     try:
+        # the end first, then the listing: a task still writing either finished its files
+        # before the listing (which finds them) or checks the end after them (and removes them)
+        store.files.register_import(job.tag, job.table_id, [], 0.0 if end else job.ttl_s)
         for rel, _mtime in storage.list_files(posixpath.join(TABLES_DIR, job.table_id)):
             if tmp_tag(rel) == job.tag and rel not in reported:
                 _quietly(storage.delete, rel)
@@ -227,7 +240,6 @@ def _sweep(job: WriteJob, tasks: list[TaskFiles], *, end: bool) -> None:
                 if p not in reported:
                     _quietly(storage.delete, p)
             store.files.forget_import(record)
-        store.files.register_import(job.tag, job.table_id, [], 0.0 if end else job.ttl_s)
     except (KompaktorError, OSError):
         pass  # what is left is unreferenced: the collector removes it once the records expire
 

@@ -116,6 +116,12 @@ class FileStore:
         """Drop the record of an import that failed and removed its files."""
         self._core.call(self._r.hdel, keyspace.IMPORTS, import_id)
 
+    def import_expiry(self, import_id: str) -> float | None:
+        """When the record of import ``import_id`` ends (seconds since the epoch, on the clock of
+        whoever wrote it); None without a record."""
+        raw = self._core.call(self._r.hget, keyspace.IMPORTS, import_id)
+        return None if raw is None else float(json.loads(raw)["expires"])
+
     def import_records(self, prefix: str) -> dict[str, list[str]]:
         """The files of each import in progress whose id starts with ``prefix`` (a Spark write's
         tasks, :mod:`kompaktor.spark.staged`)."""
