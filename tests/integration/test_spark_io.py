@@ -17,6 +17,9 @@ import kompaktor.spark as kspark
 from kompaktor.client import Client
 from kompaktor.files.sortedfile import table_to_entries
 from kompaktor.files.storage import Storage
+from kompaktor.local.redis_server import RedisProcess
+from kompaktor.metadata import acl
+from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.errors import KompaktorError
 from kompaktor.model.keys import Entry, sort_key
 from kompaktor.model.names import TMP_PREFIX
@@ -288,3 +291,32 @@ def test_a_task_that_finishes_after_its_job_ended_leaves_nothing(
     assert leftovers(storage) == []
     assert [e.row for e in client.scan("s")] == ([b"a", b"c"] if ending == "commit" else [])
     assert {rel for rel, _ in storage.list_files("tables")} == table_files(client, "s")
+
+
+def test_a_pipeline_on_the_admin_user_writes_and_reads_and_the_compactor_user_cannot(
+    spark, tmp_path: Path, storage: Storage
+) -> None:
+    """With Redis users per role (docs/kubernetes.md), a pipeline on the `admin` user — the role
+    docs/spark.md names — writes and reads a table through the source; on the `compactor` user,
+    which may write nothing of the metadata, the write is refused in one line and leaves
+    nothing, and so is the read (it cannot pin its files)."""
+    passwords = acl.new_passwords()
+    server = RedisProcess(tmp_path / "redis", users=passwords).start()
+    try:
+        admin = Client(MetadataStore.from_url(server.role_url("admin")), storage)
+        admin.store.tables.create_table("acl", SPLITS)
+        entries = sorted((Entry(b"r%03d" % i, b"f", b"q", b"", 3, False, b"v") for i in range(40)), key=sort_key)
+        as_admin = {"redis": server.role_url("admin"), "storage": storage.uri}
+        kspark.write(dataframe(spark, entries), "acl", **as_admin)
+        assert rows_of(kspark.read(spark, "acl", **as_admin)) == entries
+        files = table_files(admin, "acl")
+        as_compactor = {"redis": server.role_url("compactor"), "storage": storage.uri}
+        with pytest.raises(Exception, match="denied a command to this user") as refused:
+            kspark.write(dataframe(spark, entries[:5]), "acl", **as_compactor)
+        assert len(str(refused.value).strip().splitlines()) == 1 and passwords["compactor"] not in str(refused.value)
+        with pytest.raises(Exception, match="denied a command to this user"):
+            kspark.read(spark, "acl", **as_compactor).collect()
+        assert table_files(admin, "acl") == files and leftovers(storage) == []
+        assert list(admin.scan("acl")) == entries
+    finally:
+        server.stop()

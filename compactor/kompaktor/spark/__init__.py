@@ -6,7 +6,10 @@ Imports nothing of Spark until called: ``import kompaktor.spark`` is cheap."""
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
+
+from kompaktor.model import errors
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -15,6 +18,21 @@ if TYPE_CHECKING:
 SORT_COLUMNS = (("row", True), ("cf", True), ("cq", True), ("vis", True), ("ts", False), ("deleted", False))
 #: the column :func:`write` partitions on (dropped before the write)
 TABLET_COLUMN = "_kompaktor_tablet"
+#: the last line of a Kompaktor error's traceback, as Spark quotes it in its own exceptions
+_QUOTED_ERROR = re.compile(r"^kompaktor\.model\.errors\.(\w+): (.+)$", re.MULTILINE)
+
+
+def unwrapped(exc: Exception) -> Exception:
+    """The Kompaktor error that Spark wrapped (with its Python traceback) into ``exc``, as its own
+    one-line exception; ``exc`` itself when it quotes none."""
+    found = _QUOTED_ERROR.findall(str(exc))
+    if not found:
+        return exc
+    name, message = found[-1]
+    cls: object = getattr(errors, name, None)
+    if isinstance(cls, type) and issubclass(cls, errors.KompaktorError) and "__init__" not in vars(cls):
+        return cls(message)  # a class built from its message alone
+    return errors.KompaktorError(message)
 
 
 def register(spark: SparkSession) -> None:
@@ -63,4 +81,7 @@ def write(df: DataFrame, table: str, *, write_id: str | None = None, **options: 
     out = shaped.write.format("kompaktor").option("table", table).options(**options)
     if write_id is not None:
         out = out.option("write_id", write_id)
-    out.mode("append").save()
+    try:
+        out.mode("append").save()
+    except Exception as exc:  # Spark's wrapping of an error of the driver's or a task's
+        raise unwrapped(exc) from None
