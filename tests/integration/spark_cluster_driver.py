@@ -14,6 +14,11 @@ own output goes to stderr):
 - ``{"op": "tasks", "group"}``: every task attempt of the app's finished stages from the
   driver's REST API (executor id, index, attempt, status)
 - ``{"op": "conf"}``: the session's SparkConf
+- ``{"op": "roundtrip", "redis", "storage", "table", "entries"}``: the entries (row, cf, cq, vis,
+  value as hex; ts; deleted) written to the table with ``kompaktor.spark.write`` from a DataFrame
+  spread over 4 partitions, then the table read back with the ``kompaktor`` source; ``{"event":
+  "roundtrip", "rows": [...]}`` (the read's rows, in the same form) or ``{"event": "roundtrip",
+  "error", "type"}``
 - ``{"op": "quit"}``
 """
 
@@ -81,10 +86,33 @@ def main() -> None:
         except BaseException as exc:
             emit({"event": "done", "id": cmd["id"], "error": str(exc), "type": type(exc).__name__})
 
+    def roundtrip(cmd: dict) -> None:
+        from pyspark.sql import SparkSession
+
+        import kompaktor.spark as kspark
+
+        spark = SparkSession.builder.getOrCreate()  # the engine's session
+        conn = {"redis": cmd["redis"], "storage": cmd["storage"]}
+        data = [(*(bytes.fromhex(x) for x in e[:4]), e[4], e[5], bytes.fromhex(e[6])) for e in cmd["entries"]]
+        schema = "row binary, cf binary, cq binary, vis binary, ts bigint, deleted boolean, value binary"
+        try:
+            kspark.write(spark.createDataFrame(data, schema).repartition(4), cmd["table"], **conn)
+            got = kspark.read(spark, cmd["table"], **conn).collect()
+        except Exception as exc:
+            emit({"event": "roundtrip", "error": str(exc), "type": type(exc).__name__})
+            return
+        rows = [
+            [bytes(r[c]).hex() for c in ("row", "cf", "cq", "vis")] + [r.ts, r.deleted, bytes(r.value).hex()]
+            for r in got
+        ]
+        emit({"event": "roundtrip", "rows": rows})
+
     for line in sys.stdin:
         cmd = json.loads(line)
         op = cmd["op"]
-        if op == "merge":
+        if op == "roundtrip":
+            roundtrip(cmd)
+        elif op == "merge":
             threading.Thread(target=merge, args=(cmd,), daemon=True).start()
         elif op == "stages":
             tr = sc.statusTracker()
@@ -106,7 +134,7 @@ def main() -> None:
             emit({"event": "executors", "n": eng.executors()})
         elif op == "tasks":
             url = f"{sc.uiWebUrl}/api/v1/applications/{sc.applicationId}/stages?details=true"
-            with urllib.request.urlopen(url, timeout=10) as r:
+            with urllib.request.urlopen(url, timeout=120) as r:  # slow on a loaded machine
                 data = json.load(r)
             tasks = []
             for st in data:

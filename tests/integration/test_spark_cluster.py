@@ -285,6 +285,41 @@ def test_merge_runs_on_both_workers_and_equals_the_arrow_engine(cluster, driver,
     assert on == {executor_id(w) for w in cluster.workers if w.proc.poll() is None}, tasks
 
 
+def test_a_pipeline_writes_and_reads_a_table_with_executors_on_both_workers(
+    cluster, driver, client, redis_url, storage
+):
+    """docs/spark.md's pipeline on the cluster: the executors on both workers write a DataFrame
+    with versions and deletes as one import (kompaktor.spark.write) and read the merged view
+    back (the kompaktor source); the view is the reference's (the merge rules, written in
+    test_read_arrow, not the product's merge) and every file the write staged is registered."""
+    from tests.integration.test_read_arrow import reference
+
+    ensure_two_workers(cluster, driver)
+    client.store.tables.create_table("pipe", [b"r000300", b"r000600"])
+    rng = np.random.default_rng(11)
+    keys = {(int(r), int(t)) for r, t in zip(rng.integers(0, 900, 3000), rng.integers(1, 6, 3000), strict=True)}
+    written = [
+        Entry(
+            b"r%06d" % r, b"f", b"q%d" % (r % 3), b"", ts, (r + ts) % 7 == 0, b"" if (r + ts) % 7 == 0 else b"v%d" % ts
+        )
+        for r, ts in sorted(keys)
+    ]
+    after = last_stage(driver)
+    hexed = [[e.row.hex(), e.cf.hex(), e.cq.hex(), e.vis.hex(), e.ts, e.deleted, e.value.hex()] for e in written]
+    answer = driver.ask("roundtrip", redis=redis_url, storage=storage.uri, table="pipe", entries=hexed)
+    assert "error" not in answer, answer
+    got = sorted(
+        (Entry(*(bytes.fromhex(x) for x in r[:4]), r[4], r[5], bytes.fromhex(r[6])) for r in answer["rows"]),
+        key=sort_key,
+    )
+    assert got == reference([written], None, None, 1)
+    tid = client.store.tables.table_id("pipe")
+    registered = {f for t in client.store.tables.tablets(tid) for f in t.files}
+    assert registered and {p for p, _ in storage.list_files("tables")} == registered
+    ran_on = {t["executor"] for t in driver.ask("tasks")["tasks"] if t["stage"] > after and t["status"] == "SUCCESS"}
+    assert ran_on == {executor_id(w) for w in cluster.workers if w.proc.poll() is None}
+
+
 def test_the_groups_spark_settings_reach_the_session_and_the_master(cluster, driver):
     conf = driver.ask("conf")["conf"]
     assert conf["spark.master"] == cluster.url
