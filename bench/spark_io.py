@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -77,7 +78,7 @@ def arrow_rows(client: Client) -> list[dict]:
     return out
 
 
-def spark_rows(client: Client, redis_url: str, work: Path) -> list[dict]:
+def spark_rows(client: Client, redis_url: str, work: Path, repeat: int = 1) -> list[dict]:
     import kompaktor.spark as kspark
     from kompaktor.engines import session
 
@@ -111,9 +112,13 @@ def spark_rows(client: Client, redis_url: str, work: Path) -> list[dict]:
             n_raw,
         ),
     ]
+    times: dict[str, list[float]] = {name: [] for name, _fn, _n in runs}
+    for _round in range(repeat):  # in rounds: a change of the machine's load falls on every run alike
+        for name, fn, _n in runs:
+            times[name].append(timed(fn)[0])
     out = []
-    for name, fn, n in runs:
-        s, _ = timed(fn)
+    for name, _fn, n in runs:
+        s = statistics.median(times[name])
         out.append({"what": name, "seconds": round(s, 2), "entries": n, "entries_per_s": round(n / s)})
     print(f"the source's merged view: {n_view:,} of {n_raw:,} entries read (entries/s: entries read)")
     session.stop_session()
@@ -125,6 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--entries", type=int, default=4_000_000)
     ap.add_argument("--tablets", type=int, default=4)
     ap.add_argument("--files", type=int, default=4)
+    ap.add_argument("--repeat", type=int, default=1, help="Spark runs per measure, in rounds (median)")
     ap.add_argument("--no-spark", action="store_true", help="read_arrow against the entry scan only")
     args = ap.parse_args(argv)
     redis = start_redis()
@@ -134,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
         fill(client, args.entries, args.tablets, args.files)
         rows = arrow_rows(client)
         if not args.no_spark:
-            rows += spark_rows(client, redis.url, work)
+            rows += spark_rows(client, redis.url, work, args.repeat)
     finally:
         redis.stop()
         shutil.rmtree(work, ignore_errors=True)
