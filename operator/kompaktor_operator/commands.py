@@ -53,6 +53,7 @@ def operator(
     namespaces: tuple[str, ...], liveness: str, redis_url: str, metrics_port: int, metrics_host: str, verbose: bool
 ) -> None:
     """Run the Kubernetes operator (kopf) in the foreground."""
+    # long with its decorators only, one per option: the body parses and runs
     import asyncio
     import importlib.util
     import logging

@@ -15,9 +15,10 @@ from kompaktor.coordinator import Coordinator
 from kompaktor.files.storage import Storage
 from kompaktor.local.redis_server import RedisProcess
 from kompaktor.metadata import acl, history
+from kompaktor.metadata.brokered import Refused
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.worker import Compactor, WorkerSettings
-from tests.support.broker import brokered, running_broker
+from tests.support.broker import ask_raw, brokered, running_broker
 from tests.support.entries import entries
 from tests.support.snapshot import snapshot
 
@@ -124,20 +125,26 @@ def test_each_role_on_its_own_user_compacts_and_the_broker_reloads_lost_scripts(
     assert list(client.scan("t")) == before
     (tablet,) = admin.tables.tablets(admin.tables.table_id("t"))
     assert len(tablet.files) == 1
-    # the compactor, on its user, recorded the job in the history; admin reads it
+    # the compactor, on its user, recorded the job in the history through the broker; admin reads it
     assert [r.ecid for r in history.read(admin, ["default"])] == [outcome.ecid]
 
 
-def test_the_compactor_may_append_to_the_history_and_nothing_more(users: RedisProcess) -> None:
-    """Issue 36 §1: the history's commands reach its streams (kz:history:*) and no other key; the
-    compactor appends (XADD, XTRIM) without reading; the coordinator and admin read."""
+def test_the_compactor_may_not_touch_any_history_stream(users: RedisProcess) -> None:
+    """The history's commands reach its streams (kz:history:*) and no other key, for the roles
+    that hold them: the coordinator (its broker appends the compactors' jobs, its pass the dead
+    ones) and admin append and read. The compactor may neither append to, trim nor read any
+    group's stream, its own included: its jobs' records go through the broker."""
+    coordinator = redis.Redis.from_url(users.role_url("coordinator"))
+    assert coordinator.xadd("kz:history:g", {"r": "{}"}, maxlen=10, approximate=True)
     compactor = redis.Redis.from_url(users.role_url("compactor"))
-    assert compactor.xadd("kz:history:g", {"r": "{}"}, maxlen=10, approximate=True)
-    assert compactor.xtrim("kz:history:g", minid="0", approximate=True) == 0
     for cmd in (
+        ("XADD", "kz:history:g", "*", "r", "x"),  # a group's history
+        ("XADD", "kz:history:default", "MAXLEN", "~", "10", "*", "r", "x"),  # its own group's too
+        ("XTRIM", "kz:history:g", "MINID", "~", "0"),
+        ("XTRIM", "kz:history:g", "MAXLEN", "0"),
         ("XADD", "kz:tables", "*", "r", "x"),  # another Kompaktor key
         ("XADD", "other:history:g", "*", "r", "x"),  # not Kompaktor's
-        ("XREVRANGE", "kz:history:g", "+", "-"),  # reading is not the compactor's
+        ("XREVRANGE", "kz:history:g", "+", "-"),
         ("XDEL", "kz:history:g", "0-1"),
         ("XGROUP", "CREATE", "kz:history:g", "x", "$"),
     ):
@@ -146,5 +153,49 @@ def test_the_compactor_may_append_to_the_history_and_nothing_more(users: RedisPr
     for role in ("coordinator", "admin"):
         reader = redis.Redis.from_url(users.role_url(role))
         assert len(reader.xrevrange("kz:history:g", "+", "-")) == 1
+        assert not reader.exists("kz:history:default")
         with pytest.raises(redis.ResponseError, match=r"permission|not allowed"):
             reader.execute_command("XADD", "kz:tables", "*", "r", "x")
+
+
+def test_a_jobs_history_record_goes_through_the_broker_into_its_groups_stream_only(
+    users: RedisProcess, tmp_path: Path
+) -> None:
+    """A compactor holding a reservation of group `default` asks the broker to record its job, as
+    a hostile one would: naming another group, table and compactor, with figures of its own. The
+    record lands in `default`'s stream alone, with what the broker's reservation says; the
+    figures are the compactor's (only it measured them). Asked again, the broker refuses: one
+    record per job. The other group's stream is as it was."""
+    storage = Storage.from_uri(str(tmp_path / "files"))
+    admin = MetadataStore.from_url(users.role_url("admin"))
+    client = Client(admin, storage)
+    admin.tables.create_table("t", [])
+    for k in range(4):
+        client.flush("t", entries(20, k, value=lambda r, k=k: b"v%d" % k))
+    tid = admin.tables.table_id("t")
+    (tablet,) = admin.tables.tablets(tid)
+    coordinator = Coordinator(MetadataStore.from_url(users.role_url("coordinator")), storage)
+    assert coordinator.tick()
+    other = redis.Redis.from_url(users.role_url("coordinator"))
+    other.xadd("kz:history:other", {"r": "{}"})
+    before = other.xrevrange("kz:history:other")
+    _, jobs = brokered(users.role_url("compactor"))
+    hostile = {"group": "other", "table": "x", "tablet": "x;", "compactor": "spoof", "kind": "USER"}
+    figures = {"output_bytes": 777, "merge_s": 1.25}
+    with running_broker(users.role_url("coordinator")):
+        res = jobs.reserve("default", "c-hist")
+        assert res is not None
+        jobs.release(storage, res)
+        held = {"ecid": res.ecid, "cap": res.cap, "reason": "drained", "max_records": 10, "max_age_s": 60.0}
+        with pytest.raises(Refused, match="not the holder"):  # another's job: its secret is needed
+            ask_raw(jobs, "history", **{**held, "cap": "guess"}, outcome="failed", figures={})
+        assert ask_raw(jobs, "history", **held, outcome="cancelled", figures=figures, **hostile) is True
+        with pytest.raises(Refused):  # a second record of the same job
+            ask_raw(jobs, "history", **held, outcome="committed", figures={})
+    coordinator.resign()
+    (rec,) = history.read(admin, ["default"])
+    assert (rec.ecid, rec.group, rec.table, rec.tablet) == (res.ecid, "default", tid, tablet.id)
+    assert rec.compactor == "c-hist"
+    assert (rec.outcome, rec.reason, rec.kind, rec.input_files) == ("cancelled", "drained", "SYSTEM", 4)
+    assert (rec.output_bytes, rec.merge_s, rec.input_entries) == (777, 1.25, None)
+    assert other.xrevrange("kz:history:other") == before

@@ -47,6 +47,19 @@ def storage_option(fn: F) -> F:
     )(fn)
 
 
+def options(*decorators: Callable[[F], F]) -> Callable[[F], F]:
+    """Click option decorators as one, in the order ``--help`` lists them (the first given is the
+    first listed, as if written one above the other): a command keeps its options in a tuple
+    beside it, and its function holds only the parsing."""
+
+    def apply(fn: F) -> F:
+        for decorate in reversed(decorators):
+            fn = decorate(fn)
+        return fn
+
+    return apply
+
+
 _UNSET = ", for a group without configuration in Redis (a CompactorGroup's spec.history applies to its group)."
 
 

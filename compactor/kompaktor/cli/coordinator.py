@@ -2,90 +2,117 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import click
 
-from kompaktor.cli.common import friendly_errors, history_options, redis_option, setup_logging, storage_option
+from kompaktor.cli.common import (
+    friendly_errors,
+    history_options,
+    options,
+    redis_option,
+    setup_logging,
+    storage_option,
+)
+
+if TYPE_CHECKING:
+    from kompaktor.coordinator.assemble import CoordinatorOptions
+
+
+#: the options of `kompaktor coordinator`, in the order --help lists them
+OPTIONS = (
+    click.option(
+        "--metrics-port",
+        type=int,
+        default=9090,
+        show_default=True,
+        help="Port for /metrics (queue depth per group: the autoscaling signal) and /status (the status "
+        "page); 0: any free port, -1: off.",
+    ),
+    click.option(
+        "--metrics-host",
+        default="0.0.0.0",
+        show_default=True,
+        envvar="KOMPAKTOR_METRICS_HOST",
+        help="Address /metrics and /status listen on (env KOMPAKTOR_METRICS_HOST).",
+    ),
+    click.option(
+        "--full-scan-interval",
+        type=float,
+        default=30.0,
+        show_default=True,
+        help="Seconds between full scans of all tablets.",
+    ),
+    click.option(
+        "--dead-after",
+        type=float,
+        default=30.0,
+        show_default=True,
+        help="Seconds without a heartbeat after which a compaction is dead.",
+    ),
+    click.option(
+        "--gc-grace",
+        type=float,
+        default=300.0,
+        show_default=True,
+        help="Seconds an unreferenced file is kept before garbage collection.",
+    ),
+    click.option("--gc-interval", type=float, default=60.0, show_default=True),
+    click.option(
+        "--lease",
+        "lease_s",
+        type=click.FloatRange(min=0.5),
+        default=10.0,
+        show_default=True,
+        help="Seconds of the leader's lease; a stopped leader is replaced this long after its last renewal.",
+    ),
+    click.option(
+        "--plan-workers",
+        type=click.IntRange(min=0, max=64),
+        default=None,
+        help="Worker processes that plan shares of a full pass over 50,000 tablets or more "
+        "(default: one per core beyond the first, at most 3; 0: plan in one thread).",
+    ),
+    click.option(
+        "--backup-interval",
+        type=click.FloatRange(min=0),
+        default=0.0,
+        show_default=True,
+        help="Seconds between backups of the metadata to storage under backups/ (0: none; docs/backup.md).",
+    ),
+    click.option(
+        "--bootstrap-from",
+        default=None,
+        envvar="KOMPAKTOR_BOOTSTRAP_FROM",
+        help="At start, restore this backup (an id, or `latest`) if Redis holds no tables and was never "
+        "restored: a new install starting from a backup (docs/backup.md).",
+    ),
+    click.option("--backup-keep", type=click.IntRange(min=1), default=7, show_default=True, help="Backups retained."),
+    click.option(
+        "--backup-max-age",
+        type=click.FloatRange(min=0),
+        default=None,
+        help="Seconds after which a backup is deleted (the newest is always kept).",
+    ),
+    history_options(),
+    redis_option,
+    storage_option,
+)
 
 
 @click.command()
-@click.option(
-    "--metrics-port",
-    type=int,
-    default=9090,
-    show_default=True,
-    help="Port for /metrics (queue depth per group: the autoscaling signal) and /status (the status "
-    "page); 0: any free port, -1: off.",
-)
-@click.option(
-    "--metrics-host",
-    default="0.0.0.0",
-    show_default=True,
-    envvar="KOMPAKTOR_METRICS_HOST",
-    help="Address /metrics and /status listen on (env KOMPAKTOR_METRICS_HOST).",
-)
-@click.option(
-    "--full-scan-interval",
-    type=float,
-    default=30.0,
-    show_default=True,
-    help="Seconds between full scans of all tablets.",
-)
-@click.option(
-    "--dead-after",
-    type=float,
-    default=30.0,
-    show_default=True,
-    help="Seconds without a heartbeat after which a compaction is dead.",
-)
-@click.option(
-    "--gc-grace",
-    type=float,
-    default=300.0,
-    show_default=True,
-    help="Seconds an unreferenced file is kept before garbage collection.",
-)
-@click.option("--gc-interval", type=float, default=60.0, show_default=True)
-@click.option(
-    "--lease",
-    "lease_s",
-    type=click.FloatRange(min=0.5),
-    default=10.0,
-    show_default=True,
-    help="Seconds of the leader's lease; a stopped leader is replaced this long after its last renewal.",
-)
-@click.option(
-    "--plan-workers",
-    type=click.IntRange(min=0, max=64),
-    default=None,
-    help="Worker processes that plan shares of a full pass over 50,000 tablets or more "
-    "(default: one per core beyond the first, at most 3; 0: plan in one thread).",
-)
-@click.option(
-    "--backup-interval",
-    type=click.FloatRange(min=0),
-    default=0.0,
-    show_default=True,
-    help="Seconds between backups of the metadata to storage under backups/ (0: none; docs/backup.md).",
-)
-@click.option(
-    "--bootstrap-from",
-    default=None,
-    envvar="KOMPAKTOR_BOOTSTRAP_FROM",
-    help="At start, restore this backup (an id, or `latest`) if Redis holds no tables and was never "
-    "restored: a new install starting from a backup (docs/backup.md).",
-)
-@click.option("--backup-keep", type=click.IntRange(min=1), default=7, show_default=True, help="Backups retained.")
-@click.option(
-    "--backup-max-age",
-    type=click.FloatRange(min=0),
-    default=None,
-    help="Seconds after which a backup is deleted (the newest is always kept).",
-)
-@history_options()
-@redis_option
-@storage_option
+@options(*OPTIONS)
 @friendly_errors
-def coordinator(
+def coordinator(**params: Any) -> None:
+    """Plan tablets into group queues, run user compactions, detect dead compactions, collect
+    garbage. Several may run; one leads (Redis lease), the others wait."""
+    from kompaktor.coordinator.assemble import run_coordinator
+
+    setup_logging()
+    run_coordinator(coordinator_options(**params), lambda line: click.echo(line, err=True))
+
+
+def coordinator_options(
     metrics_port: int,
     metrics_host: str,
     full_scan_interval: float,
@@ -102,14 +129,12 @@ def coordinator(
     history_age: float,
     redis_url: str,
     storage_uri: str | None,
-) -> None:
-    """Plan tablets into group queues, run user compactions, detect dead compactions, collect
-    garbage. Several may run; one leads (Redis lease), the others wait."""
-    from kompaktor.coordinator.assemble import CoordinatorOptions, run_coordinator
+) -> CoordinatorOptions:
+    """The options of `kompaktor coordinator` (click's parameters) as the process's settings."""
+    from kompaktor.coordinator.assemble import CoordinatorOptions
     from kompaktor.coordinator.core import CoordinatorSettings
     from kompaktor.metadata.history import HistoryLimits
 
-    setup_logging()
     settings = CoordinatorSettings(
         full_scan_s=full_scan_interval,
         dead_after_s=dead_after,
@@ -122,5 +147,4 @@ def coordinator(
         history_limits=HistoryLimits(history_records, history_age),
         **({} if plan_workers is None else {"plan_workers": plan_workers}),
     )
-    opts = CoordinatorOptions(redis_url, storage_uri, settings, metrics_port, metrics_host, bootstrap_from)
-    run_coordinator(opts, lambda line: click.echo(line, err=True))
+    return CoordinatorOptions(redis_url, storage_uri, settings, metrics_port, metrics_host, bootstrap_from)

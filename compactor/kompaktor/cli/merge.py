@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import click
 
-from kompaktor.cli.common import friendly_errors
+from kompaktor.cli.common import friendly_errors, options
 from kompaktor.model.engines import ENGINES
 from kompaktor.policy.services import DEFAULT_ENGINE, DEFAULT_SPARK_MASTER
 
@@ -19,31 +19,37 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:.1f} MB"
 
 
+#: the arguments and options of `kompaktor merge`, in the order --help lists them
+OPTIONS = (
+    click.argument("inputs", nargs=-1, required=True, type=click.Path(dir_okay=False)),
+    click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Output Parquet file."),
+    click.option(
+        "--full/--partial",
+        default=True,
+        show_default=True,
+        help="Full: drop delete markers. Partial: keep the newest marker of each key (inputs are a "
+        "subset of a tablet's files).",
+    ),
+    click.option(
+        "--max-versions", type=click.IntRange(min=1), default=1, show_default=True, help="Newest versions kept per key."
+    ),
+    click.option(
+        "--ageoff-ttl-ms",
+        type=click.IntRange(min=0),
+        default=None,
+        help="Age-off filter: drop puts older than now minus this many milliseconds.",
+    ),
+    click.option("--row-regex", default=None, help="Row filter: drop puts whose row matches this regex."),
+    click.option("--engine", type=click.Choice(ENGINES), default=DEFAULT_ENGINE, show_default=True),
+    click.option(
+        "--spark-master", default=DEFAULT_SPARK_MASTER, show_default=True, help="Spark master for --engine spark."
+    ),
+    click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists."),
+)
+
+
 @click.command()
-@click.argument("inputs", nargs=-1, required=True, type=click.Path(dir_okay=False))
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Output Parquet file.")
-@click.option(
-    "--full/--partial",
-    default=True,
-    show_default=True,
-    help="Full: drop delete markers. Partial: keep the newest marker of each key (inputs are a "
-    "subset of a tablet's files).",
-)
-@click.option(
-    "--max-versions", type=click.IntRange(min=1), default=1, show_default=True, help="Newest versions kept per key."
-)
-@click.option(
-    "--ageoff-ttl-ms",
-    type=click.IntRange(min=0),
-    default=None,
-    help="Age-off filter: drop puts older than now minus this many milliseconds.",
-)
-@click.option("--row-regex", default=None, help="Row filter: drop puts whose row matches this regex.")
-@click.option("--engine", type=click.Choice(ENGINES), default=DEFAULT_ENGINE, show_default=True)
-@click.option(
-    "--spark-master", default=DEFAULT_SPARK_MASTER, show_default=True, help="Spark master for --engine spark."
-)
-@click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists.")
+@options(*OPTIONS)
 @friendly_errors
 def merge(
     inputs: tuple[str, ...],

@@ -13,6 +13,10 @@ takes them from ``kzb:requests`` and makes the write with the coordinator's righ
   its ECID and carries the secret: a request without the secret of a reservation the broker made
   is refused, and the write uses the reservation the broker recorded — its tablet, inputs,
   output and whether it is full — never what the request says they are;
+* ``history``, a holder's last request about its compaction, adds the job's record to the
+  compaction history of the reservation's group (``kz:history:<group>``), once: the compactor
+  says what only it measured (the outcome, the reason, its figures), the broker the rest from the
+  reservation; the compactor's user may write no history stream itself;
 * ``register``, ``unregister``, ``mark_drained`` and ``count_written`` are a compactor's state and
   a statistic: what they write is bounded to those keys;
 * with a group key (``KOMPAKTOR_GROUP_KEY``, which the operator holds too), ``reserve`` and a
@@ -38,9 +42,16 @@ from typing import Any
 
 from kompaktor import keyspace
 from kompaktor.metadata import broker_messages as m
-from kompaktor.metadata import compactions
+from kompaktor.metadata import compactions, history
 from kompaktor.metadata import progress as resume_records
-from kompaktor.metadata.brokered import Refused, encode_reply, reservation_record, send_answers, take_requests
+from kompaktor.metadata.brokered import (
+    Refused,
+    encode_reply,
+    reservation_record,
+    send_answers,
+    take_requests,
+    take_reservation_record,
+)
 from kompaktor.metadata.compactions import Reservation
 from kompaktor.metadata.jobs import DirectJobs
 from kompaktor.metadata.store import MetadataStore
@@ -102,6 +113,7 @@ class Broker:
             m.Commit: lambda res, req: self.jobs.commit(res, req.meta),
             m.Release: lambda res, _req: compactions.release_metadata(self.store, res),
             m.Failure: lambda res, req: self.jobs.record_failure(res, req.reason),
+            m.History: self._history,
             m.DropHeartbeat: lambda res, _req: self.jobs.drop_heartbeat(res),
             m.ProgressStart: self._progress_start,
             m.ProgressPart: self._progress_part,
@@ -240,6 +252,31 @@ class Broker:
 
     def _count_written(self, req: m.CountWritten) -> None:
         self.jobs.count_written(req.n)
+
+    # -- the job's record in its group's history ------------------------------------------------------
+    def _history(self, res: Reservation, req: m.History) -> bool:
+        """Append the job's record to the reservation's group's history, once: the reservation's
+        record goes with it, so a second request about it (another coordinator's broker that
+        still knows the reservation, a replay) is refused. The compactor's user may not write
+        any history stream itself (:mod:`kompaktor.metadata.acl`)."""
+        if not take_reservation_record(self.store, res.ecid):
+            raise Refused(f"{res.ecid}: its history record was written already")
+        rec = history.Record(
+            ecid=res.ecid,
+            outcome=req.outcome,
+            group=res.job.group,
+            table=res.table,
+            tablet=res.tablet,
+            kind=res.job.kind,
+            compactor=res.compactor,
+            finished=time.time(),
+            reason=req.reason,
+            engine=req.engine,
+            input_files=len(res.inputs),
+            input_bytes=sum(res.job.files.values()),
+            **dataclasses.asdict(req.figures),
+        )
+        return history.append(self.store, rec, history.HistoryLimits(req.max_records, req.max_age_s))
 
     # -- a merge's progress record, of a reservation's holder ----------------------------------------
     def _fingerprint(self, res: Reservation, req: m.Progress) -> str:

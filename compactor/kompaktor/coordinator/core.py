@@ -45,7 +45,7 @@ log = logging.getLogger("kompaktor.coordinator")
 PLAN_BATCH = 1000
 
 
-@dataclass
+@dataclass(frozen=True)
 class CoordinatorSettings:
     tick_s: float = 0.5
     lease_ms: int = 10_000

@@ -2,14 +2,15 @@
 
 Roles
   ``compactor``    reads Kompaktor's keys and writes none of them: it pushes requests onto the
-                   coordinator's broker list (``kzb:requests``) and pops the answers
-                   (``kzb:reply:*``, names only the asker knows), waits for work (``BLPOP`` on
-                   ``kz:wake:*``) and appends to its group's history (``kz:history:*``). Its
-                   reservations, heartbeats, progress, commits, releases and failures are
-                   made by the broker (:mod:`kompaktor.coordinator.broker`), which acts only for
-                   the holder of a reservation. No ``FCALL`` (Redis runs a function's commands
-                   with its caller's rights, so a user that may commit through a function may
-                   also write the tablets directly), no ``EVAL``, no ``CONFIG``, ``FLUSH*``,
+                   coordinator's broker list (``kzb:requests``), pops the answers
+                   (``kzb:reply:*``, names only the asker knows) and waits for work (``BLPOP``
+                   on ``kz:wake:*``). Its reservations, heartbeats, progress, commits, releases,
+                   failures and history records are made by the broker
+                   (:mod:`kompaktor.coordinator.broker`), which acts only for the holder of a
+                   reservation and writes a job's record into its own group's history alone.
+                   No ``FCALL`` (Redis runs a function's commands with its caller's rights, so a
+                   user that may commit through a function may also write the tablets
+                   directly), no ``EVAL``, no ``CONFIG``, ``FLUSH*``,
                    ``DEBUG``, ``MODULE``, ``KEYS``, ``SHUTDOWN``, no key outside ``kz:*`` and its
                    two ``kzb:`` lists, no Pub/Sub.
   ``coordinator``  the writes of Kompaktor's structures (its passes and the broker), through the
@@ -94,13 +95,14 @@ _ASK = (
     f"(~{keyspace.wake_key('*')} +blpop)",
 )
 #: the compaction history (:mod:`kompaktor.metadata.history`): an ACL selector, so that these
-#: commands reach the history's streams (``kz:history:*``) and no other key. The compactor only
-#: appends (XADD, then XTRIM by age); the other roles read it as well
+#: commands reach the history's streams (``kz:history:*``) and no other key. The coordinator
+#: appends (XADD, then XTRIM by age: its broker for the compactors' jobs, its pass for compactions
+#: found dead) and reads it, as admin does; the compactor may not touch it (0.2.0's compactors
+#: appended their jobs' records themselves, to any group's stream)
 _HISTORY_KEYS = f"~{keyspace.history_key('*')}"
-_HISTORY_WRITE = f"({_HISTORY_KEYS} +xadd +xtrim)"
 _HISTORY_READ_WRITE = f"({_HISTORY_KEYS} +xadd +xtrim +xrevrange)"
-#: the history's appends (the compactor's jobs; the coordinator's for compactions found dead)
-HISTORY_APPEND = _HISTORY_WRITE
+#: the history's appends (the broker's for the compactors' jobs; the coordinator's for compactions found dead)
+HISTORY_APPEND = f"({_HISTORY_KEYS} +xadd +xtrim)"
 #: what only the roles that load code and decide durability get
 _LEADER = ("+function|load", "+function|list", "+config|get")
 #: the coordinator's broker: it waits for compactors' requests
@@ -110,7 +112,7 @@ _BROKER = ("+blmpop",)
 _OPERATOR = ("+function|load", "+config|get")
 
 RIGHTS: dict[str, tuple[str, ...]] = {
-    "compactor": _BASE + _READS + _ASK + (_HISTORY_WRITE,),
+    "compactor": _BASE + _READS + _ASK,
     "coordinator": _BASE + _FCALL + _READS + _WRITES + _LEADER + _BROKER + (_HISTORY_READ_WRITE,),
     "operator": _BASE + _FCALL + _READS + _WRITES + _OPERATOR,
     "admin": _BASE + _FCALL + _READS + _WRITES + _LEADER + (_HISTORY_READ_WRITE,),

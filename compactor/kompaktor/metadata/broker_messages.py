@@ -7,18 +7,21 @@ type or shape, before anything reads it. The broker then dispatches on the reque
 
 The wire is one JSON object: ``op``, ``reply`` (where the answer goes), ``exp`` (until when an
 answer is of use), and the operation's arguments under the names below — unchanged from 0.2.0,
-whose compactors keep talking to a newer broker during a rolling upgrade (docs/upgrading.md).
+whose compactors keep talking to a newer broker during a rolling upgrade (docs/upgrading.md);
+``history`` is new in 0.3.0 (0.2.0's compactors appended their records themselves).
 A request about a compaction carries its ``ecid`` and the holder's secret ``cap``
 (:class:`Held`); a request about a compactor carries its ``group`` and the group's ``token``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import secrets
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, TypeVar
 
+from kompaktor.metadata.history import KILLED, OUTCOMES
 from kompaktor.model.errors import KompaktorError
 from kompaktor.model.resume import Bound, PartRecord, decode_cuts, encode_cuts
 from kompaktor.model.tablet import FileMeta
@@ -151,6 +154,52 @@ def _token(d: dict[str, Any]) -> str | None:
     return token if isinstance(token, str) else None
 
 
+# -- a job's figures, as its compactor measured them ------------------------------------------------
+#: the outcomes a compactor reports of its jobs (``killed`` is the coordinator's finding)
+REPORTED = tuple(o for o in OUTCOMES if o != KILLED)
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _seconds(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < float("inf")
+
+
+@dataclass(frozen=True)
+class Figures:
+    """What a job read, wrote and took, as its compactor measured it (None: not known for its
+    outcome; the fields of :class:`kompaktor.metadata.history.Record` of the same names)."""
+
+    input_entries: int | None = None
+    output_bytes: int | None = None
+    output_entries: int | None = None
+    deletes_dropped: int | None = None
+    queued_s: float | None = None
+    merge_s: float | None = None
+    commit_s: float | None = None
+    resumed_parts: int = 0
+
+    @classmethod
+    def parse(cls, d: object) -> Figures:
+        """The figures of a request; a field of the wrong type or sign is refused."""
+        if not isinstance(d, dict) or not set(d) <= {f.name for f in fields(cls)}:
+            raise Refused("bad figures in a history record")
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            seconds = k.endswith("_s")
+            if v is None and k != "resumed_parts":
+                out[k] = None
+            elif seconds and _seconds(v):
+                out[k] = float(v)
+            elif not seconds and _count(v):
+                out[k] = int(v)
+            else:
+                raise Refused(f"bad {k} in a history record: {v!r:.40}")
+        return cls(**out)
+
+
 # -- about a compaction its sender holds ------------------------------------------------------------
 @dataclass(frozen=True)
 class Held(Request):
@@ -227,6 +276,47 @@ class Failure(Held):
     @classmethod
     def parse(cls, d: dict[str, Any]) -> Failure:
         return cls(*cls.holder(d), str(d.get("reason", ""))[:REASON_MAX])
+
+
+@dataclass(frozen=True)
+class History(Held):
+    """The job's record in its group's compaction history (:mod:`kompaktor.metadata.history`), the
+    holder's last request about it: what only the compactor knows — the outcome, the reason, the
+    engine and the figures of its merge and commit — and the group's bounds it runs with. The
+    broker writes the record's other fields (group, table, tablet, kind, compactor, inputs) from
+    the reservation it made, into that group's stream, once."""
+
+    op: ClassVar[str] = "history"
+    ends: ClassVar[bool] = True
+    outcome: str
+    reason: str
+    engine: str | None
+    figures: Figures
+    max_records: int
+    max_age_s: float
+
+    @classmethod
+    def parse(cls, d: dict[str, Any]) -> History:
+        holder = cls.holder(d)
+        outcome = d.get("outcome")
+        if outcome not in REPORTED:
+            raise Refused(f"bad outcome {outcome!r:.40}: a compactor reports one of {', '.join(REPORTED)}")
+        max_records, max_age_s = d.get("max_records"), d.get("max_age_s")
+        if not _count(max_records) or not max_records or not _seconds(max_age_s) or not max_age_s:
+            raise Refused("bad history bounds: at least 1 record and an age above 0 seconds")
+        reason = str(d.get("reason", ""))[:REASON_MAX]
+        return cls(
+            *holder,
+            str(outcome),
+            reason,
+            _optional(d.get("engine"), "engine"),
+            Figures.parse(d.get("figures")),
+            int(max_records),
+            float(max_age_s),
+        )
+
+    def args(self) -> dict[str, Any]:
+        return {**super().args(), "figures": dataclasses.asdict(self.figures)}
 
 
 @dataclass(frozen=True)
@@ -331,6 +421,7 @@ REQUESTS: dict[str, type[Request]] = {
         Commit,
         Release,
         Failure,
+        History,
         DropHeartbeat,
         ProgressStart,
         ProgressPart,

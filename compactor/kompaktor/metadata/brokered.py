@@ -16,12 +16,15 @@ out the way it always was (the tablet lists the output).
 from __future__ import annotations
 
 import json
+import logging
 import time
+from dataclasses import fields
 from typing import Any, cast
 
 from kompaktor import keyspace
 from kompaktor.files.storage import Storage
 from kompaktor.metadata import broker_messages as m
+from kompaktor.metadata import history
 from kompaktor.metadata import progress as resume_records
 from kompaktor.metadata.broker_messages import Refused
 
@@ -34,12 +37,16 @@ __all__ = [
     "reservation_record",
     "send_answers",
     "take_requests",
+    "take_reservation_record",
 ]
 from kompaktor.metadata.compactions import Reservation, delete_outputs
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.errors import ConditionFailed, KompaktorError, StoreUnavailable
+from kompaktor.model.redact import redact_text
 from kompaktor.model.resume import Bound, PartRecord
 from kompaktor.model.tablet import FileMeta
+
+log = logging.getLogger(__name__)
 
 #: one BLPOP waits at most this long (below the client's socket timeout); a request loops
 _WAIT_STEP_S = 4.0
@@ -145,6 +152,20 @@ class BrokeredJobs:
     def resume_log(self, res: Reservation, fingerprint: str) -> resume_records.RedisResumeLog:
         return BrokeredResumeLog(self, res, fingerprint)
 
+    def record_history(self, res: Reservation, rec: history.Record, limits: history.HistoryLimits) -> bool:
+        """Ask the broker to add the job's record to its group's history. Never raises, as
+        :func:`history.append` does not: a record that cannot be written never fails the job."""
+        figures = m.Figures(**{f.name: getattr(rec, f.name) for f in fields(m.Figures)})
+        reason = history.clean_reason(rec.reason)
+        req = m.History(
+            res.ecid, res.cap, rec.outcome, reason, rec.engine, figures, limits.max_records, limits.max_age_s
+        )
+        try:
+            return bool(self.ask(req))
+        except Exception as exc:  # the history is a record of the job, never a reason to fail it
+            log.warning("%s: not recorded in the history of %s: %s", rec.ecid, rec.group, redact_text(str(exc)))
+            return False
+
 
 class BrokeredResumeLog(resume_records.RedisResumeLog):
     """A merge's progress record: read from the store, written through the broker."""
@@ -203,3 +224,8 @@ def reservation_record(store: MetadataStore, ecid: str) -> dict[str, Any] | None
     """The broker's record of a reservation (the reservation, the digest of its holder's secret)."""
     raw = store.call(store._r.get, keyspace.reservation_key(ecid))
     return None if raw is None else dict(json.loads(raw))
+
+
+def take_reservation_record(store: MetadataStore, ecid: str) -> bool:
+    """Remove the broker's record of a reservation; whether it was there (one caller gets True)."""
+    return bool(store.call(store._r.delete, keyspace.reservation_key(ecid)))

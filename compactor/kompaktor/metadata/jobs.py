@@ -1,8 +1,9 @@
 """What a compactor does to the metadata about its own jobs, as one narrow seam.
 
 A compactor reserves a job, heartbeats it, records its merge's progress, commits or releases it,
-counts a failure, and says whether it is idle, busy or draining. :class:`Jobs` names exactly
-those writes; everything else a compactor does to Redis is a read.
+counts a failure, records the job in its group's history, and says whether it is idle, busy or
+draining. :class:`Jobs` names exactly those writes; everything else a compactor does to Redis is
+a read.
 
 Two ways through the seam:
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from kompaktor.files.storage import Storage
-from kompaktor.metadata import compactions, failures
+from kompaktor.metadata import compactions, failures, history
 from kompaktor.metadata import progress as resume_records
 from kompaktor.metadata.compactions import Reservation
 from kompaktor.metadata.store import MetadataStore
@@ -52,6 +53,8 @@ class Jobs(Protocol):
     def mark_drained(self, group: str, compactor: str) -> None: ...
 
     def resume_log(self, res: Reservation, fingerprint: str) -> resume_records.RedisResumeLog: ...
+
+    def record_history(self, res: Reservation, rec: history.Record, limits: history.HistoryLimits) -> bool: ...
 
 
 class DirectJobs:
@@ -94,3 +97,6 @@ class DirectJobs:
         return resume_records.RedisResumeLog(
             self.store, fingerprint, res.tablet, res.inputs, res.prev, res.end, res.job.selection
         )
+
+    def record_history(self, res: Reservation, rec: history.Record, limits: history.HistoryLimits) -> bool:
+        return history.append(self.store, rec, limits)

@@ -395,7 +395,8 @@ class Compactor:
 
     def _remember(self, res: Reservation, outcome: JobOutcome, reserved: float) -> None:
         """The job's record in the group's history: written after its outcome is settled (after
-        the commit's reply), one round trip, never failing the job."""
+        the commit's reply), one round trip — through the broker, which writes it into the
+        reservation's group's stream, for a compactor that asks it — never failing the job."""
         rec = history.Record(
             ecid=res.ecid,
             outcome=outcome.recorded or history.FAILED,
@@ -412,7 +413,7 @@ class Compactor:
             queued_s=_queued_s(res, reserved),
             **outcome.figures,
         )
-        history.append(self.store, rec, self.settings.history_limits)
+        self.jobs.record_history(res, rec, self.settings.history_limits)
 
     # -- one job -------------------------------------------------------------------------------------
     def _still_wanted(self, res: Reservation) -> str | None:
