@@ -61,7 +61,7 @@ def timed(fn: Callable[[], int]) -> tuple[float, int]:
     return time.perf_counter() - t0, n
 
 
-def arrow_rows(client: Client) -> list[dict]:
+def arrow_rows(client: Client, no_entry_scan: bool = False) -> list[dict]:
     def read_arrow() -> int:
         return sum(b.num_rows for b in client.read_arrow("bench"))
 
@@ -72,17 +72,21 @@ def arrow_rows(client: Client) -> list[dict]:
         return sum(sum(1 for _ in merged_view(client.tablet_sources(t), settings)) for t in tablets)
 
     out = []
-    for name, fn in (("read_arrow", read_arrow), ("entry scan (before)", entry_scan)):
+    measures = (("read_arrow", read_arrow), ("entry scan (before)", entry_scan))
+    for name, fn in measures[:1] if no_entry_scan else measures:
         s, n = timed(fn)
         out.append({"what": name, "seconds": round(s, 2), "entries": n, "entries_per_s": round(n / s)})
     return out
 
 
-def spark_rows(client: Client, redis_url: str, work: Path, repeat: int = 1) -> list[dict]:
+def spark_rows(client: Client, redis_url: str, work: Path, repeat: int = 1, master: str = "local[2]") -> list[dict]:
     import kompaktor.spark as kspark
     from kompaktor.engines import session
 
-    spark = session.get_session("local[2]", {"spark.sql.shuffle.partitions": "4", "spark.local.dir": str(work)})
+    conf = {"spark.sql.shuffle.partitions": "4", "spark.local.dir": str(work)}
+    if master.startswith("spark://"):  # executors of 1 core on each of the cluster's workers
+        conf |= {"spark.executor.cores": "1", "spark.executor.memory": "900m", "spark.cores.max": "2"}
+    spark = session.get_session(master, conf)
     conn = {"redis": redis_url, "storage": client.storage.uri}
     tid = client.store.tables.table_id("bench")
     # a file spanning several tablets is listed by each of them: read it once
@@ -125,12 +129,31 @@ def spark_rows(client: Client, redis_url: str, work: Path, repeat: int = 1) -> l
     return out
 
 
+def on_spark(client: Client, redis_url: str, work: Path, args: argparse.Namespace) -> list[dict]:
+    """The Spark measures, on ``local[2]`` or (``--cluster``) a standalone master and 2 workers of
+    1 core each on loopback, stopped by PID afterwards."""
+    if not args.cluster:
+        return spark_rows(client, redis_url, work, args.repeat)
+    from tests.integration.spark_cluster import SparkCluster
+
+    cluster = SparkCluster(work / "cluster")
+    try:
+        cluster.start(workers=2)
+        return spark_rows(client, redis_url, work, args.repeat, cluster.url)
+    finally:
+        cluster.stop()
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.spark_io", description=__doc__)
     ap.add_argument("--entries", type=int, default=4_000_000)
     ap.add_argument("--tablets", type=int, default=4)
     ap.add_argument("--files", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=1, help="Spark runs per measure, in rounds (median)")
+    ap.add_argument(
+        "--cluster", action="store_true", help="the Spark runs on a standalone master + 2 workers started here"
+    )
+    ap.add_argument("--no-entry-scan", action="store_true", help="skip the entry scan (minutes at 16M)")
     ap.add_argument("--no-spark", action="store_true", help="read_arrow against the entry scan only")
     args = ap.parse_args(argv)
     redis = start_redis()
@@ -138,21 +161,22 @@ def main(argv: list[str] | None = None) -> None:
     try:
         client = Client(MetadataStore.from_url(redis.url), Storage.from_uri(str(work / "files")))
         fill(client, args.entries, args.tablets, args.files)
-        rows = arrow_rows(client)
+        rows = arrow_rows(client, args.no_entry_scan)
         if not args.no_spark:
-            rows += spark_rows(client, redis.url, work, args.repeat)
+            rows += on_spark(client, redis.url, work, args)
     finally:
         redis.stop()
         shutil.rmtree(work, ignore_errors=True)
     for r in rows:
         print(f"{r['what']:<50} {r['seconds']:>8.2f} s {r['entries_per_s']:>12,} entries/s")
     by = {r["what"]: r["seconds"] for r in rows}
-    print(f"read_arrow / entry scan: {by['entry scan (before)'] / by['read_arrow']:.1f}x faster")
+    if "entry scan (before)" in by:
+        print(f"read_arrow / entry scan: {by['entry scan (before)'] / by['read_arrow']:.1f}x faster")
     if not args.no_spark:
         src, pq_ = by["spark read: kompaktor source"], by["spark read: read.parquet of the files"]
         wr, pw = by["spark write: kompaktor.spark.write"], by["spark write: repartitionByRange + sort + parquet"]
         print(f"spark read: source / read.parquet = {src / pq_:.2f}; write: kompaktor / parquet = {wr / pw:.2f}")
-    write_csv(f"spark-io-{args.entries}.csv", rows)
+    write_csv(f"spark-io-{args.entries}{'-cluster' if args.cluster else ''}.csv", rows)
 
 
 if __name__ == "__main__":
