@@ -10,12 +10,13 @@ Jinja2, ``&#x27;`` from ``html.escape``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 import re
 
 from kompaktor.coordinator import page
 from kompaktor.coordinator.statuspage import Sample
-from kompaktor.metadata import history
+from kompaktor.metadata import history, status
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"
 NOW = 1_790_000_000.0
@@ -128,3 +129,17 @@ def test_the_page_is_what_it_was() -> None:
 if __name__ == "__main__":  # writes the golden pages (only ever from the string-built renderer)
     for name, data in CASES.items():
         (GOLDEN / name).write_text(page.render(data()))
+
+
+def test_the_history_row_type_names_every_field_of_a_record() -> None:
+    """``status.HistoryRow`` is the record's JSON form: a field added to the record and not to the
+    type would reach the page and ``--json`` untyped."""
+    assert list(status.HistoryRow.__annotations__) == [f.name for f in dataclasses.fields(history.Record)]
+
+
+def test_the_templates_ship_in_the_package() -> None:
+    """The wheel (and so the compactor image) carries the package directory's files: the templates
+    must be there, beside the module that loads them."""
+    templates = pathlib.Path(page.__file__).parent / "templates"
+    for name in ("page", "macros", "empty", "failures", "groups", "running", "tables", "history"):
+        assert (templates / f"{name}.html.j2").is_file(), name

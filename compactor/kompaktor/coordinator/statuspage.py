@@ -14,11 +14,19 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
 from kompaktor.metadata import history
 from kompaktor.metadata.compactions import running_compactions
-from kompaktor.metadata.status import gather
+from kompaktor.metadata.status import (
+    GroupFigures,
+    HistoryRow,
+    Status,
+    TableFigures,
+    TableHealth,
+    gather,
+    history_row,
+)
 from kompaktor.metadata.store import MetadataStore
 from kompaktor.model.tablet import TableInfo, Tablet
 from kompaktor.policy.planning import settings_for
@@ -82,9 +90,57 @@ class Samples:
             return [s for s in self.groups.get(group, ()) if now - s.t <= self.window_s]
 
 
-def _groups(status: dict[str, Any], configs: dict[str, GroupConfig]) -> dict[str, dict[str, Any]]:
+class PageGroup(GroupFigures):
+    """A group on the page: ``kompaktor status``'s figures, with its replicas and HPA target."""
+
+    idle: int
+    ready: int
+    wanted: int
+    min_replicas: int
+    max_replicas: int
+    hpa_target: int
+
+
+class RunningRow(TypedDict):
+    """One running compaction's progress from its heartbeat."""
+
+    table: str
+    ecid: str
+    tablet: str
+    group: str
+    kind: str
+    compactor: str
+    input_files: int
+    input_bytes: int
+    bytes_read: int
+    parts_done: int
+    parts: int
+    resumed_parts: int
+    done: float
+    elapsed_s: float
+    left_s: float | None
+
+
+class PageHistoryRow(HistoryRow):
+    failed: bool
+
+
+class PageData(TypedDict):
+    """Everything the page shows (:func:`collect`; ``page.render`` renders it)."""
+
+    now: float
+    groups: dict[str, PageGroup]
+    charts: dict[str, list[Sample]]
+    running: list[RunningRow]
+    tables: dict[str, TableFigures]
+    history: list[PageHistoryRow]
+    dead_letters: int
+    retries_pending: int
+
+
+def _groups(status: Status, configs: dict[str, GroupConfig]) -> dict[str, PageGroup]:
     """``kompaktor status``'s groups with the replicas wanted and ready, idle compactors, the HPA target."""
-    out = {}
+    out: dict[str, PageGroup] = {}
     for name, g in status["groups"].items():
         cfg = configs.get(name) or GroupConfig(name)
         out[name] = {
@@ -99,7 +155,7 @@ def _groups(status: dict[str, Any], configs: dict[str, GroupConfig]) -> dict[str
     return out
 
 
-def _progress(tablet: Tablet, ecid: str, hb: dict[str, str], now: float) -> dict[str, Any]:
+def _progress(table: str, tablet: Tablet, ecid: str, hb: dict[str, str], now: float) -> RunningRow:
     """One running compaction's progress from its heartbeat: bytes read of its input, parts done,
     parts resumed, and the time left at the pace so far (None until it is known)."""
     rc = tablet.running[ecid]
@@ -116,6 +172,7 @@ def _progress(tablet: Tablet, ecid: str, hb: dict[str, str], now: float) -> dict
         done = max(done, num("parts_done") / num("parts"))
     elapsed = max(0.0, now - rc.started_ms / 1000.0)
     return {
+        "table": table,
         "ecid": ecid,
         "tablet": tablet.id,
         "group": rc.group,
@@ -133,7 +190,7 @@ def _progress(tablet: Tablet, ecid: str, hb: dict[str, str], now: float) -> dict
     }
 
 
-def _running(store: MetadataStore, names: dict[str, str], now: float) -> list[dict[str, Any]]:
+def _running(store: MetadataStore, names: dict[str, str], now: float) -> list[RunningRow]:
     index = running_compactions(store)
     tablets = {t.id: t for t in store.tables.get_tablets(sorted({tid for tid, _rc in index.values()}))}
     out = []
@@ -141,8 +198,7 @@ def _running(store: MetadataStore, names: dict[str, str], now: float) -> list[di
         t = tablets.get(tid)
         if rc is None or t is None or ecid not in t.running:
             continue
-        row = _progress(t, ecid, store.running.heartbeat(ecid), now)
-        out.append({"table": names.get(t.table, t.table), **row})
+        out.append(_progress(names.get(t.table, t.table), t, ecid, store.running.heartbeat(ecid), now))
     return out
 
 
@@ -153,7 +209,7 @@ def file_limit(table: TableInfo, services: dict[str, ServiceConfig]) -> int:
     return settings_for(table, services.get(name) or DEFAULT).max_files_per_tablet
 
 
-def table_health(tablets: list[Tablet], limit: int) -> dict[str, Any]:
+def table_health(tablets: list[Tablet], limit: int) -> TableHealth:
     """Files per tablet, tablets over the file limit, the deletes ratio and the score.
 
     The score says which tables most need compaction: the files beyond one per tablet, on
@@ -175,21 +231,21 @@ def table_health(tablets: list[Tablet], limit: int) -> dict[str, Any]:
     }
 
 
-def _ranked(tables: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def _ranked(tables: dict[str, TableFigures]) -> dict[str, TableFigures]:
     """The tables, the one that most needs compaction first."""
-    return dict(sorted(tables.items(), key=lambda kv: -kv[1]["score"]))
+    return dict(sorted(tables.items(), key=lambda kv: -kv[1].get("score", 0.0)))
 
 
-def _history(store: MetadataStore, groups: set[str], names: dict[str, str]) -> list[dict[str, Any]]:
+def _history(store: MetadataStore, groups: set[str], names: dict[str, str]) -> list[PageHistoryRow]:
     """The newest records, failures first (then the newest first within each)."""
     recs = history.read(store, groups, limit=HISTORY_ROWS)
     failed = history.read(store, groups, failed=True, limit=HISTORY_ROWS)
     seen = {r.ecid for r in failed}
     rows = failed + [r for r in recs if r.ecid not in seen]
-    return [{**r.to_json(), "table": names.get(r.table, r.table), "failed": r.failed} for r in rows[:HISTORY_ROWS]]
+    return [{**history_row(r, names.get(r.table, r.table)), "failed": r.failed} for r in rows[:HISTORY_ROWS]]
 
 
-def collect(store: MetadataStore, samples: Samples | None = None, now: float | None = None) -> dict[str, Any]:
+def collect(store: MetadataStore, samples: Samples | None = None, now: float | None = None) -> PageData:
     """Everything the page shows, as plain data (the page renders it; tests read it)."""
     now = time.time() if now is None else now
     services = store.fleet.services()

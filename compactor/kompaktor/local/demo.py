@@ -29,7 +29,7 @@ from kompaktor.local.ingest import ContinuousIngest, IngestStats, Verification, 
 from kompaktor.local.mix import MixCheck, MixedWorkload, mix_summary
 from kompaktor.local.procs import interruptible
 from kompaktor.metadata import user_compactions
-from kompaktor.metadata.status import gather
+from kompaktor.metadata.status import Status, gather, no_status
 from kompaktor.model.errors import StoreUnavailable
 
 if TYPE_CHECKING:
@@ -75,7 +75,7 @@ class DemoOptions:
 class DemoResult:
     verified: bool
     summary: dict[str, Any]
-    status: dict[str, Any] = field(default_factory=dict)
+    status: Status = field(default_factory=no_status)
     #: (seconds, entries ingested, average files per tablet, compactions committed), sampled
     samples: list[tuple[float, int, float, int]] = field(default_factory=list)
     #: desired and actual compactors per group, one sample per autoscaler pass
@@ -99,7 +99,7 @@ def _bar(up: int, draining: int, hi: int) -> str:
 
 def _progress_table(
     ingest_stats: IngestStats,
-    status: dict[str, Any],
+    status: Status,
     phase: str,
     elapsed: float,
     scaling: dict[str, GroupSample],
@@ -235,7 +235,7 @@ class _Checks:
     drained: bool
     scaled_back: bool
     chaos_summary: dict[str, Any]
-    status: dict[str, Any]
+    status: Status
     busy_terminated: list[Proc]
     drains: list[Proc]
     verified: bool
@@ -254,7 +254,7 @@ class _DemoRun:
         self.scaler: threading.Thread | None = None
         self.live: Any = None  # rich.live.Live, while the phases run
         self.phase = "ingest"
-        self.status: dict[str, Any] = {}
+        self.status: Status = no_status()
         self.max_files_seen = 0
         self.max_files_burst = 0
         self.samples: list[tuple[float, int, float, int]] = []
@@ -309,11 +309,11 @@ class _DemoRun:
         except StoreUnavailable:
             return  # Redis is restarting (chaos): show the last status
         status = self.status
-        for tb in status["tables"].values():
+        for figures in status["tables"].values():
             if self.burst_at is None:
-                self.max_files_seen = max(self.max_files_seen, tb["files_per_tablet"]["max"])
+                self.max_files_seen = max(self.max_files_seen, figures["files_per_tablet"]["max"])
             else:
-                self.max_files_burst = max(self.max_files_burst, tb["files_per_tablet"]["max"])
+                self.max_files_burst = max(self.max_files_burst, figures["files_per_tablet"]["max"])
         tb = status["tables"].get(self.opts.table)
         if tb is not None:
             self.samples.append(

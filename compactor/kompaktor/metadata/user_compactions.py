@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from kompaktor.metadata.store import MetadataStore, Mutation
 from kompaktor.model.errors import ConditionFailed, KompaktorError, UnknownTableError
@@ -25,6 +25,17 @@ RUNNING, SUCCEEDED, CANCELLED, FAILED = "RUNNING", "SUCCEEDED", "CANCELLED", "FA
 #: then forgotten: without a bound, every user compaction ever run stayed in Redis and every
 #: coordinator pass read them all (found by the soak bench)
 RETENTION_S = 7 * 86400
+
+
+class UserCompactionRow(TypedDict):
+    """A user compaction as the status shows it (``kompaktor status --json``'s ``user_compactions``)."""
+
+    id: str
+    table: str  # the table's name
+    state: str
+    tablets_done: int
+    tablets_total: int
+    message: str
 
 
 @dataclass(frozen=True)
@@ -44,7 +55,7 @@ class UserCompaction:
     def total(self) -> int:
         return len(self.tablets)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> UserCompactionRow:
         return {
             "id": self.id,
             "table": self.table_name,
