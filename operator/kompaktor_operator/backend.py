@@ -119,10 +119,9 @@ class RedisBackend:
         """How long the job ``ecid`` still runs, by its compactor's estimate in the job's last
         heartbeat (``remaining_s`` as of ``updated``); None when it gave none."""
         beat = self._call(self.store.running.heartbeat, ecid)
-        try:
-            return max(0.0, float(beat["remaining_s"]) - max(0.0, now - float(beat["updated"])))
-        except (KeyError, ValueError):
+        if beat.remaining_s is None or beat.updated is None:
             return None
+        return max(0.0, beat.remaining_s - max(0.0, now - beat.updated))
 
     def request_drain(self, compactor_id: str) -> None:
         self._call(self.store.fleet.request_drain, compactor_id)

@@ -28,6 +28,7 @@ from kompaktor.metadata.status import (
     history_row,
 )
 from kompaktor.metadata.store import MetadataStore
+from kompaktor.metadata.store.running import Heartbeat
 from kompaktor.model.tablet import TableInfo, Tablet
 from kompaktor.policy.planning import settings_for
 from kompaktor.policy.services import DEFAULT, GroupConfig, ServiceConfig, dispatch
@@ -155,21 +156,15 @@ def _groups(status: Status, configs: dict[str, GroupConfig]) -> dict[str, PageGr
     return out
 
 
-def _progress(table: str, tablet: Tablet, ecid: str, hb: dict[str, str], now: float) -> RunningRow:
+def _progress(table: str, tablet: Tablet, ecid: str, hb: Heartbeat, now: float) -> RunningRow:
     """One running compaction's progress from its heartbeat: bytes read of its input, parts done,
     parts resumed, and the time left at the pace so far (None until it is known)."""
     rc = tablet.running[ecid]
-
-    def num(name: str) -> int:
-        try:
-            return int(float(hb.get(name, 0)))
-        except ValueError:
-            return 0
-
     input_bytes = sum(tablet.files[f].size for f in rc.files if f in tablet.files)
-    done = min(1.0, num("bytes_read") / input_bytes) if input_bytes else 0.0
-    if num("parts"):
-        done = max(done, num("parts_done") / num("parts"))
+    bytes_read, parts_done, parts = hb.bytes_read or 0, hb.parts_done or 0, hb.parts or 0
+    done = min(1.0, bytes_read / input_bytes) if input_bytes else 0.0
+    if parts:
+        done = max(done, parts_done / parts)
     elapsed = max(0.0, now - rc.started_ms / 1000.0)
     return {
         "table": table,
@@ -180,10 +175,10 @@ def _progress(table: str, tablet: Tablet, ecid: str, hb: dict[str, str], now: fl
         "compactor": rc.compactor,
         "input_files": len(rc.files),
         "input_bytes": input_bytes,
-        "bytes_read": num("bytes_read"),
-        "parts_done": num("parts_done"),
-        "parts": num("parts"),
-        "resumed_parts": num("parts_reused"),
+        "bytes_read": bytes_read,
+        "parts_done": parts_done,
+        "parts": parts,
+        "resumed_parts": hb.resume.parts_reused if hb.resume else 0,
         "done": round(done, 3),
         "elapsed_s": round(elapsed, 1),
         "left_s": round(elapsed * (1 - done) / done, 1) if 0 < done < 1 else None,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any, cast
 
@@ -119,7 +120,7 @@ class BrokeredJobs:
         got = self.ask(m.Reserve(group, compactor, self.group_token), self.heartbeat_timeout_s)
         return None if got is None else Reservation.from_json(got["res"], got["cap"])
 
-    def heartbeat(self, res: Reservation, progress: dict[str, Any]) -> None:
+    def heartbeat(self, res: Reservation, progress: Mapping[str, object]) -> None:
         beat = m.Heartbeat(res.ecid, res.cap, {k: str(v) for k, v in progress.items()})
         self.ask(beat, self.heartbeat_timeout_s)
 

@@ -334,7 +334,7 @@ def reserve(store: MetadataStore, queues: JobQueues, group: str, compactor: str)
             store.bookkeeping.incr("stale_jobs_discarded")
 
 
-def heartbeat(store: MetadataStore, res: Reservation, progress: dict[str, Any]) -> None:
+def heartbeat(store: MetadataStore, res: Reservation, progress: Mapping[str, object]) -> None:
     store.running.put_heartbeat(res.ecid, {"compactor": res.compactor, "updated": time.time(), **progress})
 
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, NotRequired, Required, TypedDict, cast
 from kompaktor.metadata import failures, history
 from kompaktor.metadata import user_compactions as usercompaction
 from kompaktor.metadata.store import MetadataStore
+from kompaktor.metadata.store.running import FailureJson, Heartbeat
 from kompaktor.metadata.user_compactions import UserCompactionRow
 from kompaktor.model.tablet import RunningCompaction, TableInfo, Tablet
 
@@ -30,13 +31,6 @@ ALIVE_S = 15.0
 #: the heartbeat fields of a resumable merge's progress (``engines.ranges.progress_dict``); a
 #: merge that is not resumable reports none of them
 RESUME_FIELDS = ("parts_reused", "entries_reused", "bytes_reused", "input_bytes_reread", "parts_rejected")
-
-
-def _count(fields: dict[str, str], name: str) -> int:
-    try:
-        return int(float(fields.get(name, 0)))
-    except ValueError:
-        return 0
 
 
 class ResumableMerge(TypedDict):
@@ -59,10 +53,11 @@ class ResumableMerge(TypedDict):
 
 
 def resumable_merge(
-    table: str, tablet: Tablet, ecid: str, running: RunningCompaction, heartbeat: dict[str, str]
+    table: str, tablet: Tablet, ecid: str, running: RunningCompaction, heartbeat: Heartbeat
 ) -> ResumableMerge | None:
     """One running merge's resume figures from its heartbeat, or None if it is not resumable."""
-    if "parts_reused" not in heartbeat:
+    resume = heartbeat.resume
+    if resume is None:
         return None
     return {
         "ecid": ecid,
@@ -71,13 +66,13 @@ def resumable_merge(
         "group": running.group,
         "compactor": running.compactor,
         "input_bytes": sum(tablet.files[f].size for f in running.files if f in tablet.files),
-        "parts_done": _count(heartbeat, "parts_done"),
-        "parts": _count(heartbeat, "parts"),
-        "parts_reused": _count(heartbeat, "parts_reused"),
-        "entries_reused": _count(heartbeat, "entries_reused"),
-        "bytes_reused": _count(heartbeat, "bytes_reused"),
-        "input_bytes_reread": _count(heartbeat, "input_bytes_reread"),
-        "parts_rejected": _count(heartbeat, "parts_rejected"),
+        "parts_done": heartbeat.parts_done or 0,
+        "parts": heartbeat.parts or 0,
+        "parts_reused": resume.parts_reused,
+        "entries_reused": resume.entries_reused,
+        "bytes_reused": resume.bytes_reused,
+        "input_bytes_reread": resume.input_bytes_reread,
+        "parts_rejected": resume.parts_rejected,
     }
 
 
@@ -173,7 +168,7 @@ class Status(TypedDict):
     tables: dict[str, TableFigures]
     user_compactions: list[UserCompactionRow]
     #: the dead-lettered jobs' failure records, as stored
-    dead_letters: list[dict[str, Any]]
+    dead_letters: list[FailureJson]
     retries_pending: int
     counters: dict[str, int]
     #: only while a resumable merge runs
@@ -213,7 +208,7 @@ def gather(store: MetadataStore, table_extra: Callable[[TableInfo, list[Tablet]]
         "groups": groups,
         "tables": tables,
         "user_compactions": [u.to_json() for u in usercompaction.all_compactions(store)],
-        "dead_letters": failures.dead_letters(store),
+        "dead_letters": [rec.to_json() for rec in failures.dead_letters(store)],
         "retries_pending": failures.pending_retries(store),
         "counters": counters,
     }
