@@ -13,8 +13,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ParamSpec, Protocol, TypeVar
+from typing import ParamSpec, Protocol, TypeVar
 
+from kompaktor.model.iterators import IteratorOptions
 from kompaktor.policy.services import GroupConfig, ServiceConfig
 from kompaktor_operator.scaling import CompactorView
 
@@ -60,7 +61,7 @@ class Backend(Protocol):
     def request_drain(self, compactor_id: str) -> None: ...
     def queue_figures(self, group: str) -> QueueFigures: ...
     def start_compaction(
-        self, request_id: str, table: str, start_row: bytes | None, end_row: bytes | None, iterators: dict[str, Any]
+        self, request_id: str, table: str, start_row: bytes | None, end_row: bytes | None, iterators: IteratorOptions
     ) -> str: ...
     def compaction_progress(self, compaction_id: str) -> Progress: ...
     def cancel_compaction(self, compaction_id: str) -> None: ...
@@ -141,7 +142,7 @@ class RedisBackend:
         )
 
     def start_compaction(
-        self, request_id: str, table: str, start_row: bytes | None, end_row: bytes | None, iterators: dict[str, Any]
+        self, request_id: str, table: str, start_row: bytes | None, end_row: bytes | None, iterators: IteratorOptions
     ) -> str:
         """Start once per request id (the Compaction's uid): a replayed handler gets the same id."""
         from kompaktor.metadata import user_compactions

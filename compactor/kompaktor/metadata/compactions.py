@@ -28,7 +28,7 @@ from typing import Any
 from kompaktor.files.storage import Storage
 from kompaktor.metadata.store import MetadataStore, Mutation, TabletChange
 from kompaktor.model.errors import ConditionFailed
-from kompaktor.model.iterators import IteratorSettings
+from kompaktor.model.iterators import IteratorOptions, IteratorSettings
 from kompaktor.model.job import Job
 from kompaktor.model.keys import decode_row, encode_row
 from kompaktor.model.names import ecid_nonce, file_order_key, output_template, tmp_name
@@ -132,16 +132,16 @@ def new_ecid() -> str:
     return f"ECID-{uuid.uuid4().hex[:16]}"
 
 
-def user_iterators(store: MetadataStore, cid: str) -> dict[str, Any] | None:
+def user_iterators(store: MetadataStore, cid: str) -> IteratorOptions | None:
     """A user compaction's iterator options, or None when it no longer exists / was cancelled."""
     rec = store.ucomps.user_compaction(cid)
     if rec is None or rec[0].get("state") != "RUNNING":
         return None
-    its: dict[str, Any] = json.loads(rec[0].get("iterators", "{}"))
+    its: IteratorOptions = json.loads(rec[0].get("iterators", "{}"))
     return its
 
 
-def _settings_for(its: dict[str, Any] | None, props: dict[str, str], full: bool, now: int) -> IteratorSettings:
+def _settings_for(its: IteratorOptions | None, props: dict[str, str], full: bool, now: int) -> IteratorSettings:
     its = its or {}
     row_start = its.get("row_start")
     row_end = its.get("row_end")
@@ -215,7 +215,7 @@ def try_reserve(
     One conditional mutation, without reading the tablet first: it checks the job against the
     tablet, allocates the output name, decides whether the compaction is full (its files are all
     the tablet's files) and returns that with the tablet's range and the table's properties."""
-    its: dict[str, Any] | None = None
+    its: IteratorOptions | None = None
     if job.kind == "USER":
         its = user_iterators(store, job.selection) if job.selection is not None else None
         if its is None:
@@ -247,7 +247,7 @@ def _reservation(
     job: Job,
     ecid: str,
     compactor: str,
-    its: dict[str, Any] | None,
+    its: IteratorOptions | None,
     now: int,
     out: dict[str, Any],
     queued_ms: int | None = None,
