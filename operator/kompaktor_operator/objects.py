@@ -395,6 +395,18 @@ class KubeObject(TypedDict, total=False):
     metadata: ReadMeta
 
 
+class StatusCondition(TypedDict):
+    """A condition the operator writes into a resource's ``status.conditions`` (metav1.Condition)."""
+
+    type: str
+    status: str
+    reason: str
+    lastTransitionTime: str
+    #: left out when empty (a 1.20 apiserver refused "" stored as null)
+    message: NotRequired[str]
+    observedGeneration: NotRequired[int]
+
+
 class Condition(TypedDict, total=False):
     type: str
     status: str
