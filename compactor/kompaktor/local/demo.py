@@ -74,7 +74,7 @@ class DemoOptions:
 @dataclass
 class DemoResult:
     verified: bool
-    summary: dict[str, Any]
+    summary: dict[str, object]
     status: Status = field(default_factory=no_status)
     #: (seconds, entries ingested, average files per tablet, compactions committed), sampled
     samples: list[tuple[float, int, float, int]] = field(default_factory=list)
@@ -134,10 +134,10 @@ def _progress_table(
     return t
 
 
-def scaling_summary(cfg: LocalConfig, timeline: list[GroupSample], burst_at: float | None) -> dict[str, Any]:
+def scaling_summary(cfg: LocalConfig, timeline: list[GroupSample], burst_at: float | None) -> dict[str, object]:
     """Per group: the most compactors up at once, and seconds from the burst until the group
     first had its maximum up (None: never reached, or no burst)."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for g, gc in cfg.groups.items():
         samples = [x for x in timeline if x.group == g]
         out[f"most compactors ({g}, max {gc.max_replicas})"] = max((x.up for x in samples), default=0)
@@ -234,7 +234,7 @@ class _Checks:
     mix: MixCheck | None
     drained: bool
     scaled_back: bool
-    chaos_summary: dict[str, Any]
+    chaos_summary: dict[str, object]
     status: Status
     busy_terminated: list[Proc]
     drains: list[Proc]
@@ -452,7 +452,7 @@ class _DemoRun:
         cfg, cluster, chaos, store = self.cfg, self.cluster, self.chaos, self.store
         stats = self.ingester.stats
         scaled_back = _scaled_back(cfg, cluster)
-        chaos_summary: dict[str, Any] = {}
+        chaos_summary: dict[str, object] = {}
         chaos_ok = True
         if chaos is not None:
             acked = stats.flushes + (1 if stats.imported_files else 0)  # flushes + the import
