@@ -26,7 +26,7 @@ from types import MappingProxyType
 from typing import Any
 
 from kompaktor.files.storage import Storage
-from kompaktor.metadata.store import MetadataStore, Mutation, TabletChange
+from kompaktor.metadata.store import MetadataStore, Mutation, MutationOutcome, TabletChange
 from kompaktor.model.errors import ConditionFailed
 from kompaktor.model.iterators import IteratorOptions, IteratorSettings
 from kompaktor.model.job import Job
@@ -249,7 +249,7 @@ def _reservation(
     compactor: str,
     its: IteratorOptions | None,
     now: int,
-    out: dict[str, Any],
+    out: MutationOutcome,
     queued_ms: int | None = None,
 ) -> Reservation:
     """The :class:`Reservation` a reserving mutation's outcome ``out`` describes."""
