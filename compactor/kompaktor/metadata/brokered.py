@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import fields
-from typing import Any, cast
+from typing import Any, TypedDict, cast
 
 from kompaktor import keyspace
 from kompaktor.files.storage import Storage
@@ -221,10 +221,18 @@ def send_answers(
     store.call(p.execute)
 
 
-def reservation_record(store: MetadataStore, ecid: str) -> dict[str, Any] | None:
-    """The broker's record of a reservation (the reservation, the digest of its holder's secret)."""
+class ReservationRecord(TypedDict):
+    """The broker's record of a reservation (``kz:res:<ecid>``): the reservation's JSON
+    (``Reservation.to_json``) and the digest of its holder's secret."""
+
+    res: dict[str, Any]
+    cap: str
+
+
+def reservation_record(store: MetadataStore, ecid: str) -> ReservationRecord | None:
+    """The broker's record of a reservation, or None."""
     raw = store.call(store._r.get, keyspace.reservation_key(ecid))
-    return None if raw is None else dict(json.loads(raw))
+    return None if raw is None else cast(ReservationRecord, dict(json.loads(raw)))
 
 
 def take_reservation_record(store: MetadataStore, ecid: str) -> bool:
