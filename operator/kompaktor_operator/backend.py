@@ -13,8 +13,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ParamSpec, Protocol, TypeVar
+from typing import ParamSpec, Protocol, TypeVar
 
+from kompaktor.model.iterators import IteratorOptions
 from kompaktor.policy.services import GroupConfig, ServiceConfig
 from kompaktor_operator.scaling import CompactorView
 
@@ -60,7 +61,7 @@ class Backend(Protocol):
     def request_drain(self, compactor_id: str) -> None: ...
     def queue_figures(self, group: str) -> QueueFigures: ...
     def start_compaction(
-        self, request_id: str, table: str, start_row: bytes | None, end_row: bytes | None, iterators: dict[str, Any]
+        self, request_id: str, table: str, start_row: bytes | None, end_row: bytes | None, iterators: IteratorOptions
     ) -> str: ...
     def compaction_progress(self, compaction_id: str) -> Progress: ...
     def cancel_compaction(self, compaction_id: str) -> None: ...
@@ -119,10 +120,9 @@ class RedisBackend:
         """How long the job ``ecid`` still runs, by its compactor's estimate in the job's last
         heartbeat (``remaining_s`` as of ``updated``); None when it gave none."""
         beat = self._call(self.store.running.heartbeat, ecid)
-        try:
-            return max(0.0, float(beat["remaining_s"]) - max(0.0, now - float(beat["updated"])))
-        except (KeyError, ValueError):
+        if beat.remaining_s is None or beat.updated is None:
             return None
+        return max(0.0, beat.remaining_s - max(0.0, now - beat.updated))
 
     def request_drain(self, compactor_id: str) -> None:
         self._call(self.store.fleet.request_drain, compactor_id)
@@ -142,7 +142,7 @@ class RedisBackend:
         )
 
     def start_compaction(
-        self, request_id: str, table: str, start_row: bytes | None, end_row: bytes | None, iterators: dict[str, Any]
+        self, request_id: str, table: str, start_row: bytes | None, end_row: bytes | None, iterators: IteratorOptions
     ) -> str:
         """Start once per request id (the Compaction's uid): a replayed handler gets the same id."""
         from kompaktor.metadata import user_compactions

@@ -8,16 +8,16 @@ when the status does not change, and which reason a CompactorGroup's Degraded co
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from kompaktor_operator import naming
+from kompaktor_operator.objects import StatusCondition
 
 READY = "Ready"
 DEGRADED = "Degraded"
 
 
 def set_condition(
-    conditions: list[dict[str, Any]] | None,
+    conditions: list[StatusCondition] | None,
     type_: str,
     status: bool | str,
     *,
@@ -25,12 +25,12 @@ def set_condition(
     message: str = "",
     generation: int | None = None,
     now: str,
-) -> list[dict[str, Any]]:
+) -> list[StatusCondition]:
     """A new list with ``type_`` set; the others are kept in their order."""
     text = status if isinstance(status, str) else ("True" if status else "False")
     old = next((c for c in conditions or [] if c.get("type") == type_), None)
     changed = old is None or old.get("status") != text
-    new: dict[str, Any] = {
+    new: StatusCondition = {
         "type": type_,
         "status": text,
         "reason": reason,
@@ -42,16 +42,16 @@ def set_condition(
         new["message"] = message
     if generation is not None:
         new["observedGeneration"] = generation
-    out = [dict(c) for c in conditions or [] if c.get("type") != type_]
+    out = [c.copy() for c in conditions or [] if c.get("type") != type_]
     out.append(new)
     return sorted(out, key=lambda c: (c["type"] != READY, c["type"]))
 
 
-def get(conditions: list[dict[str, Any]] | None, type_: str) -> dict[str, Any] | None:
+def get(conditions: list[StatusCondition] | None, type_: str) -> StatusCondition | None:
     return next((c for c in conditions or [] if c.get("type") == type_), None)
 
 
-def is_true(conditions: list[dict[str, Any]] | None, type_: str) -> bool:
+def is_true(conditions: list[StatusCondition] | None, type_: str) -> bool:
     cond = get(conditions, type_)
     return cond is not None and cond.get("status") == "True"
 

@@ -20,7 +20,7 @@ import os
 import re
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import kopf
 from kubernetes_asyncio import client as k8s
@@ -28,6 +28,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from kompaktor.resources import api
 from kompaktor_operator import naming
+from kompaktor_operator.objects import Child, DeploymentState, FieldsV1, HPAState, KubeObject, Pod
 
 #: kind -> (API path prefix, plural). Only what the operator owns or reads.
 _RESOURCES: dict[tuple[str, str], tuple[str, str]] = {
@@ -97,7 +98,7 @@ LEGACY_MANAGER = "OpenAPI-Generator"
 _SCALER_FIELDS = ("f:replicas",)
 
 
-def _without_scaler_fields(fields: dict[str, Any]) -> dict[str, Any]:
+def _without_scaler_fields(fields: FieldsV1) -> FieldsV1:
     spec = fields.get("f:spec")
     if not isinstance(spec, dict):
         return fields
@@ -180,16 +181,23 @@ class Client:
             }
         return list(self._groups.get(group, []))
 
-    async def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+    async def get(self, api_version: str, kind: str, namespace: str, name: str) -> KubeObject | None:
+        """The object as the server returns it (its head typed), None when there is none."""
         try:
-            found: dict[str, Any] = await self.request("GET", _path(api_version, kind, namespace, name))
+            found: KubeObject = await self.request("GET", _path(api_version, kind, namespace, name))
             return found
         except KubeError as exc:
             if exc.status == 404:
                 return None
             raise
 
-    async def _adopt_legacy_fields(self, existing: dict[str, Any], api_version: str, kind: str, namespace: str) -> None:
+    async def get_deployment(self, namespace: str, name: str) -> DeploymentState | None:
+        return cast("DeploymentState | None", await self.get("apps/v1", "Deployment", namespace, name))
+
+    async def get_hpa(self, api_version: str, namespace: str, name: str) -> HPAState | None:
+        return cast("HPAState | None", await self.get(api_version, "HorizontalPodAutoscaler", namespace, name))
+
+    async def _adopt_legacy_fields(self, existing: KubeObject, api_version: str, kind: str, namespace: str) -> None:
         """An object an older operator created or merge-patched is owned by an "Update" manager, so
         applying the new rendering would leave every field it no longer renders in place forever.
         Hand those fields to the apply manager once (as client-go's csaupgrade does), keeping out the
@@ -217,7 +225,7 @@ class Client:
             content_type="application/merge-patch+json",
         )
 
-    async def apply(self, obj: dict[str, Any], namespace: str) -> dict[str, Any]:
+    async def apply(self, obj: Child, namespace: str) -> KubeObject:
         """Server-side apply of ``obj`` (field manager :data:`FIELD_MANAGER`, forced): creates it or
         makes it exactly the rendering — a field dropped from the rendering (an affinity, a
         toleration, an env var, a label) disappears from the object, while fields other managers own
@@ -234,7 +242,7 @@ class Client:
             except KubeError as exc:  # a controller wrote the status meanwhile: read it again
                 if exc.status != 409 or attempt == 4:
                     raise
-        applied: dict[str, Any] = await self.request(
+        applied: KubeObject = await self.request(
             "PATCH",
             _path(api_version, kind, namespace, name),
             json=body,
@@ -272,7 +280,7 @@ class Client:
                 return False
             raise
 
-    async def list_pods(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+    async def list_pods(self, namespace: str, labels: dict[str, str]) -> list[Pod]:
         selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
         body = await self.request("GET", _path("v1", "Pod", namespace), params={"labelSelector": selector})
         items = (body or {}).get("items", [])

@@ -1,21 +1,41 @@
 """Pure builders: a CompactorGroup spec -> the Kubernetes objects it owns.
 
 Owns: the compactor Deployment (no ``spec.replicas``: only the scaler sets it), the metrics
-Service, the autoscaling/v2 HorizontalPodAutoscaler and the KEDA ScaledObject. Same inputs,
-same dict; no I/O, no clock, no random names; caller data is deep-copied.
+Service, the autoscaling/v2 HorizontalPodAutoscaler and the KEDA ScaledObject, each as its
+TypedDict (:mod:`kompaktor_operator.objects`). Same inputs, same object; no I/O, no clock, no
+random names; caller data is deep-copied.
 Must not import: kopf, redis, kube.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 from kompaktor.model import grouptoken
 from kompaktor.resources import api
-from kompaktor.resources.models import Autoscaler, CompactorGroupSpec, to_group_config
+from kompaktor.resources.models import Autoscaler, CompactorGroupSpec, FreeForm, to_group_config
 from kompaktor.resources.operator_config import OperatorConfig
 from kompaktor_operator import naming
+from kompaktor_operator.objects import (
+    AutoscalerObject,
+    Child,
+    Container,
+    Deployment,
+    EnvFromSource,
+    EnvVar,
+    HorizontalPodAutoscaler,
+    HPABehavior,
+    NamespacedPeer,
+    NetworkPolicy,
+    PodSpec,
+    PodTemplate,
+    Probe,
+    ResourceRequirements,
+    ScaledObject,
+    ScaleTarget,
+    Service,
+    Volume,
+)
 
 SCRATCH_DIR = "/scratch"
 #: Where compactor pods find the Redis CA (the chart's rediss:// URL names <this>/ca.crt).
@@ -25,8 +45,6 @@ EXIT_MARGIN_SECONDS = 30
 #: Kubernetes scales up in 15 s periods; down policies use 60 s periods.
 SCALE_UP_PERIOD = 15
 SCALE_DOWN_PERIOD = 60
-
-Manifest = dict[str, Any]
 
 
 def compactor_args(group: str) -> list[str]:
@@ -52,10 +70,10 @@ def settings_digest(group: str, spec: CompactorGroupSpec) -> str:
     return str(to_group_config(group, spec).settings_digest())
 
 
-def _env(group: str, spec: CompactorGroupSpec, config: OperatorConfig) -> list[dict[str, Any]]:
+def _env(group: str, spec: CompactorGroupSpec, config: OperatorConfig) -> list[EnvVar]:
     secret = spec.redis.secret_name if spec.redis else config.redis_secret
     key = spec.redis.key if spec.redis else config.redis_secret_key
-    env: list[dict[str, Any]] = [
+    env: list[EnvVar] = [
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         # the digest of the settings this pod was made for: its compactor refuses to start with
@@ -105,13 +123,13 @@ def _env(group: str, spec: CompactorGroupSpec, config: OperatorConfig) -> list[d
     return env
 
 
-def _env_from(spec: CompactorGroupSpec, config: OperatorConfig) -> list[dict[str, Any]]:
+def _env_from(spec: CompactorGroupSpec, config: OperatorConfig) -> list[EnvFromSource]:
     secret = spec.storage.credentials_secret if spec.storage and spec.storage.credentials_secret else None
     secret = secret or config.storage_secret
     return [{"secretRef": {"name": secret}}] if secret else []
 
 
-def build_pod_template(group: str, spec: CompactorGroupSpec, config: OperatorConfig) -> Manifest:
+def build_pod_template(group: str, spec: CompactorGroupSpec, config: OperatorConfig) -> PodTemplate:
     """The compactor pods' template: its metadata, the one compactor container, and the pod's
     spec around it (identity, security, scheduling)."""
     labels = {**spec.pod_labels, **naming.labels(group)}
@@ -129,30 +147,33 @@ def build_pod_template(group: str, spec: CompactorGroupSpec, config: OperatorCon
     }
 
 
-#: how the kubelet probes a compactor: alive (its loop turns) and ready (it takes jobs)
-_PROBES = {
-    "livenessProbe": {
+def _liveness_probe() -> Probe:
+    """How the kubelet sees a compactor alive: its loop turns."""
+    return {
         "httpGet": {"path": "/healthz", "port": naming.HTTP_PORT_NAME},
         "initialDelaySeconds": 10,
         "periodSeconds": 10,
         "timeoutSeconds": 5,
         "failureThreshold": 6,
-    },
-    "readinessProbe": {
+    }
+
+
+def _readiness_probe() -> Probe:
+    """How the kubelet sees a compactor ready: it takes jobs."""
+    return {
         "httpGet": {"path": "/readyz", "port": naming.HTTP_PORT_NAME},
         "periodSeconds": 5,
         "timeoutSeconds": 3,
         "failureThreshold": 3,
-    },
-}
+    }
 
 
 def _compactor_container(
     group: str, spec: CompactorGroupSpec, config: OperatorConfig
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+) -> tuple[Container, list[Volume]]:
     """The compactor container, and the volumes it mounts."""
     http = naming.HTTP_PORT_NAME
-    container: dict[str, Any] = {
+    container: Container = {
         "name": naming.CONTAINER,
         "image": spec.image or config.compactor_image,
         "imagePullPolicy": spec.image_pull_policy or config.image_pull_policy,
@@ -163,7 +184,8 @@ def _compactor_container(
         # a container that exits with an error leaves its log's tail as its termination message:
         # the CompactorGroup's PodsHealthy condition quotes it (podhealth)
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        **copy.deepcopy(_PROBES),
+        "livenessProbe": _liveness_probe(),
+        "readinessProbe": _readiness_probe(),
         # Ask the compactor to drain before SIGTERM: it takes no new job and finishes (or
         # releases) the one it holds within drainGraceSeconds. Drain is a POST, which an httpGet
         # hook cannot send: the hook runs `kompaktor drain` against the pod's own loopback.
@@ -179,7 +201,7 @@ def _compactor_container(
             {"name": "tmp", "mountPath": "/tmp"},
         ],
     }
-    volumes: list[dict[str, Any]] = [
+    volumes: list[Volume] = [
         {"name": "scratch", "emptyDir": {}},
         {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "256Mi"}},
     ]
@@ -190,20 +212,19 @@ def _compactor_container(
     if env_from:
         container["envFrom"] = env_from
     if spec.resources is not None:
-        container["resources"] = {
-            k: {name: str(q) for name, q in v.items()}
-            for k, v in (("requests", spec.resources.requests), ("limits", spec.resources.limits))
-            if v
-        }
+        resources: ResourceRequirements = {}
+        if spec.resources.requests:
+            resources["requests"] = {name: str(q) for name, q in spec.resources.requests.items()}
+        if spec.resources.limits:
+            resources["limits"] = {name: str(q) for name, q in spec.resources.limits.items()}
+        container["resources"] = resources
     return container, volumes
 
 
-def _pod_spec(
-    spec: CompactorGroupSpec, config: OperatorConfig, container: dict[str, Any], volumes: list[dict[str, Any]]
-) -> dict[str, Any]:
+def _pod_spec(spec: CompactorGroupSpec, config: OperatorConfig, container: Container, volumes: list[Volume]) -> PodSpec:
     """The pod's spec around its container: its identity (no API token), its security context,
     its grace period (the drain's plus a margin) and where it may be scheduled."""
-    pod_spec: dict[str, Any] = {
+    pod_spec: PodSpec = {
         # The compactor needs no Kubernetes API: its own ServiceAccount, and no token in the pod
         # whatever the account says (admission decides which accounts a group may name).
         "serviceAccountName": spec.service_account_name or config.compactor_service_account,
@@ -230,7 +251,7 @@ def _pod_spec(
     return pod_spec
 
 
-def build_compactor_deployment(group: str, spec: CompactorGroupSpec, config: OperatorConfig) -> Manifest:
+def build_compactor_deployment(group: str, spec: CompactorGroupSpec, config: OperatorConfig) -> Deployment:
     """Desired Deployment for one group. No ``spec.replicas``: the operator's scaler owns it."""
     return {
         "apiVersion": "apps/v1",
@@ -246,7 +267,7 @@ def build_compactor_deployment(group: str, spec: CompactorGroupSpec, config: Ope
     }
 
 
-def build_metrics_service(group: str) -> Manifest:
+def build_metrics_service(group: str) -> Service:
     """A ClusterIP Service over the group's pods, for Prometheus to scrape /metrics."""
     return {
         "apiVersion": "v1",
@@ -270,14 +291,15 @@ def build_metrics_service(group: str) -> Manifest:
     }
 
 
-def build_network_policy(group: str, namespace: str | None, config: OperatorConfig) -> Manifest:
+def build_network_policy(group: str, namespace: str | None, config: OperatorConfig) -> NetworkPolicy:
     """Ingress to the group's pods: their HTTP port (drain, health, metrics) from the operator pod
     and the metrics peers (Prometheus) only; nothing else reaches them."""
-    operator: dict[str, Any] = {"podSelector": {"matchLabels": dict(config.operator_pod_labels)}}
+    operator: NamespacedPeer = {"podSelector": {"matchLabels": dict(config.operator_pod_labels)}}
     if config.operator_namespace and namespace != config.operator_namespace:
         # namespaces carry this label from Kubernetes 1.21 on (label it yourself on older servers)
         operator["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": config.operator_namespace}}
-    peers = ([operator] if config.operator_pod_labels else []) + copy.deepcopy(list(config.metrics_peers))
+    peers: list[NamespacedPeer | FreeForm] = [operator] if config.operator_pod_labels else []
+    peers += copy.deepcopy(list(config.metrics_peers))
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -290,13 +312,13 @@ def build_network_policy(group: str, namespace: str | None, config: OperatorConf
     }
 
 
-def _scale_target(group: str) -> dict[str, str]:
+def _scale_target(group: str) -> ScaleTarget:
     # The autoscaler scales the CompactorGroup (its scale subresource), never the Deployment:
     # the operator turns spec.replicas into a drain-first change of the Deployment.
     return {"apiVersion": api.GROUP_VERSION, "kind": api.GROUP_KIND, "name": group}
 
 
-def build_hpa_behavior(spec: CompactorGroupSpec) -> dict[str, Any]:
+def build_hpa_behavior(spec: CompactorGroupSpec) -> HPABehavior:
     b = spec.behavior
     return {
         "scaleUp": {
@@ -319,7 +341,7 @@ def build_hpa_behavior(spec: CompactorGroupSpec) -> dict[str, Any]:
 HPA_API_VERSIONS = ("autoscaling/v2", "autoscaling/v2beta2")
 
 
-def build_hpa(group: str, spec: CompactorGroupSpec, api_version: str = HPA_API_VERSIONS[0]) -> Manifest:
+def build_hpa(group: str, spec: CompactorGroupSpec, api_version: str = HPA_API_VERSIONS[0]) -> HorizontalPodAutoscaler:
     """HPA on the External metric kompaktor_queue_depth{group} (queued + running); ``api_version`` is
     what the server offers (v2 and v2beta2 have the same shape for this object)."""
     if api_version not in HPA_API_VERSIONS:
@@ -353,7 +375,7 @@ def queue_depth_query(group: str) -> str:
     return f'sum({naming.QUEUE_DEPTH_METRIC}{{group="{group}"}})'
 
 
-def build_scaled_object(group: str, spec: CompactorGroupSpec, config: OperatorConfig) -> Manifest:
+def build_scaled_object(group: str, spec: CompactorGroupSpec, config: OperatorConfig) -> ScaledObject:
     """KEDA ScaledObject on the same metric, through Prometheus; allows minReplicas 0."""
     return {
         "apiVersion": naming.KEDA_API_VERSION,
@@ -384,7 +406,7 @@ def build_scaled_object(group: str, spec: CompactorGroupSpec, config: OperatorCo
 
 def build_autoscaler(
     group: str, spec: CompactorGroupSpec, config: OperatorConfig, hpa_api_version: str = HPA_API_VERSIONS[0]
-) -> Manifest | None:
+) -> AutoscalerObject | None:
     """The autoscaler object the spec asks for, or None for ``autoscaler: none``."""
     if spec.autoscaler == Autoscaler.HPA:
         return build_hpa(group, spec, hpa_api_version)
@@ -407,9 +429,9 @@ def build_children(
     config: OperatorConfig,
     hpa_api_version: str = HPA_API_VERSIONS[0],
     namespace: str | None = None,
-) -> list[Manifest]:
+) -> list[Child]:
     """Everything a CompactorGroup owns, in apply order (the NetworkPolicy first, before any pod)."""
-    children = [build_network_policy(group, namespace, config)] if config.network_policy else []
+    children: list[Child] = [build_network_policy(group, namespace, config)] if config.network_policy else []
     children += [build_compactor_deployment(group, spec, config), build_metrics_service(group)]
     autoscaler = build_autoscaler(group, spec, config, hpa_api_version)
     if autoscaler is not None:

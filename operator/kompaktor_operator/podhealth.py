@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+
+from kompaktor_operator.objects import ContainerStateTerminated, ContainerStatus, Pod
 
 #: the condition type on a CompactorGroup
 PODS_HEALTHY = "PodsHealthy"
@@ -44,21 +45,21 @@ def _one_line(text: str | None, limit: int = 300) -> str:
     return words if len(words) <= limit else words[: limit - 1] + "…"
 
 
-def _limit(pod: dict[str, Any], container: str) -> str | None:
+def _limit(pod: Pod, container: str) -> str | None:
     for c in (pod.get("spec") or {}).get("containers") or []:
         if c.get("name") == container:
             return ((c.get("resources") or {}).get("limits") or {}).get("memory")
     return None
 
 
-def _image(pod: dict[str, Any], container: str, status: dict[str, Any]) -> str:
+def _image(pod: Pod, container: str, status: ContainerStatus) -> str:
     for c in (pod.get("spec") or {}).get("containers") or []:
         if c.get("name") == container:
             return str(c.get("image") or status.get("image") or "?")
     return str(status.get("image") or "?")
 
 
-def _terminated_text(term: dict[str, Any]) -> str:
+def _terminated_text(term: ContainerStateTerminated) -> str:
     code = term.get("exitCode")
     text = f"{term.get('reason') or 'exited'} (exit code {code})" if code is not None else str(term.get("reason"))
     # the termination message is the log's tail (FallbackToLogsOnError): its last line says why
@@ -67,7 +68,7 @@ def _terminated_text(term: dict[str, Any]) -> str:
     return f"{text}: {tail}" if tail else text
 
 
-def _pod_findings(pod: dict[str, Any]) -> dict[str, str]:
+def _pod_findings(pod: Pod) -> dict[str, str]:
     """reason → message for one pod (several reasons may hold at once)."""
     status = pod.get("status") or {}
     found: dict[str, str] = {}
@@ -111,7 +112,7 @@ def _pod_findings(pod: dict[str, Any]) -> dict[str, str]:
     return found
 
 
-def diagnose(pods: Iterable[dict[str, Any]]) -> Finding | None:
+def diagnose(pods: Iterable[Pod]) -> Finding | None:
     """The group's most actionable pod problem now, or None when none of its pods has one.
 
     Terminating pods are left out: a scale-down's pods are expected to stop."""

@@ -682,8 +682,8 @@ def test_dead_letter_after_repeated_failures(store: MetadataStore, storage: Stor
         backdate_heartbeat(store, res.ecid, 60)
         assert coord.detect_dead() == [res.ecid]
     (dl,) = failures.dead_letters(store)
-    assert (dl["tablet"], dl["files"], dl["group"], dl["count"]) == (tab, sorted(files), "default", 3)
-    assert "died" in dl["last_error"]
+    assert (dl.tablet, list(dl.files), dl.group, dl.count) == (tab, sorted(files), "default", 3)
+    assert "died" in dl.last_error
     assert coord.queues.stats("default").dead_lettered == 1
     coord.metrics.export(coord.store)
     assert coord.metrics.registry.get_sample_value("kompaktor_dead_lettered_jobs", {"group": "default"}) == 1
@@ -833,7 +833,7 @@ def test_failures_of_jobs_that_cannot_come_back_are_forgotten(store: MetadataSto
     failures.record_failure(store, "gone;~", ["t/F9.parquet"], "default", "boom")  # its tablet is gone
     assert failures.forget_settled(store) == 2
     (left,) = store.running.failures().values()
-    assert left["files"] == ["t/F1.parquet", "t/F2.parquet"]
+    assert left.files == ("t/F1.parquet", "t/F2.parquet")
     # the job ran again and committed: its files are replaced, its failure goes with them
     m = Mutation(table=store.tables.tablet(tablet).table)
     m.tablet(tablet).do("remove_files", ["t/F1.parquet", "t/F2.parquet"]).do(

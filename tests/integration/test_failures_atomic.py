@@ -37,7 +37,7 @@ def hammer(redis_url: str, clients: int, each: int, max_attempts: int) -> list[b
 def test_concurrent_failures_all_count(store: MetadataStore, redis_url: str) -> None:
     hammer(redis_url, 8, 50, max_attempts=10_000)
     rec = store.running.failure(fingerprint("1;~", ["a", "b"]))
-    assert rec is not None and rec["count"] == 400 and rec["redirtied"] is False
+    assert rec is not None and rec.count == 400 and rec.redirtied is False
 
 
 def test_dead_letter_threshold_crossed_once_per_threshold(store: MetadataStore, redis_url: str) -> None:
@@ -45,7 +45,7 @@ def test_dead_letter_threshold_crossed_once_per_threshold(store: MetadataStore, 
     assert sum(results) == 4 and store.bookkeeping.counters()["dead_lettered"] == 4
     assert store.running.failure(fingerprint("1;~", ["a", "b"])) is None
     (dl,) = store.running.dead_letters().values()
-    assert dl["count"] == 50 and dl["group"] == "g"
+    assert dl.count == 50 and dl.group == "g"
     # due retries are marked dirty once, atomically
     failures.record_failure(store, "1;~", ["c"], "g", "x", base_backoff_s=0.0)
     assert failures.redirty_due(store) == ["1;~"] and failures.redirty_due(store) == []

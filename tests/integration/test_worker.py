@@ -214,15 +214,15 @@ def test_heartbeat_carries_progress_and_state(store, storage, client) -> None:
     poll(eng.held.is_set, "the merge to hold after its first part")
     ecid = poll(lambda: w.current and w.current.ecid, "a reservation")
     hb = poll(
-        lambda: (h := store.running.heartbeat(ecid)) and int(h.get("parts_done", 0)) >= 1 and h,
+        lambda: (h := store.running.heartbeat(ecid)).parts_done is not None and h.parts_done >= 1 and h,
         "a heartbeat with progress",
     )
-    assert hb["compactor"] == "c1"
-    assert int(hb["entries_read"]) > 0 and int(hb["entries_written"]) > 0
-    assert int(hb["bytes_read"]) > 0 and int(hb["parts"]) > 1
-    assert abs(float(hb["updated"]) - time.time()) < 10
+    assert hb.compactor == "c1"
+    assert (hb.entries_read or 0) > 0 and (hb.entries_written or 0) > 0
+    assert (hb.bytes_read or 0) > 0 and (hb.parts or 0) > 1
+    assert hb.updated is not None and abs(hb.updated - time.time()) < 10
     # the seconds the job still needs (what the operator's scale-down ranks busy compactors by)
-    assert 0 <= float(hb["remaining_s"]) < 60
+    assert hb.remaining_s is not None and 0 <= hb.remaining_s < 60
     info = poll(lambda: [c for c in store.fleet.compactors(GROUP) if c.state == BUSY], "compactor registered busy")
     assert info[0].ecid == ecid
     gate.set()
@@ -440,7 +440,7 @@ def test_bad_input_file_fails_the_job_and_leaves_the_tablet(store, storage, clie
         outcome = w.run_one()
         assert outcome.status == "failed" and bad in outcome.reason
     dead = failures.dead_letters(store)
-    assert [(d["tablet"], d["count"]) for d in dead] == [(t_id, 3)] and bad in dead[0]["last_error"]
+    assert [(d.tablet, d.count) for d in dead] == [(t_id, 3)] and bad in dead[0].last_error
     now[0] += failures.MAX_BACKOFF_S + 1
     assert plan(store, storage) == 0  # dead-lettered jobs are not queued
     assert tablet_files(store, tid) == before

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
+from html.parser import HTMLParser
 
 import pytest
 
@@ -79,3 +80,43 @@ def test_a_record_round_trips_and_refuses_an_unknown_outcome() -> None:
     with pytest.raises(ValueError, match="unknown outcome 'lost'"):
         history.Record("E", "lost", "g", "1", "1;", "USER", "c", 0.0)
     assert history.clean_reason("a\n  b " + "x" * 900) == ("a b " + "x" * 900)[: history.REASON_MAX]
+
+
+class _Tags(HTMLParser):
+    """Every start tag with its attributes, and every text node, as a browser's parser sees them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.texts: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, dict(attrs)))
+
+    def handle_data(self, data: str) -> None:
+        self.texts.append(data)
+
+
+def test_a_hostile_group_and_table_name_stay_text() -> None:
+    hostile = '<img src=x onerror=alert(1)>"\' data-x="y'
+    group = dict.fromkeys(
+        ("wanted", "ready", "busy", "idle", "draining", "queued", "running", "depth", "queued_bytes"), 1
+    ) | {"oldest_queued_age_s": 1.0, "hpa_target": 1, "compactions_committed": 0, "dead_lettered": 0}
+    table = {
+        "state": "ONLINE",
+        "tablets": 1,
+        "files": 1,
+        "files_per_tablet": {"min": 1, "median": 1, "max": 1, "histogram": {"1": 1}},
+        "running_compactions": 0,
+        "file_limit": 4,
+        "over_limit": 0,
+        "deletes_ratio": 0.0,
+        "score": 0.0,
+    }
+    parsed = _Tags()
+    parsed.feed(page.render(data(groups={hostile: group}, tables={hostile: table})))
+    assert "img" not in {tag for tag, _ in parsed.tags}
+    assert all("data-x" not in attrs and "onerror" not in attrs for _, attrs in parsed.tags)
+    assert [a["data-group"] for t, a in parsed.tags if t == "tr" and "data-group" in a] == [hostile]
+    assert [a["data-table"] for t, a in parsed.tags if t == "tr" and "data-table" in a] == [hostile]
+    assert parsed.texts.count(hostile) == 2  # the group's first cell and the table's

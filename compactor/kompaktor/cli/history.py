@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -12,6 +12,8 @@ from kompaktor.cli.common import friendly_errors, open_client, redis_option, sto
 
 if TYPE_CHECKING:
     from rich.table import Table
+
+    from kompaktor.metadata.status import HistoryRow
 
 
 @click.command()
@@ -43,6 +45,7 @@ def history(
     and the reason it failed. Kept per group, bounded by count and age (the compactors' and the
     coordinator's --history-records and --history-age)."""
     from kompaktor.metadata import history as hist
+    from kompaktor.metadata.status import history_row
 
     since_t = None if since is None else hist.parse_since(since)  # a bad value: one line, before Redis
     store = open_client(redis_url, storage_uri).store
@@ -56,7 +59,7 @@ def history(
     recs = hist.read(
         store, groups or hist.known_groups(store), since=since_t, table=table_id, failed=failed, limit=limit
     )
-    rows = [{**r.to_json(), "table": names.get(r.table, r.table)} for r in recs]
+    rows = [history_row(r, names.get(r.table, r.table)) for r in recs]
     if as_json:
         click.echo(json.dumps(rows, sort_keys=True))
         return
@@ -68,7 +71,7 @@ def history(
     Console().print(_table(rows))
 
 
-def _table(rows: list[dict[str, Any]]) -> Table:
+def _table(rows: list[HistoryRow]) -> Table:
     from rich.table import Table
 
     from kompaktor.metadata.status import human_bytes

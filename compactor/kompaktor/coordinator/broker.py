@@ -205,15 +205,15 @@ class Broker:
             doc = reservation_record(self.store, req.ecid)
             if doc is None:
                 raise Refused(f"{req.ecid:.40}: no reservation of the broker's by that ECID")
-            known = self._remember(req.ecid, doc["cap"], doc["res"])
+            known = self._remember(req.ecid, doc["cap"], Reservation.from_json(doc["res"]))
         if not secrets.compare_digest(known[0], digest(req.cap)):
             raise Refused(f"{req.ecid}: not the holder of this compaction")
         return dataclasses.replace(known[1], cap=req.cap)
 
-    def _remember(self, ecid: str, cap_digest: str, res: dict[str, Any]) -> tuple[str, Reservation]:
+    def _remember(self, ecid: str, cap_digest: str, res: Reservation) -> tuple[str, Reservation]:
         """A reservation record, kept here too (records never change): a holder's next requests
         need no read of it."""
-        known = (cap_digest, Reservation.from_json(res))
+        known = (cap_digest, res)
         with self._lock:
             self._known[ecid] = known
             while len(self._known) > KNOWN_MAX:
@@ -238,7 +238,7 @@ class Broker:
         cap = secrets.token_urlsafe(24)
         doc, cap_digest = res.to_json(), digest(cap)
         out.records.append((keyspace.reservation_key(res.ecid), json.dumps({"res": doc, "cap": cap_digest})))
-        self._remember(res.ecid, cap_digest, doc)
+        self._remember(res.ecid, cap_digest, Reservation.from_json(doc))
         return {"res": doc, "cap": cap}
 
     def _register(self, req: m.Register) -> None:

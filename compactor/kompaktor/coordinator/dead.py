@@ -11,6 +11,7 @@ from kompaktor.files.storage import Storage
 from kompaktor.metadata import failures, history
 from kompaktor.metadata.compactions import delete_outputs, remove_running, running_compactions
 from kompaktor.metadata.store import MetadataStore
+from kompaktor.metadata.store.running import Heartbeat
 from kompaktor.model.errors import StoreUnavailable
 from kompaktor.model.tablet import RunningCompaction
 
@@ -46,16 +47,9 @@ def _removed(store: MetadataStore, tablet_id: str, ecid: str, rc: RunningCompact
 
 
 def _killed(
-    tablet_id: str, ecid: str, rc: RunningCompaction, hb: dict[str, str], silent_s: float, lettered: bool
+    tablet_id: str, ecid: str, rc: RunningCompaction, hb: Heartbeat, silent_s: float, lettered: bool
 ) -> history.Record:
     """The history's record of a compaction found dead (its last heartbeat's figures)."""
-
-    def figure(name: str) -> int | None:
-        try:
-            return int(float(hb[name])) if name in hb else None
-        except ValueError:
-            return None
-
     return history.Record(
         ecid=ecid,
         outcome=history.DEAD_LETTERED if lettered else history.KILLED,
@@ -67,9 +61,9 @@ def _killed(
         finished=time.time(),
         reason=f"compactor died: no heartbeat for {silent_s:.0f}s",
         input_files=len(rc.files),
-        input_entries=figure("entries_read"),
+        input_entries=hb.entries_read,
         merge_s=round(max(0.0, time.time() - rc.started_ms / 1000.0), 3),
-        resumed_parts=figure("parts_reused") or 0,
+        resumed_parts=hb.resume.parts_reused if hb.resume else 0,
     )
 
 
@@ -105,7 +99,7 @@ def detect_dead(
             store.running.forget_running(ecid)
             continue
         hb = store.running.heartbeat(ecid)
-        last = max(not_before, float(hb["updated"]) if "updated" in hb else rc.started_ms / 1000.0)
+        last = max(not_before, hb.updated if hb.updated is not None else rc.started_ms / 1000.0)
         if now - last <= dead_after_s:
             continue
         log.warning(

@@ -14,12 +14,21 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
 from kompaktor.metadata import history
 from kompaktor.metadata.compactions import running_compactions
-from kompaktor.metadata.status import gather
+from kompaktor.metadata.status import (
+    GroupFigures,
+    HistoryRow,
+    Status,
+    TableFigures,
+    TableHealth,
+    gather,
+    history_row,
+)
 from kompaktor.metadata.store import MetadataStore
+from kompaktor.metadata.store.running import Heartbeat
 from kompaktor.model.tablet import TableInfo, Tablet
 from kompaktor.policy.planning import settings_for
 from kompaktor.policy.services import DEFAULT, GroupConfig, ServiceConfig, dispatch
@@ -82,9 +91,57 @@ class Samples:
             return [s for s in self.groups.get(group, ()) if now - s.t <= self.window_s]
 
 
-def _groups(status: dict[str, Any], configs: dict[str, GroupConfig]) -> dict[str, dict[str, Any]]:
+class PageGroup(GroupFigures):
+    """A group on the page: ``kompaktor status``'s figures, with its replicas and HPA target."""
+
+    idle: int
+    ready: int
+    wanted: int
+    min_replicas: int
+    max_replicas: int
+    hpa_target: int
+
+
+class RunningRow(TypedDict):
+    """One running compaction's progress from its heartbeat."""
+
+    table: str
+    ecid: str
+    tablet: str
+    group: str
+    kind: str
+    compactor: str
+    input_files: int
+    input_bytes: int
+    bytes_read: int
+    parts_done: int
+    parts: int
+    resumed_parts: int
+    done: float
+    elapsed_s: float
+    left_s: float | None
+
+
+class PageHistoryRow(HistoryRow):
+    failed: bool
+
+
+class PageData(TypedDict):
+    """Everything the page shows (:func:`collect`; ``page.render`` renders it)."""
+
+    now: float
+    groups: dict[str, PageGroup]
+    charts: dict[str, list[Sample]]
+    running: list[RunningRow]
+    tables: dict[str, TableFigures]
+    history: list[PageHistoryRow]
+    dead_letters: int
+    retries_pending: int
+
+
+def _groups(status: Status, configs: dict[str, GroupConfig]) -> dict[str, PageGroup]:
     """``kompaktor status``'s groups with the replicas wanted and ready, idle compactors, the HPA target."""
-    out = {}
+    out: dict[str, PageGroup] = {}
     for name, g in status["groups"].items():
         cfg = configs.get(name) or GroupConfig(name)
         out[name] = {
@@ -99,23 +156,18 @@ def _groups(status: dict[str, Any], configs: dict[str, GroupConfig]) -> dict[str
     return out
 
 
-def _progress(tablet: Tablet, ecid: str, hb: dict[str, str], now: float) -> dict[str, Any]:
+def _progress(table: str, tablet: Tablet, ecid: str, hb: Heartbeat, now: float) -> RunningRow:
     """One running compaction's progress from its heartbeat: bytes read of its input, parts done,
     parts resumed, and the time left at the pace so far (None until it is known)."""
     rc = tablet.running[ecid]
-
-    def num(name: str) -> int:
-        try:
-            return int(float(hb.get(name, 0)))
-        except ValueError:
-            return 0
-
     input_bytes = sum(tablet.files[f].size for f in rc.files if f in tablet.files)
-    done = min(1.0, num("bytes_read") / input_bytes) if input_bytes else 0.0
-    if num("parts"):
-        done = max(done, num("parts_done") / num("parts"))
+    bytes_read, parts_done, parts = hb.bytes_read or 0, hb.parts_done or 0, hb.parts or 0
+    done = min(1.0, bytes_read / input_bytes) if input_bytes else 0.0
+    if parts:
+        done = max(done, parts_done / parts)
     elapsed = max(0.0, now - rc.started_ms / 1000.0)
     return {
+        "table": table,
         "ecid": ecid,
         "tablet": tablet.id,
         "group": rc.group,
@@ -123,17 +175,17 @@ def _progress(tablet: Tablet, ecid: str, hb: dict[str, str], now: float) -> dict
         "compactor": rc.compactor,
         "input_files": len(rc.files),
         "input_bytes": input_bytes,
-        "bytes_read": num("bytes_read"),
-        "parts_done": num("parts_done"),
-        "parts": num("parts"),
-        "resumed_parts": num("parts_reused"),
+        "bytes_read": bytes_read,
+        "parts_done": parts_done,
+        "parts": parts,
+        "resumed_parts": hb.resume.parts_reused if hb.resume else 0,
         "done": round(done, 3),
         "elapsed_s": round(elapsed, 1),
         "left_s": round(elapsed * (1 - done) / done, 1) if 0 < done < 1 else None,
     }
 
 
-def _running(store: MetadataStore, names: dict[str, str], now: float) -> list[dict[str, Any]]:
+def _running(store: MetadataStore, names: dict[str, str], now: float) -> list[RunningRow]:
     index = running_compactions(store)
     tablets = {t.id: t for t in store.tables.get_tablets(sorted({tid for tid, _rc in index.values()}))}
     out = []
@@ -141,8 +193,7 @@ def _running(store: MetadataStore, names: dict[str, str], now: float) -> list[di
         t = tablets.get(tid)
         if rc is None or t is None or ecid not in t.running:
             continue
-        row = _progress(t, ecid, store.running.heartbeat(ecid), now)
-        out.append({"table": names.get(t.table, t.table), **row})
+        out.append(_progress(names.get(t.table, t.table), t, ecid, store.running.heartbeat(ecid), now))
     return out
 
 
@@ -153,7 +204,7 @@ def file_limit(table: TableInfo, services: dict[str, ServiceConfig]) -> int:
     return settings_for(table, services.get(name) or DEFAULT).max_files_per_tablet
 
 
-def table_health(tablets: list[Tablet], limit: int) -> dict[str, Any]:
+def table_health(tablets: list[Tablet], limit: int) -> TableHealth:
     """Files per tablet, tablets over the file limit, the deletes ratio and the score.
 
     The score says which tables most need compaction: the files beyond one per tablet, on
@@ -175,21 +226,21 @@ def table_health(tablets: list[Tablet], limit: int) -> dict[str, Any]:
     }
 
 
-def _ranked(tables: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def _ranked(tables: dict[str, TableFigures]) -> dict[str, TableFigures]:
     """The tables, the one that most needs compaction first."""
-    return dict(sorted(tables.items(), key=lambda kv: -kv[1]["score"]))
+    return dict(sorted(tables.items(), key=lambda kv: -kv[1].get("score", 0.0)))
 
 
-def _history(store: MetadataStore, groups: set[str], names: dict[str, str]) -> list[dict[str, Any]]:
+def _history(store: MetadataStore, groups: set[str], names: dict[str, str]) -> list[PageHistoryRow]:
     """The newest records, failures first (then the newest first within each)."""
     recs = history.read(store, groups, limit=HISTORY_ROWS)
     failed = history.read(store, groups, failed=True, limit=HISTORY_ROWS)
     seen = {r.ecid for r in failed}
     rows = failed + [r for r in recs if r.ecid not in seen]
-    return [{**r.to_json(), "table": names.get(r.table, r.table), "failed": r.failed} for r in rows[:HISTORY_ROWS]]
+    return [{**history_row(r, names.get(r.table, r.table)), "failed": r.failed} for r in rows[:HISTORY_ROWS]]
 
 
-def collect(store: MetadataStore, samples: Samples | None = None, now: float | None = None) -> dict[str, Any]:
+def collect(store: MetadataStore, samples: Samples | None = None, now: float | None = None) -> PageData:
     """Everything the page shows, as plain data (the page renders it; tests read it)."""
     now = time.time() if now is None else now
     services = store.fleet.services()

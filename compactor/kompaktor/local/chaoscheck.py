@@ -12,7 +12,6 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from kompaktor.coordinator import Coordinator, CoordinatorSettings
 from kompaktor.files.storage import Storage
@@ -72,7 +71,7 @@ def _files_after_gc(store: MetadataStore, storage: Storage) -> tuple[list[str], 
 
 def _failovers(
     log: ChaosLog, kills: _Kills, logs: Path | None, acked_writes: int, missing: list[str]
-) -> tuple[dict[str, Any], bool]:
+) -> tuple[dict[str, object], bool]:
     """With an HA Redis: both failovers happened at their moments, and every commit a compactor
     was told succeeded is in the commit log exactly once. The summary's lines, and whether it holds."""
     counts = Counter(kills.applied)
@@ -114,7 +113,7 @@ def check_chaos(
     ha: bool = False,
     logs: Path | None = None,
     acked_writes: int = 0,
-) -> tuple[dict[str, Any], bool]:
+) -> tuple[dict[str, object], bool]:
     """After the queues drained: every SIGKILLed compaction was detected dead and its tablet
     compacted again; SIGTERMed compactors caused no dead compaction; no running compaction is
     left; after garbage collection every file in storage is referenced and no temp file is left.

@@ -29,7 +29,7 @@ from kompaktor.local.ingest import ContinuousIngest, IngestStats, Verification, 
 from kompaktor.local.mix import MixCheck, MixedWorkload, mix_summary
 from kompaktor.local.procs import interruptible
 from kompaktor.metadata import user_compactions
-from kompaktor.metadata.status import gather
+from kompaktor.metadata.status import Status, gather, no_status
 from kompaktor.model.errors import StoreUnavailable
 
 if TYPE_CHECKING:
@@ -74,8 +74,8 @@ class DemoOptions:
 @dataclass
 class DemoResult:
     verified: bool
-    summary: dict[str, Any]
-    status: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, object]
+    status: Status = field(default_factory=no_status)
     #: (seconds, entries ingested, average files per tablet, compactions committed), sampled
     samples: list[tuple[float, int, float, int]] = field(default_factory=list)
     #: desired and actual compactors per group, one sample per autoscaler pass
@@ -99,7 +99,7 @@ def _bar(up: int, draining: int, hi: int) -> str:
 
 def _progress_table(
     ingest_stats: IngestStats,
-    status: dict[str, Any],
+    status: Status,
     phase: str,
     elapsed: float,
     scaling: dict[str, GroupSample],
@@ -134,10 +134,10 @@ def _progress_table(
     return t
 
 
-def scaling_summary(cfg: LocalConfig, timeline: list[GroupSample], burst_at: float | None) -> dict[str, Any]:
+def scaling_summary(cfg: LocalConfig, timeline: list[GroupSample], burst_at: float | None) -> dict[str, object]:
     """Per group: the most compactors up at once, and seconds from the burst until the group
     first had its maximum up (None: never reached, or no burst)."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for g, gc in cfg.groups.items():
         samples = [x for x in timeline if x.group == g]
         out[f"most compactors ({g}, max {gc.max_replicas})"] = max((x.up for x in samples), default=0)
@@ -234,8 +234,8 @@ class _Checks:
     mix: MixCheck | None
     drained: bool
     scaled_back: bool
-    chaos_summary: dict[str, Any]
-    status: dict[str, Any]
+    chaos_summary: dict[str, object]
+    status: Status
     busy_terminated: list[Proc]
     drains: list[Proc]
     verified: bool
@@ -254,7 +254,7 @@ class _DemoRun:
         self.scaler: threading.Thread | None = None
         self.live: Any = None  # rich.live.Live, while the phases run
         self.phase = "ingest"
-        self.status: dict[str, Any] = {}
+        self.status: Status = no_status()
         self.max_files_seen = 0
         self.max_files_burst = 0
         self.samples: list[tuple[float, int, float, int]] = []
@@ -309,11 +309,11 @@ class _DemoRun:
         except StoreUnavailable:
             return  # Redis is restarting (chaos): show the last status
         status = self.status
-        for tb in status["tables"].values():
+        for figures in status["tables"].values():
             if self.burst_at is None:
-                self.max_files_seen = max(self.max_files_seen, tb["files_per_tablet"]["max"])
+                self.max_files_seen = max(self.max_files_seen, figures["files_per_tablet"]["max"])
             else:
-                self.max_files_burst = max(self.max_files_burst, tb["files_per_tablet"]["max"])
+                self.max_files_burst = max(self.max_files_burst, figures["files_per_tablet"]["max"])
         tb = status["tables"].get(self.opts.table)
         if tb is not None:
             self.samples.append(
@@ -452,7 +452,7 @@ class _DemoRun:
         cfg, cluster, chaos, store = self.cfg, self.cluster, self.chaos, self.store
         stats = self.ingester.stats
         scaled_back = _scaled_back(cfg, cluster)
-        chaos_summary: dict[str, Any] = {}
+        chaos_summary: dict[str, object] = {}
         chaos_ok = True
         if chaos is not None:
             acked = stats.flushes + (1 if stats.imported_files else 0)  # flushes + the import

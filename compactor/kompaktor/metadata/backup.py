@@ -29,10 +29,12 @@ import posixpath
 import re
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import NotRequired, TypedDict, cast
 
 import pyarrow.parquet as pq
+from redis.typing import EncodableT
 
 from kompaktor import __version__, keyspace
 from kompaktor.connection import text
@@ -84,6 +86,34 @@ class Manifest:
         return f"{BACKUPS_DIR}/{self.id}/files.txt.gzip"
 
 
+class TableSnapshot(TypedDict):
+    """One table in a backup: its hash, its tablets' documents (JSON text, by tablet id) and the
+    write ids it imported."""
+
+    hash: dict[str, str]
+    tablets: dict[str, str]
+    #: absent from backups taken before writes were recorded
+    writes: NotRequired[dict[str, str]]
+
+
+class UserCompactionSnapshot(TypedDict):
+    hash: dict[str, str]
+    done: list[str]
+
+
+class Snapshot(TypedDict):
+    """A backup's metadata (``metadata.json.gzip``, JSON with sorted keys): every piece of
+    Kompaktor's metadata that outlives a restore."""
+
+    format: int
+    names: dict[str, str]
+    tables: dict[str, TableSnapshot]
+    ucomps: dict[str, UserCompactionSnapshot]
+    services: dict[str, str]
+    groups: dict[str, str]
+    seq: dict[str, str]
+
+
 def manifest_path(bid: str) -> str:
     return f"{BACKUPS_DIR}/{bid}/MANIFEST.json"
 
@@ -130,11 +160,11 @@ def _read_tablets(store: MetadataStore, tid: str) -> dict[str, str]:
     raise BackupError(f"table {tid}: its tablets kept changing while they were read (splits or merges); retry")
 
 
-def snapshot(store: MetadataStore, bid: str) -> dict[str, Any]:
+def snapshot(store: MetadataStore, bid: str) -> Snapshot:
     """Every piece of Kompaktor's metadata, read in chunks; the backup's content."""
     r = store._r
     names = _text(store.call(r.hgetall, keyspace.TABLES))
-    tables = {}
+    tables: dict[str, TableSnapshot] = {}
     for tid in sorted(names.values()):
         store.files.begin_backup(bid, MARK_TTL_S)  # refreshed: a big table takes a while
         tables[tid] = {
@@ -143,7 +173,7 @@ def snapshot(store: MetadataStore, bid: str) -> dict[str, Any]:
             # the writes imported (a Spark job's, a micro-batch's): a replay after a restore imports once
             "writes": _text(store.call(r.hgetall, keyspace.writes_key(tid))),
         }
-    ucomps = {}
+    ucomps: dict[str, UserCompactionSnapshot] = {}
     for cid in sorted(text(m) for m in store.call(r.smembers, keyspace.UCOMPS)):
         ucomps[cid] = {
             "hash": _text(store.call(r.hgetall, keyspace.ucomp_key(cid))),
@@ -160,7 +190,7 @@ def snapshot(store: MetadataStore, bid: str) -> dict[str, Any]:
     }
 
 
-def referenced(data: dict[str, Any]) -> set[str]:
+def referenced(data: Snapshot) -> set[str]:
     """The data files a backup's tablets reference."""
     out: set[str] = set()
     for t in data["tables"].values():
@@ -238,15 +268,16 @@ def read_manifest(storage: Storage, bid: str) -> Manifest:
         raise BackupError(f"backup {bid}: its manifest is unreadable: {exc}") from exc
 
 
-def load(storage: Storage, m: Manifest) -> dict[str, Any]:
+def load(storage: Storage, m: Manifest) -> Snapshot:
     """A backup's metadata, its checksum checked."""
     blob = _get(storage, m.metadata_path)
     if hashlib.sha256(blob).hexdigest() != m.sha256:
         raise BackupError(f"backup {m.id}: metadata.json.gzip does not match its manifest's checksum")
-    data: dict[str, Any] = json.loads(gzip.decompress(blob))
-    if data.get("format") != FORMAT:
-        raise BackupError(f"backup {m.id}: format {data.get('format')} (this Kompaktor reads {FORMAT})")
-    return data
+    data = json.loads(gzip.decompress(blob))
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        found = data.get("format") if isinstance(data, dict) else None
+        raise BackupError(f"backup {m.id}: format {found} (this Kompaktor reads {FORMAT})")
+    return cast(Snapshot, data)
 
 
 def files_of(storage: Storage, m: Manifest) -> list[str]:
@@ -551,13 +582,19 @@ def bootstrap(store: MetadataStore, storage: Storage, bid: str) -> Restored | No
     return restore(store, storage, bid)
 
 
-def _write_back(store: MetadataStore, data: dict[str, Any], tops: tuple[int, int], bid: str) -> None:
+def _fields(values: dict[str, str]) -> Mapping[EncodableT, EncodableT]:
+    """A hash's fields as redis-py's ``hset`` takes them (its mapping's key type is a union, which
+    a ``dict[str, str]`` does not match: dict keys are invariant)."""
+    return cast("Mapping[EncodableT, EncodableT]", values)
+
+
+def _write_back(store: MetadataStore, data: Snapshot, tops: tuple[int, int], bid: str) -> None:
     p = store._r.pipeline(transaction=True)
     p.set(keyspace.RESTORED, bid)  # what bootstrap() checks: this Redis was restored once
     if data["names"]:
-        p.hset(keyspace.TABLES, mapping=data["names"])
+        p.hset(keyspace.TABLES, mapping=_fields(data["names"]))
     for tid, t in data["tables"].items():
-        p.hset(keyspace.table_key(tid), mapping=t["hash"])
+        p.hset(keyspace.table_key(tid), mapping=_fields(t["hash"]))
         for tablet, raw in t["tablets"].items():
             doc = json.loads(raw)
             doc["running"] = {}  # compactions running then are dead now: outputs are garbage
@@ -565,18 +602,18 @@ def _write_back(store: MetadataStore, data: dict[str, Any], tops: tuple[int, int
             p.zadd(keyspace.tablets_key(tid), {tablet.split(";", 1)[1]: 0})
             p.sadd(keyspace.DIRTY, tablet)
         if t.get("writes"):  # backups taken before writes were recorded have none
-            p.hset(keyspace.writes_key(tid), mapping=t["writes"])
+            p.hset(keyspace.writes_key(tid), mapping=_fields(t["writes"]))
     for cid, u in data["ucomps"].items():
         if u["hash"]:
-            p.hset(keyspace.ucomp_key(cid), mapping=u["hash"])
+            p.hset(keyspace.ucomp_key(cid), mapping=_fields(u["hash"]))
         p.sadd(keyspace.UCOMPS, cid)
         if u["done"]:
             p.sadd(keyspace.ucomp_done_key(cid), *u["done"])
     for key, values in ((keyspace.SERVICES, data["services"]), (keyspace.GROUPS, data["groups"])):
         if values:
-            p.hset(key, mapping=values)
+            p.hset(key, mapping=_fields(values))
     seq = dict(data["seq"])
     seq["table"] = str(max(int(seq.get("table", 0)), tops[0]))
     seq["file"] = str(max(int(seq.get("file", 0)), tops[1]))
-    p.hset(keyspace.SEQ, mapping=seq)
+    p.hset(keyspace.SEQ, mapping=_fields(seq))
     store.call(p.execute)

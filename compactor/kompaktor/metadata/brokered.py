@@ -18,8 +18,9 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import fields
-from typing import Any, cast
+from typing import Any, TypedDict, cast
 
 from kompaktor import keyspace
 from kompaktor.files.storage import Storage
@@ -119,7 +120,7 @@ class BrokeredJobs:
         got = self.ask(m.Reserve(group, compactor, self.group_token), self.heartbeat_timeout_s)
         return None if got is None else Reservation.from_json(got["res"], got["cap"])
 
-    def heartbeat(self, res: Reservation, progress: dict[str, Any]) -> None:
+    def heartbeat(self, res: Reservation, progress: Mapping[str, object]) -> None:
         beat = m.Heartbeat(res.ecid, res.cap, {k: str(v) for k, v in progress.items()})
         self.ask(beat, self.heartbeat_timeout_s)
 
@@ -220,10 +221,18 @@ def send_answers(
     store.call(p.execute)
 
 
-def reservation_record(store: MetadataStore, ecid: str) -> dict[str, Any] | None:
-    """The broker's record of a reservation (the reservation, the digest of its holder's secret)."""
+class ReservationRecord(TypedDict):
+    """The broker's record of a reservation (``kz:res:<ecid>``): the reservation's JSON
+    (``Reservation.to_json``) and the digest of its holder's secret."""
+
+    res: dict[str, Any]
+    cap: str
+
+
+def reservation_record(store: MetadataStore, ecid: str) -> ReservationRecord | None:
+    """The broker's record of a reservation, or None."""
     raw = store.call(store._r.get, keyspace.reservation_key(ecid))
-    return None if raw is None else dict(json.loads(raw))
+    return None if raw is None else cast(ReservationRecord, dict(json.loads(raw)))
 
 
 def take_reservation_record(store: MetadataStore, ecid: str) -> bool:

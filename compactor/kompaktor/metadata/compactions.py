@@ -26,9 +26,9 @@ from types import MappingProxyType
 from typing import Any
 
 from kompaktor.files.storage import Storage
-from kompaktor.metadata.store import MetadataStore, Mutation, TabletChange
+from kompaktor.metadata.store import MetadataStore, Mutation, MutationOutcome, TabletChange
 from kompaktor.model.errors import ConditionFailed
-from kompaktor.model.iterators import IteratorSettings
+from kompaktor.model.iterators import IteratorOptions, IteratorSettings
 from kompaktor.model.job import Job
 from kompaktor.model.keys import decode_row, encode_row
 from kompaktor.model.names import ecid_nonce, file_order_key, output_template, tmp_name
@@ -132,16 +132,16 @@ def new_ecid() -> str:
     return f"ECID-{uuid.uuid4().hex[:16]}"
 
 
-def user_iterators(store: MetadataStore, cid: str) -> dict[str, Any] | None:
+def user_iterators(store: MetadataStore, cid: str) -> IteratorOptions | None:
     """A user compaction's iterator options, or None when it no longer exists / was cancelled."""
     rec = store.ucomps.user_compaction(cid)
     if rec is None or rec[0].get("state") != "RUNNING":
         return None
-    its: dict[str, Any] = json.loads(rec[0].get("iterators", "{}"))
+    its: IteratorOptions = json.loads(rec[0].get("iterators", "{}"))
     return its
 
 
-def _settings_for(its: dict[str, Any] | None, props: dict[str, str], full: bool, now: int) -> IteratorSettings:
+def _settings_for(its: IteratorOptions | None, props: dict[str, str], full: bool, now: int) -> IteratorSettings:
     its = its or {}
     row_start = its.get("row_start")
     row_end = its.get("row_end")
@@ -215,7 +215,7 @@ def try_reserve(
     One conditional mutation, without reading the tablet first: it checks the job against the
     tablet, allocates the output name, decides whether the compaction is full (its files are all
     the tablet's files) and returns that with the tablet's range and the table's properties."""
-    its: dict[str, Any] | None = None
+    its: IteratorOptions | None = None
     if job.kind == "USER":
         its = user_iterators(store, job.selection) if job.selection is not None else None
         if its is None:
@@ -247,9 +247,9 @@ def _reservation(
     job: Job,
     ecid: str,
     compactor: str,
-    its: dict[str, Any] | None,
+    its: IteratorOptions | None,
     now: int,
-    out: dict[str, Any],
+    out: MutationOutcome,
     queued_ms: int | None = None,
 ) -> Reservation:
     """The :class:`Reservation` a reserving mutation's outcome ``out`` describes."""
@@ -334,7 +334,7 @@ def reserve(store: MetadataStore, queues: JobQueues, group: str, compactor: str)
             store.bookkeeping.incr("stale_jobs_discarded")
 
 
-def heartbeat(store: MetadataStore, res: Reservation, progress: dict[str, Any]) -> None:
+def heartbeat(store: MetadataStore, res: Reservation, progress: Mapping[str, object]) -> None:
     store.running.put_heartbeat(res.ecid, {"compactor": res.compactor, "updated": time.time(), **progress})
 
 

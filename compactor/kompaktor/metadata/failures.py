@@ -5,9 +5,9 @@ planned afresh."""
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from kompaktor.metadata.store import MetadataStore
+from kompaktor.metadata.store.running import FailedJob, FailureRecord
 from kompaktor.model.job import fingerprint
 
 MAX_ATTEMPTS = 3
@@ -26,9 +26,9 @@ def record_failure(
 ) -> bool:
     """Count one failure, atomically (one script: concurrent failures of the same job each
     count); returns True when the job was dead-lettered."""
-    rec: dict[str, Any] = {"tablet": tablet, "group": group, "files": sorted(files), "last_error": error[:500]}
+    job = FailedJob(tablet, group, tuple(sorted(files)), error[:500])
     _count, dead = store.running.count_failure(
-        fingerprint(tablet, files), rec, time.time(), base_backoff_s, MAX_BACKOFF_S, max_attempts
+        fingerprint(tablet, files), job, time.time(), base_backoff_s, MAX_BACKOFF_S, max_attempts
     )
     return dead
 
@@ -37,7 +37,7 @@ def skip_set(store: MetadataStore, now: float | None = None) -> set[str]:
     """Fingerprints not to queue now: dead-lettered, or still backing off."""
     now = time.time() if now is None else now
     skip = set(store.running.dead_letters())
-    skip.update(fp for fp, rec in store.running.failures().items() if rec["retry_at"] > now)
+    skip.update(fp for fp, rec in store.running.failures().items() if rec.retry_at > now)
     return skip
 
 
@@ -55,18 +55,17 @@ def forget_settled(store: MetadataStore) -> int:
     recs = store.running.failures()
     if not recs:
         return 0
-    tablets = {t.id: t for t in store.tables.get_tablets(sorted({r["tablet"] for r in recs.values()}))}
-    stale = [
-        fp for fp, r in recs.items() if (t := tablets.get(r["tablet"])) is None or not set(r["files"]) <= set(t.files)
-    ]
+    tablets = {t.id: t for t in store.tables.get_tablets(sorted({r.tablet for r in recs.values()}))}
+    stale = [fp for fp, r in recs.items() if (t := tablets.get(r.tablet)) is None or not set(r.files) <= set(t.files)]
     store.running.forget_failures(stale)
     return len(stale)
 
 
 def pending_retries(store: MetadataStore) -> int:
     """Failed jobs waiting out their backoff: not queued and not dirty, yet still to be run."""
-    return sum(1 for rec in store.running.failures().values() if not rec.get("redirtied"))
+    return sum(1 for rec in store.running.failures().values() if not rec.redirtied)
 
 
-def dead_letters(store: MetadataStore) -> list[dict[str, Any]]:
+def dead_letters(store: MetadataStore) -> list[FailureRecord]:
+    """The dead-lettered jobs, by fingerprint."""
     return [rec for _fp, rec in sorted(store.running.dead_letters().items())]

@@ -19,7 +19,8 @@ Two ways through the seam:
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Mapping
+from typing import Protocol
 
 from kompaktor.files.storage import Storage
 from kompaktor.metadata import compactions, failures, history
@@ -34,7 +35,7 @@ class Jobs(Protocol):
 
     def reserve(self, group: str, compactor: str) -> Reservation | None: ...
 
-    def heartbeat(self, res: Reservation, progress: dict[str, Any]) -> None: ...
+    def heartbeat(self, res: Reservation, progress: Mapping[str, object]) -> None: ...
 
     def commit(self, res: Reservation, meta: FileMeta) -> None: ...
 
@@ -66,7 +67,7 @@ class DirectJobs:
     def reserve(self, group: str, compactor: str) -> Reservation | None:
         return compactions.reserve(self.store, self.store.queues, group, compactor)
 
-    def heartbeat(self, res: Reservation, progress: dict[str, Any]) -> None:
+    def heartbeat(self, res: Reservation, progress: Mapping[str, object]) -> None:
         compactions.heartbeat(self.store, res, progress)
 
     def commit(self, res: Reservation, meta: FileMeta) -> None:

@@ -31,7 +31,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import TypedDict, cast
 
 from kompaktor import keyspace
 from kompaktor.connection import text
@@ -53,6 +53,19 @@ log = logging.getLogger(__name__)
 
 def _hex(b: Bound) -> str | None:
     return None if b is None else b.hex()
+
+
+class ProgressJob(TypedDict, total=False):
+    """The job a progress record is for (its ``job`` field, JSON): written whole by
+    :meth:`RedisResumeLog.start`, read as it may be found (a damaged or older record lacks fields)."""
+
+    tablet: str
+    inputs: list[str]
+    range: list[str | None]  # the tablet's range then, rows hex-encoded
+    selection: str | None
+    cuts: list[list[str | None]]
+    now_ms: int
+    created: float
 
 
 #: a progress record expires this long after its last write (a day: a requeued job is normally
@@ -108,7 +121,7 @@ class RedisResumeLog:
 
     def start(self, cuts: tuple[tuple[Bound, Bound], ...], now_ms: int) -> None:
         """Record the job and its cuts (a new record: any older one under this key is replaced)."""
-        job = {
+        job: ProgressJob = {
             "tablet": self.tablet,
             "inputs": list(self.inputs),
             "range": [_hex(self.prev), _hex(self.end)],
@@ -219,7 +232,7 @@ def records(store: MetadataStore) -> dict[str, str]:
     return {text(k): text(v) for k, v in store.call(store._r.hgetall, keyspace.PROGRESS).items()}
 
 
-def _gone(job: dict[str, Any], t: Tablet | None, dead: set[str]) -> bool:
+def _gone(job: ProgressJob, t: Tablet | None, dead: set[str]) -> bool:
     """Whether the job a record was written for can no longer run."""
     if t is None:
         return True  # the tablet is gone: split, merged or deleted
@@ -254,7 +267,7 @@ def prune(store: MetadataStore) -> tuple[set[str], list[str]]:
             job = json.loads(raw) if raw is not None else None
         except ValueError:
             job = None
-        if not isinstance(job, dict) or _gone(job, tablets.get(tid), dead):
+        if not isinstance(job, dict) or _gone(cast(ProgressJob, job), tablets.get(tid), dead):
             stale.append(fp)
             continue
         live.add(fp)

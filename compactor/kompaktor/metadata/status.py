@@ -13,11 +13,13 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Required, TypedDict
+from typing import TYPE_CHECKING, Any, NotRequired, Required, TypedDict, cast
 
 from kompaktor.metadata import failures, history
 from kompaktor.metadata import user_compactions as usercompaction
 from kompaktor.metadata.store import MetadataStore
+from kompaktor.metadata.store.running import FailureJson, Heartbeat
+from kompaktor.metadata.user_compactions import UserCompactionRow
 from kompaktor.model.tablet import RunningCompaction, TableInfo, Tablet
 
 if TYPE_CHECKING:
@@ -31,18 +33,31 @@ ALIVE_S = 15.0
 RESUME_FIELDS = ("parts_reused", "entries_reused", "bytes_reused", "input_bytes_reread", "parts_rejected")
 
 
-def _count(fields: dict[str, str], name: str) -> int:
-    try:
-        return int(float(fields.get(name, 0)))
-    except ValueError:
-        return 0
+class ResumableMerge(TypedDict):
+    """A running resumable merge (``resumable_merges``): what it took over from an earlier attempt."""
+
+    ecid: str
+    table: str
+    tablet: str
+    group: str
+    compactor: str
+    input_bytes: int
+    parts_done: int
+    parts: int
+    # RESUME_FIELDS, in that order
+    parts_reused: int
+    entries_reused: int
+    bytes_reused: int
+    input_bytes_reread: int
+    parts_rejected: int
 
 
 def resumable_merge(
-    table: str, tablet: Tablet, ecid: str, running: RunningCompaction, heartbeat: dict[str, str]
-) -> dict[str, Any] | None:
+    table: str, tablet: Tablet, ecid: str, running: RunningCompaction, heartbeat: Heartbeat
+) -> ResumableMerge | None:
     """One running merge's resume figures from its heartbeat, or None if it is not resumable."""
-    if "parts_reused" not in heartbeat:
+    resume = heartbeat.resume
+    if resume is None:
         return None
     return {
         "ecid": ecid,
@@ -51,9 +66,13 @@ def resumable_merge(
         "group": running.group,
         "compactor": running.compactor,
         "input_bytes": sum(tablet.files[f].size for f in running.files if f in tablet.files),
-        "parts_done": _count(heartbeat, "parts_done"),
-        "parts": _count(heartbeat, "parts"),
-        **{name: _count(heartbeat, name) for name in RESUME_FIELDS},
+        "parts_done": heartbeat.parts_done or 0,
+        "parts": heartbeat.parts or 0,
+        "parts_reused": resume.parts_reused,
+        "entries_reused": resume.entries_reused,
+        "bytes_reused": resume.bytes_reused,
+        "input_bytes_reread": resume.input_bytes_reread,
+        "parts_rejected": resume.parts_rejected,
     }
 
 
@@ -100,9 +119,77 @@ class TableFigures(TypedDict, total=False):
     score: float
 
 
-def gather(
-    store: MetadataStore, table_extra: Callable[[TableInfo, list[Tablet]], dict[str, Any]] | None = None
-) -> dict[str, Any]:
+class TableHealth(TypedDict):
+    """A table's health figures, which only the status page shows (``statuspage.table_health``)."""
+
+    file_limit: int
+    over_limit: int
+    deletes: int
+    deletes_ratio: float
+    score: float
+
+
+class HistoryRow(TypedDict):
+    """A history record (:class:`kompaktor.metadata.history.Record`, its fields in order) as the
+    status shows it: ``table`` is the table's name while the table exists."""
+
+    ecid: str
+    outcome: str
+    group: str
+    table: str
+    tablet: str
+    kind: str
+    compactor: str
+    finished: float
+    reason: str
+    engine: str | None
+    input_files: int
+    input_bytes: int | None
+    input_entries: int | None
+    output_bytes: int | None
+    output_entries: int | None
+    deletes_dropped: int | None
+    queued_s: float | None
+    merge_s: float | None
+    commit_s: float | None
+    resumed_parts: int
+
+
+def history_row(r: history.Record, table: str) -> HistoryRow:
+    """``r`` as the status shows it (its JSON form, the table named; a unit test holds the keys
+    to the record's fields)."""
+    return cast(HistoryRow, {**r.to_json(), "table": table})
+
+
+class Status(TypedDict):
+    """What `kompaktor status` shows (``--json`` prints it as it is)."""
+
+    groups: dict[str, GroupFigures]
+    tables: dict[str, TableFigures]
+    user_compactions: list[UserCompactionRow]
+    #: the dead-lettered jobs' failure records, as stored
+    dead_letters: list[FailureJson]
+    retries_pending: int
+    counters: dict[str, int]
+    #: only while a resumable merge runs
+    resumable_merges: NotRequired[list[ResumableMerge]]
+    #: only while a group has failed compactions in its history
+    last_failures: NotRequired[dict[str, list[HistoryRow]]]
+
+
+def no_status() -> Status:
+    """The status of a system with nothing in it (before the first :func:`gather`)."""
+    return {
+        "groups": {},
+        "tables": {},
+        "user_compactions": [],
+        "dead_letters": [],
+        "retries_pending": 0,
+        "counters": {},
+    }
+
+
+def gather(store: MetadataStore, table_extra: Callable[[TableInfo, list[Tablet]], TableHealth] | None = None) -> Status:
     """The status. ``table_extra``: more figures per table, from the tablets this pass reads anyway
     (the coordinator's status page; `kompaktor status` has none)."""
     counters = store.bookkeeping.counters()
@@ -110,18 +197,18 @@ def gather(
         g: group_figures(store, g, counters) for g in sorted(set(store.queues.groups()) | set(store.fleet.groups()))
     }
     tables: dict[str, TableFigures] = {}
-    resumable: list[dict[str, Any]] = []
+    resumable: list[ResumableMerge] = []
     for t in store.tables.tables():
         tablets = store.tables.tablets(t.id)
         resumable += resumable_merges(store, t.name, tablets)
         tables[t.name] = table_figures(t, tablets)
         if table_extra is not None:
-            tables[t.name].update(table_extra(t, tablets))  # type: ignore[typeddict-item]
-    out: dict[str, Any] = {
+            tables[t.name] = {**tables[t.name], **table_extra(t, tablets)}
+    out: Status = {
         "groups": groups,
         "tables": tables,
         "user_compactions": [u.to_json() for u in usercompaction.all_compactions(store)],
-        "dead_letters": failures.dead_letters(store),
+        "dead_letters": [rec.to_json() for rec in failures.dead_letters(store)],
         "retries_pending": failures.pending_retries(store),
         "counters": counters,
     }
@@ -131,7 +218,7 @@ def gather(
     if last:  # likewise
         names = {t.id: t.name for t in store.tables.tables()}
         out["last_failures"] = {
-            g: [{**r.to_json(), "table": names.get(r.table, r.table)} for r in recs] for g, recs in last.items()
+            g: [history_row(r, names.get(r.table, r.table)) for r in recs] for g, recs in last.items()
         }
     return out
 
@@ -157,7 +244,7 @@ def group_figures(store: MetadataStore, g: str, counters: dict[str, int]) -> Gro
     }
 
 
-def resumable_merges(store: MetadataStore, table: str, tablets: list[Tablet]) -> list[dict[str, Any]]:
+def resumable_merges(store: MetadataStore, table: str, tablets: list[Tablet]) -> list[ResumableMerge]:
     """The table's running merges that are resumable, with their resume figures."""
     out = []
     for tb in tablets:
@@ -191,14 +278,14 @@ def table_figures(t: TableInfo, tablets: list[Tablet]) -> TableFigures:
     }
 
 
-def failure_line(r: dict[str, Any]) -> str:
+def failure_line(r: HistoryRow) -> str:
     """One failed compaction of ``gather``'s ``last_failures`` on one line."""
     when = time.strftime("%H:%M:%S", time.gmtime(r["finished"]))
     where = f"{r['tablet']} ({r['table']}, compactor {r['compactor']})"
     return f"{when} {r['outcome']} {r['ecid']} on {where}: {r['reason']}"
 
 
-def resumable_line(r: dict[str, Any]) -> str:
+def resumable_line(r: ResumableMerge) -> str:
     """One running resumable merge on one line (of ``gather``'s ``resumable_merges``)."""
     return (
         f"resumable merge {r['ecid']} on {r['table']} (group {r['group']}, compactor {r['compactor']}): "
@@ -218,7 +305,7 @@ def human_bytes(n: int) -> str:
     raise AssertionError("unreachable")
 
 
-def render(status: dict[str, Any]) -> Group:
+def render(status: Status) -> Group:
     """A rich renderable of the status (one screen)."""
     from rich.console import Group
     from rich.text import Text
@@ -290,7 +377,7 @@ def _tables_table(tables: dict[str, TableFigures]) -> Table:
     return tt
 
 
-def _user_compactions_table(ucomps: list[dict[str, Any]]) -> Table:
+def _user_compactions_table(ucomps: list[UserCompactionRow]) -> Table:
     from rich.table import Table
 
     ut = Table(title="user compactions")

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict, cast
 
 from kompaktor.metadata.store import MetadataStore, Mutation
 from kompaktor.model.errors import ConditionFailed, KompaktorError, UnknownTableError
-from kompaktor.model.iterators import IteratorSettings
+from kompaktor.model.iterators import IteratorOptions, IteratorSettings
 from kompaktor.model.keys import check_row_range, encode_row
 from kompaktor.model.tablet import DELETED, ONLINE, Tablet, now_ms
 
@@ -27,6 +28,17 @@ RUNNING, SUCCEEDED, CANCELLED, FAILED = "RUNNING", "SUCCEEDED", "CANCELLED", "FA
 RETENTION_S = 7 * 86400
 
 
+class UserCompactionRow(TypedDict):
+    """A user compaction as the status shows it (``kompaktor status --json``'s ``user_compactions``)."""
+
+    id: str
+    table: str  # the table's name
+    state: str
+    tablets_done: int
+    tablets_total: int
+    message: str
+
+
 @dataclass(frozen=True)
 class UserCompaction:
     id: str
@@ -35,7 +47,7 @@ class UserCompaction:
     state: str
     tablets: tuple[str, ...]
     done: int
-    iterators: dict[str, Any]
+    iterators: IteratorOptions
     created_ms: int
     message: str
     ended_ms: int | None = None  # when it left RUNNING
@@ -44,7 +56,7 @@ class UserCompaction:
     def total(self) -> int:
         return len(self.tablets)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> UserCompactionRow:
         return {
             "id": self.id,
             "table": self.table_name,
@@ -55,21 +67,21 @@ class UserCompaction:
         }
 
 
-def validate_iterators(its: dict[str, Any]) -> dict[str, Any]:
-    """Check USER-compaction iterator options; returns the normalised dict.
+def validate_iterators(its: Mapping[str, object]) -> IteratorOptions:
+    """Check USER-compaction iterator options as given; returns them without the unset ones.
     Keys: ageoff_ttl_ms (int), row_regex (str), row_start / row_end (hex strings)."""
     allowed = {"ageoff_ttl_ms", "row_regex", "row_start", "row_end"}
     unknown = set(its) - allowed
     if unknown:
         raise ValueError(f"unknown iterator options {sorted(unknown)}; allowed: {sorted(allowed)}")
-    settings = IteratorSettings.from_json(its)  # raises ValueError with a clear message
+    settings = IteratorSettings.from_json(dict(its))  # raises ValueError with a clear message
     lo, hi = settings.row_start, settings.row_end
     if lo is not None and hi is not None and lo >= hi:
         raise ValueError(
             f"empty row range to delete: {lo.decode(errors='replace')!r} is not before "
             f"{hi.decode(errors='replace')!r} (rows in [FROM, TO) are deleted)"
         )
-    return {k: v for k, v in its.items() if v is not None}
+    return cast(IteratorOptions, {k: v for k, v in its.items() if v is not None})
 
 
 #: how long an outside request id (a Compaction resource's uid) stays bound to its compaction
@@ -81,7 +93,7 @@ def start(
     table: str,
     start_row: bytes | None = None,
     end_row: bytes | None = None,
-    iterators: dict[str, Any] | None = None,
+    iterators: Mapping[str, object] | None = None,
     *,
     request_id: str | None = None,
 ) -> str:

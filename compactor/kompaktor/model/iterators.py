@@ -21,9 +21,19 @@ import heapq
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from kompaktor.model.keys import Entry, SortKey, sort_key
+
+
+class IteratorOptions(TypedDict, total=False):
+    """A user compaction's iterators, as it is started with them and its record keeps them (JSON):
+    what :meth:`IteratorSettings.from_json` reads besides the table's own settings. Rows are hex."""
+
+    ageoff_ttl_ms: int
+    row_regex: str
+    row_start: str
+    row_end: str
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from kompaktor.model.engines import ENGINES
+from kompaktor.model.iterators import IteratorOptions
 from kompaktor.model.job import Kind
 from kompaktor.policy import services as group_defaults
 from kompaktor.policy.planner import DEFAULTS as PLANNER_DEFAULTS
@@ -606,9 +607,9 @@ class CompactionSpec(CRDModel):
         end = None if self.end_row is None else self.end_row.encode()
         return start, end
 
-    def iterator_config(self) -> dict[str, Any]:
+    def iterator_config(self) -> IteratorOptions:
         """The iterators as the core receives them (the keys of ``IteratorSettings.from_json``)."""
-        out: dict[str, Any] = {}
+        out: IteratorOptions = {}
         if self.iterators.age_off is not None:
             out["ageoff_ttl_ms"] = self.iterators.age_off.ttl_seconds * 1000
         if self.iterators.row_filter is not None:

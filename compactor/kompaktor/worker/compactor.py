@@ -132,6 +132,20 @@ _JOB_GONE = ("tablet no longer exists", "table deleted", "user compaction cancel
 
 
 @dataclass
+class MergeFigures:
+    """What a job's merge and commit measured, for its history record (None: not known, as a
+    killed job's output); filled in as the job goes on."""
+
+    merge_s: float | None = None
+    resumed_parts: int = 0
+    input_entries: int | None = None
+    output_bytes: int | None = None
+    output_entries: int | None = None
+    deletes_dropped: int | None = None
+    commit_s: float | None = None
+
+
+@dataclass
 class JobOutcome:
     status: str  # committed, failed, cancelled
     reason: str = ""
@@ -141,7 +155,7 @@ class JobOutcome:
     #: the outcome in the compaction history (:mod:`kompaktor.metadata.history`) and its figures
     #: (the fields of a :class:`~kompaktor.metadata.history.Record` this compactor knows)
     recorded: str = ""
-    figures: dict[str, Any] = field(default_factory=dict)
+    figures: MergeFigures = field(default_factory=MergeFigures)
 
 
 def _queued_s(res: Reservation, reserved: float) -> float | None:
@@ -411,7 +425,13 @@ class Compactor:
             input_files=len(res.inputs),
             input_bytes=sum(res.job.files.values()),
             queued_s=_queued_s(res, reserved),
-            **outcome.figures,
+            merge_s=outcome.figures.merge_s,
+            resumed_parts=outcome.figures.resumed_parts,
+            input_entries=outcome.figures.input_entries,
+            output_bytes=outcome.figures.output_bytes,
+            output_entries=outcome.figures.output_entries,
+            deletes_dropped=outcome.figures.deletes_dropped,
+            commit_s=outcome.figures.commit_s,
         )
         self.jobs.record_history(res, rec, self.settings.history_limits)
 
@@ -517,19 +537,19 @@ class Compactor:
             why = None
         return why
 
-    def _merge_figures(self, job: _Job) -> dict[str, Any]:
+    def _merge_figures(self, job: _Job) -> MergeFigures:
         """The resume counters, and the history record's figures as far as the merge knows them."""
         g, progress = self.settings.group, job.progress
         self.metrics.resume_parts_reused.labels(g).inc(int(progress.get("parts_reused", 0)))
         self.metrics.resume_bytes_reused.labels(g).inc(int(progress.get("bytes_reused", 0)))
         self.metrics.resume_parts_rejected.labels(g).inc(int(progress.get("parts_rejected", 0)))
-        return {
-            "merge_s": round(job.elapsed, 3),
-            "resumed_parts": int(progress.get("parts_reused", 0)),
-            "input_entries": int(progress.get("entries_read", 0)) or None,
-        }
+        return MergeFigures(
+            merge_s=round(job.elapsed, 3),
+            resumed_parts=int(progress.get("parts_reused", 0)),
+            input_entries=int(progress.get("entries_read", 0)) or None,
+        )
 
-    def _unfinished(self, job: _Job, figures: dict[str, Any]) -> JobOutcome | None:
+    def _unfinished(self, job: _Job, figures: MergeFigures) -> JobOutcome | None:
         """A merge that did not finish: cancelled, or failed (the storage down, or the job
         itself); its job released. None when the merge finished."""
         res, g, err = job.res, self.settings.group, job.error
@@ -560,18 +580,16 @@ class Compactor:
             return JobOutcome("failed", reason, res.ecid, recorded=recorded, figures=figures)
         return None
 
-    def _finish(self, job: _Job, figures: dict[str, Any]) -> JobOutcome:
+    def _finish(self, job: _Job, figures: MergeFigures) -> JobOutcome:
         """A finished merge committed (:meth:`_commit`), its progress record removed; or, when the
         tablet changed under it or the store stays unreachable, failed."""
         res, result, rlog = job.res, job.result, job.rlog
         assert result is not None
-        figures.update(
-            input_entries=result.entries_read,
-            output_bytes=result.bytes_written,
-            output_entries=result.entries_written,
-            deletes_dropped=result.deletes_dropped,
-        )
-        figures["resumed_parts"] = max(figures["resumed_parts"], result.parts_reused)
+        figures.input_entries = result.entries_read
+        figures.output_bytes = result.bytes_written
+        figures.output_entries = result.entries_written
+        figures.deletes_dropped = result.deletes_dropped
+        figures.resumed_parts = max(figures.resumed_parts, result.parts_reused)
         commit_started = time.monotonic()
         try:
             self._commit(res, result.info)
@@ -587,7 +605,7 @@ class Compactor:
             log.error("%s: cannot commit, metadata store unreachable (gave up): %s", res.ecid, exc)
             reason = f"commit: metadata store unreachable: {exc}"
             return JobOutcome("failed", reason, res.ecid, recorded=history.FAILED, figures=figures)
-        figures["commit_s"] = round(time.monotonic() - commit_started, 3)
+        figures.commit_s = round(time.monotonic() - commit_started, 3)
         if rlog is not None:
             resume_records.finish(self.store, self.storage, rlog.fingerprint, result.parts, rlog.forget_record)
         self._count_committed(job, result)

@@ -40,7 +40,7 @@ def now() -> str:
 
 
 def mark(
-    patch: kopf.Patch, status: dict[str, Any], type_: str, ok: bool, reason: str, message: str, generation: int | None
+    patch: kopf.Patch, status: kopf.Status, type_: str, ok: bool, reason: str, message: str, generation: int | None
 ) -> None:
     current = patch.status.get("conditions") or status.get("conditions")
     patch.status["conditions"] = conditions.set_condition(
@@ -83,7 +83,7 @@ def counted(kind: str) -> Callable[[Callable[..., Awaitable[None]]], Callable[..
     return wrap
 
 
-def parse(model: type[T], spec: Any, patch: kopf.Patch, status: dict[str, Any], generation: int | None) -> T:
+def parse(model: type[T], spec: kopf.Spec, patch: kopf.Patch, status: kopf.Status, generation: int | None) -> T:
     """Validate a spec; on failure report Ready=False with the reason and stop retrying."""
     try:
         return model.model_validate(dict(spec))
@@ -113,7 +113,7 @@ async def kube_call(rt: Runtime, coro: Awaitable[R]) -> R:
         raise kopf.TemporaryError(f"the API server failed: {exc}", delay=rt.retry_delay) from exc
 
 
-def settled(status: Any, meta: Any) -> bool:
+def settled(status: kopf.Status, meta: kopf.Meta) -> bool:
     """Whether the reconcile handler has answered for the current generation.
 
     ``status.conditions`` is one list, and a merge patch replaces a list whole: a timer that
@@ -121,9 +121,9 @@ def settled(status: Any, meta: Any) -> bool:
     write conditions only once Ready has been set for this generation (kopf hands them the
     latest body), and leave the list to the reconcile handler until then."""
     generation = meta.get("generation")
-    ready = conditions.get((status or {}).get("conditions"), conditions.READY)
+    ready = conditions.get(status.get("conditions"), conditions.READY)
     return (
         ready is not None
         and ready.get("observedGeneration") == generation
-        and (status or {}).get("observedGeneration") == generation
+        and status.get("observedGeneration") == generation
     )

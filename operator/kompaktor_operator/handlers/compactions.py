@@ -15,17 +15,17 @@ from kompaktor_operator.backend import CompactionRejected
 from kompaktor_operator.handlers.common import backend_call, counted, mark, now, parse, refused
 
 
-def terminal(status: Any) -> bool:
-    phase = (status or {}).get("phase")
+def terminal(status: kopf.Status) -> bool:
+    phase = status.get("phase")
     return phase is not None and m.CompactionPhase(phase).terminal
 
 
 @counted(api.COMPACTION_KIND)
 async def start_compaction(
-    uid: str, spec: Any, status: Any, meta: Any, patch: kopf.Patch, memo: kopf.Memo, **_: Any
+    uid: str, spec: kopf.Spec, status: kopf.Status, meta: kopf.Meta, patch: kopf.Patch, memo: kopf.Memo, **_: Any
 ) -> None:
     rt = runtime.of(memo)
-    if (status or {}).get("compactionId"):
+    if status.get("compactionId"):
         return  # already started (a replayed or resumed handler)
     generation = meta.get("generation")
     comp = parse(m.CompactionSpec, spec, patch, status, generation)
@@ -58,9 +58,9 @@ async def start_compaction(
     mark(patch, status, conditions.READY, True, "Started", f"user compaction {cid} started", generation)
 
 
-async def track_compaction(status: Any, meta: Any, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
+async def track_compaction(status: kopf.Status, meta: kopf.Meta, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
     rt = runtime.of(memo)
-    cid = (status or {}).get("compactionId")
+    cid = status.get("compactionId")
     if not cid or terminal(status):
         return
     progress = await backend_call(rt, lambda b: b.compaction_progress(cid))
@@ -85,10 +85,10 @@ async def track_compaction(status: Any, meta: Any, patch: kopf.Patch, memo: kopf
         mark(patch, status, conditions.READY, ok, phase, progress.message, meta.get("generation"))
 
 
-async def compaction_changed(status: Any, meta: Any, patch: kopf.Patch, **_: Any) -> None:
+async def compaction_changed(status: kopf.Status, meta: kopf.Meta, patch: kopf.Patch, **_: Any) -> None:
     """A Compaction's spec cannot change (the CRD's CEL rule says so where the server has CEL;
     this says it everywhere): the running compaction keeps the spec it started with."""
-    if (status or {}).get("compactionId"):
+    if status.get("compactionId"):
         mark(
             patch,
             status,
@@ -100,12 +100,12 @@ async def compaction_changed(status: Any, meta: Any, patch: kopf.Patch, **_: Any
         )
 
 
-async def cancel_compaction(status: Any, memo: kopf.Memo, **_: Any) -> None:
+async def cancel_compaction(status: kopf.Status, memo: kopf.Memo, **_: Any) -> None:
     rt = runtime.of(memo)
-    cid = (status or {}).get("compactionId")
+    cid = status.get("compactionId")
     if cid and not terminal(status):
         await backend_call(rt, lambda b: b.cancel_compaction(cid))
 
 
-def not_terminal(status: Any, **_: Any) -> bool:
+def not_terminal(status: kopf.Status, **_: Any) -> bool:
     return not terminal(status)

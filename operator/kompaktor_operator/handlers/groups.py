@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any
+from typing import Any, cast
 
 import kopf
 from pydantic import ValidationError
@@ -26,6 +26,7 @@ from kompaktor_operator.handlers.common import (
     refused,
     settled,
 )
+from kompaktor_operator.objects import Child, Pod
 from kompaktor_operator.runtime import Runtime
 from kompaktor_operator.scaling import PodView, ScaleDecision, decide_scale, parked_replicas
 
@@ -45,8 +46,8 @@ async def reconcile_group(
     """A group into Redis (its settings), its Deployment, Service and autoscaler; Ready says how."""
     rt = runtime.of(memo)
     generation = meta.get("generation")
-    group = parse(m.CompactorGroupSpec, spec, patch, dict(status), generation)
-    _admit(name, group, rt, patch, dict(status), generation)
+    group = parse(m.CompactorGroupSpec, spec, patch, status, generation)
+    _admit(name, group, rt, patch, status, generation)
     await backend_call(rt, lambda b: b.put_group(m.to_group_config(name, group)))
     if group.replicas is None:
         # The scale subresource reads spec.replicas: without it the HPA controller fails with
@@ -64,11 +65,11 @@ async def reconcile_group(
     for api_version, kind, autoscaler in manifests.AUTOSCALER_KINDS:
         if api_version in offered and autoscaler != group.autoscaler:
             await kube_call(rt, rt.kube.delete(api_version, kind, namespace, naming.hpa_name(name)))
-    _report(name, group, patch, dict(status), generation, missing)
+    _report(name, group, patch, status, generation, missing)
 
 
 def _admit(
-    name: str, group: m.CompactorGroupSpec, rt: Runtime, patch: kopf.Patch, status: dict[str, Any], generation: Any
+    name: str, group: m.CompactorGroupSpec, rt: Runtime, patch: kopf.Patch, status: kopf.Status, generation: Any
 ) -> None:
     """Refuse, before anything is stored or applied, a bad name or a spec admission forbids: no
     Deployment runs what the author named (one an earlier, allowed spec made is left as it was)."""
@@ -101,15 +102,15 @@ async def _autoscaler_apis(rt: Runtime, group: m.CompactorGroupSpec) -> tuple[st
     return hpa_version, keda, missing
 
 
-async def _apply_child(
-    rt: Runtime, child: dict[str, Any], group: m.CompactorGroupSpec, namespace: str, body: kopf.Body
-) -> None:
+async def _apply_child(rt: Runtime, child: Child, group: m.CompactorGroupSpec, namespace: str, body: kopf.Body) -> None:
     """Apply one child, owned by the group. A Deployment gets its replicas only when it is
     created: afterwards the scaler alone changes them."""
-    kopf.adopt(child, owner=body)
+    # adopt amends the object in place (owner reference, namespace, the group's labels): the
+    # child is a plain dict at run time, which kopf's object type does not name
+    kopf.adopt(cast("dict[str, object]", child), owner=body)
     created_with = None
     if child["kind"] == "Deployment":
-        existing = await kube_call(rt, rt.kube.get("apps/v1", "Deployment", namespace, child["metadata"]["name"]))
+        existing = await kube_call(rt, rt.kube.get_deployment(namespace, child["metadata"]["name"]))
         if existing is None:
             created_with = child["spec"]["replicas"] = group.desired_replicas()
     await kube_call(rt, rt.kube.apply(child, namespace))
@@ -123,7 +124,7 @@ def _report(
     name: str,
     group: m.CompactorGroupSpec,
     patch: kopf.Patch,
-    status: dict[str, Any],
+    status: kopf.Status,
     generation: Any,
     missing: str | None,
 ) -> None:
@@ -166,7 +167,7 @@ def _request_drain(pod: str, b: Backend) -> None:
     b.request_drain(pod)
 
 
-def _pod_view(pod: dict[str, Any]) -> PodView:
+def _pod_view(pod: Pod) -> PodView:
     meta = pod.get("metadata", {})
     annotations = meta.get("annotations") or {}
     ready = any(
@@ -210,9 +211,9 @@ async def _park_or_wake(
 async def _scale_group(
     name: str,
     namespace: str,
-    spec: Any,
-    status: Any,
-    meta: Any,
+    spec: kopf.Spec,
+    status: kopf.Status,
+    meta: kopf.Meta,
     patch: kopf.Patch,
     logger: logging.Logger,
     memo: kopf.Memo,
@@ -225,7 +226,7 @@ async def _scale_group(
         group = m.CompactorGroupSpec.model_validate(dict(spec))
     except ValidationError:
         return  # reported by the reconcile handler
-    dep = await kube_call(rt, rt.kube.get("apps/v1", "Deployment", namespace, naming.deployment_name(name)))
+    dep = await kube_call(rt, rt.kube.get_deployment(namespace, naming.deployment_name(name)))
     if dep is None:
         return  # the reconcile handler has not created it yet
     current = int((dep.get("spec") or {}).get("replicas", 1))
@@ -311,7 +312,7 @@ def _report_figures(
 
 
 def _mark_pods_healthy(
-    patch: kopf.Patch, status: Any, raw_pods: list[dict[str, Any]], ready: int, replicas: int, generation: int | None
+    patch: kopf.Patch, status: kopf.Status, raw_pods: list[Pod], ready: int, replicas: int, generation: int | None
 ) -> None:
     """The PodsHealthy condition: the pods' trouble (:func:`podhealth.diagnose`), or how many are ready."""
     trouble = podhealth.diagnose(raw_pods)
@@ -326,11 +327,7 @@ async def _hpa_cannot_scale(rt: Runtime, namespace: str, name: str) -> str | Non
     """Why the group's HPA cannot read its metric (its ScalingActive condition is False: the
     external metrics API unreachable or untrusted, the metric unknown), or None."""
     version = await kube_call(rt, rt.kube.hpa_api_version())
-    hpa = (
-        await kube_call(rt, rt.kube.get(version, "HorizontalPodAutoscaler", namespace, naming.hpa_name(name)))
-        if version
-        else None
-    )
+    hpa = await kube_call(rt, rt.kube.get_hpa(version, namespace, naming.hpa_name(name))) if version else None
     for c in ((hpa or {}).get("status") or {}).get("conditions") or []:
         if c.get("type") == "ScalingActive" and c.get("status") == "False":
             return f"{c.get('reason', '')}: {c.get('message', '')}".strip(": ")

@@ -27,7 +27,7 @@ from kompaktor_operator.handlers.common import (
 
 @counted(api.SERVICE_KIND)
 async def reconcile_service(
-    name: str, spec: Any, status: Any, meta: Any, patch: kopf.Patch, memo: kopf.Memo, **_: Any
+    name: str, spec: kopf.Spec, status: kopf.Status, meta: kopf.Meta, patch: kopf.Patch, memo: kopf.Memo, **_: Any
 ) -> None:
     rt = runtime.of(memo)
     generation = meta.get("generation")
@@ -57,7 +57,14 @@ async def delete_service(name: str, memo: kopf.Memo, **_: Any) -> None:
 
 
 async def service_status(
-    name: str, namespace: str | None, spec: Any, status: Any, meta: Any, patch: kopf.Patch, memo: kopf.Memo, **_: Any
+    name: str,
+    namespace: str | None,
+    spec: kopf.Spec,
+    status: kopf.Status,
+    meta: kopf.Meta,
+    patch: kopf.Patch,
+    memo: kopf.Memo,
+    **_: Any,
 ) -> None:
     rt, namespace = runtime.of(memo), namespaced(namespace)
     try:

@@ -51,12 +51,20 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from typing import Any, ParamSpec, TypeVar
+from typing import ParamSpec, TypeVar
 
 import redis
 
 from kompaktor.connection import Durability, connect
-from kompaktor.metadata.store.base import DEFAULT_REDIS_URL, RESERVE_MAX_STALE, SCAN_CHUNK, StoreCore, library
+from kompaktor.metadata.store.base import (
+    DEFAULT_REDIS_URL,
+    RESERVE_MAX_STALE,
+    SCAN_CHUNK,
+    MutationOutcome,
+    ReserveOutcome,
+    StoreCore,
+    library,
+)
 from kompaktor.metadata.store.bookkeeping import BookkeepingStore
 from kompaktor.metadata.store.files import FileStore
 from kompaktor.metadata.store.fleet import FleetStore
@@ -75,6 +83,8 @@ __all__ = [
     "SCAN_CHUNK",
     "MetadataStore",
     "Mutation",
+    "MutationOutcome",
+    "ReserveOutcome",
     "StoreCore",
     "TabletChange",
 ]
@@ -170,13 +180,13 @@ class MetadataStore:
         """:meth:`StoreCore.mutate`: a conditional mutation, atomically; the tablets' new versions."""
         return self._core.mutate(m)
 
-    def apply(self, m: Mutation) -> dict[str, Any]:
+    def apply(self, m: Mutation) -> MutationOutcome:
         """:meth:`StoreCore.apply`: :meth:`mutate`, returning the script's whole outcome."""
         return self._core.apply(m)
 
     def reserve_next(
         self, group: str, ecid: str, now: int, templates: Mapping[str, str], max_stale: int = RESERVE_MAX_STALE
-    ) -> dict[str, Any]:
+    ) -> ReserveOutcome:
         """:meth:`StoreCore.reserve_next`: poll ``group``'s queue and reserve its job in one call."""
         return self._core.reserve_next(group, ecid, now, templates, max_stale)
 

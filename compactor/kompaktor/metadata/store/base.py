@@ -16,7 +16,7 @@ import json
 import uuid
 from collections.abc import Callable, Mapping
 from importlib import resources
-from typing import Any, ClassVar, ParamSpec, TypeVar
+from typing import Any, ClassVar, ParamSpec, Required, TypedDict, TypeVar, cast
 
 import redis
 
@@ -68,6 +68,41 @@ MIN_REDIS = (7, 0)
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+
+class ReservedTablet(TypedDict):
+    """What ``add_running`` with output naming chose for one tablet (``lua/mutate.lua``)."""
+
+    output: str
+    full: bool
+    prev: str | None  # the tablet's range, rows hex-encoded (``keys.decode_row``)
+    end: str | None
+
+
+class MutationOutcome(TypedDict, total=False):
+    """A conditional mutation's outcome (``lua/mutate.lua``): applied, with the tablets' new
+    versions, the ``table_reads`` fields and the reservations; or refused, with the condition that
+    failed (the store raises then: callers of :meth:`StoreCore.apply` see only applied ones)."""
+
+    ok: Required[bool]
+    versions: list[int]
+    table: dict[str, str]
+    reserved: dict[str, ReservedTablet]
+    cond: str
+    tablet: str
+    detail: str
+
+
+class ReserveOutcome(TypedDict, total=False):
+    """A poll-and-reserve's outcome (``lua/reserve.lua``): stale jobs discarded, the job polled
+    (absent: the queue was empty), when its tablet was first queued (ms), the reserving mutation's
+    outcome (absent: the caller reserves the job) and whether to call again."""
+
+    n: int
+    job: dict[str, Any]  # a Job's JSON (``Job.from_json``)
+    queued: int
+    res: MutationOutcome
+    more: bool
 
 
 class StoreCore:
@@ -197,14 +232,14 @@ class StoreCore:
         fails (then nothing changed). Returns the new versions of the tablets."""
         return list(self.apply(m).get("versions") or [])
 
-    def apply(self, m: Mutation) -> dict[str, Any]:
+    def apply(self, m: Mutation) -> MutationOutcome:
         """:meth:`mutate`, returning the script's whole outcome: ``versions``, ``table`` (the
         mutation's ``table_reads``) and ``reserved`` (what ``add_running`` with output naming chose,
         per tablet id)."""
         # One id per call: redis-py resends the same arguments when it retries after a broken
         # connection, and the script then answers with the first attempt's outcome.
         fence = None if self.fence is None else self.fence()
-        res: dict[str, Any] = json.loads(self._eval_durable(m.to_json(uuid.uuid4().hex, fence)))
+        res: MutationOutcome = json.loads(self._eval_durable(m.to_json(uuid.uuid4().hex, fence)))
         if not res["ok"] and res["cond"] == "fenced":
             raise Fenced(res.get("detail") or "stale fencing token")
         if not res["ok"]:
@@ -216,7 +251,7 @@ class StoreCore:
 
     def reserve_next(
         self, group: str, ecid: str, now: int, templates: Mapping[str, str], max_stale: int = RESERVE_MAX_STALE
-    ) -> dict[str, Any]:
+    ) -> ReserveOutcome:
         """Poll ``group``'s queue and reserve its job in one atomic call (``lua/reserve.lua``):
         ``templates`` maps a job key (its kind, ``+overlaps`` for a job flagged so) to the
         reserving mutation's spec with placeholders (:meth:`Mutation.to_json`; the job's values,
@@ -240,7 +275,7 @@ class StoreCore:
             return {}
         if "res" in out:
             self.durable()
-        return out
+        return cast(ReserveOutcome, out)
 
     def next_seq(self, name: str) -> int:
         return int(self.call(self.client.hincrby, keyspace.SEQ, name, 1))

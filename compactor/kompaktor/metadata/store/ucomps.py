@@ -7,7 +7,8 @@ The protocol — start (record, binding and holds in one mutation), select, canc
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from kompaktor import keyspace
 from kompaktor.connection import text
@@ -23,7 +24,7 @@ class UserCompactionStore:
         self._core = core
         self._r = core.client
 
-    def put_user_compaction(self, cid: str, fields: dict[str, Any]) -> None:
+    def put_user_compaction(self, cid: str, fields: Mapping[str, str | int]) -> None:
         self._core.write(("HSET", keyspace.ucomp_key(cid), *[x for kv in fields.items() for x in kv]))
 
     def user_compaction(self, cid: str) -> tuple[dict[str, str], int] | None:
