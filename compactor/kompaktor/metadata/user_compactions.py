@@ -74,6 +74,7 @@ def validate_iterators(its: Mapping[str, object]) -> IteratorOptions:
     unknown = set(its) - allowed
     if unknown:
         raise ValueError(f"unknown iterator options {sorted(unknown)}; allowed: {sorted(allowed)}")
+    _check_types(its)
     settings = IteratorSettings.from_json(dict(its))  # raises ValueError with a clear message
     lo, hi = settings.row_start, settings.row_end
     if lo is not None and hi is not None and lo >= hi:
@@ -82,6 +83,25 @@ def validate_iterators(its: Mapping[str, object]) -> IteratorOptions:
             f"{hi.decode(errors='replace')!r} (rows in [FROM, TO) are deleted)"
         )
     return cast(IteratorOptions, {k: v for k, v in its.items() if v is not None})
+
+
+def _check_types(its: Mapping[str, object]) -> None:
+    """Each option of the type it must have (an age-off an integer, the others strings; row
+    bounds in hex), refused in one line otherwise."""
+    ttl = its.get("ageoff_ttl_ms")
+    if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int)):
+        raise ValueError(f"iterator option ageoff_ttl_ms must be an integer (milliseconds), got {ttl!r}")
+    for name in ("row_regex", "row_start", "row_end"):
+        value = its.get(name)
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"iterator option {name} must be a string, got {value!r}")
+    for name in ("row_start", "row_end"):
+        value = its.get(name)
+        if isinstance(value, str):
+            try:
+                bytes.fromhex(value)
+            except ValueError:
+                raise ValueError(f"iterator option {name} must be hex, got {value!r}") from None
 
 
 #: how long an outside request id (a Compaction resource's uid) stays bound to its compaction
