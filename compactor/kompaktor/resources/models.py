@@ -129,7 +129,6 @@ class CRDModel(BaseModel):
         populate_by_name=True,
         frozen=True,
         extra="forbid",
-        use_enum_values=True,
     )
 
     def to_wire(self) -> dict[str, Any]:
@@ -208,8 +207,7 @@ class CompactionServiceSpec(CRDModel):
         description="table names or glob patterns (fnmatch) this service serves",
     )
     kinds: list[Kind] = Field(
-        # use_enum_values: the list holds the enum's values
-        default_factory=lambda: [k.value for k in Kind],  # type: ignore[arg-type]
+        default_factory=lambda: list(Kind),
         min_length=1,
         description="compaction kinds this service plans for the matching tables",
     )
@@ -467,10 +465,7 @@ class CompactorGroupSpec(CRDModel):
         ge=1,
         description="target queued plus running jobs per compactor (HPA AverageValue)",
     )
-    # use_enum_values: the field holds the enum's value
-    autoscaler: Autoscaler = Field(  # type: ignore[assignment]
-        Autoscaler.HPA.value, description="hpa (default), keda, or none (fixed replicas)"
-    )
+    autoscaler: Autoscaler = Field(Autoscaler.HPA, description="hpa (default), keda, or none (fixed replicas)")
     behavior: ScalingBehavior = Field(default_factory=ScalingBehavior)
     spark: SparkSettings = Field(default_factory=SparkSettings)
     resources: ResourceRequirements | None = None

@@ -95,9 +95,9 @@ async def _autoscaler_apis(rt: Runtime, group: m.CompactorGroupSpec) -> tuple[st
     hpa_version = await kube_call(rt, rt.kube.hpa_api_version())
     keda = naming.KEDA_VERSION in await kube_call(rt, rt.kube.api_versions(naming.KEDA_GROUP))
     missing = None
-    if group.autoscaler == m.Autoscaler.HPA.value and hpa_version is None:
+    if group.autoscaler == m.Autoscaler.HPA and hpa_version is None:
         missing = "the server offers neither autoscaling/v2 nor autoscaling/v2beta2"
-    elif group.autoscaler == m.Autoscaler.KEDA.value and not keda:
+    elif group.autoscaler == m.Autoscaler.KEDA and not keda:
         missing = f"KEDA is not installed (no {naming.KEDA_API_VERSION} API): install KEDA or use autoscaler: hpa"
     return hpa_version, keda, missing
 
@@ -231,7 +231,7 @@ async def _scale_group(
         return  # the reconcile handler has not created it yet
     current = int((dep.get("spec") or {}).get("replicas", 1))
     figures = await backend_call(rt, lambda b: b.queue_figures(name))
-    if group.autoscaler == m.Autoscaler.HPA.value and group.min_replicas == 0 and not meta.get("deletionTimestamp"):
+    if group.autoscaler == m.Autoscaler.HPA and group.min_replicas == 0 and not meta.get("deletionTimestamp"):
         group = await _park_or_wake(rt, namespace, name, group, figures.queued + figures.running, logger)
     desired = group.desired_replicas()
     raw_pods = await kube_call(rt, rt.kube.list_pods(namespace, naming.selector_labels(name)))
@@ -252,7 +252,7 @@ async def _scale_group(
     _mark_pods_healthy(patch, status, raw_pods, ready, decision.replicas, generation)
     blind = (
         await _hpa_cannot_scale(rt, namespace, name)
-        if figures.queued > 0 and group.autoscaler == m.Autoscaler.HPA.value
+        if figures.queued > 0 and group.autoscaler == m.Autoscaler.HPA
         else None
     )
     verdict = conditions.decide_group_degraded(name, figures.queued, ready, figures.dead_lettered, blind)
