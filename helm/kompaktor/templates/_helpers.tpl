@@ -47,21 +47,20 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 reference changes, so the pod template does, and every node runs that exact image rather than
 whatever it cached under the tag (docs/upgrading.md, "The same release, rebuilt"). */}}
 {{- define "kompaktor.image" -}}
-{{- $image := index . 0 -}}
-{{- printf "%s:%s" $image.repository (default (index . 1) $image.tag) }}
-{{- with $image.digest }}@{{ . }}{{ end }}
+{{- printf "%s:%s" .image.repository .tag }}
+{{- with .image.digest }}@{{ . }}{{ end }}
 {{- end }}
 
 {{- define "kompaktor.operatorImage" -}}
-{{- include "kompaktor.image" (list .Values.operator.image .Chart.AppVersion) }}
+{{- include "kompaktor.image" (dict "image" .Values.operator.image "tag" (default .Chart.AppVersion .Values.operator.image.tag)) }}
 {{- end }}
 
 {{- define "kompaktor.compactorImage" -}}
-{{- include "kompaktor.image" (list .Values.compactor.image .Chart.AppVersion) }}
+{{- include "kompaktor.image" (dict "image" .Values.compactor.image "tag" (default .Chart.AppVersion .Values.compactor.image.tag)) }}
 {{- end }}
 
 {{- define "kompaktor.redisImage" -}}
-{{- include "kompaktor.image" (list .Values.redis.image .Chart.AppVersion) }}
+{{- include "kompaktor.image" (dict "image" .Values.redis.image "tag" (default .Chart.AppVersion .Values.redis.image.tag)) }}
 {{- end }}
 
 {{/* The Secret holding the Redis URL, and its key. */}}
