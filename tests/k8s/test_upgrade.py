@@ -531,8 +531,10 @@ def test_helm_upgrade_from_the_previous_release_then_the_same_release_again(up: 
 
     newest = {e.row: e.value for e in entries(range(200), 4, prefix="s")}
     restored = _restores(u, backup, before, _later_rows(first_later, ingest.batches), tmp_path)
-    print(
-        f"\nupgrade {u.old} -> {__version__} (-f values.yaml): settled in {took1:.1f} s, "
+    from tests.support.k8s import FIGURES
+
+    FIGURES.append(
+        f"upgrade {u.old} -> {__version__} (-f values.yaml): settled in {took1:.1f} s, "
         f"{gap1:.1f} s without a commit; again (--reuse-values): {took2:.1f} s, {gap2:.1f} s without a commit; "
         f"rebuilt (digests): every pod on the new images in {took3:.1f} s, {gap3:.1f} s without a commit; "
         f"batches {ingest.batches}, unsure {len(ingest.ref.unsure)} rows, errors {len(ingest.errors)}; "
