@@ -1,23 +1,31 @@
 #!/usr/bin/env bash
-# `make test`'s suite, in two steps: the chart and integration tiers first; then the Kubernetes
-# tier, which mostly waits on pods and control-plane loops, beside the unit and operator tiers
-# (pure code, or kopf against kmock on loopback: nothing they share with it). Its output follows
-# theirs. Every tier runs whatever an earlier one did; any failing fails the whole.
+# `make test`'s suite: the Kubernetes tier, which mostly waits on pods, image imports and
+# control-plane loops, starts first and runs beside everything else: the chart and integration
+# tiers, then the unit and operator tiers (pure code, or kopf against kmock on loopback). They
+# share nothing with it (its control planes, node and S3 servers are its own, on ports and a bridge
+# of their own). Its output follows theirs. Every tier runs whatever an earlier one did; any
+# failing fails the whole. Each tier's wall time is printed at the end.
 set -uo pipefail
 PY="${1:?usage: test-tiers.sh PYTHON}"
 log="$(mktemp -t kompaktor-k8s-tier.XXXXXX)"
 trap 'rm -f "$log"' EXIT
+t0=$SECONDS
 
+( s=$SECONDS; "$PY" -m pytest -q -p no:cacheprovider tests/k8s; rc=$?
+  echo "== the Kubernetes tier took $((SECONDS - s)) s"; exit $rc ) >"$log" 2>&1 &
+k8s_pid=$!
+
+s=$SECONDS
 "$PY" -m pytest -q --ignore=tests/k8s --ignore=tests/unit --ignore=tests/operator
 first=$?
-
-"$PY" -m pytest -q -p no:cacheprovider tests/k8s >"$log" 2>&1 &
-k8s_pid=$!
+first_s=$((SECONDS - s))
+s=$SECONDS
 "$PY" -m pytest -q tests/operator tests/unit
 pure=$?
+pure_s=$((SECONDS - s))
 wait "$k8s_pid"
 k8s=$?
-echo "== the Kubernetes tier (run beside the unit and operator tiers), exit $k8s:"
+echo "== the Kubernetes tier (run beside the other tiers), exit $k8s:"
 cat "$log"
-echo "== tiers: chart+integration exit $first, unit+operator exit $pure, kubernetes exit $k8s"
+echo "== tiers: chart+integration exit $first in $first_s s, unit+operator exit $pure in $pure_s s, kubernetes exit $k8s; all in $((SECONDS - t0)) s"
 [[ $first -eq 0 && $pure -eq 0 && $k8s -eq 0 ]]

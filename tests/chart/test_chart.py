@@ -272,6 +272,37 @@ def test_image_tags_follow_the_package_version() -> None:
     assert env["KOMPAKTOR_COMPACTOR_IMAGE"].endswith(f":{version}")
 
 
+def _images(docs: list[dict[str, Any]]) -> dict[str, str]:
+    """Each container's image by container name, and the compactor image the operator is given."""
+    out = {}
+    for d in docs:
+        if d["kind"] not in ("Deployment", "StatefulSet"):
+            continue
+        for c in d["spec"]["template"]["spec"]["containers"]:
+            out[c["name"]] = c["image"]
+            for e in c.get("env", []):
+                if e["name"] == "KOMPAKTOR_COMPACTOR_IMAGE":
+                    out["compactor"] = e["value"]
+    return out
+
+
+def test_an_image_digest_pins_each_reference_and_changes_only_its_own() -> None:
+    """A rebuilt image under the same tag rolls only through its digest (docs/upgrading.md)."""
+    digests = {name: "sha256:" + c * 64 for name, c in (("operator", "a"), ("compactor", "b"), ("redis", "c"))}
+    plain = _images(render({}))
+    assert set(plain) >= {"operator", "coordinator", "compactor", "redis"}
+    assert all(ref.endswith(f":{__version__}") for ref in plain.values()), plain
+    pinned = _images(render({name: {"image": {"digest": d}} for name, d in digests.items()}))
+    owner = {"operator": "operator", "coordinator": "operator", "compactor": "compactor", "redis": "redis"}
+    for container, ref in pinned.items():
+        expected = f"{plain[container]}@{digests[owner[container]]}" if container in owner else plain[container]
+        assert ref == expected, (container, ref)
+    only = _images(render({"compactor": {"image": {"digest": digests["compactor"]}}}))
+    assert {k for k in only if only[k] != plain[k]} == {"compactor"}
+    with helm.Chart.load(str(CHART)) as chart, pytest.raises(helm.HelmError):
+        chart.validate_schema({"operator": {"image": {"digest": "latest"}}})
+
+
 def test_examples_render_as_valid_custom_resources() -> None:
     docs = [d for p in sorted((ROOT / "examples").glob("*.yaml")) for d in yaml.safe_load_all(p.read_text()) if d]
     assert [d["kind"] for d in docs] == ["CompactionService", "CompactorGroup", "CompactorGroup", "Compaction"]

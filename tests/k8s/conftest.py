@@ -9,6 +9,7 @@ build's error if that fails.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -74,3 +75,6 @@ def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Con
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
     if _versions:
         terminalreporter.write_line(f"Kubernetes: {'; '.join(_versions)}")
+    support = sys.modules.get("tests.support.k8s")  # imported by a test that ran, if any
+    for line in getattr(support, "FIGURES", []):
+        terminalreporter.write_line(line)

@@ -7,7 +7,10 @@ namespace of their own; a table with continuous ingest through the Python client
 of every acknowledged write and delete (tests/k8s/upgrade_ingest.py) checked against a scan every
 20 batches; compactions running, one of them held mid-upload by a proxy in front of S3 so that it
 spans the upgrade. Then `helm upgrade` to this checkout's chart and images with the values file
-(`-f values.yaml`), and once more, the same release, with `--reuse-values`.
+(`-f values.yaml`), once more, the same release, with `--reuse-values`; and last the same release
+rebuilt: images of different content under the same tags, deployed by their digests (the chart's
+`*.image.digest` values), with another merge held mid-upload until the rollout has stopped the
+compactor that held it, so that its job is redone by the new one.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
+import signal
 import subprocess
 import threading
 import time
@@ -36,6 +41,7 @@ from tests.k8s.controlplane import ControlPlane, wait_until
 from tests.k8s.node import GATEWAY, RealNode
 from tests.k8s.shipped import BIN, BUCKET, RELEASE, Shipped, admin_url, diagnose, readme_values, ready, redis_volume
 from tests.k8s.upgrade_ingest import SPLITS, Ingest, Reference, Verdict, row
+from tests.support.images import Rebuilt
 from tests.support.rawredis import raw_redis
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -150,13 +156,18 @@ def _pods_of(s: Shipped) -> list[dict[str, Any]]:
     return list(json.loads(s.kubectl("get", "pods", "-o", "json").stdout)["items"])
 
 
+def _tag(image: str) -> str:
+    """An image reference's tag (``repo:tag`` or ``repo:tag@sha256:…``)."""
+    return image.split("@", 1)[0].rsplit(":", 1)[1]
+
+
 def _wait_on_version(s: Shipped, version: str) -> None:
     """The operator pod (operator + coordinator) and the bundled Redis pod of ``version``'s
     images Ready, and no other left (a rollout finished)."""
 
     def settled() -> bool:
         pods = s.pods(f"app.kubernetes.io/instance={RELEASE}")
-        images = {c["image"].rsplit(":", 1)[1] for p in pods for c in p["spec"]["containers"]}
+        images = {_tag(c["image"]) for p in pods for c in p["spec"]["containers"]}
         kinds = {p["metadata"]["labels"].get("app.kubernetes.io/component") for p in pods}
         return len(pods) == 2 and kinds == {"operator", "redis"} and images == {version} and all(map(ready, pods))
 
@@ -263,7 +274,13 @@ def _helm_upgrade(u: Upgrade, *, reuse_values: bool) -> float:
 def _compactors_on(u: Upgrade, group: str, version: str) -> bool:
     dep = u.s.get("deployment", naming.deployment_name(group)) or {}
     images = [c["image"] for c in dep.get("spec", {}).get("template", {}).get("spec", {}).get("containers", [])]
-    return bool(images) and all(i.endswith(f":{version}") for i in images)
+    return bool(images) and all(_tag(i) == version for i in images)
+
+
+def _compactors_on_ref(u: Upgrade, group: str, ref: str) -> bool:
+    dep = u.s.get("deployment", naming.deployment_name(group)) or {}
+    images = [c["image"] for c in dep.get("spec", {}).get("template", {}).get("spec", {}).get("containers", [])]
+    return images == [ref]
 
 
 def _pods(u: Upgrade) -> dict[str, int]:
@@ -279,7 +296,7 @@ def _all_on(u: Upgrade, version: str) -> bool:
     """Every pod of the namespace runs ``version``'s images and is Ready, none terminating (the
     compactor groups' rollouts finished)."""
     pods = _pods_of(u.s)
-    tags = {c["image"].rsplit(":", 1)[1] for p in pods for c in p["spec"]["containers"]}
+    tags = {_tag(c["image"]) for p in pods for c in p["spec"]["containers"]}
     return tags == {version} and all(map(ready, pods)) and not any(p["metadata"].get("deletionTimestamp") for p in pods)
 
 
@@ -358,7 +375,128 @@ def _slow_done(u: Upgrade) -> Any:
     return lambda: all(len(t.files) == 1 and not t.running for t in u.store.tables.tablets(tid))
 
 
-@pytest.mark.timeout(900)
+# -- the same release, rebuilt ---------------------------------------------------------------------
+#: the chart value naming each image's digest, by the image's repository name
+_DIGEST_VALUES = {"kompaktor-operator": "operator", "kompaktor-compactor": "compactor", "kompaktor-redis": "redis"}
+
+
+def _rebuild(u: Upgrade, work: Path) -> dict[str, Rebuilt]:
+    """This checkout's three images rebuilt with different content under the same tags, imported
+    into the node (its tags now name the rebuilt images) together with the ``repository@digest``
+    name a pull by digest records. Repository -> the rebuilt image."""
+    from tests.support.images import rebuilt
+
+    out = {}
+    work.mkdir()
+    for ref, archive in u.s.node.images.items():
+        repo, _, tag = ref.rpartition(":")
+        if tag != __version__:
+            continue  # the node's pause image
+        r = rebuilt(archive, work / f"{repo.rsplit('/', 1)[1]}.tar", stamp=f"{ref} {time.time_ns()}")
+        u.s.node.containerd.import_image(r.archive)
+        u.s.node.containerd.ctr("images", "tag", ref, f"{repo}@{r.digest}")
+        out[repo] = r
+    assert set(out) == {f"ghcr.io/kompaktor/{name}" for name in _DIGEST_VALUES}, out
+    return out
+
+
+def _runs_rebuilt(u: Upgrade, images: dict[str, Rebuilt]) -> bool:
+    """Every pod of the namespace Ready, none terminating, and each of its containers running the
+    rebuilt image of its repository (the image ID the kubelet reports)."""
+    pods = _pods_of(u.s)
+    if not pods or not all(map(ready, pods)) or any(p["metadata"].get("deletionTimestamp") for p in pods):
+        return False
+    for p in pods:
+        for c in p["status"].get("containerStatuses") or []:
+            r = images.get(c["image"].split("@", 1)[0].rpartition(":")[0])
+            if r is None or not (c.get("imageID", "").endswith(r.digest) or c.get("imageID", "").endswith(r.image_id)):
+                return False
+    return True
+
+
+#: a PUT of a table file (a merge's output), not of the write probe a compactor makes at start
+TABLE_FILE_PUT = re.compile(rb"^PUT [^ ]*\.parquet[ ?]", re.MULTILINE)
+
+
+def _hold_a_redo(u: Upgrade) -> dict[str, Any]:
+    """Another merge of the slow table, every upload of its output held (the S3 client's retries
+    too, so none lands): the slow group's one pod, busy with it."""
+    from tests.support.entries import entries
+
+    u.proxy.hold_when(TABLE_FILE_PUT, every=True)
+    for version in (3, 4):
+        u.client.flush(SLOW, entries(range(200), version, prefix="s"))
+    wait_until(u.proxy.held.is_set, "the second slow merge's upload held by the proxy", timeout=180, every=0.5)
+    pods = u.s.pods(naming.selector("slow"))
+    assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
+    return pods[0]
+
+
+def _running_on_slow(u: Upgrade) -> set[str]:
+    tid = u.store.tables.table_id(SLOW)
+    return {ecid for t in u.store.tables.tablets(tid) for ecid in t.running}
+
+
+def _freeze_mid_job(u: Upgrade, pod: dict[str, Any]) -> str | None:
+    """SIGSTOP the compactor processes of ``pod`` (not its init, tini) and return the ECID of the
+    merge they hold; None (and the processes continued) when they were between two attempts. A
+    stopped process sends nothing: the reservation it holds can end only by its death."""
+    now = u.s.get("pod", pod["metadata"]["name"]) or {}
+    assert now["metadata"]["uid"] == pod["metadata"]["uid"], "the slow pod was replaced before it was stopped"
+    cid = now["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
+    out = u.s.node.containerd.ctr("tasks", "ps", cid).stdout
+    pids = [int(line.split()[0]) for line in out.splitlines()[1:] if line.strip()]
+    procs = [p for p in pids if Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")[0].rsplit(b"/")[-1] != b"tini"]
+    assert procs, out
+    for pid in procs:
+        os.kill(pid, signal.SIGSTOP)
+    running = _running_on_slow(u)
+    mine = {c.ecid for c in u.store.fleet.compactors("slow") if c.ecid}
+    if len(running) == 1 and running <= mine:
+        return next(iter(running))
+    for pid in procs:
+        os.kill(pid, signal.SIGCONT)
+    return None
+
+
+def _rebuilt_upgrade(u: Upgrade, work: Path) -> tuple[float, float, str]:
+    """The same release rebuilt, deployed with `-f values.yaml` plus the new digests, while a slow
+    merge is held mid-upload. Once the operator has moved the slow group to the rebuilt image, the
+    compactor holding the merge is stopped (SIGSTOP) mid-job, so that only the rollout ends it:
+    its job must be re-queued and done once, by the new pod, after the hold is let go. Returns
+    (seconds to every pod on the rebuilt images, longest seconds without a commit from the
+    upgrade's start to the redone job done, the ECID the rollout cut short)."""
+    old = _hold_a_redo(u)
+    images = _rebuild(u, work)
+    pods = _pods(u)
+    _helm_upgrade(u, reuse_values=False)  # the same tags alone: nothing to roll, nothing rolls
+    assert _pods(u) == pods, "an upgrade by tags alone replaced a pod"
+    values = yaml.safe_load(u.values_file.read_text())
+    for repo, r in images.items():
+        values.setdefault(_DIGEST_VALUES[repo.rsplit("/", 1)[1]], {}).setdefault("image", {})["digest"] = r.digest
+    start = time.monotonic()
+    with helm.Config(kubeconfig_path=str(u.s.cp.kubeconfig), namespace=NS) as cfg:
+        cfg.upgrade(str(CHART), RELEASE, values, namespace=NS, timeout=180)
+    compactor = images["ghcr.io/kompaktor/kompaktor-compactor"]
+    pinned = f"{compactor.ref}@{compactor.digest}"
+    wait_until(lambda: _compactors_on_ref(u, "slow", pinned), "the slow group on the rebuilt image", 180, 1)
+    held = wait_until(lambda: _freeze_mid_job(u, old), "the old slow compactor stopped mid-job", 180, 1)
+    try:
+        wait_until(lambda: _runs_rebuilt(u, images), "every pod on the rebuilt images, Ready", 300, 1)
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}\n{diagnose(u.s)}") from None
+    took = time.monotonic() - start
+    assert old["metadata"]["uid"] not in {p["metadata"]["uid"] for p in _pods_of(u.s)}, "the stopped pod is left"
+    u.proxy.release()
+    wait_until(_slow_done(u), "the cut-short job redone", timeout=240, every=1)
+    return took, _longest_gap(u.commits, start, time.monotonic()), held
+
+
+def _slow_rows(u: Upgrade) -> dict[bytes, bytes]:
+    return {e.row: e.value for e in u.client.scan(SLOW)}
+
+
+@pytest.mark.timeout(1500)
 def test_helm_upgrade_from_the_previous_release_then_the_same_release_again(up: Upgrade, tmp_path: Path) -> None:
 
     from tests.support.k8s import JobWatch
@@ -374,8 +512,11 @@ def test_helm_upgrade_from_the_previous_release_then_the_same_release_again(up: 
         assert ingest.verify().clean, ingest.verdicts[-1]
         wait_until(lambda: _all_on(u, __version__), "every pod on this checkout's images, Ready", 240, 1)
         pods = _pods(u)
+        start2 = time.monotonic()
         took2 = _helm_upgrade(u, reuse_values=True)
+        gap2 = _longest_gap(u.commits, start2, time.monotonic())
         assert _pods(u) == pods, "the same release again replaced or restarted a pod"
+        took3, gap3, cut_short = _rebuilt_upgrade(u, tmp_path / "rebuilt")
         ingest.stop()
         wait_until(lambda: _work_done(u), "the queued work done", timeout=300, every=2)
     finally:
@@ -386,10 +527,16 @@ def test_helm_upgrade_from_the_previous_release_then_the_same_release_again(up: 
     log = u.store.bookkeeping.commit_log()
     seen = {e for w in watches for e in w.jobs}
     redone = len(seen - set(log))
+    from tests.support.entries import entries
+
+    newest = {e.row: e.value for e in entries(range(200), 4, prefix="s")}
     restored = _restores(u, backup, before, _later_rows(first_later, ingest.batches), tmp_path)
-    print(
-        f"\nupgrade {u.old} -> {__version__} (-f values.yaml): settled in {took1:.1f} s, "
-        f"{gap1:.1f} s without a commit; again (--reuse-values): {took2:.1f} s; "
+    from tests.support.k8s import FIGURES
+
+    FIGURES.append(
+        f"upgrade {u.old} -> {__version__} (-f values.yaml): settled in {took1:.1f} s, "
+        f"{gap1:.1f} s without a commit; again (--reuse-values): {took2:.1f} s, {gap2:.1f} s without a commit; "
+        f"rebuilt (digests): every pod on the new images in {took3:.1f} s, {gap3:.1f} s without a commit; "
         f"batches {ingest.batches}, unsure {len(ingest.ref.unsure)} rows, errors {len(ingest.errors)}; "
         f"commits {len(log)}, jobs redone {redone}, writes lost {len(final.lost)}, "
         f"resurrected {len(final.resurrected)}"
@@ -397,6 +544,8 @@ def test_helm_upgrade_from_the_previous_release_then_the_same_release_again(up: 
     assert final.clean, final
     assert all(v.clean for v in ingest.verdicts), [v for v in ingest.verdicts if not v.clean]
     assert len(log) == len(set(log)), "a compaction committed twice"
+    assert cut_short in seen and cut_short not in log, "the job the rebuilt rollout cut short was not redone"
+    assert _slow_rows(u) == newest, "the redone merge's table does not read as its newest flush"
     assert restored.clean, restored
     assert raw_redis(u.store).hget(keyspace.FORMAT, "version") == str(FORMAT_VERSION).encode()
     _new_crs_reconcile(u)

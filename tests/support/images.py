@@ -6,10 +6,14 @@ The build is cached by its inputs, so calling this when nothing changed costs ab
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 import subprocess
 import sys
+import tarfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from tests.support.releases import Release, checkout
@@ -69,3 +73,74 @@ def _share_bases(src: Path, dest: Path) -> None:
     for base in src.glob("debian-base-*.tar"):
         if not (dest / base.name).exists():
             os.link(base, dest / base.name)
+
+
+@dataclass(frozen=True)
+class Rebuilt:
+    """An image rebuilt under the same reference: its OCI archive, its manifest digest (what a
+    registry serves it by, and what the chart's ``*.image.digest`` values pin) and its image ID
+    (the digest of its config)."""
+
+    ref: str
+    archive: Path
+    digest: str
+    image_id: str
+
+
+def rebuilt(archive: Path, dest: Path, stamp: str) -> Rebuilt:
+    """``archive``'s image with one more layer (a file ``/etc/kompaktor-rebuild`` holding
+    ``stamp``), under the same reference — a rebuild of the same version whose content differs,
+    as a user's rebuild of the same tag is. Written as an OCI archive at ``dest`` holding only what
+    the rebuild added (the layer, the config, the manifest): it imports into a containerd that
+    holds the original's layers, as a registry pull fetches only the layers a node lacks. The
+    original is only read, so the shared image cache is never touched."""
+    with tarfile.open(archive) as tar:
+        index = json.loads(_member(tar, "index.json"))
+        desc = index["manifests"][0]
+        manifest = json.loads(_member(tar, _blob_path(desc["digest"])))
+        config = json.loads(_member(tar, _blob_path(manifest["config"]["digest"])))
+        layer = _one_file_layer("etc/kompaktor-rebuild", stamp.encode())
+        config["rootfs"]["diff_ids"].append(_digest(layer))
+        config.setdefault("history", []).append({"created_by": f"kompaktor test rebuild {stamp}"})
+        config_bytes = json.dumps(config).encode()
+        manifest["config"] = {**manifest["config"], "digest": _digest(config_bytes), "size": len(config_bytes)}
+        layer_type = "application/vnd.oci.image.layer.v1.tar"
+        manifest["layers"].append({"mediaType": layer_type, "digest": _digest(layer), "size": len(layer)})
+        manifest_bytes = json.dumps(manifest).encode()
+        index["manifests"][0] = {**desc, "digest": _digest(manifest_bytes), "size": len(manifest_bytes)}
+        with tarfile.open(dest, "w") as out:
+            _add(out, "oci-layout", _member(tar, "oci-layout"))
+            for data in (layer, config_bytes, manifest_bytes):
+                _add(out, _blob_path(_digest(data)), data)
+            _add(out, "index.json", json.dumps(index).encode())
+    ref = desc["annotations"]["org.opencontainers.image.ref.name"]
+    return Rebuilt(ref, dest, _digest(manifest_bytes), _digest(config_bytes))
+
+
+def _digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def _blob_path(digest: str) -> str:
+    return "blobs/" + digest.replace(":", "/", 1)
+
+
+def _member(tar: tarfile.TarFile, name: str) -> bytes:
+    f = tar.extractfile(name)
+    assert f is not None, name
+    return f.read()
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
+
+
+def _one_file_layer(name: str, data: bytes) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as layer:
+        info = tarfile.TarInfo(name)
+        info.size, info.mode = len(data), 0o644
+        layer.addfile(info, io.BytesIO(data))
+    return buf.getvalue()

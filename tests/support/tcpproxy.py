@@ -8,11 +8,16 @@ port. :meth:`TcpProxy.cut_when` arms a trigger: the first request whose bytes co
 request reaches the server, so a test can place the outage in the middle of a merge without
 racing it. :meth:`TcpProxy.hold_when` arms a pause instead: the first request containing its
 marker waits in the proxy (``held`` is set) until :meth:`TcpProxy.release`, so a test can keep a
-merge's upload in flight across whatever it does meanwhile (an upgrade).
+merge's upload in flight across whatever it does meanwhile (an upgrade). A client's own request
+timeout ends a held request (the S3 SDK under pyarrow gives up on a silent connection within
+seconds and sends it again): ``hold_when(marker, every=True)`` holds every request containing the
+marker, retries included, so that no upload can complete until :meth:`release`; a marker may be
+a compiled bytes pattern (for S3, the PUTs of one kind of object only).
 """
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 
@@ -24,7 +29,8 @@ class TcpProxy:
         self.port = 0
         self.cut_event = threading.Event()
         self._marker: bytes | None = None
-        self._hold: bytes | None = None
+        self._hold: bytes | re.Pattern[bytes] | None = None
+        self._hold_every = False
         self.held = threading.Event()
         self._released = threading.Event()
         self._lock = threading.Lock()
@@ -82,8 +88,9 @@ class TcpProxy:
                     self._marker = None
                     self.cut()
                     return
-                if watch and self._hold is not None and self._hold in data:
-                    self._hold = None
+                if watch and self._holds(data):
+                    if not self._hold_every:
+                        self._hold = None
                     self.held.set()
                     self._released.wait()
                 dst.sendall(data)
@@ -100,14 +107,22 @@ class TcpProxy:
                 self._conns.discard(src)
                 self._conns.discard(dst)
 
+    def _holds(self, data: bytes) -> bool:
+        hold = self._hold
+        if hold is None:
+            return False
+        return hold.search(data) is not None if isinstance(hold, re.Pattern) else hold in data
+
     def cut_when(self, marker: bytes) -> None:
         """Cut the proxy at the first client request containing ``marker`` (it is not forwarded)."""
         self._marker = marker
 
-    def hold_when(self, marker: bytes) -> None:
-        """Hold the first client request containing ``marker`` until :meth:`release` (once)."""
+    def hold_when(self, marker: bytes | re.Pattern[bytes], *, every: bool = False) -> None:
+        """Hold the first client request containing ``marker`` until :meth:`release` (once); with
+        ``every``, each one until then (``held`` is set at the first)."""
         self.held.clear()
         self._released.clear()
+        self._hold_every = every
         self._hold = marker
 
     def release(self) -> None:

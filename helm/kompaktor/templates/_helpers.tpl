@@ -42,12 +42,25 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 {{- end }}
 
+{{/* An image reference: repository:tag, pinned to its digest when one is given
+(repository:tag@sha256:…). The digest is what makes a rebuilt image with the same tag roll: the
+reference changes, so the pod template does, and every node runs that exact image rather than
+whatever it cached under the tag (docs/upgrading.md, "The same release, rebuilt"). */}}
+{{- define "kompaktor.image" -}}
+{{- printf "%s:%s" .image.repository .tag }}
+{{- with .image.digest }}@{{ . }}{{ end }}
+{{- end }}
+
 {{- define "kompaktor.operatorImage" -}}
-{{- printf "%s:%s" .Values.operator.image.repository (default .Chart.AppVersion .Values.operator.image.tag) }}
+{{- include "kompaktor.image" (dict "image" .Values.operator.image "tag" (default .Chart.AppVersion .Values.operator.image.tag)) }}
 {{- end }}
 
 {{- define "kompaktor.compactorImage" -}}
-{{- printf "%s:%s" .Values.compactor.image.repository (default .Chart.AppVersion .Values.compactor.image.tag) }}
+{{- include "kompaktor.image" (dict "image" .Values.compactor.image "tag" (default .Chart.AppVersion .Values.compactor.image.tag)) }}
+{{- end }}
+
+{{- define "kompaktor.redisImage" -}}
+{{- include "kompaktor.image" (dict "image" .Values.redis.image "tag" (default .Chart.AppVersion .Values.redis.image.tag)) }}
 {{- end }}
 
 {{/* The Secret holding the Redis URL, and its key. */}}
