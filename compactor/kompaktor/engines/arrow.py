@@ -49,6 +49,7 @@ from kompaktor.engines.ranges import (
 from kompaktor.engines.resume import ResumeRun
 from kompaktor.files.arrowstack import merge_tables_once
 from kompaktor.files.parquetconcat import ConcatWriter, SpliceWriter
+from kompaktor.files.phases import phase
 from kompaktor.files.sortedfile import (
     DELETES_READ,
     EncodedRange,
@@ -115,10 +116,12 @@ class ArrowMergeEngine:
         progress: ProgressFn | None = None,
         cancel: threading.Event | None = None,
     ) -> MergeResult:
-        started, metas, bytes_in = open_merge(storage, req, cancel)
+        with phase("plan"):
+            started, metas, bytes_in = open_merge(storage, req, cancel)
         if req.resume is not None and self.resume_min_bytes is not None and bytes_in >= self.resume_min_bytes:
             return self._merge_resumable(storage, req, progress, cancel, started, metas, bytes_in)
-        work = self._plan_ranges(storage, req, metas)
+        with phase("plan"):
+            work = self._plan_ranges(storage, req, metas)
         report = progress or (lambda d: None)
         report(progress_dict(0, 0, 0, 0, 0, len(work.ranges), started))
         w = SpliceWriter(storage, req.output, tmp_tag=req.tmp_tag)
@@ -128,7 +131,8 @@ class ArrowMergeEngine:
             read, deletes = _splice(
                 w, results, work, cancel, lambda i, n: report(_progress(w, i, n, work, bytes_in, started))
             )
-            info = _finish(storage, req, w, cancel)
+            with phase("write"):
+                info = _finish(storage, req, w, cancel)
         except BaseException:
             w.abort()
             raise
@@ -334,18 +338,22 @@ class _RangeWork:
             _skip(self.cursors, run, self.ranges[i][1])
             return run
         tables: list[pa.Table] = []
-        for c in self.cursors:
-            tables.append(c.take(self.ranges[i][1], self.budget - sum(t.nbytes for t in tables)))
+        with phase("read"):
+            for c in self.cursors:
+                tables.append(c.take(self.ranges[i][1], self.budget - sum(t.nbytes for t in tables)))
         return tables
 
     def merge_encode(self, i: int, got: list[pa.Table] | CopyRun) -> list[Piece]:
         if isinstance(got, CopyRun):
-            return copy_run(self.storage, got, self.settings)
+            with phase("copy"):
+                return copy_run(self.storage, got, self.settings)
         n = sum(t.num_rows for t in got)
         d = sum(count_deletes(t) for t in got)
         out = merge_tables_once(got, self.settings)
         got.clear()  # the inputs go as soon as the range is merged
-        return [Piece(encode_table(out), n, d)]
+        with phase("encode"):
+            enc = encode_table(out)
+        return [Piece(enc, n, d)]
 
 
 def _splice(
@@ -358,13 +366,16 @@ def _splice(
     """Append each range's pieces in order, reporting (ranges done, entries read) after each;
     (entries read, delete markers read)."""
     read = deletes = 0
-    for i, pieces in enumerate(results):
+    for i in range(len(work.ranges)):
+        with phase("wait"):
+            pieces = next(results)
         if cancel is not None and cancel.is_set():
             raise MergeCancelled(f"merge into {w.rel_path} cancelled after {i} of {len(work.ranges)} parts")
-        for p in pieces:
-            _append(w, p.out)
-            read += p.entries_read
-            deletes += p.deletes_read
+        with phase("write"):
+            for p in pieces:
+                _append(w, p.out)
+                read += p.entries_read
+                deletes += p.deletes_read
         del pieces
         report(i + 1, read)
     return read, deletes

@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numpy.typing import NDArray
 
+from kompaktor.files.phases import phase
 from kompaktor.files.sortedfile import COLUMNS, SCHEMA
 from kompaktor.model.iterators import SCAN, IteratorSettings
 from kompaktor.model.keys import ARROW_SORT_KEYS, ArrowSortKey
@@ -352,14 +353,18 @@ def merge_tables_once(tables_oldest_first: Sequence[pa.Table], settings: Iterato
     sorted copy of the whole range, no filter pass over it)."""
     if len(tables_oldest_first) < 2 or sum(t.nbytes for t in tables_oldest_first) >= COMBINE_LIMIT:
         return merge_tables(tables_oldest_first, settings)
-    order = merged_already(tables_oldest_first)
-    if order is not None:  # already in merged order once concatenated: the stack alone
-        table = pa.concat_tables([tables_oldest_first[i].select(COLUMNS) for i in order] or [SCHEMA.empty_table()])
-        keep = keep_mask(table, settings)
-        # every entry kept (no versions, no markers): one copy of the range, not two
-        return (table if keep.all() else table.filter(pa.array(keep))).combine_chunks()
-    table = pa.concat_tables(t.select(COLUMNS) for t in tables_oldest_first)
-    return table.take(pa.array(merge_keep(tables_oldest_first, table, settings))).combine_chunks()
+    with phase("merge"):
+        order = merged_already(tables_oldest_first)
+        if order is not None:  # already in merged order once concatenated: the stack alone
+            table = pa.concat_tables([tables_oldest_first[i].select(COLUMNS) for i in order] or [SCHEMA.empty_table()])
+            keep = keep_mask(table, settings)
+        else:
+            table = pa.concat_tables(t.select(COLUMNS) for t in tables_oldest_first)
+            kept = merge_keep(tables_oldest_first, table, settings)
+    with phase("take"):
+        if order is not None:  # every entry kept (no versions, no markers): one copy of the range, not two
+            return (table if keep.all() else table.filter(pa.array(keep))).combine_chunks()
+        return table.take(pa.array(kept)).combine_chunks()
 
 
 def first_unsorted(table: pa.Table) -> int | None:
