@@ -66,3 +66,36 @@ def test_merge_kernels_agree_on_every_shape():
     out = run.stdout
     assert "| deletes |" in out
     assert "WRONG" not in out and "DIFFERS" not in out
+
+
+def test_the_issue_46_shapes_look_as_described(tmp_path):
+    """hexonerg: 16 hex digits, 4 families x 16 qualifiers; timeseries: ``sensor/NNNNNN/HHMMSS``
+    with 24 qualifiers of 8-byte values, every file across the whole row space; edges: each file
+    the next stretch of keys, overlapping the one before; uuiddocs: 36-byte UUIDs, 200-byte values."""
+    storage = Storage.from_uri(str(tmp_path))
+
+    def files(name: str) -> list:
+        return [pq.read_table(storage.path(p)) for p in generate(storage, 8_000, 4, shape=SHAPES[name])]
+
+    hexes = pa_concat(files("hexonerg"))
+    assert all(len(r) == 16 and all(c in b"0123456789abcdef" for c in r) for r in hexes.column("row").to_pylist())
+    assert len(set(hexes.column("cf").to_pylist())) == 4 and len(set(hexes.column("cq").to_pylist())) == 16
+    series = files("timeseries")
+    for t in series:
+        rows = t.column("row").to_pylist()
+        assert all(len(r) == 20 and r.startswith(b"sensor/") and r[13:14] == b"/" for r in rows)
+        assert int(rows[-1][14:16]) < 24 and int(rows[-1][16:18]) < 60
+    assert len({t.column("row")[0].as_py() for t in series}) <= 2  # each file starts at the space's start
+    assert max(len(v) for v in series[0].column("value").to_pylist()) == 8
+    edges = files("edges")
+    spans = [(t.column("row")[0].as_py(), t.column("row")[-1].as_py()) for t in edges]
+    assert all(a[0] < b[0] <= a[1] < b[1] for a, b in itertools.pairwise(spans))
+    docs = pa_concat(files("uuiddocs"))
+    assert all(len(r) == 36 and r.count(b"-") == 4 for r in docs.column("row").to_pylist())
+    assert max(len(v) for v in docs.column("value").to_pylist()) == 200
+
+
+def pa_concat(tables: list):
+    import pyarrow as pa
+
+    return pa.concat_tables(tables)
