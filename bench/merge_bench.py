@@ -46,7 +46,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bench.common import descendants
-from kompaktor.files.sortedfile import SCHEMA
+from kompaktor.files.sortedfile import SCHEMA, WRITER_OPTIONS
 from kompaktor.files.storage import Storage
 from kompaktor.policy.services import DEFAULT_SPARK_MASTER
 from tests.support.mergeinputs import SHAPES, generate, parse_shapes, pyarrow_sort, same_entries
@@ -701,10 +701,13 @@ def load_average() -> str:
         return "?"
 
 
-def _clocked(fn: Callable[[], object]) -> float:
-    t0 = time.perf_counter()
+def _clocked(out: dict[str, float], name: str, fn: Callable[[], object]) -> None:
+    """``out[name]``: wall seconds of ``fn()``; ``out[name + " CPU"]``: its CPU seconds (this
+    process, every thread; on a loaded machine, what it cost rather than how long it waited)."""
+    t0, c0 = time.perf_counter(), cpu_seconds()
     fn()
-    return time.perf_counter() - t0
+    out[name] = time.perf_counter() - t0
+    out[f"{name} CPU"] = cpu_seconds() - c0
 
 
 def floors(storage: Storage, inputs: list[str], output: str) -> dict[str, float]:
@@ -714,16 +717,16 @@ def floors(storage: Storage, inputs: list[str], output: str) -> dict[str, float]
     I/O floor (read every input and write them into one file, no merge)."""
     key_cols = ["row", "cf", "cq", "vis", "ts", "deleted"]
     out: dict[str, float] = {}
-    out["decode all columns"] = _clocked(lambda: [pq.read_table(storage.path(p)) for p in inputs])
-    out["decode key columns"] = _clocked(lambda: [pq.read_table(storage.path(p), columns=key_cols) for p in inputs])
+    _clocked(out, "decode all columns", lambda: [pq.read_table(storage.path(p)) for p in inputs])
+    _clocked(out, "decode key columns", lambda: [pq.read_table(storage.path(p), columns=key_cols) for p in inputs])
     merged = pq.read_table(storage.path(output))
     sink = pa.BufferOutputStream()
-    out["encode output"] = _clocked(lambda: pq.write_table(merged, sink, compression="zstd", row_group_size=128 * 1024))
+    _clocked(out, "encode output", lambda: pq.write_table(merged, sink, row_group_size=128 * 1024, **WRITER_OPTIONS))
     data = sink.getvalue()
     path = storage.path("out/profile-write.bin")
-    out["write output bytes"] = _clocked(lambda: Path(path).write_bytes(data))
+    _clocked(out, "write output bytes", lambda: Path(path).write_bytes(data))
     storage.delete("out/profile-write.bin")
-    out["I/O floor"] = _clocked(lambda: io_floor(storage, inputs, "out/profile-floor.parquet"))
+    _clocked(out, "I/O floor", lambda: io_floor(storage, inputs, "out/profile-floor.parquet"))
     storage.delete("out/profile-floor.parquet")
     return out
 
@@ -735,24 +738,27 @@ def polars_phases(storage: Storage, inputs: list[str], out: str) -> dict[str, fl
 
     key = ["row", "cf", "cq", "vis"]
     got: dict[str, float] = {}
-    t0 = time.perf_counter()
-    df = pl.concat(
-        [pl.scan_parquet(storage.path(p)).with_columns(pl.lit(i, pl.Int32).alias("src")) for i, p in enumerate(inputs)]
-    ).collect()
-    got["scan"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    df = (
-        df.lazy()
-        .sort([*key, "ts", "deleted", "src"], descending=[False] * 4 + [True, True, True])
-        .unique(subset=key, keep="first", maintain_order=True)
-        .filter(~pl.col("deleted"))
-        .drop("src")
-        .collect()
+    frames: list = []
+    scans = [
+        pl.scan_parquet(storage.path(p)).with_columns(pl.lit(i, pl.Int32).alias("src")) for i, p in enumerate(inputs)
+    ]
+    _clocked(got, "scan", lambda: frames.append(pl.concat(scans).collect()))
+    _clocked(
+        got,
+        "sort+unique",
+        lambda: frames.append(
+            frames[0]
+            .lazy()
+            .sort([*key, "ts", "deleted", "src"], descending=[False] * 4 + [True, True, True])
+            .unique(subset=key, keep="first", maintain_order=True)
+            .filter(~pl.col("deleted"))
+            .drop("src")
+            .collect()
+        ),
     )
-    got["sort+unique"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    df.write_parquet(storage.path(out), compression="zstd", row_group_size=128 * 1024)
-    got["sink"] = time.perf_counter() - t0
+    _clocked(
+        got, "sink", lambda: frames[1].write_parquet(storage.path(out), compression="zstd", row_group_size=128 * 1024)
+    )
     storage.delete(out)
     return got
 
@@ -788,6 +794,7 @@ def profile_layout(console, storage: Storage, inputs: list[str], label: str, set
         "peak_rss_mb": peak,
         "workers": engine.workers,
         "phases": dict(clock.seconds),
+        "phase_cpu": dict(clock.cpu),
         "floors": fl,
         "polars": pol,
         "load": f"{load_before} -> {load_during} -> {load_average()}",
@@ -797,27 +804,28 @@ def profile_layout(console, storage: Storage, inputs: list[str], label: str, set
 
 
 def print_profile(console, r: dict) -> None:
-    ph, fl, pol = r["phases"], r["floors"], r["polars"]
+    ph, cpu, fl, pol = r["phases"], r["phase_cpu"], r["floors"], r["polars"]
     console.print(
         f"[bold]profile {r['label']}[/bold]: Arrow engine wall {r['wall']:.2f}s, CPU {r['cpu']:.2f}s, "
         f"{r['workers']} workers, peak RSS {r['peak_rss_mb']:.0f} MB; load {r['load']}"
     )
+
+    def fmt(k: str, d: dict = fl) -> str:
+        return f"{k} {d[k]:.2f}s ({d[k + ' CPU']:.2f} CPU s)"
+
     floor_of = {
-        "read": f"decode all columns {fl['decode all columns']:.2f}s (keys {fl['decode key columns']:.2f}s)",
-        "encode": f"encode output {fl['encode output']:.2f}s",
-        "write": f"write output bytes {fl['write output bytes']:.2f}s",
+        "read": f"{fmt('decode all columns')}, {fmt('decode key columns')}",
+        "encode": fmt("encode output"),
+        "write": fmt("write output bytes"),
     }
     for name in ARROW_PHASES:
         if name in ph:
             share = ph[name] / r["wall"]
             console.print(
-                f"    {name:<10} {ph[name]:7.2f} thread-s ({share:5.0%} of wall)  floor: {floor_of.get(name, '')}"
+                f"    {name:<10} {ph[name]:7.2f} thread-s ({share:5.0%} of wall), {cpu.get(name, 0.0):6.2f} CPU s "
+                f"on the thread  floor: {floor_of.get(name, '')}"
             )
-    console.print(
-        f"    I/O floor {fl['I/O floor']:.2f}s; Polars: "
-        + ", ".join(f"{k} {v:.2f}s" for k, v in pol.items())
-        + f" = {sum(pol.values()):.2f}s"
-    )
+    console.print(f"    {fmt('I/O floor')}; Polars: " + ", ".join(fmt(k, pol) for k in ("scan", "sort+unique", "sink")))
 
 
 if __name__ == "__main__":

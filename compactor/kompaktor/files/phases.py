@@ -27,20 +27,24 @@ class PhaseClock:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.seconds: dict[str, float] = {}
+        #: CPU seconds of the thread that ran the phase (not of Arrow's own pool threads): on a
+        #: loaded machine, what the phase cost rather than how long it waited for a core
+        self.cpu: dict[str, float] = {}
         self.calls: dict[str, int] = {}
 
-    def add(self, name: str, seconds: float) -> None:
+    def add(self, name: str, seconds: float, cpu: float = 0.0) -> None:
         with self._lock:
             self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+            self.cpu[name] = self.cpu.get(name, 0.0) + cpu
             self.calls[name] = self.calls.get(name, 0) + 1
 
     @contextmanager
     def timing(self, name: str) -> Iterator[None]:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             yield
         finally:
-            self.add(name, time.perf_counter() - t0)
+            self.add(name, time.perf_counter() - t0, time.thread_time() - c0)
 
 
 _CLOCK: list[PhaseClock | None] = [None]
