@@ -99,3 +99,49 @@ def pa_concat(tables: list):
     import pyarrow as pa
 
     return pa.concat_tables(tables)
+
+
+def test_a_profiled_merge_times_every_phase_and_an_unprofiled_one_nothing(tmp_path):
+    """Issue 46: under ``profiling()`` the Arrow engine's merge adds thread and CPU seconds to each
+    of its phases (on every thread); outside it, ``phase`` is a no-op and nothing is recorded.
+    The output is the same either way."""
+    from kompaktor.files.phases import phase, profiling
+
+    storage = Storage.from_uri(str(tmp_path))
+    paths = generate(storage, 20_000, 4, shape=SHAPES["timeseries"])
+
+    def merge(out: str) -> None:
+        req = MergeRequest(
+            inputs=tuple(paths),
+            output=out,
+            prev=None,
+            end=None,
+            settings=IteratorSettings(max_versions=1, full=True),
+            tmp_tag="t",
+        )
+        ArrowMergeEngine(range_entries=4_000, copy_through=False).merge(storage, req)
+
+    with profiling() as clock:
+        merge("out/profiled.parquet")
+    assert {"plan", "read", "merge", "take", "encode", "write", "wait"} <= set(clock.seconds)
+    assert all(clock.seconds[k] >= clock.cpu[k] >= 0 for k in clock.seconds)
+    assert clock.calls["encode"] >= 5  # one per range
+    before = dict(clock.seconds)
+    merge("out/plain.parquet")  # no longer profiling: the clock of the block is left alone
+    assert clock.seconds == before
+    assert phase("read") is phase("merge")  # the shared no-op context, nothing timed
+    assert same_entries(storage, "out/profiled.parquet", "out/plain.parquet")
+
+
+def test_the_bench_profiles_a_shape():
+    """``bench.merge_bench --profile`` on small data prints each phase beside its floor and
+    Polars' steps. Run as the command it is (the tests never import the benchmarks)."""
+    args = ["--profile", "--entries", "20000", "--shapes", "edges"]
+    run = subprocess.run(
+        [sys.executable, "-m", "bench.merge_bench", *args], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    out = run.stdout
+    assert "profile edges x small" in out
+    for text in ("read", "merge", "encode", "decode all columns", "encode output", "I/O floor", "sort+unique", "load"):
+        assert text in out
