@@ -364,19 +364,20 @@ def test_ranked_order_is_a_full_sort_of_the_key(srcs):
     8-byte prefix) is the reference order, and its key and row starts are where the column key
     and the row change — on rows of any length, rows differing in trailing zero bytes, bytes >=
     0x80 and many versions of a key across sources."""
-    from kompaktor.files.arrowstack import _ranked
+    from kompaktor.files.arrowstack import _merged, _ranked
 
     tables = [entries_to_table(s) for s in srcs]
-    got = _ranked(tables)
-    assert got is not None  # a handful of distinct values: far below 64 bits
-    order, start, row_start = got
+    ranked = _ranked(tables)
+    assert ranked is not None  # a handful of distinct values: far below 64 bits
     offsets = list(itertools.accumulate([0] + [len(s) for s in srcs]))
     where = {offsets[i] + j: (i, j) for i, s in enumerate(srcs) for j in range(len(s))}
-    assert [where[int(k)] for k in order] == _reference_order(srcs)
     flat = [srcs[i][j] for i, j in _reference_order(srcs)]
     keys = [(e.row, e.cf, e.cq, e.vis) for e in flat]
-    assert list(start) == [k == 0 or keys[k] != keys[k - 1] for k in range(len(flat))]
-    assert list(row_start) == [k == 0 or flat[k].row != flat[k - 1].row for k in range(len(flat))]
+    # the ranked order alone, and the merge's (which ranks rows by their prefixes when it can)
+    for order, start, row_start in (ranked, _merged(tables)):
+        assert [where[int(k)] for k in order] == _reference_order(srcs)
+        assert list(start) == [k == 0 or keys[k] != keys[k - 1] for k in range(len(flat))]
+        assert list(row_start) == [k == 0 or flat[k].row != flat[k - 1].row for k in range(len(flat))]
 
 
 def test_ranked_order_gives_way_when_the_key_needs_over_64_bits():

@@ -248,7 +248,9 @@ def _merged(tables: Sequence[pa.Table]) -> tuple[np.ndarray, np.ndarray, np.ndar
     if len(pos) > n // 2:  # mostly tied: one sort of them all costs less than picking them out
         # many entries per row (or rows alike in those 8 bytes): the key columns' ranks order
         # them, sorting only the few distinct rows (with few, ranking costs less than a sort)
-        ranked = _ranked(tables) if distinct <= n // RANKED_ENTRIES_PER_PREFIX else None
+        ranked = None
+        if distinct <= n // RANKED_ENTRIES_PER_PREFIX:
+            ranked = _ranked(tables, _prefix_row_ranks(order, sp, np.concatenate([ln for _, ln in got]), skip))
         if ranked is not None:
             return ranked
         pos = np.arange(n)
@@ -277,15 +279,42 @@ def _ranks(values: pa.Array[Any]) -> tuple[NDArray[np.uint64], int]:
     return ranks, (len(distinct) - 1).bit_length()
 
 
-def _column_key_ids(tables: Sequence[pa.Table]) -> tuple[NDArray[np.uint64], int] | None:
+def _prefix_row_ranks(
+    order: np.ndarray, sp: np.ndarray, length: np.ndarray, skip: int
+) -> tuple[NDArray[np.uint64], int] | None:
+    """The rows' ranks (and the bits they need) from the sort by their 8-byte prefixes
+    (``order``, ``sp``: the sorted prefixes; ``length``: the rows' lengths, in input order) when
+    those hold every row whole and no two rows of different lengths share one (a row and itself
+    plus zero bytes); else None (:func:`_ranks` ranks them)."""
+    if int(length.max()) > skip + 8:
+        return None
+    ls = length[order]
+    same = sp[1:] == sp[:-1]
+    if np.any(same & (ls[1:] != ls[:-1])):
+        return None
+    new = np.ones(len(sp), dtype=np.uint64)
+    new[1:] = ~same
+    sorted_ranks = np.cumsum(new) - np.uint64(1)
+    ranks = np.empty(len(sp), dtype=np.uint64)
+    ranks[order] = sorted_ranks
+    return ranks, int(sorted_ranks[-1]).bit_length()
+
+
+def _column_key_ids(
+    tables: Sequence[pa.Table], row_ranks: tuple[NDArray[np.uint64], int] | None = None
+) -> tuple[NDArray[np.uint64], int] | None:
     """Each entry's column key (row, cf, cq, vis) as one unsigned integer that orders as the key
-    does — the ranks of its row, family, qualifier and visibility among the range's distinct
-    ones, side by side — and the bits below the row's rank; None when they need over 64 bits."""
+    does — the ranks of its row (``row_ranks`` when given), family, qualifier and visibility
+    among the range's distinct ones, side by side — and the bits below the row's rank; None when
+    they need over 64 bits."""
     n = sum(t.num_rows for t in tables)
     ids = np.zeros(n, dtype=np.uint64)
     shift = 0
     for c in reversed(KEY_COLUMNS):  # vis in the lowest bits, the row in the highest
-        ranks, bits = _ranks(pa.concat_arrays([ch for t in tables for ch in t.column(c).chunks]))
+        if c == "row" and row_ranks is not None:
+            ranks, bits = row_ranks
+        else:
+            ranks, bits = _ranks(pa.concat_arrays([ch for t in tables for ch in t.column(c).chunks]))
         if shift + bits > 64:
             return None
         if bits:
@@ -294,13 +323,15 @@ def _column_key_ids(tables: Sequence[pa.Table]) -> tuple[NDArray[np.uint64], int
     return ids, shift - bits
 
 
-def _ranked(tables: Sequence[pa.Table]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+def _ranked(
+    tables: Sequence[pa.Table], row_ranks: tuple[NDArray[np.uint64], int] | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """:func:`_merged` by a normalized key (DataFusion's ``RowConverter`` does the same with
     bytes): each entry's column key as one integer (:func:`_column_key_ids`), sorted stably
     (a timsort: the sorted inputs are its runs); only the entries that share a column key with
     another are ordered by the rest of the key (newest timestamp, delete marker, newest input
     first). None when the column keys need over 64 bits."""
-    got = _column_key_ids(tables)
+    got = _column_key_ids(tables, row_ranks)
     if got is None:
         return None
     ids, row_shift = got
