@@ -7,7 +7,8 @@ for each input row-group layout.
 key, 2% are delete markers; random binary rows, so bytes >= 0x80 occur; the others vary the row
 length (4 B, 200 B), the qualifiers per row (1, 64), the value (empty, 4 KiB on 1/32 of the
 entries), the duplication across files (60%), the versions per key (~16), the deletes (40%), and
-``disjoint``: files whose key ranges do not overlap at all), writes them in each
+``disjoint``: files whose key ranges do not overlap at all; issue 46's ``hexonerg``,
+``timeseries``, ``edges`` and ``uuiddocs``, each in the layout it names), writes them in each
 layout — ``small`` (64K-row row groups), ``one`` (one row group per file), ``128mb`` (128 MB
 row groups, the Spark/Hive default) — and times on the same files in the same run:
 
@@ -19,6 +20,11 @@ row groups, the Spark/Hive default) — and times on the same files in the same 
 - the peers: Polars (lazy, sort + unique), DuckDB (window + ORDER BY + COPY), a pyarrow-only
   merge (read all, sort, vectorized stack, write),
 - the I/O floor (read the inputs and write one file, no sort).
+
+``--profile`` (issue 46) instead times one warm Arrow merge by phase (``kompaktor.files.phases``:
+thread-seconds and the CPU seconds of each phase's thread) beside each phase's floor measured in
+the same run, and Polars' scan / sort / sink, with the load average (docs/architecture.md "Where a
+merge's time goes").
 
 Every engine's output is checked to have the same entries as the Arrow engine's, on every shape
 and layout. For each
