@@ -65,8 +65,13 @@ from kompaktor.model.tablet import FileInfo
 
 #: entries per key range for the in-process engine (bounds its memory: ~5x the range's data)
 ARROW_RANGE_ENTRIES = 1_000_000
+#: uncompressed bytes per key range for the in-process engine, at most: half the planner's
+#: default, so that two ranges in flight of big values (decoded, taken, encoded: incompressible
+#: values are as big encoded) hold no more than a sort-based peer holding the whole merge
+#: (issue 46: 4 KiB values, peak RSS growth 1.96 GB against Polars' 1.43 GB at 256 MiB)
+ARROW_RANGE_BYTES = RANGE_BYTES // 2
 
-__all__ = ["ARROW_RANGE_ENTRIES", "ArrowMergeEngine", "default_workers"]
+__all__ = ["ARROW_RANGE_BYTES", "ARROW_RANGE_ENTRIES", "ArrowMergeEngine", "default_workers"]
 
 
 def default_workers(task_memory: int = TASK_MEMORY) -> int:
@@ -91,8 +96,11 @@ class ArrowMergeEngine:
         workers: int | None = None,
         copy_through: bool = True,
         copy_min_bytes: int = COPY_MIN_BYTES,
+        range_bytes: int = ARROW_RANGE_BYTES,
     ) -> None:
         self.range_entries = range_entries
+        #: uncompressed bytes per key range, at most (about: the plan cuts at row boundaries)
+        self.range_bytes = range_bytes
         #: row groups the merge would output unchanged are copied, not decoded
         #: (docs/architecture.md "Copying row groups through";
         #: :mod:`kompaktor.engines.ranges.copies`); not in a resumable merge
@@ -152,7 +160,7 @@ class ArrowMergeEngine:
 
     def _plan_ranges(self, storage: Storage, req: MergeRequest, metas: list[InputMeta]) -> _RangeWork:
         """The key ranges of the merge and, with the copy-through, the runs of row groups copied."""
-        ranges = plan(storage, metas, req.prev, req.end, self.range_entries)
+        ranges = plan(storage, metas, req.prev, req.end, self.range_entries, self.range_bytes)
         budget = self.task_memory // (2 * MERGE_FACTOR)
         copies: dict[int, CopyRun] = {}
         if self.copy_through:
@@ -176,7 +184,7 @@ class ArrowMergeEngine:
         taken from its verified parts (the inputs' row groups are read only where a range is
         merged); then every part is appended, in order, into the output without decoding."""
         run = ResumeRun.start(
-            storage, req, started, lambda: plan(storage, metas, req.prev, req.end, self.range_entries)
+            storage, req, started, lambda: plan(storage, metas, req.prev, req.end, self.range_entries, self.range_bytes)
         )
         report = progress or (lambda d: None)
         report(run.progress(0, 0))
