@@ -7,7 +7,8 @@ for each input row-group layout.
 key, 2% are delete markers; random binary rows, so bytes >= 0x80 occur; the others vary the row
 length (4 B, 200 B), the qualifiers per row (1, 64), the value (empty, 4 KiB on 1/32 of the
 entries), the duplication across files (60%), the versions per key (~16), the deletes (40%), and
-``disjoint``: files whose key ranges do not overlap at all), writes them in each
+``disjoint``: files whose key ranges do not overlap at all; issue 46's ``hexonerg``,
+``timeseries``, ``edges`` and ``uuiddocs``, each in the layout it names), writes them in each
 layout — ``small`` (64K-row row groups), ``one`` (one row group per file), ``128mb`` (128 MB
 row groups, the Spark/Hive default) — and times on the same files in the same run:
 
@@ -19,6 +20,11 @@ row groups, the Spark/Hive default) — and times on the same files in the same 
 - the peers: Polars (lazy, sort + unique), DuckDB (window + ORDER BY + COPY), a pyarrow-only
   merge (read all, sort, vectorized stack, write),
 - the I/O floor (read the inputs and write one file, no sort).
+
+``--profile`` (issue 46) instead times one warm Arrow merge by phase (``kompaktor.files.phases``:
+thread-seconds and the CPU seconds of each phase's thread) beside each phase's floor measured in
+the same run, and Polars' scan / sort / sink, with the load average (docs/architecture.md "Where a
+merge's time goes").
 
 Every engine's output is checked to have the same entries as the Arrow engine's, on every shape
 and layout. For each
@@ -42,10 +48,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bench.common import descendants
-from kompaktor.files.sortedfile import SCHEMA
+from kompaktor.files.sortedfile import SCHEMA, WRITER_OPTIONS
 from kompaktor.files.storage import Storage
 from kompaktor.policy.services import DEFAULT_SPARK_MASTER
 from tests.support.mergeinputs import SHAPES, generate, parse_shapes, pyarrow_sort, same_entries
@@ -234,7 +241,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--files", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=3, help="timed runs per engine (median reported)")
-    ap.add_argument("--layouts", default=",".join(LAYOUTS), help=f"input layouts, of {', '.join(LAYOUTS)}")
+    ap.add_argument(
+        "--layouts",
+        default=None,
+        help=f"input layouts, of {', '.join(LAYOUTS)} (default: every one, or the shape's own when it has one)",
+    )
     ap.add_argument(
         "--shapes",
         default=",".join(DEFAULT_SHAPES),
@@ -246,6 +257,12 @@ def main(argv: list[str] | None = None) -> int:
         default="floor,polars,duckdb,pyarrow,arrow,spark",
         help="of floor, polars, duckdb, pyarrow, arrow, arrow-resumable, spark, and with spark: "
         "spark-resumable, spark-per-range",
+    )
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="instead of the engines' table: the Arrow engine's time by phase beside each phase's floor, "
+        "and Polars' (issue 46)",
     )
     ap.add_argument("--dir", default=None, help="scratch directory (default: a temp dir, removed after)")
     ap.add_argument("--csv", default=str(OUT_DIR / "merge.csv"))
@@ -264,12 +281,13 @@ def main(argv: list[str] | None = None) -> int:
     storage = Storage.from_uri(str(scratch / "files"))
     storage.ensure_dir("out")
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
-    layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
+    layouts = [x.strip() for x in (args.layouts or ",".join(LAYOUTS)).split(",") if x.strip()]
     rows: list[dict] = []
+    profiles: list[dict] = []
     settings = IteratorSettings(max_versions=1, full=True)
     spark_engine = None
     try:
-        if "spark" in engines:
+        if "spark" in engines and not args.profile:
             from kompaktor.engines import session as ksp
 
             reset_peaks()
@@ -303,8 +321,15 @@ def main(argv: list[str] | None = None) -> int:
                 f"({sum(storage.size(p) for p in generated) / 1e6:.1f} MB; {shape}) "
                 f"in {time.perf_counter() - t0:.1f}s"
             )
-            for layout in layouts:
+            for layout in _layouts_of(shape, layouts, args):
                 inputs = relayout(storage, generated, layout)
+                if args.profile:
+                    profiles.append(
+                        profile_layout(console, storage, inputs, f"{shape.name} x {layout}", settings, MergeRequest)
+                    )
+                    for p in inputs:
+                        storage.delete(p)
+                    continue
                 md = pq.ParquetFile(storage.path(inputs[0])).metadata
                 console.print(
                     f"[bold]{shape.name} x layout {layout}[/bold]: {md.num_row_groups} row group(s) of "
@@ -318,7 +343,11 @@ def main(argv: list[str] | None = None) -> int:
                     storage.delete(p)
             for p in generated:
                 storage.delete(p)
-        print_tables(console, rows, [(s.name, x) for s in shapes for x in layouts], args, Table)
+        if args.profile:
+            return 0
+        print_tables(
+            console, rows, [(s.name, x) for s in shapes for x in _layouts_of_all(shapes, layouts, args)], args, Table
+        )
         csv_path = Path(args.csv)
         csv_path.parent.mkdir(parents=True, exist_ok=True)
         with open(csv_path, "w", newline="") as f:
@@ -330,6 +359,18 @@ def main(argv: list[str] | None = None) -> int:
         if not args.dir:
             shutil.rmtree(scratch, ignore_errors=True)
     return 0
+
+
+def _layouts_of(shape, layouts: list[str], args) -> list[str]:
+    """The layouts a shape runs in: ``--layouts`` when given, else the shape's own layout (the
+    issue-46 shapes were reported in one), else every layout."""
+    if args.layouts is not None:
+        return layouts
+    return [shape.layout] if shape.layout else list(LAYOUTS)
+
+
+def _layouts_of_all(shapes, layouts: list[str], args) -> list[str]:
+    return list(dict.fromkeys(x for s in shapes for x in _layouts_of(s, layouts, args)))
 
 
 PEERS = ("Polars", "DuckDB", "pyarrow sort")
@@ -647,6 +688,150 @@ def print_tables(console, rows: list[dict], cases: list[tuple[str, str]], args, 
             *cells(sp, "Spark engine (warm)"),
         )
     console.print(summary)
+
+
+# ---- --profile: where the time goes (issue 46 §1) ---------------------------------------------
+
+#: the Arrow engine's phases in the order printed (kompaktor.files.phases); worker phases run on
+#: the engine's threads, ``wait`` and ``write`` on the merge's own thread
+ARROW_PHASES = ("plan", "wait_turn", "read", "merge", "take", "encode", "copy", "write", "wait")
+
+
+def load_average() -> str:
+    """The 1-minute load average and the runnable tasks now (``/proc/loadavg``)."""
+    try:
+        with open("/proc/loadavg") as f:
+            parts = f.read().split()
+        return f"{parts[0]} ({parts[3]} runnable)"
+    except OSError:
+        return "?"
+
+
+def _clocked(out: dict[str, float], name: str, fn: Callable[[], object]) -> None:
+    """``out[name]``: wall seconds of ``fn()``; ``out[name + " CPU"]``: its CPU seconds (this
+    process, every thread; on a loaded machine, what it cost rather than how long it waited)."""
+    t0, c0 = time.perf_counter(), cpu_seconds()
+    fn()
+    out[name] = time.perf_counter() - t0
+    out[f"{name} CPU"] = cpu_seconds() - c0
+
+
+def floors(storage: Storage, inputs: list[str], output: str) -> dict[str, float]:
+    """Each phase's floor, measured on the same files: pyarrow decoding every column of the
+    inputs (all threads) and the key columns alone, a plain encode of the merged output (in
+    memory, one thread, as the engine's workers encode a range) and its write to a file, and the
+    I/O floor (read every input and write them into one file, no merge)."""
+    key_cols = ["row", "cf", "cq", "vis", "ts", "deleted"]
+    out: dict[str, float] = {}
+    _clocked(out, "decode all columns", lambda: [pq.read_table(storage.path(p)) for p in inputs])
+    _clocked(out, "decode key columns", lambda: [pq.read_table(storage.path(p), columns=key_cols) for p in inputs])
+    merged = pq.read_table(storage.path(output))
+    sink = pa.BufferOutputStream()
+    _clocked(out, "encode output", lambda: pq.write_table(merged, sink, row_group_size=128 * 1024, **WRITER_OPTIONS))
+    data = sink.getvalue()
+    path = storage.path("out/profile-write.bin")
+    _clocked(out, "write output bytes", lambda: Path(path).write_bytes(data))
+    storage.delete("out/profile-write.bin")
+    _clocked(out, "I/O floor", lambda: io_floor(storage, inputs, "out/profile-floor.parquet"))
+    storage.delete("out/profile-floor.parquet")
+    return out
+
+
+def polars_phases(storage: Storage, inputs: list[str], out: str) -> dict[str, float]:
+    """Polars' merge (:func:`polars_merge`) in three timed steps: scan (the inputs read into one
+    frame), sort + unique + filter (in memory), sink (the Parquet write)."""
+    import polars as pl
+
+    key = ["row", "cf", "cq", "vis"]
+    got: dict[str, float] = {}
+    frames: list = []
+    scans = [
+        pl.scan_parquet(storage.path(p)).with_columns(pl.lit(i, pl.Int32).alias("src")) for i, p in enumerate(inputs)
+    ]
+    _clocked(got, "scan", lambda: frames.append(pl.concat(scans).collect()))
+    _clocked(
+        got,
+        "sort+unique",
+        lambda: frames.append(
+            frames[0]
+            .lazy()
+            .sort([*key, "ts", "deleted", "src"], descending=[False] * 4 + [True, True, True])
+            .unique(subset=key, keep="first", maintain_order=True)
+            .filter(~pl.col("deleted"))
+            .drop("src")
+            .collect()
+        ),
+    )
+    _clocked(
+        got, "sink", lambda: frames[1].write_parquet(storage.path(out), compression="zstd", row_group_size=128 * 1024)
+    )
+    storage.delete(out)
+    return got
+
+
+def profile_layout(console, storage: Storage, inputs: list[str], label: str, settings, request_cls) -> dict:
+    """One profiled Arrow merge of ``inputs``: its wall time and thread-seconds per phase, the
+    floors beside them, Polars' phases; the load average before and after each part."""
+    from kompaktor.engines.arrow import ArrowMergeEngine
+    from kompaktor.files.phases import profiling
+
+    out = f"out/{label}-profile.parquet"
+    load_before = load_average()
+    req = request_cls(inputs=tuple(inputs), output=out, prev=None, end=None, settings=settings, tmp_tag="bench")
+    engine = ArrowMergeEngine()
+    engine.merge(storage, req)  # warm: the page cache and the code paths, as the timed run finds them
+    storage.delete(out)
+    reset_peaks()
+    cpu0 = cpu_seconds()
+    with profiling() as clock:
+        t0 = time.perf_counter()
+        engine.merge(storage, req)
+        wall = time.perf_counter() - t0
+    cpu = cpu_seconds() - cpu0
+    peak = peak_rss_mb()
+    load_during = load_average()
+    fl = floors(storage, inputs, out)
+    storage.delete(out)
+    pol = polars_phases(storage, inputs, f"out/{label}-profile-polars.parquet")
+    result = {
+        "label": label,
+        "wall": wall,
+        "cpu": cpu,
+        "peak_rss_mb": peak,
+        "workers": engine.workers,
+        "phases": dict(clock.seconds),
+        "phase_cpu": dict(clock.cpu),
+        "floors": fl,
+        "polars": pol,
+        "load": f"{load_before} -> {load_during} -> {load_average()}",
+    }
+    print_profile(console, result)
+    return result
+
+
+def print_profile(console, r: dict) -> None:
+    ph, cpu, fl, pol = r["phases"], r["phase_cpu"], r["floors"], r["polars"]
+    console.print(
+        f"[bold]profile {r['label']}[/bold]: Arrow engine wall {r['wall']:.2f}s, CPU {r['cpu']:.2f}s, "
+        f"{r['workers']} workers, peak RSS {r['peak_rss_mb']:.0f} MB; load {r['load']}"
+    )
+
+    def fmt(k: str, d: dict = fl) -> str:
+        return f"{k} {d[k]:.2f}s ({d[k + ' CPU']:.2f} CPU s)"
+
+    floor_of = {
+        "read": f"{fmt('decode all columns')}, {fmt('decode key columns')}",
+        "encode": fmt("encode output"),
+        "write": fmt("write output bytes"),
+    }
+    for name in ARROW_PHASES:
+        if name in ph:
+            share = ph[name] / r["wall"]
+            console.print(
+                f"    {name:<10} {ph[name]:7.2f} thread-s ({share:5.0%} of wall), {cpu.get(name, 0.0):6.2f} CPU s "
+                f"on the thread  floor: {floor_of.get(name, '')}"
+            )
+    console.print(f"    {fmt('I/O floor')}; Polars: " + ", ".join(fmt(k, pol) for k in ("scan", "sort+unique", "sink")))
 
 
 if __name__ == "__main__":

@@ -300,3 +300,22 @@ def test_compactor_fails_the_job_in_one_line_and_leaves_the_tablet(store, storag
     (after,) = store.tables.tablets(tid)
     assert set(after.files) == before and after.running == {}
     assert sorted(p for p, _ in storage.list_files("")) == sorted(before)
+
+
+def test_a_cursor_cuts_a_row_group_of_big_values_into_batches_of_bounded_bytes(storage):
+    """Issue 46: a batch holds at most about ``BATCH_BYTES`` of the row group's entries (64K
+    entries of 4 KiB values made 256 MiB batches, every input decoded whole at its first range);
+    the entries read are the ones written, in order."""
+    from kompaktor.engines.ranges.cursor import BATCH_BYTES
+
+    rng = np.random.default_rng(5)
+    src = [Entry(b"r%06d" % r, b"f", b"q", b"", 1, False, rng.bytes(8192)) for r in range(6000)]
+    paths = write(storage, [src], row_group_size=6000)  # 47 MiB of values, one row group
+    cur = InputCursor(storage, paths[0], None, None)
+    try:
+        got = cur.take(None)
+    finally:
+        cur.close()
+    assert list(table_to_entries(got)) == src
+    sizes = [c.nbytes for c in got.column("value").chunks]
+    assert len(sizes) >= 3 and max(sizes) <= 1.2 * BATCH_BYTES, [s >> 20 for s in sizes]

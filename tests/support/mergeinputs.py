@@ -37,6 +37,69 @@ def _row_keys(values: np.ndarray, width: int) -> pa.Array:
     return fsb.cast(pa.binary())
 
 
+_HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
+_DIGITS = np.frombuffer(b"0123456789", dtype=np.uint8)
+
+
+def _fixed_rows(raw: np.ndarray) -> pa.Array:
+    """A (n, width) uint8 matrix as a binary array of its rows."""
+    n, width = raw.shape
+    buf = pa.py_buffer(np.ascontiguousarray(raw).tobytes())
+    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), n, [None, buf]).cast(pa.binary())
+
+
+def _scrambled(rows: np.ndarray) -> np.ndarray:
+    """A row number mixed into 64 bits (a bijection: distinct rows stay distinct)."""
+    with np.errstate(over="ignore"):
+        x = rows.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        return x ^ (x >> np.uint64(29))
+
+
+def _decimal(values: np.ndarray, digits: int) -> np.ndarray:
+    """Zero-padded decimal digits of ``values``, as an (n, digits) uint8 matrix."""
+    powers = 10 ** np.arange(digits - 1, -1, -1, dtype=np.int64)
+    return _DIGITS[(values.astype(np.int64)[:, None] // powers) % 10]
+
+
+def format_rows(rows: np.ndarray, row_format: str, width: int) -> pa.Array:
+    """Row numbers as row keys: ``bin`` (``width`` bytes: :func:`_row_keys`), ``hex`` (16 hex
+    digits of the scrambled row number), ``sensor`` (``sensor/NNNNNN/HHMMSS``: 86,400 seconds
+    per sensor, so neighbouring rows share 14 of their 20 bytes), ``uuid`` (a UUID-shaped string
+    of the scrambled row number, 36 bytes)."""
+    if row_format == "bin":
+        return _row_keys(rows, width)
+    if row_format == "hex":
+        x = _scrambled(rows)
+        nib = (x[:, None] >> (np.arange(60, -4, -4, dtype=np.uint64))) & np.uint64(15)
+        return _fixed_rows(_HEX[nib.astype(np.int64)])
+    if row_format == "sensor":
+        r = rows.astype(np.int64)
+        sec = r % 86_400
+        hhmmss = (sec // 3600) * 10_000 + (sec // 60 % 60) * 100 + sec % 60
+        parts = [np.frombuffer(b"sensor/", np.uint8), _decimal(r // 86_400 % 1_000_000, 6), b"/", _decimal(hhmmss, 6)]
+        return _fixed_rows(_concat_columns(parts, len(r)))
+    if row_format == "uuid":
+        x, y = _scrambled(rows), _scrambled(rows + np.uint64(1) if rows.dtype == np.uint64 else rows + 1)
+        hexes = [(v[:, None] >> (np.arange(60, -4, -4, dtype=np.uint64))) & np.uint64(15) for v in (x, y)]
+        h = _HEX[np.concatenate(hexes, axis=1).astype(np.int64)]
+        dash = np.full((len(rows), 1), ord("-"), np.uint8)
+        return _fixed_rows(
+            np.concatenate([h[:, :8], dash, h[:, 8:12], dash, h[:, 12:16], dash, h[:, 16:20], dash, h[:, 20:]], axis=1)
+        )
+    raise ValueError(f"unknown row format {row_format!r}")
+
+
+def _concat_columns(parts: list, n: int) -> np.ndarray:
+    cols = [
+        np.broadcast_to(
+            np.frombuffer(p, np.uint8) if isinstance(p, bytes) else p,
+            (n, len(p) if isinstance(p, bytes) else p.shape[-1]),
+        )
+        for p in parts
+    ]
+    return np.concatenate(cols, axis=1)
+
+
 @dataclass(frozen=True)
 class Shape:
     """A key shape (issue 37 §1): how the inputs' keys, values and overlaps look."""
@@ -56,6 +119,18 @@ class Shape:
     disjoint: bool = False
     #: the shape runs on entries // entries_div (large values: the same order of bytes)
     entries_div: int = 1
+    #: column families per row (entries per row = families x quals)
+    families: int = 2
+    #: how a row number is spelt (:func:`format_rows`)
+    row_format: str = "bin"
+    #: keys are consecutive numbers (every row holds most of its families x quals entries, as
+    #: time series and documents do), not scattered ones (a row with one or two entries)
+    dense: bool = False
+    #: append-mostly: each file holds the next stretch of keys, sharing this fraction of its
+    #: entries with the stretch of the file before it (newer versions and deletes of its keys)
+    edge_overlap: float = 0.0
+    #: the layout the shape was reported in (issue 46), the bench's default for it
+    layout: str | None = None
 
 
 #: the key shapes (issue 37 §1); ``base`` is the bench's original shape
@@ -73,6 +148,11 @@ SHAPES: dict[str, Shape] = {
         Shape("versions", versions=16, overwrite=0.0, deletes=0.0),
         Shape("deletes", deletes=0.4),
         Shape("disjoint", overwrite=0.0, deletes=0.0, disjoint=True),
+        # issue 46: shapes the bench did not generate
+        Shape("hexonerg", row_format="hex", families=4, quals=16, dense=True, layout="one"),
+        Shape("timeseries", row_format="sensor", families=1, quals=24, value_bytes=8, dense=True),
+        Shape("edges", overwrite=0.0, deletes=0.0, dense=True, edge_overlap=0.10, layout="small"),
+        Shape("uuiddocs", row_format="uuid", families=1, quals=4, value_bytes=200, dense=True),
     )
 }
 
@@ -85,13 +165,16 @@ def make_table(
     value_bytes: int = 40,
     row_bytes: int = 8,
     quals: int = 2,
+    families: int = 2,
+    row_format: str = "bin",
 ) -> pa.Table:
-    """Entries for column-key ids: row = id // (2 x ``quals``) (``row_bytes``), cf = 2 families,
-    cq = ``quals`` qualifiers."""
+    """Entries for column-key ids: row = id // (``families`` x ``quals``) (``row_bytes``, as
+    ``row_format`` spells it), cf = ``families`` families, cq = ``quals`` qualifiers."""
     n = len(ids)
-    per_row = 2 * quals
-    row = _row_keys(ids // per_row, row_bytes)
-    fam = pa.array(np.where((ids % per_row) < quals, b"f0", b"f1"), pa.binary())
+    per_row = families * quals
+    row = format_rows(ids // per_row, row_format, row_bytes)
+    fnames = np.array([b"f%d" % f for f in range(families)], dtype=object)
+    fam = pa.array(fnames[((ids % per_row) // quals).astype(np.int64)], pa.binary())
     qnames = np.array([b"q%d" % q for q in range(quals)], dtype=object)
     qual = pa.array(qnames[(ids % quals).astype(np.int64)], pa.binary())
     vis = pa.array(np.where((ids % 3) == 0, b"", b"A&B"), pa.binary())
@@ -122,7 +205,11 @@ def generate(
     per = entries // files
     next_id = 0
     n_keys = max(1, entries // shape.versions) if shape.versions > 1 else entries * 2
-    universe = rng.permutation(np.arange(n_keys, dtype=np.uint64)) * np.uint64(2654435761) % np.uint64(2**61)
+    if shape.edge_overlap:
+        return _generate_edges(storage, entries, files, rng, shape)
+    universe = rng.permutation(np.arange(n_keys, dtype=np.uint64))
+    if not shape.dense:
+        universe = universe * np.uint64(2654435761) % np.uint64(2**61)
     if shape.disjoint:
         universe = np.sort(universe[:entries])
     paths: list[str] = []
@@ -148,11 +235,44 @@ def generate(
             ts = (f + 1) * 10_000_000 + rng.permutation(len(ids))
         else:
             ts = (f + 1) * 10_000_000 + rng.integers(0, 1_000_000, size=len(ids))
-        path = f"bench/{shape.name}/F{f:06d}.parquet"
-        storage.ensure_dir(f"bench/{shape.name}")
-        table = make_table(ids, ts, deleted, rng, shape.value_bytes, shape.row_bytes, shape.quals)
-        write_sorted(storage, path, table)
-        paths.append(path)
+        paths.append(_write_file(storage, shape, f, ids, ts, deleted, rng))
+    return paths
+
+
+def _write_file(
+    storage: Storage,
+    shape: Shape,
+    f: int,
+    ids: np.ndarray,
+    ts: np.ndarray,
+    deleted: np.ndarray,
+    rng: np.random.Generator,
+) -> str:
+    path = f"bench/{shape.name}/F{f:06d}.parquet"
+    storage.ensure_dir(f"bench/{shape.name}")
+    table = make_table(
+        ids, ts, deleted, rng, shape.value_bytes, shape.row_bytes, shape.quals, shape.families, shape.row_format
+    )
+    write_sorted(storage, path, table)
+    return path
+
+
+def _generate_edges(storage: Storage, entries: int, files: int, rng: np.random.Generator, shape: Shape) -> list[str]:
+    """Append-mostly files: file f holds the keys from f x per x (1 - overlap) on, ``per`` of
+    them, so it shares ``overlap`` of its entries with the end of the file before it (newer
+    versions of those keys, a fifth of them delete markers)."""
+    per = entries // files
+    step = max(1, int(per * (1 - shape.edge_overlap)))
+    paths: list[str] = []
+    for f in range(files):
+        n = per if f < files - 1 else entries - per * (files - 1)
+        ids = np.arange(f * step, f * step + n, dtype=np.uint64)
+        deleted = np.zeros(n, dtype=bool)
+        if f:
+            shared = per - step
+            deleted[:shared] = rng.random(shared) < 0.2
+        ts = (f + 1) * 10_000_000 + rng.integers(0, 1_000_000, size=n)
+        paths.append(_write_file(storage, shape, f, ids, ts, deleted, rng))
     return paths
 
 

@@ -279,3 +279,26 @@ def test_commit_does_not_read_back_a_file_someone_may_consume_at_once(
         w.write_entries(make_entries(50, prefix="r", width=3, ts=1, value=lambda r: b"v"))
         again = w.commit()
     assert again.size == store_dir.size("t/F0002.parquet") == info.size  # the same bytes as written
+
+
+def test_only_the_key_columns_get_dictionary_pages(store_dir: Storage) -> None:
+    """Issue 46: values and timestamps are mostly distinct, so they are written as plain pages
+    (a dictionary built and dropped for each row group cost the encode 10-20%); the key columns,
+    which repeat, keep theirs. The entries read back are the ones written, by both writers."""
+    entries = [Entry(b"r%03d" % (i // 8), b"f", b"q%d" % (i % 8), b"", 1000 - i, False, b"v%d" % i) for i in range(400)]
+    table = sf.entries_to_table(entries)
+    sf.write_sorted(store_dir, "a.parquet", table)
+    sf.write_encoded(store_dir, "b.parquet", sf.encode_table(table))
+    for name in ("a.parquet", "b.parquet"):
+        rg = pq.ParquetFile(store_dir.path(name)).metadata.row_group(0)
+        dictionary = {rg.column(c).path_in_schema: rg.column(c).has_dictionary_page for c in range(rg.num_columns)}
+        assert dictionary == {
+            "row": True,
+            "cf": True,
+            "cq": True,
+            "vis": True,
+            "ts": False,
+            "deleted": False,
+            "value": False,
+        }
+        assert list(sf.table_to_entries(pq.read_table(store_dir.path(name)))) == entries

@@ -49,6 +49,7 @@ from kompaktor.engines.ranges import (
 from kompaktor.engines.resume import ResumeRun
 from kompaktor.files.arrowstack import merge_tables_once
 from kompaktor.files.parquetconcat import ConcatWriter, SpliceWriter
+from kompaktor.files.phases import phase
 from kompaktor.files.sortedfile import (
     DELETES_READ,
     EncodedRange,
@@ -64,8 +65,13 @@ from kompaktor.model.tablet import FileInfo
 
 #: entries per key range for the in-process engine (bounds its memory: ~5x the range's data)
 ARROW_RANGE_ENTRIES = 1_000_000
+#: uncompressed bytes per key range for the in-process engine, at most: half the planner's
+#: default, so that two ranges in flight of big values (decoded, taken, encoded: incompressible
+#: values are as big encoded) hold no more than a sort-based peer holding the whole merge
+#: (issue 46: 4 KiB values, peak RSS growth 1.96 GB against Polars' 1.43 GB at 256 MiB)
+ARROW_RANGE_BYTES = RANGE_BYTES // 2
 
-__all__ = ["ARROW_RANGE_ENTRIES", "ArrowMergeEngine", "default_workers"]
+__all__ = ["ARROW_RANGE_BYTES", "ARROW_RANGE_ENTRIES", "ArrowMergeEngine", "default_workers"]
 
 
 def default_workers(task_memory: int = TASK_MEMORY) -> int:
@@ -90,8 +96,11 @@ class ArrowMergeEngine:
         workers: int | None = None,
         copy_through: bool = True,
         copy_min_bytes: int = COPY_MIN_BYTES,
+        range_bytes: int = ARROW_RANGE_BYTES,
     ) -> None:
         self.range_entries = range_entries
+        #: uncompressed bytes per key range, at most (about: the plan cuts at row boundaries)
+        self.range_bytes = range_bytes
         #: row groups the merge would output unchanged are copied, not decoded
         #: (docs/architecture.md "Copying row groups through";
         #: :mod:`kompaktor.engines.ranges.copies`); not in a resumable merge
@@ -115,10 +124,12 @@ class ArrowMergeEngine:
         progress: ProgressFn | None = None,
         cancel: threading.Event | None = None,
     ) -> MergeResult:
-        started, metas, bytes_in = open_merge(storage, req, cancel)
+        with phase("plan"):
+            started, metas, bytes_in = open_merge(storage, req, cancel)
         if req.resume is not None and self.resume_min_bytes is not None and bytes_in >= self.resume_min_bytes:
             return self._merge_resumable(storage, req, progress, cancel, started, metas, bytes_in)
-        work = self._plan_ranges(storage, req, metas)
+        with phase("plan"):
+            work = self._plan_ranges(storage, req, metas)
         report = progress or (lambda d: None)
         report(progress_dict(0, 0, 0, 0, 0, len(work.ranges), started))
         w = SpliceWriter(storage, req.output, tmp_tag=req.tmp_tag)
@@ -128,7 +139,8 @@ class ArrowMergeEngine:
             read, deletes = _splice(
                 w, results, work, cancel, lambda i, n: report(_progress(w, i, n, work, bytes_in, started))
             )
-            info = _finish(storage, req, w, cancel)
+            with phase("write"):
+                info = _finish(storage, req, w, cancel)
         except BaseException:
             w.abort()
             raise
@@ -148,7 +160,7 @@ class ArrowMergeEngine:
 
     def _plan_ranges(self, storage: Storage, req: MergeRequest, metas: list[InputMeta]) -> _RangeWork:
         """The key ranges of the merge and, with the copy-through, the runs of row groups copied."""
-        ranges = plan(storage, metas, req.prev, req.end, self.range_entries)
+        ranges = plan(storage, metas, req.prev, req.end, self.range_entries, self.range_bytes)
         budget = self.task_memory // (2 * MERGE_FACTOR)
         copies: dict[int, CopyRun] = {}
         if self.copy_through:
@@ -172,7 +184,7 @@ class ArrowMergeEngine:
         taken from its verified parts (the inputs' row groups are read only where a range is
         merged); then every part is appended, in order, into the output without decoding."""
         run = ResumeRun.start(
-            storage, req, started, lambda: plan(storage, metas, req.prev, req.end, self.range_entries)
+            storage, req, started, lambda: plan(storage, metas, req.prev, req.end, self.range_entries, self.range_bytes)
         )
         report = progress or (lambda d: None)
         report(run.progress(0, 0))
@@ -334,18 +346,22 @@ class _RangeWork:
             _skip(self.cursors, run, self.ranges[i][1])
             return run
         tables: list[pa.Table] = []
-        for c in self.cursors:
-            tables.append(c.take(self.ranges[i][1], self.budget - sum(t.nbytes for t in tables)))
+        with phase("read"):
+            for c in self.cursors:
+                tables.append(c.take(self.ranges[i][1], self.budget - sum(t.nbytes for t in tables)))
         return tables
 
     def merge_encode(self, i: int, got: list[pa.Table] | CopyRun) -> list[Piece]:
         if isinstance(got, CopyRun):
-            return copy_run(self.storage, got, self.settings)
+            with phase("copy"):
+                return copy_run(self.storage, got, self.settings)
         n = sum(t.num_rows for t in got)
         d = sum(count_deletes(t) for t in got)
         out = merge_tables_once(got, self.settings)
         got.clear()  # the inputs go as soon as the range is merged
-        return [Piece(encode_table(out), n, d)]
+        with phase("encode"):
+            enc = encode_table(out)
+        return [Piece(enc, n, d)]
 
 
 def _splice(
@@ -358,13 +374,16 @@ def _splice(
     """Append each range's pieces in order, reporting (ranges done, entries read) after each;
     (entries read, delete markers read)."""
     read = deletes = 0
-    for i, pieces in enumerate(results):
+    for i in range(len(work.ranges)):
+        with phase("wait"):
+            pieces = next(results)
         if cancel is not None and cancel.is_set():
             raise MergeCancelled(f"merge into {w.rel_path} cancelled after {i} of {len(work.ranges)} parts")
-        for p in pieces:
-            _append(w, p.out)
-            read += p.entries_read
-            deletes += p.deletes_read
+        with phase("write"):
+            for p in pieces:
+                _append(w, p.out)
+                read += p.entries_read
+                deletes += p.deletes_read
         del pieces
         report(i + 1, read)
     return read, deletes

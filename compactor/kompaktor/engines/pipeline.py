@@ -19,6 +19,8 @@ from collections.abc import Callable, Generator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
+from kompaktor.files.phases import phase
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -44,8 +46,9 @@ def run_ordered(
     def task(i: int) -> R:
         nonlocal turn, failed
         with cond:
-            while turn != i and not failed:
-                cond.wait()
+            with phase("wait_turn"):
+                while turn != i and not failed:
+                    cond.wait()
             if failed:
                 raise _Stopped
             try:

@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numpy.typing import NDArray
 
+from kompaktor.files.phases import phase
 from kompaktor.files.sortedfile import COLUMNS, SCHEMA
 from kompaktor.model.iterators import SCAN, IteratorSettings
 from kompaktor.model.keys import ARROW_SORT_KEYS, ArrowSortKey
@@ -37,6 +38,9 @@ MERGE_SORT_KEYS: list[ArrowSortKey] = [*ARROW_SORT_KEYS, (SOURCE, "descending")]
 #: below this size the inputs of a range are made contiguous before sorting (binary columns
 #: have 32-bit offsets: one contiguous column must stay under 2 GiB)
 COMBINE_LIMIT = 1 << 30
+#: a range whose entries share their 8-byte row prefix this many times over, on average, is
+#: ordered by its key columns' ranks (:func:`_ranked`) instead of a sort of its key columns
+RANKED_ENTRIES_PER_PREFIX = 4
 #: one flag per entry
 Mask = NDArray[np.bool_]
 
@@ -238,9 +242,17 @@ def _merged(tables: Sequence[pa.Table]) -> tuple[np.ndarray, np.ndarray, np.ndar
     sp = prefix[order]
     tie = np.zeros(n, dtype=bool)
     tie[1:] = sp[1:] == sp[:-1]
+    distinct = n - int(np.count_nonzero(tie))
     tie[:-1] |= tie[1:]  # both ends of an equal pair
     pos = np.flatnonzero(tie)
     if len(pos) > n // 2:  # mostly tied: one sort of them all costs less than picking them out
+        # many entries per row (or rows alike in those 8 bytes): the key columns' ranks order
+        # them, sorting only the few distinct rows (with few, ranking costs less than a sort)
+        ranked = None
+        if distinct <= n // RANKED_ENTRIES_PER_PREFIX:
+            ranked = _ranked(tables, _prefix_row_ranks(order, sp, np.concatenate([ln for _, ln in got]), skip))
+        if ranked is not None:
+            return ranked
         pos = np.arange(n)
     if len(pos):
         length = np.concatenate([ln for _, ln in got])
@@ -253,6 +265,95 @@ def _merged(tables: Sequence[pa.Table]) -> tuple[np.ndarray, np.ndarray, np.ndar
             prefix, length = prefix[sub], length[sub]
         sidx, start[pos], row_start[pos] = _tie_order(tables, tied, prefix, length, skip)
         order[pos] = sub[sidx]
+    return order, start, row_start
+
+
+def _ranks(values: pa.Array[Any]) -> tuple[NDArray[np.uint64], int]:
+    """Each value's rank among the distinct ``values`` (equal values, equal ranks; in the order
+    Arrow sorts binary values: as unsigned bytes) and the bits a rank needs."""
+    enc = cast("pa.DictionaryArray[Any, Any]", pc.dictionary_encode(values))
+    distinct = enc.dictionary
+    rank_of = np.empty(len(distinct), dtype=np.uint64)
+    rank_of[pc.sort_indices(distinct).to_numpy()] = np.arange(len(distinct), dtype=np.uint64)
+    ranks: NDArray[np.uint64] = rank_of[enc.indices.to_numpy()]
+    return ranks, (len(distinct) - 1).bit_length()
+
+
+def _prefix_row_ranks(
+    order: np.ndarray, sp: np.ndarray, length: np.ndarray, skip: int
+) -> tuple[NDArray[np.uint64], int] | None:
+    """The rows' ranks (and the bits they need) from the sort by their 8-byte prefixes
+    (``order``, ``sp``: the sorted prefixes; ``length``: the rows' lengths, in input order) when
+    those hold every row whole and no two rows of different lengths share one (a row and itself
+    plus zero bytes); else None (:func:`_ranks` ranks them)."""
+    if int(length.max()) > skip + 8:
+        return None
+    ls = length[order]
+    same = sp[1:] == sp[:-1]
+    if np.any(same & (ls[1:] != ls[:-1])):
+        return None
+    new = np.ones(len(sp), dtype=np.uint64)
+    new[1:] = ~same
+    sorted_ranks = np.cumsum(new) - np.uint64(1)
+    ranks = np.empty(len(sp), dtype=np.uint64)
+    ranks[order] = sorted_ranks
+    return ranks, int(sorted_ranks[-1]).bit_length()
+
+
+def _column_key_ids(
+    tables: Sequence[pa.Table], row_ranks: tuple[NDArray[np.uint64], int] | None = None
+) -> tuple[NDArray[np.uint64], int] | None:
+    """Each entry's column key (row, cf, cq, vis) as one unsigned integer that orders as the key
+    does — the ranks of its row (``row_ranks`` when given), family, qualifier and visibility
+    among the range's distinct ones, side by side — and the bits below the row's rank; None when
+    they need over 64 bits."""
+    n = sum(t.num_rows for t in tables)
+    ids = np.zeros(n, dtype=np.uint64)
+    shift = 0
+    for c in reversed(KEY_COLUMNS):  # vis in the lowest bits, the row in the highest
+        if c == "row" and row_ranks is not None:
+            ranks, bits = row_ranks
+        else:
+            ranks, bits = _ranks(pa.concat_arrays([ch for t in tables for ch in t.column(c).chunks]))
+        if shift + bits > 64:
+            return None
+        if bits:
+            ids |= ranks << np.uint64(shift)
+        shift += bits
+    return ids, shift - bits
+
+
+def _ranked(
+    tables: Sequence[pa.Table], row_ranks: tuple[NDArray[np.uint64], int] | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """:func:`_merged` by a normalized key (DataFusion's ``RowConverter`` does the same with
+    bytes): each entry's column key as one integer (:func:`_column_key_ids`), sorted stably
+    (a timsort: the sorted inputs are its runs); only the entries that share a column key with
+    another are ordered by the rest of the key (newest timestamp, delete marker, newest input
+    first). None when the column keys need over 64 bits."""
+    got = _column_key_ids(tables, row_ranks)
+    if got is None:
+        return None
+    ids, row_shift = got
+    n = len(ids)
+    order = np.argsort(ids, kind="stable")
+    sk = ids[order]
+    start, row_start = np.ones(n, dtype=bool), np.ones(n, dtype=bool)
+    same = sk[1:] == sk[:-1]
+    start[1:] = ~same
+    row_start[1:] = (sk[1:] >> np.uint64(row_shift)) != (sk[:-1] >> np.uint64(row_shift))
+    tie = np.zeros(n, dtype=bool)
+    tie[1:] = same
+    tie[:-1] |= same
+    pos = np.flatnonzero(tie)
+    if len(pos):
+        sub = order[pos]
+        ts = np.concatenate([t.column("ts").to_numpy() for t in tables])[sub]
+        dele = np.concatenate([_np_bool(t.column("deleted")) for t in tables])[sub]
+        src = np.repeat(np.arange(len(tables), dtype=np.int32), [t.num_rows for t in tables])[sub]
+        part = pa.table({"key": sk[pos], "ts": ts, "deleted": dele, SOURCE: src})
+        sort_keys: list[ArrowSortKey] = [("key", "ascending"), *ARROW_SORT_KEYS[4:], (SOURCE, "descending")]
+        order[pos] = sub[pc.sort_indices(part, sort_keys=sort_keys).to_numpy()]
     return order, start, row_start
 
 
@@ -352,14 +453,18 @@ def merge_tables_once(tables_oldest_first: Sequence[pa.Table], settings: Iterato
     sorted copy of the whole range, no filter pass over it)."""
     if len(tables_oldest_first) < 2 or sum(t.nbytes for t in tables_oldest_first) >= COMBINE_LIMIT:
         return merge_tables(tables_oldest_first, settings)
-    order = merged_already(tables_oldest_first)
-    if order is not None:  # already in merged order once concatenated: the stack alone
-        table = pa.concat_tables([tables_oldest_first[i].select(COLUMNS) for i in order] or [SCHEMA.empty_table()])
-        keep = keep_mask(table, settings)
-        # every entry kept (no versions, no markers): one copy of the range, not two
-        return (table if keep.all() else table.filter(pa.array(keep))).combine_chunks()
-    table = pa.concat_tables(t.select(COLUMNS) for t in tables_oldest_first)
-    return table.take(pa.array(merge_keep(tables_oldest_first, table, settings))).combine_chunks()
+    with phase("merge"):
+        order = merged_already(tables_oldest_first)
+        if order is not None:  # already in merged order once concatenated: the stack alone
+            table = pa.concat_tables([tables_oldest_first[i].select(COLUMNS) for i in order] or [SCHEMA.empty_table()])
+            keep = keep_mask(table, settings)
+        else:
+            table = pa.concat_tables(t.select(COLUMNS) for t in tables_oldest_first)
+            kept = merge_keep(tables_oldest_first, table, settings)
+    with phase("take"):
+        if order is not None:  # every entry kept (no versions, no markers): one copy of the range, not two
+            return (table if keep.all() else table.filter(pa.array(keep))).combine_chunks()
+        return table.take(pa.array(kept)).combine_chunks()
 
 
 def first_unsorted(table: pa.Table) -> int | None:

@@ -26,6 +26,10 @@ from kompaktor.model.keys import span_overlaps
 
 #: rows per record batch when streaming a row group (an input holds its range plus one batch)
 BATCH_ROWS = 64 * 1024
+#: and at most about this many uncompressed bytes per batch, by the row group's average entry
+#: (issue 46: 64K entries of 4 KiB values made a 256 MiB batch per input, every input's rows
+#: decoded at once, whatever the range size)
+BATCH_BYTES = 16 << 20
 #: memory one merge task may use, by default; its range's input data may take 1/MERGE_FACTOR
 TASK_MEMORY = 4 << 30
 #: a merge holds about this many times its range's input data (inputs, sorted copy, output)
@@ -124,10 +128,11 @@ class InputCursor:
         """Row group ``g``'s rows in (prev, end], batch by batch, checked."""
         rg = self._pf.metadata.row_group(g)
         self.bytes_read += sum(rg.column(c).total_compressed_size for c in range(rg.num_columns))
+        rows = min(self.batch_rows, max(1024, BATCH_BYTES * max(1, rg.num_rows) // max(1, rg.total_byte_size)))
         offset = 0
         mask = None
         with reading(self.path, row_group=g):
-            batches = self._pf.iter_batches(batch_size=self.batch_rows, row_groups=[g], columns=COLUMNS)
+            batches = self._pf.iter_batches(batch_size=rows, row_groups=[g], columns=COLUMNS)
             for batch in batches:
                 t = conform(pa.Table.from_batches([batch]), self.path)
                 n = t.num_rows
