@@ -108,6 +108,7 @@ def _demo(env: dict[str, str], *args: str, timeout: float = 600) -> subprocess.C
 
 
 @pytest.mark.spark
+@pytest.mark.quiet  # a loaded machine's slow start lets the user compaction take every file first
 def test_the_demo_runs_on_s3_with_both_engines(s3: S3Server, s3_env: dict[str, str], tmp_path: Path) -> None:
     from kompaktor.local.config import DEMO_CONFIG
 
