@@ -481,13 +481,16 @@ def _rebuilt_upgrade(u: Upgrade, work: Path) -> tuple[float, float, str]:
     pinned = f"{compactor.ref}@{compactor.digest}"
     wait_until(lambda: _compactors_on_ref(u, "slow", pinned), "the slow group on the rebuilt image", 180, 1)
     held = wait_until(lambda: _freeze_mid_job(u, old), "the old slow compactor stopped mid-job", 180, 1)
+    gone = lambda: old["metadata"]["uid"] not in {p["metadata"]["uid"] for p in _pods_of(u.s)}  # noqa: E731
     try:
+        wait_until(gone, "the stopped pod removed by the rollout", 300, 1)
+        # let go at once: the new pod that takes the re-queued job must not sit on a held upload
+        # (long enough, its liveness probe fails and the kubelet restarts it)
+        u.proxy.release()
         wait_until(lambda: _runs_rebuilt(u, images), "every pod on the rebuilt images, Ready", 300, 1)
     except TimeoutError as exc:
         raise AssertionError(f"{exc}\n{diagnose(u.s)}") from None
     took = time.monotonic() - start
-    assert old["metadata"]["uid"] not in {p["metadata"]["uid"] for p in _pods_of(u.s)}, "the stopped pod is left"
-    u.proxy.release()
     wait_until(_slow_done(u), "the cut-short job redone", timeout=240, every=1)
     return took, _longest_gap(u.commits, start, time.monotonic()), held
 
