@@ -129,6 +129,24 @@ def test_a_write_is_one_import_of_every_row(
     assert list(client.scan(name)) == reference([new, new, old], None, None, 1)
 
 
+def test_a_write_spreads_over_tasks_and_each_file_is_in_one_tablet(
+    spark, client: Client, redis_url: str, storage: Storage
+) -> None:
+    """A table of one tablet is not written by one task (``partitions``), and in a split table
+    every file the write adds is listed by exactly one tablet (tasks cut their runs at splits)."""
+    entries = [Entry(b"%c%03d" % (c, i), b"f", b"q", b"", 5, False, b"v") for c in b"aez" for i in range(40)]
+    client.store.tables.create_table("one")
+    kspark.write(dataframe(spark, entries), "one", partitions=3, **opts(redis_url, storage))
+    assert list(client.scan("one")) == reference([entries], None, None, 1)
+    assert len(table_files(client, "one")) >= 2
+    client.store.tables.create_table("split", SPLITS)
+    one_task = dataframe(spark, entries).coalesce(1).write.format("kompaktor").option("table", "split")
+    one_task.options(**opts(redis_url, storage)).mode("append").save()  # one task, every tablet
+    assert list(client.scan("split")) == reference([entries], None, None, 1)
+    listed = [f for t in client.store.tables.tablets(client.store.tables.table_id("split")) for f in t.files]
+    assert len(listed) == len(set(listed)) == 3
+
+
 def test_ts_defaults_to_the_writes_time_and_bad_input_changes_nothing(
     spark, client: Client, redis_url: str, storage: Storage
 ) -> None:

@@ -51,11 +51,15 @@ def read(spark: SparkSession, table: str, **options: str) -> DataFrame:
     return spark.read.format("kompaktor").option("table", table).options(**options).load()
 
 
-def write(df: DataFrame, table: str, *, write_id: str | None = None, **options: str) -> None:
+def write(
+    df: DataFrame, table: str, *, write_id: str | None = None, partitions: int | None = None, **options: str
+) -> None:
     """Append ``df`` (row, cf, cq, vis, value; ts and deleted optional: ts defaults to the write's
-    time) to ``table`` as one atomic import: range-partitioned on the table's tablet splits and
-    sorted within partitions in Kompaktor's key order, so that each task writes files of whole
-    tablets, already sorted. With ``write_id``, a retried job imports once."""
+    time) to ``table`` as one atomic import: range-partitioned on the table's tablet splits, then
+    on rows within them, and sorted within partitions in Kompaktor's key order, so that each task
+    writes sorted files of one tablet each. ``partitions`` (default: the session's default
+    parallelism) is how many tasks write when the table has fewer tablets: a table of one tablet
+    is not written by one task. With ``write_id``, a retried job imports once."""
     from pyspark.sql import functions as F
 
     from kompaktor.model.tablet import now_ms
@@ -71,9 +75,10 @@ def write(df: DataFrame, table: str, *, write_id: str | None = None, **options: 
     splits = [t.end for t in client.store.tables.tablets(client.store.tables.table_id(table)) if t.end is not None]
     tablet = sum((F.when(F.col("row") > F.lit(s), 1).otherwise(0) for s in splits), F.lit(0))
     order = [F.col(c).asc() if up else F.col(c).desc() for c, up in SORT_COLUMNS]
+    tasks = max(len(splits) + 1, partitions or df.sparkSession.sparkContext.defaultParallelism)
     shaped = (
         df.withColumn(TABLET_COLUMN, tablet)
-        .repartitionByRange(len(splits) + 1, TABLET_COLUMN)
+        .repartitionByRange(tasks, TABLET_COLUMN, "row")
         .sortWithinPartitions(TABLET_COLUMN, *order)
         .drop(TABLET_COLUMN)
     )

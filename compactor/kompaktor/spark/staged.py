@@ -6,9 +6,10 @@ data source calls it from the driver (:func:`begin_write`, :func:`commit_write`,
   task writes its files under temporary names carrying that tag, which the garbage collector
   spares while the job runs. On an object store, where a file is written once at its final
   name, each task also records its own files (a record named after the tag) before writing them.
-- A task sorts what it gets in Kompaktor's key order (runs of :data:`RUN_ENTRIES`, one file
-  each; a partition that arrives sorted is one file) and returns its files without publishing
-  them; a task that fails removes its own.
+- A task sorts what it gets in Kompaktor's key order (runs of :data:`RUN_ENTRIES`; a partition
+  that arrives sorted is one run), cuts each run at the tablet splits the job began with (one
+  file per tablet a run touches, so that no file is listed by two tablets), and returns its files
+  without publishing them; a task that fails removes its own.
 - The driver's commit publishes every task's files and registers all of them in one mutation
   (:meth:`add_files <kompaktor.metadata.store.files.FileStore.add_files>`), with the write's id
   when it has one: a retried job, or a stream's replayed micro-batch, imports once. The delete
@@ -18,11 +19,13 @@ data source calls it from the driver (:func:`begin_write`, :func:`commit_write`,
 
 from __future__ import annotations
 
+import bisect
 import posixpath
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
 import pyarrow as pa
 
@@ -88,6 +91,9 @@ class WriteJob:
     write_id: str | None
     ttl_s: float = WRITE_TTL_S
     run_entries: int = RUN_ENTRIES
+    #: the table's tablet splits when the job began: where a task cuts its files (a split made
+    #: since only means a file listed by two tablets, as an import's may be)
+    splits: tuple[bytes, ...] = ()
 
 
 def check_columns(names: Iterable[str]) -> None:
@@ -112,7 +118,8 @@ def begin_write(
     tid = client.store.tables.table_id(table)
     tag = f"IMP{uuid.uuid4().hex[:16]}"
     client.store.files.register_import(tag, tid, [], ttl_s)
-    return WriteJob(endpoint, table, tid, tag, now_ms(), write_id, ttl_s, run_entries)
+    splits = tuple(t.end for t in client.store.tables.tablets(tid) if t.end is not None)
+    return WriteJob(endpoint, table, tid, tag, now_ms(), write_id, ttl_s, run_entries, splits)
 
 
 def _file_schema(table: pa.Table, stamp: int) -> pa.Table:
@@ -145,6 +152,42 @@ def _in_key_order(table: pa.Table) -> pa.Table:
     return table if first_unsorted(table) is None else table.sort_by(ARROW_SORT_KEYS)
 
 
+class _Rows(Sequence[bytes]):
+    """A sorted ``row`` column as a sequence of bytes, read only where :mod:`bisect` looks."""
+
+    def __init__(self, column: pa.ChunkedArray[Any]) -> None:
+        self.column = column
+
+    def __len__(self) -> int:
+        return len(self.column)
+
+    def __getitem__(self, i: int) -> bytes:  # type: ignore[override]
+        value: bytes = self.column[i].as_py()
+        return value
+
+
+def at_splits(run: pa.Table, splits: Sequence[bytes]) -> Iterator[pa.Table]:
+    """``run`` (sorted) in pieces, one per tablet it touches: a tablet ends at its split, which
+    it holds (``(prev, end]``). Binary searches only: no pass over the run."""
+    rows = _Rows(run.column("row"))
+    start, n = 0, run.num_rows
+    for split in splits[bisect.bisect_left(splits, rows[0]) if n else 0 :]:
+        if start >= n or rows[n - 1] <= split:
+            break
+        cut = bisect.bisect_right(rows, split, start)
+        if cut > start:
+            yield run.slice(start, cut - start)
+            start = cut
+    if start < n:
+        yield run.slice(start)
+
+
+def _pieces(job: WriteJob, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.Table]:
+    """What a task writes, one file each: its sorted runs, cut at the tablet splits."""
+    for run in sorted_runs(batches, job.now_ms, job.run_entries):
+        yield from at_splits(run, job.splits)
+
+
 def write_task(job: WriteJob, batches: Iterable[pa.RecordBatch]) -> TaskFiles:
     """On an executor: write the task's entries as sorted files, not yet published."""
     client = job.endpoint.client()
@@ -152,7 +195,7 @@ def write_task(job: WriteJob, batches: Iterable[pa.RecordBatch]) -> TaskFiles:
     writers: list[SortedFileWriter] = []
     done: list[StagedFile] = []
     try:
-        for run in sorted_runs(batches, job.now_ms, job.run_entries):
+        for run in _pieces(job, batches):
             path = client.new_file_path(job.table_id, "import")
             client.store.files.register_import(record, job.table_id, [*(w.rel_path for w in writers), path], job.ttl_s)
             w = SortedFileWriter(client.storage, path, tmp_tag=job.tag, source=f"write {job.tag}")
