@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 from kompaktor.engines.api import MergeCancelled, MergeError, MergeProgress, MergeRequest, MergeResult, ProgressFn
 from kompaktor.engines.ranges import (
     MERGE_FACTOR,
+    RANGE_BYTES,
     TASK_MEMORY,
     InputCursor,
     InputMeta,
@@ -166,17 +167,33 @@ def _write_part(
 def largest_group_entries(metas: list[InputMeta]) -> int:
     """Entries of the biggest row group among the inputs (a file without row statistics counts
     as one group)."""
+    return _largest_group(metas, by_bytes=False)
+
+
+def largest_group_bytes(metas: list[InputMeta]) -> int:
+    """Uncompressed bytes of the biggest row group among the inputs (a file without row
+    statistics counts as one group of its data bytes)."""
+    return _largest_group(metas, by_bytes=True)
+
+
+def _largest_group(metas: list[InputMeta], *, by_bytes: bool) -> int:
+    """The biggest row group's entries or uncompressed bytes (of its :attr:`InputMeta.groups`), a
+    sampled group's segments summed."""
+
+    def size(g: tuple[bytes, bytes, int, int]) -> int:
+        return g[3] if by_bytes else g[2]
+
     best = 0
     for m in metas:
         if not m.groups:
-            best = max(best, m.entries)
+            best = max(best, m.data_bytes if by_bytes else m.entries)
         elif m.group_index:  # sampled: segments of row groups
             per: dict[int, int] = {}
             for seg, g in zip(m.groups, m.group_index, strict=True):
-                per[g] = per.get(g, 0) + seg[2]
+                per[g] = per.get(g, 0) + size(seg)
             best = max(best, *per.values())
         else:
-            best = max(best, *(g[2] for g in m.groups))
+            best = max(best, *(size(g) for g in m.groups))
     return best
 
 
@@ -185,16 +202,20 @@ def task_runs(
     metas: list[InputMeta],
     target_entries: int,
     slots: int,
+    target_bytes: int = RANGE_BYTES,
 ) -> list[tuple[tuple[int, bytes | None, bytes | None, str], ...]]:
     """The Spark tasks of a merge: one per range, unless the inputs' row groups are big (one of
-    them, times the inputs, holds more than two ranges' entries: each range's task would decode
-    it from its start to reach its slice) — then consecutive ranges are run by one task each,
-    reading the inputs forward once, in as many runs as there are task slots. Decoding the big
-    row groups then costs at most (slots + 1) / 2 passes over them instead of (ranges + 1) / 2.
+    them, times the inputs, holds more than two ranges' entries or bytes — ranges are cut by
+    both: each range's task would decode it from its start to reach its slice) — then
+    consecutive ranges are run by one task each, reading the inputs forward once, in as many runs
+    as there are task slots. Decoding the big row groups then costs at most (slots + 1) / 2
+    passes over them instead of (ranges + 1) / 2.
     Runs hold consecutive ranges only (a resumed merge's reused ranges cut them)."""
     if not tasks:
         return []
-    if len(tasks) <= slots or largest_group_entries(metas) * len(metas) <= 2 * target_entries:
+    big = largest_group_entries(metas) * len(metas) > 2 * target_entries
+    big = big or largest_group_bytes(metas) * len(metas) > 2 * target_bytes  # ranges are cut by bytes too
+    if len(tasks) <= slots or not big:
         return [(t,) for t in tasks]
     chains: list[list[tuple[int, bytes | None, bytes | None, str]]] = [[tasks[0]]]
     for t in tasks[1:]:
