@@ -169,17 +169,19 @@ class _Rows(Sequence[bytes]):
 def at_splits(run: pa.Table, splits: Sequence[bytes]) -> Iterator[pa.Table]:
     """``run`` (sorted) in pieces, one per tablet it touches: a tablet ends at its split, which
     it holds (``(prev, end]``). Binary searches only: no pass over the run."""
+    n = run.num_rows
+    if not n:
+        return
     rows = _Rows(run.column("row"))
-    start, n = 0, run.num_rows
-    for split in splits[bisect.bisect_left(splits, rows[0]) if n else 0 :]:
-        if start >= n or rows[n - 1] <= split:
+    start = 0
+    for split in splits[bisect.bisect_left(splits, rows[0]) :]:
+        if rows[n - 1] <= split:  # the rest is in this split's tablet
             break
-        cut = bisect.bisect_right(rows, split, start)
+        cut = bisect.bisect_right(rows, split, start)  # < n: the last row is past the split
         if cut > start:
             yield run.slice(start, cut - start)
             start = cut
-    if start < n:
-        yield run.slice(start)
+    yield run.slice(start)
 
 
 def _pieces(job: WriteJob, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.Table]:
