@@ -380,6 +380,42 @@ def test_ranked_order_is_a_full_sort_of_the_key(srcs):
         assert list(row_start) == [k == 0 or flat[k].row != flat[k - 1].row for k in range(len(flat))]
 
 
+@st.composite
+def imported_versions(draw) -> list[list[Entry]]:
+    """Sources as imports one after another make them: every source holds versions of the same
+    column keys, mostly newer than the source before (the reversal of :func:`_versions_order`),
+    with now and then an older timestamp, a marker, a repeat of the same timestamp or several
+    versions of a key in one source (groups that must be sorted)."""
+    keys = draw(st.lists(column_keys, min_size=1, max_size=6, unique=True))
+    srcs = []
+    for i in range(draw(st.integers(2, 5))):
+        out = []
+        for k in keys:
+            for _ in range(draw(st.sampled_from([1, 1, 1, 2]))):
+                ts = draw(st.sampled_from([10 * i, 10 * i, 10 * i, 10 * i - 15, 10 * (i - 1), 10 * i + 1]))
+                d = draw(st.sampled_from([False] * 5 + [True]))
+                out.append(Entry(*k, ts, d, b"" if d else bytes([i])))
+        srcs.append(sorted(out, key=sort_key))
+    return srcs
+
+
+@settings(max_examples=300, **common)
+@given(srcs=imported_versions())
+def test_versions_imported_one_after_another_are_ordered_as_by_a_sort(srcs):
+    """Issue 44: entries sharing a column key, in inputs that each hold newer versions than the
+    one before, are put in merged order by reversing their group, not by a sort; groups where
+    that does not hold (an older timestamp, equal ones, a marker, two versions in one input) are
+    sorted — and the whole is the reference order."""
+    from kompaktor.files.arrowstack import _merged, _ranked
+
+    tables = [entries_to_table(s) for s in srcs]
+    offsets = list(itertools.accumulate([0] + [len(s) for s in srcs]))
+    where = {offsets[i] + j: (i, j) for i, s in enumerate(srcs) for j in range(len(s))}
+    for got in (_ranked(tables), _merged(tables)):
+        assert got is not None
+        assert [where[int(k)] for k in got[0]] == _reference_order(srcs)
+
+
 def test_ranked_order_gives_way_when_the_key_needs_over_64_bits():
     """Rows, families, qualifiers and visibilities with 2^16+1 distinct values each: their ranks
     need 68 bits, so the merge sorts the key columns instead (and merges as the reference does)."""

@@ -279,6 +279,27 @@ def _ranks(values: pa.Array[Any]) -> tuple[NDArray[np.uint64], int]:
     return ranks, (len(distinct) - 1).bit_length()
 
 
+def _constant(chunks: Sequence[pa.Array[Any]]) -> bool:
+    """Whether every value of the binary ``chunks`` is the same (one family or visibility in the
+    whole range, as is common): read from their offsets and bytes, no hashing."""
+    first: bytes | None = None
+    for ch in chunks:
+        if not len(ch):
+            continue
+        bufs = ch.buffers()
+        assert bufs[1] is not None  # a binary array always has offsets
+        offs = np.frombuffer(memoryview(bufs[1]), dtype=np.int32, count=len(ch) + 1, offset=4 * ch.offset)
+        if first is None:
+            first = cast(bytes, ch[0].as_py())
+        if np.any(np.diff(offs) != len(first)):
+            return False
+        if first and bufs[2] is not None:
+            data = np.frombuffer(memoryview(bufs[2]), dtype=np.uint8)[offs[0] : offs[-1]]
+            if not (data.reshape(-1, len(first)) == np.frombuffer(first, dtype=np.uint8)).all():
+                return False
+    return True
+
+
 def _prefix_row_ranks(
     order: np.ndarray, sp: np.ndarray, length: np.ndarray, skip: int
 ) -> tuple[NDArray[np.uint64], int] | None:
@@ -311,10 +332,13 @@ def _column_key_ids(
     ids = np.zeros(n, dtype=np.uint64)
     shift = 0
     for c in reversed(KEY_COLUMNS):  # vis in the lowest bits, the row in the highest
+        chunks = [ch for t in tables for ch in t.column(c).chunks]
         if c == "row" and row_ranks is not None:
             ranks, bits = row_ranks
+        elif _constant(chunks):  # one family, one visibility...: no bits at all
+            ranks, bits = ids, 0
         else:
-            ranks, bits = _ranks(pa.concat_arrays([ch for t in tables for ch in t.column(c).chunks]))
+            ranks, bits = _ranks(pa.concat_arrays(chunks))
         if shift + bits > 64:
             return None
         if bits:
@@ -351,10 +375,34 @@ def _ranked(
         ts = np.concatenate([t.column("ts").to_numpy() for t in tables])[sub]
         dele = np.concatenate([_np_bool(t.column("deleted")) for t in tables])[sub]
         src = np.repeat(np.arange(len(tables), dtype=np.int32), [t.num_rows for t in tables])[sub]
-        part = pa.table({"key": sk[pos], "ts": ts, "deleted": dele, SOURCE: src})
-        sort_keys: list[ArrowSortKey] = [("key", "ascending"), *ARROW_SORT_KEYS[4:], (SOURCE, "descending")]
-        order[pos] = sub[pc.sort_indices(part, sort_keys=sort_keys).to_numpy()]
+        order[pos] = sub[_versions_order(sk[pos], start[pos], ts, dele, src)]
     return order, start, row_start
+
+
+def _versions_order(
+    key: NDArray[np.uint64], first: Mask, ts: NDArray[np.int64], dele: Mask, src: NDArray[np.int32]
+) -> NDArray[np.int64]:
+    """The order of entries that share their column key with another (``key``; ``first``: where
+    a key's group starts), given oldest input first and, within an input, in its key order: by
+    newest timestamp, marker first, newest input first. A group in which each entry is newer
+    than the one before it — versions imported one after another — is only reversed; the other
+    groups are sorted (Arrow's ``sort_indices``)."""
+    m = len(key)
+    group = np.cumsum(first) - 1
+    firsts = np.flatnonzero(first)
+    lasts = np.append(firsts[1:], m) - 1
+    perm: NDArray[np.int64] = (firsts + lasts)[group] - np.arange(m)  # every group reversed
+    same_ts = ts[1:] == ts[:-1]
+    newer = (ts[1:] > ts[:-1]) | (same_ts & (dele[1:] > dele[:-1]))
+    newer |= same_ts & (dele[1:] == dele[:-1]) & (src[1:] > src[:-1])
+    unordered = np.zeros(len(firsts), dtype=bool)
+    unordered[group[1:][~newer & ~first[1:]]] = True
+    if unordered.any():
+        sel = np.flatnonzero(unordered[group])
+        part = pa.table({"key": key[sel], "ts": ts[sel], "deleted": dele[sel], SOURCE: src[sel]})
+        sort_keys: list[ArrowSortKey] = [("key", "ascending"), *ARROW_SORT_KEYS[4:], (SOURCE, "descending")]
+        perm[sel] = sel[pc.sort_indices(part, sort_keys=sort_keys).to_numpy()]
+    return perm
 
 
 def _tie_order(
