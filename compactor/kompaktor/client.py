@@ -15,6 +15,8 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from kompaktor.engines.ranges.inputs import inspect_inputs
+from kompaktor.engines.ranges.planning import plan_ranges
 from kompaktor.files.arrowstack import merge_tables_once
 from kompaktor.files.settime import TimeSetter
 from kompaktor.files.sortedfile import SCHEMA, SortedFileWriter, iter_entries, read_info, read_table, table_to_entries
@@ -33,6 +35,9 @@ from kompaktor.policy.tableprops import max_versions as table_max_versions
 IMPORT_TTL_S = 120.0
 #: a read's pin on its files lasts this long after its last sign of life (refreshed every third)
 READ_TTL_S = 120.0
+#: a read merges about this many of its inputs' entries at a time (by their row-group statistics):
+#: a bigger tablet is read in row ranges of that size, one after another (in Spark, one task each)
+READ_PIECE_ENTRIES = 1_000_000
 #: re-reads of the tablets while pinning a read's files (each one after compactions replaced some)
 _PIN_ATTEMPTS = 10
 
@@ -167,6 +172,7 @@ class Client:
         *,
         max_versions: int | None = None,
         batch_rows: int = 65536,
+        piece_entries: int = READ_PIECE_ENTRIES,
     ) -> pa.RecordBatchReader:
         """The merged view of rows in [start, end] (inclusive; None = unbounded) as Arrow batches
         in key order and the file schema, for Polars, DuckDB or pyarrow to read directly.
@@ -175,9 +181,9 @@ class Client:
         The read's files are pinned (:func:`pin_read`) before the first batch: compactions may
         replace them meanwhile, but the garbage collector spares them until the read ends, so a
         long read sees the table as it was when it began. Each tablet is merged with the
-        vectorized iterator stack (:mod:`kompaktor.files.arrowstack`), one tablet in memory at a
-        time. An unknown table raises here, not at the first batch; a range with ``start``
-        after ``end`` is empty."""
+        vectorized iterator stack (:mod:`kompaktor.files.arrowstack`), a piece of about
+        ``piece_entries`` input entries in memory at a time (:func:`cut_part`). An unknown table
+        raises here, not at the first batch; a range with ``start`` after ``end`` is empty."""
         info = self.store.tables.table(table)
         settings = IteratorSettings(max_versions=max_versions or table_max_versions(info.props))
         lease = ReadLease(self.store, info.id)
@@ -187,7 +193,8 @@ class Client:
             try:
                 yield None  # started below: a generator closes (and ends the pin) only once started
                 for part in parts:
-                    yield from read_part(self.storage, part, settings, batch_rows)
+                    for piece in cut_part(self.storage, part, piece_entries):
+                        yield from read_part(self.storage, piece, settings, batch_rows)
             finally:
                 lease.close()
 
@@ -206,6 +213,9 @@ class ReadPart:
     end: bytes | None
     start: bytes | None
     files: tuple[str, ...]
+    #: the files' entries, whole files counted (at least the part's); 0 for a piece of a part
+    #: (:func:`cut_part`), which is not cut again
+    entries: int = 0
 
 
 def plan_read(tablets: Iterable[Tablet], start: bytes | None, end: bytes | None) -> list[ReadPart]:
@@ -215,8 +225,24 @@ def plan_read(tablets: Iterable[Tablet], start: bytes | None, end: bytes | None)
         hi = t.end if end is None or (t.end is not None and t.end <= end) else end
         lo_start = start if start is not None and (t.prev is None or t.prev < start) else None
         files = tuple(sorted(t.files, key=file_order_key))
-        parts.append(ReadPart(t.id, t.prev, hi, lo_start, files))
+        parts.append(ReadPart(t.id, t.prev, hi, lo_start, files, sum(m.entries for m in t.files.values())))
     return parts
+
+
+def cut_part(storage: Storage, part: ReadPart, piece_entries: int = READ_PIECE_ENTRIES) -> list[ReadPart]:
+    """``part`` as consecutive row ranges of about ``piece_entries`` input entries each, cut at
+    the max rows of its files' row groups (their footers are read only when the files hold more
+    than that). Any cut is correct: the statistics only decide the balance. A piece wholly
+    before ``start`` is left out; the others keep ``start`` where they begin before it."""
+    if part.entries <= piece_entries:
+        return [part]
+    ranges = plan_ranges(inspect_inputs(storage, part.files), part.prev, part.end, piece_entries)
+    s = part.start
+    return [
+        ReadPart(part.tablet_id, lo, hi, s if s is not None and (lo is None or lo < s) else None, part.files, 0)
+        for lo, hi in ranges
+        if s is None or hi is None or hi >= s
+    ]
 
 
 def read_part(

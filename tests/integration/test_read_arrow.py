@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kompaktor.client import Client
+from kompaktor.client import Client, cut_part, plan_read
 from kompaktor.coordinator.gc import collect_garbage
 from kompaktor.files.sortedfile import SCHEMA, table_to_entries
 from kompaktor.files.storage import Storage
@@ -79,6 +79,65 @@ def test_read_arrow_is_the_reference_view(
     assert entries_of(client.read_arrow(name, start, end, max_versions=versions)) == want
     if versions == 1:  # the table's own setting (one version) and the scan built on it
         assert list(client.scan(name, start, end)) == want
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    flushes=st.lists(flush_st, min_size=1, max_size=4),
+    start=row,
+    end=row,
+    versions=st.integers(1, 3),
+    piece=st.integers(1, 12),
+    group=st.integers(1, 4),
+)
+def test_a_read_in_pieces_is_the_reference_view(
+    client: Client,
+    flushes: list[list[Entry]],
+    start: bytes | None,
+    end: bytes | None,
+    versions: int,
+    piece: int,
+    group: int,
+) -> None:
+    """Issue 44: a tablet whose files hold more than ``piece_entries`` entries is read in row
+    ranges cut at its files' row groups (of ``group`` entries here), one after another — and the
+    result is still the reference view, whatever the cut, the range and the versions."""
+    name = f"t{client.store.next_seq('test')}"
+    client.store.tables.create_table(name, [b"m"])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("kompaktor.files.sortedfile.ROW_GROUP_SIZE", group)
+        for f in flushes:
+            if f:
+                client.flush(name, f)
+    tablets = client.store.tables.tablets(client.store.tables.table_id(name))
+    for part in plan_read(tablets, start, end):
+        pieces = cut_part(client.storage, part, piece)
+        assert all(a.end == b.prev for a, b in itertools.pairwise(pieces))  # consecutive ranges
+        assert start is not None or (pieces[0].prev, pieces[-1].end) == (part.prev, part.end)
+    got = client.read_arrow(name, start, end, max_versions=versions, piece_entries=piece)
+    assert entries_of(got) == reference(flushes, start, end, versions)
+
+
+def test_a_big_tablet_is_cut_into_pieces_of_about_piece_entries(client: Client) -> None:
+    """Two files of 100 rows each in row groups of 10: pieces of about 50 input entries are four
+    ranges, cut at row-group ends (40 to 60 entries each), that tile the tablet; with the row range starting at row 60,
+    the pieces wholly before it are left out and the first one kept starts the read at it."""
+    client.store.tables.create_table("big", [])
+    rows = [b"r%03d" % i for i in range(100)]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("kompaktor.files.sortedfile.ROW_GROUP_SIZE", 10)
+        for ts in (1, 2):
+            client.flush("big", [Entry(r, b"f", b"q", b"", ts, False, r) for r in rows])
+    tablets = client.store.tables.tablets(client.store.tables.table_id("big"))
+    (part,) = plan_read(tablets, None, None)
+    pieces = cut_part(client.storage, part, 50)
+    # cuts where the running count passes 50, 100, 150 entries (two row groups per 10 rows)
+    ends = [b"r029", b"r049", b"r079"]
+    assert [(p.prev, p.end) for p in pieces] == list(itertools.pairwise([None, *ends, None]))
+    (part,) = plan_read(tablets, b"r060", None)
+    assert [(p.prev, p.start) for p in cut_part(client.storage, part, 50)] == [(b"r049", b"r060"), (b"r079", None)]
+    assert [e.row for e in entries_of(client.read_arrow("big", b"r060", None, piece_entries=50))] == rows[60:]
+    assert cut_part(client.storage, part, 200) == [part]  # small enough: no footer read, one piece
 
 
 def compact_everything(store: MetadataStore, storage: Storage) -> int:

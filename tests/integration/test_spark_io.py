@@ -80,6 +80,23 @@ def test_a_read_is_the_reference_view_one_partition_per_tablet(
     assert rows_of(ranged) == reference(flushes, b"b", b"m", 1)
 
 
+def test_a_big_tablet_is_read_by_several_tasks(spark, client: Client, redis_url: str, storage: Storage) -> None:
+    """Issue 44: a tablet whose files hold more than ``piece_entries`` entries is read by one task
+    per piece (row ranges cut at its files' row groups), and the rows are the reference view."""
+    client.store.tables.create_table("big", [])
+    flushes = [
+        [Entry(b"r%03d" % i, b"f", b"q", b"", ts, i % 7 == 0 and ts == 2, b"") for i in range(100)] for ts in (1, 2)
+    ]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("kompaktor.files.sortedfile.ROW_GROUP_SIZE", 10)
+        for f in flushes:
+            client.flush("big", f)
+    df = kspark.read(spark, "big", piece_entries="50", **opts(redis_url, storage))
+    assert df.rdd.getNumPartitions() == 4
+    assert rows_of(df) == reference(flushes, None, None, 1)
+    assert kspark.read(spark, "big", **opts(redis_url, storage)).rdd.getNumPartitions() == 1
+
+
 def test_filters_on_row_are_pushed_into_the_row_range(spark, client: Client, redis_url: str, storage: Storage) -> None:
     flush = [Entry(r, b"f", b"q", b"", 5, False, r) for r in (b"a", b"b", b"c", b"m", b"n", b"z")]
     client.store.tables.create_table("p", SPLITS)

@@ -37,7 +37,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from kompaktor.client import READ_TTL_S, ReadLease, ReadPart, read_part
+from kompaktor.client import READ_PIECE_ENTRIES, READ_TTL_S, ReadLease, ReadPart, cut_part, read_part
 from kompaktor.files.sortedfile import SCHEMA
 from kompaktor.files.storage import default_storage_uri
 from kompaktor.metadata.store import DEFAULT_REDIS_URL
@@ -101,7 +101,8 @@ def _bytes(value: Any) -> bytes | None:
 class KompaktorDataSource(DataSource):
     """The ``kompaktor`` format; options ``table`` (required), ``redis``, ``storage`` (default
     ``$KOMPAKTOR_REDIS_URL``, ``$KOMPAKTOR_STORAGE``), reading: ``start``, ``end`` (inclusive,
-    or ``start_hex``, ``end_hex``), ``max_versions``, ``lease_s``, ``pushdown`` (``true`` with
+    or ``start_hex``, ``end_hex``), ``max_versions``, ``lease_s``, ``piece_entries`` (input
+    entries a read task merges, about; default 1,000,000), ``pushdown`` (``true`` with
     ``spark.sql.python.filterPushdown.enabled``); writing: ``write_id`` (a
     retried job with the same id imports once), ``run_entries`` (entries a task sorts in
     memory at a time, one file each; default 1,000,000), streaming: ``stream_id``."""
@@ -160,16 +161,25 @@ class KompaktorReader(DataSourceReader):
         self.end = row_option(options, "end")
         self.max_versions = int(options["max_versions"]) if options.get("max_versions") else None
         self.lease_s = float(options.get("lease_s") or PLAN_LEASE_S)
+        self.piece_entries = int(options.get("piece_entries") or READ_PIECE_ENTRIES)
 
     def partitions(self) -> list[InputPartition]:
-        """One per tablet in the range; each pinned for ``lease_s`` until its task takes over."""
-        store = self.endpoint.client().store
+        """One per tablet in the range, or per piece of about ``piece_entries`` input entries of a
+        bigger one (:func:`cut_part`); each pinned for ``lease_s`` until its task takes over."""
+        client = self.endpoint.client()
+        store = client.store
         info = store.tables.table(self.table)
         settings = IteratorSettings(max_versions=self.max_versions or table_max_versions(info.props))
         if self.start is not None and self.end is not None and self.start > self.end:
             return []
         pin = ReadLease(store, info.id)
-        parts = pin.pin(self.start, self.end)
+        try:
+            parts = [
+                p for part in pin.pin(self.start, self.end) for p in cut_part(client.storage, part, self.piece_entries)
+            ]
+        except BaseException:
+            pin.close()
+            raise
         lease = f"READ{uuid.uuid4().hex[:16]}"
         out: list[InputPartition] = []
         for i, part in enumerate(parts):
