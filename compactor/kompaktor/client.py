@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from kompaktor.engines.ranges.inputs import inspect_inputs
+from kompaktor.engines.ranges.inputs import RANGE_BYTES, inspect_inputs
 from kompaktor.engines.ranges.planning import plan_ranges
 from kompaktor.files.arrowstack import merge_tables_once
 from kompaktor.files.settime import TimeSetter
@@ -36,8 +36,11 @@ IMPORT_TTL_S = 120.0
 #: a read's pin on its files lasts this long after its last sign of life (refreshed every third)
 READ_TTL_S = 120.0
 #: a read merges about this many of its inputs' entries at a time (by their row-group statistics):
-#: a bigger tablet is read in row ranges of that size, one after another (in Spark, one task each)
-READ_PIECE_ENTRIES = 1_000_000
+#: a bigger tablet is read in row ranges of that size, one after another (in Spark, one task each:
+#: a Spark task costs about 0.1 CPU s of its own, a merge of 4M entries 2.5, its memory 0.6 GB)
+READ_PIECE_ENTRIES = 4_000_000
+#: ... and about this many bytes of their row groups (uncompressed; big values make big pieces)
+READ_PIECE_BYTES = RANGE_BYTES
 #: re-reads of the tablets while pinning a read's files (each one after compactions replaced some)
 _PIN_ATTEMPTS = 10
 
@@ -213,9 +216,10 @@ class ReadPart:
     end: bytes | None
     start: bytes | None
     files: tuple[str, ...]
-    #: the files' entries, whole files counted (at least the part's); 0 for a piece of a part
-    #: (:func:`cut_part`), which is not cut again
+    #: the files' entries and bytes, whole files counted (at least the part's); 0 for a piece of
+    #: a part (:func:`cut_part`), which is not cut again
     entries: int = 0
+    size: int = 0
 
 
 def plan_read(tablets: Iterable[Tablet], start: bytes | None, end: bytes | None) -> list[ReadPart]:
@@ -225,21 +229,26 @@ def plan_read(tablets: Iterable[Tablet], start: bytes | None, end: bytes | None)
         hi = t.end if end is None or (t.end is not None and t.end <= end) else end
         lo_start = start if start is not None and (t.prev is None or t.prev < start) else None
         files = tuple(sorted(t.files, key=file_order_key))
-        parts.append(ReadPart(t.id, t.prev, hi, lo_start, files, sum(m.entries for m in t.files.values())))
+        metas = t.files.values()
+        parts.append(
+            ReadPart(t.id, t.prev, hi, lo_start, files, sum(m.entries for m in metas), sum(m.size for m in metas))
+        )
     return parts
 
 
 def cut_part(storage: Storage, part: ReadPart, piece_entries: int = READ_PIECE_ENTRIES) -> list[ReadPart]:
-    """``part`` as consecutive row ranges of about ``piece_entries`` input entries each, cut at
-    the max rows of its files' row groups (their footers are read only when the files hold more
-    than that). Any cut is correct: the statistics only decide the balance. A piece wholly
-    before ``start`` is left out; the others keep ``start`` where they begin before it."""
-    if part.entries <= piece_entries:
+    """``part`` as consecutive row ranges of about ``piece_entries`` input entries (and at most
+    about :data:`READ_PIECE_BYTES`) each, cut at the max rows of its files' row groups (their
+    footers are read only when the files hold more than that). Any cut is correct: the statistics
+    only decide the balance. A piece wholly before ``start`` is left out; the others keep
+    ``start`` where they begin before it."""
+    if part.entries <= piece_entries and part.size <= READ_PIECE_BYTES:
         return [part]
-    ranges = plan_ranges(inspect_inputs(storage, part.files), part.prev, part.end, piece_entries)
+    metas = inspect_inputs(storage, part.files)
+    ranges = plan_ranges(metas, part.prev, part.end, piece_entries, READ_PIECE_BYTES)
     s = part.start
     return [
-        ReadPart(part.tablet_id, lo, hi, s if s is not None and (lo is None or lo < s) else None, part.files, 0)
+        ReadPart(part.tablet_id, lo, hi, s if s is not None and (lo is None or lo < s) else None, part.files)
         for lo, hi in ranges
         if s is None or hi is None or hi >= s
     ]

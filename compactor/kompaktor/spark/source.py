@@ -102,7 +102,7 @@ class KompaktorDataSource(DataSource):
     """The ``kompaktor`` format; options ``table`` (required), ``redis``, ``storage`` (default
     ``$KOMPAKTOR_REDIS_URL``, ``$KOMPAKTOR_STORAGE``), reading: ``start``, ``end`` (inclusive,
     or ``start_hex``, ``end_hex``), ``max_versions``, ``lease_s``, ``piece_entries`` (input
-    entries a read task merges, about; default 1,000,000), ``pushdown`` (``true`` with
+    entries a read task merges, about; default 4,000,000), ``pushdown`` (``true`` with
     ``spark.sql.python.filterPushdown.enabled``); writing: ``write_id`` (a
     retried job with the same id imports once), ``run_entries`` (entries a task sorts in
     memory at a time, one file each; default 1,000,000), streaming: ``stream_id``."""
