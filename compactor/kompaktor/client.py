@@ -187,6 +187,8 @@ class Client:
         vectorized iterator stack (:mod:`kompaktor.files.arrowstack`), a piece of about
         ``piece_entries`` input entries in memory at a time (:func:`cut_part`). An unknown table
         raises here, not at the first batch; a range with ``start`` after ``end`` is empty."""
+        if piece_entries < 1:
+            raise KompaktorError(f"piece_entries must be at least 1, not {piece_entries}")
         info = self.store.tables.table(table)
         settings = IteratorSettings(max_versions=max_versions or table_max_versions(info.props))
         lease = ReadLease(self.store, info.id)

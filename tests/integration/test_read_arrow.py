@@ -18,6 +18,7 @@ from kompaktor.coordinator.gc import collect_garbage
 from kompaktor.files.sortedfile import SCHEMA, table_to_entries
 from kompaktor.files.storage import Storage
 from kompaktor.metadata.store import MetadataStore
+from kompaktor.model.errors import KompaktorError
 from kompaktor.model.keys import Entry
 from kompaktor.worker import Compactor, WorkerSettings
 from tests.integration.test_worker import make_table, plan
@@ -138,6 +139,8 @@ def test_a_big_tablet_is_cut_into_pieces_of_about_piece_entries(client: Client) 
     assert [(p.prev, p.start) for p in cut_part(client.storage, part, 50)] == [(b"r049", b"r060"), (b"r079", None)]
     assert [e.row for e in entries_of(client.read_arrow("big", b"r060", None, piece_entries=50))] == rows[60:]
     assert cut_part(client.storage, part, 200) == [part]  # small enough: no footer read, one piece
+    with pytest.raises(KompaktorError, match=r"^piece_entries must be at least 1, not 0$"):
+        client.read_arrow("big", piece_entries=0)
 
 
 def compact_everything(store: MetadataStore, storage: Storage) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from kompaktor.model.errors import KompaktorError, NotPermitted
 from kompaktor.spark import unwrapped
+from kompaktor.spark.source import count_option
 
 WRAPPED = """[PYTHON_DATA_SOURCE_ERROR] Failed to create Python data source writer: Traceback (most recent call last):
   File "/x/pyspark/sql/worker/write_into_data_source.py", line 150, in main
@@ -29,3 +30,15 @@ def test_anything_else_stays_as_spark_said_it() -> None:
 def test_an_error_class_that_needs_more_than_a_message_is_a_kompaktor_error() -> None:
     got = unwrapped(RuntimeError("kompaktor.model.errors.ConditionFailed: rejected: write new\n"))
     assert type(got) is KompaktorError and str(got) == "rejected: write new"
+
+
+def test_a_count_option_is_a_whole_number_of_at_least_one_or_a_one_line_refusal() -> None:
+    assert count_option({}, "piece_entries", 7) == 7
+    assert count_option({"piece_entries": "50"}, "piece_entries", 7) == 50
+    for bad in ("0", "-3", "1e6", "many"):
+        try:
+            count_option({"piece_entries": bad}, "piece_entries", 7)
+        except KompaktorError as exc:
+            assert str(exc) == f"option piece_entries: {bad!r} is not a whole number of at least 1"
+        else:
+            raise AssertionError(f"{bad!r} accepted")

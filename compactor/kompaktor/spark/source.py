@@ -90,6 +90,21 @@ def row_option(options: dict[str, str], name: str) -> bytes | None:
     return None
 
 
+def count_option(options: dict[str, str], name: str, default: int) -> int:
+    """A positive whole number (``max_versions``, ``piece_entries``, ``run_entries``), or a
+    one-line refusal naming the option."""
+    text = options.get(name)
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise KompaktorError(f"option {name}: {text!r} is not a whole number of at least 1")
+    return value
+
+
 def _bytes(value: Any) -> bytes | None:
     if isinstance(value, bytes | bytearray):
         return bytes(value)
@@ -139,7 +154,7 @@ class KompaktorDataSource(DataSource):
             raise KompaktorError("a Kompaktor table is only appended to: use mode('append')")
         check_columns(schema.fieldNames())
         options = dict(self.options)
-        runs = int(options.get("run_entries") or RUN_ENTRIES)
+        runs = count_option(options, "run_entries", RUN_ENTRIES)
         return begin_write(endpoint(options), table_option(options), write_id, run_entries=runs)
 
 
@@ -159,9 +174,9 @@ class KompaktorReader(DataSourceReader):
         self.table = table_option(options)
         self.start = row_option(options, "start")
         self.end = row_option(options, "end")
-        self.max_versions = int(options["max_versions"]) if options.get("max_versions") else None
+        self.max_versions = count_option(options, "max_versions", 0) or None
         self.lease_s = float(options.get("lease_s") or PLAN_LEASE_S)
-        self.piece_entries = int(options.get("piece_entries") or READ_PIECE_ENTRIES)
+        self.piece_entries = count_option(options, "piece_entries", READ_PIECE_ENTRIES)
 
     def partitions(self) -> list[InputPartition]:
         """One per tablet in the range, or per piece of about ``piece_entries`` input entries of a
