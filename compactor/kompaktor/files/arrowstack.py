@@ -188,15 +188,19 @@ def _common_prefix(a: bytes, b: bytes) -> int:
 _KEEP = np.array([0] + [((1 << (8 * k)) - 1) << (64 - 8 * k) for k in range(1, 9)], dtype=np.uint64)
 
 
+def _offsets(values: pa.Array[Any]) -> NDArray[np.int32]:
+    """The value offsets of a binary array (``len + 1`` of them, into its data buffer), no copy."""
+    buf = values.buffers()[1]
+    assert buf is not None  # a binary array always has offsets
+    return np.frombuffer(memoryview(buf), dtype=np.int32, count=len(values) + 1, offset=4 * values.offset)
+
+
 def _row_prefixes(rows: pa.Array[Any], skip: int) -> tuple[NDArray[np.uint64], NDArray[np.int64]]:
     """(prefix, length) of each row: bytes ``skip`` to ``skip + 8`` as a big-endian unsigned
     integer, zero padded — a value that never decreases as the row increases — and the row's
     length in bytes."""
-    n = len(rows)
-    bufs = rows.buffers()
-    assert bufs[1] is not None  # a binary array always has offsets
-    offsets = np.frombuffer(memoryview(bufs[1]), dtype=np.int32, count=n + 1, offset=4 * rows.offset).astype(np.int64)
-    buf = bufs[2]
+    offsets = _offsets(rows).astype(np.int64)
+    buf = rows.buffers()[2]
     data = np.frombuffer(memoryview(buf), dtype=np.uint8) if buf is not None and buf.size else np.zeros(0, np.uint8)
     data = np.concatenate([data, np.zeros(8, np.uint8)])  # a word read at any row's start stays inside
     # every byte offset seen as the start of a big-endian word (unaligned, no copy)
@@ -286,15 +290,13 @@ def _constant(chunks: Sequence[pa.Array[Any]]) -> bool:
     for ch in chunks:
         if not len(ch):
             continue
-        bufs = ch.buffers()
-        assert bufs[1] is not None  # a binary array always has offsets
-        offs = np.frombuffer(memoryview(bufs[1]), dtype=np.int32, count=len(ch) + 1, offset=4 * ch.offset)
+        offs = _offsets(ch)
         if first is None:
             first = cast(bytes, ch[0].as_py())
         if np.any(np.diff(offs) != len(first)):
             return False
-        if first and bufs[2] is not None:
-            data = np.frombuffer(memoryview(bufs[2]), dtype=np.uint8)[offs[0] : offs[-1]]
+        if first and (buf := ch.buffers()[2]) is not None:
+            data = np.frombuffer(memoryview(buf), dtype=np.uint8)[offs[0] : offs[-1]]
             if not (data.reshape(-1, len(first)) == np.frombuffer(first, dtype=np.uint8)).all():
                 return False
     return True
