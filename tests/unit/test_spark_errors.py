@@ -3,6 +3,10 @@ error's own one line and class (docs/spark.md, "Writing")."""
 
 from __future__ import annotations
 
+import re
+
+import pytest
+
 from kompaktor.model.errors import KompaktorError, NotPermitted
 from kompaktor.spark import unwrapped
 from kompaktor.spark.source import count_option
@@ -36,9 +40,6 @@ def test_a_count_option_is_a_whole_number_of_at_least_one_or_a_one_line_refusal(
     assert count_option({}, "piece_entries", 7) == 7
     assert count_option({"piece_entries": "50"}, "piece_entries", 7) == 50
     for bad in ("0", "-3", "1e6", "many"):
-        try:
+        said = f"option piece_entries: {bad!r} is not a whole number of at least 1"
+        with pytest.raises(KompaktorError, match=f"^{re.escape(said)}$"):
             count_option({"piece_entries": bad}, "piece_entries", 7)
-        except KompaktorError as exc:
-            assert str(exc) == f"option piece_entries: {bad!r} is not a whole number of at least 1"
-        else:
-            raise AssertionError(f"{bad!r} accepted")
